@@ -1,0 +1,36 @@
+/*
+ * Block hashing, wire compatible with NVIDIA Dynamo's KV router
+ * (lib/kv-router/src/protocols.rs):
+ *
+ *   local[i] = XXH3_64(u32le tokens of full block i, seed)
+ *   seq[0]   = local[0]
+ *   seq[i]   = XXH3_64(le64(seq[i-1]) || le64(local[i]), seed)
+ *
+ * seed is 1337, or 1337 + XXH3_64(name) for a LoRA adapter or cache salt.
+ * A trailing partial block is not hashed.
+ */
+#ifndef KV_HASH_H
+#define KV_HASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KV_HASH_SEED 1337ULL
+
+/* The seed for a LoRA name or cache salt; NULL or "" gives KV_HASH_SEED. */
+uint64_t kv_hash_seed(const char *salt, size_t len);
+
+/* Local hash of one block of n token ids. */
+uint64_t kv_hash_block(const uint32_t *tokens, size_t n, uint64_t seed);
+
+/* Sequence hash of a block given its parent's sequence hash. */
+uint64_t kv_hash_chain(uint64_t parent_seq, uint64_t local, uint64_t seed);
+
+/*
+ * Hashes the full blocks of tokens[0..n): fills local[] and seq[] (either may
+ * be NULL) and returns the number of full blocks, n / block_size.
+ */
+size_t kv_hash_blocks(const uint32_t *tokens, size_t n, size_t block_size,
+                      uint64_t seed, uint64_t *local, uint64_t *seq);
+
+#endif

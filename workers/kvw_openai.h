@@ -1,0 +1,40 @@
+/*
+ * OpenAI-compatible request parsing and response rendering for kvworker.
+ * Pure functions over jansson; the HTTP transport lives in kvw_http.c.
+ */
+#ifndef KVW_OPENAI_H
+#define KVW_OPENAI_H
+
+#include <jansson.h>
+
+#include "kvw_req.h"
+
+/* Turns prompt text into token ids; returns the count or -1. */
+typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
+                                uint32_t **ids);
+
+/*
+ * Fills r from a request body. chat selects /v1/chat/completions. On error
+ * returns -1 with a message for the client in err; r must then be released
+ * with kvw_req_clear().
+ */
+int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
+                     kvw_tokenize_fn tok, void *tok_ctx,
+                     char *err, size_t errlen);
+void kvw_req_clear(kvw_req_t *r);
+
+/* {"error":{...}}: OpenAI's error shape. */
+char *kvw_openai_error(const char *message, const char *type, const char *param);
+
+/* One SSE data payload for a streamed token or the final chunk. */
+char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
+                       const char *text, size_t len, const char *finish);
+/* The usage-only chunk sent when stream_options.include_usage is set. */
+char *kvw_openai_usage_chunk(const kvw_req_t *r, const char *id, long created);
+/* The whole non-streamed response. */
+char *kvw_openai_response(const kvw_req_t *r, const char *id, long created,
+                          const char *text, size_t len, const char *finish);
+
+const char *kvw_finish_name(kvw_finish_t why);
+
+#endif
