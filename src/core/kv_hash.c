@@ -43,12 +43,12 @@ static void put_le64(uint8_t *p, uint64_t v)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-uint64_t kv_hash_chain(uint64_t parent_seq, uint64_t local, uint64_t seed)
+uint64_t kv_hash_chain(uint64_t parent_seq, uint64_t local)
 {
     uint8_t buf[16];
     put_le64(buf, parent_seq);
     put_le64(buf + 8, local);
-    return XXH3_64bits_withSeed(buf, sizeof(buf), seed);
+    return XXH3_64bits_withSeed(buf, sizeof(buf), KV_HASH_SEED);
 }
 
 size_t kv_hash_blocks(const uint32_t *tokens, size_t n, size_t block_size,
@@ -60,7 +60,7 @@ size_t kv_hash_blocks(const uint32_t *tokens, size_t n, size_t block_size,
     uint64_t prev = 0;
     for (size_t i = 0; i < nb; i++) {
         uint64_t h = kv_hash_block(tokens + i * block_size, block_size, seed);
-        uint64_t s = i == 0 ? h : kv_hash_chain(prev, h, seed);
+        uint64_t s = i == 0 ? h : kv_hash_chain(prev, h);
         if (local)
             local[i] = h;
         if (seq)

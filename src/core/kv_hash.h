@@ -4,9 +4,11 @@
  *
  *   local[i] = XXH3_64(u32le tokens of full block i, seed)
  *   seq[0]   = local[0]
- *   seq[i]   = XXH3_64(le64(seq[i-1]) || le64(local[i]), seed)
+ *   seq[i]   = XXH3_64(le64(seq[i-1]) || le64(local[i]), 1337)
  *
- * seed is 1337, or 1337 + XXH3_64(name) for a LoRA adapter or cache salt.
+ * The local hash's seed is 1337, or 1337 + XXH3_64(name) for a LoRA adapter
+ * or cache salt; the chain always uses 1337, as Dynamo's router does, so an
+ * index fed only local hashes (KV events) derives the same sequence hashes.
  * A trailing partial block is not hashed.
  */
 #ifndef KV_HASH_H
@@ -24,7 +26,7 @@ uint64_t kv_hash_seed(const char *salt, size_t len);
 uint64_t kv_hash_block(const uint32_t *tokens, size_t n, uint64_t seed);
 
 /* Sequence hash of a block given its parent's sequence hash. */
-uint64_t kv_hash_chain(uint64_t parent_seq, uint64_t local, uint64_t seed);
+uint64_t kv_hash_chain(uint64_t parent_seq, uint64_t local);
 
 /*
  * Hashes the full blocks of tokens[0..n): fills local[] and seq[] (either may

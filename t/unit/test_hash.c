@@ -46,6 +46,18 @@ TEST(salt_changes_seed)
     CHECK_EQ_U64(kv_hash_seed(NULL, 0), KV_HASH_SEED);
 }
 
+TEST(salt_does_not_change_chain)
+{
+    /* the chain is seeded with 1337 whatever the salt */
+    uint32_t t[] = {11, 22, 33, 44, 55, 66, 77, 88};
+    uint64_t seed = kv_hash_seed("tenant-a", 8), local[2], seq[2];
+    kv_hash_blocks(t, 8, 4, seed, local, seq);
+    CHECK(local[0] != 4117275816416024698ULL);
+    CHECK_EQ_U64(seq[1], kv_hash_chain(local[0], local[1]));
+    CHECK_EQ_U64(kv_hash_chain(4117275816416024698ULL, 6081346995852963768ULL),
+                 5947898228081096063ULL);
+}
+
 int main(void)
 {
     RUN(local_hash_vector);
@@ -53,5 +65,6 @@ int main(void)
     RUN(partial_block_not_hashed);
     RUN(block_size_16_vector);
     RUN(salt_changes_seed);
+    RUN(salt_does_not_change_chain);
     return kvt_done();
 }

@@ -1,0 +1,111 @@
+/*
+ * The prefix index: which workers hold which KV blocks, answering "how many
+ * leading blocks of this request does each worker hold?".
+ *
+ * It lives entirely inside one caller-provided region of fixed size (an
+ * nginx shared memory zone; plain memory in tests and tools), holds no
+ * pointers (offsets only, so the region may be mapped at any address) and
+ * never allocates after kv_index_create.
+ *
+ * Keys are the router's sequence hashes (kv_hash.h): seq(i) = chain of the
+ * local hashes of blocks 0..i, so one key names one exact prefix. Stored
+ * events carry the engine's opaque block_hash and the local tokens_hash;
+ * the index keeps, per worker, engine hash -> sequence hash, to follow
+ * parent links and to apply removals.
+ *
+ * Concurrency: exactly one writer at a time (the caller serialises writers;
+ * in nginx the event helper process, or a shm mutex in approximate mode)
+ * and any number of readers in other processes. Readers never block and
+ * never see a torn entry; the scheme is described at the top of
+ * kv_index.c.
+ *
+ * Workers are (worker_id, dp_rank) pairs, each given a slot < max_workers.
+ */
+#ifndef KV_INDEX_H
+#define KV_INDEX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_event.h"
+
+typedef struct kv_index kv_index_t;
+
+typedef struct {
+    uint32_t    max_workers;    /* worker slots; default 256 when 0 */
+    int         approximate;    /* entries expire; fed by kv_index_record */
+    uint32_t    ttl_ms;         /* approximate: default 120000 */
+    uint64_t    max_blocks;     /* approximate: cap, default 1 << 20 */
+    double      prune_ratio;    /* approximate: prune to this share of the cap, default 0.8 */
+} kv_index_config_t;
+
+typedef struct {
+    uint32_t    slot;
+    uint32_t    blocks;         /* leading request blocks this slot holds */
+} kv_overlap_t;
+
+typedef struct {
+    uint64_t    blocks;         /* distinct sequence hashes indexed */
+    uint64_t    capacity;       /* blocks the region can hold */
+    uint64_t    bytes;          /* region size */
+    uint64_t    workers;        /* slots in use */
+    uint64_t    stored;         /* blocks stored by events/records */
+    uint64_t    removed;        /* blocks removed by events */
+    uint64_t    cleared;        /* Cleared events and worker removals */
+    uint64_t    evicted;        /* blocks dropped for lack of space (LRU) */
+    uint64_t    expired;        /* approximate: TTL */
+    uint64_t    pruned;         /* approximate: over the cap */
+    uint64_t    unknown_parent; /* stores dropped: parent not indexed */
+    uint64_t    unknown_remove; /* removals of hashes not indexed */
+} kv_index_stats_t;
+
+/* The smallest region kv_index_create accepts for cfg. */
+size_t kv_index_min_size(const kv_index_config_t *cfg);
+
+/* Lays out a fresh index in region; NULL with a reason if it cannot. */
+kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *cfg,
+                            char *err, size_t errlen);
+
+/* Re-opens an index kv_index_create laid out in region (an nginx reload
+ * reusing the zone); NULL if the region holds no compatible index. */
+kv_index_t *kv_index_open(void *region, size_t size);
+
+/* --- writer ------------------------------------------------------------ */
+
+/* The slot of (worker_id, dp_rank), creating it; -1 when all are taken. */
+int  kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank);
+/* Cleared: drops every block of worker_id, all dp ranks; slots stay. */
+void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id);
+/* Drops worker_id's blocks and frees its slots. */
+void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id);
+
+/* Applies one decoded event (adding the worker's slot if needed). Returns
+ * 0, or -1 with a reason (e.g. a store whose parent is not indexed, which
+ * is dropped whole, as Dynamo does). */
+int  kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
+                    char *err, size_t errlen);
+
+/* Approximate mode: slot now holds the blocks with these sequence hashes
+ * (the request it was just sent); they expire after ttl_ms. */
+void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
+                     uint64_t now_ms);
+/* Approximate mode: drops expired entries and prunes to the cap. Cheap when
+ * there is nothing to do; call it every few hundred milliseconds. */
+void kv_index_expire(kv_index_t *ix, uint64_t now_ms);
+
+/* --- readers (any process, any time) ----------------------------------- */
+
+/* For each slot holding at least the first block, how many leading blocks
+ * of seq[0..n) it holds; up to cap entries in out, return the count. */
+size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                      kv_overlap_t *out, size_t cap);
+
+int      kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank);
+/* worker_id and dp_rank of a slot in use: 0, or -1 for a free slot. */
+int      kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_id,
+                              uint32_t *dp_rank);
+uint64_t kv_index_worker_blocks(const kv_index_t *ix, uint32_t slot);
+uint32_t kv_index_max_workers(const kv_index_t *ix);
+void     kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st);
+
+#endif

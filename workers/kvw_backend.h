@@ -1,0 +1,65 @@
+/*
+ * The compute backend contract: what the shared scheduler and block manager
+ * ask of an engine's forward pass. The mock backend only predicts how long
+ * a step takes (Dynamo's perf model); cpu and cuda run a Llama-family model
+ * over the paged KV cache whose block ids the block manager hands out.
+ *
+ * KV layout (cpu and cuda): one pool of num_blocks blocks, each block
+ * contiguous across layers: [block][layer][K|V][block_size][n_kv_heads]
+ * [head_dim], so one block of all layers is one (offset, block_bytes) range
+ * that can be copied to another process in one transfer.
+ */
+#ifndef KVW_BACKEND_H
+#define KVW_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    float       temperature;    /* 0: greedy */
+    float       top_p;          /* 1: off */
+    int         top_k;          /* 0: off */
+    uint64_t   *rng;            /* per-request state, seeded from the request's seed */
+} kvw_sampling_t;
+
+/* One sequence's part of a step. */
+typedef struct {
+    const uint32_t *tokens;     /* tokens to run: a prefill chunk, or the last token when decoding */
+    uint32_t        n_tokens;
+    uint32_t        pos;        /* position of tokens[0]; KV of [0, pos) is in the cache */
+    const uint32_t *block_table;/* physical block ids covering [0, pos + n_tokens) */
+    uint32_t        n_blocks;
+    uint32_t        cached;     /* prompt tokens served from the prefix cache (timing models) */
+    int             sample;     /* sample a next token after tokens[n_tokens - 1] */
+    kvw_sampling_t  sampling;
+    uint32_t        next_token; /* out, when sample */
+    float          *logits;     /* out, optional (tests): vocab_size floats for the last token */
+} kvw_step_seq_t;
+
+typedef struct kvw_backend kvw_backend_t;
+
+struct kvw_backend {
+    const char *name;
+    uint32_t    vocab_size;
+    uint32_t    eos_token_id;
+    uint32_t    max_model_len;
+    uint32_t    block_size;
+    uint32_t    num_blocks;
+    size_t      block_bytes;    /* one block, all layers, K and V */
+
+    /*
+     * Runs one step over n sequences. *step_ms is the step's duration:
+     * predicted by the mock (the scheduler then waits that long before
+     * delivering tokens), measured by real backends (which have already
+     * spent it). 0, or -1 on failure.
+     */
+    int  (*step)(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double *step_ms);
+
+    /* One block of all layers to/from host memory (block_bytes); NULL in the mock. */
+    int  (*block_read)(kvw_backend_t *b, uint32_t block, void *dst);
+    int  (*block_write)(kvw_backend_t *b, uint32_t block, const void *src);
+
+    void (*destroy)(kvw_backend_t *b);
+};
+
+#endif
