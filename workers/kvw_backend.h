@@ -62,4 +62,22 @@ struct kvw_backend {
     void (*destroy)(kvw_backend_t *b);
 };
 
+/*
+ * Constructors. mock: Dynamo's perf model, no weights (kvw_mock_model.c).
+ * cpu: the C reference forward pass over model_dir (kvw_cpu.c). cuda:
+ * dlopen()s libkvcuda.so next to the binary or on the library path
+ * (kvw_cuda_loader.c). NULL with a reason in err.
+ */
+typedef struct {
+    const char *model_dir;      /* cpu, cuda: HF-layout directory */
+    const char *profile;        /* mock: interpolated perf profile (JSON), NULL: polynomial */
+    uint32_t    block_size;
+    uint32_t    num_blocks;     /* 0: backend picks (cpu/cuda: from memory) */
+    double      speedup;        /* mock: divides predicted times */
+} kvw_backend_config_t;
+
+kvw_backend_t *kvw_mock_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);
+kvw_backend_t *kvw_cpu_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);
+kvw_backend_t *kvw_cuda_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);
+
 #endif
