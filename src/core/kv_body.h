@@ -1,0 +1,47 @@
+/*
+ * The routing-relevant fields of an OpenAI request body, found in one pass
+ * without building a JSON tree: the router only needs `model`, the prompt
+ * (or the raw `messages` array, handed to the chat template) and the cache
+ * salt, and it runs on nginx's event loop for every request.
+ *
+ * `prompt` may be a string, an array of strings, an array of token ids or
+ * an array of token-id arrays; for the array forms (a batch of prompts) the
+ * first element routes the request, since one upstream serves the batch.
+ */
+#ifndef KV_BODY_H
+#define KV_BODY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    KV_BODY_NONE = 0,       /* neither prompt nor messages */
+    KV_BODY_TEXT,           /* prompt text in text/text_len */
+    KV_BODY_IDS,            /* prompt token ids in ids/n_ids */
+    KV_BODY_MESSAGES        /* raw JSON of `messages` in messages/messages_len */
+} kv_body_kind_t;
+
+typedef struct {
+    kv_body_kind_t  kind;
+    char           *text;           /* unescaped UTF-8, NUL-terminated (owned) */
+    size_t          text_len;
+    uint32_t       *ids;            /* owned */
+    size_t          n_ids;
+    const char     *messages;       /* points into the caller's buffer */
+    size_t          messages_len;
+    char            model[128];     /* "" when absent; truncated names are refused */
+    char           *salt;           /* `cache_salt` or NULL (owned) */
+    size_t          salt_len;
+    int             stream;         /* `stream: true` */
+    long            max_tokens;     /* `max_tokens` / `max_completion_tokens`, -1 if absent */
+} kv_body_t;
+
+/*
+ * Parses buf[0..len). 0 on success (kind may still be KV_BODY_NONE), -1
+ * with a reason when the body is not a JSON object or is malformed. Always
+ * leaves b safe to pass to kv_body_free.
+ */
+int  kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen);
+void kv_body_free(kv_body_t *b);
+
+#endif

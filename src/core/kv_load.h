@@ -1,0 +1,70 @@
+/*
+ * Active load per upstream server, shared by every nginx worker process
+ * through one region of shared memory (offsets only, no pointers).
+ *
+ * Each process adds and releases its requests' load in two places: the
+ * server's totals, which routing reads, and its own row, which remembers
+ * what that process still holds. A process that dies without releasing
+ * (a crash, or a reload's old worker killed at worker_shutdown_timeout)
+ * leaves a row owned by a dead pid; kv_load_reap subtracts that row from
+ * the totals and frees it, so leaked load disappears within a reap period.
+ *
+ * Servers are found by name ("upstream/host:port"), so an nginx reload that
+ * reuses the region keeps the counts of servers that still exist, and old
+ * workers finishing their requests release into the same counters.
+ */
+#ifndef KV_LOAD_H
+#define KV_LOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KV_LOAD_NAME_MAX  96
+
+typedef struct kv_load kv_load_t;
+
+typedef enum {
+    KV_LOAD_PREFILL_TOKENS = 0,     /* prompt tokens not yet past their first byte */
+    KV_LOAD_DECODE_BLOCKS,          /* KV blocks held by requests in flight */
+    KV_LOAD_REQUESTS,               /* requests in flight */
+    KV_LOAD_ACTIVE                  /* number of released-on-end counters */
+} kv_load_counter_t;
+
+typedef struct {
+    int64_t     active[KV_LOAD_ACTIVE];
+    uint64_t    requests_total;
+    uint64_t    overlap_hits;       /* requests routed with overlap > 0 */
+    uint64_t    overlap_blocks;     /* sum of overlaps */
+    uint64_t    prompt_blocks;      /* sum of prompt blocks */
+} kv_load_server_t;
+
+size_t     kv_load_size(uint32_t max_servers, uint32_t max_rows);
+/* Lays out a fresh table, or re-opens one (same sizes) when reuse is set. */
+kv_load_t *kv_load_init(void *region, size_t size, uint32_t max_servers,
+                        uint32_t max_rows, int reuse);
+
+/* The index of server name, adding it; -1 when the table is full. Writers
+ * of names must be serialised by the caller (the nginx master at config). */
+int  kv_load_server(kv_load_t *ld, const char *name, size_t len);
+int  kv_load_find(const kv_load_t *ld, const char *name, size_t len);
+uint32_t kv_load_servers(const kv_load_t *ld);
+const char *kv_load_server_name(const kv_load_t *ld, uint32_t server);
+
+/* A row for process pid (re-using its own row if it has one); -1 if none left. */
+int  kv_load_claim_row(kv_load_t *ld, pid_t pid);
+void kv_load_release_row(kv_load_t *ld, int row);
+
+/* Adds delta to one active counter of server, in row (may be -1) and totals. */
+void kv_load_add(kv_load_t *ld, int row, uint32_t server, kv_load_counter_t c,
+                 int64_t delta);
+/* Counts a routing decision (cumulative, never reclaimed). */
+void kv_load_count(kv_load_t *ld, uint32_t server, uint32_t overlap, uint32_t prompt_blocks);
+void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out);
+
+/* Frees the rows of dead processes, returning their load; the count reaped. */
+int  kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid));
+/* Rows reaped since creation. */
+uint64_t kv_load_reaped(const kv_load_t *ld);
+
+#endif

@@ -1,0 +1,120 @@
+/* The request-body scanner: every prompt shape, escapes, and bad input. */
+#include <stdlib.h>
+#include "kvtest.h"
+#include "kv_body.h"
+
+static int parse(kv_body_t *b, const char *s)
+{
+    char err[128];
+    return kv_body_parse(b, s, strlen(s), err, sizeof(err));
+}
+
+TEST(text_prompt_and_fields)
+{
+    kv_body_t b;
+    CHECK(parse(&b, " {\"model\":\"m1\",\"stream\":true,\"max_tokens\":7,"
+                    "\"x\":{\"a\":[1,{\"b\":null}]},\"prompt\":\"hi \\\"there\\\"\\n\","
+                    "\"cache_salt\":\"tenant-a\"} ") == 0);
+    CHECK(b.kind == KV_BODY_TEXT);
+    CHECK_STR(b.text, "hi \"there\"\n");
+    CHECK_STR(b.model, "m1");
+    CHECK_STR(b.salt, "tenant-a");
+    CHECK(b.stream == 1);
+    CHECK(b.max_tokens == 7);
+    kv_body_free(&b);
+}
+
+TEST(unicode_escapes)
+{
+    kv_body_t b;
+    CHECK(parse(&b, "{\"prompt\":\"\\u00e9\\ud83d\\ude00\\ud800x\"}") == 0);
+    CHECK_STR(b.text, "\xc3\xa9\xf0\x9f\x98\x80\xef\xbf\xbdx");
+    kv_body_free(&b);
+}
+
+TEST(id_prompts)
+{
+    kv_body_t b;
+    CHECK(parse(&b, "{\"prompt\":[1, 2 ,4294967295]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS);
+    CHECK_EQ_U64(b.n_ids, 3);
+    CHECK_EQ_U64(b.ids[2], 4294967295ULL);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":[[5,6],[7]]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS);
+    CHECK_EQ_U64(b.n_ids, 2);
+    CHECK_EQ_U64(b.ids[1], 6);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":[\"first\",\"second\"]}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT);
+    CHECK_STR(b.text, "first");
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":[]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS && b.n_ids == 0);
+    kv_body_free(&b);
+}
+
+TEST(messages_span)
+{
+    kv_body_t b;
+    const char *s = "{\"messages\":[{\"role\":\"user\",\"content\":\"a]b\"}],\"model\":\"q\"}";
+    CHECK(parse(&b, s) == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES);
+    CHECK(b.messages_len == strlen("[{\"role\":\"user\",\"content\":\"a]b\"}]"));
+    CHECK(strncmp(b.messages, "[{\"role\"", 8) == 0);
+    kv_body_free(&b);
+}
+
+TEST(malformed_rejected)
+{
+    static const char *bad[] = {
+        "", "[]", "{", "{\"prompt\":", "{\"prompt\":\"abc}", "{\"prompt\":[1,2,]}",
+        "{\"prompt\":[1.5]}", "{\"prompt\":[-1]}", "{\"prompt\":[99999999999]}",
+        "{\"a\":1,}", "{\"a\" 1}", "{\"a\":tru}", "{} x", "{\"prompt\":\"\\q\"}",
+        "{\"prompt\":\"\x01\"}", "{\"prompt\":7}", "{\"prompt\":[{}]}",
+        "{\"model\":\"" "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+    };
+    kv_body_t b;
+    size_t    i;
+
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = parse(&b, bad[i]);
+        if (rc == 0) fprintf(stderr, "  accepted: %s\n", bad[i]);
+        CHECK(rc == -1);
+        CHECK(b.kind == KV_BODY_NONE && b.text == NULL && b.ids == NULL);
+        kv_body_free(&b);
+    }
+}
+
+TEST(deep_nesting_refused)
+{
+    char      buf[512];
+    kv_body_t b;
+    int       i;
+
+    strcpy(buf, "{\"x\":");
+    for (i = 0; i < 200; i++) strcat(buf, "[");
+    CHECK(parse(&b, buf) == -1);
+    kv_body_free(&b);
+}
+
+TEST(no_prompt)
+{
+    kv_body_t b;
+    CHECK(parse(&b, "{\"model\":\"m\"}") == 0);
+    CHECK(b.kind == KV_BODY_NONE);
+    kv_body_free(&b);
+}
+
+int main(void)
+{
+    RUN(text_prompt_and_fields);
+    RUN(unicode_escapes);
+    RUN(id_prompts);
+    RUN(messages_span);
+    RUN(malformed_rejected);
+    RUN(deep_nesting_refused);
+    RUN(no_prompt);
+    return kvt_done();
+}
