@@ -103,8 +103,14 @@ NGX_CC    := $(shell dpkg-buildflags --get CFLAGS 2>/dev/null) -fPIC \
              -Wno-sign-compare $(SANFLAGS)
 NGX_LD    := $(shell dpkg-buildflags --get LDFLAGS 2>/dev/null) -fPIC $(SANFLAGS)
 NGX_SRCS  := $(wildcard src/ngx/*.c src/ngx/*.h)
+NGX_LIST  := $(B)/ngx-sources
 
-$(NGX_B)/Makefile: config
+# ./config globs src/ngx/*.c when configure runs: re-run it when the list of
+# files changes (the list file is rewritten only then).
+$(shell mkdir -p $(B); echo $(NGX_SRCS) | cmp -s - $(NGX_LIST) 2>/dev/null \
+        || echo $(NGX_SRCS) > $(NGX_LIST))
+
+$(NGX_B)/Makefile: config $(NGX_LIST)
 	@mkdir -p $(NGX_B)
 	@echo "configuring nginx module build (once)"
 	cd $(NGX_SRC) && KVROUTE_BUILD=$(abspath $(B)) bash -c '. ./conf_flags; \

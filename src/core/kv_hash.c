@@ -69,3 +69,10 @@ size_t kv_hash_blocks(const uint32_t *tokens, size_t n, size_t block_size,
     }
     return nb;
 }
+
+uint64_t kv_hash_worker_id(const char *address, size_t len)
+{
+    uint64_t id = XXH3_64bits(address, len) & 0x7fffffffffffffffULL;
+
+    return id ? id : 1;
+}

@@ -35,4 +35,12 @@ uint64_t kv_hash_chain(uint64_t parent_seq, uint64_t local);
 size_t kv_hash_blocks(const uint32_t *tokens, size_t n, size_t block_size,
                       uint64_t seed, uint64_t *local, uint64_t *seq);
 
+/*
+ * The worker id a worker at address "host:port" uses when it is given none
+ * (kvworker) and the router assumes for a server with no announce and no
+ * kvroute_worker_id line: XXH3-64 of the address, top bit clear so that it
+ * also fits Dynamo's older signed worker_id, never 0.
+ */
+uint64_t kv_hash_worker_id(const char *address, size_t len);
+
 #endif

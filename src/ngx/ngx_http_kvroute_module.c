@@ -3,32 +3,60 @@
  * Copyright (C) kvroute authors
  *
  * ngx_http_kvroute_module: KV-cache-aware upstream balancing for LLM
- * inference workers. This first version registers the "kvroute" balancer
- * and picks the peer with the fewest active requests (weighted), breaking
- * ties round-robin; prefix-aware scoring builds on it.
+ * inference workers. This file holds the module definition, directives,
+ * configuration and process hooks; the balancer, prompt preparation,
+ * shared zone, filters, variables and status live in their own files.
  */
 
 
-#include <ngx_config.h>
-#include <ngx_core.h>
-#include <ngx_http.h>
+#include "ngx_http_kvroute.h"
 
 
-static ngx_int_t ngx_http_kvroute_init_upstream(ngx_conf_t *cf,
-    ngx_http_upstream_srv_conf_t *us);
-static ngx_int_t ngx_http_kvroute_init_peer(ngx_http_request_t *r,
-    ngx_http_upstream_srv_conf_t *us);
-static ngx_int_t ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc,
-    void *data);
-static char *ngx_http_kvroute(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+static ngx_int_t ngx_http_kvroute_postconfiguration(ngx_conf_t *cf);
+static void *ngx_http_kvroute_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf);
+static void *ngx_http_kvroute_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_kvroute_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
+static ngx_int_t ngx_http_kvroute_init_process(ngx_cycle_t *cycle);
+static void ngx_http_kvroute_exit_process(ngx_cycle_t *cycle);
+static void ngx_http_kvroute_timer_handler(ngx_event_t *ev);
 
 
 static ngx_command_t  ngx_http_kvroute_commands[] = {
 
-    { ngx_string("kvroute"),
-      NGX_HTTP_UPS_CONF|NGX_CONF_NOARGS,
-      ngx_http_kvroute,
+    { ngx_string("kvroute_zone"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_2MORE,
+      ngx_http_kvroute_zone_directive,
+      NGX_HTTP_MAIN_CONF_OFFSET,
       0,
+      NULL },
+
+    { ngx_string("kvroute"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_ANY,
+      ngx_http_kvroute_directive,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("kvroute_worker_id"),
+      NGX_HTTP_UPS_CONF|NGX_CONF_TAKE2,
+      ngx_http_kvroute_worker_id,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("kvroute_debug_headers"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_kvroute_loc_conf_t, debug_headers),
+      NULL },
+
+    { ngx_string("kvroute_status"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_kvroute_status_directive,
+      NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
 
@@ -38,16 +66,16 @@ static ngx_command_t  ngx_http_kvroute_commands[] = {
 
 static ngx_http_module_t  ngx_http_kvroute_module_ctx = {
     NULL,                                  /* preconfiguration */
-    NULL,                                  /* postconfiguration */
+    ngx_http_kvroute_postconfiguration,    /* postconfiguration */
 
-    NULL,                                  /* create main configuration */
+    ngx_http_kvroute_create_main_conf,     /* create main configuration */
     NULL,                                  /* init main configuration */
 
-    NULL,                                  /* create server configuration */
+    ngx_http_kvroute_create_srv_conf,      /* create server configuration */
     NULL,                                  /* merge server configuration */
 
-    NULL,                                  /* create location configuration */
-    NULL                                   /* merge location configuration */
+    ngx_http_kvroute_create_loc_conf,      /* create location configuration */
+    ngx_http_kvroute_merge_loc_conf        /* merge location configuration */
 };
 
 
@@ -58,188 +86,246 @@ ngx_module_t  ngx_http_kvroute_module = {
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
     NULL,                                  /* init module */
-    NULL,                                  /* init process */
+    ngx_http_kvroute_init_process,         /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
-    NULL,                                  /* exit process */
+    ngx_http_kvroute_exit_process,         /* exit process */
     NULL,                                  /* exit master */
     NGX_MODULE_V1_PADDING
 };
 
 
+const char  *ngx_http_kvroute_fallback_names[] = {
+    "",
+    "no_zone",
+    "no_body",
+    "unbuffered_body",
+    "body_read_error",
+    "parse_error",
+    "no_prompt",
+    "no_tokenizer",
+    "no_chat_template",
+    "template_error",
+    "tokenize_error",
+    "unknown_model",
+    "no_memory",
+    "all_busy",
+};
+
+
+static ngx_event_t  ngx_http_kvroute_timer;
+
+
 static ngx_int_t
-ngx_http_kvroute_init_upstream(ngx_conf_t *cf,
-    ngx_http_upstream_srv_conf_t *us)
+ngx_http_kvroute_postconfiguration(ngx_conf_t *cf)
 {
-    if (ngx_http_upstream_init_round_robin(cf, us) != NGX_OK) {
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PRECONTENT_PHASE].handlers);
+    if (h == NULL) {
         return NGX_ERROR;
     }
 
-    us->peer.init = ngx_http_kvroute_init_peer;
+    *h = ngx_http_kvroute_precontent;
 
-    return NGX_OK;
-}
-
-
-static ngx_int_t
-ngx_http_kvroute_init_peer(ngx_http_request_t *r,
-    ngx_http_upstream_srv_conf_t *us)
-{
-    if (ngx_http_upstream_init_round_robin_peer(r, us) != NGX_OK) {
+    if (ngx_http_kvroute_add_variables(cf) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    r->upstream->peer.get = ngx_http_kvroute_get_peer;
-
-    return NGX_OK;
+    return ngx_http_kvroute_filter_init(cf);
 }
 
 
-static ngx_uint_t
-ngx_http_kvroute_peer_usable(ngx_http_upstream_rr_peer_data_t *rrp,
-    ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now)
+static void *
+ngx_http_kvroute_create_main_conf(ngx_conf_t *cf)
 {
-    uintptr_t   m;
-    ngx_uint_t  n;
+    ngx_http_kvroute_main_conf_t  *kmcf;
 
-    n = i / (8 * sizeof(uintptr_t));
-    m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
-
-    if (rrp->tried[n] & m) {
-        return 0;
+    kmcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_main_conf_t));
+    if (kmcf == NULL) {
+        return NULL;
     }
 
-    if (peer->down) {
-        return 0;
-    }
-
-    if (peer->max_fails
-        && peer->fails >= peer->max_fails
-        && now - peer->checked <= peer->fail_timeout)
+    if (ngx_array_init(&kmcf->zones, cf->pool, 2,
+                       sizeof(ngx_http_kvroute_zone_t *))
+        != NGX_OK)
     {
-        return 0;
+        return NULL;
     }
 
-    if (peer->max_conns && peer->conns >= peer->max_conns) {
-        return 0;
-    }
-
-    return 1;
+    return kmcf;
 }
 
 
-static ngx_int_t
-ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
+static void *
+ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
 {
-    ngx_http_upstream_rr_peer_data_t  *rrp = data;
+    ngx_http_kvroute_srv_conf_t  *kcf;
 
-    time_t                         now;
-    ngx_int_t                      rc;
-    ngx_uint_t                     i, p, n;
-    ngx_http_upstream_rr_peer_t   *peer, *best;
-    ngx_http_upstream_rr_peers_t  *peers;
-
-    pc->cached = 0;
-    pc->connection = NULL;
-
-    now = ngx_time();
-    peers = rrp->peers;
-
-    ngx_http_upstream_rr_peers_wlock(peers);
-
-    best = NULL;
-    p = 0;
-
-    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
-
-        if (!ngx_http_kvroute_peer_usable(rrp, peer, i, now)) {
-            continue;
-        }
-
-        /* fewest active requests per unit of weight; ties by position */
-
-        if (best == NULL
-            || peer->conns * best->weight < best->conns * peer->weight)
-        {
-            best = peer;
-            p = i;
-        }
+    kcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_srv_conf_t));
+    if (kcf == NULL) {
+        return NULL;
     }
 
-    if (best == NULL) {
-        goto failed;
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     kcf->zone = NULL;
+     *     kcf->tokenizer = NULL;
+     *     kcf->template = NULL;
+     *     kcf->peers = NULL;
+     */
+
+    if (ngx_array_init(&kcf->worker_ids, cf->pool, 1,
+                       sizeof(ngx_http_kvroute_worker_map_t))
+        != NGX_OK)
+    {
+        return NULL;
     }
 
-    if (now - best->checked > best->fail_timeout) {
-        best->checked = now;
+    return kcf;
+}
+
+
+static void *
+ngx_http_kvroute_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_kvroute_loc_conf_t  *klcf;
+
+    klcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_loc_conf_t));
+    if (klcf == NULL) {
+        return NULL;
     }
 
-    pc->sockaddr = best->sockaddr;
-    pc->socklen = best->socklen;
-    pc->name = &best->name;
+    klcf->debug_headers = NGX_CONF_UNSET;
 
-    best->conns++;
-    rrp->current = best;
-
-    n = p / (8 * sizeof(uintptr_t));
-    rrp->tried[n] |= (uintptr_t) 1 << p % (8 * sizeof(uintptr_t));
-
-    ngx_http_upstream_rr_peers_unlock(peers);
-
-    return NGX_OK;
-
-failed:
-
-    if (peers->next) {
-        rrp->peers = peers->next;
-
-        n = (rrp->peers->number + (8 * sizeof(uintptr_t) - 1))
-                / (8 * sizeof(uintptr_t));
-
-        for (i = 0; i < n; i++) {
-            rrp->tried[i] = 0;
-        }
-
-        ngx_http_upstream_rr_peers_unlock(peers);
-
-        rc = ngx_http_kvroute_get_peer(pc, rrp);
-
-        if (rc != NGX_BUSY) {
-            return rc;
-        }
-
-        ngx_http_upstream_rr_peers_wlock(peers);
-    }
-
-    ngx_http_upstream_rr_peers_unlock(peers);
-
-    pc->name = peers->name;
-
-    return NGX_BUSY;
+    return klcf;
 }
 
 
 static char *
-ngx_http_kvroute(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_kvroute_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 {
-    ngx_http_upstream_srv_conf_t  *uscf;
+    ngx_http_kvroute_loc_conf_t  *prev = parent;
+    ngx_http_kvroute_loc_conf_t  *conf = child;
 
-    uscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_upstream_module);
-
-    if (uscf->peer.init_upstream) {
-        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
-                           "load balancing method redefined");
-    }
-
-    uscf->peer.init_upstream = ngx_http_kvroute_init_upstream;
-
-    uscf->flags = NGX_HTTP_UPSTREAM_CREATE
-                  |NGX_HTTP_UPSTREAM_WEIGHT
-                  |NGX_HTTP_UPSTREAM_MAX_CONNS
-                  |NGX_HTTP_UPSTREAM_MAX_FAILS
-                  |NGX_HTTP_UPSTREAM_FAIL_TIMEOUT
-                  |NGX_HTTP_UPSTREAM_DOWN
-                  |NGX_HTTP_UPSTREAM_BACKUP;
+    ngx_conf_merge_value(conf->debug_headers, prev->debug_headers, 0);
 
     return NGX_CONF_OK;
+}
+
+
+uint64_t
+ngx_http_kvroute_now_ns(void)
+{
+    struct timespec  ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+
+    return (uint64_t) ts.tv_sec * 1000000000 + (uint64_t) ts.tv_nsec;
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_init_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                      i;
+    ngx_http_kvroute_zone_t       **zones;
+    ngx_http_kvroute_srv_conf_t   **kcfs;
+    ngx_http_kvroute_main_conf_t   *kmcf;
+
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
+
+    kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvroute_module);
+    if (kmcf == NULL || kmcf->zones.nelts == 0) {
+        return NGX_OK;
+    }
+
+    zones = kmcf->zones.elts;
+
+    for (i = 0; i < kmcf->zones.nelts; i++) {
+        ngx_uint_t  j;
+
+        kcfs = zones[i]->upstreams.elts;
+
+        for (j = 0; j < zones[i]->upstreams.nelts; j++) {
+            if (ngx_http_kvroute_init_worker_peers(cycle, kcfs[j]) != NGX_OK) {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    for (i = 0; i < kmcf->zones.nelts; i++) {
+        zones[i]->row = kv_load_claim_row(zones[i]->sh->load, ngx_pid);
+
+        if (zones[i]->row < 0) {
+            ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                          "kvroute: no free load row in zone \"%V\"; if this "
+                          "process dies its load is not reclaimed",
+                          &zones[i]->name);
+        }
+    }
+
+    ngx_http_kvroute_timer.handler = ngx_http_kvroute_timer_handler;
+    ngx_http_kvroute_timer.log = cycle->log;
+    ngx_http_kvroute_timer.data = kmcf;
+    ngx_http_kvroute_timer.cancelable = 1;
+
+    ngx_add_timer(&ngx_http_kvroute_timer, 500);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_kvroute_timer_handler(ngx_event_t *ev)
+{
+    ngx_uint_t                     i;
+    ngx_http_kvroute_zone_t      **zones;
+    ngx_http_kvroute_main_conf_t  *kmcf = ev->data;
+
+    zones = kmcf->zones.elts;
+
+    for (i = 0; i < kmcf->zones.nelts; i++) {
+        ngx_http_kvroute_zone_timer(zones[i]);
+    }
+
+    if (!ngx_exiting) {
+        ngx_add_timer(ev, 500);
+    }
+}
+
+
+static void
+ngx_http_kvroute_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                      i;
+    ngx_http_kvroute_zone_t       **zones;
+    ngx_http_kvroute_main_conf_t   *kmcf;
+
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return;
+    }
+
+    kmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_kvroute_module);
+    if (kmcf == NULL) {
+        return;
+    }
+
+    /* requests still in flight at exit release their load here */
+
+    zones = kmcf->zones.elts;
+
+    for (i = 0; i < kmcf->zones.nelts; i++) {
+        kv_load_release_row(zones[i]->sh->load, zones[i]->row);
+    }
 }

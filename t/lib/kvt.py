@@ -109,6 +109,9 @@ class Stack:
 
     def __init__(self, name="kvt"):
         self.dir = tempfile.mkdtemp(prefix=name + "-")
+        # nginx started as root runs its workers as nobody: they must reach
+        # their temp paths under this directory
+        os.chmod(self.dir, 0o755)
         self.procs = []
         self.nginxes = []
 

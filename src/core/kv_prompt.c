@@ -1,0 +1,125 @@
+/* Request body -> tokens -> block sequence hashes (see kv_prompt.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "kv_body.h"
+#include "kv_hash.h"
+#include "kv_prompt.h"
+
+static kv_prompt_status_t fail(kv_prompt_t *out, kv_prompt_status_t st, const char *why)
+{
+    out->status = st;
+    snprintf(out->err, sizeof(out->err), "%s", why);
+    return st;
+}
+
+/* messages -> prompt text -> ids, as the engines render chat requests. */
+static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_t *b,
+                                   kv_ids_t *ids, kv_prompt_t *out)
+{
+    json_error_t  jerr;
+    json_t       *msgs;
+    char         *text, err[160];
+    size_t        len;
+    long          n;
+
+    if (cfg->chat == NULL) {
+        return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
+    }
+    msgs = json_loadb(b->messages, b->messages_len, 0, &jerr);
+    if (msgs == NULL) {
+        return fail(out, KV_PROMPT_PARSE, jerr.text);
+    }
+    text = kv_chat_render(cfg->chat, msgs, NULL, 1, &len, err, sizeof(err));
+    json_decref(msgs);
+    if (text == NULL) {
+        return fail(out, KV_PROMPT_TEMPLATE, err);
+    }
+    n = kv_tokenizer_encode(cfg->tokenizer, text, len, 0, ids);
+    free(text);
+    return n < 0 ? fail(out, KV_PROMPT_NO_MEMORY, "out of memory") : KV_PROMPT_OK;
+}
+
+static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b,
+                                     kv_ids_t *ids, kv_prompt_t *out)
+{
+    switch (b->kind) {
+    case KV_BODY_IDS:
+        ids->ids = b->ids;          /* take ownership */
+        ids->n = ids->cap = b->n_ids;
+        b->ids = NULL;
+        b->n_ids = 0;
+        return KV_PROMPT_OK;
+    case KV_BODY_TEXT:
+        if (cfg->tokenizer == NULL) {
+            return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
+        }
+        if (kv_tokenizer_encode(cfg->tokenizer, b->text, b->text_len, 1, ids) < 0) {
+            return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
+        }
+        return KV_PROMPT_OK;
+    case KV_BODY_MESSAGES:
+        if (cfg->tokenizer == NULL) {
+            return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
+        }
+        return chat_ids(cfg, b, ids, out);
+    default:
+        return fail(out, KV_PROMPT_NO_PROMPT, "body has neither prompt nor messages");
+    }
+}
+
+kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *body,
+                                     size_t len, const char *salt, size_t salt_len,
+                                     kv_prompt_t *out)
+{
+    kv_body_t  b;
+    kv_ids_t   ids = { NULL, 0, 0 };
+    uint64_t   seed;
+    size_t     bs = cfg->block_size ? cfg->block_size : 16;
+
+    memset(out, 0, sizeof(*out));
+    if (kv_body_parse(&b, body, len, out->err, sizeof(out->err)) != 0) {
+        out->status = KV_PROMPT_PARSE;
+        return out->status;
+    }
+    out->stream = b.stream;
+    out->max_tokens = b.max_tokens;
+    if (cfg->model && cfg->model[0] && b.model[0] && strcmp(cfg->model, b.model) != 0) {
+        fail(out, KV_PROMPT_MODEL, "unknown model");
+        goto done;
+    }
+    if (prompt_ids(cfg, &b, &ids, out) != KV_PROMPT_OK) {
+        goto done;
+    }
+    if (b.salt) {
+        salt = b.salt;
+        salt_len = b.salt_len;
+    }
+    seed = kv_hash_seed(salt, salt ? salt_len : 0);
+    out->prompt_tokens = ids.n;
+    out->nseq = ids.n / bs;
+    if (out->nseq) {
+        out->seq = malloc(out->nseq * sizeof(uint64_t));
+        if (out->seq == NULL) {
+            out->nseq = 0;
+            fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
+            goto done;
+        }
+        kv_hash_blocks(ids.ids, ids.n, bs, seed, NULL, out->seq);
+    }
+    out->status = KV_PROMPT_OK;
+done:
+    free(ids.ids);
+    kv_body_free(&b);
+    return out->status;
+}
+
+void kv_prompt_free(kv_prompt_t *p)
+{
+    free(p->seq);
+    p->seq = NULL;
+    p->nseq = 0;
+}

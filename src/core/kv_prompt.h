@@ -1,0 +1,57 @@
+/*
+ * From an OpenAI request body to the router's view of the prompt: its
+ * token count and the sequence hashes of its full blocks. Tokenizes the
+ * way the engines do: a completion's text prompt with the tokenizer's
+ * special tokens (HF encode default, as vLLM does), chat messages rendered
+ * by the chat template and encoded without adding specials again (the
+ * template writes them, as vLLM does). Pure and thread-safe: nginx runs it
+ * on the event loop or in a thread pool.
+ */
+#ifndef KV_PROMPT_H
+#define KV_PROMPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_chat.h"
+#include "kv_tokenizer.h"
+
+typedef enum {
+    KV_PROMPT_OK = 0,
+    KV_PROMPT_PARSE,            /* body is not valid JSON / not an object */
+    KV_PROMPT_NO_PROMPT,        /* neither prompt nor messages */
+    KV_PROMPT_NO_TOKENIZER,     /* text prompt, no tokenizer configured */
+    KV_PROMPT_NO_TEMPLATE,      /* messages, no chat template configured */
+    KV_PROMPT_TEMPLATE,         /* the template failed on these messages */
+    KV_PROMPT_TOKENIZE,
+    KV_PROMPT_MODEL,            /* body names another model */
+    KV_PROMPT_NO_MEMORY
+} kv_prompt_status_t;
+
+typedef struct {
+    const kv_tokenizer_t        *tokenizer;     /* may be NULL */
+    const kv_chat_template_t    *chat;          /* may be NULL */
+    const char                  *model;         /* NULL or "": any model */
+    uint32_t                     block_size;
+} kv_prompt_config_t;
+
+typedef struct {
+    kv_prompt_status_t  status;
+    uint64_t            prompt_tokens;
+    uint64_t           *seq;            /* malloc'ed; nseq entries */
+    size_t              nseq;
+    int                 stream;
+    long                max_tokens;
+    char                err[160];
+} kv_prompt_t;
+
+/*
+ * Fills out from body. salt (may be NULL) is used when the body has no
+ * cache_salt. Returns out->status.
+ */
+kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *body,
+                                     size_t len, const char *salt, size_t salt_len,
+                                     kv_prompt_t *out);
+void kv_prompt_free(kv_prompt_t *p);
+
+#endif

@@ -1,0 +1,214 @@
+
+/*
+ * Copyright (C) kvroute authors
+ *
+ * Shared declarations of ngx_http_kvroute_module's files: the shared zone,
+ * the upstream configuration, and the per-request context.
+ */
+
+
+#ifndef _NGX_HTTP_KVROUTE_H_INCLUDED_
+#define _NGX_HTTP_KVROUTE_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include "kv_body.h"
+#include "kv_chat.h"
+#include "kv_index.h"
+#include "kv_load.h"
+#include "kv_score.h"
+#include "kv_tokenizer.h"
+
+
+#define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
+#define NGX_HTTP_KVROUTE_MAX_ROWS      128
+#define NGX_HTTP_KVROUTE_HIST          12
+
+
+typedef enum {
+    NGX_HTTP_KVROUTE_FB_NONE = 0,
+    NGX_HTTP_KVROUTE_FB_NO_ZONE,        /* kvroute without zone=: load only */
+    NGX_HTTP_KVROUTE_FB_NO_BODY,
+    NGX_HTTP_KVROUTE_FB_UNBUFFERED,
+    NGX_HTTP_KVROUTE_FB_BODY_READ,
+    NGX_HTTP_KVROUTE_FB_PARSE,
+    NGX_HTTP_KVROUTE_FB_NO_PROMPT,
+    NGX_HTTP_KVROUTE_FB_NO_TOKENIZER,
+    NGX_HTTP_KVROUTE_FB_NO_TEMPLATE,
+    NGX_HTTP_KVROUTE_FB_TEMPLATE,
+    NGX_HTTP_KVROUTE_FB_TOKENIZE,
+    NGX_HTTP_KVROUTE_FB_MODEL,
+    NGX_HTTP_KVROUTE_FB_NO_MEMORY,
+    NGX_HTTP_KVROUTE_FB_ALL_BUSY,
+    NGX_HTTP_KVROUTE_FB_N
+} ngx_http_kvroute_fallback_e;
+
+
+/* The head of a kvroute_zone: everything nginx workers share. */
+typedef struct {
+    uint64_t                        magic;
+    ngx_atomic_t                    requests;
+    ngx_atomic_t                    decisions;
+    ngx_atomic_t                    busy_rejects;
+    ngx_atomic_t                    fallbacks[NGX_HTTP_KVROUTE_FB_N];
+    ngx_atomic_t                    hist[NGX_HTTP_KVROUTE_HIST];
+    ngx_atomic_t                    decision_us_sum;
+    ngx_uint_t                      approximate;
+    ngx_uint_t                      max_workers;
+    void                           *load_region;
+    void                           *index_region;
+    size_t                          index_size;
+    kv_load_t                      *load;
+    kv_index_t                     *index;
+    void                           *events;     /* event helper's shared state */
+} ngx_http_kvroute_sh_t;
+
+
+typedef struct {
+    ngx_str_t                       name;
+    ngx_shm_zone_t                 *shm_zone;
+    ngx_http_kvroute_sh_t          *sh;
+    ngx_slab_pool_t                *shpool;         /* its mutex: approximate-mode writers */
+    int                             row;            /* this process's kv_load row */
+    ngx_uint_t                      approximate;    /* no kvroute_events feeds it */
+    ngx_uint_t                      max_workers;
+    ngx_msec_t                      ttl;
+    ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
+    void                           *events_conf;    /* kvroute_events for this zone */
+} ngx_http_kvroute_zone_t;
+
+
+typedef struct {
+    uint64_t                        worker_id;
+    ngx_str_t                       address;
+} ngx_http_kvroute_worker_map_t;
+
+
+/* One upstream server as kvroute sees it. */
+typedef struct {
+    ngx_http_upstream_rr_peer_t    *peer;       /* this cycle's, in the peers list */
+    ngx_str_t                       server;     /* as written in the config */
+    uint64_t                        worker_id;
+    ngx_uint_t                      backup;
+    ngx_uint_t                      index;      /* position in its rr list */
+    ngx_int_t                       load;       /* kv_load server index, -1 if none */
+} ngx_http_kvroute_peer_t;
+
+
+typedef struct {
+    ngx_http_kvroute_zone_t        *zone;
+    ngx_str_t                       upstream_name;
+    ngx_uint_t                      block_size;
+    kv_tokenizer_t                 *tokenizer;
+    kv_chat_template_t             *template;
+    ngx_str_t                       model;
+    kv_score_config_t               score;
+    ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
+    ngx_uint_t                      retry_after;
+    size_t                          thread_threshold;
+    ngx_thread_pool_t              *thread_pool;
+    ngx_http_complex_value_t       *salt;
+    ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
+    ngx_http_upstream_init_pt       original_init_upstream;
+
+    /* resolved in each worker process (the upstream zone moves peers) */
+    ngx_http_upstream_srv_conf_t   *uscf;
+    ngx_http_kvroute_peer_t        *peers;      /* primaries, then backups */
+    ngx_uint_t                      npeers;
+    ngx_uint_t                      nprimary;
+} ngx_http_kvroute_srv_conf_t;
+
+
+/* A request's routing state; lives in r->pool. */
+typedef struct {
+    ngx_http_kvroute_srv_conf_t    *conf;
+    ngx_int_t                       status;     /* precontent: re-entry result */
+    unsigned                        prepared:1;
+    unsigned                        matched:1;
+    unsigned                        prefill_open:1;
+    unsigned                        active:1;   /* an attempt holds load */
+
+    ngx_http_kvroute_fallback_e     fallback;
+    uint64_t                       *seq;        /* sequence hashes (malloc) */
+    size_t                          nseq;
+    uint64_t                        prompt_tokens;
+    uint32_t                       *overlap;    /* per peer */
+    ngx_msec_int_t                  decision_us;
+    uint64_t                        t0_ns;
+
+    /* the current attempt's accounting */
+    ngx_int_t                       load;
+    int64_t                         prefill_tokens;
+    int64_t                         decode_blocks;
+
+    ngx_http_kvroute_peer_t        *chosen;
+    uint32_t                        chosen_overlap;
+} ngx_http_kvroute_ctx_t;
+
+
+typedef struct {
+    ngx_http_upstream_rr_peer_data_t   rrp;     /* first: the rr get/free use it */
+    ngx_http_request_t                *request;
+    ngx_http_kvroute_srv_conf_t       *conf;
+    ngx_http_kvroute_ctx_t            *ctx;
+} ngx_http_kvroute_peer_data_t;
+
+
+typedef struct {
+    ngx_flag_t                      debug_headers;
+    ngx_flag_t                      status;
+} ngx_http_kvroute_loc_conf_t;
+
+
+typedef struct {
+    ngx_array_t                     zones;      /* ngx_http_kvroute_zone_t * */
+} ngx_http_kvroute_main_conf_t;
+
+
+extern ngx_module_t  ngx_http_kvroute_module;
+extern const char   *ngx_http_kvroute_fallback_names[];
+
+
+/* zone */
+char *ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_http_kvroute_zone_t *ngx_http_kvroute_zone_find(ngx_conf_t *cf,
+    ngx_str_t *name);
+void ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone);
+
+/* balancer */
+char *ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_kvroute_worker_id(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
+    ngx_http_kvroute_srv_conf_t *kcf);
+ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_of(
+    ngx_http_request_t *r);
+
+/* prompt: body -> tokens -> block hashes */
+ngx_int_t ngx_http_kvroute_precontent(ngx_http_request_t *r);
+void ngx_http_kvroute_prepare(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx);
+ngx_http_kvroute_ctx_t *ngx_http_kvroute_get_ctx(ngx_http_request_t *r,
+    ngx_http_kvroute_srv_conf_t *kcf);
+ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf);
+
+/* accounting */
+void ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
+    ngx_http_kvroute_peer_t *p, uint32_t overlap);
+void ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx);
+void ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx);
+uint64_t ngx_http_kvroute_now_ns(void);
+
+/* filters, variables, status */
+ngx_int_t ngx_http_kvroute_filter_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_kvroute_add_variables(ngx_conf_t *cf);
+char *ngx_http_kvroute_status_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
+
+#endif /* _NGX_HTTP_KVROUTE_H_INCLUDED_ */

@@ -1,0 +1,950 @@
+
+/*
+ * Copyright (C) kvroute authors
+ *
+ * The kvroute balancer: the "kvroute" and "kvroute_worker_id" directives
+ * and the upstream peer hooks. A request's prompt (prepared by
+ * ngx_http_kvroute_prompt.c) is matched once against the shared prefix
+ * index; every attempt then scores the untried servers with Dynamo's cost
+ * (src/core/kv_score.c) over the current shared load and takes the best.
+ * Servers keep their nginx meaning of weight, max_fails, fail_timeout,
+ * max_conns, down and backup; backups are used, round-robin, only when no
+ * primary is usable.
+ */
+
+
+#include "ngx_http_kvroute.h"
+#include "kv_hash.h"
+
+
+static ngx_int_t ngx_http_kvroute_init_upstream(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us);
+static ngx_int_t ngx_http_kvroute_init_peer(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us);
+static ngx_int_t ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc,
+    void *data);
+static void ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc,
+    void *data, ngx_uint_t state);
+static ngx_int_t ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
+    ngx_http_upstream_rr_peer_data_t *rrp);
+static void ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd);
+static ngx_uint_t ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
+    ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now);
+static void ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p);
+static void ngx_http_kvroute_cleanup_conf(void *data);
+
+
+static ngx_conf_enum_t  ngx_http_kvroute_modes[] = {
+    { ngx_string("events"), 0 },
+    { ngx_string("approximate"), 1 },
+    { ngx_null_string, 0 }
+};
+
+
+static char *
+ngx_http_kvroute_parse_double(ngx_conf_t *cf, ngx_str_t *v, size_t skip,
+    double min, double max, double *out)
+{
+    u_char   buf[64];
+    char    *end;
+    size_t   len;
+
+    len = v->len - skip;
+
+    if (len == 0 || len >= sizeof(buf)) {
+        goto invalid;
+    }
+
+    ngx_memcpy(buf, v->data + skip, len);
+    buf[len] = '\0';
+
+    *out = strtod((char *) buf, &end);
+
+    if (*end != '\0' || !(*out >= min && *out <= max)) {
+        goto invalid;
+    }
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid \"%V\": expected a number in [%.1f, %.1f]",
+                       v, min, max);
+    return NGX_CONF_ERROR;
+}
+
+
+static char *
+ngx_http_kvroute_load_files(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_str_t *tokenizer, ngx_str_t *template)
+{
+    char                 err[512];
+    ngx_pool_cleanup_t  *cln;
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_http_kvroute_cleanup_conf;
+    cln->data = kcf;
+
+    if (tokenizer->len) {
+        if (ngx_conf_full_name(cf->cycle, tokenizer, 1) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+
+        kcf->tokenizer = kv_tokenizer_load((char *) tokenizer->data, err,
+                                           sizeof(err));
+        if (kcf->tokenizer == NULL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "kvroute: tokenizer=%V: %s", tokenizer, err);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (template->len) {
+        if (ngx_conf_full_name(cf->cycle, template, 1) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+
+        kcf->template = kv_chat_load((char *) template->data, NULL, err,
+                                     sizeof(err));
+        if (kcf->template == NULL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "kvroute: chat_template=%V: %s", template, err);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static void
+ngx_http_kvroute_cleanup_conf(void *data)
+{
+    ngx_http_kvroute_srv_conf_t  *kcf = data;
+
+    if (kcf->tokenizer) {
+        kv_tokenizer_free(kcf->tokenizer);
+        kcf->tokenizer = NULL;
+    }
+
+    if (kcf->template) {
+        kv_chat_free(kcf->template);
+        kcf->template = NULL;
+    }
+}
+
+
+char *
+ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvroute_srv_conf_t *kcf = conf;
+
+    double                               d;
+    ssize_t                              size;
+    ngx_int_t                            n;
+    ngx_str_t                           *value, s, tokenizer, template;
+    ngx_str_t                            pool;
+    ngx_uint_t                           i, k, mode;
+    ngx_http_kvroute_srv_conf_t        **kp;
+    ngx_http_upstream_srv_conf_t        *uscf;
+    ngx_http_compile_complex_value_t     ccv;
+
+    uscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_upstream_module);
+
+    if (uscf->peer.init_upstream) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "load balancing method redefined");
+    }
+
+    value = cf->args->elts;
+
+    kcf->uscf = uscf;
+    kcf->upstream_name = uscf->host;
+    kcf->block_size = 16;
+    kcf->score.overlap_weight = 1.0;
+    kcf->score.temperature = 0.0;
+    kcf->retry_after = 1;
+    kcf->thread_threshold = 65536;
+    mode = (ngx_uint_t) -1;
+
+    ngx_str_null(&tokenizer);
+    ngx_str_null(&template);
+    ngx_str_set(&pool, "default");
+
+#define KV_PARAM(lit)                                                       \
+    (value[i].len > sizeof(lit) - 1                                         \
+     && ngx_strncmp(value[i].data, lit, sizeof(lit) - 1) == 0               \
+     && (s.data = value[i].data + sizeof(lit) - 1,                          \
+         s.len = value[i].len - (sizeof(lit) - 1), 1))
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (KV_PARAM("zone=")) {
+            kcf->zone = ngx_http_kvroute_zone_find(cf, &s);
+            if (kcf->zone == NULL) {
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        if (KV_PARAM("block_size=")) {
+            n = ngx_atoi(s.data, s.len);
+            if (n < 1 || n > 65536) {
+                goto invalid;
+            }
+            kcf->block_size = n;
+            continue;
+        }
+
+        if (KV_PARAM("tokenizer=")) {
+            tokenizer = s;
+            continue;
+        }
+
+        if (KV_PARAM("chat_template=")) {
+            template = s;
+            continue;
+        }
+
+        if (KV_PARAM("model=")) {
+            if (s.len >= 128) {
+                goto invalid;
+            }
+            kcf->model.data = ngx_pnalloc(cf->pool, s.len + 1);
+            if (kcf->model.data == NULL) {
+                return NGX_CONF_ERROR;
+            }
+            ngx_memcpy(kcf->model.data, s.data, s.len);
+            kcf->model.data[s.len] = '\0';
+            kcf->model.len = s.len;
+            continue;
+        }
+
+        if (KV_PARAM("overlap_weight=")) {
+            if (ngx_http_kvroute_parse_double(cf, &value[i], 15, 0, 1000, &d)
+                != NGX_CONF_OK)
+            {
+                return NGX_CONF_ERROR;
+            }
+            kcf->score.overlap_weight = d;
+            continue;
+        }
+
+        if (KV_PARAM("temperature=")) {
+            if (ngx_http_kvroute_parse_double(cf, &value[i], 12, 0, 100, &d)
+                != NGX_CONF_OK)
+            {
+                return NGX_CONF_ERROR;
+            }
+            kcf->score.temperature = d;
+            continue;
+        }
+
+        if (KV_PARAM("busy_prefill_tokens=")) {
+            n = ngx_atoi(s.data, s.len);
+            if (n == NGX_ERROR) {
+                goto invalid;
+            }
+            kcf->score.busy_prefill_tokens = n;
+            continue;
+        }
+
+        if (KV_PARAM("busy_decode_blocks=")) {
+            n = ngx_atoi(s.data, s.len);
+            if (n == NGX_ERROR) {
+                goto invalid;
+            }
+            kcf->score.busy_decode_blocks = n;
+            continue;
+        }
+
+        if (KV_PARAM("mode=")) {
+            for (k = 0; ngx_http_kvroute_modes[k].name.len; k++) {
+                if (ngx_http_kvroute_modes[k].name.len == s.len
+                    && ngx_strncmp(ngx_http_kvroute_modes[k].name.data,
+                                   s.data, s.len) == 0)
+                {
+                    mode = ngx_http_kvroute_modes[k].value;
+                    break;
+                }
+            }
+            if (ngx_http_kvroute_modes[k].name.len == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\": expected mode=events or "
+                                   "mode=approximate", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        if (KV_PARAM("retry_after=")) {
+            n = ngx_atoi(s.data, s.len);
+            if (n == NGX_ERROR || n > 86400) {
+                goto invalid;
+            }
+            kcf->retry_after = n;
+            continue;
+        }
+
+        if (KV_PARAM("thread_threshold=")) {
+            size = ngx_parse_size(&s);
+            if (size == NGX_ERROR) {
+                goto invalid;
+            }
+            kcf->thread_threshold = size;
+            continue;
+        }
+
+        if (KV_PARAM("thread_pool=")) {
+            pool = s;
+            continue;
+        }
+
+        if (KV_PARAM("salt=")) {
+            kcf->salt = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
+            if (kcf->salt == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+            ccv.cf = cf;
+            ccv.value = &s;
+            ccv.complex_value = kcf->salt;
+
+            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        goto invalid;
+    }
+
+#undef KV_PARAM
+
+    if (kcf->zone == NULL
+        && (tokenizer.len || template.len || mode != (ngx_uint_t) -1))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"kvroute\" needs zone=NAME for prefix-aware "
+                           "routing (and a matching kvroute_zone)");
+        return NGX_CONF_ERROR;
+    }
+
+    if (kcf->zone) {
+        kp = ngx_array_push(&kcf->zone->upstreams);
+        if (kp == NULL) {
+            return NGX_CONF_ERROR;
+        }
+        *kp = kcf;
+
+        /* remembered for the check in init_upstream, once kvroute_events
+         * lines anywhere in http{} have been read */
+        kcf->mode = mode;
+
+#if (NGX_THREADS)
+        if (kcf->thread_threshold) {
+            kcf->thread_pool = ngx_thread_pool_add(cf, &pool);
+            if (kcf->thread_pool == NULL) {
+                return NGX_CONF_ERROR;
+            }
+        }
+#endif
+    }
+
+    if (ngx_http_kvroute_load_files(cf, kcf, &tokenizer, &template)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    uscf->peer.init_upstream = ngx_http_kvroute_init_upstream;
+
+    uscf->flags = NGX_HTTP_UPSTREAM_CREATE
+                  |NGX_HTTP_UPSTREAM_WEIGHT
+                  |NGX_HTTP_UPSTREAM_MAX_CONNS
+                  |NGX_HTTP_UPSTREAM_MAX_FAILS
+                  |NGX_HTTP_UPSTREAM_FAIL_TIMEOUT
+                  |NGX_HTTP_UPSTREAM_DOWN
+                  |NGX_HTTP_UPSTREAM_BACKUP;
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid parameter \"%V\" in \"kvroute\"", &value[i]);
+    return NGX_CONF_ERROR;
+}
+
+
+char *
+ngx_http_kvroute_worker_id(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_kvroute_srv_conf_t *kcf = conf;
+
+    u_char                         *p;
+    uint64_t                        id;
+    ngx_str_t                      *value;
+    ngx_http_kvroute_worker_map_t  *m;
+
+    value = cf->args->elts;
+
+    id = 0;
+
+    for (p = value[1].data; p < value[1].data + value[1].len; p++) {
+        if (*p < '0' || *p > '9' || id > (UINT64_MAX - 9) / 10) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid worker id \"%V\": expected a decimal "
+                               "u64", &value[1]);
+            return NGX_CONF_ERROR;
+        }
+        id = id * 10 + (*p - '0');
+    }
+
+    if (value[1].len == 0 || value[2].len == 0) {
+        return "has an empty argument";
+    }
+
+    m = ngx_array_push(&kcf->worker_ids);
+    if (m == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    m->worker_id = id;
+    m->address = value[2];
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_init_upstream(ngx_conf_t *cf, ngx_http_upstream_srv_conf_t *us)
+{
+    ngx_uint_t                      i, found;
+    ngx_http_upstream_rr_peer_t    *peer;
+    ngx_http_upstream_rr_peers_t   *peers;
+    ngx_http_kvroute_srv_conf_t    *kcf;
+    ngx_http_kvroute_worker_map_t  *m;
+
+    if (ngx_http_upstream_init_round_robin(cf, us) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    us->peer.init = ngx_http_kvroute_init_peer;
+
+    kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kvroute_module);
+
+    if (kcf->zone == NULL) {
+        return NGX_OK;
+    }
+
+    if (kcf->zone->shm_zone == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "kvroute: upstream \"%V\" uses zone=%V but there is no "
+                      "\"kvroute_zone %V SIZE;\" in http{}", &us->host,
+                      &kcf->zone->name, &kcf->zone->name);
+        return NGX_ERROR;
+    }
+
+    if (kcf->mode == 0 && kcf->zone->approximate) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "kvroute: upstream \"%V\" has mode=events but no "
+                      "kvroute_events feeds zone \"%V\"", &us->host,
+                      &kcf->zone->name);
+        return NGX_ERROR;
+    }
+
+    if (kcf->mode == 1 && !kcf->zone->approximate) {
+        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                      "kvroute: upstream \"%V\" has mode=approximate but zone "
+                      "\"%V\" is fed by kvroute_events; give it its own "
+                      "kvroute_zone", &us->host, &kcf->zone->name);
+        return NGX_ERROR;
+    }
+
+    /* every kvroute_worker_id must name a server of this upstream */
+
+    m = kcf->worker_ids.elts;
+
+    for (i = 0; i < kcf->worker_ids.nelts; i++) {
+        found = 0;
+        peers = us->peer.data;
+
+        for ( /* void */ ; peers; peers = peers->next) {
+            for (peer = peers->peer; peer; peer = peer->next) {
+                if ((peer->server.len == m[i].address.len
+                     && ngx_strncmp(peer->server.data, m[i].address.data,
+                                    m[i].address.len) == 0)
+                    || (peer->name.len == m[i].address.len
+                        && ngx_strncmp(peer->name.data, m[i].address.data,
+                                       m[i].address.len) == 0))
+                {
+                    found = 1;
+                }
+            }
+        }
+
+        if (!found) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "kvroute_worker_id %uL %V: no such server in "
+                          "upstream \"%V\"", m[i].worker_id, &m[i].address,
+                          &us->host);
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+static uint64_t
+ngx_http_kvroute_peer_worker_id(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_upstream_rr_peer_t *peer)
+{
+    ngx_uint_t                      i;
+    ngx_http_kvroute_worker_map_t  *m;
+
+    m = kcf->worker_ids.elts;
+
+    for (i = 0; i < kcf->worker_ids.nelts; i++) {
+        if ((peer->server.len == m[i].address.len
+             && ngx_strncmp(peer->server.data, m[i].address.data,
+                            m[i].address.len) == 0)
+            || (peer->name.len == m[i].address.len
+                && ngx_strncmp(peer->name.data, m[i].address.data,
+                               m[i].address.len) == 0))
+        {
+            return m[i].worker_id;
+        }
+    }
+
+    return kv_hash_worker_id((char *) peer->server.data, peer->server.len);
+}
+
+
+/* Per worker process: the peers as this process sees them (the upstream
+ * zone copies peers into shared memory after configuration). */
+
+ngx_int_t
+ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
+    ngx_http_kvroute_srv_conf_t *kcf)
+{
+    u_char                         name[KV_LOAD_NAME_MAX];
+    size_t                         len;
+    ngx_uint_t                     n, b, idx;
+    ngx_http_kvroute_peer_t       *p;
+    ngx_http_upstream_rr_peer_t   *peer;
+    ngx_http_upstream_rr_peers_t  *peers, *primary;
+
+    primary = kcf->uscf->peer.data;
+
+    n = primary->number + (primary->next ? primary->next->number : 0);
+
+    kcf->peers = ngx_pcalloc(cycle->pool, n * sizeof(ngx_http_kvroute_peer_t));
+    if (kcf->peers == NULL) {
+        return NGX_ERROR;
+    }
+
+    kcf->npeers = 0;
+    kcf->nprimary = primary->number;
+
+    for (peers = primary, b = 0; peers && b < 2; peers = peers->next, b++) {
+        for (peer = peers->peer, idx = 0; peer; peer = peer->next, idx++) {
+            p = &kcf->peers[kcf->npeers++];
+
+            p->peer = peer;
+            p->server = peer->server;
+            p->backup = b;
+            p->index = idx;
+            p->worker_id = ngx_http_kvroute_peer_worker_id(kcf, peer);
+
+            len = ngx_snprintf(name, sizeof(name), "%V/%V",
+                               &kcf->upstream_name, &peer->server) - name;
+
+            p->load = kv_load_find(kcf->zone->sh->load, (char *) name, len);
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_init_peer(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us)
+{
+    ngx_http_kvroute_ctx_t        *ctx;
+    ngx_http_kvroute_srv_conf_t   *kcf;
+    ngx_http_kvroute_peer_data_t  *pd;
+
+    kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kvroute_module);
+
+    pd = ngx_palloc(r->pool, sizeof(ngx_http_kvroute_peer_data_t));
+    if (pd == NULL) {
+        return NGX_ERROR;
+    }
+
+    r->upstream->peer.data = &pd->rrp;
+
+    if (ngx_http_upstream_init_round_robin_peer(r, us) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    r->upstream->peer.get = ngx_http_kvroute_get_peer;
+    r->upstream->peer.free = ngx_http_kvroute_free_peer;
+
+    pd->request = r;
+    pd->conf = kcf;
+    pd->ctx = NULL;
+
+    if (kcf->zone == NULL || kcf->peers == NULL) {
+        return NGX_OK;
+    }
+
+    ctx = ngx_http_kvroute_get_ctx(r, kcf);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    pd->ctx = ctx;
+
+    ngx_atomic_fetch_add(&kcf->zone->sh->requests, 1);
+
+    if (!ctx->prepared) {
+        ngx_http_kvroute_prepare(r, ctx);
+    }
+
+    if (!ctx->matched) {
+        ngx_http_kvroute_match(pd);
+    }
+
+    return NGX_OK;
+}
+
+
+/* Overlap per primary server, from one index match. */
+
+static void
+ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
+{
+    size_t                        i, n;
+    uint32_t                      dp;
+    uint64_t                      wid;
+    ngx_uint_t                    k;
+    kv_overlap_t                  out[64];
+    ngx_http_kvroute_ctx_t       *ctx = pd->ctx;
+    ngx_http_kvroute_srv_conf_t  *kcf = pd->conf;
+
+    ctx->matched = 1;
+
+    ctx->overlap = ngx_pcalloc(pd->request->pool,
+                               kcf->nprimary * sizeof(uint32_t));
+    if (ctx->overlap == NULL || ctx->nseq == 0) {
+        return;
+    }
+
+    n = kv_index_match(kcf->zone->sh->index, ctx->seq, ctx->nseq, out, 64);
+
+    for (i = 0; i < n; i++) {
+        if (kv_index_worker_info(kcf->zone->sh->index, out[i].slot, &wid, &dp)
+            != 0)
+        {
+            continue;
+        }
+
+        for (k = 0; k < kcf->nprimary; k++) {
+            if (kcf->peers[k].worker_id == wid
+                && out[i].blocks > ctx->overlap[k])
+            {
+                ctx->overlap[k] = out[i].blocks;
+            }
+        }
+    }
+}
+
+
+static ngx_uint_t
+ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
+    ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now)
+{
+    uintptr_t   m;
+    ngx_uint_t  n;
+
+    n = i / (8 * sizeof(uintptr_t));
+    m = (uintptr_t) 1 << i % (8 * sizeof(uintptr_t));
+
+    if (rrp->tried[n] & m) {
+        return 0;
+    }
+
+    if (peer->down) {
+        return 0;
+    }
+
+    if (peer->max_fails
+        && peer->fails >= peer->max_fails
+        && now - peer->checked <= peer->fail_timeout)
+    {
+        return 0;
+    }
+
+    if (peer->max_conns && peer->conns >= peer->max_conns) {
+        return 0;
+    }
+
+    return 1;
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
+{
+    ngx_http_kvroute_peer_data_t  *pd = data;
+
+    int                             pick;
+    time_t                          now;
+    ngx_int_t                       rc;
+    ngx_uint_t                      i, n;
+    kv_candidate_t                 *c;
+    kv_score_config_t               cfg;
+    kv_load_server_t                ls;
+    ngx_http_kvroute_ctx_t         *ctx = pd->ctx;
+    ngx_http_kvroute_peer_t        *p;
+    ngx_http_kvroute_srv_conf_t    *kcf = pd->conf;
+    ngx_http_upstream_rr_peer_t    *peer;
+    ngx_http_upstream_rr_peers_t   *peers;
+
+    if (ctx == NULL) {
+        return ngx_http_kvroute_get_least_load(pc, &pd->rrp);
+    }
+
+    pc->cached = 0;
+    pc->connection = NULL;
+
+    c = ngx_palloc(pd->request->pool, kcf->nprimary * sizeof(kv_candidate_t));
+    if (c == NULL) {
+        return NGX_ERROR;
+    }
+
+    now = ngx_time();
+    peers = pd->rrp.peers;
+
+    if (peers != kcf->uscf->peer.data) {
+        /* already switched to the backups: plain round robin there */
+        goto backup;
+    }
+
+    ngx_http_upstream_rr_peers_wlock(peers);
+
+    for (peer = peers->peer, i = 0; peer && i < kcf->nprimary;
+         peer = peer->next, i++)
+    {
+        p = &kcf->peers[i];
+
+        ngx_memzero(&c[i], sizeof(kv_candidate_t));
+        c[i].usable = ngx_http_kvroute_usable(&pd->rrp, peer, i, now);
+        c[i].weight = peer->weight;
+        c[i].overlap = ctx->overlap ? ctx->overlap[i] : 0;
+
+        if (p->load >= 0) {
+            kv_load_get(kcf->zone->sh->load, p->load, &ls);
+            c[i].active_prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
+            c[i].active_decode_blocks = ls.active[KV_LOAD_DECODE_BLOCKS];
+        }
+    }
+
+    n = i;
+    cfg = kcf->score;
+
+    pick = kv_score_pick(c, n, ctx->prompt_tokens, &cfg,
+                         (uint64_t) ngx_random() << 32 ^ ngx_random());
+
+    if (pick == KV_SCORE_BUSY) {
+        /* the precontent check let it through: never fail for that */
+        cfg.busy_prefill_tokens = 0;
+        cfg.busy_decode_blocks = 0;
+        pick = kv_score_pick(c, n, ctx->prompt_tokens, &cfg, ngx_random());
+    }
+
+    if (pick < 0) {
+        ngx_http_upstream_rr_peers_unlock(peers);
+        goto backup;
+    }
+
+    p = &kcf->peers[pick];
+    peer = p->peer;
+
+    if (now - peer->checked > peer->fail_timeout) {
+        peer->checked = now;
+    }
+
+    pc->sockaddr = peer->sockaddr;
+    pc->socklen = peer->socklen;
+    pc->name = &peer->name;
+
+    peer->conns++;
+    pd->rrp.current = peer;
+    pd->rrp.tried[pick / (8 * sizeof(uintptr_t))]
+        |= (uintptr_t) 1 << pick % (8 * sizeof(uintptr_t));
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    ngx_http_kvroute_acct_open(ctx, p, c[pick].overlap);
+    ngx_http_kvroute_record(kcf, ctx, p);
+
+    return NGX_OK;
+
+backup:
+
+    rc = ngx_http_upstream_get_round_robin_peer(pc, &pd->rrp);
+
+    if (rc == NGX_OK || rc == NGX_DONE) {
+        for (i = kcf->nprimary; i < kcf->npeers; i++) {
+            if (kcf->peers[i].peer == pd->rrp.current) {
+                ngx_http_kvroute_acct_open(ctx, &kcf->peers[i], 0);
+                break;
+            }
+        }
+    }
+
+    return rc;
+}
+
+
+static void
+ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
+    ngx_uint_t state)
+{
+    ngx_http_kvroute_peer_data_t  *pd = data;
+
+    if (pd->ctx) {
+        ngx_http_kvroute_acct_close(pd->ctx);
+    }
+
+    ngx_http_upstream_free_round_robin_peer(pc, &pd->rrp, state);
+}
+
+
+/* Approximate mode: the chosen server will hold this prompt's blocks. */
+
+static void
+ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p)
+{
+    int                      slot;
+    ngx_http_kvroute_zone_t *zone = kcf->zone;
+
+    if (!zone->sh->approximate || ctx->nseq == 0) {
+        return;
+    }
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    slot = kv_index_worker_add(zone->sh->index, p->worker_id, 0);
+    if (slot >= 0) {
+        kv_index_record(zone->sh->index, slot, ctx->seq, ctx->nseq,
+                        (uint64_t) ngx_current_msec);
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/*
+ * Without zone=, kvroute balances by active requests alone: the fewest
+ * per unit of weight, ties by position.
+ */
+
+static ngx_int_t
+ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
+    ngx_http_upstream_rr_peer_data_t *rrp)
+{
+    time_t                         now;
+    ngx_int_t                      rc;
+    ngx_uint_t                     i, p, n;
+    ngx_http_upstream_rr_peer_t   *peer, *best;
+    ngx_http_upstream_rr_peers_t  *peers;
+
+    pc->cached = 0;
+    pc->connection = NULL;
+
+    now = ngx_time();
+    peers = rrp->peers;
+
+    ngx_http_upstream_rr_peers_wlock(peers);
+
+    best = NULL;
+    p = 0;
+
+    for (peer = peers->peer, i = 0; peer; peer = peer->next, i++) {
+
+        if (!ngx_http_kvroute_usable(rrp, peer, i, now)) {
+            continue;
+        }
+
+        if (best == NULL
+            || peer->conns * best->weight < best->conns * peer->weight)
+        {
+            best = peer;
+            p = i;
+        }
+    }
+
+    if (best == NULL) {
+        goto failed;
+    }
+
+    if (now - best->checked > best->fail_timeout) {
+        best->checked = now;
+    }
+
+    pc->sockaddr = best->sockaddr;
+    pc->socklen = best->socklen;
+    pc->name = &best->name;
+
+    best->conns++;
+    rrp->current = best;
+
+    n = p / (8 * sizeof(uintptr_t));
+    rrp->tried[n] |= (uintptr_t) 1 << p % (8 * sizeof(uintptr_t));
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    return NGX_OK;
+
+failed:
+
+    if (peers->next) {
+        rrp->peers = peers->next;
+
+        n = (rrp->peers->number + (8 * sizeof(uintptr_t) - 1))
+                / (8 * sizeof(uintptr_t));
+
+        for (i = 0; i < n; i++) {
+            rrp->tried[i] = 0;
+        }
+
+        ngx_http_upstream_rr_peers_unlock(peers);
+
+        rc = ngx_http_kvroute_get_least_load(pc, rrp);
+
+        if (rc != NGX_BUSY) {
+            return rc;
+        }
+
+        ngx_http_upstream_rr_peers_wlock(peers);
+    }
+
+    ngx_http_upstream_rr_peers_unlock(peers);
+
+    pc->name = peers->name;
+
+    return NGX_BUSY;
+}

@@ -1,0 +1,383 @@
+
+/*
+ * Copyright (C) kvroute authors
+ *
+ * kvroute_zone: the shared memory all nginx worker processes route from.
+ * It holds a small header of counters, the load table (src/core/kv_load.c)
+ * and the prefix index (src/core/kv_index.c), the latter taking whatever
+ * the zone has left. The zone is reused across reloads when its name and
+ * size stay the same, so the index and in-flight load survive a reload.
+ */
+
+
+#include "ngx_http_kvroute.h"
+
+
+#define NGX_HTTP_KVROUTE_MAGIC  0x6b76726f75746531ULL     /* "kvroute1" */
+
+
+static ngx_int_t ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone,
+    void *data);
+static ngx_int_t ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log);
+static void ngx_http_kvroute_register_servers(ngx_http_kvroute_zone_t *zone,
+    ngx_log_t *log);
+static int ngx_http_kvroute_pid_alive(pid_t pid);
+
+
+char *
+ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ssize_t                    size;
+    ngx_int_t                  n;
+    ngx_str_t                 *value, s;
+    ngx_uint_t                 i;
+    kv_index_config_t          icfg;
+    ngx_http_kvroute_zone_t   *zone;
+
+    value = cf->args->elts;
+
+    zone = ngx_http_kvroute_zone_find(cf, &value[1]);
+    if (zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (zone->shm_zone) {
+        return "is duplicate";
+    }
+
+    size = ngx_parse_size(&value[2]);
+    if (size == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid zone size \"%V\"", &value[2]);
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 3; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "max_workers=", 12) == 0) {
+            n = ngx_atoi(value[i].data + 12, value[i].len - 12);
+            if (n < 1 || n > 4096) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\": expected 1..4096",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            zone->max_workers = n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "ttl=", 4) == 0) {
+            s.data = value[i].data + 4;
+            s.len = value[i].len - 4;
+            zone->ttl = ngx_parse_time(&s, 0);
+            if (zone->ttl == (ngx_msec_t) NGX_ERROR || zone->ttl == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memzero(&icfg, sizeof(icfg));
+    icfg.max_workers = zone->max_workers;
+
+    if ((size_t) size < kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
+                                     NGX_HTTP_KVROUTE_MAX_ROWS)
+                        + kv_index_min_size(&icfg) + 64 * ngx_pagesize)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "kvroute_zone \"%V\" is too small: at least %uzk",
+                           &value[1],
+                           (kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
+                                         NGX_HTTP_KVROUTE_MAX_ROWS)
+                            + kv_index_min_size(&icfg) + 64 * ngx_pagesize)
+                           / 1024 + 1);
+        return NGX_CONF_ERROR;
+    }
+
+    zone->shm_zone = ngx_shared_memory_add(cf, &zone->name, size,
+                                           &ngx_http_kvroute_module);
+    if (zone->shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (zone->shm_zone->data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "kvroute_zone \"%V\" is already used", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    zone->shm_zone->init = ngx_http_kvroute_init_zone;
+    zone->shm_zone->data = zone;
+
+    return NGX_CONF_OK;
+}
+
+
+/* The zone conf named name, created on first mention (kvroute may name a
+ * zone before or after its kvroute_zone line). */
+
+ngx_http_kvroute_zone_t *
+ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
+{
+    ngx_uint_t                     i;
+    ngx_http_kvroute_zone_t      **zones, *zone, **zp;
+    ngx_http_kvroute_main_conf_t  *kmcf;
+
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvroute_module);
+
+    zones = kmcf->zones.elts;
+
+    for (i = 0; i < kmcf->zones.nelts; i++) {
+        if (zones[i]->name.len == name->len
+            && ngx_strncmp(zones[i]->name.data, name->data, name->len) == 0)
+        {
+            return zones[i];
+        }
+    }
+
+    zone = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_zone_t));
+    if (zone == NULL) {
+        return NULL;
+    }
+
+    zone->name = *name;
+    zone->row = -1;
+    zone->approximate = 1;
+    zone->max_workers = 256;
+    zone->ttl = 120000;
+
+    if (ngx_array_init(&zone->upstreams, cf->pool, 2,
+                       sizeof(ngx_http_kvroute_srv_conf_t *))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    zp = ngx_array_push(&kmcf->zones);
+    if (zp == NULL) {
+        return NULL;
+    }
+
+    *zp = zone;
+
+    return zone;
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
+{
+    ngx_http_kvroute_zone_t  *ozone = data;
+
+    ngx_slab_pool_t          *shpool;
+    ngx_http_kvroute_sh_t    *sh;
+    ngx_http_kvroute_zone_t  *zone;
+
+    zone = shm_zone->data;
+    shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+
+    if (ozone) {
+        sh = ozone->sh;
+
+        if (sh == NULL || sh->magic != NGX_HTTP_KVROUTE_MAGIC) {
+            ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                          "kvroute_zone \"%V\": reused zone is not ours",
+                          &zone->name);
+            return NGX_ERROR;
+        }
+
+        zone->sh = sh;
+        zone->shpool = shpool;
+
+        /* the index is kept unless the mode changed across the reload */
+
+        if (sh->approximate != zone->approximate
+            || sh->max_workers != zone->max_workers)
+        {
+            ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                          "kvroute_zone \"%V\": mode or max_workers changed, "
+                          "index rebuilt", &zone->name);
+
+            if (ngx_http_kvroute_zone_index(zone, shpool, shm_zone->shm.log)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+
+        ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
+
+        return NGX_OK;
+    }
+
+    sh = ngx_slab_calloc(shpool, sizeof(ngx_http_kvroute_sh_t));
+    if (sh == NULL) {
+        return NGX_ERROR;
+    }
+
+    shpool->data = sh;
+    zone->sh = sh;
+    zone->shpool = shpool;
+
+    sh->load_region = ngx_slab_alloc(shpool,
+                                     kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
+                                                  NGX_HTTP_KVROUTE_MAX_ROWS));
+    if (sh->load_region == NULL) {
+        return NGX_ERROR;
+    }
+
+    sh->load = kv_load_init(sh->load_region,
+                            kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
+                                         NGX_HTTP_KVROUTE_MAX_ROWS),
+                            NGX_HTTP_KVROUTE_MAX_SERVERS,
+                            NGX_HTTP_KVROUTE_MAX_ROWS, 0);
+
+    if (ngx_http_kvroute_zone_index(zone, shpool, shm_zone->shm.log)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    sh->magic = NGX_HTTP_KVROUTE_MAGIC;
+
+    ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
+
+    return NGX_OK;
+}
+
+
+/* Lays the index out over the largest block the slab pool can give. */
+
+static ngx_int_t
+ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log)
+{
+    char                    err[256];
+    size_t                  size;
+    kv_index_config_t       icfg;
+    ngx_http_kvroute_sh_t  *sh = zone->sh;
+
+    if (sh->index_region == NULL) {
+        size = shpool->pfree * ngx_pagesize;
+
+        while (size > 4 * ngx_pagesize) {
+            size -= 2 * ngx_pagesize;
+
+            sh->index_region = ngx_slab_alloc(shpool, size);
+            if (sh->index_region) {
+                break;
+            }
+        }
+
+        if (sh->index_region == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, log, 0,
+                          "kvroute_zone \"%V\": no room for the index",
+                          &zone->name);
+            return NGX_ERROR;
+        }
+
+        sh->index_size = size;
+    }
+
+    ngx_memzero(&icfg, sizeof(icfg));
+    icfg.max_workers = zone->max_workers;
+    icfg.approximate = zone->approximate;
+    icfg.ttl_ms = zone->ttl;
+
+    sh->index = kv_index_create(sh->index_region, sh->index_size, &icfg,
+                                err, sizeof(err));
+    if (sh->index == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, log, 0,
+                      "kvroute_zone \"%V\": %s", &zone->name, err);
+        return NGX_ERROR;
+    }
+
+    sh->approximate = zone->approximate;
+    sh->max_workers = zone->max_workers;
+
+    return NGX_OK;
+}
+
+
+/*
+ * Load is kept per "upstream/server" name so that a reload keeps the
+ * counts of servers that stay; names are added here, in the master, the
+ * only process that writes them.
+ */
+
+static void
+ngx_http_kvroute_register_servers(ngx_http_kvroute_zone_t *zone,
+    ngx_log_t *log)
+{
+    u_char                          name[KV_LOAD_NAME_MAX];
+    size_t                          len;
+    ngx_uint_t                      i, b;
+    ngx_http_upstream_rr_peer_t    *peer;
+    ngx_http_upstream_rr_peers_t   *peers;
+    ngx_http_kvroute_srv_conf_t   **kcfs;
+
+    kcfs = zone->upstreams.elts;
+
+    for (i = 0; i < zone->upstreams.nelts; i++) {
+        peers = kcfs[i]->uscf->peer.data;
+
+        for (b = 0; peers && b < 2; b++, peers = peers->next) {
+            for (peer = peers->peer; peer; peer = peer->next) {
+                len = ngx_snprintf(name, sizeof(name), "%V/%V",
+                                   &kcfs[i]->upstream_name, &peer->server)
+                      - name;
+
+                if (kv_load_server(zone->sh->load, (char *) name, len) < 0) {
+                    ngx_log_error(NGX_LOG_WARN, log, 0,
+                                  "kvroute_zone \"%V\": load table full, "
+                                  "\"%*s\" routes without load", &zone->name,
+                                  len, name);
+                }
+            }
+        }
+    }
+}
+
+
+/* Every half second in every worker: reclaim dead processes' load and, in
+ * approximate mode, expire the router's own predictions. */
+
+void
+ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone)
+{
+    int                     n;
+    ngx_http_kvroute_sh_t  *sh = zone->sh;
+
+    n = kv_load_reap(sh->load, ngx_http_kvroute_pid_alive);
+
+    if (n) {
+        ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,
+                      "kvroute_zone \"%V\": reclaimed the load of %d exited "
+                      "process(es)", &zone->name, n);
+    }
+
+    /*
+     * the slab pool's mutex lives in the zone (so it wakes waiters in other
+     * processes) and nginx force-unlocks it when its holder dies
+     */
+
+    if (sh->approximate && ngx_shmtx_trylock(&zone->shpool->mutex)) {
+        kv_index_expire(sh->index, (uint64_t) ngx_current_msec);
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+    }
+}
+
+
+static int
+ngx_http_kvroute_pid_alive(pid_t pid)
+{
+    return kill(pid, 0) == 0 || ngx_errno != NGX_ESRCH;
+}

@@ -1,0 +1,357 @@
+"""The KV-aware balancer (issue 6): real nginx + the module, real kvworker mock engines."""
+import concurrent.futures
+import json
+import os
+import signal
+import time
+import zlib
+
+import pytest
+
+import kvt
+
+CONF = """
+    kvroute_zone kv 16m;
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv %(params)s;
+        %(servers)s
+        keepalive 8;
+    }
+    log_format kv '$kvroute_worker $kvroute_overlap_blocks $kvroute_prompt_blocks '
+                  '$kvroute_prompt_tokens $kvroute_decision_us "$kvroute_fallback"';
+    server {
+        listen 127.0.0.1:%%(port)s;
+        client_body_buffer_size 1m;
+        client_max_body_size 8m;
+        location /v1/ {
+            access_log %(log)s kv;
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            kvroute_debug_headers on;
+            %(loc)s
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def conf(stack, ports, params="", loc="", servers=None):
+    servers = servers or "\n".join("server 127.0.0.1:%d;" % p for p in ports)
+    return CONF % {"params": params, "servers": servers, "loc": loc,
+                   "log": os.path.join(stack.dir, "kv.log")}
+
+
+def ids(prefix, n, base=1000):
+    """n token ids; the same prefix name gives the same ids."""
+    h = zlib.crc32(prefix.encode()) % 10000
+    return [base + (h * 31 + i) % 30000 for i in range(n)]
+
+
+def complete(port, prompt, max_tokens=2, **extra):
+    body = {"model": "kvroute-mock", "prompt": prompt, "max_tokens": max_tokens}
+    body.update(extra)
+    return kvt.post_json(port, "/v1/completions", body)
+
+
+def status(port):
+    s, _, body = kvt.request(port, "GET", "/kvroute/status")
+    assert s == 200
+    return json.loads(body)
+
+
+def fleet(stack, n=4, params="", loc="", extra=()):
+    w = stack.worker(engines=n, extra=["--speedup", "20"] + list(extra))
+    ng = stack.nginx(conf(stack, w.ports, params, loc))
+    return ng, w.ports
+
+
+def test_shared_prefix_sticks(stack):
+    ng, ports = fleet(stack)
+    first = {}
+    for doc in range(6):
+        base = ids("doc%d" % doc, 256)
+        s, h, body, _ = complete(ng.port, base + [7, 8, 9])
+        assert s == 200, body
+        first[doc] = h["x-kvroute-worker"]
+        assert h["x-kvroute-overlap"] == "0"
+    # approximate mode remembers each decision: follow-ups with the same
+    # 256-token prefix (16 blocks) go where the prefix went
+    for doc in range(6):
+        base = ids("doc%d" % doc, 256)
+        for q in range(3):
+            s, h, body, _ = complete(ng.port, base + [100 + q] * 20)
+            assert s == 200
+            assert h["x-kvroute-worker"] == first[doc]
+            assert int(h["x-kvroute-overlap"]) == 16
+    st = status(ng.port)["zones"]["kv"]
+    assert st["mode"] == "approximate"
+    servers = st["upstreams"]["llm"]
+    assert sum(s["requests"] for s in servers) == 24
+    assert sum(s["overlap_hits"] for s in servers) == 18
+    assert all(s["active_requests"] == 0 and s["active_prefill_tokens"] == 0
+               and s["active_decode_blocks"] == 0 for s in servers)
+    assert ng.alerts() == []
+
+
+def test_fresh_prompts_spread_by_load(stack):
+    ng, ports = fleet(stack)
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        res = list(ex.map(lambda i: complete(ng.port, ids("u%d" % i, 64), max_tokens=30),
+                          range(16)))
+    used = {h["x-kvroute-worker"] for s, h, _, _ in res}
+    assert all(s == 200 for s, _, _, _ in res)
+    assert len(used) >= 3
+
+
+def test_load_pushes_away_from_saturated_holder(stack):
+    """A prefix holder made busy loses the prefix's next request."""
+    ng, ports = fleet(stack, n=2)
+    long_prefix = ids("long", 4096)              # 256 blocks
+    s, h, _, _ = complete(ng.port, long_prefix)
+    holder = h["x-kvroute-worker"]
+    other = [p for p in ("127.0.0.1:%d" % q for q in ports) if p != holder][0]
+    # a short prefix (4 blocks) that also lives on the holder
+    for i in range(40):
+        probe = ids("probe%d" % i, 64)
+        s, h, _, _ = complete(ng.port, probe)
+        if h["x-kvroute-worker"] == holder:
+            break
+    assert h["x-kvroute-worker"] == holder
+    # requests pinned to the holder by the long prefix keep it busy
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(complete, ng.port, long_prefix + ids("t%d" % i, 32), 800)
+                for i in range(2)]
+        time.sleep(0.3)
+        st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
+        busy = {x["server"]: x["active_decode_blocks"] for x in st}
+        assert busy[holder] > 256, busy
+        s, h, _, _ = complete(ng.port, probe + [5] * 16)
+        assert h["x-kvroute-worker"] == other
+        assert h["x-kvroute-overlap"] == "0"
+        for f in futs:
+            assert f.result()[0] == 200
+    # both now hold the short prefix (approximate mode recorded the detour)
+    s, h, _, _ = complete(ng.port, probe + [6] * 16)
+    assert h["x-kvroute-overlap"] == "4"
+
+
+def test_sse_passes_through_byte_for_byte(stack):
+    w = stack.worker(engines=1, extra=["--speedup", "20"])
+    ng = stack.nginx(conf(stack, w.ports))
+    body = {"model": "kvroute-mock", "prompt": ids("sse", 40), "max_tokens": 12,
+            "stream": True, "seed": 1}
+    s1, h1, via = kvt.request(ng.port, "POST", "/v1/completions", body)
+    s2, h2, direct = kvt.request(w.ports[0], "POST", "/v1/completions", body)
+    assert s1 == s2 == 200
+    strip = lambda b: [json.loads(e) if e != "[DONE]" else e for e in kvt.sse_events(b)]
+    a, b = strip(via), strip(direct)
+    assert len(a) == len(b) and a[-1] == "[DONE]"
+    # ids and timestamps differ per request; the token text must not
+    text = lambda evs: "".join(e["choices"][0]["text"] for e in evs
+                               if e != "[DONE]" and e.get("choices"))
+    assert text(a) == text(b)
+    assert via.count(b"data: ") == direct.count(b"data: ")
+
+
+def test_fallbacks_route_by_load(stack):
+    ng, ports = fleet(stack, n=2)
+    cases = [
+        ("not json", b"{nope", "parse_error"),
+        ("no prompt", json.dumps({"model": "m"}).encode(), "no_prompt"),
+        ("text, no tokenizer", json.dumps({"prompt": "hello"}).encode(), "no_tokenizer"),
+        ("chat, no template", json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(),
+         "no_tokenizer"),
+    ]
+    for what, body, reason in cases:
+        s, h, data = kvt.request(ng.port, "POST", "/v1/completions", body)
+        assert s in (200, 400), (what, s, data)      # the worker's answer, never nginx's 5xx
+        assert "x-kvroute-worker" in h, what
+    path = os.path.join(stack.dir, "kv.log")
+    kvt.wait_until(lambda: len(open(path).read().splitlines()) == len(cases), what="log lines")
+    with open(path) as f:
+        lines = f.read().splitlines()
+    reasons = [l.split('"')[1] for l in lines]
+    assert reasons == [c[2] for c in cases]
+    fb = status(ng.port)["zones"]["kv"]["fallbacks"]
+    assert fb["parse_error"] == 1 and fb["no_prompt"] == 1 and fb["no_tokenizer"] == 2
+
+
+def test_oversized_body_is_413_not_a_crash(stack):
+    ng, ports = fleet(stack, n=2)
+    big = json.dumps({"prompt": list(range(2_000_000))}).encode()     # ~15 MB > 8m
+    s, h, data = kvt.request(ng.port, "POST", "/v1/completions", big)
+    assert s == 413
+    # a body over client_body_buffer_size (1m) goes to a temp file and still routes
+    body = {"model": "kvroute-mock", "prompt": ids("file", 200000), "max_tokens": 1}
+    s, h, data = kvt.request(ng.port, "POST", "/v1/completions", body)
+    assert s == 200
+    assert h["x-kvroute-worker"]
+    assert ng.alerts() == []
+
+
+def test_variables_in_access_log(stack):
+    ng, ports = fleet(stack, n=2)
+    complete(ng.port, ids("v", 100))
+    path = os.path.join(stack.dir, "kv.log")
+    # the access log line is written after the response has gone out
+    line = kvt.wait_until(lambda: os.path.exists(path) and open(path).read().strip(),
+                          what="access log line")
+    worker, overlap, blocks, tokens, us, fb = line.split()
+    assert worker in ("127.0.0.1:%d" % p for p in ports)
+    assert (overlap, blocks, tokens, fb) == ("0", "6", "100", '""')
+    assert 0 <= int(us) < 100000
+
+
+def test_weight_and_down(stack):
+    w = stack.worker(engines=3, extra=["--speedup", "20"])
+    a, b, c = w.ports
+    servers = ("server 127.0.0.1:%d weight=3; server 127.0.0.1:%d; server 127.0.0.1:%d down;"
+               % (a, b, c))
+    ng = stack.nginx(conf(stack, w.ports, servers=servers))
+    with concurrent.futures.ThreadPoolExecutor(12) as ex:
+        res = list(ex.map(lambda i: complete(ng.port, ids("w%d" % i, 160), max_tokens=40),
+                          range(24)))
+    count = {}
+    for s, h, _, _ in res:
+        assert s == 200
+        count[h["x-kvroute-worker"]] = count.get(h["x-kvroute-worker"], 0) + 1
+    assert "127.0.0.1:%d" % c not in count
+    assert count.get("127.0.0.1:%d" % a, 0) > count.get("127.0.0.1:%d" % b, 0)
+
+
+def test_retry_goes_to_next_best(stack):
+    w = stack.worker(engines=1, extra=["--speedup", "20"])
+    dead = kvt.free_port()
+    servers = "server 127.0.0.1:%d; server 127.0.0.1:%d;" % (dead, w.ports[0])
+    ng = stack.nginx(conf(stack, w.ports, servers=servers))
+    for i in range(6):
+        s, h, body, _ = complete(ng.port, ids("r%d" % i, 48))
+        assert s == 200
+        assert h["x-kvroute-worker"] == "127.0.0.1:%d" % w.ports[0]
+    st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
+    assert all(x["active_requests"] == 0 for x in st)
+
+
+def test_all_busy_gives_503_with_retry_after(stack):
+    ng, ports = fleet(stack, n=2, params="busy_decode_blocks=10 retry_after=7")
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(complete, ng.port, ids("b%d" % i, 400), 300) for i in range(2)]
+        time.sleep(0.3)
+        s, h, data = kvt.request(ng.port, "POST", "/v1/completions",
+                                 {"prompt": ids("x", 32), "max_tokens": 1})
+        assert s == 503
+        assert h["retry-after"] == "7"
+        for f in futs:
+            assert f.result()[0] == 200
+    s, h, data = kvt.request(ng.port, "POST", "/v1/completions",
+                             {"prompt": ids("x", 32), "max_tokens": 1})
+    assert s == 200
+    assert status(ng.port)["zones"]["kv"]["busy_rejects"] == 1
+
+
+def test_client_abort_releases_load(stack):
+    ng, ports = fleet(stack, n=2)
+    import socket
+    body = json.dumps({"prompt": ids("abort", 300), "max_tokens": 500, "stream": True})
+    for _ in range(3):
+        sk = socket.create_connection(("127.0.0.1", ng.port))
+        sk.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+        sk.recv(100)
+        sk.close()
+    def idle():
+        st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
+        return all(x["active_requests"] == 0 and x["active_decode_blocks"] == 0 for x in st)
+    kvt.wait_until(idle, timeout=10, what="load released after client aborts")
+
+
+def test_reload_under_load_keeps_index_and_counts(stack):
+    ng, ports = fleet(stack, n=2)
+    base = ids("reload", 160)
+    s, h, _, _ = complete(ng.port, base)
+    holder = h["x-kvroute-worker"]
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        futs = [ex.submit(complete, ng.port, ids("rl%d" % i, 200), 150) for i in range(6)]
+        time.sleep(0.2)
+        ng.reload(settle=0.2)
+        for f in futs:
+            assert f.result()[0] == 200
+    s, h, _, _ = complete(ng.port, base + [1])
+    assert h["x-kvroute-worker"] == holder and h["x-kvroute-overlap"] == "10"
+    def idle():
+        st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
+        return all(x["active_requests"] == 0 and x["active_prefill_tokens"] == 0
+                   and x["active_decode_blocks"] == 0 for x in st)
+    kvt.wait_until(idle, timeout=10, what="no leaked load after reload")
+    assert ng.alerts() == []
+
+
+def test_killed_worker_process_load_is_reclaimed(stack):
+    ng, ports = fleet(stack, n=2)
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(complete, ng.port, ids("k%d" % i, 200), 400) for i in range(4)]
+        time.sleep(0.3)
+        st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
+        assert sum(x["active_requests"] for x in st) > 0
+        # SIGKILL every nginx worker process: the master starts new ones
+        import subprocess
+        pids = subprocess.run(["pgrep", "-P", str(ng.proc.pid)], capture_output=True,
+                              text=True).stdout.split()
+        for p in pids:
+            os.kill(int(p), signal.SIGKILL)
+        for f in futs:
+            try:
+                f.result()      # the killed processes' connections drop
+            except Exception:
+                pass
+    def idle():
+        try:
+            st = status(ng.port)["zones"]["kv"]
+        except Exception:
+            return False
+        return all(x["active_requests"] == 0 for x in st["upstreams"]["llm"]) and st["load_rows_reaped"] >= 1
+    kvt.wait_until(idle, timeout=10, what="dead workers' load reclaimed")
+
+
+def test_prometheus_status(stack):
+    ng, ports = fleet(stack, n=2)
+    complete(ng.port, ids("p", 64))
+    s, h, body = kvt.request(ng.port, "GET", "/kvroute/status?format=prometheus")
+    assert s == 200 and h["content-type"].startswith("text/plain")
+    text = body.decode()
+    assert 'kvroute_requests_total{zone="kv"} 1' in text
+    assert 'kvroute_decision_seconds_count{zone="kv"} 1' in text
+    assert "kvroute_server_active_requests{upstream=\"llm\"" in text
+
+
+@pytest.mark.parametrize("params,needle", [
+    ("zone=nope", 'uses zone=nope but there is no "kvroute_zone nope SIZE;"'),
+    ("temperature=-1", 'invalid "temperature=-1"'),
+    ("block_size=0", 'invalid parameter "block_size=0"'),
+    ("mode=fast", 'invalid "mode=fast"'),
+    ("mode=events", "has mode=events but no kvroute_events"),
+    ("tokenizer=/nonexistent/tokenizer.json", "tokenizer=/nonexistent/tokenizer.json"),
+    ("bogus=1", 'invalid parameter "bogus=1"'),
+])
+def test_nginx_t_rejects_bad_config(stack, params, needle):
+    text = conf(stack, [1], params).replace("kvroute zone=kv ", "kvroute ")
+    if "zone=" not in params:
+        text = text.replace("kvroute ", "kvroute zone=kv ", 1).replace("kvroute_zone kv", "kvroute_zone kv", 1)
+    n = kvt.Nginx(stack, text, "", kvt.free_port(), 1)
+    ok, out = n.check()
+    assert not ok
+    assert needle in out, out
+
+
+def test_zone_too_small_and_worker_id_mismatch(stack):
+    n = kvt.Nginx(stack, conf(stack, [1]).replace("kvroute_zone kv 16m", "kvroute_zone kv 64k"),
+                  "", kvt.free_port(), 1)
+    ok, out = n.check()
+    assert not ok and 'kvroute_zone "kv" is too small' in out
+    text = conf(stack, [1]).replace("keepalive 8;", "kvroute_worker_id 42 127.0.0.1:9; keepalive 8;")
+    n = kvt.Nginx(stack, text, "", kvt.free_port(), 1)
+    ok, out = n.check()
+    assert not ok and "kvroute_worker_id 42 127.0.0.1:9: no such server" in out
