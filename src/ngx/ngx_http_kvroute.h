@@ -53,6 +53,7 @@ typedef struct {
     ngx_atomic_t                    requests;
     ngx_atomic_t                    decisions;
     ngx_atomic_t                    busy_rejects;
+    ngx_atomic_t                    threaded;   /* prompts prepared in the thread pool */
     ngx_atomic_t                    fallbacks[NGX_HTTP_KVROUTE_FB_N];
     ngx_atomic_t                    hist[NGX_HTTP_KVROUTE_HIST];
     ngx_atomic_t                    decision_us_sum;

@@ -245,6 +245,8 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
         r->main->blocked++;
         r->aio = 1;
 
+        ngx_atomic_fetch_add(&ctx->conf->zone->sh->threaded, 1);
+
         return;
     }
 

@@ -57,9 +57,9 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_zone_t *zone)
 
     b = ngx_sprintf(b, "\"%V\":{\"mode\":\"%s\",\"requests\":%uA,"
                     "\"decisions\":%uA,\"busy_rejects\":%uA,"
-                    "\"load_rows_reaped\":%uL,",
+                    "\"threaded\":%uA,\"load_rows_reaped\":%uL,",
                     &zone->name, sh->approximate ? "approximate" : "events",
-                    sh->requests, sh->decisions, sh->busy_rejects,
+                    sh->requests, sh->decisions, sh->busy_rejects, sh->threaded,
                     kv_load_reaped(sh->load));
 
     b = ngx_sprintf(b, "\"index\":{\"blocks\":%uL,\"capacity\":%uL,"
