@@ -355,3 +355,16 @@ def test_zone_too_small_and_worker_id_mismatch(stack):
     n = kvt.Nginx(stack, text, "", kvt.free_port(), 1)
     ok, out = n.check()
     assert not ok and "kvroute_worker_id 42 127.0.0.1:9: no such server" in out
+
+
+def test_temperature_spreads_and_zero_does_not(stack):
+    for params, expect_spread in (("temperature=0", False), ("temperature=50", True)):
+        w = stack.worker(engines=3, extra=["--speedup", "50"])
+        ng = stack.nginx(conf(stack, w.ports, params))
+        base = ids("temp" + params, 160)
+        seen = set()
+        for i in range(24):
+            s, h, _, _ = complete(ng.port, base + [i], max_tokens=1)
+            assert s == 200
+            seen.add(h["x-kvroute-worker"])
+        assert (len(seen) > 1) == expect_spread, (params, seen)
