@@ -376,8 +376,13 @@ static void start_step(sched_t *sc)
     sc->st.steps++;
     sc->busy = 1;
 
-    /* Simulated steps end at due time; chaining from the previous due time keeps loop overhead out. */
-    uint64_t now = now_us(), start = sc->due_us > now ? sc->due_us : now;
+    /*
+     * A simulated step starts where the previous one was due to end, not
+     * when its timer callback ran, so loop latency does not pile up over
+     * a generation; a loop more than 2 ms behind restarts from now.
+     */
+    uint64_t now = now_us();
+    uint64_t start = sc->due_us && sc->due_us + 2000 > now ? sc->due_us : now;
     uint64_t wait = 0;
     if (sc->be->simulated && ms > 0) {
         sc->due_us = start + (uint64_t)(ms * 1000.0);
