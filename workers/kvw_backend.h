@@ -79,6 +79,10 @@ typedef struct {
     double      decode_speedup; /* mock: further divides decode times (0: 1) */
 } kvw_backend_config_t;
 
+/* The mock's polynomial model (ms, before --speedup), for tests and tools. */
+double kvw_mock_poly_prefill_ms(double new_tokens);
+double kvw_mock_poly_decode_ms(double kv_usage);
+
 kvw_backend_t *kvw_mock_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);
 kvw_backend_t *kvw_cpu_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);
 kvw_backend_t *kvw_cuda_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);

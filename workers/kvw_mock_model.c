@@ -51,9 +51,6 @@ typedef struct {
 
 static const char alphabet[] = " abcdefghijklmnopqrstuvwxyz";
 
-double kvw_mock_poly_prefill_ms(double t);
-double kvw_mock_poly_decode_ms(double p);
-
 double kvw_mock_poly_prefill_ms(double t)
 {
     if (t <= 0)
