@@ -262,7 +262,10 @@ static uint32_t chunk_for(sched_t *sc, const sreq_t *s, uint32_t budget)
     size_t left = s->n_tokens - s->n_computed;
     if (left <= budget)
         return (uint32_t)left;
-    return sc->base.cfg->enable_chunked_prefill ? budget : 0;
+    if (sc->base.cfg->enable_chunked_prefill)
+        return budget;
+    /* unchunked: a prompt over the budget runs alone rather than never */
+    return budget == (uint32_t)sc->base.cfg->max_num_batched_tokens ? (uint32_t)left : 0;
 }
 
 /* Running requests first; returns 1 if one had to be preempted. */

@@ -137,6 +137,30 @@ TEST(chunked_prefill_then_decode)
     event_base_free(base);
 }
 
+TEST(unchunked_prompt_over_budget_runs_alone)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 64, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t a, b;
+
+    c.enable_chunked_prefill = 0;
+    tr_init(&a, 0, 10, 1, 2);
+    tr_init(&b, 1, 150, 1000, 2);
+    e->ops->submit(e, &a.r);
+    e->ops->submit(e, &b.r);
+    run(base);
+    CHECK(a.done && b.done);
+    CHECK_EQ_U64(tb->step_n[0], 1);             /* a alone: b does not fit beside it */
+    int seen = 0;
+    for (int i = 0; i < tb->n_steps; i++)
+        seen |= tb->step_n[i] == 1 && tb->step_tokens[i][0] == 150;
+    CHECK(seen);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
 TEST(prefix_cache_hit_reported)
 {
     struct event_base *base = event_base_new();
@@ -298,6 +322,7 @@ TEST(too_long_prompt_refused)
 int main(void)
 {
     RUN(chunked_prefill_then_decode);
+    RUN(unchunked_prompt_over_budget_runs_alone);
     RUN(prefix_cache_hit_reported);
     RUN(max_num_seqs_and_budget);
     RUN(watermark_holds_back_admission);
