@@ -255,7 +255,9 @@ char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
 
     if (r->chat) {
         json_t *delta = finish ? json_object()
-                               : json_pack("{s:s%}", "content", text, len);
+                               : json_pack("{s:s%}", "content", text ? text : "", len);
+        if (!finish && r->n_output <= 1)    /* the first chunk names the role, as OpenAI's */
+            json_object_set_new(delta, "role", json_string("assistant"));
         choice = json_pack("{s:I,s:o,s:n,s:s?}", "index", (json_int_t)r->index, "delta", delta,
                            "logprobs", "finish_reason", finish);
     } else {
