@@ -43,9 +43,35 @@ struct kvw_config {
     int         num_blocks;
     double      speedup;
     int         max_body;
+
+    /* scheduler, defaults as Dynamo's mocker */
+    int         max_num_seqs;           /* 256 */
+    int         max_num_batched_tokens; /* 8192 */
+    double      watermark;              /* 0.01: admission keeps this share of blocks free */
+    int         enable_prefix_caching;  /* 1 */
+    int         enable_chunked_prefill; /* 1 */
+    int         max_model_len;          /* 0: no limit beyond the KV pool */
+
+    /* mock timing */
+    const char *perf_profile;           /* interpolated profile (JSON), NULL: polynomial */
+    double      decode_speedup;         /* decode times are also divided by this (1) */
+
+    /* text: the lead wires kv_tokenizer/kv_chat behind these */
+    const char *tokenizer;              /* --tokenizer FILE (tokenizer.json) */
+    const char *chat_template;          /* --chat-template FILE */
+    const struct kvw_text *text;        /* NULL: byte-per-token stand-in */
+
+    /* NATS */
+    int         heartbeat_ms;           /* 1000 */
+    const char *ns;                     /* "dynamo" */
+    const char *component;              /* "backend" */
 };
 
+/* The scheduler over the mock backend (kvw_sched.c, kvw_mock_model.c). */
 kvw_engine_t *kvw_mock_create(const kvw_config_t *cfg, struct event_base *base,
                               int index);
+
+/* Fills the defaults above into a zeroed config. */
+void kvw_config_defaults(kvw_config_t *cfg);
 
 #endif

@@ -1,9 +1,9 @@
 /*
  * evhttp transport for the OpenAI routes. A request's life: parse the body,
- * hand a kvw_req_t to the engine, then either stream each token as an SSE
- * event or collect the text and answer once. If the client disconnects
- * first, the connection's close callback cancels the request in the engine,
- * which frees its KV blocks.
+ * hand one kvw_req_t per prompt to the engine, then either stream each
+ * token as an SSE event or collect the text and answer once all prompts are
+ * done. If the client disconnects first, the connection's close callback
+ * cancels the requests in the engine, which frees their KV blocks.
  */
 #include "kvw_http.h"
 
@@ -16,49 +16,67 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "kvw_sched.h"
+#include "kvw_text.h"
+
 #define KVW_MAX_BODY (64 << 20)
 
 struct kvw_http {
     struct evhttp          *http;
     kvw_engine_t           *engine;
-    kvw_tokenize_fn         tok;
-    void                   *tok_ctx;
+    kvw_text_t              text;
     uint64_t                next_id;
 };
 
-/* Per in-flight request state owned by the front. */
+typedef struct group group_t;
+
+/* One prompt's request. */
 typedef struct {
-    kvw_req_t                    req;
+    kvw_req_t       req;
+    group_t        *g;
+    char           *text;       /* non-streamed output */
+    size_t          len, cap;
+    int             done;
+    kvw_finish_t    why;
+} part_t;
+
+/* One HTTP request: one or more prompts. */
+struct group {
     kvw_http_t                  *h;
     struct evhttp_request       *http;
     struct evhttp_connection    *conn;
     char                         id[48];
     long                         created;
-    char                        *text;      /* non-streamed output */
-    size_t                       len, cap;
+    size_t                       n, pending;
     int                          started;   /* SSE headers sent */
-} kvw_front_t;
+    part_t                     **parts;
+};
 
 static uint64_t now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-static void reply_json(struct evhttp_request *req, int code, const char *reason,
-                       char *json)
+static void reply_body(struct evhttp_request *req, int code, const char *reason,
+                       const char *ctype, char *body)
 {
     struct evbuffer *b = evbuffer_new();
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-                      "application/json");
-    if (json) {
-        evbuffer_add(b, json, strlen(json));
-        evbuffer_add(b, "\n", 1);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", ctype);
+    if (body) {
+        evbuffer_add(b, body, strlen(body));
+        if (strcmp(ctype, "application/json") == 0)
+            evbuffer_add(b, "\n", 1);
     }
     evhttp_send_reply(req, code, reason, b);
     evbuffer_free(b);
-    free(json);
+    free(body);
+}
+
+static void reply_json(struct evhttp_request *req, int code, const char *reason, char *json)
+{
+    reply_body(req, code, reason, "application/json", json);
 }
 
 static void reply_error(struct evhttp_request *req, int code, const char *reason,
@@ -67,95 +85,211 @@ static void reply_error(struct evhttp_request *req, int code, const char *reason
     reply_json(req, code, reason, kvw_openai_error(msg, type, NULL));
 }
 
-static void front_free(kvw_front_t *f)
+static void group_free(group_t *g)
 {
-    if (f->conn)
-        evhttp_connection_set_closecb(f->conn, NULL, NULL);
-    kvw_req_clear(&f->req);
-    free(f->text);
-    free(f);
+    if (g->conn)
+        evhttp_connection_set_closecb(g->conn, NULL, NULL);
+    for (size_t i = 0; i < g->n; i++) {
+        if (g->parts[i] == NULL)
+            continue;
+        kvw_req_clear(&g->parts[i]->req);
+        free(g->parts[i]->text);
+        free(g->parts[i]);
+    }
+    free(g->parts);
+    free(g);
 }
 
+/* The client went away: cancel what is still running. */
 static void on_close(struct evhttp_connection *conn, void *arg)
 {
-    kvw_front_t *f = arg;
+    group_t *g = arg;
 
-    f->conn = NULL;     /* libevent frees the connection and its request */
-    if (f->req.engine)
-        f->req.engine->ops->cancel(f->req.engine, &f->req);
-    front_free(f);
+    g->conn = NULL;     /* libevent frees the connection and its request */
+    for (size_t i = 0; i < g->n; i++) {
+        part_t *p = g->parts[i];
+        if (p && !p->done && p->req.engine)
+            p->req.engine->ops->cancel(p->req.engine, &p->req);
+    }
+    group_free(g);
 }
 
-static void send_sse(kvw_front_t *f, char *payload)
+static void send_sse(group_t *g, char *payload)
 {
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_printf(b, "data: %s\n\n", payload);
-    evhttp_send_reply_chunk(f->http, b);
+    evhttp_send_reply_chunk(g->http, b);
     evbuffer_free(b);
     free(payload);
 }
 
-static void start_stream(kvw_front_t *f)
+static void start_stream(group_t *g)
 {
-    struct evkeyvalq *hd = evhttp_request_get_output_headers(f->http);
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(g->http);
     evhttp_add_header(hd, "Content-Type", "text/event-stream");
     evhttp_add_header(hd, "Cache-Control", "no-cache");
-    evhttp_send_reply_start(f->http, 200, "OK");
-    f->started = 1;
+    evhttp_send_reply_start(g->http, 200, "OK");
+    g->started = 1;
+}
+
+static void collect(part_t *p, const char *text, size_t len)
+{
+    if (p->len + len + 1 > p->cap) {
+        size_t c = p->cap ? p->cap * 2 : 256;
+        while (c < p->len + len + 1)
+            c *= 2;
+        char *q = realloc(p->text, c);
+        if (q == NULL)
+            return;
+        p->text = q;
+        p->cap = c;
+    }
+    memcpy(p->text + p->len, text, len);
+    p->len += len;
+    p->text[p->len] = '\0';
+}
+
+void kvw_req_emit_text(kvw_req_t *r, const char *text, size_t len)
+{
+    part_t *p = r->front;
+
+    if (r->hooks) {
+        r->hooks->emit_text(r, text, len);
+        return;
+    }
+    if (len == 0)
+        return;
+    if (r->stream) {
+        if (!p->g->started)
+            start_stream(p->g);
+        send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, text, len, NULL));
+    } else {
+        collect(p, text, len);
+    }
 }
 
 void kvw_req_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len)
 {
-    kvw_front_t *f = r->front;
-
-    if (r->n_output++ == 0)
-        r->first_token_us = now_us();
-    if (r->stream) {
-        if (!f->started)
-            start_stream(f);
-        send_sse(f, kvw_openai_chunk(r, f->id, f->created, text, len, NULL));
+    if (r->hooks) {
+        r->hooks->emit(r, token, text, len);
         return;
     }
-    if (f->len + len + 1 > f->cap) {
-        size_t c = f->cap ? f->cap * 2 : 256;
-        while (c < f->len + len + 1)
-            c *= 2;
-        char *p = realloc(f->text, c);
-        if (p == NULL)
-            return;
-        f->text = p;
-        f->cap = c;
+    if (r->n_output++ == 0)
+        r->first_token_us = now_us();
+    /* an empty delta still goes out when streaming: clients time tokens by events */
+    if (r->stream && len == 0) {
+        part_t *p = r->front;
+        if (!p->g->started)
+            start_stream(p->g);
+        send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, "", 0, NULL));
+        return;
     }
-    memcpy(f->text + f->len, text, len);
-    f->len += len;
-    f->text[f->len] = '\0';
+    kvw_req_emit_text(r, text, len);
+}
+
+static void group_done(group_t *g)
+{
+    if (g->parts[0]->req.stream) {
+        if (!g->started)
+            start_stream(g);
+        if (g->parts[0]->req.include_usage) {
+            kvw_req_t sum = g->parts[0]->req;
+            sum.n_prompt = sum.n_output = sum.cached_tokens = 0;
+            for (size_t i = 0; i < g->n; i++) {
+                sum.n_prompt += g->parts[i]->req.n_prompt;
+                sum.n_output += g->parts[i]->req.n_output;
+                sum.cached_tokens += g->parts[i]->req.cached_tokens;
+            }
+            send_sse(g, kvw_openai_usage_chunk(&sum, g->id, g->created));
+        }
+        struct evbuffer *b = evbuffer_new();
+        evbuffer_add_printf(b, "data: [DONE]\n\n");
+        evhttp_send_reply_chunk(g->http, b);
+        evbuffer_free(b);
+        evhttp_send_reply_end(g->http);
+        group_free(g);
+        return;
+    }
+    const kvw_req_t *rs[KVW_MAX_PROMPTS];
+    const char *texts[KVW_MAX_PROMPTS], *fin[KVW_MAX_PROMPTS];
+    size_t lens[KVW_MAX_PROMPTS];
+    for (size_t i = 0; i < g->n; i++) {
+        part_t *p = g->parts[i];
+        if (p->why == KVW_FINISH_ABORT) {
+            reply_error(g->http, 500, "Internal Server Error",
+                        "the engine aborted the request", "server_error");
+            group_free(g);
+            return;
+        }
+        rs[i] = &p->req;
+        texts[i] = p->text;
+        lens[i] = p->len;
+        fin[i] = kvw_finish_name(p->why);
+    }
+    reply_json(g->http, 200, "OK",
+               kvw_openai_response_n(rs, texts, lens, fin, g->n, g->id, g->created));
+    group_free(g);
 }
 
 void kvw_req_finish(kvw_req_t *r, kvw_finish_t why)
 {
-    kvw_front_t *f = r->front;
-    const char *finish = kvw_finish_name(why);
+    part_t *p = r->front;
 
-    r->engine = NULL;
-    if (r->stream) {
-        if (!f->started)
-            start_stream(f);
-        send_sse(f, kvw_openai_chunk(r, f->id, f->created, NULL, 0, finish));
-        if (r->include_usage)
-            send_sse(f, kvw_openai_usage_chunk(r, f->id, f->created));
-        struct evbuffer *b = evbuffer_new();
-        evbuffer_add_printf(b, "data: [DONE]\n\n");
-        evhttp_send_reply_chunk(f->http, b);
-        evbuffer_free(b);
-        evhttp_send_reply_end(f->http);
-    } else if (why == KVW_FINISH_ABORT) {
-        reply_error(f->http, 500, "Internal Server Error", "the engine aborted the request",
-                    "server_error");
-    } else {
-        reply_json(f->http, 200, "OK",
-                   kvw_openai_response(r, f->id, f->created, f->text, f->len, finish));
+    if (r->hooks) {
+        r->hooks->finish(r, why);
+        return;
     }
-    front_free(f);
+    r->engine = NULL;
+    p->done = 1;
+    p->why = why;
+    if (r->stream) {
+        if (!p->g->started)
+            start_stream(p->g);
+        send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, NULL, 0,
+                                        kvw_finish_name(why)));
+    }
+    if (--p->g->pending == 0)
+        group_done(p->g);
+}
+
+/* Parses prompt i into a new part; on error fills err and returns NULL. */
+static part_t *parse_part(kvw_http_t *h, int chat, const char *body, size_t len, size_t i,
+                          char *err, size_t errlen)
+{
+    part_t *p = calloc(1, sizeof(*p));
+
+    if (p == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (kvw_openai_parse_text(&p->req, chat, body, len, &h->text, i, err, errlen)) {
+        kvw_req_clear(&p->req);
+        free(p);
+        return NULL;
+    }
+    if (p->req.n_prompt == 0) {
+        snprintf(err, errlen, "the prompt is empty");
+        kvw_req_clear(&p->req);
+        free(p);
+        return NULL;
+    }
+    p->req.index = i;
+    if (p->req.model == NULL || p->req.model[0] == '\0') {
+        free(p->req.model);
+        p->req.model = strdup(h->engine->cfg->model);
+    }
+    return p;
+}
+
+static void submit_error(group_t *g, int rc)
+{
+    if (rc == KVW_SUBMIT_TOO_LONG)
+        reply_error(g->http, 400, "Bad Request",
+                    "the prompt is longer than this engine's context (KV pool or max_model_len)",
+                    "invalid_request_error");
+    else
+        reply_error(g->http, 503, "Service Unavailable", "engine cannot take the request",
+                    "server_error");
 }
 
 static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
@@ -163,42 +297,112 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
     char err[256];
-    kvw_front_t *f;
 
     if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
         reply_error(req, 405, "Method Not Allowed", "use POST", "invalid_request_error");
         return;
     }
-    f = calloc(1, sizeof(*f));
-    if (f == NULL) {
+    const char *body = (const char *)evbuffer_pullup(in, -1);
+    if (body == NULL)
+        body = "";
+    part_t *first = parse_part(h, chat, body, len, 0, err, sizeof(err));
+    if (first == NULL) {
+        reply_error(req, 400, "Bad Request", err, "invalid_request_error");
+        return;
+    }
+    group_t *g = calloc(1, sizeof(*g));
+    size_t n = first->req.n_prompts ? first->req.n_prompts : 1;
+    if (g == NULL || (g->parts = calloc(n, sizeof(part_t *))) == NULL) {
+        free(g);
+        kvw_req_clear(&first->req);
+        free(first);
         reply_error(req, 503, "Service Unavailable", "out of memory", "server_error");
         return;
     }
-    const char *body = (const char *)evbuffer_pullup(in, -1);
-    if (kvw_openai_parse(&f->req, chat, body ? body : "", len, h->tok, h->tok_ctx,
-                         err, sizeof(err))) {
-        reply_error(req, 400, "Bad Request", err, "invalid_request_error");
-        kvw_req_clear(&f->req);
-        free(f);
-        return;
+    g->h = h;
+    g->http = req;
+    g->n = n;
+    g->parts[0] = first;
+    for (size_t i = 1; i < n; i++) {
+        if ((g->parts[i] = parse_part(h, chat, body, len, i, err, sizeof(err))) == NULL) {
+            reply_error(req, 400, "Bad Request", err, "invalid_request_error");
+            group_free(g);
+            return;
+        }
     }
-    f->h = h;
-    f->http = req;
-    f->created = (long)time(NULL);
-    snprintf(f->id, sizeof(f->id), "%s-%d-%llu", chat ? "chatcmpl" : "cmpl",
+    g->created = (long)time(NULL);
+    snprintf(g->id, sizeof(g->id), "%s-%d-%llu", chat ? "chatcmpl" : "cmpl",
              h->engine->port, (unsigned long long)++h->next_id);
-    f->req.front = f;
-    f->req.engine = h->engine;
-    f->req.arrival_us = now_us();
-    f->conn = evhttp_request_get_connection(req);
-    evhttp_connection_set_closecb(f->conn, on_close, f);
 
-    if (h->engine->ops->submit(h->engine, &f->req) != 0) {
-        f->req.engine = NULL;
-        reply_error(req, 503, "Service Unavailable", "engine cannot take the request",
-                    "server_error");
-        front_free(f);
+    for (size_t i = 0; i < n; i++) {
+        part_t *p = g->parts[i];
+        p->g = g;
+        p->req.front = p;
+        p->req.engine = h->engine;
+        p->req.arrival_us = now_us();
+        int rc = h->engine->ops->submit(h->engine, &p->req);
+        if (rc != 0) {
+            for (size_t j = 0; j < i; j++)
+                h->engine->ops->cancel(h->engine, &g->parts[j]->req);
+            submit_error(g, rc);
+            group_free(g);
+            return;
+        }
+        g->pending++;
     }
+    g->conn = evhttp_request_get_connection(req);
+    evhttp_connection_set_closecb(g->conn, on_close, g);
+}
+
+static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,
+                   int engine, double v)
+{
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s{engine=\"%d\"} %.17g\n",
+                        name, help, name, type, name, engine, v);
+}
+
+static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
+{
+    kvw_sched_load_t l;
+    struct evbuffer *b = evbuffer_new();
+    int e = h->engine->index;
+
+    kvw_sched_load(h->engine, &l);
+    metric(b, "kvworker_requests_waiting", "gauge", "requests waiting to be scheduled", e, l.waiting);
+    metric(b, "kvworker_requests_running", "gauge", "requests being prefilled or decoded", e, l.running);
+    metric(b, "kvworker_active_prefill_tokens", "gauge", "prompt tokens not yet computed", e,
+           (double)l.active_prefill_tokens);
+    metric(b, "kvworker_kv_blocks_total", "gauge", "KV blocks in the pool", e, l.num_blocks);
+    metric(b, "kvworker_kv_blocks_active", "gauge", "KV blocks referenced by requests", e,
+           l.kv_active_blocks);
+    metric(b, "kvworker_kv_blocks_used", "gauge", "KV blocks holding data (active + cached)", e,
+           l.kv_used_blocks);
+    metric(b, "kvworker_kv_usage_ratio", "gauge", "active KV blocks / total", e,
+           l.num_blocks ? (double)l.kv_active_blocks / l.num_blocks : 0);
+    metric(b, "kvworker_prefix_cache_queries_tokens_total", "counter",
+           "prompt tokens looked up in the prefix cache", e, (double)l.prefix_query_tokens);
+    metric(b, "kvworker_prefix_cache_hits_tokens_total", "counter",
+           "prompt tokens found in the prefix cache", e, (double)l.prefix_hit_tokens);
+    metric(b, "kvworker_prefix_cache_hit_rate", "gauge", "hits / queries since start", e,
+           l.prefix_query_tokens ? (double)l.prefix_hit_tokens / l.prefix_query_tokens : 0);
+    metric(b, "kvworker_preemptions_total", "counter", "requests preempted for recompute", e,
+           (double)l.preemptions);
+    metric(b, "kvworker_requests_total", "counter", "requests submitted", e, (double)l.requests);
+    metric(b, "kvworker_requests_finished_total", "counter", "requests finished", e,
+           (double)l.finished);
+    metric(b, "kvworker_requests_cancelled_total", "counter", "requests cancelled by clients", e,
+           (double)l.cancelled);
+    metric(b, "kvworker_prompt_tokens_total", "counter", "prompt tokens submitted", e,
+           (double)l.prompt_tokens);
+    metric(b, "kvworker_generation_tokens_total", "counter", "tokens generated", e,
+           (double)l.generation_tokens);
+    metric(b, "kvworker_cached_prompt_tokens_total", "counter",
+           "prompt tokens served from the cache at first admission", e, (double)l.cached_tokens);
+    metric(b, "kvworker_steps_total", "counter", "scheduler steps", e, (double)l.steps);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                      "text/plain; version=0.0.4");
+    evhttp_send_reply(req, 200, "OK", b);
+    evbuffer_free(b);
 }
 
 static void handle_request(struct evhttp_request *req, void *arg)
@@ -226,6 +430,8 @@ static void handle_request(struct evhttp_request *req, void *arg)
         reply_json(req, 200, "OK", s);
     } else if (strcmp(path, "/health") == 0) {
         reply_json(req, 200, "OK", strdup("{\"status\":\"ok\"}"));
+    } else if (strcmp(path, "/metrics") == 0) {
+        handle_metrics(h, req);
     } else {
         reply_error(req, 404, "Not Found", "no such route", "invalid_request_error");
     }
@@ -242,8 +448,11 @@ kvw_http_t *kvw_http_start(kvw_engine_t *e, const char *host, int port,
         return NULL;
     }
     h->engine = e;
-    h->tok = tok;
-    h->tok_ctx = tok_ctx;
+    h->text = e->cfg->text ? *e->cfg->text : *kvw_text_bytes();
+    if (tok) {
+        h->text.tokenize = tok;
+        h->text.ctx = tok_ctx;
+    }
     evhttp_set_max_body_size(h->http, e->cfg->max_body ? e->cfg->max_body : KVW_MAX_BODY);
     evhttp_set_allowed_methods(h->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD);
     evhttp_set_gencb(h->http, handle_request, h);

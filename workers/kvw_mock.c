@@ -1,115 +1,53 @@
 /*
- * The mock engine: no model, only time. Each request waits the predicted
- * prefill time, then emits max_tokens tokens at the predicted decode step
- * time, using Dynamo's polynomial perf model divided by --speedup.
+ * The mock engine: the shared scheduler (kvw_sched.c) over the mock
+ * backend (kvw_mock_model.c), and the configuration defaults, which mirror
+ * Dynamo's mocker (docs/mocker/mocker.md) except block_size, where 16 is
+ * what kvroute's tests and the nginx side default to.
  */
-#include <stdlib.h>
-#include <string.h>
+#include <stdio.h>
 
 #include "kvw_engine.h"
+#include "kvw_sched.h"
 
-typedef struct {
-    kvw_engine_t    base;
-} kvw_mock_t;
-
-typedef struct {
-    kvw_req_t      *req;
-    struct event   *timer;
-    int             emitted;
-} kvw_mock_req_t;
-
-static const char *const words[] = {
-    " the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", ".",
-};
-
-static double prefill_ms(size_t tokens)
+void kvw_config_defaults(kvw_config_t *cfg)
 {
-    double t = (double)tokens;
-    return 4.209989e-07 * t * t + 1.518344e-02 * t + 1.650142e+01;
+    cfg->engine = "mock";
+    cfg->host = "127.0.0.1";
+    cfg->port = 8001;
+    cfg->engines = 1;
+    cfg->model = "kvroute-mock";
+    cfg->block_size = 16;
+    cfg->num_blocks = 16384;
+    cfg->speedup = 1.0;
+    cfg->decode_speedup = 1.0;
+    cfg->max_num_seqs = 256;
+    cfg->max_num_batched_tokens = 8192;
+    cfg->watermark = 0.01;
+    cfg->enable_prefix_caching = 1;
+    cfg->enable_chunked_prefill = 1;
+    cfg->heartbeat_ms = 1000;
+    cfg->ns = "dynamo";
+    cfg->component = "backend";
 }
-
-static double decode_ms(void)
-{
-    return 5.74;     /* p = 0: an idle engine */
-}
-
-static struct timeval ms_to_tv(double ms, double speedup)
-{
-    long us = (long)(ms * 1000.0 / (speedup > 0 ? speedup : 1.0));
-    struct timeval tv = { us / 1000000, us % 1000000 };
-    return tv;
-}
-
-static void on_step(evutil_socket_t fd, short what, void *arg)
-{
-    kvw_mock_req_t *m = arg;
-    kvw_req_t *r = m->req;
-    const kvw_config_t *cfg = r->engine->cfg;
-    size_t w = (size_t)m->emitted % (sizeof(words) / sizeof(words[0]));
-
-    kvw_req_emit(r, (uint32_t)w, words[w], strlen(words[w]));
-    if (++m->emitted >= r->max_tokens) {
-        event_free(m->timer);
-        r->engine_data = NULL;
-        free(m);
-        kvw_req_finish(r, KVW_FINISH_LENGTH);
-        return;
-    }
-    struct timeval tv = ms_to_tv(decode_ms(), cfg->speedup);
-    evtimer_add(m->timer, &tv);
-}
-
-static int mock_submit(kvw_engine_t *e, kvw_req_t *r)
-{
-    kvw_mock_req_t *m = calloc(1, sizeof(*m));
-
-    if (m == NULL)
-        return -1;
-    m->req = r;
-    m->timer = evtimer_new(e->base, on_step, m);
-    if (m->timer == NULL) {
-        free(m);
-        return -1;
-    }
-    r->engine_data = m;
-    struct timeval tv = ms_to_tv(prefill_ms(r->n_prompt), e->cfg->speedup);
-    evtimer_add(m->timer, &tv);
-    return 0;
-}
-
-static void mock_cancel(kvw_engine_t *e, kvw_req_t *r)
-{
-    kvw_mock_req_t *m = r->engine_data;
-
-    if (m) {
-        event_free(m->timer);
-        free(m);
-        r->engine_data = NULL;
-    }
-}
-
-static void mock_destroy(kvw_engine_t *e)
-{
-    free(e);
-}
-
-static const kvw_engine_ops_t mock_ops = {
-    .name = "mock",
-    .submit = mock_submit,
-    .cancel = mock_cancel,
-    .destroy = mock_destroy,
-};
 
 kvw_engine_t *kvw_mock_create(const kvw_config_t *cfg, struct event_base *base, int index)
 {
-    kvw_mock_t *m = calloc(1, sizeof(*m));
+    kvw_backend_config_t bc = {
+        .profile = cfg->perf_profile,
+        .block_size = (uint32_t)cfg->block_size,
+        .num_blocks = (uint32_t)cfg->num_blocks,
+        .speedup = cfg->speedup,
+        .decode_speedup = cfg->decode_speedup,
+    };
+    char err[256];
+    kvw_backend_t *b = kvw_mock_backend_create(&bc, err, sizeof(err));
 
-    if (m == NULL)
+    if (b == NULL) {
+        fprintf(stderr, "kvworker: %s\n", err);
         return NULL;
-    m->base.ops = &mock_ops;
-    m->base.cfg = cfg;
-    m->base.base = base;
-    m->base.index = index;
-    m->base.port = cfg->port + index;
-    return &m->base;
+    }
+    kvw_engine_t *e = kvw_sched_create(cfg, base, index, b);
+    if (e == NULL)
+        b->destroy(b);
+    return e;
 }

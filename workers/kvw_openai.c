@@ -1,4 +1,5 @@
 #include "kvw_openai.h"
+#include "kvw_text.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,74 +12,6 @@ static int fail(char *err, size_t errlen, const char *msg)
 {
     snprintf(err, errlen, "%s", msg);
     return -1;
-}
-
-static int append_text(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t c = (*cap ? *cap * 2 : 256);
-        while (c < *len + n + 1)
-            c *= 2;
-        char *p = realloc(*buf, c);
-        if (p == NULL)
-            return -1;
-        *buf = p;
-        *cap = c;
-    }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = '\0';
-    return 0;
-}
-
-/* Plain rendering used until chat templates exist: "role: content\n". */
-static int render_messages(json_t *msgs, char **out, size_t *outlen,
-                           char *err, size_t errlen)
-{
-    size_t len = 0, cap = 0, i;
-    json_t *m;
-    char *buf = NULL;
-
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return fail(err, errlen, "'messages' must be a non-empty array");
-
-    json_array_foreach(msgs, i, m) {
-        json_t *role = json_object_get(m, "role");
-        json_t *content = json_object_get(m, "content");
-        if (!json_is_string(role)) {
-            free(buf);
-            return fail(err, errlen, "each message needs a string 'role'");
-        }
-        if (append_text(&buf, &len, &cap, json_string_value(role),
-                        json_string_length(role)) || append_text(&buf, &len, &cap, ": ", 2))
-            goto nomem;
-        if (json_is_string(content)) {
-            if (append_text(&buf, &len, &cap, json_string_value(content),
-                            json_string_length(content)))
-                goto nomem;
-        } else if (json_is_array(content)) {
-            size_t j;
-            json_t *part;
-            json_array_foreach(content, j, part) {
-                json_t *text = json_object_get(part, "text");
-                if (json_is_string(text) &&
-                    append_text(&buf, &len, &cap, json_string_value(text),
-                                json_string_length(text)))
-                    goto nomem;
-            }
-        } else if (!json_is_null(content) && content != NULL) {
-            free(buf);
-            return fail(err, errlen, "message 'content' must be a string or an array of parts");
-        }
-        if (append_text(&buf, &len, &cap, "\n", 1))
-            goto nomem;
-    }
-    *out = buf;
-    *outlen = len;
-    return 0;
-nomem:
-    free(buf);
-    return fail(err, errlen, "out of memory");
 }
 
 static int parse_token_ids(json_t *arr, kvw_req_t *r, char *err, size_t errlen)
@@ -99,36 +32,59 @@ static int parse_token_ids(json_t *arr, kvw_req_t *r, char *err, size_t errlen)
     return 0;
 }
 
-static int parse_prompt(json_t *root, kvw_req_t *r, int chat,
-                        kvw_tokenize_fn tok, void *tok_ctx, char *err, size_t errlen)
+/*
+ * The prompts of a completion request: a string, a list of token ids, or a
+ * list of either. Returns how many there are (0: malformed).
+ */
+static size_t count_prompts(json_t *p)
+{
+    if (json_is_string(p))
+        return 1;
+    if (!json_is_array(p) || json_array_size(p) == 0)
+        return 0;
+    if (json_is_integer(json_array_get(p, 0)))
+        return 1;
+    size_t i;
+    json_t *v;
+    json_array_foreach(p, i, v)
+        if (!json_is_string(v) && !(json_is_array(v) && json_array_size(v) > 0))
+            return 0;
+    return json_array_size(p);
+}
+
+static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *tx,
+                        size_t which, char *err, size_t errlen)
 {
     char *text = NULL;
     size_t len = 0;
 
     if (chat) {
-        if (render_messages(json_object_get(root, "messages"), &text, &len, err, errlen))
+        json_t *msgs = json_object_get(root, "messages");
+        if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+            return fail(err, errlen, "'messages' must be a non-empty array");
+        if (tx->render(tx->ctx, msgs, &text, &len, err, errlen))
             return -1;
+        r->n_prompts = 1;
     } else {
         json_t *p = json_object_get(root, "prompt");
-        if (json_is_string(p)) {
-            text = strdup(json_string_value(p));
-            len = json_string_length(p);
-        } else if (json_is_array(p) && json_array_size(p) > 0
-                   && json_is_integer(json_array_get(p, 0))) {
+        r->n_prompts = count_prompts(p);
+        if (r->n_prompts == 0)
+            return fail(err, errlen, "'prompt' must be a string, a list of token ids, "
+                        "or a non-empty list of strings or token id lists");
+        if (r->n_prompts > KVW_MAX_PROMPTS)
+            return fail(err, errlen, "too many prompts in one request (at most 64)");
+        if (json_is_array(p) && json_is_integer(json_array_get(p, 0)))
             return parse_token_ids(p, r, err, errlen);
-        } else if (json_is_array(p) && json_array_size(p) == 1
-                   && json_is_string(json_array_get(p, 0))) {
-            json_t *s = json_array_get(p, 0);
-            text = strdup(json_string_value(s));
-            len = json_string_length(s);
-        } else {
-            return fail(err, errlen, "'prompt' must be a string, a list of one string, "
-                        "or a list of token ids");
-        }
+        if (json_is_array(p))
+            p = json_array_get(p, which);
+        if (json_is_array(p))
+            return parse_token_ids(p, r, err, errlen);
+        text = strdup(json_string_value(p));
+        len = json_string_length(p);
         if (text == NULL)
             return fail(err, errlen, "out of memory");
     }
-    long n = tok(tok_ctx, text, len, &r->prompt);
+    long n = tx->tokenize(tx->ctx, text, len, &r->prompt);
     free(text);
     if (n < 0)
         return fail(err, errlen, "prompt could not be tokenized");
@@ -167,6 +123,16 @@ static int parse_stop(json_t *stop, kvw_req_t *r, char *err, size_t errlen)
 
 int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
                      kvw_tokenize_fn tok, void *tok_ctx, char *err, size_t errlen)
+{
+    kvw_text_t tx = *kvw_text_bytes();
+
+    tx.tokenize = tok;
+    tx.ctx = tok_ctx;
+    return kvw_openai_parse_text(r, chat, body, len, &tx, 0, err, errlen);
+}
+
+int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
+                          const kvw_text_t *tx, size_t which, char *err, size_t errlen)
 {
     json_error_t jerr;
     json_t *root, *v;
@@ -225,7 +191,7 @@ int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
 
     if (parse_stop(json_object_get(root, "stop"), r, err, errlen))
         goto done;
-    if (parse_prompt(root, r, chat, tok, tok_ctx, err, errlen))
+    if (parse_prompt(root, r, chat, tx, which, err, errlen))
         goto done;
     rc = 0;
 done:
@@ -289,11 +255,14 @@ char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
 
     if (r->chat) {
         json_t *delta = finish ? json_object()
-                               : json_pack("{s:s%}", "content", text, len);
-        choice = json_pack("{s:i,s:o,s:n,s:s?}", "index", 0, "delta", delta,
+                               : json_pack("{s:s%}", "content", text ? text : "", len);
+        if (!finish && r->n_output <= 1)    /* the first chunk names the role, as OpenAI's */
+            json_object_set_new(delta, "role", json_string("assistant"));
+        choice = json_pack("{s:I,s:o,s:n,s:s?}", "index", (json_int_t)r->index, "delta", delta,
                            "logprobs", "finish_reason", finish);
     } else {
-        choice = json_pack("{s:i,s:s%,s:n,s:s?}", "index", 0, "text", text ? text : "",
+        choice = json_pack("{s:I,s:s%,s:n,s:s?}", "index", (json_int_t)r->index,
+                           "text", text ? text : "",
                            text ? len : 0, "logprobs", "finish_reason", finish);
     }
     if (!finish)
@@ -312,20 +281,40 @@ char *kvw_openai_usage_chunk(const kvw_req_t *r, const char *id, long created)
                           "choices", "usage", usage_json(r)));
 }
 
+static json_t *choice_json(const kvw_req_t *r, const char *text, size_t len,
+                           const char *finish)
+{
+    if (r->chat)
+        return json_pack("{s:I,s:{s:s,s:s%},s:n,s:s}", "index", (json_int_t)r->index,
+                         "message", "role", "assistant", "content", text ? text : "",
+                         text ? len : 0, "logprobs", "finish_reason", finish);
+    return json_pack("{s:I,s:s%,s:n,s:s}", "index", (json_int_t)r->index,
+                     "text", text ? text : "", text ? len : 0, "logprobs",
+                     "finish_reason", finish);
+}
+
+char *kvw_openai_response_n(const kvw_req_t *const *rs, const char *const *texts,
+                            const size_t *lens, const char *const *finishes, size_t n,
+                            const char *id, long created)
+{
+    json_t *choices = json_array();
+    kvw_req_t sum = *rs[0];
+
+    sum.n_prompt = sum.n_output = sum.cached_tokens = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_array_append_new(choices, choice_json(rs[i], texts[i], lens[i], finishes[i]));
+        sum.n_prompt += rs[i]->n_prompt;
+        sum.n_output += rs[i]->n_output;
+        sum.cached_tokens += rs[i]->cached_tokens;
+    }
+    return dump(json_pack("{s:s,s:s,s:I,s:s,s:o,s:o}", "id", id,
+                          "object", sum.chat ? "chat.completion" : "text_completion",
+                          "created", (json_int_t)created, "model", sum.model,
+                          "choices", choices, "usage", usage_json(&sum)));
+}
+
 char *kvw_openai_response(const kvw_req_t *r, const char *id, long created,
                           const char *text, size_t len, const char *finish)
 {
-    json_t *choice;
-
-    if (r->chat)
-        choice = json_pack("{s:i,s:{s:s,s:s%},s:n,s:s}", "index", 0, "message",
-                           "role", "assistant", "content", text ? text : "", text ? len : 0,
-                           "logprobs", "finish_reason", finish);
-    else
-        choice = json_pack("{s:i,s:s%,s:n,s:s}", "index", 0, "text", text ? text : "",
-                           text ? len : 0, "logprobs", "finish_reason", finish);
-    return dump(json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", id,
-                          "object", r->chat ? "chat.completion" : "text_completion",
-                          "created", (json_int_t)created, "model", r->model,
-                          "choices", choice, "usage", usage_json(r)));
+    return kvw_openai_response_n(&r, &text, &len, &finish, 1, id, created);
 }

@@ -23,6 +23,18 @@ int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
                      char *err, size_t errlen);
 void kvw_req_clear(kvw_req_t *r);
 
+#define KVW_MAX_PROMPTS 64
+
+/*
+ * The same with the tokenizer and chat renderer of tx, parsing prompt
+ * number `which` of a completion request whose "prompt" is a list;
+ * r->n_prompts says how many there are.
+ */
+struct kvw_text;
+int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
+                          const struct kvw_text *tx, size_t which,
+                          char *err, size_t errlen);
+
 /* {"error":{...}}: OpenAI's error shape. */
 char *kvw_openai_error(const char *message, const char *type, const char *param);
 
@@ -34,6 +46,11 @@ char *kvw_openai_usage_chunk(const kvw_req_t *r, const char *id, long created);
 /* The whole non-streamed response. */
 char *kvw_openai_response(const kvw_req_t *r, const char *id, long created,
                           const char *text, size_t len, const char *finish);
+
+/* The same for n choices (a list of prompts); usage is summed. */
+char *kvw_openai_response_n(const kvw_req_t *const *rs, const char *const *texts,
+                            const size_t *lens, const char *const *finishes, size_t n,
+                            const char *id, long created);
 
 const char *kvw_finish_name(kvw_finish_t why);
 

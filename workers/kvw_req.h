@@ -34,6 +34,8 @@ struct kvw_req {
     size_t      n_prompt;
     char      **stop;           /* stop strings */
     size_t      n_stop;
+    size_t      n_prompts;      /* prompts in the request ("prompt" as a list) */
+    size_t      index;          /* this one's choice index */
 
     /* what happened; the engine fills these */
     size_t      n_output;
@@ -45,10 +47,20 @@ struct kvw_req {
     void       *front;
     kvw_engine_t *engine;
     void       *engine_data;
+    /* set by a front other than the HTTP one (tests): kvw_req_emit/finish call these */
+    const struct kvw_req_hooks *hooks;
 };
+
+typedef struct kvw_req_hooks {
+    void (*emit)(kvw_req_t *r, uint32_t token, const char *text, size_t len);
+    void (*emit_text)(kvw_req_t *r, const char *text, size_t len);
+    void (*finish)(kvw_req_t *r, kvw_finish_t why);
+} kvw_req_hooks_t;
 
 /* Engine -> front. text is the token's decoded bytes (may be empty). */
 void kvw_req_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len);
 void kvw_req_finish(kvw_req_t *r, kvw_finish_t why);
+/* Text that belongs to tokens already emitted (held back while it might start a stop string). */
+void kvw_req_emit_text(kvw_req_t *r, const char *text, size_t len);
 
 #endif

@@ -1,8 +1,8 @@
 /*
  * kvworker: an OpenAI-compatible inference worker. One process hosts one or
- * more engines (--engines N), each on its own port, all on one event loop.
+ * more engines (--engines N), each on its own port, all on one event loop,
+ * sharing one NATS connection.
  */
-#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -14,32 +14,37 @@
 
 #include "kvw_engine.h"
 #include "kvw_http.h"
+#include "kvw_nats.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvworker --engine mock --port PORT [options]\n"
-        "  --engine NAME       mock (default)\n"
-        "  --host ADDR         listen address (default 127.0.0.1)\n"
-        "  --port PORT         first port (default 8001)\n"
-        "  --engines N         engines in this process, on PORT..PORT+N-1 (default 1)\n"
-        "  --nats URL          publish KV events and heartbeats to NATS\n"
-        "  --worker-id ID      event worker id (default: derived from host:port)\n"
-        "  --model NAME        model name served (default kvroute-mock)\n"
-        "  --block-size N      KV block size in tokens (default 16)\n"
-        "  --num-blocks N      KV blocks per engine (default 16384)\n"
-        "  --speedup X         divide all simulated times by X (default 1)\n");
-}
-
-/* Stand-in until the shared tokenizer lands: one token per byte. */
-static long byte_tokenize(void *ctx, const char *text, size_t len, uint32_t **ids)
-{
-    *ids = malloc((len ? len : 1) * sizeof(uint32_t));
-    if (*ids == NULL)
-        return -1;
-    for (size_t i = 0; i < len; i++)
-        (*ids)[i] = (unsigned char)text[i];
-    return (long)len;
+        "  --engine NAME                 mock (default)\n"
+        "  --host ADDR                   listen address (default 127.0.0.1)\n"
+        "  --port PORT                   first port (default 8001)\n"
+        "  --engines N                   engines in this process, on PORT..PORT+N-1 (default 1)\n"
+        "  --nats URL                    publish KV events and heartbeats to NATS\n"
+        "  --namespace NS                subject prefix namespace.NS... (default dynamo)\n"
+        "  --component NAME              ...component.NAME (default backend)\n"
+        "  --heartbeat-ms N              heartbeat interval (default 1000)\n"
+        "  --worker-id ID                event worker id; engine i gets ID+i\n"
+        "                                (default: a hash of host:port)\n"
+        "  --model NAME                  model name served (default kvroute-mock)\n"
+        "  --block-size N                KV block size in tokens (default 16)\n"
+        "  --num-blocks N                KV blocks per engine (default 16384)\n"
+        "  --max-num-seqs N              running requests per engine (default 256)\n"
+        "  --max-num-batched-tokens N    tokens per step (default 8192)\n"
+        "  --max-model-len N             longest sequence (default: the KV pool)\n"
+        "  --watermark X                 share of blocks admission keeps free (default 0.01)\n"
+        "  --enable-prefix-caching BOOL  (default true)\n"
+        "  --enable-chunked-prefill BOOL (default true)\n"
+        "  --speedup X                   divide all simulated times by X (default 1)\n"
+        "  --decode-speedup X            further divide decode times by X (default 1)\n"
+        "  --perf-profile FILE           interpolated timing profile (JSON, see\n"
+        "                                workers/kvw_mock_model.c); default: polynomial\n"
+        "  --tokenizer FILE              tokenizer.json (default: one token per byte)\n"
+        "  --chat-template FILE          chat template (default: \"role: content\" lines)\n");
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -47,13 +52,36 @@ static void on_signal(evutil_socket_t sig, short what, void *arg)
     event_base_loopbreak(arg);
 }
 
+static int parse_bool(const char *v, int *out)
+{
+    if (!strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "on") || !strcmp(v, "yes"))
+        *out = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "0") || !strcmp(v, "off") || !strcmp(v, "no"))
+        *out = 0;
+    else
+        return -1;
+    return 0;
+}
+
+enum {
+    O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
+    O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE,
+};
+
 static int parse_args(int argc, char **argv, kvw_config_t *cfg)
 {
     static const struct option opts[] = {
         {"engine", 1, 0, 'e'}, {"host", 1, 0, 'H'}, {"port", 1, 0, 'p'},
         {"engines", 1, 0, 'n'}, {"nats", 1, 0, 'N'}, {"worker-id", 1, 0, 'w'},
         {"model", 1, 0, 'm'}, {"block-size", 1, 0, 'b'}, {"num-blocks", 1, 0, 'B'},
-        {"speedup", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}
+        {"speedup", 1, 0, 's'}, {"help", 0, 0, 'h'},
+        {"namespace", 1, 0, O_NS}, {"component", 1, 0, O_COMPONENT},
+        {"heartbeat-ms", 1, 0, O_HEARTBEAT}, {"max-num-seqs", 1, 0, O_MAX_SEQS},
+        {"max-num-batched-tokens", 1, 0, O_MAX_BATCHED}, {"max-model-len", 1, 0, O_MAX_LEN},
+        {"watermark", 1, 0, O_WATERMARK}, {"enable-prefix-caching", 1, 0, O_PREFIX},
+        {"enable-chunked-prefill", 1, 0, O_CHUNKED}, {"decode-speedup", 1, 0, O_DECODE_SPEEDUP},
+        {"perf-profile", 1, 0, O_PROFILE}, {"tokenizer", 1, 0, O_TOKENIZER},
+        {"chat-template", 1, 0, O_TEMPLATE}, {0, 0, 0, 0}
     };
     int c;
 
@@ -69,6 +97,25 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case 'b': cfg->block_size = atoi(optarg); break;
         case 'B': cfg->num_blocks = atoi(optarg); break;
         case 's': cfg->speedup = atof(optarg); break;
+        case O_NS: cfg->ns = optarg; break;
+        case O_COMPONENT: cfg->component = optarg; break;
+        case O_HEARTBEAT: cfg->heartbeat_ms = atoi(optarg); break;
+        case O_MAX_SEQS: cfg->max_num_seqs = atoi(optarg); break;
+        case O_MAX_BATCHED: cfg->max_num_batched_tokens = atoi(optarg); break;
+        case O_MAX_LEN: cfg->max_model_len = atoi(optarg); break;
+        case O_WATERMARK: cfg->watermark = atof(optarg); break;
+        case O_DECODE_SPEEDUP: cfg->decode_speedup = atof(optarg); break;
+        case O_PROFILE: cfg->perf_profile = optarg; break;
+        case O_TOKENIZER: cfg->tokenizer = optarg; break;
+        case O_TEMPLATE: cfg->chat_template = optarg; break;
+        case O_PREFIX:
+            if (parse_bool(optarg, &cfg->enable_prefix_caching))
+                return -1;
+            break;
+        case O_CHUNKED:
+            if (parse_bool(optarg, &cfg->enable_chunked_prefill))
+                return -1;
+            break;
         case 'h': usage(stdout); exit(0);
         default: return -1;
         }
@@ -81,13 +128,16 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         fprintf(stderr, "kvworker: unknown engine '%s'\n", cfg->engine);
         return -1;
     }
-    if (cfg->port <= 0 || cfg->port > 65535 || cfg->engines < 1
+    if (cfg->port <= 0 || cfg->port > 65535 || cfg->engines < 1 || cfg->engines > 4096
         || cfg->port + cfg->engines - 1 > 65535) {
         fprintf(stderr, "kvworker: bad --port/--engines\n");
         return -1;
     }
-    if (cfg->block_size < 1 || cfg->num_blocks < 1 || cfg->speedup <= 0) {
-        fprintf(stderr, "kvworker: --block-size, --num-blocks and --speedup must be positive\n");
+    if (cfg->block_size < 1 || cfg->num_blocks < 1 || cfg->speedup <= 0
+        || cfg->decode_speedup <= 0 || cfg->max_num_seqs < 1
+        || cfg->max_num_batched_tokens < 1 || cfg->heartbeat_ms < 1
+        || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0) {
+        fprintf(stderr, "kvworker: numeric options must be positive (--watermark in [0, 1))\n");
         return -1;
     }
     return 0;
@@ -95,13 +145,12 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
 
 int main(int argc, char **argv)
 {
-    kvw_config_t cfg = {
-        .engine = "mock", .host = "127.0.0.1", .port = 8001, .engines = 1,
-        .model = "kvroute-mock", .block_size = 16, .num_blocks = 16384,
-        .speedup = 1.0,
-    };
+    kvw_config_t cfg;
     char err[256];
+    int rc = 1;
 
+    memset(&cfg, 0, sizeof(cfg));
+    kvw_config_defaults(&cfg);
     if (parse_args(argc, argv, &cfg)) {
         usage(stderr);
         return 2;
@@ -109,9 +158,15 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
 
-    struct event_base *base = event_base_new();
+    /* precise timers: mock steps last a few ms and must be kept to within 5% */
+    struct event_config *ec = event_config_new();
+    event_config_set_flag(ec, EVENT_BASE_FLAG_PRECISE_TIMER);
+    struct event_base *base = event_base_new_with_config(ec);
+    event_config_free(ec);
     kvw_engine_t **engines = calloc((size_t)cfg.engines, sizeof(*engines));
     kvw_http_t **fronts = calloc((size_t)cfg.engines, sizeof(*fronts));
+    kvw_nats_t *nats = NULL;
+    struct event *sigint = NULL, *sigterm = NULL;
     if (base == NULL || engines == NULL || fronts == NULL) {
         fprintf(stderr, "kvworker: out of memory\n");
         return 1;
@@ -120,32 +175,47 @@ int main(int argc, char **argv)
         engines[i] = kvw_mock_create(&cfg, base, i);
         if (engines[i] == NULL) {
             fprintf(stderr, "kvworker: cannot create engine %d\n", i);
-            return 1;
+            goto out;
         }
-        fronts[i] = kvw_http_start(engines[i], cfg.host, cfg.port + i, byte_tokenize,
-                                   NULL, err, sizeof(err));
+        engines[i]->worker_id = cfg.worker_id ? cfg.worker_id + (uint64_t)i
+                                              : kvw_worker_id_for(cfg.host, cfg.port + i);
+        fronts[i] = kvw_http_start(engines[i], cfg.host, cfg.port + i, NULL, NULL,
+                                   err, sizeof(err));
         if (fronts[i] == NULL) {
             fprintf(stderr, "kvworker: %s\n", err);
-            return 1;
+            goto out;
         }
     }
-    struct event *sigint = evsignal_new(base, SIGINT, on_signal, base);
-    struct event *sigterm = evsignal_new(base, SIGTERM, on_signal, base);
+    if (cfg.nats_url) {
+        nats = kvw_nats_start(&cfg, base, engines, cfg.engines, err, sizeof(err));
+        if (nats == NULL) {
+            fprintf(stderr, "kvworker: %s\n", err);
+            goto out;
+        }
+    }
+    sigint = evsignal_new(base, SIGINT, on_signal, base);
+    sigterm = evsignal_new(base, SIGTERM, on_signal, base);
     evsignal_add(sigint, NULL);
     evsignal_add(sigterm, NULL);
 
-    fprintf(stderr, "kvworker: %d %s engine(s) on %s:%d..%d\n", cfg.engines, cfg.engine,
-            cfg.host, cfg.port, cfg.port + cfg.engines - 1);
+    fprintf(stderr, "kvworker: %d %s engine(s) on %s:%d..%d%s%s\n", cfg.engines, cfg.engine,
+            cfg.host, cfg.port, cfg.port + cfg.engines - 1, cfg.nats_url ? ", nats " : "",
+            cfg.nats_url ? cfg.nats_url : "");
     event_base_dispatch(base);
-
+    rc = 0;
+out:
+    kvw_nats_stop(nats);
     for (int i = 0; i < cfg.engines; i++) {
         kvw_http_stop(fronts[i]);
-        engines[i]->ops->destroy(engines[i]);
+        if (engines[i])
+            engines[i]->ops->destroy(engines[i]);
     }
-    event_free(sigint);
-    event_free(sigterm);
+    if (sigint)
+        event_free(sigint);
+    if (sigterm)
+        event_free(sigterm);
     event_base_free(base);
     free(engines);
     free(fronts);
-    return 0;
+    return rc;
 }

@@ -1,0 +1,334 @@
+/*
+ * The scheduler over a scripted backend, no network: chunked prefill, the
+ * token budget, max_num_seqs, watermark admission, preemption of the newest
+ * request, cancel, stop strings and EOS.
+ */
+#include "kvtest.h"
+#include "kvw_sched.h"
+
+#include <stdlib.h>
+
+/* --- a backend that logs steps and "generates" the alphabet --------------- */
+
+#define MAX_STEPS 512
+
+typedef struct {
+    kvw_backend_t   b;
+    int             n_steps;
+    uint32_t        step_n[MAX_STEPS];          /* sequences in the step */
+    uint32_t        step_tokens[MAX_STEPS][8];  /* tokens per sequence */
+    uint32_t        eos_at;                     /* position where EOS is sampled, 0: never */
+} tb_t;
+
+static int tb_step(kvw_backend_t *b, kvw_step_seq_t *q, uint32_t n, double *ms)
+{
+    tb_t *t = (tb_t *)b;
+    if (t->n_steps < MAX_STEPS) {
+        t->step_n[t->n_steps] = n;
+        for (uint32_t i = 0; i < n && i < 8; i++)
+            t->step_tokens[t->n_steps][i] = q[i].n_tokens;
+        t->n_steps++;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t pos = q[i].pos + q[i].n_tokens;
+        q[i].next_token = t->eos_at && pos == t->eos_at ? 1 : 'a' + pos % 26;
+    }
+    *ms = 0;
+    return 0;
+}
+
+static void tb_destroy(kvw_backend_t *b) { free(b); }
+
+static tb_t *tb_new(uint32_t num_blocks, uint32_t block_size)
+{
+    tb_t *t = calloc(1, sizeof(*t));
+    t->b.name = "test";
+    t->b.vocab_size = 256;
+    t->b.eos_token_id = 1;
+    t->b.block_size = block_size;
+    t->b.num_blocks = num_blocks;
+    t->b.step = tb_step;
+    t->b.destroy = tb_destroy;
+    return t;
+}
+
+/* --- a front that records what the engine says ---------------------------- */
+
+typedef struct {
+    kvw_req_t       r;
+    char            out[4096];
+    size_t          len;
+    int             done;
+    kvw_finish_t    why;
+} tr_t;
+
+static void t_emit_text(kvw_req_t *r, const char *text, size_t len)
+{
+    tr_t *t = (tr_t *)r;
+    memcpy(t->out + t->len, text, len);
+    t->len += len;
+}
+
+static void t_emit(kvw_req_t *r, uint32_t tok, const char *text, size_t len)
+{
+    r->n_output++;
+    t_emit_text(r, text, len);
+}
+
+static void t_finish(kvw_req_t *r, kvw_finish_t why)
+{
+    tr_t *t = (tr_t *)r;
+    t->done = 1;
+    t->why = why;
+}
+
+static const kvw_req_hooks_t hooks = { t_emit, t_emit_text, t_finish };
+
+static uint32_t prompt_store[16][4096];
+
+static void tr_init(tr_t *t, int slot, size_t n_prompt, uint32_t base, int max_tokens)
+{
+    memset(t, 0, sizeof(*t));
+    for (size_t i = 0; i < n_prompt; i++)
+        prompt_store[slot][i] = base + (uint32_t)i;
+    t->r.prompt = prompt_store[slot];
+    t->r.n_prompt = n_prompt;
+    t->r.max_tokens = max_tokens;
+    t->r.hooks = &hooks;
+    t->r.model = "m";
+}
+
+static kvw_config_t cfg_with(int max_seqs, int max_batched, double watermark)
+{
+    kvw_config_t c;
+    memset(&c, 0, sizeof(c));
+    kvw_config_defaults(&c);
+    c.max_num_seqs = max_seqs;
+    c.max_num_batched_tokens = max_batched;
+    c.watermark = watermark;
+    return c;
+}
+
+static void run(struct event_base *base)
+{
+    event_base_dispatch(base);
+}
+
+TEST(chunked_prefill_then_decode)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 64, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t a;
+
+    tr_init(&a, 0, 150, 1000, 3);
+    CHECK(e->ops->submit(e, &a.r) == 0);
+    run(base);
+    CHECK(a.done && a.why == KVW_FINISH_LENGTH);
+    CHECK_EQ_U64(a.r.n_output, 3);
+    CHECK_EQ_U64(tb->n_steps, 5);           /* 64 + 64 + 22 (samples), then 2 decodes */
+    CHECK_EQ_U64(tb->step_tokens[0][0], 64);
+    CHECK_EQ_U64(tb->step_tokens[1][0], 64);
+    CHECK_EQ_U64(tb->step_tokens[2][0], 22);
+    CHECK_EQ_U64(tb->step_tokens[3][0], 1);
+    CHECK_EQ_U64(a.len, 3);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(unchunked_prompt_over_budget_runs_alone)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 64, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t a, b;
+
+    c.enable_chunked_prefill = 0;
+    tr_init(&a, 0, 10, 1, 2);
+    tr_init(&b, 1, 150, 1000, 2);
+    e->ops->submit(e, &a.r);
+    e->ops->submit(e, &b.r);
+    run(base);
+    CHECK(a.done && b.done);
+    CHECK_EQ_U64(tb->step_n[0], 1);             /* a alone: b does not fit beside it */
+    int seen = 0;
+    for (int i = 0; i < tb->n_steps; i++)
+        seen |= tb->step_n[i] == 1 && tb->step_tokens[i][0] == 150;
+    CHECK(seen);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(prefix_cache_hit_reported)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t a, b;
+
+    tr_init(&a, 0, 40, 1, 2);
+    e->ops->submit(e, &a.r);
+    run(base);
+    tr_init(&b, 1, 40, 1, 2);
+    e->ops->submit(e, &b.r);
+    run(base);
+    CHECK_EQ_U64(a.r.cached_tokens, 0);
+    CHECK_EQ_U64(b.r.cached_tokens, 32);
+    CHECK_EQ_U64(tb->step_tokens[tb->n_steps - 2][0], 8);  /* only the uncached tail ran */
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(max_num_seqs_and_budget)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(2, 8192, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t r[3];
+
+    for (int i = 0; i < 3; i++) {
+        tr_init(&r[i], i, 20, 100u * (uint32_t)(i + 1), 4);
+        e->ops->submit(e, &r[i].r);
+    }
+    run(base);
+    CHECK_EQ_U64(tb->step_n[0], 2);
+    for (int i = 0; i < 3; i++)
+        CHECK(r[i].done && r[i].r.n_output == 4);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(watermark_holds_back_admission)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0.2);     /* 2 of 10 blocks kept free */
+    tb_t *tb = tb_new(10, 4);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t a, b;
+
+    tr_init(&a, 0, 28, 1, 2);       /* 7 blocks (+1 when decoding) */
+    tr_init(&b, 1, 8, 500, 2);      /* 2 more would break the watermark */
+    e->ops->submit(e, &a.r);
+    e->ops->submit(e, &b.r);
+    run(base);
+    CHECK_EQ_U64(tb->step_n[0], 1);
+    CHECK(a.done && b.done);
+    CHECK_EQ_U64(b.r.n_output, 2);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(preempts_newest_when_blocks_run_out)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0);
+    tb_t *tb = tb_new(6, 4);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    kvw_sched_load_t l;
+    tr_t a, b;
+
+    tr_init(&a, 0, 7, 1, 10);       /* grows to 17 tokens: 5 blocks */
+    tr_init(&b, 1, 7, 300, 10);
+    e->ops->submit(e, &a.r);
+    e->ops->submit(e, &b.r);
+    run(base);
+    kvw_sched_load(e, &l);
+    CHECK(l.preemptions > 0);
+    CHECK(a.done && a.why == KVW_FINISH_LENGTH && a.r.n_output == 10);
+    CHECK(b.done && b.why == KVW_FINISH_LENGTH && b.r.n_output == 10);
+    /* recompute after preemption produces the same text as an undisturbed run */
+    CHECK(a.len == 10 && b.len == 10);
+    CHECK(memcmp(a.out, "hijklmnopq", 10) == 0);
+    CHECK(memcmp(b.out, "hijklmnopq", 10) == 0);
+    CHECK_EQ_U64(kvw_blocks_active(kvw_sched_blocks(e)), 0);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(cancel_frees_blocks)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t a;
+
+    tr_init(&a, 0, 100, 1, 1000);
+    e->ops->submit(e, &a.r);
+    event_base_loop(base, EVLOOP_ONCE);     /* admitted and prefilled */
+    event_base_loop(base, EVLOOP_ONCE);
+    CHECK(kvw_blocks_active(kvw_sched_blocks(e)) > 0);
+    e->ops->cancel(e, &a.r);
+    CHECK_EQ_U64(kvw_blocks_active(kvw_sched_blocks(e)), 0);
+    run(base);
+    CHECK(!a.done);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(stop_string_and_eos)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    char *stops[] = { "zz", "lmn" };
+    tr_t a, b, d;
+
+    tr_init(&a, 0, 7, 1, 50);       /* generates "hijklmn..." */
+    a.r.stop = stops;
+    a.r.n_stop = 2;
+    e->ops->submit(e, &a.r);
+    run(base);
+    CHECK(a.done && a.why == KVW_FINISH_STOP);
+    CHECK(a.len == 4 && memcmp(a.out, "hijk", 4) == 0);
+    CHECK_EQ_U64(a.r.n_output, 7);
+
+    tb->eos_at = 10;
+    tr_init(&b, 1, 7, 1000, 50);
+    e->ops->submit(e, &b.r);
+    run(base);
+    CHECK(b.done && b.why == KVW_FINISH_STOP);
+    CHECK_EQ_U64(b.r.n_output, 4);
+
+    tr_init(&d, 2, 7, 2000, 6);
+    d.r.ignore_eos = 1;
+    e->ops->submit(e, &d.r);
+    run(base);
+    CHECK(d.done && d.why == KVW_FINISH_LENGTH);
+    CHECK_EQ_U64(d.r.n_output, 6);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+TEST(too_long_prompt_refused)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0);
+    tb_t *tb = tb_new(4, 4);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    tr_t a;
+
+    tr_init(&a, 0, 16, 1, 2);
+    CHECK(e->ops->submit(e, &a.r) == KVW_SUBMIT_TOO_LONG);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+int main(void)
+{
+    RUN(chunked_prefill_then_decode);
+    RUN(unchunked_prompt_over_budget_runs_alone);
+    RUN(prefix_cache_hit_reported);
+    RUN(max_num_seqs_and_budget);
+    RUN(watermark_holds_back_admission);
+    RUN(preempts_newest_when_blocks_run_out);
+    RUN(cancel_frees_blocks);
+    RUN(stop_string_and_eos);
+    RUN(too_long_prompt_refused);
+    return kvt_done();
+}

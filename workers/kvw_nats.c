@@ -1,0 +1,420 @@
+#include "kvw_nats.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <jansson.h>
+#include <nats/nats.h>
+#include <xxhash.h>
+
+#include "kvw_blocks.h"
+#include "kvw_sched.h"
+
+#define DUMP_CHUNK 4096
+
+/* Per engine: its identity and its event stream. */
+typedef struct {
+    struct kvw_nats    *k;
+    kvw_engine_t       *e;
+    uint64_t            last_event_id;
+    struct evbuffer    *pending;        /* rendered events of this step, comma-separated */
+    int                 n_pending;
+    char                address[300];
+} pub_t;
+
+/* Work handed from cnats threads to the loop. */
+typedef struct job {
+    struct job *next;
+    int         kind;                   /* JOB_ANNOUNCE, JOB_DUMP */
+    char       *subject, *reply;
+    char       *data;
+} job_t;
+
+enum { JOB_ANNOUNCE, JOB_DUMP };
+
+struct kvw_nats {
+    const kvw_config_t *cfg;
+    natsConnection     *nc;
+    natsOptions        *opts;
+    natsSubscription   *sub_discover, *sub_dump;
+    pub_t              *pubs;
+    int                 n;
+    uint64_t            instance_id;
+    char                prefix[256];
+    char                subj_events[300], subj_heartbeat[300];
+    struct event       *wake, *heartbeat;
+    pthread_mutex_t     lock;
+    job_t              *jobs, *jobs_tail;
+    uint64_t            publish_errors;
+};
+
+uint64_t kvw_worker_id_for(const char *host, int port)
+{
+    char buf[300];
+    int n = snprintf(buf, sizeof(buf), "%s:%d", host, port);
+    uint64_t id = XXH3_64bits(buf, (size_t)n) & 0x7fffffffffffffffULL;
+    return id ? id : 1;
+}
+
+static uint64_t random_id(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), 0) != (ssize_t)sizeof(v)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        v = XXH3_64bits(&ts, sizeof(ts)) ^ (uint64_t)getpid();
+    }
+    v &= 0x7fffffffffffffffULL;
+    return v ? v : 1;
+}
+
+static void publish(struct kvw_nats *k, const char *subj, struct evbuffer *b)
+{
+    size_t len = evbuffer_get_length(b);
+    const char *data = (const char *)evbuffer_pullup(b, -1);
+    if (natsConnection_Publish(k->nc, subj, data, (int)len) != NATS_OK)
+        k->publish_errors++;    /* the event_ids stay spent: routers see the gap */
+}
+
+/* --- from cnats threads --------------------------------------------------- */
+
+static void queue_job(struct kvw_nats *k, job_t *j)
+{
+    pthread_mutex_lock(&k->lock);
+    if (k->jobs_tail) k->jobs_tail->next = j; else k->jobs = j;
+    k->jobs_tail = j;
+    pthread_mutex_unlock(&k->lock);
+    event_active(k->wake, EV_READ, 0);
+}
+
+static void on_discover(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    if (j) {
+        j->kind = JOB_ANNOUNCE;
+        queue_job(arg, j);
+    }
+    natsMsg_Destroy(msg);
+}
+
+static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *arg)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    const char *reply = natsMsg_GetReply(msg);
+
+    if (j && reply) {
+        j->kind = JOB_DUMP;
+        j->subject = strdup(natsMsg_GetSubject(msg));
+        j->reply = strdup(reply);
+        j->data = strndup(natsMsg_GetData(msg) ? natsMsg_GetData(msg) : "",
+                          (size_t)natsMsg_GetDataLength(msg));
+        queue_job(arg, j);
+    } else {
+        free(j);
+    }
+    natsMsg_Destroy(msg);
+}
+
+static void on_connected(natsConnection *nc, void *arg)
+{
+    job_t *j = calloc(1, sizeof(*j));
+    if (j) {
+        j->kind = JOB_ANNOUNCE;
+        queue_job(arg, j);
+    }
+}
+
+/* --- on the loop ------------------------------------------------------------ */
+
+static void render_event(pub_t *p, const kvw_event_t *ev)
+{
+    struct evbuffer *b = p->pending;
+
+    if (p->n_pending++ > 0)
+        evbuffer_add(b, ",", 1);
+    evbuffer_add_printf(b, "{\"worker_id\":%" PRIu64 ",\"storage_tier\":\"device\","
+                        "\"event\":{\"event_id\":%" PRIu64 ",\"data\":",
+                        p->e->worker_id, ++p->last_event_id);
+    if (ev->kind == KVW_EV_CLEARED) {
+        evbuffer_add_printf(b, "\"cleared\"");
+    } else if (ev->kind == KVW_EV_REMOVED) {
+        evbuffer_add_printf(b, "{\"removed\":{\"block_hashes\":[");
+        for (size_t i = 0; i < ev->n; i++)
+            evbuffer_add_printf(b, "%s%" PRIu64, i ? "," : "", ev->hashes[i]);
+        evbuffer_add_printf(b, "]}}");
+    } else {
+        if (ev->has_parent)
+            evbuffer_add_printf(b, "{\"stored\":{\"parent_hash\":%" PRIu64, ev->parent);
+        else
+            evbuffer_add_printf(b, "{\"stored\":{\"parent_hash\":null");
+        evbuffer_add_printf(b, ",\"start_position\":null,\"blocks\":[");
+        for (size_t i = 0; i < ev->n; i++)
+            evbuffer_add_printf(b, "%s{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64
+                                ",\"mm_extra_info\":null}", i ? "," : "",
+                                ev->hashes[i], ev->locals[i]);
+        evbuffer_add_printf(b, "]}}");
+    }
+    evbuffer_add_printf(b, ",\"dp_rank\":0}}");
+}
+
+static void on_event(void *ctx, const kvw_event_t *ev)
+{
+    render_event(ctx, ev);
+}
+
+/* One message per step: the event alone, or a JSON array of them. */
+static void publish_pending(pub_t *p)
+{
+    if (p->n_pending == 0)
+        return;
+    if (p->n_pending > 1) {
+        evbuffer_prepend(p->pending, "[", 1);
+        evbuffer_add(p->pending, "]", 1);
+    }
+    publish(p->k, p->k->subj_events, p->pending);
+    evbuffer_drain(p->pending, evbuffer_get_length(p->pending));
+    p->n_pending = 0;
+}
+
+static void on_step(void *ctx, kvw_engine_t *e)
+{
+    publish_pending(ctx);
+}
+
+static void send_heartbeat(pub_t *p, const char *type)
+{
+    struct kvw_nats *k = p->k;
+    kvw_sched_load_t l;
+    struct timespec ts;
+    struct evbuffer *b = evbuffer_new();
+
+    publish_pending(p);     /* last_event_id must name only published events */
+    kvw_sched_load(p->e, &l);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    json_t *model = json_string(k->cfg->model);
+    char *model_s = json_dumps(model, JSON_ENCODE_ANY);
+    evbuffer_add_printf(b, "{\"type\":\"%s\",\"worker_id\":%" PRIu64 ",\"dp_rank\":0,"
+                        "\"instance_id\":%" PRIu64 ",\"address\":\"%s\",\"model\":%s,"
+                        "\"block_size\":%u,\"num_blocks\":%u,\"last_event_id\":%" PRIu64 ","
+                        "\"interval_ms\":%d,\"ts_ms\":%" PRIu64 ",\"load\":{"
+                        "\"active_prefill_tokens\":%" PRIu64 ",\"active_decode_blocks\":%u,"
+                        "\"kv_used_blocks\":%u,\"waiting\":%u,\"running\":%u,"
+                        "\"max_num_batched_tokens\":%d,\"max_num_seqs\":%d}}",
+                        type, p->e->worker_id, k->instance_id, p->address,
+                        model_s ? model_s : "\"\"", l.block_size, l.num_blocks,
+                        p->last_event_id, k->cfg->heartbeat_ms,
+                        (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000,
+                        l.active_prefill_tokens, l.active_decode_blocks, l.kv_used_blocks,
+                        l.waiting, l.running, k->cfg->max_num_batched_tokens,
+                        k->cfg->max_num_seqs);
+    free(model_s);
+    json_decref(model);
+    publish(k, k->subj_heartbeat, b);
+    evbuffer_free(b);
+}
+
+static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
+{
+    struct kvw_nats *k = arg;
+    for (int i = 0; i < k->n; i++)
+        send_heartbeat(&k->pubs[i], "heartbeat");
+}
+
+static pub_t *pub_for_subject(struct kvw_nats *k, const char *subject)
+{
+    const char *dot = strrchr(subject, '.');
+    char *end;
+
+    if (dot == NULL)
+        return NULL;
+    uint64_t id = strtoull(dot + 1, &end, 10);
+    if (*end != '\0')
+        return NULL;
+    for (int i = 0; i < k->n; i++)
+        if (k->pubs[i].e->worker_id == id)
+            return &k->pubs[i];
+    return NULL;
+}
+
+/* One consistent snapshot, published in chunks before the loop moves on. */
+static void answer_dump(struct kvw_nats *k, job_t *j)
+{
+    pub_t *p = pub_for_subject(k, j->subject);
+    json_t *req = json_loads(j->data, 0, NULL);
+    json_t *rank = json_object_get(req, "dp_rank");
+    int ok = p != NULL && (rank == NULL || json_integer_value(rank) == 0);
+
+    json_decref(req);
+    if (!ok)
+        return;
+    size_t n = 0;
+    kvw_dump_block_t *blocks = kvw_blocks_dump(kvw_sched_blocks(p->e), &n);
+    publish_pending(p);
+    if (blocks == NULL)
+        return;
+    size_t chunks = n ? (n + DUMP_CHUNK - 1) / DUMP_CHUNK : 1;
+    struct evbuffer *b = evbuffer_new();
+    for (size_t c = 0; c < chunks; c++) {
+        evbuffer_add_printf(b, "{\"worker_id\":%" PRIu64 ",\"dp_rank\":0,\"instance_id\":%"
+                            PRIu64 ",\"last_event_id\":%" PRIu64 ",\"block_size\":%u,"
+                            "\"chunk\":%zu,\"chunks\":%zu,\"blocks\":[",
+                            p->e->worker_id, k->instance_id, p->last_event_id,
+                            kvw_blocks_block_size(kvw_sched_blocks(p->e)), c, chunks);
+        for (size_t i = c * DUMP_CHUNK; i < n && i < (c + 1) * DUMP_CHUNK; i++) {
+            const kvw_dump_block_t *d = &blocks[i];
+            if (i > c * DUMP_CHUNK)
+                evbuffer_add(b, ",", 1);
+            if (d->has_parent)
+                evbuffer_add_printf(b, "[%" PRIu64 ",%" PRIu64 ",%" PRIu64 "]",
+                                    d->parent, d->hash, d->local);
+            else
+                evbuffer_add_printf(b, "[null,%" PRIu64 ",%" PRIu64 "]", d->hash, d->local);
+        }
+        evbuffer_add_printf(b, "]}");
+        publish(k, j->reply, b);
+        evbuffer_drain(b, evbuffer_get_length(b));
+    }
+    evbuffer_free(b);
+    free(blocks);
+}
+
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    struct kvw_nats *k = arg;
+
+    pthread_mutex_lock(&k->lock);
+    job_t *j = k->jobs;
+    k->jobs = k->jobs_tail = NULL;
+    pthread_mutex_unlock(&k->lock);
+    while (j) {
+        job_t *next = j->next;
+        if (j->kind == JOB_ANNOUNCE) {
+            for (int i = 0; i < k->n; i++)
+                send_heartbeat(&k->pubs[i], "announce");
+        } else {
+            answer_dump(k, j);
+        }
+        free(j->subject);
+        free(j->reply);
+        free(j->data);
+        free(j);
+        j = next;
+    }
+}
+
+kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
+                           kvw_engine_t **engines, int n, char *err, size_t errlen)
+{
+    struct kvw_nats *k = calloc(1, sizeof(*k));
+    char subj[320];
+    natsStatus s;
+
+    if (k == NULL || (k->pubs = calloc((size_t)n, sizeof(pub_t))) == NULL) {
+        free(k);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    k->cfg = cfg;
+    k->n = n;
+    k->instance_id = random_id();
+    pthread_mutex_init(&k->lock, NULL);
+    snprintf(k->prefix, sizeof(k->prefix), "namespace.%s.component.%s", cfg->ns, cfg->component);
+    snprintf(k->subj_events, sizeof(k->subj_events), "%s.kv-events", k->prefix);
+    snprintf(k->subj_heartbeat, sizeof(k->subj_heartbeat), "%s.kvroute.heartbeat", k->prefix);
+    for (int i = 0; i < n; i++) {
+        pub_t *p = &k->pubs[i];
+        p->k = k;
+        p->e = engines[i];
+        p->pending = evbuffer_new();
+        snprintf(p->address, sizeof(p->address), "%s:%d", cfg->host, engines[i]->port);
+        kvw_blocks_set_sink(kvw_sched_blocks(engines[i]), on_event, p);
+        kvw_sched_set_step_hook(engines[i], on_step, p);
+    }
+    k->wake = event_new(base, -1, 0, on_wake, k);
+    k->heartbeat = event_new(base, -1, EV_PERSIST, on_heartbeat, k);
+
+    /* reconnect forever; a failed first connect keeps retrying in the background */
+    if ((s = natsOptions_Create(&k->opts)) != NATS_OK
+        || (s = natsOptions_SetURL(k->opts, cfg->nats_url)) != NATS_OK
+        || (s = natsOptions_SetMaxReconnect(k->opts, -1)) != NATS_OK
+        || (s = natsOptions_SetReconnectWait(k->opts, 250)) != NATS_OK
+        || (s = natsOptions_SetReconnectBufSize(k->opts, 32 * 1024 * 1024)) != NATS_OK
+        || (s = natsOptions_SetRetryOnFailedConnect(k->opts, true, on_connected, k)) != NATS_OK
+        || (s = natsOptions_SetReconnectedCB(k->opts, on_connected, k)) != NATS_OK) {
+        snprintf(err, errlen, "nats options: %s", natsStatus_GetText(s));
+        kvw_nats_stop(k);
+        return NULL;
+    }
+    s = natsConnection_Connect(&k->nc, k->opts);
+    if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) {
+        snprintf(err, errlen, "nats %s: %s", cfg->nats_url, natsStatus_GetText(s));
+        kvw_nats_stop(k);
+        return NULL;
+    }
+    snprintf(subj, sizeof(subj), "%s.kvroute.discover", k->prefix);
+    s = natsConnection_Subscribe(&k->sub_discover, k->nc, subj, on_discover, k);
+    if (s == NATS_OK) {
+        snprintf(subj, sizeof(subj), "%s.kvroute.dump.*", k->prefix);
+        s = natsConnection_Subscribe(&k->sub_dump, k->nc, subj, on_dump, k);
+    }
+    if (s != NATS_OK) {
+        snprintf(err, errlen, "nats subscribe: %s", natsStatus_GetText(s));
+        kvw_nats_stop(k);
+        return NULL;
+    }
+    if (natsConnection_Status(k->nc) == NATS_CONN_STATUS_CONNECTED)
+        on_connected(k->nc, k);     /* the first announce */
+    struct timeval tv = { cfg->heartbeat_ms / 1000, (cfg->heartbeat_ms % 1000) * 1000 };
+    event_add(k->heartbeat, &tv);
+    return k;
+}
+
+void kvw_nats_stop(kvw_nats_t *k)
+{
+    if (k == NULL)
+        return;
+    if (k->sub_discover)
+        natsSubscription_Destroy(k->sub_discover);
+    if (k->sub_dump)
+        natsSubscription_Destroy(k->sub_dump);
+    if (k->nc) {
+        for (int i = 0; i < k->n; i++)
+            publish_pending(&k->pubs[i]);
+        natsConnection_FlushTimeout(k->nc, 500);
+        natsConnection_Close(k->nc);
+        natsConnection_Destroy(k->nc);
+    }
+    if (k->opts)
+        natsOptions_Destroy(k->opts);
+    for (int i = 0; i < k->n; i++) {
+        if (k->pubs[i].e) {
+            kvw_blocks_set_sink(kvw_sched_blocks(k->pubs[i].e), NULL, NULL);
+            kvw_sched_set_step_hook(k->pubs[i].e, NULL, NULL);
+        }
+        if (k->pubs[i].pending)
+            evbuffer_free(k->pubs[i].pending);
+    }
+    /* jobs queued by cnats threads: those threads are gone after Destroy */
+    while (k->jobs) {
+        job_t *j = k->jobs;
+        k->jobs = j->next;
+        free(j->subject);
+        free(j->reply);
+        free(j->data);
+        free(j);
+    }
+    if (k->wake)
+        event_free(k->wake);
+    if (k->heartbeat)
+        event_free(k->heartbeat);
+    pthread_mutex_destroy(&k->lock);
+    free(k->pubs);
+    free(k);
+}

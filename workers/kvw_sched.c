@@ -1,0 +1,622 @@
+#include "kvw_sched.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv_hash.h"
+#include "kvw_text.h"
+
+/* A request as the scheduler sees it. */
+typedef struct sreq {
+    kvw_req_t          *req;        /* NULL once cancelled */
+    struct sreq        *prev, *next;
+    int                 queue;      /* Q_NONE, Q_WAITING, Q_RUNNING */
+    uint32_t           *tokens;     /* prompt, then generated tokens */
+    size_t              n_tokens, cap;
+    size_t              n_computed; /* tokens whose KV is in the cache */
+    size_t              n_out;
+    int                 decoding;   /* prompt (and any recompute) done */
+    int                 in_batch;
+    int                 admitted_once;
+    kvw_seq_blocks_t    blocks;
+    uint64_t            seed;       /* local hash seed (cache salt) */
+    uint64_t            rng;
+    char               *text;       /* output text, kept while stop strings may match */
+    size_t              text_len, text_cap, text_sent;
+} sreq_t;
+
+enum { Q_NONE, Q_WAITING, Q_RUNNING };
+
+typedef struct {
+    sreq_t     *head, *tail;
+    uint32_t    n;
+} queue_t;
+
+typedef struct {
+    sreq_t     *s;
+    uint32_t    n;
+    int         sample;
+} item_t;
+
+typedef struct {
+    kvw_engine_t        base;
+    kvw_backend_t      *be;
+    kvw_blocks_t       *bm;
+    const kvw_text_t   *text;
+    queue_t             waiting, running;
+    struct event       *kick;       /* schedule soon: batches submits of one loop turn */
+    struct event       *done;       /* the step's time is up */
+    item_t             *batch;
+    kvw_step_seq_t     *seqs;
+    uint32_t            n_batch, batch_cap;
+    int                 busy;       /* a step is in flight */
+    uint64_t            due_us;     /* when the in-flight step ends (simulated) */
+    size_t              max_len;    /* longest sequence this engine can ever hold */
+    kvw_step_hook_fn    hook;
+    void               *hook_ctx;
+    kvw_sched_load_t    st;
+} sched_t;
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* --- queues --------------------------------------------------------------- */
+
+static void q_remove(queue_t *q, sreq_t *s)
+{
+    if (s->prev) s->prev->next = s->next; else q->head = s->next;
+    if (s->next) s->next->prev = s->prev; else q->tail = s->prev;
+    s->prev = s->next = NULL;
+    q->n--;
+}
+
+static void q_push_back(queue_t *q, sreq_t *s)
+{
+    s->next = NULL;
+    s->prev = q->tail;
+    if (q->tail) q->tail->next = s; else q->head = s;
+    q->tail = s;
+    q->n++;
+}
+
+static void q_push_front(queue_t *q, sreq_t *s)
+{
+    s->prev = NULL;
+    s->next = q->head;
+    if (q->head) q->head->prev = s; else q->tail = s;
+    q->head = s;
+    q->n++;
+}
+
+static void unqueue(sched_t *sc, sreq_t *s)
+{
+    if (s->queue == Q_WAITING)
+        q_remove(&sc->waiting, s);
+    else if (s->queue == Q_RUNNING)
+        q_remove(&sc->running, s);
+    s->queue = Q_NONE;
+}
+
+static void sreq_free(sreq_t *s)
+{
+    free(s->tokens);
+    free(s->text);
+    free(s);
+}
+
+/* --- output: text, stop strings, finishing ------------------------------- */
+
+static int append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap * 2 : 64;
+        while (c < *len + n + 1)
+            c *= 2;
+        char *q = realloc(*buf, c);
+        if (q == NULL)
+            return -1;
+        *buf = q;
+        *cap = c;
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+/* Earliest match of any stop string in text[from..len); -1 if none. */
+static long find_stop(const kvw_req_t *r, const char *text, size_t len, size_t from)
+{
+    long best = -1;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        if (sl == 0 || sl > len)
+            continue;
+        for (size_t p = from; p + sl <= len; p++)
+            if (memcmp(text + p, r->stop[i], sl) == 0) {
+                if (best < 0 || (long)p < best)
+                    best = (long)p;
+                break;
+            }
+    }
+    return best;
+}
+
+/* Bytes at the end of text that could begin a stop string: held back. */
+static size_t held_back(const kvw_req_t *r, const char *text, size_t len)
+{
+    size_t hold = 0;
+    for (size_t i = 0; i < r->n_stop; i++) {
+        size_t sl = strlen(r->stop[i]);
+        for (size_t k = sl > 0 ? sl - 1 : 0; k > hold; k--)
+            if (k <= len && memcmp(text + len - k, r->stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+static void finish(sched_t *sc, sreq_t *s, kvw_finish_t why)
+{
+    kvw_req_t *r = s->req;
+
+    if (why != KVW_FINISH_STOP && s->text_sent < s->text_len)
+        kvw_req_emit_text(r, s->text + s->text_sent, s->text_len - s->text_sent);
+    kvw_blocks_release(sc->bm, &s->blocks);
+    unqueue(sc, s);
+    r->engine_data = NULL;
+    sc->st.finished++;
+    sreq_free(s);
+    kvw_req_finish(r, why);
+}
+
+/* Delivers one sampled token; returns 1 when the request is done. */
+static int deliver(sched_t *sc, sreq_t *s, uint32_t tok)
+{
+    kvw_req_t *r = s->req;
+    char buf[256];
+
+    s->n_out++;
+    sc->st.generation_tokens++;
+    if (tok == sc->be->eos_token_id && !r->ignore_eos) {
+        kvw_req_emit(r, tok, "", 0);
+        finish(sc, s, KVW_FINISH_STOP);
+        return 1;
+    }
+    size_t n = sc->text->detok(sc->text->ctx, tok, buf, sizeof(buf));
+    if (r->n_stop == 0) {
+        kvw_req_emit(r, tok, buf, n);
+    } else {
+        size_t maxl = 0;
+        for (size_t i = 0; i < r->n_stop; i++)
+            if (strlen(r->stop[i]) > maxl)
+                maxl = strlen(r->stop[i]);
+        size_t from = s->text_len > maxl ? s->text_len - maxl : 0;
+        if (append(&s->text, &s->text_len, &s->text_cap, buf, n)) {
+            finish(sc, s, KVW_FINISH_ABORT);
+            return 1;
+        }
+        long at = find_stop(r, s->text, s->text_len, from < s->text_sent ? s->text_sent : from);
+        size_t upto = at >= 0 ? (size_t)at : s->text_len - held_back(r, s->text, s->text_len);
+        if (upto < s->text_sent)
+            upto = s->text_sent;
+        kvw_req_emit(r, tok, s->text + s->text_sent, upto - s->text_sent);
+        s->text_sent = upto;
+        if (at >= 0) {
+            finish(sc, s, KVW_FINISH_STOP);
+            return 1;
+        }
+    }
+    if (s->n_out >= (size_t)r->max_tokens || s->n_tokens + 1 > sc->max_len) {
+        finish(sc, s, KVW_FINISH_LENGTH);
+        return 1;
+    }
+    return 0;
+}
+
+/* --- scheduling ----------------------------------------------------------- */
+
+static int batch_add(sched_t *sc, sreq_t *s, uint32_t n)
+{
+    if (sc->n_batch == sc->batch_cap) {
+        uint32_t c = sc->batch_cap ? sc->batch_cap * 2 : 64;
+        item_t *b = realloc(sc->batch, c * sizeof(*b));
+        if (b == NULL)
+            return -1;
+        sc->batch = b;
+        kvw_step_seq_t *q = realloc(sc->seqs, c * sizeof(*q));
+        if (q == NULL)
+            return -1;
+        sc->seqs = q;
+        sc->batch_cap = c;
+    }
+    item_t *it = &sc->batch[sc->n_batch++];
+    it->s = s;
+    it->n = n;
+    it->sample = s->n_computed + n == s->n_tokens;
+    s->in_batch = 1;
+    return 0;
+}
+
+/* Recompute: drop the blocks, back to the front of the queue. */
+static void preempt(sched_t *sc, sreq_t *s)
+{
+    kvw_blocks_release(sc->bm, &s->blocks);
+    unqueue(sc, s);
+    s->n_computed = 0;
+    s->decoding = 0;
+    q_push_front(&sc->waiting, s);
+    s->queue = Q_WAITING;
+    sc->st.preemptions++;
+}
+
+/* How many of the remaining tokens go into this step. */
+static uint32_t chunk_for(sched_t *sc, const sreq_t *s, uint32_t budget)
+{
+    size_t left = s->n_tokens - s->n_computed;
+    if (left <= budget)
+        return (uint32_t)left;
+    if (sc->base.cfg->enable_chunked_prefill)
+        return budget;
+    /* unchunked: a prompt over the budget runs alone rather than never */
+    return budget == (uint32_t)sc->base.cfg->max_num_batched_tokens ? (uint32_t)left : 0;
+}
+
+/* Running requests first; returns 1 if one had to be preempted. */
+static int schedule_running(sched_t *sc, uint32_t *budget)
+{
+    int preempted = 0;
+    sreq_t *s = sc->running.head;
+
+    while (s != NULL && *budget > 0) {
+        sreq_t *next = s->next;
+        uint32_t n = chunk_for(sc, s, *budget);
+        if (n == 0) {
+            s = next;
+            continue;
+        }
+        while (kvw_blocks_reserve(sc->bm, &s->blocks, s->n_computed + n) != 0) {
+            sreq_t *victim = sc->running.tail;
+            preempted = 1;
+            if (victim == s) {
+                preempt(sc, s);
+                return 1;
+            }
+            if (victim == next)
+                next = NULL;   /* the list ends before the victim */
+            preempt(sc, victim);
+        }
+        if (batch_add(sc, s, n))
+            return preempted;
+        *budget -= n;
+        s = next;
+    }
+    return preempted;
+}
+
+/*
+ * Admits waiting requests in order. The watermark check covers the whole
+ * prompt, so an admitted prompt is unlikely to be preempted mid-prefill;
+ * reused inactive blocks count against capacity as new ones do.
+ */
+static void schedule_waiting(sched_t *sc, uint32_t *budget)
+{
+    const kvw_config_t *cfg = sc->base.cfg;
+    uint32_t bs = kvw_blocks_block_size(sc->bm);
+    uint32_t reserve = (uint32_t)(cfg->watermark * kvw_blocks_total(sc->bm));
+
+    while (sc->waiting.head && *budget > 0 && sc->running.n < (uint32_t)cfg->max_num_seqs) {
+        sreq_t *s = sc->waiting.head;
+        uint32_t idle = 0, hits = 0;
+        if (cfg->enable_prefix_caching)
+            hits = kvw_blocks_lookup(sc->bm, s->seed, s->tokens, s->n_tokens, &idle);
+        uint32_t need = (uint32_t)((s->n_tokens + bs - 1) / bs) - hits + idle;
+        if ((uint64_t)need + reserve > kvw_blocks_available(sc->bm))
+            break;
+        size_t cached = 0;
+        if (cfg->enable_prefix_caching)
+            cached = kvw_blocks_acquire_prefix(sc->bm, &s->blocks, s->seed, s->tokens,
+                                               s->n_tokens);
+        else
+            s->blocks.seed = s->seed;
+        s->n_computed = cached;
+        uint32_t n = chunk_for(sc, s, *budget);
+        if (n == 0 || kvw_blocks_reserve(sc->bm, &s->blocks, s->n_computed + n) != 0) {
+            kvw_blocks_release(sc->bm, &s->blocks);
+            s->n_computed = 0;
+            break;
+        }
+        if (!s->admitted_once) {
+            s->admitted_once = 1;
+            s->req->cached_tokens = cached;
+            sc->st.cached_tokens += cached;
+        }
+        unqueue(sc, s);
+        q_push_back(&sc->running, s);
+        s->queue = Q_RUNNING;
+        if (batch_add(sc, s, n))
+            return;
+        *budget -= n;
+    }
+}
+
+static void start_step(sched_t *sc)
+{
+    uint32_t budget = (uint32_t)sc->base.cfg->max_num_batched_tokens;
+    double ms = 0;
+
+    sc->n_batch = 0;
+    if (!schedule_running(sc, &budget))
+        schedule_waiting(sc, &budget);
+    if (sc->n_batch == 0)
+        return;
+    for (uint32_t i = 0; i < sc->n_batch; i++) {
+        item_t *it = &sc->batch[i];
+        sreq_t *s = it->s;
+        kvw_step_seq_t *q = &sc->seqs[i];
+        memset(q, 0, sizeof(*q));
+        q->tokens = s->tokens + s->n_computed;
+        q->n_tokens = it->n;
+        q->pos = (uint32_t)s->n_computed;
+        q->block_table = s->blocks.table;
+        q->n_blocks = s->blocks.n;
+        q->cached = (uint32_t)s->req->cached_tokens;
+        q->sample = it->sample;
+        q->decode = s->decoding;
+        q->sampling.temperature = (float)s->req->temperature;
+        q->sampling.top_p = (float)s->req->top_p;
+        q->sampling.top_k = s->req->top_k;
+        q->sampling.rng = &s->rng;
+    }
+    if (sc->be->step(sc->be, sc->seqs, sc->n_batch, &ms) != 0)
+        ms = -1;
+    sc->st.steps++;
+    sc->busy = 1;
+
+    /*
+     * A simulated step starts where the previous one was due to end, not
+     * when its timer callback ran, so loop latency does not pile up over
+     * a generation; a loop more than 2 ms behind restarts from now.
+     */
+    uint64_t now = now_us();
+    uint64_t start = sc->due_us && sc->due_us + 2000 > now ? sc->due_us : now;
+    uint64_t wait = 0;
+    if (sc->be->simulated && ms > 0) {
+        sc->due_us = start + (uint64_t)(ms * 1000.0);
+        wait = sc->due_us > now ? sc->due_us - now : 0;
+    } else {
+        sc->due_us = now;
+    }
+    struct timeval tv = { (time_t)(wait / 1000000), (suseconds_t)(wait % 1000000) };
+    if (ms < 0)
+        sc->due_us = 0;     /* failed: abort the batch when the timer fires */
+    evtimer_add(sc->done, &tv);
+}
+
+static void end_step(evutil_socket_t fd, short what, void *arg)
+{
+    sched_t *sc = arg;
+    int failed = sc->due_us == 0;
+
+    sc->busy = 0;
+    for (uint32_t i = 0; i < sc->n_batch; i++) {
+        item_t *it = &sc->batch[i];
+        sreq_t *s = it->s;
+        s->in_batch = 0;
+        if (s->req == NULL) {       /* cancelled meanwhile; blocks already freed */
+            sreq_free(s);
+            continue;
+        }
+        if (failed) {
+            finish(sc, s, KVW_FINISH_ABORT);
+            continue;
+        }
+        if (s->queue != Q_RUNNING)  /* preempted after this step was planned: cannot be */
+            continue;
+        s->n_computed += it->n;
+        if (sc->base.cfg->enable_prefix_caching)
+            kvw_blocks_commit(sc->bm, &s->blocks, s->tokens, s->n_computed);
+        if (!it->sample)
+            continue;
+        s->decoding = 1;
+        uint32_t tok = sc->seqs[i].next_token;
+        if (s->n_tokens + 1 > s->cap) {
+            size_t c = s->cap * 2 + 16;
+            uint32_t *t = realloc(s->tokens, c * sizeof(uint32_t));
+            if (t == NULL) {
+                finish(sc, s, KVW_FINISH_ABORT);
+                continue;
+            }
+            s->tokens = t;
+            s->cap = c;
+        }
+        s->tokens[s->n_tokens++] = tok;
+        deliver(sc, s, tok);
+    }
+    sc->n_batch = 0;
+    kvw_blocks_flush(sc->bm);
+    if (sc->hook)
+        sc->hook(sc->hook_ctx, &sc->base);
+    if (sc->waiting.n || sc->running.n)
+        start_step(sc);
+    if (!sc->busy)
+        sc->due_us = 0;     /* idle: the next step starts from now */
+}
+
+static void on_kick(evutil_socket_t fd, short what, void *arg)
+{
+    sched_t *sc = arg;
+
+    if (!sc->busy)
+        start_step(sc);
+    if (!sc->busy)
+        sc->due_us = 0;
+}
+
+/* --- engine ops ------------------------------------------------------------ */
+
+static int sched_submit(kvw_engine_t *e, kvw_req_t *r)
+{
+    sched_t *sc = (sched_t *)e;
+
+    if (r->n_prompt == 0 || r->n_prompt + 1 > sc->max_len)
+        return KVW_SUBMIT_TOO_LONG;
+
+    sreq_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return -1;
+    s->cap = r->n_prompt + (size_t)(r->max_tokens < 4096 ? r->max_tokens : 4096) + 1;
+    s->tokens = malloc(s->cap * sizeof(uint32_t));
+    if (s->tokens == NULL) {
+        free(s);
+        return -1;
+    }
+    memcpy(s->tokens, r->prompt, r->n_prompt * sizeof(uint32_t));
+    s->n_tokens = r->n_prompt;
+    s->req = r;
+    s->seed = kv_hash_seed(r->cache_salt, r->cache_salt ? strlen(r->cache_salt) : 0);
+    /* tokens depend on the request's seed and position only: reruns agree */
+    s->rng = r->seed ? r->seed : kv_hash_block(r->prompt, r->n_prompt, 7);
+    r->engine_data = s;
+    q_push_back(&sc->waiting, s);
+    s->queue = Q_WAITING;
+    sc->st.requests++;
+    sc->st.prompt_tokens += r->n_prompt;
+    if (!sc->busy)
+        event_active(sc->kick, EV_TIMEOUT, 0);
+    return 0;
+}
+
+static void sched_cancel(kvw_engine_t *e, kvw_req_t *r)
+{
+    sched_t *sc = (sched_t *)e;
+    sreq_t *s = r->engine_data;
+
+    if (s == NULL)
+        return;
+    r->engine_data = NULL;
+    kvw_blocks_release(sc->bm, &s->blocks);
+    unqueue(sc, s);
+    s->req = NULL;
+    sc->st.cancelled++;
+    if (!s->in_batch)
+        sreq_free(s);
+}
+
+static void drop_queue(queue_t *q)
+{
+    while (q->head) {
+        sreq_t *s = q->head;
+        q_remove(q, s);
+        if (s->req) {
+            s->req->engine_data = NULL;
+            kvw_req_finish(s->req, KVW_FINISH_ABORT);
+        }
+        if (!s->in_batch)
+            sreq_free(s);
+    }
+}
+
+static void sched_destroy(kvw_engine_t *e)
+{
+    sched_t *sc = (sched_t *)e;
+
+    for (uint32_t i = 0; i < sc->n_batch; i++)
+        if (sc->batch[i].s->req == NULL)
+            sreq_free(sc->batch[i].s);
+    for (uint32_t i = 0; i < sc->n_batch; i++)
+        sc->batch[i].s->in_batch = 0;
+    drop_queue(&sc->waiting);
+    drop_queue(&sc->running);
+    event_free(sc->kick);
+    event_free(sc->done);
+    kvw_blocks_free(sc->bm);
+    sc->be->destroy(sc->be);
+    free(sc->batch);
+    free(sc->seqs);
+    free(sc);
+}
+
+static const kvw_engine_ops_t sched_ops = {
+    .name = "sched",
+    .submit = sched_submit,
+    .cancel = sched_cancel,
+    .destroy = sched_destroy,
+};
+
+kvw_engine_t *kvw_sched_create(const kvw_config_t *cfg, struct event_base *base, int index,
+                               kvw_backend_t *backend)
+{
+    sched_t *sc = calloc(1, sizeof(*sc));
+
+    if (sc == NULL || backend == NULL) {
+        free(sc);
+        return NULL;
+    }
+    sc->base.ops = &sched_ops;
+    sc->base.cfg = cfg;
+    sc->base.base = base;
+    sc->base.index = index;
+    sc->base.port = cfg->port + index;
+    sc->be = backend;
+    sc->text = cfg->text ? cfg->text : kvw_text_bytes();
+    sc->bm = kvw_blocks_new(backend->num_blocks ? backend->num_blocks : (uint32_t)cfg->num_blocks,
+                            backend->block_size ? backend->block_size : (uint32_t)cfg->block_size);
+    sc->kick = event_new(base, -1, 0, on_kick, sc);
+    sc->done = evtimer_new(base, end_step, sc);
+    if (sc->bm == NULL || sc->kick == NULL || sc->done == NULL) {
+        kvw_blocks_free(sc->bm);
+        if (sc->kick) event_free(sc->kick);
+        if (sc->done) event_free(sc->done);
+        free(sc);
+        return NULL;
+    }
+    /* the longest sequence that passes admission with nothing else running */
+    uint32_t bs = kvw_blocks_block_size(sc->bm), nb = kvw_blocks_total(sc->bm);
+    uint32_t reserve = (uint32_t)(cfg->watermark * nb);
+    sc->max_len = (size_t)(nb > reserve ? nb - reserve : 1) * bs;
+    if (backend->max_model_len && backend->max_model_len < sc->max_len)
+        sc->max_len = backend->max_model_len;
+    if (cfg->max_model_len > 0 && (size_t)cfg->max_model_len < sc->max_len)
+        sc->max_len = (size_t)cfg->max_model_len;
+    return &sc->base;
+}
+
+kvw_blocks_t *kvw_sched_blocks(kvw_engine_t *e) { return ((sched_t *)e)->bm; }
+kvw_backend_t *kvw_sched_backend(kvw_engine_t *e) { return ((sched_t *)e)->be; }
+
+void kvw_sched_set_step_hook(kvw_engine_t *e, kvw_step_hook_fn fn, void *ctx)
+{
+    sched_t *sc = (sched_t *)e;
+    sc->hook = fn;
+    sc->hook_ctx = ctx;
+}
+
+void kvw_sched_load(kvw_engine_t *e, kvw_sched_load_t *out)
+{
+    sched_t *sc = (sched_t *)e;
+    const kvw_blocks_stats_t *bs = kvw_blocks_stats(sc->bm);
+
+    *out = sc->st;
+    out->waiting = sc->waiting.n;
+    out->running = sc->running.n;
+    out->active_prefill_tokens = 0;
+    for (sreq_t *s = sc->waiting.head; s; s = s->next)
+        out->active_prefill_tokens += s->n_tokens - s->n_computed;
+    for (sreq_t *s = sc->running.head; s; s = s->next)
+        if (!s->decoding)
+            out->active_prefill_tokens += s->n_tokens - s->n_computed;
+    out->kv_active_blocks = kvw_blocks_active(sc->bm);
+    out->active_decode_blocks = out->kv_active_blocks;
+    out->kv_used_blocks = kvw_blocks_used(sc->bm);
+    out->num_blocks = kvw_blocks_total(sc->bm);
+    out->block_size = kvw_blocks_block_size(sc->bm);
+    out->prefix_query_tokens = bs->lookups_tokens;
+    out->prefix_hit_tokens = bs->hit_tokens;
+}

@@ -1,0 +1,41 @@
+/*
+ * Text <-> tokens, in one place. The HTTP front tokenizes prompts and
+ * renders chat messages; the scheduler turns sampled token ids back into
+ * text (stop strings, responses). Until the shared tokenizer
+ * (src/core/kv_tokenizer.h) and chat templates (kv_chat.h) are wired in,
+ * kvw_text_bytes() is the stand-in: one token per byte, and chat messages
+ * rendered as "role: content\n" lines.
+ */
+#ifndef KVW_TEXT_H
+#define KVW_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "kvw_openai.h"     /* kvw_tokenize_fn */
+
+/* Renders a chat "messages" array into prompt text (malloc'd); -1 with err. */
+typedef int (*kvw_render_fn)(void *ctx, json_t *messages, char **text, size_t *len,
+                             char *err, size_t errlen);
+
+/* The bytes of one token into buf (cap bytes); returns the length. */
+typedef size_t (*kvw_detok_fn)(void *ctx, uint32_t token, char *buf, size_t cap);
+
+typedef struct kvw_text {
+    kvw_tokenize_fn tokenize;
+    kvw_render_fn   render;
+    kvw_detok_fn    detok;
+    void           *ctx;
+} kvw_text_t;
+
+/* The byte-per-token stand-in. */
+const kvw_text_t *kvw_text_bytes(void);
+
+long   kvw_bytes_tokenize(void *ctx, const char *text, size_t len, uint32_t **ids);
+int    kvw_plain_render(void *ctx, json_t *messages, char **text, size_t *len,
+                        char *err, size_t errlen);
+size_t kvw_bytes_detok(void *ctx, uint32_t token, char *buf, size_t cap);
+
+#endif
