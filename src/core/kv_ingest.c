@@ -1,0 +1,449 @@
+/*
+ * Event ingestion: the NATS side (connection, subscriptions, JetStream).
+ * The per-worker logic is in kv_ingest_sync.c.
+ *
+ * Serialisation: cnats calls each subscription's handler on that
+ * subscription's delivery thread; every handler and kv_ingest_tick take
+ * ing->mu, so index and registry writes never overlap. Connection
+ * callbacks only touch atomic status words and the epoch counter, which
+ * tick turns into discover + resync under the mutex.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kv_ingest_int.h"
+
+#define DEFAULT_PREFIX "namespace.dynamo.component.backend"
+#define MAX_SERVERS 16
+
+uint64_t kv_ingest_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+void kv_ingest_log(kv_ingest_t *ing, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvingest: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+int kv_ingest_connected(kv_ingest_t *ing)
+{
+    return ing->nc != NULL && natsConnection_Status(ing->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
+/* --- config ------------------------------------------------------------- */
+
+static const char *dup_opt(char **pool, const char *s)
+{
+    if (s == NULL)
+        return NULL;
+    size_t n = strlen(s) + 1;
+    memcpy(*pool, s, n);
+    *pool += n;
+    return *pool - n;
+}
+
+static int copy_config(kv_ingest_t *ing, const kv_ingest_config_t *cfg)
+{
+    const char *const *f[] = {&cfg->servers, &cfg->prefix, &cfg->event_subject, &cfg->stream,
+                              &cfg->durable, &cfg->user, &cfg->password, &cfg->token,
+                              &cfg->creds, &cfg->tls_ca, &cfg->tls_cert, &cfg->tls_key};
+    size_t total = 0;
+    for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++)
+        total += *f[k] ? strlen(*f[k]) + 1 : 0;
+    ing->strings = malloc(total + 1);
+    if (ing->strings == NULL)
+        return -1;
+    char *pool = ing->strings;
+    ing->cfg = *cfg;
+    ing->cfg.servers = dup_opt(&pool, cfg->servers);
+    ing->cfg.prefix = dup_opt(&pool, cfg->prefix);
+    ing->cfg.event_subject = dup_opt(&pool, cfg->event_subject);
+    ing->cfg.stream = dup_opt(&pool, cfg->stream);
+    ing->cfg.durable = dup_opt(&pool, cfg->durable);
+    ing->cfg.user = dup_opt(&pool, cfg->user);
+    ing->cfg.password = dup_opt(&pool, cfg->password);
+    ing->cfg.token = dup_opt(&pool, cfg->token);
+    ing->cfg.creds = dup_opt(&pool, cfg->creds);
+    ing->cfg.tls_ca = dup_opt(&pool, cfg->tls_ca);
+    ing->cfg.tls_cert = dup_opt(&pool, cfg->tls_cert);
+    ing->cfg.tls_key = dup_opt(&pool, cfg->tls_key);
+    return 0;
+}
+
+static void defaults(kv_ingest_config_t *c)
+{
+    if (c->stale_lag_ms == 0)
+        c->stale_lag_ms = 1000;
+    if (c->dump_timeout_ms == 0)
+        c->dump_timeout_ms = 2000;
+    if (c->reconnect_wait_ms == 0)
+        c->reconnect_wait_ms = 250;
+    if (c->buffer_events == 0)
+        c->buffer_events = 4096;
+    if (c->buffer_blocks == 0)
+        c->buffer_blocks = 262144;
+    if (c->heartbeat_timeout_ms && c->heartbeat_timeout_ms < 3000)
+        c->heartbeat_timeout_ms = 3000;
+}
+
+kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
+                              kv_registry_t *reg, char *err, size_t errlen)
+{
+    if (cfg == NULL || cfg->servers == NULL || cfg->servers[0] == '\0' || ix == NULL
+        || reg == NULL) {
+        snprintf(err, errlen, "kv_ingest: servers, index and registry are required");
+        return NULL;
+    }
+    if ((cfg->stream == NULL) != (cfg->durable == NULL)) {
+        snprintf(err, errlen, "kv_ingest: jetstream needs both a stream and a durable name");
+        return NULL;
+    }
+    const char *prefix = cfg->prefix && cfg->prefix[0] ? cfg->prefix : DEFAULT_PREFIX;
+    if (strlen(prefix) > 200 || (cfg->event_subject && strlen(cfg->event_subject) > 300)) {
+        snprintf(err, errlen, "kv_ingest: subject prefix too long");
+        return NULL;
+    }
+    kv_ingest_t *ing = calloc(1, sizeof(*ing));
+    if (ing == NULL || copy_config(ing, cfg) < 0) {
+        free(ing);
+        snprintf(err, errlen, "kv_ingest: out of memory");
+        return NULL;
+    }
+    defaults(&ing->cfg);
+    ing->ix = ix;
+    ing->reg = reg;
+    snprintf(ing->prefix, sizeof(ing->prefix), "%s", prefix);
+    if (ing->cfg.event_subject)
+        snprintf(ing->ev_subject, sizeof(ing->ev_subject), "%s", ing->cfg.event_subject);
+    else
+        snprintf(ing->ev_subject, sizeof(ing->ev_subject), "%s.kv-events", prefix);
+    snprintf(ing->hb_subject, sizeof(ing->hb_subject), "%s.kvroute.heartbeat", prefix);
+    snprintf(ing->discover_subject, sizeof(ing->discover_subject), "%s.kvroute.discover",
+             prefix);
+    pthread_mutex_init(&ing->mu, NULL);
+    kv_event_batch_init(&ing->batch);
+    ing->max_workers = kv_registry_max_workers(reg);
+    ing->wk = calloc(ing->max_workers, sizeof(*ing->wk));
+    ing->scratch_cap = 4096;
+    ing->scratch = malloc(ing->scratch_cap * sizeof(*ing->scratch));
+    if (ing->wk == NULL || ing->scratch == NULL) {
+        kv_ingest_destroy(ing);
+        snprintf(err, errlen, "kv_ingest: out of memory");
+        return NULL;
+    }
+    /* this helper trusts nothing it finds: announced workers resync, the
+     * rest are forgotten and rebuilt from events */
+    kv_registry_reset(reg);
+    return ing;
+}
+
+/* --- handlers ----------------------------------------------------------- */
+
+static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    kv_ingest_t *ing = closure;
+    char err[200];
+    pthread_mutex_lock(&ing->mu);
+    if (!ing->stopping) {
+        uint64_t now = kv_ingest_now_ms();
+        kv_registry_status_add(ing->reg, ST(messages), 1);
+        if (kv_event_decode(&ing->batch, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
+                            err, sizeof(err)) != 0) {
+            kv_registry_status_add(ing->reg, ST(decode_errors), 1);
+            if (ing->cfg.verbose)
+                kv_ingest_log(ing, "event dropped: %s", err);
+        } else {
+            kv_sync_events(ing, &ing->batch, now);
+        }
+        if (ing->js)
+            natsMsg_Ack(msg, NULL);     /* applied (or counted bad): never again */
+    }
+    pthread_mutex_unlock(&ing->mu);
+    natsMsg_Destroy(msg);
+}
+
+static void on_heartbeat(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    kv_ingest_t *ing = closure;
+    pthread_mutex_lock(&ing->mu);
+    if (!ing->stopping)
+        kv_sync_heartbeat(ing, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
+                          kv_ingest_now_ms());
+    pthread_mutex_unlock(&ing->mu);
+    natsMsg_Destroy(msg);
+}
+
+static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
+{
+    kv_ingest_t *ing = closure;
+    const char *subj = natsMsg_GetSubject(msg);
+    const char *dot = strrchr(subj, '.');
+    uint64_t seq = dot ? strtoull(dot + 1, NULL, 10) : 0;
+    pthread_mutex_lock(&ing->mu);
+    if (!ing->stopping && seq)
+        kv_sync_dump_chunk(ing, seq, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
+                           kv_ingest_now_ms());
+    pthread_mutex_unlock(&ing->mu);
+    natsMsg_Destroy(msg);
+}
+
+static void on_connected(natsConnection *nc, void *closure)
+{
+    kv_ingest_t *ing = closure;
+    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CONNECTED);
+    kv_registry_status_add(ing->reg, ST(connects), 1);
+    __atomic_fetch_add(&ing->conn_epoch, 1, __ATOMIC_RELEASE);
+}
+
+static void on_disconnected(natsConnection *nc, void *closure)
+{
+    kv_ingest_t *ing = closure;
+    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_RECONNECTING);
+    kv_registry_status_add(ing->reg, ST(disconnects), 1);
+}
+
+static void on_closed(natsConnection *nc, void *closure)
+{
+    kv_ingest_t *ing = closure;
+    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CLOSED);
+}
+
+/* --- connection --------------------------------------------------------- */
+
+static int set_servers(kv_ingest_t *ing, char *err, size_t errlen)
+{
+    char buf[1024];
+    const char *urls[MAX_SERVERS];
+    int n = 0;
+    snprintf(buf, sizeof(buf), "%s", ing->cfg.servers);
+    for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok && n < MAX_SERVERS;
+         tok = strtok_r(NULL, ", ", &save))
+        urls[n++] = tok;
+    if (n == 0 || natsOptions_SetServers(ing->opts, urls, n) != NATS_OK) {
+        snprintf(err, errlen, "kv_ingest: bad server list '%s'", ing->cfg.servers);
+        return -1;
+    }
+    return 0;
+}
+
+static int set_auth_tls(kv_ingest_t *ing, char *err, size_t errlen)
+{
+    kv_ingest_config_t *c = &ing->cfg;
+    natsStatus s = NATS_OK;
+    if (c->user)
+        s = natsOptions_SetUserInfo(ing->opts, c->user, c->password ? c->password : "");
+    if (s == NATS_OK && c->token)
+        s = natsOptions_SetToken(ing->opts, c->token);
+    if (s == NATS_OK && c->creds)
+        s = natsOptions_SetUserCredentialsFromFiles(ing->opts, c->creds, NULL);
+    if (s == NATS_OK && (c->tls || c->tls_ca || c->tls_cert))
+        s = natsOptions_SetSecure(ing->opts, true);
+    if (s == NATS_OK && c->tls_ca)
+        s = natsOptions_LoadCATrustedCertificates(ing->opts, c->tls_ca);
+    if (s == NATS_OK && c->tls_cert)
+        s = natsOptions_LoadCertificatesChain(ing->opts, c->tls_cert,
+                                              c->tls_key ? c->tls_key : c->tls_cert);
+    if (s == NATS_OK && c->tls_no_verify)
+        s = natsOptions_SkipServerVerification(ing->opts, true);
+    if (s != NATS_OK) {
+        snprintf(err, errlen, "kv_ingest: auth/TLS options: %s", natsStatus_GetText(s));
+        return -1;
+    }
+    return 0;
+}
+
+static natsStatus subscribe(kv_ingest_t *ing, natsSubscription **sub, const char *subj,
+                            natsMsgHandler cb)
+{
+    natsStatus s = natsConnection_Subscribe(sub, ing->nc, subj, cb, ing);
+    if (s == NATS_OK)       /* bursts of events must not be dropped as slow consumer */
+        s = natsSubscription_SetPendingLimits(*sub, 1 << 20, 1 << 30);
+    return s;
+}
+
+int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
+{
+    natsStatus s = natsOptions_Create(&ing->opts);
+    if (s != NATS_OK) {
+        snprintf(err, errlen, "kv_ingest: natsOptions_Create: %s", natsStatus_GetText(s));
+        return -1;
+    }
+    if (set_servers(ing, err, errlen) < 0 || set_auth_tls(ing, err, errlen) < 0)
+        return -1;
+    natsOptions_SetName(ing->opts, "kvroute-ingest");
+    natsOptions_SetRetryOnFailedConnect(ing->opts, true, on_connected, ing);
+    natsOptions_SetMaxReconnect(ing->opts, -1);
+    natsOptions_SetReconnectWait(ing->opts, ing->cfg.reconnect_wait_ms);
+    natsOptions_SetReconnectJitter(ing->opts, 100, 1000);
+    natsOptions_SetTimeout(ing->opts, 2000);
+    natsOptions_SetReconnectedCB(ing->opts, on_connected, ing);
+    natsOptions_SetDisconnectedCB(ing->opts, on_disconnected, ing);
+    natsOptions_SetClosedCB(ing->opts, on_closed, ing);
+    natsOptions_SetMaxPendingMsgs(ing->opts, 1 << 20);
+
+    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CONNECTING);
+    s = natsConnection_Connect(&ing->nc, ing->opts);
+    if (s == NATS_OK)
+        on_connected(ing->nc, ing);     /* connected at once: no callback */
+    else if (s != NATS_NOT_YET_CONNECTED) {
+        snprintf(err, errlen, "kv_ingest: connect: %s", natsStatus_GetText(s));
+        return -1;
+    }
+    natsInbox *inbox = NULL;
+    natsInbox_Create(&inbox);
+    snprintf(ing->inbox, sizeof(ing->inbox), "%s", inbox ? (const char *)inbox : "_INBOX.kvroute");
+    natsInbox_Destroy(inbox);
+    char dump_subj[160];
+    snprintf(dump_subj, sizeof(dump_subj), "%s.*", ing->inbox);
+
+    /* subscriptions made before the connection is up are sent once it is */
+    s = subscribe(ing, &ing->hb_sub, ing->hb_subject, on_heartbeat);
+    if (s == NATS_OK)
+        s = subscribe(ing, &ing->dump_sub, dump_subj, on_dump);
+    if (s == NATS_OK && ing->cfg.stream == NULL)
+        s = subscribe(ing, &ing->ev_sub, ing->ev_subject, on_event);
+    if (s != NATS_OK) {
+        snprintf(err, errlen, "kv_ingest: subscribe: %s", natsStatus_GetText(s));
+        return -1;
+    }
+    if (ing->cfg.verbose)
+        kv_ingest_log(ing, "subscribed to %s and %s (%s)", ing->ev_subject, ing->hb_subject,
+                      ing->cfg.stream ? "jetstream" : "core");
+    return 0;
+}
+
+/* Durable push consumer on the stream (created if absent, with the stream
+ * itself if that is absent): replays what was published while we were
+ * away. Needs the server, so tick retries it until it works. */
+static int jetstream_setup(kv_ingest_t *ing)
+{
+    jsErrCode jerr = 0;
+    natsStatus s = NATS_OK;
+    if (ing->js == NULL)
+        s = natsConnection_JetStream(&ing->js, ing->nc, NULL);
+    jsStreamInfo *si = NULL;
+    if (s == NATS_OK)
+        s = js_GetStreamInfo(&si, ing->js, ing->cfg.stream, NULL, &jerr);
+    if (s == NATS_NOT_FOUND) {
+        jsStreamConfig sc;
+        const char *subjects[1] = {ing->ev_subject};
+        jsStreamConfig_Init(&sc);
+        sc.Name = ing->cfg.stream;
+        sc.Subjects = subjects;
+        sc.SubjectsLen = 1;
+        sc.Storage = js_FileStorage;
+        s = js_AddStream(&si, ing->js, &sc, NULL, &jerr);
+    }
+    jsStreamInfo_Destroy(si);
+    if (s == NATS_OK) {
+        jsSubOptions so;
+        jsSubOptions_Init(&so);
+        so.Stream = ing->cfg.stream;
+        so.ManualAck = true;
+        so.Config.Durable = ing->cfg.durable;
+        so.Config.AckPolicy = js_AckExplicit;
+        so.Config.DeliverPolicy = js_DeliverAll;
+        so.Config.MaxAckPending = 1 << 16;
+        s = js_Subscribe(&ing->ev_sub, ing->js, ing->ev_subject, on_event, ing, NULL, &so,
+                         &jerr);
+        if (s == NATS_OK)
+            natsSubscription_SetPendingLimits(ing->ev_sub, 1 << 20, 1 << 30);
+    }
+    if (s != NATS_OK) {
+        if (ing->cfg.verbose)
+            kv_ingest_log(ing, "jetstream %s/%s: %s (js error %d); retrying", ing->cfg.stream,
+                          ing->cfg.durable, natsStatus_GetText(s), (int)jerr);
+        return -1;
+    }
+    if (ing->cfg.verbose)
+        kv_ingest_log(ing, "jetstream consumer %s on %s bound", ing->cfg.durable, ing->cfg.stream);
+    return 0;
+}
+
+void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
+{
+    pthread_mutex_lock(&ing->mu);
+    if (ing->stopping || ing->nc == NULL) {
+        pthread_mutex_unlock(&ing->mu);
+        return;
+    }
+    int connected = kv_ingest_connected(ing);
+    uint64_t epoch = __atomic_load_n(&ing->conn_epoch, __ATOMIC_ACQUIRE);
+    int reconnected = 0;
+    if (connected && epoch != ing->seen_epoch) {
+        reconnected = ing->seen_epoch != 0;
+        ing->seen_epoch = epoch;
+        natsConnection_PublishString(ing->nc, ing->discover_subject, "{}");
+        natsConnection_Flush(ing->nc);
+        if (ing->cfg.verbose)
+            kv_ingest_log(ing, "connected (epoch %" PRIu64 "): discover sent", epoch);
+    }
+    if (connected && ing->cfg.stream && ing->ev_sub == NULL && now_ms >= ing->js_retry_ms
+        && jetstream_setup(ing) < 0)
+        ing->js_retry_ms = now_ms + 1000;
+    kv_sync_tick(ing, now_ms, reconnected);
+    kv_registry_status_set(ing->reg, ST(updated_ms), now_ms);
+    pthread_mutex_unlock(&ing->mu);
+}
+
+static void unsubscribe(natsSubscription **sub)
+{
+    if (*sub == NULL)
+        return;
+    natsSubscription_Unsubscribe(*sub);
+    natsSubscription_Destroy(*sub);
+    *sub = NULL;
+}
+
+void kv_ingest_stop(kv_ingest_t *ing)
+{
+    pthread_mutex_lock(&ing->mu);
+    ing->stopping = 1;          /* handlers still in flight return at once */
+    pthread_mutex_unlock(&ing->mu);
+    if (ing->nc)
+        natsConnection_Close(ing->nc);
+    unsubscribe(&ing->ev_sub);
+    unsubscribe(&ing->hb_sub);
+    unsubscribe(&ing->dump_sub);
+    if (ing->js) {
+        jsCtx_Destroy(ing->js);
+        ing->js = NULL;
+    }
+    if (ing->nc) {
+        natsConnection_Destroy(ing->nc);
+        ing->nc = NULL;
+    }
+    if (ing->opts) {
+        natsOptions_Destroy(ing->opts);
+        ing->opts = NULL;
+    }
+    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CLOSED);
+}
+
+void kv_ingest_destroy(kv_ingest_t *ing)
+{
+    if (ing == NULL)
+        return;
+    if (ing->nc)
+        kv_ingest_stop(ing);
+    if (ing->wk)
+        kv_sync_free(ing);
+    kv_event_batch_free(&ing->batch);
+    pthread_mutex_destroy(&ing->mu);
+    free(ing->wk);
+    free(ing->scratch);
+    free(ing->strings);
+    free(ing);
+}

@@ -1,0 +1,63 @@
+/*
+ * Event ingestion: keeps a kv_index and a kv_registry in step with what
+ * the workers publish over NATS (docs/PROTOCOL.md, router side).
+ *
+ *   P.kv-events           KV events (Dynamo RouterEvent, JSON or msgpack)
+ *   P.kvroute.heartbeat   announce / heartbeat: registry, timeouts, lag
+ *   P.kvroute.discover    published after every (re)connect
+ *   P.kvroute.dump.<id>   request/reply: a worker's whole state (resync)
+ *
+ * Threading: cnats delivers messages on its own threads; every handler and
+ * kv_ingest_tick take one mutex (ing->mu) before touching the index or the
+ * registry, so the index sees exactly one writer at a time. The caller must
+ * hold the registry lease while the ingester runs.
+ *
+ * Pure C, no nginx: the nginx helper process and tools/kvingest host it.
+ */
+#ifndef KV_INGEST_H
+#define KV_INGEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_index.h"
+#include "kv_registry.h"
+
+typedef struct kv_ingest kv_ingest_t;
+
+typedef struct {
+    const char *servers;            /* "nats://h:p[,nats://h:p...]" (required) */
+    const char *prefix;             /* default "namespace.dynamo.component.backend" */
+    const char *event_subject;      /* default prefix + ".kv-events" */
+    const char *stream;             /* JetStream stream (NULL: core NATS) */
+    const char *durable;            /* JetStream durable consumer name */
+    const char *user, *password;
+    const char *token;
+    const char *creds;              /* credentials file */
+    const char *tls_ca, *tls_cert, *tls_key;
+    int         tls;                /* require TLS */
+    int         tls_no_verify;      /* skip server certificate verification */
+    uint32_t    heartbeat_timeout_ms;   /* 0: 3 x announced interval, at least 3000 */
+    uint32_t    stale_lag_ms;       /* applied behind announced this long: resync; default 1000 */
+    uint32_t    dump_timeout_ms;    /* default 2000 */
+    uint32_t    reconnect_wait_ms;  /* default 250 */
+    uint32_t    buffer_events;      /* per worker while resyncing; default 4096 */
+    uint32_t    buffer_blocks;      /* per worker while resyncing; default 262144 */
+    int         verbose;            /* log to stderr */
+} kv_ingest_config_t;
+
+kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
+                              kv_registry_t *reg, char *err, size_t errlen);
+/* Connects in the background (retrying forever); never blocks on NATS. */
+int  kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen);
+/* Timeouts, resync retries, discover after (re)connect, JetStream setup.
+ * Call every 50-250 ms with a monotonic-ish wall clock in ms. */
+void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms);
+/* Disconnects and waits for cnats threads to stop delivering. */
+void kv_ingest_stop(kv_ingest_t *ing);
+void kv_ingest_destroy(kv_ingest_t *ing);
+
+/* Milliseconds since the epoch (what heartbeats and envelopes carry). */
+uint64_t kv_ingest_now_ms(void);
+
+#endif

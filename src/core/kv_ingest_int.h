@@ -1,0 +1,96 @@
+/*
+ * Internals shared by kv_ingest.c (NATS plumbing) and kv_ingest_sync.c
+ * (per-worker consistency: event ids, buffering, dumps, timeouts).
+ * Everything here runs with ing->mu held.
+ */
+#ifndef KV_INGEST_INT_H
+#define KV_INGEST_INT_H
+
+#include <pthread.h>
+
+#include <nats/nats.h>
+
+#include "kv_event.h"
+#include "kv_ingest.h"
+
+/* Events held back while a worker resyncs; blocks/hashes by offset into
+ * the shared arrays so the buffer can grow. */
+typedef struct {
+    kv_event_t  ev;             /* blocks/hashes pointers unused here */
+    size_t      off;            /* into blocks or hashes */
+} kv_buf_event_t;
+
+typedef struct {
+    kv_buf_event_t      *ev;
+    size_t               n, cap;
+    kv_stored_block_t   *blocks;
+    size_t               nb, capb;
+    uint64_t            *hashes;
+    size_t               nh, caph;
+    int                  overflow;  /* events were dropped: resync again */
+} kv_evbuf_t;
+
+typedef struct {
+    uint64_t    worker_id;
+    uint32_t    dp_rank;
+    uint32_t    state;          /* kv_worker_state_t */
+    int         used;
+    int         announced;      /* announced to THIS helper: resyncable */
+    uint64_t    instance_id;
+    uint64_t    last_applied;
+    uint64_t    last_announced;
+    uint64_t    last_seen_ms;
+    uint64_t    interval_ms;
+    uint64_t    behind_since_ms;
+    int         need_resync;
+    uint64_t    resync_after_ms;
+    uint64_t    dump_seq;       /* in flight when state == RESYNCING */
+    uint64_t    dump_deadline_ms;
+    uint32_t    dump_next_chunk;
+    kv_evbuf_t  buf;
+} kv_wstate_t;
+
+struct kv_ingest {
+    kv_ingest_config_t  cfg;
+    char               *strings;    /* owned copies of cfg strings */
+    char                prefix[256];
+    char                ev_subject[320];
+    char                hb_subject[320];
+    char                discover_subject[320];
+    char                inbox[128];     /* dump replies: inbox.<seq> */
+    kv_index_t         *ix;
+    kv_registry_t      *reg;
+    pthread_mutex_t     mu;
+    int                 stopping;
+
+    natsOptions        *opts;
+    natsConnection     *nc;
+    jsCtx              *js;
+    natsSubscription   *ev_sub, *hb_sub, *dump_sub;
+    uint64_t            conn_epoch;     /* bumped by (re)connect callbacks (atomic) */
+    uint64_t            seen_epoch;     /* handled by tick */
+    uint64_t            js_retry_ms;
+
+    kv_event_batch_t    batch;
+    kv_stored_block_t  *scratch;        /* dump chunk -> stored events */
+    size_t              scratch_cap;
+    uint64_t            dump_counter;
+    uint32_t            max_workers;
+    kv_wstate_t        *wk;             /* by registry record index */
+};
+
+void kv_ingest_log(kv_ingest_t *ing, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+int  kv_ingest_connected(kv_ingest_t *ing);
+
+/* kv_ingest_sync.c */
+void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, uint64_t now_ms);
+void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t now_ms);
+void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t len,
+                        uint64_t now_ms);
+void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int reconnected);
+void kv_sync_free(kv_ingest_t *ing);
+
+#define ST(field) KV_STATUS_OFF(field)
+
+#endif

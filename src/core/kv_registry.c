@@ -1,0 +1,289 @@
+/*
+ * Worker registry in a fixed region (see kv_registry.h).
+ *
+ * Layout: header | records[max_workers]. Offsets only.
+ *
+ * Seqlock per record: the writer makes seq odd, writes, then makes it even
+ * again (release); a reader copies the record between two loads of seq and
+ * retries if seq was odd or changed. The copy may race with the writer, so
+ * it goes through relaxed atomic word loads, never torn words, and the
+ * sequence check throws away any mix of old and new.
+ *
+ * Lease: one 64-bit word, pid in the high half, generation in the low.
+ * Acquire CASes from a free or dead holder to (pid, gen + 1), so a stale
+ * helper that wakes up finds a different generation and knows it lost.
+ */
+#include "kv_registry.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#define REG_MAGIC   0x6b76726567310000ull   /* "kvreg1" */
+#define REG_VERSION 1u
+
+typedef struct {
+    uint64_t        seq;
+    kv_worker_rec_t rec;
+} reg_slot_t;
+
+struct kv_registry {
+    uint64_t            magic;
+    uint32_t            version;
+    uint32_t            max_workers;
+    uint64_t            size;
+    uint64_t            lease;          /* pid << 32 | generation */
+    uint64_t            high;           /* records ever used: bound for scans */
+    uint64_t            status[KV_REGISTRY_STATUS_FIELDS];
+    reg_slot_t          slots[];
+};
+
+size_t kv_registry_min_size(uint32_t max_workers)
+{
+    if (max_workers == 0)
+        max_workers = 256;
+    return sizeof(kv_registry_t) + (size_t)max_workers * sizeof(reg_slot_t);
+}
+
+kv_registry_t *kv_registry_create(void *region, size_t size, uint32_t max_workers,
+                                  char *err, size_t errlen)
+{
+    if (max_workers == 0)
+        max_workers = 256;
+    if (region == NULL || ((uintptr_t)region & 7) != 0) {
+        snprintf(err, errlen, "registry region is NULL or not 8-byte aligned");
+        return NULL;
+    }
+    if (size < kv_registry_min_size(max_workers)) {
+        snprintf(err, errlen, "registry region of %zu bytes is below the %zu needed for %u workers",
+                 size, kv_registry_min_size(max_workers), max_workers);
+        return NULL;
+    }
+    kv_registry_t *reg = region;
+    memset(reg, 0, kv_registry_min_size(max_workers));
+    reg->version = REG_VERSION;
+    reg->max_workers = max_workers;
+    reg->size = size;
+    __atomic_store_n(&reg->magic, REG_MAGIC, __ATOMIC_RELEASE);
+    return reg;
+}
+
+kv_registry_t *kv_registry_open(void *region, size_t size)
+{
+    kv_registry_t *reg = region;
+    if (reg == NULL || size < sizeof(*reg))
+        return NULL;
+    if (__atomic_load_n(&reg->magic, __ATOMIC_ACQUIRE) != REG_MAGIC
+        || reg->version != REG_VERSION || reg->size != size
+        || size < kv_registry_min_size(reg->max_workers))
+        return NULL;
+    return reg;
+}
+
+uint32_t kv_registry_max_workers(const kv_registry_t *reg)
+{
+    return reg->max_workers;
+}
+
+/* --- lease -------------------------------------------------------------- */
+
+static int pid_dead(pid_t pid)
+{
+    return kill(pid, 0) == -1 && errno == ESRCH;
+}
+
+int kv_registry_lease_acquire(kv_registry_t *reg, pid_t pid, uint32_t *gen)
+{
+    uint64_t cur = __atomic_load_n(&reg->lease, __ATOMIC_ACQUIRE);
+    for (;;) {
+        pid_t holder = (pid_t)(cur >> 32);
+        uint32_t g = (uint32_t)cur;
+        if (holder != 0 && holder != pid && !pid_dead(holder))
+            return -1;
+        uint64_t next = ((uint64_t)(uint32_t)pid << 32) | (uint32_t)(g + 1);
+        if (__atomic_compare_exchange_n(&reg->lease, &cur, next, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            if (gen)
+                *gen = g + 1;
+            return 0;
+        }
+    }
+}
+
+int kv_registry_lease_held(const kv_registry_t *reg, pid_t pid, uint32_t gen)
+{
+    uint64_t cur = __atomic_load_n(&reg->lease, __ATOMIC_ACQUIRE);
+    return cur == (((uint64_t)(uint32_t)pid << 32) | gen);
+}
+
+void kv_registry_lease_release(kv_registry_t *reg, pid_t pid, uint32_t gen)
+{
+    uint64_t cur = ((uint64_t)(uint32_t)pid << 32) | gen;
+    /* generation stays, so the next holder's is larger */
+    __atomic_compare_exchange_n(&reg->lease, &cur, (uint64_t)gen, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+}
+
+pid_t kv_registry_lease_owner(const kv_registry_t *reg, uint32_t *gen)
+{
+    uint64_t cur = __atomic_load_n(&reg->lease, __ATOMIC_ACQUIRE);
+    if (gen)
+        *gen = (uint32_t)cur;
+    return (pid_t)(cur >> 32);
+}
+
+/* --- records ------------------------------------------------------------ */
+
+kv_worker_rec_t *kv_registry_write_begin(kv_registry_t *reg, int i)
+{
+    reg_slot_t *s = &reg->slots[i];
+    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);    /* odd seq before the data */
+    return &s->rec;
+}
+
+void kv_registry_write_end(kv_registry_t *reg, int i)
+{
+    reg_slot_t *s = &reg->slots[i];
+    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+}
+
+static void copy_words(void *dst, const void *src, size_t n)
+{
+    uint64_t *d = dst;
+    const uint64_t *sw = src;
+    for (size_t k = 0; k < n / sizeof(uint64_t); k++)
+        d[k] = __atomic_load_n(&sw[k], __ATOMIC_RELAXED);
+}
+
+_Static_assert(sizeof(kv_worker_rec_t) % sizeof(uint64_t) == 0, "record is whole words");
+
+int kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
+{
+    if (i < 0 || (uint32_t)i >= reg->max_workers)
+        return -1;
+    const reg_slot_t *s = &reg->slots[i];
+    for (;;) {
+        uint64_t s1 = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+        if (s1 & 1)
+            continue;
+        copy_words(out, &s->rec, sizeof(*out));
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == s1)
+            break;
+    }
+    return out->state == KV_WORKER_FREE ? -1 : 0;
+}
+
+static uint32_t scan_bound(const kv_registry_t *reg)
+{
+    uint64_t h = __atomic_load_n(&reg->high, __ATOMIC_ACQUIRE);
+    return h < reg->max_workers ? (uint32_t)h : reg->max_workers;
+}
+
+int kv_registry_find(const kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank)
+{
+    kv_worker_rec_t r;
+    uint32_t n = scan_bound(reg);
+    for (uint32_t i = 0; i < n; i++)
+        if (kv_registry_read(reg, (int)i, &r) == 0 && r.worker_id == worker_id
+            && r.dp_rank == dp_rank)
+            return (int)i;
+    return -1;
+}
+
+int kv_registry_find_address(const kv_registry_t *reg, const char *addr, int *from,
+                             kv_worker_rec_t *out)
+{
+    kv_worker_rec_t r;
+    uint32_t n = scan_bound(reg);
+    for (uint32_t i = from ? (uint32_t)*from : 0; i < n; i++) {
+        if (kv_registry_read(reg, (int)i, &r) != 0)
+            continue;
+        r.address[KV_REGISTRY_ADDR_MAX - 1] = '\0';
+        if (strcmp(r.address, addr) == 0) {
+            if (from)
+                *from = (int)i + 1;
+            if (out)
+                *out = r;
+            return (int)i;
+        }
+    }
+    if (from)
+        *from = (int)n;
+    return -1;
+}
+
+int kv_registry_add(kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank)
+{
+    int free_i = -1;
+    uint32_t n = scan_bound(reg);
+    for (uint32_t i = 0; i < n; i++) {
+        const kv_worker_rec_t *r = &reg->slots[i].rec;     /* the writer reads its own */
+        if (r->state == KV_WORKER_FREE) {
+            if (free_i < 0)
+                free_i = (int)i;
+        } else if (r->worker_id == worker_id && r->dp_rank == dp_rank) {
+            return (int)i;
+        }
+    }
+    if (free_i < 0) {
+        if (n >= reg->max_workers)
+            return -1;
+        free_i = (int)n;
+    }
+    kv_worker_rec_t *r = kv_registry_write_begin(reg, free_i);
+    memset(r, 0, sizeof(*r));
+    r->worker_id = worker_id;
+    r->dp_rank = dp_rank;
+    r->state = KV_WORKER_LIVE;
+    kv_registry_write_end(reg, free_i);
+    if ((uint64_t)free_i >= reg->high)
+        __atomic_store_n(&reg->high, (uint64_t)free_i + 1, __ATOMIC_RELEASE);
+    return free_i;
+}
+
+void kv_registry_remove(kv_registry_t *reg, int i)
+{
+    kv_worker_rec_t *r = kv_registry_write_begin(reg, i);
+    memset(r, 0, sizeof(*r));
+    kv_registry_write_end(reg, i);
+}
+
+void kv_registry_reset(kv_registry_t *reg)
+{
+    uint32_t n = scan_bound(reg);
+    for (uint32_t i = 0; i < n; i++)
+        if (reg->slots[i].rec.state != KV_WORKER_FREE)
+            kv_registry_remove(reg, (int)i);
+}
+
+/* --- status ------------------------------------------------------------- */
+
+void kv_registry_status_add(kv_registry_t *reg, size_t field, uint64_t n)
+{
+    __atomic_fetch_add(&reg->status[field], n, __ATOMIC_RELAXED);
+}
+
+void kv_registry_status_set(kv_registry_t *reg, size_t field, uint64_t v)
+{
+    __atomic_store_n(&reg->status[field], v, __ATOMIC_RELAXED);
+}
+
+void kv_registry_status(const kv_registry_t *reg, kv_ingest_status_t *out)
+{
+    copy_words(out, reg->status, sizeof(*out));
+}
+
+const char *kv_worker_state_name(uint32_t state)
+{
+    static const char *names[] = {"free", "live", "resyncing", "stale", "gone"};
+    return state < sizeof(names) / sizeof(names[0]) ? names[state] : "unknown";
+}
+
+const char *kv_nats_state_name(uint64_t state)
+{
+    static const char *names[] = {"down", "connecting", "connected", "reconnecting", "closed"};
+    return state < sizeof(names) / sizeof(names[0]) ? names[state] : "unknown";
+}

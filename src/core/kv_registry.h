@@ -1,0 +1,154 @@
+/*
+ * The worker registry: what the event helper knows about each worker
+ * (address, capacity, reported load, how far its events are applied) and
+ * the helper's own status, for nginx workers to read.
+ *
+ * Like the index it lives in one caller-provided region of fixed size
+ * (nginx shared memory next to the index; plain memory in tools), holds
+ * offsets only and never allocates. There is one writer (the helper that
+ * holds the lease) and any number of readers in other processes. Each
+ * record has its own seqlock, so a reader copies a consistent record
+ * without ever blocking the writer; status counters are single atomic
+ * words.
+ *
+ * The writer lease (pid + generation, taken by CAS) keeps two helpers that
+ * overlap during an nginx reload from both writing: the new one takes the
+ * lease only once the old one has released it or its pid is dead.
+ */
+#ifndef KV_REGISTRY_H
+#define KV_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct kv_registry kv_registry_t;
+
+typedef enum {
+    KV_WORKER_FREE = 0,     /* record unused */
+    KV_WORKER_LIVE,         /* index follows its events */
+    KV_WORKER_RESYNCING,    /* dump requested or arriving; events buffered */
+    KV_WORKER_STALE,        /* index may be behind (gap, lag, NATS down) */
+    KV_WORKER_GONE          /* silent past the timeout: blocks dropped */
+} kv_worker_state_t;
+
+typedef struct {
+    uint64_t    active_prefill_tokens;
+    uint64_t    active_decode_blocks;
+    uint64_t    kv_used_blocks;
+    uint64_t    waiting;
+    uint64_t    running;
+} kv_worker_load_t;
+
+#define KV_REGISTRY_ADDR_MAX 64     /* host:port, NUL included */
+#define KV_REGISTRY_MODEL_MAX 64
+
+typedef struct {
+    uint64_t    worker_id;
+    uint32_t    dp_rank;
+    uint32_t    state;              /* kv_worker_state_t */
+    uint64_t    instance_id;        /* 0 until announced */
+    int32_t     announced;          /* speaks the kvroute protocol (resyncable) */
+    uint32_t    block_size;
+    uint64_t    num_blocks;
+    char        address[KV_REGISTRY_ADDR_MAX];
+    char        model[KV_REGISTRY_MODEL_MAX];
+    uint64_t    last_event_applied;
+    uint64_t    last_event_announced;
+    uint64_t    last_seen_ms;       /* last heartbeat (or event, unannounced) */
+    uint64_t    interval_ms;        /* heartbeat interval it announced */
+    kv_worker_load_t load;
+    uint64_t    events;             /* events applied */
+    uint64_t    blocks_stored;
+    uint64_t    blocks_removed;
+    uint64_t    gaps;
+    uint64_t    resyncs;            /* dumps applied */
+    uint64_t    duplicates;
+    uint64_t    apply_errors;       /* events the index refused */
+} kv_worker_rec_t;
+
+typedef enum {
+    KV_NATS_DOWN = 0,
+    KV_NATS_CONNECTING,
+    KV_NATS_CONNECTED,
+    KV_NATS_RECONNECTING,
+    KV_NATS_CLOSED
+} kv_nats_state_t;
+
+/* Helper status: totals; the module computes rates from two reads. */
+typedef struct {
+    uint64_t    nats_state;         /* kv_nats_state_t */
+    uint64_t    connects;           /* successful (re)connects */
+    uint64_t    disconnects;
+    uint64_t    messages;           /* event messages received */
+    uint64_t    events;             /* events applied */
+    uint64_t    blocks;             /* blocks stored + removed by applied events */
+    uint64_t    decode_errors;      /* malformed messages dropped */
+    uint64_t    apply_errors;
+    uint64_t    gaps;
+    uint64_t    resyncs;            /* dumps requested */
+    uint64_t    dumps;              /* dumps applied whole */
+    uint64_t    dump_failures;      /* timeouts, bad chunks */
+    uint64_t    duplicates;
+    uint64_t    buffer_overflows;
+    uint64_t    heartbeats;
+    uint64_t    timeouts;           /* workers declared gone */
+    uint64_t    last_event_lag_ms;  /* now - published (when known, else 0) */
+    uint64_t    last_event_ms;      /* when the last event was applied */
+    uint64_t    updated_ms;         /* last tick */
+} kv_ingest_status_t;
+
+#define KV_REGISTRY_STATUS_FIELDS (sizeof(kv_ingest_status_t) / sizeof(uint64_t))
+
+size_t kv_registry_min_size(uint32_t max_workers);
+/* Lays out an empty registry; max_workers 0 means 256. */
+kv_registry_t *kv_registry_create(void *region, size_t size, uint32_t max_workers,
+                                  char *err, size_t errlen);
+/* Re-opens a registry laid out earlier in region (nginx reload). */
+kv_registry_t *kv_registry_open(void *region, size_t size);
+uint32_t kv_registry_max_workers(const kv_registry_t *reg);
+
+/* --- lease -------------------------------------------------------------- */
+
+/* Takes the writer lease for pid if it is free or its holder's pid is dead
+ * (kill(pid, 0) fails with ESRCH). 0 with the new generation in *gen, or -1
+ * while another live process holds it (retry later). */
+int  kv_registry_lease_acquire(kv_registry_t *reg, pid_t pid, uint32_t *gen);
+/* Still ours? (a helper checks before writing after a pause) */
+int  kv_registry_lease_held(const kv_registry_t *reg, pid_t pid, uint32_t gen);
+void kv_registry_lease_release(kv_registry_t *reg, pid_t pid, uint32_t gen);
+/* Current holder (0 if none) and generation. */
+pid_t kv_registry_lease_owner(const kv_registry_t *reg, uint32_t *gen);
+
+/* --- writer (lease holder only) ------------------------------------------ */
+
+/* Record index of (worker_id, dp_rank), creating it (state LIVE); -1 when full. */
+int  kv_registry_add(kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank);
+/* Opens record i for writing (readers retry meanwhile); write, then end. */
+kv_worker_rec_t *kv_registry_write_begin(kv_registry_t *reg, int i);
+void kv_registry_write_end(kv_registry_t *reg, int i);
+/* Frees record i. */
+void kv_registry_remove(kv_registry_t *reg, int i);
+/* Drops every record (a fresh helper that cannot trust what it finds). */
+void kv_registry_reset(kv_registry_t *reg);
+
+/* Status fields are single words: add to or set one by its offset. */
+#define KV_STATUS_OFF(field) (offsetof(kv_ingest_status_t, field) / sizeof(uint64_t))
+void kv_registry_status_add(kv_registry_t *reg, size_t field, uint64_t n);
+void kv_registry_status_set(kv_registry_t *reg, size_t field, uint64_t v);
+
+/* --- readers (any process) ---------------------------------------------- */
+
+/* Consistent copy of record i: 0, or -1 if the record is free. */
+int  kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out);
+int  kv_registry_find(const kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank);
+/* The first record (from *from, updated past it for iteration; may be NULL)
+ * whose address equals addr; -1 if none. */
+int  kv_registry_find_address(const kv_registry_t *reg, const char *addr, int *from,
+                              kv_worker_rec_t *out);
+void kv_registry_status(const kv_registry_t *reg, kv_ingest_status_t *out);
+
+const char *kv_worker_state_name(uint32_t state);
+const char *kv_nats_state_name(uint64_t state);
+
+#endif

@@ -1,0 +1,158 @@
+/* Worker registry: records, seqlock readers against a writer, lease. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kv_registry.h"
+#include "kvtest.h"
+
+static void *region_for(uint32_t workers, size_t *size)
+{
+    *size = kv_registry_min_size(workers);
+    return aligned_alloc(64, (*size + 63) / 64 * 64);
+}
+
+TEST(records_add_find_remove)
+{
+    size_t size;
+    void *mem = region_for(4, &size);
+    char err[128];
+    kv_registry_t *reg = kv_registry_create(mem, size, 4, err, sizeof(err));
+    CHECK(reg != NULL);
+    CHECK(kv_registry_create(mem, size - 1, 4, err, sizeof(err)) == NULL);
+    reg = kv_registry_create(mem, size, 4, err, sizeof(err));
+
+    int a = kv_registry_add(reg, 7, 0), b = kv_registry_add(reg, 7, 1);
+    CHECK(a == 0 && b == 1);
+    CHECK(kv_registry_add(reg, 7, 0) == a);
+    kv_worker_rec_t *w = kv_registry_write_begin(reg, b);
+    snprintf(w->address, sizeof(w->address), "127.0.0.1:8001");
+    w->block_size = 16;
+    kv_registry_write_end(reg, b);
+
+    kv_worker_rec_t r;
+    CHECK(kv_registry_read(reg, b, &r) == 0);
+    CHECK_STR(r.address, "127.0.0.1:8001");
+    CHECK_EQ_U64(r.state, KV_WORKER_LIVE);
+    CHECK(kv_registry_find(reg, 7, 1) == b);
+    CHECK(kv_registry_find(reg, 8, 0) == -1);
+    int from = 0;
+    CHECK(kv_registry_find_address(reg, "127.0.0.1:8001", &from, &r) == b);
+    CHECK(kv_registry_find_address(reg, "127.0.0.1:8001", &from, &r) == -1);
+    CHECK(kv_registry_find_address(reg, "127.0.0.1:9", NULL, NULL) == -1);
+
+    CHECK(kv_registry_add(reg, 9, 0) == 2 && kv_registry_add(reg, 10, 0) == 3);
+    CHECK(kv_registry_add(reg, 11, 0) == -1);           /* full */
+    kv_registry_remove(reg, a);
+    CHECK(kv_registry_read(reg, a, &r) == -1);
+    CHECK(kv_registry_add(reg, 11, 0) == a);            /* reuses the freed record */
+
+    /* reopen (nginx reload): same content */
+    kv_registry_t *again = kv_registry_open(mem, size);
+    CHECK(again == reg);
+    CHECK(kv_registry_find(again, 7, 1) == b);
+    CHECK(kv_registry_open(mem, size + 8) == NULL);
+
+    kv_registry_status_add(reg, KV_STATUS_OFF(gaps), 3);
+    kv_registry_status_set(reg, KV_STATUS_OFF(nats_state), KV_NATS_CONNECTED);
+    kv_ingest_status_t st;
+    kv_registry_status(reg, &st);
+    CHECK_EQ_U64(st.gaps, 3);
+    CHECK_STR(kv_nats_state_name(st.nats_state), "connected");
+    free(mem);
+}
+
+/* A writer keeps every word of the record equal to one counter; readers must
+ * never see two different values in one copy. */
+static kv_registry_t *sl_reg;
+static volatile int sl_stop;
+
+static void *sl_reader(void *arg)
+{
+    long *torn = arg;
+    kv_worker_rec_t r;
+    while (!sl_stop) {
+        if (kv_registry_read(sl_reg, 0, &r) != 0)
+            continue;
+        if (r.events != r.gaps || r.events != r.last_event_applied
+            || r.load.running != r.events)
+            (*torn)++;
+    }
+    return NULL;
+}
+
+TEST(seqlock_readers_never_torn)
+{
+    size_t size;
+    void *mem = region_for(2, &size);
+    char err[128];
+    sl_reg = kv_registry_create(mem, size, 2, err, sizeof(err));
+    int i = kv_registry_add(sl_reg, 1, 0);
+    long torn[2] = {0, 0};
+    pthread_t t[2];
+    sl_stop = 0;
+    for (int k = 0; k < 2; k++)
+        pthread_create(&t[k], NULL, sl_reader, &torn[k]);
+    for (uint64_t v = 1; v <= 200000; v++) {
+        kv_worker_rec_t *w = kv_registry_write_begin(sl_reg, i);
+        w->events = v;
+        w->gaps = v;
+        w->last_event_applied = v;
+        w->load.running = v;
+        kv_registry_write_end(sl_reg, i);
+    }
+    sl_stop = 1;
+    for (int k = 0; k < 2; k++)
+        pthread_join(t[k], NULL);
+    CHECK_EQ_U64(torn[0] + torn[1], 0);
+    free(mem);
+}
+
+TEST(lease_excludes_live_and_takes_over_dead)
+{
+    size_t size;
+    void *mem = region_for(2, &size);
+    char err[128];
+    kv_registry_t *reg = kv_registry_create(mem, size, 2, err, sizeof(err));
+
+    /* a child takes the lease and dies without releasing it */
+    pid_t child = fork();
+    if (child == 0) {
+        uint32_t g;
+        _exit(kv_registry_lease_acquire(reg, getpid(), &g) == 0 ? 0 : 1);
+    }
+    /* the region is not shared with the child: simulate its write here */
+    uint32_t g1 = 0;
+    CHECK(kv_registry_lease_acquire(reg, child, &g1) == 0);
+    CHECK_EQ_U64(g1, 1);
+    uint32_t g;
+    CHECK(kv_registry_lease_acquire(reg, getpid(), &g) == -1);   /* child still alive */
+    int status;
+    waitpid(child, &status, 0);                                 /* reaped: ESRCH now */
+    CHECK(kv_registry_lease_acquire(reg, getpid(), &g) == 0);
+    CHECK_EQ_U64(g, 2);
+    CHECK(kv_registry_lease_held(reg, getpid(), g));
+    CHECK(!kv_registry_lease_held(reg, child, g1));
+
+    /* release, then a "second helper" (pid 1 is alive) takes it; we cannot */
+    kv_registry_lease_release(reg, getpid(), g);
+    CHECK(kv_registry_lease_owner(reg, NULL) == 0);
+    uint32_t g3;
+    CHECK(kv_registry_lease_acquire(reg, 1, &g3) == 0);
+    CHECK_EQ_U64(g3, 3);
+    CHECK(kv_registry_lease_acquire(reg, getpid(), &g) == -1);
+    CHECK(!kv_registry_lease_held(reg, getpid(), 2));
+    /* a stale release by the old holder does nothing */
+    kv_registry_lease_release(reg, getpid(), 2);
+    CHECK(kv_registry_lease_owner(reg, NULL) == 1);
+    free(mem);
+}
+
+int main(void)
+{
+    RUN(records_add_find_remove);
+    RUN(seqlock_readers_never_torn);
+    RUN(lease_excludes_live_and_takes_over_dead);
+    return kvt_done();
+}
