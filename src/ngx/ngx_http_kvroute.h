@@ -19,6 +19,7 @@
 #include "kv_chat.h"
 #include "kv_index.h"
 #include "kv_load.h"
+#include "kv_registry.h"
 #include "kv_score.h"
 #include "kv_tokenizer.h"
 
@@ -62,9 +63,10 @@ typedef struct {
     void                           *load_region;
     void                           *index_region;
     size_t                          index_size;
+    void                           *registry_region;
     kv_load_t                      *load;
     kv_index_t                     *index;
-    void                           *events;     /* event helper's shared state */
+    kv_registry_t                  *registry;   /* workers and helper status */
 } ngx_http_kvroute_sh_t;
 
 
@@ -79,6 +81,13 @@ typedef struct {
     ngx_msec_t                      ttl;
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
+
+    /* per process: event rates over the last second, for the status */
+    uint64_t                        rate_ms;
+    uint64_t                        rate_events;
+    uint64_t                        rate_blocks;
+    double                          events_per_s;
+    double                          blocks_per_s;
 } ngx_http_kvroute_zone_t;
 
 
@@ -93,9 +102,12 @@ typedef struct {
     ngx_http_upstream_rr_peer_t    *peer;       /* this cycle's, in the peers list */
     ngx_str_t                       server;     /* as written in the config */
     uint64_t                        worker_id;
+    ngx_uint_t                      explicit_id;    /* from kvroute_worker_id */
     ngx_uint_t                      backup;
     ngx_uint_t                      index;      /* position in its rr list */
     ngx_int_t                       load;       /* kv_load server index, -1 if none */
+    ngx_int_t                       reg;        /* registry record last seen for it */
+    ngx_msec_t                      reg_miss;   /* when a lookup last found none */
 } ngx_http_kvroute_peer_t;
 
 
@@ -179,6 +191,15 @@ char *ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 ngx_http_kvroute_zone_t *ngx_http_kvroute_zone_find(ngx_conf_t *cf,
     ngx_str_t *name);
 void ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone);
+
+/* events helper */
+char *ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_kvroute_events_init_single(ngx_cycle_t *cycle,
+    ngx_http_kvroute_zone_t *zone);
+void ngx_http_kvroute_events_exit_single(ngx_http_kvroute_zone_t *zone);
+ngx_int_t ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
+    ngx_http_kvroute_peer_t *p, kv_worker_rec_t *rec);
 
 /* balancer */
 char *ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd,

@@ -506,7 +506,7 @@ ngx_http_kvroute_init_upstream(ngx_conf_t *cf, ngx_http_upstream_srv_conf_t *us)
 
 static uint64_t
 ngx_http_kvroute_peer_worker_id(ngx_http_kvroute_srv_conf_t *kcf,
-    ngx_http_upstream_rr_peer_t *peer)
+    ngx_http_upstream_rr_peer_t *peer, ngx_uint_t *explicit_id)
 {
     ngx_uint_t                      i;
     ngx_http_kvroute_worker_map_t  *m;
@@ -521,9 +521,12 @@ ngx_http_kvroute_peer_worker_id(ngx_http_kvroute_srv_conf_t *kcf,
                 && ngx_strncmp(peer->name.data, m[i].address.data,
                                m[i].address.len) == 0))
         {
+            *explicit_id = 1;
             return m[i].worker_id;
         }
     }
+
+    *explicit_id = 0;
 
     return kv_hash_worker_id((char *) peer->server.data, peer->server.len);
 }
@@ -563,7 +566,9 @@ ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
             p->server = peer->server;
             p->backup = b;
             p->index = idx;
-            p->worker_id = ngx_http_kvroute_peer_worker_id(kcf, peer);
+            p->worker_id = ngx_http_kvroute_peer_worker_id(kcf, peer,
+                                                           &p->explicit_id);
+            p->reg = -1;
 
             len = ngx_snprintf(name, sizeof(name), "%V/%V",
                                &kcf->upstream_name, &peer->server) - name;
@@ -629,6 +634,76 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
 }
 
 
+/*
+ * The registry record of the worker behind server p (events zones only):
+ * by the record seen last time, else by worker id, else by the address the
+ * worker announced. A worker that announces an id of its own takes it over,
+ * unless kvroute_worker_id fixed the id.
+ */
+
+ngx_int_t
+ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
+    ngx_http_kvroute_peer_t *p, kv_worker_rec_t *rec)
+{
+    u_char          addr[KV_REGISTRY_ADDR_MAX];
+    ngx_int_t       i;
+    kv_registry_t  *reg;
+
+    if (zone->events_conf == NULL) {
+        return NGX_DECLINED;
+    }
+
+    reg = zone->sh->registry;
+
+    if (p->reg >= 0 && kv_registry_read(reg, p->reg, rec) == 0
+        && rec->worker_id == p->worker_id)
+    {
+        return NGX_OK;
+    }
+
+    /* a worker that never announced costs one scan a second, not one
+     * per request */
+
+    if (p->reg_miss && ngx_current_msec - p->reg_miss < 1000) {
+        return NGX_DECLINED;
+    }
+
+    i = kv_registry_find(reg, p->worker_id, 0);
+
+    if (i >= 0 && kv_registry_read(reg, i, rec) == 0) {
+        p->reg = i;
+        return NGX_OK;
+    }
+
+    if (p->explicit_id || p->server.len >= sizeof(addr)) {
+        p->reg_miss = ngx_current_msec;
+        return NGX_DECLINED;
+    }
+
+    ngx_memcpy(addr, p->server.data, p->server.len);
+    addr[p->server.len] = '\0';
+
+    i = kv_registry_find_address(reg, (char *) addr, NULL, rec);
+
+    if (i < 0 && p->peer->name.len < sizeof(addr)) {
+        ngx_memcpy(addr, p->peer->name.data, p->peer->name.len);
+        addr[p->peer->name.len] = '\0';
+        i = kv_registry_find_address(reg, (char *) addr, NULL, rec);
+    }
+
+    if (i < 0) {
+        p->reg_miss = ngx_current_msec;
+        return NGX_DECLINED;
+    }
+
+    p->reg = i;
+    p->reg_miss = 0;
+    p->worker_id = rec->worker_id;
+
+    return NGX_OK;
+}
+
+
 /* Overlap per primary server, from one index match. */
 
 static void
@@ -639,6 +714,7 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
     uint64_t                      wid;
     ngx_uint_t                    k;
     kv_overlap_t                  out[64];
+    kv_worker_rec_t               rec;
     ngx_http_kvroute_ctx_t       *ctx = pd->ctx;
     ngx_http_kvroute_srv_conf_t  *kcf = pd->conf;
 
@@ -648,6 +724,12 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
                                kcf->nprimary * sizeof(uint32_t));
     if (ctx->overlap == NULL || ctx->nseq == 0) {
         return;
+    }
+
+    /* refresh ids that workers announced before mapping index slots */
+
+    for (k = 0; k < kcf->nprimary; k++) {
+        (void) ngx_http_kvroute_peer_record(kcf->zone, &kcf->peers[k], &rec);
     }
 
     n = kv_index_match(kcf->zone->sh->index, ctx->seq, ctx->nseq, out, 64);
@@ -665,6 +747,21 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
             {
                 ctx->overlap[k] = out[i].blocks;
             }
+        }
+    }
+
+    /*
+     * a worker whose index state cannot be trusted (events lost, resync
+     * under way, silent, NATS down) gets no credit for overlap: load only
+     */
+
+    for (k = 0; k < kcf->nprimary; k++) {
+        if (ctx->overlap[k]
+            && ngx_http_kvroute_peer_record(kcf->zone, &kcf->peers[k], &rec)
+               == NGX_OK
+            && rec.state != KV_WORKER_LIVE)
+        {
+            ctx->overlap[k] = 0;
         }
     }
 }
@@ -715,6 +812,7 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
     kv_candidate_t                 *c;
     kv_score_config_t               cfg;
     kv_load_server_t                ls;
+    kv_worker_rec_t                 rec;
     ngx_http_kvroute_ctx_t         *ctx = pd->ctx;
     ngx_http_kvroute_peer_t        *p;
     ngx_http_kvroute_srv_conf_t    *kcf = pd->conf;
@@ -757,6 +855,19 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
             kv_load_get(kcf->zone->sh->load, p->load, &ls);
             c[i].active_prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
             c[i].active_decode_blocks = ls.active[KV_LOAD_DECODE_BLOCKS];
+        }
+
+        /*
+         * what the worker reports covers every router in front of it; what
+         * we count is fresher for our own requests: take the larger
+         */
+
+        if (ngx_http_kvroute_peer_record(kcf->zone, p, &rec) == NGX_OK) {
+            c[i].active_prefill_tokens = ngx_max(c[i].active_prefill_tokens,
+                                            rec.load.active_prefill_tokens);
+            c[i].active_decode_blocks = ngx_max(c[i].active_decode_blocks,
+                                            rec.load.active_decode_blocks);
+            c[i].tree_blocks = 0;
         }
     }
 

@@ -39,6 +39,13 @@ static ngx_command_t  ngx_http_kvroute_commands[] = {
       0,
       NULL },
 
+    { ngx_string("kvroute_events"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
+      ngx_http_kvroute_events_directive,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("kvroute_worker_id"),
       NGX_HTTP_UPS_CONF|NGX_CONF_TAKE2,
       ngx_http_kvroute_worker_id,
@@ -263,6 +270,10 @@ ngx_http_kvroute_init_process(ngx_cycle_t *cycle)
     }
 
     for (i = 0; i < kmcf->zones.nelts; i++) {
+        if (ngx_http_kvroute_events_init_single(cycle, zones[i]) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
         zones[i]->row = kv_load_claim_row(zones[i]->sh->load, ngx_pid);
 
         if (zones[i]->row < 0) {
@@ -326,6 +337,7 @@ ngx_http_kvroute_exit_process(ngx_cycle_t *cycle)
     zones = kmcf->zones.elts;
 
     for (i = 0; i < kmcf->zones.nelts; i++) {
+        ngx_http_kvroute_events_exit_single(zones[i]);
         kv_load_release_row(zones[i]->sh->load, zones[i]->row);
     }
 }

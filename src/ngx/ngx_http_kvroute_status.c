@@ -8,6 +8,7 @@
 
 
 #include "ngx_http_kvroute.h"
+#include "kv_ingest.h"
 
 
 static ngx_int_t ngx_http_kvroute_status_handler(ngx_http_request_t *r);
@@ -40,6 +41,68 @@ ngx_http_kvroute_indexed(ngx_http_kvroute_zone_t *zone,
     slot = kv_index_worker_find(zone->sh->index, p->worker_id, 0);
 
     return slot < 0 ? 0 : kv_index_worker_blocks(zone->sh->index, slot);
+}
+
+
+static u_char *
+ngx_http_kvroute_json_events(u_char *b, ngx_http_kvroute_zone_t *zone)
+{
+    int                  i, n;
+    pid_t                pid;
+    uint64_t             now;
+    kv_worker_rec_t      w;
+    kv_ingest_status_t   st;
+    kv_registry_t       *reg = zone->sh->registry;
+
+    kv_registry_status(reg, &st);
+    pid = kv_registry_lease_owner(reg, NULL);
+    now = kv_ingest_now_ms();
+
+    b = ngx_sprintf(b, "\"events\":{\"helper_pid\":%P,\"nats\":\"%s\","
+                    "\"connects\":%uL,\"disconnects\":%uL,\"messages\":%uL,"
+                    "\"events\":%uL,\"blocks\":%uL,\"events_per_s\":%.1f,"
+                    "\"blocks_per_s\":%.1f,\"decode_errors\":%uL,"
+                    "\"apply_errors\":%uL,\"gaps\":%uL,\"resyncs\":%uL,"
+                    "\"dumps\":%uL,\"dump_failures\":%uL,\"duplicates\":%uL,"
+                    "\"buffer_overflows\":%uL,\"heartbeats\":%uL,"
+                    "\"timeouts\":%uL,\"event_lag_ms\":%uL,"
+                    "\"since_last_event_ms\":%uL,\"workers\":[",
+                    pid, kv_nats_state_name(st.nats_state), st.connects,
+                    st.disconnects, st.messages, st.events, st.blocks,
+                    zone->events_per_s, zone->blocks_per_s, st.decode_errors,
+                    st.apply_errors, st.gaps, st.resyncs, st.dumps,
+                    st.dump_failures, st.duplicates, st.buffer_overflows,
+                    st.heartbeats, st.timeouts, st.last_event_lag_ms,
+                    st.last_event_ms && now > st.last_event_ms
+                        ? now - st.last_event_ms : 0);
+
+    n = (int) kv_registry_max_workers(reg);
+
+    for (i = 0; i < n; i++) {
+        if (kv_registry_read(reg, i, &w) != 0) {
+            continue;
+        }
+
+        w.address[KV_REGISTRY_ADDR_MAX - 1] = '\0';
+
+        b = ngx_sprintf(b, "%s{\"worker_id\":%uL,\"dp_rank\":%uD,"
+                        "\"address\":\"%s\",\"state\":\"%s\","
+                        "\"announced\":%s,\"last_event_applied\":%uL,"
+                        "\"last_event_announced\":%uL,\"seen_ms_ago\":%uL,"
+                        "\"active_prefill_tokens\":%uL,"
+                        "\"active_decode_blocks\":%uL,\"kv_used_blocks\":%uL,"
+                        "\"events\":%uL,\"gaps\":%uL,\"resyncs\":%uL}",
+                        b[-1] == '[' ? "" : ",", w.worker_id, w.dp_rank,
+                        w.address, kv_worker_state_name(w.state),
+                        w.announced ? "true" : "false", w.last_event_applied,
+                        w.last_event_announced,
+                        now > w.last_seen_ms ? now - w.last_seen_ms : 0,
+                        w.load.active_prefill_tokens,
+                        w.load.active_decode_blocks, w.load.kv_used_blocks,
+                        w.events, w.gaps, w.resyncs);
+    }
+
+    return ngx_sprintf(b, "]},");
 }
 
 
@@ -88,7 +151,13 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_zone_t *zone)
         }
     }
 
-    b = ngx_sprintf(b, "]},\"upstreams\":{");
+    b = ngx_sprintf(b, "]},");
+
+    if (zone->events_conf) {
+        b = ngx_http_kvroute_json_events(b, zone);
+    }
+
+    b = ngx_sprintf(b, "\"upstreams\":{");
 
     kcfs = zone->upstreams.elts;
 
@@ -181,6 +250,27 @@ ngx_http_kvroute_prom_zone(u_char *b, ngx_http_kvroute_zone_t *zone)
     b = ngx_sprintf(b, "kvroute_decision_seconds_count" KV_Z " %uA\n",
                     &zone->name, sh->decisions);
 
+    if (zone->events_conf) {
+        kv_ingest_status_t  es;
+
+        kv_registry_status(zone->sh->registry, &es);
+
+        b = ngx_sprintf(b, "kvroute_events_connected" KV_Z " %d\n",
+                        &zone->name, es.nats_state == KV_NATS_CONNECTED);
+        b = ngx_sprintf(b, "kvroute_events_applied_total" KV_Z " %uL\n",
+                        &zone->name, es.events);
+        b = ngx_sprintf(b, "kvroute_events_blocks_total" KV_Z " %uL\n",
+                        &zone->name, es.blocks);
+        b = ngx_sprintf(b, "kvroute_events_decode_errors_total" KV_Z " %uL\n",
+                        &zone->name, es.decode_errors);
+        b = ngx_sprintf(b, "kvroute_events_gaps_total" KV_Z " %uL\n",
+                        &zone->name, es.gaps);
+        b = ngx_sprintf(b, "kvroute_events_resyncs_total" KV_Z " %uL\n",
+                        &zone->name, es.resyncs);
+        b = ngx_sprintf(b, "kvroute_events_lag_seconds" KV_Z " %.3f\n",
+                        &zone->name, (double) es.last_event_lag_ms / 1000);
+    }
+
 #undef KV_Z
 
     kcfs = zone->upstreams.elts;
@@ -256,7 +346,7 @@ ngx_http_kvroute_status_handler(ngx_http_request_t *r)
     size = 64;
 
     for (i = 0; i < kmcf->zones.nelts; i++) {
-        size += 8192;
+        size += 8192 + kv_registry_max_workers(zones[i]->sh->registry) * 512;
         kcfs = zones[i]->upstreams.elts;
 
         for (j = 0; j < zones[i]->upstreams.nelts; j++) {

@@ -20,6 +20,8 @@ static ngx_int_t ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone,
     void *data);
 static ngx_int_t ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
+static ngx_int_t ngx_http_kvroute_zone_registry(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log);
 static void ngx_http_kvroute_register_servers(ngx_http_kvroute_zone_t *zone,
     ngx_log_t *log);
 static int ngx_http_kvroute_pid_alive(pid_t pid);
@@ -240,6 +242,12 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
                             NGX_HTTP_KVROUTE_MAX_SERVERS,
                             NGX_HTTP_KVROUTE_MAX_ROWS, 0);
 
+    if (ngx_http_kvroute_zone_registry(zone, shpool, shm_zone->shm.log)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
     if (ngx_http_kvroute_zone_index(zone, shpool, shm_zone->shm.log)
         != NGX_OK)
     {
@@ -249,6 +257,39 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     sh->magic = NGX_HTTP_KVROUTE_MAGIC;
 
     ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
+
+    return NGX_OK;
+}
+
+
+/* The worker registry the event helper writes: carved before the index,
+ * which takes the rest. */
+
+static ngx_int_t
+ngx_http_kvroute_zone_registry(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log)
+{
+    char                    err[256];
+    size_t                  size;
+    ngx_http_kvroute_sh_t  *sh = zone->sh;
+
+    size = kv_registry_min_size(zone->max_workers);
+
+    sh->registry_region = ngx_slab_alloc(shpool, size);
+    if (sh->registry_region == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, log, 0,
+                      "kvroute_zone \"%V\": no room for the registry",
+                      &zone->name);
+        return NGX_ERROR;
+    }
+
+    sh->registry = kv_registry_create(sh->registry_region, size,
+                                      zone->max_workers, err, sizeof(err));
+    if (sh->registry == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, log, 0, "kvroute_zone \"%V\": %s",
+                      &zone->name, err);
+        return NGX_ERROR;
+    }
 
     return NGX_OK;
 }
@@ -347,6 +388,39 @@ ngx_http_kvroute_register_servers(ngx_http_kvroute_zone_t *zone,
 }
 
 
+/* Events and blocks applied per second, over about the last second. */
+
+static void
+ngx_http_kvroute_zone_rates(ngx_http_kvroute_zone_t *zone)
+{
+    double               dt;
+    uint64_t             now;
+    kv_ingest_status_t   st;
+
+    if (zone->events_conf == NULL) {
+        return;
+    }
+
+    now = (uint64_t) ngx_current_msec;
+
+    kv_registry_status(zone->sh->registry, &st);
+
+    if (zone->rate_ms && now - zone->rate_ms < 900) {
+        return;
+    }
+
+    if (zone->rate_ms) {
+        dt = (double) (now - zone->rate_ms) / 1000;
+        zone->events_per_s = (double) (st.events - zone->rate_events) / dt;
+        zone->blocks_per_s = (double) (st.blocks - zone->rate_blocks) / dt;
+    }
+
+    zone->rate_ms = now;
+    zone->rate_events = st.events;
+    zone->rate_blocks = st.blocks;
+}
+
+
 /* Every half second in every worker: reclaim dead processes' load and, in
  * approximate mode, expire the router's own predictions. */
 
@@ -357,6 +431,8 @@ ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone)
     ngx_http_kvroute_sh_t  *sh = zone->sh;
 
     n = kv_load_reap(sh->load, ngx_http_kvroute_pid_alive);
+
+    ngx_http_kvroute_zone_rates(zone);
 
     if (n) {
         ngx_log_error(NGX_LOG_NOTICE, ngx_cycle->log, 0,

@@ -1,0 +1,838 @@
+/*
+ * The prefix index (kv_index.h) in one caller-provided region.
+ *
+ * Layout (offsets from the region start, no pointers):
+ *
+ *   header | worker slots [max_workers] | entries [cap] | engine map [map_cap]
+ *
+ * An entry is one sequence hash with the set of worker slots holding it, a
+ * bitmap of `words` u64 (max_workers rounded up to 64), and the time it
+ * was last stored or recorded (for eviction and approximate-mode TTL).
+ * Entries form an open-addressing table with linear probing; removal
+ * leaves a tombstone, and a run of tombstones ending at an empty slot is
+ * turned back into empty slots so probe chains do not grow without bound.
+ *
+ * Concurrency: one writer (the caller serialises writers: the event helper
+ * process in nginx, or the slab mutex in approximate mode), readers in any
+ * process, never blocking. Each entry has a sequence lock: the writer makes
+ * it odd, stores key and bitmap, makes it even; a reader copies key and
+ * bitmap between two reads of an even, unchanged lock, else retries. A
+ * seqlock rather than epochs because readers live in other processes that
+ * may die at any moment (an epoch held by a dead reader would block
+ * reclamation forever), and entries are never freed, only rewritten in
+ * place, so a reader can never touch freed memory; the retry loop is the
+ * whole price. Probe chains may change under a reader; a reader that
+ * misses an entry moved by the writer sees a shorter overlap, which costs
+ * a cache hit, never a wrong answer about an entry it did read.
+ *
+ * The engine map (engine block_hash -> sequence hash, per worker slot) is
+ * used by the writer alone, for parent links and removals, and holds only
+ * blocks whose engine hash differs from their sequence hash (kvworker and
+ * Dynamo's mocker use the sequence hash itself and need no map entries).
+ */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_hash.h"
+#include "kv_index.h"
+
+#define IX_MAGIC        0x6b76696478303031ULL   /* "kvidx001" */
+#define KEY_EMPTY       0ULL
+#define KEY_TOMB        1ULL
+#define MAX_LOAD        0.80                    /* entries evicted above this fill */
+#define EVICT_SAMPLE    32
+
+typedef struct {
+    _Atomic uint64_t    worker_id;
+    _Atomic uint32_t    dp_rank;
+    _Atomic uint32_t    in_use;
+    _Atomic uint64_t    blocks;
+} slot_t;
+
+typedef struct {
+    _Atomic uint32_t    lock;
+    uint32_t            touch;          /* ms, mod 2^32; writer only */
+    _Atomic uint64_t    key;
+    _Atomic uint64_t    bits[];         /* words */
+} entry_t;
+
+typedef struct {
+    uint64_t            key;            /* engine hash mixed with slot; 0 empty, 1 tomb */
+    uint64_t            engine;
+    uint64_t            seq;
+    uint32_t            slot;
+    uint32_t            pad;
+} map_t;
+
+struct kv_index {
+    uint64_t            magic;
+    uint64_t            size;
+    uint32_t            max_workers;
+    uint32_t            words;
+    uint32_t            approximate;
+    uint32_t            ttl_ms;
+    uint64_t            max_blocks;
+    double              prune_ratio;
+    uint64_t            cap;            /* entries (power of two) */
+    uint64_t            map_cap;        /* map entries (power of two) */
+    uint64_t            entry_size;
+    uint64_t            off_slots, off_entries, off_map;
+    uint64_t            used;           /* live entries; writer */
+    uint64_t            tombs;          /* writer */
+    uint64_t            map_used;
+    uint64_t            hand;           /* eviction scan position */
+    uint64_t            last_expire;
+    _Atomic uint64_t    live;           /* = used, for readers */
+    _Atomic uint64_t    workers;
+    _Atomic uint64_t    stored, removed, cleared, evicted, expired, pruned;
+    _Atomic uint64_t    unknown_parent, unknown_remove;
+};
+
+/* --- layout -------------------------------------------------------------- */
+
+static slot_t *slots(const kv_index_t *ix)
+{
+    return (slot_t *) (void *) ((char *) ix + ix->off_slots);
+}
+
+static entry_t *entry(const kv_index_t *ix, uint64_t i)
+{
+    return (entry_t *) (void *) ((char *) ix + ix->off_entries + i * ix->entry_size);
+}
+
+static map_t *map(const kv_index_t *ix)
+{
+    return (map_t *) (void *) ((char *) ix + ix->off_map);
+}
+
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t norm_key(uint64_t k)
+{
+    /* 0 and 1 mark empty and tombstone slots */
+    return k < 2 ? k + 2 : k;
+}
+
+static uint32_t words_for(uint32_t max_workers)
+{
+    return (max_workers + 63) / 64;
+}
+
+static void defaults(kv_index_config_t *c, const kv_index_config_t *in)
+{
+    memset(c, 0, sizeof(*c));
+    if (in) {
+        *c = *in;
+    }
+    if (c->max_workers == 0) c->max_workers = 256;
+    if (c->ttl_ms == 0) c->ttl_ms = 120000;
+    if (c->max_blocks == 0) c->max_blocks = 1ULL << 20;
+    if (c->prune_ratio <= 0 || c->prune_ratio >= 1) c->prune_ratio = 0.8;
+}
+
+static uint64_t entry_size(uint32_t words)
+{
+    return sizeof(entry_t) + (uint64_t) words * sizeof(uint64_t);
+}
+
+size_t kv_index_min_size(const kv_index_config_t *in)
+{
+    kv_index_config_t c;
+
+    defaults(&c, in);
+    return sizeof(kv_index_t) + c.max_workers * sizeof(slot_t)
+           + 1024 * entry_size(words_for(c.max_workers)) + 256 * sizeof(map_t) + 64;
+}
+
+kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *in,
+                            char *err, size_t errlen)
+{
+    kv_index_config_t c;
+    kv_index_t       *ix = region;
+    uint64_t          es, left, cap, mcap;
+
+    defaults(&c, in);
+    if (size < kv_index_min_size(&c)) {
+        snprintf(err, errlen, "index region of %zu bytes is below the minimum %zu",
+                 size, kv_index_min_size(&c));
+        return NULL;
+    }
+    if (c.max_workers > 4096) {
+        snprintf(err, errlen, "max_workers %u is above 4096", c.max_workers);
+        return NULL;
+    }
+    memset(ix, 0, sizeof(*ix));
+    ix->words = words_for(c.max_workers);
+    es = entry_size(ix->words);
+    ix->off_slots = (sizeof(kv_index_t) + 63) & ~63ULL;
+    ix->off_entries = (ix->off_slots + c.max_workers * sizeof(slot_t) + 63) & ~63ULL;
+    left = size - ix->off_entries;
+
+    /* entries get ~7/8 of the room, the engine map the rest; both powers of two */
+    for (cap = 1024; (cap * 2) * es + (cap / 4) * sizeof(map_t) <= left; cap *= 2) {
+        /* void */
+    }
+    for (mcap = 256; (mcap * 2) * sizeof(map_t) + cap * es <= left && mcap < cap; mcap *= 2) {
+        /* void */
+    }
+    ix->cap = cap;
+    ix->map_cap = mcap;
+    ix->entry_size = es;
+    ix->off_map = ix->off_entries + cap * es;
+    ix->max_workers = c.max_workers;
+    ix->approximate = c.approximate != 0;
+    ix->ttl_ms = c.ttl_ms;
+    ix->max_blocks = c.max_blocks < (uint64_t) (cap * MAX_LOAD) ? c.max_blocks
+                                                                 : (uint64_t) (cap * MAX_LOAD);
+    ix->prune_ratio = c.prune_ratio;
+    ix->size = size;
+    memset((char *) ix + ix->off_slots, 0, size - ix->off_slots);
+    atomic_thread_fence(memory_order_release);
+    ix->magic = IX_MAGIC;
+    return ix;
+}
+
+kv_index_t *kv_index_open(void *region, size_t size)
+{
+    kv_index_t *ix = region;
+
+    if (ix->magic != IX_MAGIC || ix->size != size) {
+        return NULL;
+    }
+    return ix;
+}
+
+/* --- entries ------------------------------------------------------------- */
+
+static void write_begin(entry_t *e)
+{
+    atomic_fetch_add_explicit(&e->lock, 1, memory_order_acq_rel);
+    atomic_thread_fence(memory_order_release);
+}
+
+static void write_end(entry_t *e)
+{
+    atomic_fetch_add_explicit(&e->lock, 1, memory_order_release);
+}
+
+/* The entry holding key, or -1 (writer view; no locking needed). */
+static int64_t find(const kv_index_t *ix, uint64_t key)
+{
+    uint64_t i, mask = ix->cap - 1, k;
+
+    for (i = mix(key) & mask;; i = (i + 1) & mask) {
+        k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
+        if (k == key) {
+            return (int64_t) i;
+        }
+        if (k == KEY_EMPTY) {
+            return -1;
+        }
+    }
+}
+
+static int test_bit(const entry_t *e, uint32_t slot)
+{
+    return (atomic_load_explicit(&e->bits[slot / 64], memory_order_relaxed)
+            >> (slot % 64)) & 1;
+}
+
+static int bits_empty(const kv_index_t *ix, const entry_t *e)
+{
+    uint32_t w;
+
+    for (w = 0; w < ix->words; w++) {
+        if (atomic_load_explicit(&e->bits[w], memory_order_relaxed)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Empties entry i, turning a tombstone run that ends at an empty slot back
+ * into empty slots. */
+static void erase(kv_index_t *ix, uint64_t i)
+{
+    uint64_t mask = ix->cap - 1, j;
+    entry_t *e = entry(ix, i);
+    uint32_t w;
+    uint64_t next = atomic_load_explicit(&entry(ix, (i + 1) & mask)->key,
+                                         memory_order_relaxed);
+
+    write_begin(e);
+    for (w = 0; w < ix->words; w++) {
+        atomic_store_explicit(&e->bits[w], 0, memory_order_relaxed);
+    }
+    atomic_store_explicit(&e->key, next == KEY_EMPTY ? KEY_EMPTY : KEY_TOMB,
+                          memory_order_relaxed);
+    write_end(e);
+    ix->used--;
+    atomic_store_explicit(&ix->live, ix->used, memory_order_relaxed);
+    if (next != KEY_EMPTY) {
+        ix->tombs++;
+        return;
+    }
+    for (j = (i - 1) & mask;
+         atomic_load_explicit(&entry(ix, j)->key, memory_order_relaxed) == KEY_TOMB;
+         j = (j - 1) & mask)
+    {
+        e = entry(ix, j);
+        write_begin(e);
+        atomic_store_explicit(&e->key, KEY_EMPTY, memory_order_relaxed);
+        write_end(e);
+        ix->tombs--;
+    }
+}
+
+/* Drops a whole entry, giving back each holder's block count. */
+static void drop(kv_index_t *ix, uint64_t i)
+{
+    entry_t *e = entry(ix, i);
+    uint32_t w;
+    uint64_t b;
+    slot_t  *s = slots(ix);
+
+    for (w = 0; w < ix->words; w++) {
+        b = atomic_load_explicit(&e->bits[w], memory_order_relaxed);
+        while (b) {
+            atomic_fetch_sub_explicit(&s[w * 64 + __builtin_ctzll(b)].blocks, 1,
+                                      memory_order_relaxed);
+            b &= b - 1;
+        }
+    }
+    erase(ix, i);
+}
+
+/* Least recently touched of a few entries from the hand on: approximate
+ * LRU at constant cost per eviction. */
+static void evict_one(kv_index_t *ix, _Atomic uint64_t *counter, uint32_t now)
+{
+    uint64_t mask = ix->cap - 1, i, best = 0, k;
+    uint32_t age, best_age = 0;
+    int      seen = 0, found = 0;
+
+    for (i = ix->hand; seen < EVICT_SAMPLE; i = (i + 1) & mask) {
+        k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
+        if (k < 2) {
+            continue;
+        }
+        seen++;
+        age = now - entry(ix, i)->touch;
+        if (!found || age > best_age) {
+            best = i;
+            best_age = age;
+            found = 1;
+        }
+    }
+    ix->hand = i;
+    if (found) {
+        drop(ix, best);
+        atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+    }
+}
+
+/* The entry for key, created (with no holders) if absent. */
+static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
+{
+    uint64_t mask = ix->cap - 1, i, tomb = UINT64_MAX, k;
+    int64_t  at;
+    entry_t *e;
+
+    at = find(ix, key);
+    if (at >= 0) {
+        return (uint64_t) at;
+    }
+    while ((double) (ix->used + 1) > (double) ix->cap * MAX_LOAD
+           || ix->used + ix->tombs + 1 >= ix->cap - 1)
+    {
+        if (ix->used == 0) {
+            break;
+        }
+        evict_one(ix, &ix->evicted, now);
+    }
+    for (i = mix(key) & mask;; i = (i + 1) & mask) {
+        k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
+        if (k == KEY_TOMB && tomb == UINT64_MAX) {
+            tomb = i;
+        }
+        if (k == KEY_EMPTY) {
+            break;
+        }
+    }
+    if (tomb != UINT64_MAX) {
+        i = tomb;
+        ix->tombs--;
+    }
+    e = entry(ix, i);
+    write_begin(e);
+    atomic_store_explicit(&e->key, key, memory_order_relaxed);
+    write_end(e);
+    e->touch = now;
+    ix->used++;
+    atomic_store_explicit(&ix->live, ix->used, memory_order_relaxed);
+    return i;
+}
+
+static void set_holder(kv_index_t *ix, uint64_t i, uint32_t slot, uint32_t now)
+{
+    entry_t *e = entry(ix, i);
+
+    e->touch = now;
+    if (test_bit(e, slot)) {
+        return;
+    }
+    write_begin(e);
+    atomic_fetch_or_explicit(&e->bits[slot / 64], 1ULL << (slot % 64), memory_order_relaxed);
+    write_end(e);
+    atomic_fetch_add_explicit(&slots(ix)[slot].blocks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ix->stored, 1, memory_order_relaxed);
+}
+
+static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
+{
+    entry_t *e = entry(ix, i);
+
+    if (!test_bit(e, slot)) {
+        return;
+    }
+    write_begin(e);
+    atomic_fetch_and_explicit(&e->bits[slot / 64], ~(1ULL << (slot % 64)),
+                              memory_order_relaxed);
+    write_end(e);
+    atomic_fetch_sub_explicit(&slots(ix)[slot].blocks, 1, memory_order_relaxed);
+    if (bits_empty(ix, e)) {
+        erase(ix, i);
+    }
+}
+
+/* --- engine map (writer only) ------------------------------------------- */
+
+static uint64_t map_key(uint32_t slot, uint64_t engine)
+{
+    return norm_key(mix(engine ^ ((uint64_t) slot << 48 | slot)));
+}
+
+static int64_t map_find(const kv_index_t *ix, uint32_t slot, uint64_t engine)
+{
+    uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i, n;
+    map_t   *m = map(ix);
+
+    for (i = key & mask, n = 0; n < ix->map_cap; i = (i + 1) & mask, n++) {
+        if (m[i].key == key && m[i].engine == engine && m[i].slot == slot) {
+            return (int64_t) i;
+        }
+        if (m[i].key == KEY_EMPTY) {
+            return -1;
+        }
+    }
+    return -1;
+}
+
+static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq)
+{
+    uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i, n;
+    map_t   *m = map(ix);
+    int64_t  at = map_find(ix, slot, engine);
+
+    if (at >= 0) {
+        m[at].seq = seq;
+        return;
+    }
+    if (ix->map_used + 1 > ix->map_cap * 3 / 4) {
+        /* full: forget a neighbour; its removal will count as unknown */
+        i = key & mask;
+        if (m[i].key >= 2) {
+            m[i].key = KEY_TOMB;
+            ix->map_used--;
+        }
+    }
+    for (i = key & mask, n = 0; n < ix->map_cap; i = (i + 1) & mask, n++) {
+        if (m[i].key < 2) {
+            m[i].key = key;
+            m[i].engine = engine;
+            m[i].seq = seq;
+            m[i].slot = slot;
+            ix->map_used++;
+            return;
+        }
+    }
+}
+
+/* The sequence hash an engine hash names for slot (itself if unmapped). */
+static uint64_t map_seq(kv_index_t *ix, uint32_t slot, uint64_t engine, int take)
+{
+    int64_t at = map_find(ix, slot, engine);
+    map_t  *m = map(ix);
+    uint64_t seq;
+
+    if (at < 0) {
+        return engine;
+    }
+    seq = m[at].seq;
+    if (take) {
+        m[at].key = KEY_TOMB;
+        ix->map_used--;
+    }
+    return seq;
+}
+
+/* --- workers ------------------------------------------------------------- */
+
+int kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
+{
+    slot_t  *s = slots(ix);
+    uint32_t i;
+
+    for (i = 0; i < ix->max_workers; i++) {
+        if (atomic_load_explicit(&s[i].in_use, memory_order_acquire)
+            && atomic_load_explicit(&s[i].worker_id, memory_order_relaxed) == worker_id
+            && atomic_load_explicit(&s[i].dp_rank, memory_order_relaxed) == dp_rank)
+        {
+            return (int) i;
+        }
+    }
+    return -1;
+}
+
+int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
+{
+    slot_t  *s = slots(ix);
+    int      at = kv_index_worker_find(ix, worker_id, dp_rank);
+    uint32_t i;
+
+    if (at >= 0) {
+        return at;
+    }
+    for (i = 0; i < ix->max_workers; i++) {
+        if (!atomic_load_explicit(&s[i].in_use, memory_order_relaxed)) {
+            atomic_store_explicit(&s[i].worker_id, worker_id, memory_order_relaxed);
+            atomic_store_explicit(&s[i].dp_rank, dp_rank, memory_order_relaxed);
+            atomic_store_explicit(&s[i].blocks, 0, memory_order_relaxed);
+            atomic_store_explicit(&s[i].in_use, 1, memory_order_release);
+            atomic_fetch_add(&ix->workers, 1);
+            return (int) i;
+        }
+    }
+    return -1;
+}
+
+/* Drops every block of the slots matching worker_id: one pass over the table. */
+static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
+{
+    slot_t  *s = slots(ix);
+    uint64_t mask[64] = { 0 }, i, b;
+    uint32_t k, w, any = 0;
+    map_t   *m = map(ix);
+
+    for (k = 0; k < ix->max_workers; k++) {
+        if (atomic_load(&s[k].in_use) && atomic_load(&s[k].worker_id) == worker_id) {
+            mask[k / 64] |= 1ULL << (k % 64);
+            any = 1;
+        }
+    }
+    if (!any) {
+        return;
+    }
+    for (i = 0; i < ix->cap; i++) {
+        entry_t *e = entry(ix, i);
+
+        if (atomic_load_explicit(&e->key, memory_order_relaxed) < 2) {
+            continue;
+        }
+        for (w = 0, b = 0; w < ix->words && w < 64; w++) {
+            b |= atomic_load_explicit(&e->bits[w], memory_order_relaxed) & mask[w];
+        }
+        if (!b) {
+            continue;
+        }
+        write_begin(e);
+        for (w = 0; w < ix->words && w < 64; w++) {
+            atomic_fetch_and_explicit(&e->bits[w], ~mask[w], memory_order_relaxed);
+        }
+        write_end(e);
+        if (bits_empty(ix, e)) {
+            erase(ix, i);
+        }
+    }
+    for (i = 0; i < ix->map_cap; i++) {
+        if (m[i].key >= 2 && (mask[m[i].slot / 64] >> (m[i].slot % 64) & 1)) {
+            m[i].key = KEY_TOMB;
+            ix->map_used--;
+        }
+    }
+    for (k = 0; k < ix->max_workers; k++) {
+        if (mask[k / 64] >> (k % 64) & 1) {
+            atomic_store(&s[k].blocks, 0);
+            if (release) {
+                atomic_store_explicit(&s[k].in_use, 0, memory_order_release);
+                atomic_fetch_sub(&ix->workers, 1);
+            }
+        }
+    }
+    atomic_fetch_add(&ix->cleared, 1);
+}
+
+void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
+{
+    clear_slots(ix, worker_id, 0);
+}
+
+void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
+{
+    clear_slots(ix, worker_id, 1);
+}
+
+/* --- events -------------------------------------------------------------- */
+
+static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t now,
+                        char *err, size_t errlen)
+{
+    uint64_t parent = 0, seq;
+    int64_t  at;
+    size_t   i;
+
+    if (ev->has_parent) {
+        parent = map_seq(ix, (uint32_t) slot, ev->parent_hash, 0);
+        at = find(ix, norm_key(parent));
+        if (at < 0 || !test_bit(entry(ix, (uint64_t) at), (uint32_t) slot)) {
+            atomic_fetch_add_explicit(&ix->unknown_parent, 1, memory_order_relaxed);
+            snprintf(err, errlen, "parent %llu of a stored event is not indexed",
+                     (unsigned long long) ev->parent_hash);
+            return -1;
+        }
+    }
+    for (i = 0; i < ev->n_blocks; i++) {
+        const kv_stored_block_t *b = &ev->blocks[i];
+
+        seq = (i == 0 && !ev->has_parent) ? b->tokens_hash
+                                          : kv_hash_chain(parent, b->tokens_hash);
+        set_holder(ix, upsert(ix, norm_key(seq), now), (uint32_t) slot, now);
+        if (b->block_hash != seq) {
+            map_put(ix, (uint32_t) slot, b->block_hash, seq);
+        }
+        parent = seq;
+    }
+    return 0;
+}
+
+static void apply_removed(kv_index_t *ix, int slot, const kv_event_t *ev)
+{
+    int64_t at;
+    size_t  i;
+
+    for (i = 0; i < ev->n_hashes; i++) {
+        uint64_t seq = map_seq(ix, (uint32_t) slot, ev->hashes[i], 1);
+
+        at = find(ix, norm_key(seq));
+        if (at < 0 || !test_bit(entry(ix, (uint64_t) at), (uint32_t) slot)) {
+            atomic_fetch_add_explicit(&ix->unknown_remove, 1, memory_order_relaxed);
+            continue;
+        }
+        clear_holder(ix, (uint64_t) at, (uint32_t) slot);
+        atomic_fetch_add_explicit(&ix->removed, 1, memory_order_relaxed);
+    }
+}
+
+int kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
+                   char *err, size_t errlen)
+{
+    int slot;
+
+    if (ev->kind == KV_EVENT_CLEARED) {
+        kv_index_worker_clear(ix, ev->worker_id);
+        return 0;
+    }
+    slot = kv_index_worker_add(ix, ev->worker_id, ev->dp_rank);
+    if (slot < 0) {
+        snprintf(err, errlen, "no free worker slot for worker %llu (max_workers %u)",
+                 (unsigned long long) ev->worker_id, ix->max_workers);
+        return -1;
+    }
+    if (ev->kind == KV_EVENT_STORED) {
+        return apply_stored(ix, slot, ev, (uint32_t) now_ms, err, errlen);
+    }
+    if (ev->kind == KV_EVENT_REMOVED) {
+        apply_removed(ix, slot, ev);
+        return 0;
+    }
+    snprintf(err, errlen, "unknown event kind %d", (int) ev->kind);
+    return -1;
+}
+
+/* --- approximate mode ---------------------------------------------------- */
+
+void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
+                     uint64_t now_ms)
+{
+    size_t i;
+
+    if (slot >= ix->max_workers) {
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        set_holder(ix, upsert(ix, norm_key(seq[i]), (uint32_t) now_ms), slot,
+                   (uint32_t) now_ms);
+    }
+    while (ix->approximate && ix->used > ix->max_blocks) {
+        uint64_t target = (uint64_t) ((double) ix->max_blocks * ix->prune_ratio);
+
+        while (ix->used > target) {
+            evict_one(ix, &ix->pruned, (uint32_t) now_ms);
+        }
+    }
+}
+
+void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
+{
+    uint32_t now = (uint32_t) now_ms;
+    uint64_t i;
+
+    if (!ix->approximate || ix->used == 0) {
+        return;
+    }
+    /* a full sweep at most every tenth of the TTL */
+    if (ix->last_expire && now - (uint32_t) ix->last_expire < ix->ttl_ms / 10) {
+        return;
+    }
+    ix->last_expire = now ? now : 1;
+    for (i = 0; i < ix->cap; i++) {
+        entry_t *e = entry(ix, i);
+
+        if (atomic_load_explicit(&e->key, memory_order_relaxed) >= 2
+            && now - e->touch > ix->ttl_ms)
+        {
+            drop(ix, i);
+            atomic_fetch_add_explicit(&ix->expired, 1, memory_order_relaxed);
+        }
+    }
+}
+
+/* --- readers ------------------------------------------------------------- */
+
+/* A consistent copy of the holders of key; 0 if absent. */
+static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
+{
+    uint64_t mask = ix->cap - 1, i, k, n;
+    uint32_t s1, s2, w;
+
+    for (i = mix(key) & mask, n = 0; n < ix->cap; i = (i + 1) & mask, n++) {
+        entry_t *e = entry(ix, i);
+
+        for ( ;; ) {
+            s1 = atomic_load_explicit(&e->lock, memory_order_acquire);
+            if (s1 & 1) {
+                continue;
+            }
+            k = atomic_load_explicit(&e->key, memory_order_relaxed);
+            if (k == key) {
+                for (w = 0; w < ix->words; w++) {
+                    bits[w] = atomic_load_explicit(&e->bits[w], memory_order_relaxed);
+                }
+            }
+            atomic_thread_fence(memory_order_acquire);
+            s2 = atomic_load_explicit(&e->lock, memory_order_relaxed);
+            if (s1 == s2) {
+                break;
+            }
+        }
+        if (k == key) {
+            return 1;
+        }
+        if (k == KEY_EMPTY) {
+            return 0;
+        }
+    }
+    return 0;
+}
+
+size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                      kv_overlap_t *out, size_t cap)
+{
+    uint64_t alive[64], bits[64], gone;
+    uint32_t w, words = ix->words < 64 ? ix->words : 64;
+    size_t   i, found = 0;
+    int      any;
+
+    if (n == 0 || !read_holders(ix, norm_key(seq[0]), alive)) {
+        return 0;
+    }
+    /* walk until no worker holds the prefix: the answer is known there */
+    for (i = 1; i <= n; i++) {
+        if (i < n && !read_holders(ix, norm_key(seq[i]), bits)) {
+            memset(bits, 0, words * sizeof(uint64_t));
+        }
+        any = 0;
+        for (w = 0; w < words; w++) {
+            gone = i < n ? alive[w] & ~bits[w] : alive[w];
+            while (gone && found < cap) {
+                out[found].slot = w * 64 + (uint32_t) __builtin_ctzll(gone);
+                out[found].blocks = (uint32_t) i;
+                found++;
+                gone &= gone - 1;
+            }
+            if (i < n) {
+                alive[w] &= bits[w];
+            }
+            any |= alive[w] != 0;
+        }
+        if (!any || i == n) {
+            break;
+        }
+    }
+    return found;
+}
+
+int kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_id,
+                         uint32_t *dp_rank)
+{
+    slot_t *s;
+
+    if (slot >= ix->max_workers) {
+        return -1;
+    }
+    s = &slots(ix)[slot];
+    if (!atomic_load_explicit(&s->in_use, memory_order_acquire)) {
+        return -1;
+    }
+    *worker_id = atomic_load_explicit(&s->worker_id, memory_order_relaxed);
+    *dp_rank = atomic_load_explicit(&s->dp_rank, memory_order_relaxed);
+    return 0;
+}
+
+uint64_t kv_index_worker_blocks(const kv_index_t *ix, uint32_t slot)
+{
+    return slot < ix->max_workers ? atomic_load(&slots(ix)[slot].blocks) : 0;
+}
+
+uint32_t kv_index_max_workers(const kv_index_t *ix)
+{
+    return ix->max_workers;
+}
+
+void kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st)
+{
+    kv_index_t *m = (kv_index_t *) ix;
+
+    st->blocks = atomic_load(&m->live);
+    st->capacity = (uint64_t) ((double) ix->cap * MAX_LOAD);
+    st->bytes = ix->size;
+    st->workers = atomic_load(&m->workers);
+    st->stored = atomic_load(&m->stored);
+    st->removed = atomic_load(&m->removed);
+    st->cleared = atomic_load(&m->cleared);
+    st->evicted = atomic_load(&m->evicted);
+    st->expired = atomic_load(&m->expired);
+    st->pruned = atomic_load(&m->pruned);
+    st->unknown_parent = atomic_load(&m->unknown_parent);
+    st->unknown_remove = atomic_load(&m->unknown_remove);
+}

@@ -1,0 +1,223 @@
+"""Event ingestion (issue 7): the helper process in nginx, real nats-server,
+real kvworker engines publishing KV events."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import zlib
+
+import pytest
+
+import kvt
+
+CONF = """
+    kvroute_zone kv 16m;
+    kvroute_events %(nats)s zone=kv heartbeat_timeout=%(hb)s %(events)s;
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv mode=events;
+        %(servers)s
+        keepalive 8;
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        location /v1/ {
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            kvroute_debug_headers on;
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def conf(nats_url, ports, events="", hb="3s", servers=None):
+    servers = servers or "\n".join("server 127.0.0.1:%d;" % p for p in ports)
+    return CONF % {"nats": nats_url, "servers": servers, "events": events, "hb": hb}
+
+
+def ids(name, n):
+    h = zlib.crc32(name.encode()) % 10000
+    return [1000 + (h * 31 + i) % 30000 for i in range(n)]
+
+
+def complete(port, prompt, max_tokens=1):
+    return kvt.post_json(port, "/v1/completions",
+                         {"model": "kvroute-mock", "prompt": prompt, "max_tokens": max_tokens})
+
+
+def status(port):
+    s, _, body = kvt.request(port, "GET", "/kvroute/status")
+    assert s == 200
+    return json.loads(body)["zones"]["kv"]
+
+
+def events_status(port):
+    return status(port)["events"]
+
+
+def indexed(port, server):
+    for x in status(port)["upstreams"]["llm"]:
+        if x["server"] == server:
+            return x["indexed_blocks"]
+    raise KeyError(server)
+
+
+def setup(stack, engines=2, events="", hb="3s", nats=None, jetstream=False):
+    nats = nats or stack.nats(jetstream=jetstream)
+    w = stack.worker(engines=engines, extra=["--speedup", "50", "--nats", nats.url,
+                                             "--heartbeat-ms", "200"])
+    ng = stack.nginx(conf(nats.url, w.ports, events, hb))
+    kvt.wait_until(lambda: len([x for x in events_status(ng.port)["workers"]
+                                if x["state"] == "live"]) == engines,
+                   what="workers announced")
+    return nats, w, ng
+
+
+def warm(worker_port, prompt):
+    """Send a request straight to one worker: nginx learns of it only by events."""
+    s, _, body, _ = complete(worker_port, prompt)
+    assert s == 200, body
+
+
+def test_events_steer_requests_to_the_cache_holder(stack):
+    nats, w, ng = setup(stack)
+    a, b = w.ports
+    for name, port in (("doc-a", a), ("doc-b", b)):
+        warm(port, ids(name, 320))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= 20
+                   and indexed(ng.port, "127.0.0.1:%d" % b) >= 20, what="events indexed")
+    for name, port in (("doc-a", a), ("doc-b", b)):
+        for i in range(3):
+            s, h, body, _ = complete(ng.port, ids(name, 320) + [i] * 16)
+            assert s == 200
+            assert h["x-kvroute-worker"] == "127.0.0.1:%d" % port
+            assert h["x-kvroute-overlap"] == "20"
+            assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 320
+    ev = events_status(ng.port)
+    assert ev["nats"] == "connected" and ev["decode_errors"] == 0 and ev["gaps"] == 0
+    assert ev["events"] > 0 and ev["blocks"] >= 40
+    assert status(ng.port)["mode"] == "events"
+    assert ng.alerts() == []
+
+
+def test_helper_killed_is_respawned_and_index_kept(stack):
+    nats, w, ng = setup(stack)
+    a, b = w.ports
+    warm(a, ids("kill", 160))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= 10, what="indexed")
+    pid = events_status(ng.port)["helper_pid"]
+    os.kill(pid, signal.SIGKILL)
+    kvt.wait_until(lambda: events_status(ng.port)["helper_pid"] not in (0, pid),
+                   what="new helper")
+    # the new helper resyncs every announced worker from its dump
+    kvt.wait_until(lambda: events_status(ng.port)["dumps"] >= 2, what="resync dumps")
+    assert indexed(ng.port, "127.0.0.1:%d" % a) >= 10
+    s, h, _, _ = complete(ng.port, ids("kill", 160) + [1])
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a and h["x-kvroute-overlap"] == "10"
+    warm(b, ids("after", 160))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) >= 10, what="new events")
+    alerts = [l for l in ng.alerts() if "exited on signal 9" not in l]
+    assert alerts == []
+
+
+def test_reload_keeps_index_and_one_writer(stack):
+    nats, w, ng = setup(stack)
+    a, b = w.ports
+    warm(a, ids("reload", 160))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= 10, what="indexed")
+    before = events_status(ng.port)["helper_pid"]
+    ng.reload(settle=0.3)
+    kvt.wait_until(lambda: events_status(ng.port)["helper_pid"] not in (0, before),
+                   what="new helper after reload")
+    assert indexed(ng.port, "127.0.0.1:%d" % a) >= 10
+    s, h, _, _ = complete(ng.port, ids("reload", 160) + [1])
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+    # exactly one helper process holds the lease
+    out = subprocess.run(["pgrep", "-f", "-P", str(ng.proc.pid), "cache manager"],
+                         capture_output=True, text=True).stdout.split()
+    assert len(out) == 1
+    assert ng.alerts() == []
+
+
+def test_nats_down_at_start_then_up(stack):
+    port = kvt.free_port()
+    url = "nats://127.0.0.1:%d" % port
+    w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", url, "--heartbeat-ms", "200"])
+    ng = stack.nginx(conf(url, w.ports))
+    # serving without NATS: load only
+    s, h, _, _ = complete(ng.port, ids("down", 64))
+    assert s == 200
+    assert events_status(ng.port)["nats"] != "connected"
+    stack.nats(port=port)
+    kvt.wait_until(lambda: events_status(ng.port)["nats"] == "connected", timeout=15,
+                   what="helper connected")
+    kvt.wait_until(lambda: len([x for x in events_status(ng.port)["workers"]
+                                if x["state"] == "live"]) == 2, timeout=15, what="workers")
+    warm(w.ports[1], ids("up", 160))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % w.ports[1]) >= 10,
+                   what="events after NATS came up")
+
+
+def test_nats_restart_reconnects_and_resyncs(stack):
+    nats, w, ng = setup(stack)
+    a, b = w.ports
+    warm(a, ids("nr1", 160))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= 10, what="indexed")
+    port = nats.port
+    kvt._kill(nats)
+    time.sleep(0.5)
+    s, h, _, _ = complete(ng.port, ids("nr-during", 64))
+    assert s == 200
+    warm(b, ids("nr2", 160))          # published while NATS is down: lost
+    stack.nats(port=port)
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) >= 10, timeout=20,
+                   what="resync recovers what NATS lost")
+    assert events_status(ng.port)["nats"] == "connected"
+
+
+def test_worker_silent_loses_blocks(stack):
+    nats, w, ng = setup(stack, hb="1s")
+    a, b = w.ports
+    warm(a, ids("silent", 160))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= 10, what="indexed")
+    os.kill(w.pid, signal.SIGSTOP)
+    try:
+        kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) == 0, timeout=10,
+                       what="blocks dropped after heartbeat timeout")
+        assert events_status(ng.port)["timeouts"] >= 1
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+    # back: resynced from its dump
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= 10, timeout=15,
+                   what="resync after return")
+
+
+def test_master_process_off(stack):
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", nats.url,
+                                       "--heartbeat-ms", "200"])
+    ng = stack.nginx(conf(nats.url, w.ports), main_conf="master_process off;")
+    warm(w.ports[0], ids("single", 160))
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % w.ports[0]) >= 10,
+                   what="single-process helper")
+    s, h, _, _ = complete(ng.port, ids("single", 160) + [3])
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % w.ports[0]
+
+
+def test_bad_events_config_rejected(stack):
+    for text, needle in (
+        ("kvroute_events nats://127.0.0.1:1;", "needs zone=NAME at http level"),
+        ("kvroute_events http://x zone=kv;", 'invalid NATS URL "http://x"'),
+        ("kvroute_events nats://127.0.0.1:1 zone=kv jetstream=S;", "durable=NAME"),
+        ("kvroute_events nats://127.0.0.1:1 zone=kv bogus=1;", 'invalid parameter "bogus=1"'),
+    ):
+        body = conf("nats://127.0.0.1:1", [1]).replace(
+            "kvroute_events nats://127.0.0.1:1 zone=kv heartbeat_timeout=3s ;", text)
+        n = kvt.Nginx(stack, body, "", kvt.free_port(), 1)
+        ok, out = n.check()
+        assert not ok and needle in out, out
