@@ -1,0 +1,128 @@
+/* UTF-8 and character classes for the tokenizer (see kv_unicode.h). */
+#include "kv_unicode.h"
+
+static int in_ranges(const kv_uni_range_t *r, unsigned n, uint32_t cp)
+{
+    unsigned lo = 0, hi = n;
+
+    while (lo < hi) {
+        unsigned mid = (lo + hi) / 2;
+
+        if (cp < r[mid].lo) {
+            hi = mid;
+        } else if (cp > r[mid].hi) {
+            lo = mid + 1;
+        } else {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static unsigned char ascii_class[128];
+static int            ascii_ready;
+
+int kv_uni_class(uint32_t cp)
+{
+    if (cp < 128) {
+        if (!ascii_ready) {
+            /* races are benign: every thread writes the same values */
+            for (uint32_t c = 0; c < 128; c++) {
+                ascii_class[c] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ? KV_UNI_LETTER
+                               : (c >= '0' && c <= '9') ? KV_UNI_NUMBER
+                               : (c == ' ' || (c >= 9 && c <= 13)) ? KV_UNI_SPACE
+                               : KV_UNI_OTHER;
+            }
+            ascii_ready = 1;
+        }
+        return ascii_class[cp];
+    }
+    if (in_ranges(kv_uni_letters, kv_uni_letters_n, cp)) return KV_UNI_LETTER;
+    if (in_ranges(kv_uni_numbers, kv_uni_numbers_n, cp)) return KV_UNI_NUMBER;
+    if (in_ranges(kv_uni_spaces, kv_uni_spaces_n, cp)) return KV_UNI_SPACE;
+    return KV_UNI_OTHER;
+}
+
+size_t kv_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
+{
+    uint8_t  c = s[0];
+    uint32_t v, min;
+    size_t   len, i;
+    uint8_t  lo = 0x80, hi = 0xbf;
+
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2; v = c & 0x1f; min = 0x80;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3; v = c & 0x0f; min = 0x800;
+        if (c == 0xe0) lo = 0xa0;
+        if (c == 0xed) hi = 0x9f;       /* no surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4; v = c & 0x07; min = 0x10000;
+        if (c == 0xf0) lo = 0x90;
+        if (c == 0xf4) hi = 0x8f;
+    } else {
+        *cp = 0xfffd;
+        return 1;
+    }
+    /* the maximal subpart: as many bytes as could still start this char */
+    for (i = 1; i < len; i++) {
+        uint8_t b = i < n ? s[i] : 0;
+        uint8_t l = i == 1 ? lo : 0x80, h = i == 1 ? hi : 0xbf;
+
+        if (i >= n || b < l || b > h) {
+            *cp = 0xfffd;
+            return i;
+        }
+        v = v << 6 | (b & 0x3f);
+    }
+    (void) min;
+    *cp = v;
+    return len;
+}
+
+size_t kv_utf8_put(char *dst, uint32_t cp)
+{
+    if (cp < 0x80) {
+        dst[0] = (char) cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        dst[0] = (char) (0xc0 | cp >> 6);
+        dst[1] = (char) (0x80 | (cp & 0x3f));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        dst[0] = (char) (0xe0 | cp >> 12);
+        dst[1] = (char) (0x80 | (cp >> 6 & 0x3f));
+        dst[2] = (char) (0x80 | (cp & 0x3f));
+        return 3;
+    }
+    dst[0] = (char) (0xf0 | cp >> 18);
+    dst[1] = (char) (0x80 | (cp >> 12 & 0x3f));
+    dst[2] = (char) (0x80 | (cp >> 6 & 0x3f));
+    dst[3] = (char) (0x80 | (cp & 0x3f));
+    return 4;
+}
+
+int kv_utf8_valid(const uint8_t *s, size_t n)
+{
+    size_t   i = 0, k;
+    uint32_t cp;
+
+    while (i < n) {
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        k = kv_utf8_next(s + i, n - i, &cp);
+        if (cp == 0xfffd && !(k == 3 && s[i] == 0xef && s[i + 1] == 0xbf && s[i + 2] == 0xbd)) {
+            return 0;
+        }
+        i += k;
+    }
+    return 1;
+}

@@ -1,0 +1,37 @@
+/*
+ * The little Unicode the tokenizer needs: UTF-8 decoding with the
+ * replacement Python applies to invalid bytes, and the classes the
+ * tokenizers' pre-tokenizer regexes use: \p{L}, \p{N} and \s (White_Space).
+ * Tables are generated from the Unicode Character Database
+ * (tools/gen-unicode-tables.py -> kv_unicode_tables.c).
+ */
+#ifndef KV_UNICODE_H
+#define KV_UNICODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint32_t lo, hi;
+} kv_uni_range_t;
+
+extern const kv_uni_range_t kv_uni_letters[], kv_uni_numbers[], kv_uni_spaces[];
+extern const unsigned kv_uni_letters_n, kv_uni_numbers_n, kv_uni_spaces_n;
+
+enum { KV_UNI_OTHER = 0, KV_UNI_LETTER = 1, KV_UNI_NUMBER = 2, KV_UNI_SPACE = 3 };
+
+/* KV_UNI_LETTER, _NUMBER, _SPACE or _OTHER. */
+int kv_uni_class(uint32_t cp);
+
+/*
+ * Decodes one code point at s[0..n). Returns its length in bytes; for an
+ * invalid sequence returns the length of its maximal subpart (at least 1)
+ * with *cp = U+FFFD, as Python's bytes.decode("utf-8", "replace") does.
+ */
+size_t kv_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
+size_t kv_utf8_put(char *dst, uint32_t cp);
+
+/* 1 if s[0..n) is valid UTF-8. */
+int kv_utf8_valid(const uint8_t *s, size_t n);
+
+#endif
