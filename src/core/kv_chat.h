@@ -36,4 +36,13 @@ char *kv_chat_render(const kv_chat_template_t *t, const json_t *messages,
                      const json_t *tools, int add_generation_prompt,
                      size_t *len, char *err, size_t errlen);
 
+/*
+ * kv_chat_render with the clock given: now (seconds since the epoch, shown
+ * in local time as datetime.now() would) is what strftime_now() formats.
+ * kv_chat_render uses time(NULL), or $KV_CHAT_NOW when set (tests).
+ */
+char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages,
+                        const json_t *tools, int add_generation_prompt, long long now,
+                        size_t *len, char *err, size_t errlen);
+
 #endif
