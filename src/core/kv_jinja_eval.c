@@ -18,6 +18,10 @@
 
 #include "kv_jinja.h"
 
+/* A render that loops this often or prints this much is a broken template, not a prompt. */
+#define MAX_STEPS (10u * 1000 * 1000)
+#define MAX_OUTPUT ((size_t)256 << 20)
+
 typedef struct frame frame;
 struct frame {
     frame *parent;
@@ -34,6 +38,7 @@ struct jj_ctx {
     int failed;
     int brk, cont;      /* pending {% break %} / {% continue %} */
     int depth;          /* macro call depth */
+    uint64_t steps;     /* loop iterations and macro calls so far: bounds a render */
     frame *root;        /* the template's top-level frame */
     long long now;
 };
@@ -457,6 +462,7 @@ static int eval_args(jj_ctx *c, frame *f, const jnode *n, callargs *ca)
 static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jv *out)
 {
     if (c->depth > 64) return jj_fail(c, "macro recursion too deep");
+    if (++c->steps > MAX_STEPS) return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
     if (ca->nargs > m->nnames) return jj_fail(c, "macro '%s' takes not more than %d argument(s)", m->s, m->nnames);
     frame mf = { .parent = c->root };
     for (int i = 0; i < m->nnames; i++) {
@@ -682,6 +688,8 @@ static int ex_for(jj_ctx *c, frame *f, const jnode *n)
     for (size_t i = 0; i < cnt; i++) {
         it.n = 0;
         loop->index0 = i;
+        if (++c->steps > MAX_STEPS) return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
+        if (c->out->n > MAX_OUTPUT) return jj_fail(c, "template output too large");
         if (assign(c, &it, n, items[i]) || frame_set(c, &it, "loop", lv)) return -1;
         if (ex(c, &it, n->c)) return -1;
         c->cont = 0;

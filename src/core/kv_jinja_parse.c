@@ -28,7 +28,10 @@ typedef struct {
     char *err;
     size_t errlen;
     int failed;
+    int depth; /* nesting of expressions and blocks: bounded so the C stack is */
 } parser;
+
+#define MAX_DEPTH 200
 
 static jt *cur(parser *P) { return &P->t->toks.toks[P->pos]; }
 static jt *peek(parser *P, size_t k)
@@ -359,7 +362,17 @@ static jnode *parse_filter_expr(parser *P, jnode *n)
     return n;
 }
 
+static jnode *parse_unary_inner(parser *P, int with_filter);
+
 static jnode *parse_unary(parser *P, int with_filter)
+{
+    if (++P->depth > MAX_DEPTH) return fail(P, "expression nested too deeply");
+    jnode *n = parse_unary_inner(P, with_filter);
+    P->depth--;
+    return n;
+}
+
+static jnode *parse_unary_inner(parser *P, int with_filter)
 {
     jnode *n;
     if (is_op(cur(P), "-") || is_op(cur(P), "+")) {
@@ -454,7 +467,9 @@ static jnode *parse_not(parser *P)
     if (is_name(cur(P), "not")) {
         P->pos++;
         jnode *n = node(P, N_NOT);
+        if (++P->depth > MAX_DEPTH) return fail(P, "expression nested too deeply");
         if (!n || !(n->a = parse_not(P))) return NULL;
+        P->depth--;
         return n;
     }
     return parse_compare(P);
@@ -485,7 +500,9 @@ static jnode *parse_condexpr(parser *P)
         if (!(c->a = parse_or(P))) return NULL;
         if (is_name(cur(P), "else")) {
             P->pos++;
+            if (++P->depth > MAX_DEPTH) return fail(P, "expression nested too deeply");
             if (!(c->c = parse_condexpr(P))) return NULL;
+            P->depth--;
         }
         n = c;
     }
@@ -689,6 +706,7 @@ static int is_end(jt *t, const char *const *ends)
  * leaves the position on that end name. */
 static int parse_body(parser *P, jnode *body, const char *const *ends)
 {
+    if (P->depth + 1 > MAX_DEPTH) { fail(P, "blocks nested too deeply"); return -1; }
     for (;;) {
         jt *t = cur(P);
         jnode *n = NULL;
@@ -709,7 +727,10 @@ static int parse_body(parser *P, jnode *body, const char *const *ends)
         } else if (t->type == T_BLOCK_BEGIN) {
             P->pos++;
             if (is_end(cur(P), ends)) return 0;
-            if (!(n = parse_statement(P))) return -1;
+            P->depth++;
+            n = parse_statement(P);
+            P->depth--;
+            if (!n) return -1;
         } else {
             fail(P, "unexpected token");
             return -1;
