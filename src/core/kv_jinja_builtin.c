@@ -247,15 +247,8 @@ static int split(jj_ctx *c, jv s, const jv *sep, int64_t maxsplit, int right, jv
     while (i < n) {
         while (i < n && py_space(dec(p + i, n - i, &len))) i += len;
         if (i >= n) break;
-        if (maxsplit >= 0 && k >= maxsplit) {
-            size_t e = n;
-            while (e > i) { /* trailing whitespace is stripped from the remainder */
-                size_t b = e - 1;
-                while (b > i && ((unsigned char)p[b] & 0xC0) == 0x80) b--;
-                if (!py_space(dec(p + b, e - b, &len))) break;
-                e = b;
-            }
-            jv_list_push(a, l, jv_strn(p + i, e - i));
+        if (maxsplit >= 0 && k >= maxsplit) { /* the remainder keeps its trailing whitespace */
+            jv_list_push(a, l, jv_strn(p + i, n - i));
             break;
         }
         size_t start = i;
@@ -301,7 +294,7 @@ static const char *const methods[] = {
     "strip", "lstrip", "rstrip", "startswith", "endswith", "split", "rsplit", "title", "upper",
     "lower", "replace", "capitalize", "find", "rfind", "count", "join", "get", "items", "keys",
     "values", "append", "extend", "insert", "pop", "remove", "update", "setdefault", "clear",
-    "index", "isdigit", "isspace", "isalpha", "isalnum", NULL,
+    "index", "isdigit", "isspace", "isalpha", "isalnum", "cycle", NULL,
 };
 
 int jj_method_known(const char *name)
@@ -393,6 +386,11 @@ int jj_call_method(jj_ctx *c, jj_method *mt, const jv *args, int nargs,
 {
     jv self = mt->self;
     const char *m = mt->name;
+    if (self.kind == JV_LOOP) { /* loop.cycle(a, b, ...) */
+        if (nargs < 1) return jj_fail(c, "no items for cycling given");
+        *out = args[self.u.loop->index0 % (size_t)nargs];
+        return 0;
+    }
     if (self.kind == JV_STR) return str_method(c, self, m, args, nargs, kwn, kwv, nkw, out);
     if (self.kind == JV_DICT) {
         if (!strcmp(m, "get")) {
@@ -556,6 +554,7 @@ static int filter_int(jj_ctx *c, jv v, const jv *def, int is_float, jv *out)
             while (*end && isspace((unsigned char)*end)) end++;
             if (end != buf && !*end) { *out = jv_int(i); return 0; }
         }
+        if (strpbrk(buf, "xXpP")) { *out = d; return 0; } /* strtod would read hex floats */
         double f = strtod(buf, &end);
         while (*end && isspace((unsigned char)*end)) end++;
         *out = end != buf && !*end ? (is_float ? jv_float(f) : jv_int((int64_t)f)) : d;

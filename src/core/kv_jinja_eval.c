@@ -125,8 +125,12 @@ static int is_method_of(jv obj, const char *name)
     return 0;
 }
 
-static jv loop_attr(jj_loop *l, const char *name)
+static jv make_method(jj_ctx *c, jv self, const char *name);
+
+static jv loop_attr(jj_ctx *c, jv lv, const char *name)
 {
+    jj_loop *l = lv.u.loop;
+    if (!strcmp(name, "cycle")) return make_method(c, lv, "cycle");
     if (!strcmp(name, "index")) return jv_int((int64_t)l->index0 + 1);
     if (!strcmp(name, "index0")) return jv_int((int64_t)l->index0);
     if (!strcmp(name, "first")) return jv_bool(l->index0 == 0);
@@ -144,7 +148,7 @@ static jv loop_attr(jj_loop *l, const char *name)
 jv jj_getattr(jj_ctx *c, jv obj, const char *name, size_t n)
 {
     if (obj.kind == JV_UNDEF) { undefined_error(c, obj); return obj; }
-    if (obj.kind == JV_LOOP) return loop_attr(obj.u.loop, name);
+    if (obj.kind == JV_LOOP) return loop_attr(c, obj, name);
     /* Python getattr first (methods win over keys), then the item. */
     if (is_method_of(obj, name)) return make_method(c, obj, name);
     if (obj.kind == JV_DICT || obj.kind == JV_NS) {
