@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kv_chat.h"
 #include "kvtest.h"
@@ -306,6 +307,66 @@ TEST(render_speed)
     }
 }
 
+/* tokenizer_config.json forms: list of named templates, token objects, null tokens. */
+TEST(config_forms)
+{
+    char path[] = "/tmp/kv_chat_cfg_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    const char *cfg =
+        "{\"bos_token\": {\"content\": \"<B>\", \"lstrip\": false}, \"eos_token\": null, \"unk_token\": \"<U>\","
+        " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ eos_token is defined }}{{ unk_token }}\"},"
+        " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"}]}";
+    CHECK(write(fd, cfg, strlen(cfg)) == (ssize_t)strlen(cfg));
+    close(fd);
+    char err[256];
+    json_t *msgs = json_array(), *tools = json_loads("[{\"type\": \"function\"}]", 0, NULL);
+    kv_chat_template_t *d = kv_chat_load(path, NULL, err, sizeof err);
+    kv_chat_template_t *t = kv_chat_load(path, "tool_use", err, sizeof err);
+    CHECK(kv_chat_load(path, "nope", err, sizeof err) == NULL);
+    CHECK(strstr(err, "nope") != NULL);
+    char *a = d ? kv_chat_render(d, msgs, NULL, 0, NULL, err, sizeof err) : NULL;
+    char *b = t ? kv_chat_render(t, msgs, tools, 0, NULL, err, sizeof err) : NULL;
+    CHECK_STR(a, "D<B>False<U>");
+    CHECK_STR(b, "T1");
+    free(a);
+    free(b);
+    kv_chat_free(d);
+    kv_chat_free(t);
+    json_decref(msgs);
+    json_decref(tools);
+    unlink(path);
+    /* a chat_template.jinja given directly takes its tokens from the config beside it */
+    kv_chat_template_t *j = kv_chat_load("conf/tokenizers/smollm3-3b/chat_template.jinja", NULL, err, sizeof err);
+    CHECK(j != NULL);
+    kv_chat_free(j);
+}
+
+/* vLLM's content rule: text parts joined with "\n" unless the template loops over content. */
+TEST(content_parts)
+{
+    char err[256];
+    json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"},"
+                              "{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}, {\"type\": \"text\", \"text\": \"b\"}]}]", 0, NULL);
+    kv_chat_template_t *s = kv_chat_load_string("{{ messages[0].content }}", NULL, NULL, err, sizeof err);
+    kv_chat_template_t *l = kv_chat_load_string("{% for p in messages[0]['content'] %}[{{ p.type }}]{% endfor %}", NULL, NULL, err, sizeof err);
+    kv_chat_template_t *v = kv_chat_load_string("{% set c = messages[0].content %}{% for p in c %}<{{ p.type }}>{% endfor %}", NULL, NULL, err, sizeof err);
+    char *a = kv_chat_render(s, msgs, NULL, 0, NULL, err, sizeof err);
+    char *b = kv_chat_render(l, msgs, NULL, 0, NULL, err, sizeof err);
+    char *c = kv_chat_render(v, msgs, NULL, 0, NULL, err, sizeof err);
+    CHECK_STR(a, "a\nb");
+    CHECK_STR(b, "[text][image_url][text]");
+    CHECK_STR(c, "<text><image_url><text>");
+    free(a);
+    free(b);
+    free(c);
+    kv_chat_free(s);
+    kv_chat_free(l);
+    kv_chat_free(v);
+    json_decref(msgs);
+}
+
 int main(void)
 {
     RUN(fixtures_all_templates);
@@ -313,6 +374,8 @@ int main(void)
     RUN(refusals);
     RUN(runtime_errors);
     RUN(pinned_clock);
+    RUN(config_forms);
+    RUN(content_parts);
     RUN(thread_safe);
     RUN(render_speed);
     return kvt_done();
