@@ -329,7 +329,10 @@ static jv repeat(jj_ctx *c, jv seq, int64_t times)
 static int arith(jj_ctx *c, int op, jv a, jv b, jv *out)
 {
     static const char *const names[] = { "", "+", "-", "*", "/", "//", "%", "**" };
-    if (op == OP_ADD && a.kind == JV_STR && b.kind == JV_STR) { *out = concat_str(c, a, b); return 0; }
+    if (op == OP_ADD && a.kind == JV_STR && b.kind == JV_STR) {
+        *out = concat_str(c, a, b);
+        return out->kind == JV_UNDEF ? jj_fail(c, "out of memory") : 0;
+    }
     if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST && a.u.list->tuple == b.u.list->tuple) {
         jv r = jv_new_list(c->a, a.u.list->n + b.u.list->n);
         r.u.list->tuple = a.u.list->tuple;
@@ -338,8 +341,15 @@ static int arith(jj_ctx *c, int op, jv a, jv b, jv *out)
         *out = r;
         return 0;
     }
-    if (op == OP_MUL && (a.kind == JV_STR || a.kind == JV_LIST) && (b.kind == JV_INT || b.kind == JV_BOOL)) { *out = repeat(c, a, b.u.i); return 0; }
-    if (op == OP_MUL && (b.kind == JV_STR || b.kind == JV_LIST) && (a.kind == JV_INT || a.kind == JV_BOOL)) { *out = repeat(c, b, a.u.i); return 0; }
+    if (op == OP_MUL && (b.kind == JV_STR || b.kind == JV_LIST) && (a.kind == JV_INT || a.kind == JV_BOOL)) {
+        jv t = a; a = b; b = t;
+    }
+    if (op == OP_MUL && (a.kind == JV_STR || a.kind == JV_LIST) && (b.kind == JV_INT || b.kind == JV_BOOL)) {
+        size_t unit = a.kind == JV_STR ? a.u.str.n : a.u.list->n;
+        if (b.u.i > 0 && unit > 0 && (uint64_t)b.u.i > MAX_OUTPUT / unit) return jj_fail(c, "repeated sequence too large");
+        *out = repeat(c, a, b.u.i);
+        return out->kind == JV_UNDEF ? jj_fail(c, "out of memory") : 0;
+    }
     if (!is_num(a) || !is_num(b)) return type_error(c, names[op], a, b);
     int ints = a.kind != JV_FLOAT && b.kind != JV_FLOAT;
     int64_t x = a.u.i, y = b.u.i;

@@ -171,6 +171,8 @@ TEST(runtime_errors)
         { "{{ range(1000000) | length }}", "Range too big" },
         { "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}", "recursion" },
         { "{{ 1 // 0 }}", "division" },
+        { "{{ 'x' * 10000000000 }}", "too large" },
+        { "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "too long" },
     };
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -268,6 +270,7 @@ TEST(thread_safe)
     kv_chat_free(t);
 }
 
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -305,6 +308,35 @@ TEST(render_speed)
         }
         kv_chat_free(t);
     }
+}
+
+
+/* A multi-megabyte message renders in linear time. */
+TEST(big_content)
+{
+    char err[256];
+    kv_chat_template_t *t = kv_chat_load("conf/tokenizers/qwen2.5-instruct/tokenizer_config.json", NULL, err, sizeof err);
+    CHECK(t != NULL);
+    if (!t) return;
+    size_t n = 4 << 20;
+    char *big = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) big[i] = "abc de\n"[i % 7];
+    big[n] = 0;
+    json_t *msgs = json_array();
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", big));
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", big));
+    double t0 = now_s();
+    size_t len = 0;
+    char *out = kv_chat_render(t, msgs, NULL, 1, &len, err, sizeof err);
+    double dt = now_s() - t0;
+    CHECK(out != NULL);
+    CHECK(len > 2 * n && len < 2 * n + 200);
+    fprintf(stderr, "  2 x 4 MiB messages: %.1f ms\n", dt * 1e3);
+    CHECK(dt < 2.0);
+    free(out);
+    free(big);
+    json_decref(msgs);
+    kv_chat_free(t);
 }
 
 /* tokenizer_config.json forms: list of named templates, token objects, null tokens. */
@@ -375,6 +407,7 @@ int main(void)
     RUN(runtime_errors);
     RUN(pinned_clock);
     RUN(config_forms);
+    RUN(big_content);
     RUN(content_parts);
     RUN(thread_safe);
     RUN(render_speed);
