@@ -201,6 +201,19 @@ CONVERSATIONS = [
     ("system_override", [S("/system_override Custom only."), U("hi")], None),
     ("jinja_like_text", [U("{{ not a tag }} {% neither %} {# nor #}"), A("}} %} #}")], None),
     ("two_systems", [S("first"), S("second"), U("hi")], None),
+    ("reasoning_content", [U("q1"), {"role": "assistant", "content": "a1", "reasoning_content": "thought 1"}, U("q2"),
+                           {"role": "assistant", "content": "<think>\nt2\n</think>\n\na2"}], None),
+    ("multi_step_tools", [U("Weather?"), {"role": "assistant", "content": "<think>plan</think>Calling.", "tool_calls": CALL_STR},
+                          {"role": "tool", "tool_call_id": "call12345", "content": "sunny"},
+                          {"role": "assistant", "content": "<think>done</think>It is sunny."}], TOOLS),
+    # chat_template_kwargs (transformers **kwargs / vLLM chat_template_kwargs)
+    ("kw_no_thinking", [S("sys"), U("hi"), A("<think>x</think>ok"), U("again")], None, {"enable_thinking": False}),
+    ("kw_thinking_true", [U("hi")], None, {"enable_thinking": True}),
+    ("kw_llama_tools_in_system", [S("sys"), U("Weather?")], TOOLS, {"tools_in_user_message": False, "date_string": "01 Jan 2025"}),
+    ("kw_llama_builtin", [S("sys"), U("Search it"), {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call99999", "type": "function", "function": {"name": "brave_search", "arguments": {"query": "kv cache"}}}]},
+        {"role": "ipython", "content": "results"}], None, {"builtin_tools": ["brave_search", "wolfram_alpha", "code_interpreter"]}),
+    ("kw_override_token", [U("hi")], None, {"bos_token": "<BOS>", "eos_token": "<EOS>", "custom_var": [1, "two"]}),
 ]
 
 
@@ -319,12 +332,17 @@ def main():
         tpl = env.from_string(src)
         keep_lists = iterates_content(env, src)
         lines = []
-        for conv, messages, tools in CONVERSATIONS:
+        for conv, messages, tools, *kw in CONVERSATIONS:
+            kwargs = kw[0] if kw else None
             for agp in (False, True):
                 rec = {"conv": conv, "add_generation_prompt": agp, "messages": messages, "tools": tools}
+                if kwargs:
+                    rec["kwargs"] = kwargs
                 try:
+                    # transformers: template_kwargs = {**special_tokens_map, **kwargs}
                     rec["output"] = tpl.render(messages=normalise(messages, keep_lists), tools=copy.deepcopy(tools),
-                                               documents=None, add_generation_prompt=agp, **special)
+                                               documents=None, add_generation_prompt=agp,
+                                               **{**special, **copy.deepcopy(kwargs or {})})
                 except Exception as e:  # noqa: BLE001 - every failure is an expected error
                     rec["error"] = f"{type(e).__name__}: {e}"
                 lines.append(json.dumps(rec, ensure_ascii=False))

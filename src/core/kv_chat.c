@@ -216,16 +216,26 @@ static void normalise_content(jj_arena *a, jv msgs)
     }
 }
 
-char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages,
-                        const json_t *tools, int add_generation_prompt, long long now,
+static int reserved(const char *k)
+{
+    return !strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "documents") ||
+           !strcmp(k, "add_generation_prompt");
+}
+
+char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages,
+                        const json_t *tools, int add_generation_prompt,
+                        const json_t *kwargs, long long now,
                         size_t *len, char *err, size_t errlen)
 {
     char dummy[8];
     if (!err) { err = dummy; errlen = sizeof dummy; }
     if (!t || !json_is_array(messages)) { snprintf(err, errlen, "messages must be a JSON array"); return NULL; }
+    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs)) { snprintf(err, errlen, "chat template kwargs must be a JSON object"); return NULL; }
+    size_t nkw = kwargs && json_is_object(kwargs) ? json_object_size(kwargs) : 0;
     jj_arena a = { 0 };
-    jj_var vars[4 + TOK_N];
+    jj_var *vars = jj_alloc(&a, (4 + TOK_N + nkw) * sizeof *vars);
     size_t n = 0;
+    if (!vars) { snprintf(err, errlen, "out of memory"); return NULL; }
     jv msgs = jv_from_json(&a, messages);
     if (!t->content_parts) normalise_content(&a, msgs);
     vars[n++] = (jj_var){ "messages", msgs };
@@ -234,6 +244,12 @@ char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages,
     vars[n++] = (jj_var){ "add_generation_prompt", jv_bool(add_generation_prompt) };
     for (int i = 0; i < TOK_N; i++)
         if (t->tokens[i]) vars[n++] = (jj_var){ tok_names[i], jv_cstr(t->tokens[i]) };
+    if (nkw) { /* later entries win: kwargs override special tokens, never the fixed four */
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)kwargs, k, v)
+            if (!reserved(k)) vars[n++] = (jj_var){ k, jv_from_json(&a, v) };
+    }
     jj_buf out = { 0 };
     int rc = jj_render(t->tpl, &a, vars, n, now, &out, err, errlen);
     jj_arena_free(&a);
@@ -245,6 +261,13 @@ char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages,
     if (!out.p && !(out.p = calloc(1, 1))) { snprintf(err, errlen, "out of memory"); return NULL; }
     if (len) *len = out.n;
     return out.p;
+}
+
+char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages,
+                        const json_t *tools, int add_generation_prompt, long long now,
+                        size_t *len, char *err, size_t errlen)
+{
+    return kv_chat_render_ex(t, messages, tools, add_generation_prompt, NULL, now, len, err, errlen);
 }
 
 char *kv_chat_render(const kv_chat_template_t *t, const json_t *messages,

@@ -33,7 +33,8 @@ static int check_case(const kv_chat_template_t *t, const char *name, json_t *rec
     const char *conv = json_string_value(json_object_get(rec, "conv"));
     char err[512];
     size_t len = 0;
-    char *got = kv_chat_render_at(t, msgs, json_is_null(tools) ? NULL : tools, agp, now, &len, err, sizeof err);
+    const json_t *kwargs = json_object_get(rec, "kwargs");
+    char *got = kv_chat_render_ex(t, msgs, json_is_null(tools) ? NULL : tools, agp, kwargs, now, &len, err, sizeof err);
     int ok;
     if (want) {
         ok = got && len == strlen(want) && !memcmp(got, want, len);
@@ -87,7 +88,7 @@ TEST(fixtures_all_templates)
         kv_chat_free(t);
     }
     fprintf(stderr, "  chat fixtures: %zu/%zu cases match\n", passed, total);
-    CHECK(total >= 500);
+    CHECK(total >= 700);
     CHECK_EQ_U64(passed, total);
     json_decref(idx);
 }
