@@ -230,6 +230,8 @@ long long jj_ctx_now(jj_ctx *c);
 int jj_failed(jj_ctx *c);
 jv jj_getattr(jj_ctx *c, jv obj, const char *name, size_t n);
 jv jj_getitem(jj_ctx *c, jv obj, jv key);
+/* Python's ordering (<) of two values: *cmp < 0, 0, > 0; -1 if they do not compare. */
+int jj_order(jj_ctx *c, jv a, jv b, int *cmp);
 /* Iterates a value as Python's iter() would: fills items/n (arena); -1 if not iterable. */
 int jj_iterate(jj_ctx *c, jv v, const jv **items, size_t *n);
 

@@ -428,7 +428,8 @@ int jj_call_method(jj_ctx *c, jj_method *mt, const jv *args, int nargs,
 static const char *const filters[] = {
     "tojson", "trim", "length", "count", "upper", "lower", "capitalize", "title", "replace",
     "default", "d", "first", "last", "join", "list", "items", "selectattr", "rejectattr", "map",
-    "select", "reject", "string", "int", "float", "abs", "reverse", "safe", "unique", NULL,
+    "select", "reject", "string", "int", "float", "abs", "reverse", "safe", "unique", "dictsort",
+    "sort", NULL,
 };
 
 int jj_filter_known(const char *name)
@@ -507,6 +508,65 @@ static int filter_map(jj_ctx *c, jv seq, const jv *args, int nargs, const char *
         jv_list_push(jj_ctx_arena(c), l, v);
     }
     *out = l;
+    return 0;
+}
+
+/* Stable merge sort of items by keys (Python's sorted()); reverse as sorted(reverse=True). */
+static int sort_by_keys(jj_ctx *c, jv *items, jv *keys, size_t n, int reverse)
+{
+    if (n < 2) return 0;
+    size_t h = n / 2;
+    if (sort_by_keys(c, items, keys, h, reverse) || sort_by_keys(c, items + h, keys + h, n - h, reverse)) return -1;
+    jv *ti = jj_alloc(jj_ctx_arena(c), n * sizeof *ti), *tk = jj_alloc(jj_ctx_arena(c), n * sizeof *tk);
+    if (!ti || !tk) return jj_fail(c, "out of memory");
+    size_t i = 0, j = h, k = 0;
+    while (i < h && j < n) {
+        int cmp;
+        if (jj_order(c, keys[j], keys[i], &cmp)) return -1;
+        int take_right = reverse ? cmp > 0 : cmp < 0; /* ties keep the left (earlier) item */
+        ti[k] = take_right ? items[j] : items[i];
+        tk[k++] = take_right ? keys[j++] : keys[i++];
+    }
+    while (i < h) { ti[k] = items[i]; tk[k++] = keys[i++]; }
+    while (j < n) { ti[k] = items[j]; tk[k++] = keys[j++]; }
+    memcpy(items, ti, n * sizeof *ti);
+    memcpy(keys, tk, n * sizeof *tk);
+    return 0;
+}
+
+/* dictsort(case_sensitive=False, by='key', reverse=False) and sort(reverse, case_sensitive, attribute) */
+static int filter_sort(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
+                       const char **kwn, const jv *kwv, int nkw, jv *out)
+{
+    int dict = name[0] == 'd';
+    const jv *cs = dict ? ARG(0, "case_sensitive") : ARG(1, "case_sensitive");
+    const jv *rev = dict ? ARG(2, "reverse") : ARG(0, "reverse");
+    const jv *by = dict ? ARG(1, "by") : NULL, *attr = dict ? NULL : ARG(2, "attribute");
+    int by_value = by && jv_is_str(*by, "value");
+    if (by && !by_value && !jv_is_str(*by, "key")) return jj_fail(c, "You can only sort by either \"key\" or \"value\"");
+    jv items;
+    if (dict) {
+        if (v.kind != JV_DICT) return jj_fail(c, "dictsort: not a mapping");
+        items = make_items(c, v);
+    } else {
+        const jv *it;
+        size_t n;
+        if (jj_iterate(c, v, &it, &n)) return -1;
+        items = jv_new_list(jj_ctx_arena(c), n);
+        for (size_t i = 0; i < n; i++) jv_list_push(jj_ctx_arena(c), items, it[i]);
+    }
+    size_t n = items.u.list->n;
+    jv *keys = jj_alloc(jj_ctx_arena(c), (n + 1) * sizeof *keys);
+    if (!keys) return jj_fail(c, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        jv it = items.u.list->items[i];
+        jv k = dict ? it.u.list->items[by_value ? 1 : 0] : attr ? attr_path(c, it, *attr) : it;
+        if (jj_failed(c)) return -1;
+        if (k.kind == JV_STR && !(cs && jv_truthy(*cs))) k = map_case(c, k, 'l');
+        keys[i] = k;
+    }
+    if (sort_by_keys(c, items.u.list->items, keys, n, rev && jv_truthy(*rev))) return -1;
+    *out = items;
     return 0;
 }
 
@@ -601,6 +661,7 @@ int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
     if (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr") || !strcmp(name, "select") || !strcmp(name, "reject"))
         return filter_select(c, v, name, args, nargs, out);
     if (!strcmp(name, "map")) return filter_map(c, v, args, nargs, kwn, kwv, nkw, out);
+    if (!strcmp(name, "dictsort") || !strcmp(name, "sort")) return filter_sort(c, name, v, args, nargs, kwn, kwv, nkw, out);
     if (!strcmp(name, "list") || !strcmp(name, "first") || !strcmp(name, "last") || !strcmp(name, "reverse") ||
         !strcmp(name, "join") || !strcmp(name, "unique")) {
         const jv *items;

@@ -387,7 +387,7 @@ static int arith(jj_ctx *c, int op, jv a, jv b, jv *out)
     return jj_fail(c, "bad operator");
 }
 
-static int order(jj_ctx *c, jv a, jv b, int *cmp)
+int jj_order(jj_ctx *c, jv a, jv b, int *cmp)
 {
     if (is_num(a) && is_num(b)) {
         double x = num(a), y = num(b);
@@ -404,7 +404,7 @@ static int order(jj_ctx *c, jv a, jv b, int *cmp)
     if (a.kind == JV_LIST && b.kind == JV_LIST) {
         for (size_t i = 0; i < a.u.list->n && i < b.u.list->n; i++) {
             if (jv_equal(a.u.list->items[i], b.u.list->items[i])) continue;
-            return order(c, a.u.list->items[i], b.u.list->items[i], cmp);
+            return jj_order(c, a.u.list->items[i], b.u.list->items[i], cmp);
         }
         *cmp = (a.u.list->n > b.u.list->n) - (a.u.list->n < b.u.list->n);
         return 0;
@@ -441,7 +441,7 @@ static int compare(jj_ctx *c, int op, jv a, jv b, jv *out)
     case OP_IN: if (contains(c, b, a, &r)) return -1; break;
     case OP_NOTIN: if (contains(c, b, a, &r)) return -1; r = !r; break;
     default:
-        if (order(c, a, b, &cmp)) return -1;
+        if (jj_order(c, a, b, &cmp)) return -1;
         r = op == OP_LT ? cmp < 0 : op == OP_LE ? cmp <= 0 : op == OP_GT ? cmp > 0 : cmp >= 0;
     }
     *out = jv_bool(r);
