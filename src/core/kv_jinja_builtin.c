@@ -429,7 +429,7 @@ static const char *const filters[] = {
     "tojson", "trim", "length", "count", "upper", "lower", "capitalize", "title", "replace",
     "default", "d", "first", "last", "join", "list", "items", "selectattr", "rejectattr", "map",
     "select", "reject", "string", "int", "float", "abs", "reverse", "safe", "unique", "dictsort",
-    "sort", NULL,
+    "sort", "indent", "escape", "e", "sum", "min", "max", NULL,
 };
 
 int jj_filter_known(const char *name)
@@ -570,6 +570,115 @@ static int filter_sort(jj_ctx *c, const char *name, jv v, const jv *args, int na
     return 0;
 }
 
+/* Length of the line break at s (Python str.splitlines() breaks), 0 if none. */
+static size_t line_break(const char *s, size_t n)
+{
+    unsigned char c = (unsigned char)s[0];
+    if (c == '\r') return n > 1 && s[1] == '\n' ? 2 : 1;
+    if (c == '\n' || c == '\v' || c == '\f' || (c >= 0x1c && c <= 0x1e)) return 1;
+    if (n > 1 && c == 0xC2 && (unsigned char)s[1] == 0x85) return 2;
+    if (n > 2 && c == 0xE2 && (unsigned char)s[1] == 0x80 && ((unsigned char)s[2] == 0xA8 || (unsigned char)s[2] == 0xA9)) return 3;
+    return 0;
+}
+
+/* jinja2's indent(width=4, first=False, blank=False): the lines of s + "\n" (splitlines)
+ * joined with "\n", each after the first indented unless empty (or always, with blank). */
+static int filter_indent(jj_ctx *c, jv s, const jv *args, int nargs, const char **kwn, const jv *kwv, int nkw, jv *out)
+{
+    const jv *w = ARG(0, "width"), *first = ARG(1, "first"), *bl = ARG(2, "blank");
+    int blank = bl && jv_truthy(*bl);
+    jv ind = jv_strn("    ", 4);
+    if (w && w->kind == JV_STR) {
+        ind = *w;
+    } else if (w && (w->kind == JV_INT || w->kind == JV_BOOL)) {
+        size_t k = w->u.i > 0 ? (size_t)(w->u.i > 1024 ? 1024 : w->u.i) : 0;
+        char *sp = jj_alloc(jj_ctx_arena(c), k + 1);
+        if (!sp) return jj_fail(c, "out of memory");
+        memset(sp, ' ', k);
+        ind = jv_strn(sp, k);
+    } else if (w) {
+        return jj_fail(c, "indent: width must be an integer or a string");
+    }
+    jj_buf b = { 0 };
+    if (first && jv_truthy(*first)) jj_buf_put(&b, ind.u.str.s, ind.u.str.n);
+    size_t i = 0, n = s.u.str.n;
+    for (int line = 0;; line++) {
+        size_t e = i, br = 0;
+        while (e < n && !(br = line_break(s.u.str.s + e, n - e))) e++;
+        if (line > 0) {
+            jj_buf_putc(&b, '\n');
+            if (e > i || blank) jj_buf_put(&b, ind.u.str.s, ind.u.str.n);
+        }
+        jj_buf_put(&b, s.u.str.s + i, e - i);
+        if (!br) break;          /* the appended "\n" ends this last line */
+        i = e + br;
+        if (i == n) {            /* s ended with a break: one more, empty, line */
+            jj_buf_putc(&b, '\n');
+            if (blank) jj_buf_put(&b, ind.u.str.s, ind.u.str.n);
+            break;
+        }
+    }
+    *out = dup_str(c, b.p ? b.p : "", b.n);
+    free(b.p);
+    return b.oom ? jj_fail(c, "out of memory") : 0;
+}
+
+static jv html_escape(jj_ctx *c, jv s)
+{
+    jj_buf b = { 0 };
+    for (size_t i = 0; i < s.u.str.n; i++) {
+        char ch = s.u.str.s[i];
+        switch (ch) {
+        case '&': jj_buf_puts(&b, "&amp;"); break;
+        case '<': jj_buf_puts(&b, "&lt;"); break;
+        case '>': jj_buf_puts(&b, "&gt;"); break;
+        case '"': jj_buf_puts(&b, "&#34;"); break;
+        case '\'': jj_buf_puts(&b, "&#39;"); break;
+        default: jj_buf_putc(&b, ch);
+        }
+    }
+    jv r = dup_str(c, b.p ? b.p : "", b.n);
+    free(b.p);
+    return r;
+}
+
+/* sum(attribute=None, start=0), min/max(case_sensitive=False, attribute=None) */
+static int filter_aggregate(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
+                            const char **kwn, const jv *kwv, int nkw, jv *out)
+{
+    const jv *items;
+    size_t n;
+    if (jj_iterate(c, v, &items, &n)) return -1;
+    if (name[1] == 'u') {
+        const jv *attr = ARG(0, "attribute"), *start = ARG(1, "start");
+        jv acc = start ? *start : jv_int(0);
+        for (size_t i = 0; i < n; i++) {
+            jv x = attr ? attr_path(c, items[i], *attr) : items[i];
+            int fl = acc.kind == JV_FLOAT || x.kind == JV_FLOAT;
+            if ((acc.kind != JV_INT && acc.kind != JV_BOOL && acc.kind != JV_FLOAT) ||
+                (x.kind != JV_INT && x.kind != JV_BOOL && x.kind != JV_FLOAT))
+                return jj_fail(c, "sum: unsupported operand types");
+            double fa = acc.kind == JV_FLOAT ? acc.u.f : (double)acc.u.i, fx = x.kind == JV_FLOAT ? x.u.f : (double)x.u.i;
+            acc = fl ? jv_float(fa + fx) : jv_int(acc.u.i + x.u.i);
+        }
+        *out = acc;
+        return 0;
+    }
+    const jv *cs = ARG(0, "case_sensitive"), *attr = ARG(1, "attribute");
+    if (n == 0) { *out = jv_undef(NULL); return 0; }
+    jv best = items[0], bkey = attr ? attr_path(c, items[0], *attr) : items[0];
+    if (bkey.kind == JV_STR && !(cs && jv_truthy(*cs))) bkey = map_case(c, bkey, 'l');
+    for (size_t i = 1; i < n; i++) {
+        jv k = attr ? attr_path(c, items[i], *attr) : items[i];
+        int cmp;
+        if (k.kind == JV_STR && !(cs && jv_truthy(*cs))) k = map_case(c, k, 'l');
+        if (jj_order(c, k, bkey, &cmp)) return -1;
+        if (name[1] == 'i' ? cmp < 0 : cmp > 0) { best = items[i]; bkey = k; }
+    }
+    *out = best;
+    return 0;
+}
+
 static int filter_tojson(jj_ctx *c, jv v, const jv *args, int nargs, const char **kwn, const jv *kwv, int nkw, jv *out)
 {
     const jv *ea = ARG(0, "ensure_ascii"), *ind = ARG(1, "indent"), *sep = ARG(2, "separators"), *sk = ARG(3, "sort_keys");
@@ -662,6 +771,8 @@ int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
         return filter_select(c, v, name, args, nargs, out);
     if (!strcmp(name, "map")) return filter_map(c, v, args, nargs, kwn, kwv, nkw, out);
     if (!strcmp(name, "dictsort") || !strcmp(name, "sort")) return filter_sort(c, name, v, args, nargs, kwn, kwv, nkw, out);
+    if (!strcmp(name, "sum") || !strcmp(name, "min") || !strcmp(name, "max"))
+        return filter_aggregate(c, name, v, args, nargs, kwn, kwv, nkw, out);
     if (!strcmp(name, "list") || !strcmp(name, "first") || !strcmp(name, "last") || !strcmp(name, "reverse") ||
         !strcmp(name, "join") || !strcmp(name, "unique")) {
         const jv *items;
@@ -709,6 +820,8 @@ int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
     if (!strcmp(name, "lower")) { *out = map_case(c, s, 'l'); return 0; }
     if (!strcmp(name, "capitalize")) { *out = map_case(c, s, 'c'); return 0; }
     if (!strcmp(name, "title")) { *out = map_case(c, s, 'j'); return 0; }
+    if (!strcmp(name, "indent")) return filter_indent(c, s, args, nargs, kwn, kwv, nkw, out);
+    if (!strcmp(name, "escape") || !strcmp(name, "e")) { *out = html_escape(c, s); return 0; }
     if (!strcmp(name, "replace")) {
         const jv *o = ARG(0, "old"), *nw = ARG(1, "new"), *cnt = ARG(2, "count");
         jv os, ns;
