@@ -8,7 +8,9 @@
  *   kv_jinja_parse.c   tokens -> AST; refuses constructs outside the subset
  *   kv_jinja_value.c   values, per-render arena, str()/repr()/json
  *   kv_jinja_eval.c    AST walker: statements, expressions, scopes
- *   kv_jinja_builtin.c filters, tests, methods, global functions
+ *   kv_jinja_text.c    Python str semantics (case, strip, split, ...)
+ *   kv_jinja_filter.c  filters
+ *   kv_jinja_builtin.c tests, methods, global functions
  *
  * Values live in a per-render arena, so a render shares nothing mutable
  * with another render of the same template (thread safety) and frees
@@ -209,7 +211,7 @@ typedef struct {
 int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvars,
               long long now, jj_buf *out, char *err, size_t errlen);
 
-/* Builtins (kv_jinja_builtin.c). */
+/* Builtins (kv_jinja_filter.c, kv_jinja_builtin.c). */
 typedef struct jj_ctx jj_ctx;
 int jj_filter_known(const char *name);
 int jj_test_known(const char *name);
@@ -222,6 +224,23 @@ int jj_call_method(jj_ctx *c, jj_method *m, const jv *args, int nargs,
                    const char **kwn, const jv *kwv, int nkw, jv *out);
 int jj_call_func(jj_ctx *c, int id, const jv *args, int nargs,
                  const char **kwn, const jv *kwv, int nkw, jv *out);
+
+/* Argument pos (positional) or name (keyword) of a call; NULL if absent. */
+const jv *jj_arg(const jv *args, int nargs, const char **kwn, const jv *kwv, int nkw, int pos, const char *name);
+#define ARG(pos, name) jj_arg(args, nargs, kwn, kwv, nkw, pos, name)
+
+/* Python str operations (kv_jinja_text.c); strings live in the render's arena. */
+int jj_need_str(jj_ctx *c, jv v, const char *what);
+jv jj_strdup(jj_ctx *c, const char *s, size_t n);
+int jj_str(jj_ctx *c, jv v, jv *out);                 /* str(v) */
+int jj_py_space(unsigned cp);                          /* str.isspace() */
+jv jj_map_case(jj_ctx *c, jv s, char mode);            /* 'u'pper 'l'ower 'c'apitalize 't'itle 'j'inja title */
+jv jj_strip(jv s, const jv *chars, int which);         /* which: 1 left, 2 right, 3 both */
+size_t jj_cp_len(jv s);
+jv jj_replace(jj_ctx *c, jv s, jv old, jv new, int64_t count);
+int jj_split(jj_ctx *c, jv s, const jv *sep, int64_t maxsplit, int right, jv *out);
+int jj_affix(jj_ctx *c, jv s, jv x, int end, int *res); /* startswith / endswith */
+jv jj_items(jj_ctx *c, jv dict);                       /* list of (key, value) tuples */
 
 /* Shared by eval and builtins. */
 jj_arena *jj_ctx_arena(jj_ctx *c);
