@@ -5,7 +5,9 @@ jinja2, set up exactly as HF transformers' apply_chat_template does
 the {% generation %} tag, and transformers' tojson / raise_exception /
 strftime_now), over a varied conversation set, and writes
 t/data/chat/<template>.jsonl: one line per (conversation, add_generation_prompt)
-with the expected text or the expected error.
+with the expected text or the expected error; and t/data/chat/snippets.jsonl:
+small templates that each check one construct (whitespace control, numbers,
+repr, filters, tests, methods, scoping, errors).
 
 Templates: conf/tokenizers/*/ and conf/templates/*/ (tokenizer_config.json
 "chat_template", else chat_template.jinja next to it). Special tokens as
@@ -322,6 +324,7 @@ SNIPPETS = [
     "[{{ 'a\nb\n\nc'|indent }}] [{{ 'a\n'|indent(2) }}] [{{ 'a\n'|indent(2, blank=true) }}] [{{ ''|indent }}] [{{ 'x\r\ny'|indent('> ', true) }}] [{{ 'a\n\nb'|indent(1, true, true) }}]",
     "{{ {'a': [1, 2]}|tojson(indent=2)|indent(4) }}", "{{ '<a>&x'|e }} {{ messages|tojson|escape }} {{ 'it&apos;s'|e }}",
     "{{ [1, 2, 3.5]|sum }} {{ messages|sum(attribute='n', start=5) if false else [{'n': 2}, {'n': 3}]|sum(attribute='n') }} {{ [3, 1, 2]|min }} {{ ['b', 'A', 'c']|max }} {{ []|max }}",
+    "{{ 'abcdefgh'[1:7:3] }} {{ 'abcdefgh'[::-3] }} {{ [1,2,3,4,5][::-2] }} {{ [1,2][::9223372036854775807] }} {{ 'ab'[-9223372036854775807:] }} {{ range(-5, 5, 4)|list }} {{ range(5, -5, -3)|list }} {{ 2 ** 62 }} {{ -(2 ** 62) }}",
     "{% set t = ('x', 'y') %}{{ t[0] }}{{ t[-1] }}{{ t|length }}{{ t }}{% for a in t %}{{ a }}{% endfor %}",
     "{{ raise_exception('boom') }}", "{{ undefined_var.attr }}", "{{ 'a' + 1 }}", "{{ none + 'a' }}", "{{ x + 'a' }}",
     "{{ 1 in none }}", "{% for x in 5 %}{% endfor %}", "{{ {}|tojson(ensure_ascii=false) }}{{ x|tojson }}",

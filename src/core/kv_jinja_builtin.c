@@ -235,11 +235,13 @@ static int func_range(jj_ctx *c, const jv *args, int nargs, jv *out)
         v[nargs == 1 ? 1 : i] = args[i].u.i;
     }
     if (v[2] == 0) return jj_fail(c, "range() arg 3 must not be zero");
-    int64_t count = v[2] > 0 ? (v[1] - v[0] + v[2] - 1) / v[2] : (v[0] - v[1] - v[2] - 1) / -v[2];
-    if (count < 0) count = 0;
+    /* 128-bit arithmetic: the int64 differences can overflow */
+    __int128 span = v[2] > 0 ? (__int128)v[1] - v[0] : (__int128)v[0] - v[1];
+    __int128 step = v[2] > 0 ? (__int128)v[2] : -(__int128)v[2];
+    __int128 count = span <= 0 ? 0 : (span + step - 1) / step;
     if (count > 100000) return jj_fail(c, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     jv l = jv_new_list(jj_ctx_arena(c), (size_t)count);
-    for (int64_t i = 0; i < count; i++) jv_list_push(jj_ctx_arena(c), l, jv_int(v[0] + i * v[2]));
+    for (int64_t i = 0; i < (int64_t)count; i++) jv_list_push(jj_ctx_arena(c), l, jv_int((int64_t)(v[0] + (__int128)i * v[2])));
     *out = l;
     return 0;
 }

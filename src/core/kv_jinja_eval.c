@@ -231,6 +231,14 @@ static int slice_indices(jj_ctx *c, jv vs, jv ve, jv vp, int64_t len, int64_t *s
     return 0;
 }
 
+/* How many indices start, start+step, ... lie before stop (start and stop already clamped). */
+static int64_t slice_count(int64_t start, int64_t stop, int64_t step)
+{
+    __int128 span = step > 0 ? (__int128)stop - start : (__int128)start - stop;
+    __int128 st = step > 0 ? (__int128)step : -(__int128)step;
+    return span <= 0 ? 0 : (int64_t)((span + st - 1) / st);
+}
+
 static int do_slice(jj_ctx *c, jv obj, jv vs, jv ve, jv vp, jv *out)
 {
     if (obj.kind == JV_UNDEF) return undefined_error(c, obj);
@@ -241,7 +249,8 @@ static int do_slice(jj_ctx *c, jv obj, jv vs, jv ve, jv vp, jv *out)
         jv r = jv_new_list(c->a, l->n);
         if (r.kind != JV_LIST) return jj_fail(c, "out of memory");
         r.u.list->tuple = l->tuple;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) jv_list_push(c->a, r, l->items[i]);
+        int64_t cnt = slice_count(start, stop, step);
+        for (int64_t k = 0; k < cnt; k++) jv_list_push(c->a, r, l->items[start + k * step]);
         *out = r;
         return 0;
     }
@@ -254,13 +263,15 @@ static int do_slice(jj_ctx *c, jv obj, jv vs, jv ve, jv vp, jv *out)
             return 0;
         }
         char *s = jj_alloc(c->a, obj.u.str.n + 1);
-        size_t k = 0;
+        size_t len = 0;
         if (!s) return jj_fail(c, "out of memory");
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-            memcpy(s + k, obj.u.str.s + off[i], off[i + 1] - off[i]);
-            k += off[i + 1] - off[i];
+        int64_t picks = slice_count(start, stop, step);
+        for (int64_t k = 0; k < picks; k++) {
+            int64_t i = start + k * step;
+            memcpy(s + len, obj.u.str.s + off[i], off[i + 1] - off[i]);
+            len += off[i + 1] - off[i];
         }
-        *out = jv_strn(s, k);
+        *out = jv_strn(s, len);
         return 0;
     }
     *out = jv_undef(NULL);
@@ -326,6 +337,12 @@ static jv repeat(jj_ctx *c, jv seq, int64_t times)
     return r;
 }
 
+/* Python ints are unbounded; ours are 64-bit, so a result that would wrap is an error. */
+static int overflow(jj_ctx *c)
+{
+    return jj_fail(c, "integer overflow (integers beyond 64 bits are not supported)");
+}
+
 static int arith(jj_ctx *c, int op, jv a, jv b, jv *out)
 {
     static const char *const names[] = { "", "+", "-", "*", "/", "//", "%", "**" };
@@ -354,10 +371,20 @@ static int arith(jj_ctx *c, int op, jv a, jv b, jv *out)
     int ints = a.kind != JV_FLOAT && b.kind != JV_FLOAT;
     int64_t x = a.u.i, y = b.u.i;
     double fx = num(a), fy = num(b);
+    int64_t r64;
     switch (op) {
-    case OP_ADD: *out = ints ? jv_int(x + y) : jv_float(fx + fy); return 0;
-    case OP_SUB: *out = ints ? jv_int(x - y) : jv_float(fx - fy); return 0;
-    case OP_MUL: *out = ints ? jv_int(x * y) : jv_float(fx * fy); return 0;
+    case OP_ADD:
+        if (ints && __builtin_add_overflow(x, y, &r64)) return overflow(c);
+        *out = ints ? jv_int(r64) : jv_float(fx + fy);
+        return 0;
+    case OP_SUB:
+        if (ints && __builtin_sub_overflow(x, y, &r64)) return overflow(c);
+        *out = ints ? jv_int(r64) : jv_float(fx - fy);
+        return 0;
+    case OP_MUL:
+        if (ints && __builtin_mul_overflow(x, y, &r64)) return overflow(c);
+        *out = ints ? jv_int(r64) : jv_float(fx * fy);
+        return 0;
     case OP_DIV:
         if (fy == 0) return jj_fail(c, "division by zero");
         *out = jv_float(fx / fy);
@@ -365,6 +392,7 @@ static int arith(jj_ctx *c, int op, jv a, jv b, jv *out)
     case OP_FLOORDIV: case OP_MOD:
         if (fy == 0) return jj_fail(c, "integer division or modulo by zero");
         if (ints) {
+            if (x == INT64_MIN && y == -1) return overflow(c);
             int64_t q = x / y, r = x % y;
             if (r != 0 && ((r < 0) != (y < 0))) { q--; r += y; }
             *out = jv_int(op == OP_MOD ? r : q);
@@ -375,9 +403,12 @@ static int arith(jj_ctx *c, int op, jv a, jv b, jv *out)
         }
         return 0;
     case OP_POW:
-        if (ints && y >= 0) {
-            int64_t r = 1;
-            for (int64_t i = 0; i < y && i < 64; i++) r *= x;
+        if (ints && y >= 0) { /* square and multiply, refusing to wrap */
+            int64_t r = 1, base = x;
+            for (int64_t e = y; e > 0; e >>= 1) {
+                if ((e & 1) && __builtin_mul_overflow(r, base, &r)) return overflow(c);
+                if (e > 1 && __builtin_mul_overflow(base, base, &base)) return overflow(c);
+            }
             *out = jv_int(r);
         } else {
             *out = jv_float(pow(fx, fy));
@@ -615,6 +646,7 @@ static int ev(jj_ctx *c, frame *f, const jnode *n, jv *out)
     case N_NEG: case N_POS:
         if (ev(c, f, n->a, &a)) return -1;
         if (!is_num(a)) return a.kind == JV_UNDEF ? undefined_error(c, a) : jj_fail(c, "bad operand type for unary -: '%s'", jv_type_name(a));
+        if (n->type == N_NEG && a.kind != JV_FLOAT && a.u.i == INT64_MIN) return overflow(c);
         *out = n->type == N_POS ? (a.kind == JV_BOOL ? jv_int(a.u.i) : a) : a.kind == JV_FLOAT ? jv_float(-a.u.f) : jv_int(-a.u.i);
         return 0;
     case N_AND: case N_OR:

@@ -246,7 +246,9 @@ static int filter_aggregate(jj_ctx *c, const char *name, jv v, const jv *args, i
                 (x.kind != JV_INT && x.kind != JV_BOOL && x.kind != JV_FLOAT))
                 return jj_fail(c, "sum: unsupported operand types");
             double fa = acc.kind == JV_FLOAT ? acc.u.f : (double)acc.u.i, fx = x.kind == JV_FLOAT ? x.u.f : (double)x.u.i;
-            acc = fl ? jv_float(fa + fx) : jv_int(acc.u.i + x.u.i);
+            int64_t r;
+            if (!fl && __builtin_add_overflow(acc.u.i, x.u.i, &r)) return jj_fail(c, "integer overflow");
+            acc = fl ? jv_float(fa + fx) : jv_int(r);
         }
         *out = acc;
         return 0;
@@ -293,12 +295,22 @@ static int filter_tojson(jj_ctx *c, jv v, const jv *args, int nargs, const char 
     return b.oom ? jj_fail(c, "out of memory") : 0;
 }
 
+/* int(f) for a float; values beyond int64 are an error (Python would give a big int). */
+static int float_to_int(jj_ctx *c, double f, jv *out)
+{
+    if (!(f > -9.2e18 && f < 9.2e18)) return jj_fail(c, "integer overflow (integers beyond 64 bits are not supported)");
+    *out = jv_int((int64_t)f);
+    return 0;
+}
+
 static int filter_int(jj_ctx *c, jv v, const jv *def, int is_float, jv *out)
 {
     jv d = def ? *def : is_float ? jv_float(0) : jv_int(0);
     switch (v.kind) {
     case JV_INT: case JV_BOOL: *out = is_float ? jv_float((double)v.u.i) : jv_int(v.u.i); return 0;
-    case JV_FLOAT: *out = is_float ? v : jv_int((int64_t)v.u.f); return 0;
+    case JV_FLOAT:
+        if (is_float) { *out = v; return 0; }
+        return float_to_int(c, v.u.f, out);
     case JV_STR: {
         char buf[64];
         if (v.u.str.n >= sizeof buf) { *out = d; return 0; }
@@ -313,8 +325,9 @@ static int filter_int(jj_ctx *c, jv v, const jv *def, int is_float, jv *out)
         if (strpbrk(buf, "xXpP")) { *out = d; return 0; } /* strtod would read hex floats */
         double f = strtod(buf, &end);
         while (*end && isspace((unsigned char)*end)) end++;
-        *out = end != buf && !*end ? (is_float ? jv_float(f) : jv_int((int64_t)f)) : d;
-        return 0;
+        if (end == buf || *end) { *out = d; return 0; }
+        if (is_float) { *out = jv_float(f); return 0; }
+        return float_to_int(c, f, out);
     }
     default: *out = d; return 0;
     }
@@ -349,6 +362,7 @@ int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
     if (!strcmp(name, "int") || !strcmp(name, "float"))
         return filter_int(c, v, ARG(0, "default"), name[0] == 'f', out);
     if (!strcmp(name, "abs")) {
+        if ((v.kind == JV_INT || v.kind == JV_BOOL) && v.u.i == INT64_MIN) return jj_fail(c, "integer overflow");
         if (v.kind == JV_INT || v.kind == JV_BOOL) *out = jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
         else if (v.kind == JV_FLOAT) *out = jv_float(v.u.f < 0 ? -v.u.f : v.u.f);
         else return jj_fail(c, "bad operand type for abs(): '%s'", jv_type_name(v));

@@ -12,6 +12,7 @@
  * the source that the token list owns.
  */
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -252,8 +253,10 @@ static int lex_number(lexer *L)
     buf[n] = 0;
     jt *t = push(L, is_float ? T_FLOAT : T_INT, L->s + L->pos, i - L->pos);
     if (!t) return lex_err(L, "out of memory");
+    errno = 0;
     if (is_float) t->f = strtod(buf, NULL);
     else t->i = strtoll(buf, NULL, 10);
+    if (!is_float && errno == ERANGE) return lex_err(L, "integer literal beyond 64 bits");
     L->pos = i;
     return 0;
 }

@@ -146,6 +146,7 @@ TEST(refusals)
         { "{# never closed", "missing end of comment" },
         { "{{ (1 }}", "unbalanced" },
         { "{% set x | upper %}a{% endset %}", "unsupported: filtered block set" },
+        { "{{ 99999999999999999999 }}", "integer literal beyond 64 bits" },
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[256] = "";
@@ -173,6 +174,9 @@ TEST(runtime_errors)
         { "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}", "recursion" },
         { "{{ 1 // 0 }}", "division" },
         { "{{ 'x' * 10000000000 }}", "too large" },
+        { "{{ 9223372036854775807 + 1 }}", "overflow" },
+        { "{{ 3 ** 99 }}", "overflow" },
+        { "{{ 1e300 | int }}", "overflow" },
         { "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "too long" },
     };
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
