@@ -36,4 +36,24 @@ char *kv_chat_render(const kv_chat_template_t *t, const json_t *messages,
                      const json_t *tools, int add_generation_prompt,
                      size_t *len, char *err, size_t errlen);
 
+/*
+ * kv_chat_render with the clock given: now (seconds since the epoch, shown
+ * in local time as datetime.now() would) is what strftime_now() formats.
+ * kv_chat_render uses time(NULL), or $KV_CHAT_NOW when set (tests).
+ */
+char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages,
+                        const json_t *tools, int add_generation_prompt, long long now,
+                        size_t *len, char *err, size_t errlen);
+
+/*
+ * The general form: kwargs (a JSON object, or NULL) adds template variables
+ * as transformers' apply_chat_template(**kwargs) / vLLM's
+ * chat_template_kwargs do (e.g. {"enable_thinking": false}); they override
+ * the special tokens but not messages, tools or add_generation_prompt.
+ */
+char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages,
+                        const json_t *tools, int add_generation_prompt,
+                        const json_t *kwargs, long long now,
+                        size_t *len, char *err, size_t errlen);
+
 #endif

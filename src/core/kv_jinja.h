@@ -1,0 +1,257 @@
+/*
+ * A small Jinja interpreter for chat templates: the subset that HF chat
+ * templates use, with the semantics of jinja2's ImmutableSandboxedEnvironment
+ * as transformers configures it (trim_blocks, lstrip_blocks, loopcontrols,
+ * Python str/repr/json formatting). Internal to kv_chat.c.
+ *
+ *   kv_jinja_lex.c     template text -> tokens (whitespace control here)
+ *   kv_jinja_parse.c   tokens -> AST; refuses constructs outside the subset
+ *   kv_jinja_value.c   values, per-render arena, str()/repr()/json
+ *   kv_jinja_eval.c    AST walker: statements, expressions, scopes
+ *   kv_jinja_text.c    Python str semantics (case, strip, split, ...)
+ *   kv_jinja_filter.c  filters
+ *   kv_jinja_builtin.c tests, methods, global functions
+ *
+ * Values live in a per-render arena, so a render shares nothing mutable
+ * with another render of the same template (thread safety) and frees
+ * everything at once.
+ */
+#ifndef KV_JINJA_H
+#define KV_JINJA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <jansson.h>
+
+/* ---- arena ---------------------------------------------------------- */
+
+typedef struct jj_chunk jj_chunk;
+typedef struct {
+    jj_chunk *head;
+} jj_arena;
+
+void *jj_alloc(jj_arena *a, size_t n);
+void jj_arena_free(jj_arena *a);
+
+/* ---- values --------------------------------------------------------- */
+
+typedef enum {
+    JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR,
+    JV_LIST,   /* also tuples (flag in jj_list) */
+    JV_DICT,
+    JV_NS,     /* namespace(): a dict whose attributes may be set */
+    JV_LOOP,   /* the `loop` variable of a for loop */
+    JV_FUNC,   /* a global function (builtin id) */
+    JV_METHOD, /* a bound method: self + name */
+    JV_MACRO,
+} jv_kind;
+
+typedef struct jv jv;
+typedef struct jj_list jj_list;
+typedef struct jj_dict jj_dict;
+typedef struct jj_loop jj_loop;
+typedef struct jj_method jj_method;
+struct jnode;
+
+struct jv {
+    jv_kind kind;
+    union {
+        int64_t i;          /* BOOL, INT, FUNC id */
+        double f;
+        struct { const char *s; size_t n; } str; /* STR; UNDEF: its name */
+        jj_list *list;
+        jj_dict *dict;      /* DICT, NS */
+        jj_loop *loop;
+        jj_method *method;
+        const struct jnode *macro;
+    } u;
+};
+
+struct jj_list {
+    size_t n, cap;
+    jv *items;
+    int tuple;
+};
+
+struct jj_dict {
+    size_t n, cap;
+    jv *keys, *vals;
+};
+
+struct jj_loop {
+    size_t index0, length;
+    const jv *items; /* the (filtered) sequence, for previtem/nextitem */
+};
+
+struct jj_method {
+    jv self;
+    const char *name;
+};
+
+jv jv_undef(const char *name);
+jv jv_none(void);
+jv jv_bool(int b);
+jv jv_int(int64_t i);
+jv jv_float(double f);
+jv jv_strn(const char *s, size_t n);
+jv jv_cstr(const char *s);
+jv jv_new_list(jj_arena *a, size_t cap);
+jv jv_new_dict(jj_arena *a, size_t cap);
+void jv_list_push(jj_arena *a, jv list, jv item);
+void jv_dict_set(jj_arena *a, jv dict, jv key, jv val);
+const jv *jv_dict_get(jv dict, const char *key, size_t n);
+const jv *jv_dict_find(jv dict, jv key);
+
+jv jv_from_json(jj_arena *a, const json_t *j);
+int jv_truthy(jv v);
+int jv_equal(jv a, jv b);
+int jv_is_str(jv v, const char *s);
+const char *jv_type_name(jv v);
+
+/* Growable output buffer (malloc'ed; not in the arena: it is returned). */
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} jj_buf;
+
+void jj_buf_put(jj_buf *b, const char *s, size_t n);
+void jj_buf_putc(jj_buf *b, char c);
+void jj_buf_puts(jj_buf *b, const char *s);
+
+/* Python str(v) and repr(v) appended to b; 0, or -1 for an unsupported value. */
+int jv_write_str(jj_buf *b, jv v);
+int jv_write_repr(jj_buf *b, jv v);
+/* json.dumps(v, ensure_ascii=False, indent, separators); -1 if not serialisable. */
+int jv_write_json(jj_buf *b, jv v, int indent, const char *item_sep,
+                  const char *key_sep, int sort_keys, int level);
+void jv_write_float(jj_buf *b, double f);
+/* str(v) as an arena string. */
+jv jv_to_str(jj_arena *a, jv v, int *ok);
+
+/* ---- tokens and AST ------------------------------------------------- */
+
+typedef enum {
+    /* expressions */
+    N_LIT, N_NAME, N_ATTR, N_ITEM, N_SLICE, N_CALL, N_FILTER, N_TEST,
+    N_BIN, N_NOT, N_NEG, N_POS, N_AND, N_OR, N_CMP, N_COND, N_LISTLIT,
+    N_TUPLELIT, N_DICTLIT, N_CONCAT,
+    /* statements */
+    N_TEXT, N_EMIT, N_BODY, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO,
+    N_BREAK, N_CONTINUE,
+} jn_type;
+
+typedef struct jnode {
+    jn_type type;
+    int line;
+    int op;                 /* N_BIN/N_CMP operator, N_TEST negation */
+    const char *s;          /* name, attribute, filter/test name, text */
+    size_t slen;
+    jv lit;                 /* N_LIT */
+    struct jnode *a, *b, *c;   /* operands; N_SLICE: a[b:c:d] uses d too */
+    struct jnode *d;
+    struct jnode **kids;       /* args, body, items, list-literal elements */
+    int nkids;
+    struct jnode **kids2;      /* kwarg values, else body, dict values */
+    int nkids2;
+    const char **names;     /* kwarg names, loop/set targets, macro params */
+    int nnames;
+} jnode;
+
+/* Binary operators (op field). */
+enum { OP_ADD = 1, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW,
+       OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN };
+
+typedef struct jj_template jj_template;
+
+/* Parses source; NULL with "line N: ..." in err for anything outside the subset. */
+jj_template *jj_parse(const char *src, size_t len, char *err, size_t errlen);
+void jj_template_free(jj_template *t);
+const jnode *jj_template_root(const jj_template *t);
+/* Whether some {% for %} iterates over a message's content (vLLM's "openai" format). */
+int jj_template_iterates_content(const jj_template *t);
+
+/* Lexer (used by the parser). */
+typedef enum {
+    T_EOF, T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END,
+    T_NAME, T_STRING, T_INT, T_FLOAT, T_OP,
+} jt_type;
+
+typedef struct {
+    jt_type type;
+    int line;
+    const char *s;   /* NAME/OP: points into source; STRING/TEXT: decoded, malloc'ed */
+    size_t n;
+    int64_t i;
+    double f;
+} jt;
+
+typedef struct {
+    jt *toks;
+    size_t n, cap;
+    char **owned;    /* decoded strings to free */
+    size_t nowned, capowned;
+} jt_list;
+
+int jj_lex(const char *src, size_t len, jt_list *out, char *err, size_t errlen);
+void jj_lex_free(jt_list *l);
+
+/* ---- evaluation ----------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    jv value;
+} jj_var;
+
+/*
+ * Renders t with the given globals. now: seconds since the epoch for
+ * strftime_now (local time, as datetime.now()). Returns 0 and the text in
+ * out, or -1 with the reason in err.
+ */
+int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvars,
+              long long now, jj_buf *out, char *err, size_t errlen);
+
+/* Builtins (kv_jinja_filter.c, kv_jinja_builtin.c). */
+typedef struct jj_ctx jj_ctx;
+int jj_filter_known(const char *name);
+int jj_test_known(const char *name);
+int jj_method_known(const char *name);
+int jj_func_id(const char *name); /* -1 if not a builtin global */
+int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
+                   const char **kwn, const jv *kwv, int nkw, jv *out);
+int jj_call_test(jj_ctx *c, const char *name, jv v, const jv *args, int nargs, int *out);
+int jj_call_method(jj_ctx *c, jj_method *m, const jv *args, int nargs,
+                   const char **kwn, const jv *kwv, int nkw, jv *out);
+int jj_call_func(jj_ctx *c, int id, const jv *args, int nargs,
+                 const char **kwn, const jv *kwv, int nkw, jv *out);
+
+/* Argument pos (positional) or name (keyword) of a call; NULL if absent. */
+const jv *jj_arg(const jv *args, int nargs, const char **kwn, const jv *kwv, int nkw, int pos, const char *name);
+#define ARG(pos, name) jj_arg(args, nargs, kwn, kwv, nkw, pos, name)
+
+/* Python str operations (kv_jinja_text.c); strings live in the render's arena. */
+int jj_need_str(jj_ctx *c, jv v, const char *what);
+jv jj_strdup(jj_ctx *c, const char *s, size_t n);
+int jj_str(jj_ctx *c, jv v, jv *out);                 /* str(v) */
+int jj_py_space(unsigned cp);                          /* str.isspace() */
+jv jj_map_case(jj_ctx *c, jv s, char mode);            /* 'u'pper 'l'ower 'c'apitalize 't'itle 'j'inja title */
+jv jj_strip(jv s, const jv *chars, int which);         /* which: 1 left, 2 right, 3 both */
+size_t jj_cp_len(jv s);
+jv jj_replace(jj_ctx *c, jv s, jv old, jv new, int64_t count);
+int jj_split(jj_ctx *c, jv s, const jv *sep, int64_t maxsplit, int right, jv *out);
+int jj_affix(jj_ctx *c, jv s, jv x, int end, int *res); /* startswith / endswith */
+jv jj_items(jj_ctx *c, jv dict);                       /* list of (key, value) tuples */
+
+/* Shared by eval and builtins. */
+jj_arena *jj_ctx_arena(jj_ctx *c);
+int jj_fail(jj_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+long long jj_ctx_now(jj_ctx *c);
+int jj_failed(jj_ctx *c);
+jv jj_getattr(jj_ctx *c, jv obj, const char *name, size_t n);
+jv jj_getitem(jj_ctx *c, jv obj, jv key);
+/* Python's ordering (<) of two values: *cmp < 0, 0, > 0; -1 if they do not compare. */
+int jj_order(jj_ctx *c, jv a, jv b, int *cmp);
+/* Iterates a value as Python's iter() would: fills items/n (arena); -1 if not iterable. */
+int jj_iterate(jj_ctx *c, jv v, const jv **items, size_t *n);
+
+#endif

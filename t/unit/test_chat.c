@@ -1,0 +1,420 @@
+/*
+ * Chat templates: every shipped template renders every fixture conversation
+ * exactly as jinja2 under transformers' settings did (t/data/chat/, made by
+ * tools/gen-chat-fixtures.py), including the cases where the template raises;
+ * Jinja snippets check single semantics; constructs outside the subset are
+ * refused at load time; renders are thread-safe and fast.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv_chat.h"
+#include "kvtest.h"
+
+static long long fixture_now(void)
+{
+    json_t *idx = json_load_file("t/data/chat/index.json", 0, NULL);
+    long long now = idx ? json_integer_value(json_object_get(idx, "now")) : 0;
+    json_decref(idx);
+    return now;
+}
+
+/* Checks one fixture line; returns 1 if it matches. */
+static int check_case(const kv_chat_template_t *t, const char *name, json_t *rec, long long now)
+{
+    const json_t *msgs = json_object_get(rec, "messages"), *tools = json_object_get(rec, "tools");
+    int agp = json_is_true(json_object_get(rec, "add_generation_prompt"));
+    const char *want = json_string_value(json_object_get(rec, "output"));
+    const char *want_err = json_string_value(json_object_get(rec, "error"));
+    const char *conv = json_string_value(json_object_get(rec, "conv"));
+    char err[512];
+    size_t len = 0;
+    const json_t *kwargs = json_object_get(rec, "kwargs");
+    char *got = kv_chat_render_ex(t, msgs, json_is_null(tools) ? NULL : tools, agp, kwargs, now, &len, err, sizeof err);
+    int ok;
+    if (want) {
+        ok = got && len == strlen(want) && !memcmp(got, want, len);
+        if (!ok) {
+            fprintf(stderr, "  %s/%s agp=%d: mismatch\n", name, conv, agp);
+            fprintf(stderr, "    want: %s\n    got:  %s\n", want, got ? got : err);
+        }
+    } else {
+        /* raise_exception(msg): the same message; other errors: any error. */
+        const char *te = "TemplateError: ";
+        ok = got == NULL && (strncmp(want_err, te, strlen(te)) || !strcmp(err, want_err + strlen(te)));
+        if (!ok)
+            fprintf(stderr, "  %s/%s agp=%d: expected error \"%s\", got %s\n", name, conv, agp, want_err,
+                    got ? got : err);
+    }
+    free(got);
+    return ok;
+}
+
+TEST(fixtures_all_templates)
+{
+    json_t *idx = json_load_file("t/data/chat/index.json", 0, NULL);
+    CHECK(idx != NULL);
+    if (!idx) return;
+    long long now = fixture_now();
+    size_t i, total = 0, passed = 0;
+    json_t *e;
+    json_array_foreach(json_object_get(idx, "templates"), i, e) {
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const char *cfg = json_string_value(json_object_get(e, "config"));
+        char err[256], path[512];
+        kv_chat_template_t *t = kv_chat_load(cfg, NULL, err, sizeof err);
+        if (!t) { fprintf(stderr, "  %s: load failed: %s\n", name, err); CHECK(t != NULL); continue; }
+        snprintf(path, sizeof path, "t/data/chat/%s.jsonl", name);
+        FILE *f = fopen(path, "r");
+        CHECK(f != NULL);
+        char *line = NULL;
+        size_t cap = 0, cases = 0;
+        while (f && getline(&line, &cap, f) > 0) {
+            json_t *rec = json_loads(line, 0, NULL);
+            CHECK(rec != NULL);
+            if (!rec) continue;
+            total++;
+            cases++;
+            passed += (size_t)check_case(t, name, rec, now);
+            json_decref(rec);
+        }
+        CHECK_EQ_U64(cases, json_integer_value(json_object_get(e, "cases")));
+        free(line);
+        if (f) fclose(f);
+        kv_chat_free(t);
+    }
+    fprintf(stderr, "  chat fixtures: %zu/%zu cases match\n", passed, total);
+    CHECK(total >= 700);
+    CHECK_EQ_U64(passed, total);
+    json_decref(idx);
+}
+
+TEST(snippets)
+{
+    FILE *f = fopen("t/data/chat/snippets.jsonl", "r");
+    CHECK(f != NULL);
+    if (!f) return;
+    long long now = fixture_now();
+    char *line = NULL;
+    size_t cap = 0, n = 0, ok = 0;
+    json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
+    while (getline(&line, &cap, f) > 0) {
+        json_t *rec = json_loads(line, 0, NULL);
+        const char *src = json_string_value(json_object_get(rec, "template"));
+        const char *want = json_string_value(json_object_get(rec, "output"));
+        char err[256];
+        size_t len = 0;
+        kv_chat_template_t *t = kv_chat_load_string(src, "<s>", "</s>", err, sizeof err);
+        char *got = t ? kv_chat_render_at(t, msgs, NULL, 0, now, &len, err, sizeof err) : NULL;
+        int good = want ? got && len == strlen(want) && !memcmp(got, want, len) : got == NULL;
+        if (!good)
+            fprintf(stderr, "  snippet %s\n    want: %s\n    got:  %s\n", src, want ? want : "(error)", got ? got : err);
+        ok += (size_t)good;
+        n++;
+        free(got);
+        kv_chat_free(t);
+        json_decref(rec);
+    }
+    free(line);
+    fclose(f);
+    json_decref(msgs);
+    fprintf(stderr, "  snippets: %zu/%zu match\n", ok, n);
+    CHECK(n > 50);
+    CHECK_EQ_U64(ok, n);
+}
+
+/* Constructs outside the subset are refused at load, naming the construct and line. */
+TEST(refusals)
+{
+    static const struct { const char *src, *want; } cases[] = {
+        { "{% include 'x.j2' %}", "line 1: unsupported tag 'include'" },
+        { "a\n{% extends 'base' %}", "line 2: unsupported tag 'extends'" },
+        { "{% raw %}{{x}}{% endraw %}", "unsupported tag 'raw'" },
+        { "{{ x | wordwrap }}", "unsupported filter 'wordwrap'" },
+        { "{% if x is divisible 3 %}{% endif %}", "unsupported test 'divisible'" },
+        { "{{ x.zfill(3) }}", "unsupported method 'zfill()'" },
+        { "\n\n{% for x in y recursive %}{% endfor %}", "line 3: unsupported: recursive for loop" },
+        { "{{ f(*args) }}", "unsupported: *args" },
+        { "{% call m() %}{% endcall %}", "unsupported tag 'call'" },
+        { "{% filter upper %}x{% endfilter %}", "unsupported tag 'filter'" },
+        { "{% if x %}", "unexpected end of template" },
+        { "{{ 'abc }}", "unterminated string" },
+        { "{# never closed", "missing end of comment" },
+        { "{{ (1 }}", "unbalanced" },
+        { "{% set x | upper %}a{% endset %}", "unsupported: filtered block set" },
+        { "{{ 99999999999999999999 }}", "integer literal beyond 64 bits" },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[256] = "";
+        kv_chat_template_t *t = kv_chat_load_string(cases[i].src, NULL, NULL, err, sizeof err);
+        CHECK(t == NULL);
+        if (t || !strstr(err, cases[i].want))
+            fprintf(stderr, "  %s -> \"%s\", want \"%s\"\n", cases[i].src, err, cases[i].want);
+        CHECK(strstr(err, cases[i].want) != NULL);
+        kv_chat_free(t);
+    }
+    char err[256];
+    CHECK(kv_chat_load("t/data/chat/nonexistent.json", NULL, err, sizeof err) == NULL);
+    CHECK(kv_chat_load("conf/tokenizers/gpt2/tokenizer_config.json", NULL, err, sizeof err) == NULL);
+}
+
+/* Runtime errors: NULL plus the reason, never a crash. */
+TEST(runtime_errors)
+{
+    static const struct { const char *src, *want; } cases[] = {
+        { "{{ raise_exception('bad role') }}", "bad role" },
+        { "{{ nope.attr }}", "'nope' is undefined" },
+        { "{{ messages[0].content + 1 }}", "unsupported operand" },
+        { "{% set l = [] %}{{ l.append(1) }}", "unsafe" },
+        { "{{ range(1000000) | length }}", "Range too big" },
+        { "{% macro m(n) %}{{ m(n) }}{% endmacro %}{{ m(1) }}", "recursion" },
+        { "{{ 1 // 0 }}", "division" },
+        { "{{ 'x' * 10000000000 }}", "too large" },
+        { "{{ 9223372036854775807 + 1 }}", "overflow" },
+        { "{{ 3 ** 99 }}", "overflow" },
+        { "{{ 1e300 | int }}", "overflow" },
+        { "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "too long" },
+    };
+    json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[256] = "";
+        kv_chat_template_t *t = kv_chat_load_string(cases[i].src, NULL, NULL, err, sizeof err);
+        CHECK(t != NULL);
+        char *out = t ? kv_chat_render(t, msgs, NULL, 1, NULL, err, sizeof err) : NULL;
+        CHECK(out == NULL);
+        if (!strstr(err, cases[i].want)) fprintf(stderr, "  %s -> \"%s\"\n", cases[i].src, err);
+        CHECK(strstr(err, cases[i].want) != NULL);
+        free(out);
+        kv_chat_free(t);
+    }
+    /* messages must be an array */
+    char err[128];
+    kv_chat_template_t *t = kv_chat_load_string("x", NULL, NULL, err, sizeof err);
+    json_t *obj = json_object();
+    CHECK(kv_chat_render(t, obj, NULL, 0, NULL, err, sizeof err) == NULL);
+    json_decref(obj);
+    kv_chat_free(t);
+    json_decref(msgs);
+}
+
+/* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
+TEST(pinned_clock)
+{
+    char err[128];
+    kv_chat_template_t *t = kv_chat_load_string("{{ strftime_now('%Y-%m-%d') }}", NULL, NULL, err, sizeof err);
+    json_t *msgs = json_array();
+    char *a = kv_chat_render_at(t, msgs, NULL, 0, 1721995200, NULL, err, sizeof err);
+    CHECK_STR(a, "2024-07-26");
+    setenv("KV_CHAT_NOW", "1000000000", 1);
+    char *b = kv_chat_render(t, msgs, NULL, 0, NULL, err, sizeof err);
+    unsetenv("KV_CHAT_NOW");
+    CHECK(b && !strncmp(b, "2001-09-0", 9));
+    free(a);
+    free(b);
+    json_decref(msgs);
+    kv_chat_free(t);
+}
+
+static json_t *conversation(int n)
+{
+    json_t *msgs = json_array();
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", "You are a helpful assistant."));
+    for (int i = 0; i < n - 1; i++) {
+        char text[160];
+        snprintf(text, sizeof text, "Message %d: some ordinary text of a typical chat turn, about eighty bytes long.", i);
+        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", text));
+    }
+    return msgs;
+}
+
+typedef struct {
+    const kv_chat_template_t *t;
+    const json_t *msgs;
+    const char *want;
+    int ok;
+} thread_arg;
+
+static void *render_many(void *p)
+{
+    thread_arg *a = p;
+    a->ok = 1;
+    for (int i = 0; i < 200; i++) {
+        char err[128];
+        char *s = kv_chat_render_at(a->t, a->msgs, NULL, 1, 0, NULL, err, sizeof err);
+        if (!s || strcmp(s, a->want)) a->ok = 0;
+        free(s);
+    }
+    return NULL;
+}
+
+TEST(thread_safe)
+{
+    char err[256];
+    kv_chat_template_t *t = kv_chat_load("conf/tokenizers/qwen2.5-instruct/tokenizer_config.json", NULL, err, sizeof err);
+    CHECK(t != NULL);
+    if (!t) return;
+    json_t *msgs = conversation(21);
+    char *want = kv_chat_render_at(t, msgs, NULL, 1, 0, NULL, err, sizeof err);
+    CHECK(want != NULL);
+    pthread_t th[4];
+    thread_arg args[4];
+    for (int i = 0; i < 4; i++) {
+        args[i] = (thread_arg){ t, msgs, want, 0 };
+        pthread_create(&th[i], NULL, render_many, &args[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        CHECK(args[i].ok);
+    }
+    free(want);
+    json_decref(msgs);
+    kv_chat_free(t);
+}
+
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Render time for 10- and 100-message chats; generous bound (shared, sanitized builds). */
+TEST(render_speed)
+{
+    static const char *const cfgs[] = {
+        "conf/tokenizers/qwen2.5-instruct/tokenizer_config.json",
+        "conf/templates/llama-3.1-instruct/tokenizer_config.json",
+        "conf/tokenizers/smollm3-3b/tokenizer_config.json",
+    };
+    for (size_t k = 0; k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        char err[256];
+        kv_chat_template_t *t = kv_chat_load(cfgs[k], NULL, err, sizeof err);
+        CHECK(t != NULL);
+        if (!t) continue;
+        int sizes[2] = { 10, 100 };
+        for (int s = 0; s < 2; s++) {
+            json_t *msgs = conversation(sizes[s]);
+            int iters = sizes[s] == 10 ? 500 : 100;
+            double best = 1e9;
+            for (int rep = 0; rep < 3; rep++) {
+                double t0 = now_s();
+                for (int i = 0; i < iters; i++) free(kv_chat_render_at(t, msgs, NULL, 1, 0, NULL, err, sizeof err));
+                double us = (now_s() - t0) / iters * 1e6;
+                if (us < best) best = us;
+            }
+            fprintf(stderr, "  %s: %d messages: %.1f us/render\n", cfgs[k], sizes[s], best);
+            CHECK(best < 5000);
+            json_decref(msgs);
+        }
+        kv_chat_free(t);
+    }
+}
+
+
+/* A multi-megabyte message renders in linear time. */
+TEST(big_content)
+{
+    char err[256];
+    kv_chat_template_t *t = kv_chat_load("conf/tokenizers/qwen2.5-instruct/tokenizer_config.json", NULL, err, sizeof err);
+    CHECK(t != NULL);
+    if (!t) return;
+    size_t n = 4 << 20;
+    char *big = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) big[i] = "abc de\n"[i % 7];
+    big[n] = 0;
+    json_t *msgs = json_array();
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", big));
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", big));
+    double t0 = now_s();
+    size_t len = 0;
+    char *out = kv_chat_render(t, msgs, NULL, 1, &len, err, sizeof err);
+    double dt = now_s() - t0;
+    CHECK(out != NULL);
+    CHECK(len > 2 * n && len < 2 * n + 200);
+    fprintf(stderr, "  2 x 4 MiB messages: %.1f ms\n", dt * 1e3);
+    CHECK(dt < 2.0);
+    free(out);
+    free(big);
+    json_decref(msgs);
+    kv_chat_free(t);
+}
+
+/* tokenizer_config.json forms: list of named templates, token objects, null tokens. */
+TEST(config_forms)
+{
+    char path[] = "/tmp/kv_chat_cfg_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    const char *cfg =
+        "{\"bos_token\": {\"content\": \"<B>\", \"lstrip\": false}, \"eos_token\": null, \"unk_token\": \"<U>\","
+        " \"chat_template\": [{\"name\": \"default\", \"template\": \"D{{ bos_token }}{{ eos_token is defined }}{{ unk_token }}\"},"
+        " {\"name\": \"tool_use\", \"template\": \"T{{ tools|length }}\"}]}";
+    CHECK(write(fd, cfg, strlen(cfg)) == (ssize_t)strlen(cfg));
+    close(fd);
+    char err[256];
+    json_t *msgs = json_array(), *tools = json_loads("[{\"type\": \"function\"}]", 0, NULL);
+    kv_chat_template_t *d = kv_chat_load(path, NULL, err, sizeof err);
+    kv_chat_template_t *t = kv_chat_load(path, "tool_use", err, sizeof err);
+    CHECK(kv_chat_load(path, "nope", err, sizeof err) == NULL);
+    CHECK(strstr(err, "nope") != NULL);
+    char *a = d ? kv_chat_render(d, msgs, NULL, 0, NULL, err, sizeof err) : NULL;
+    char *b = t ? kv_chat_render(t, msgs, tools, 0, NULL, err, sizeof err) : NULL;
+    CHECK_STR(a, "D<B>False<U>");
+    CHECK_STR(b, "T1");
+    free(a);
+    free(b);
+    kv_chat_free(d);
+    kv_chat_free(t);
+    json_decref(msgs);
+    json_decref(tools);
+    unlink(path);
+    /* a chat_template.jinja given directly takes its tokens from the config beside it */
+    kv_chat_template_t *j = kv_chat_load("conf/tokenizers/smollm3-3b/chat_template.jinja", NULL, err, sizeof err);
+    CHECK(j != NULL);
+    kv_chat_free(j);
+}
+
+/* vLLM's content rule: text parts joined with "\n" unless the template loops over content. */
+TEST(content_parts)
+{
+    char err[256];
+    json_t *msgs = json_loads("[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"},"
+                              "{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}, {\"type\": \"text\", \"text\": \"b\"}]}]", 0, NULL);
+    kv_chat_template_t *s = kv_chat_load_string("{{ messages[0].content }}", NULL, NULL, err, sizeof err);
+    kv_chat_template_t *l = kv_chat_load_string("{% for p in messages[0]['content'] %}[{{ p.type }}]{% endfor %}", NULL, NULL, err, sizeof err);
+    kv_chat_template_t *v = kv_chat_load_string("{% set c = messages[0].content %}{% for p in c %}<{{ p.type }}>{% endfor %}", NULL, NULL, err, sizeof err);
+    char *a = kv_chat_render(s, msgs, NULL, 0, NULL, err, sizeof err);
+    char *b = kv_chat_render(l, msgs, NULL, 0, NULL, err, sizeof err);
+    char *c = kv_chat_render(v, msgs, NULL, 0, NULL, err, sizeof err);
+    CHECK_STR(a, "a\nb");
+    CHECK_STR(b, "[text][image_url][text]");
+    CHECK_STR(c, "<text><image_url><text>");
+    free(a);
+    free(b);
+    free(c);
+    kv_chat_free(s);
+    kv_chat_free(l);
+    kv_chat_free(v);
+    json_decref(msgs);
+}
+
+int main(void)
+{
+    RUN(fixtures_all_templates);
+    RUN(snippets);
+    RUN(refusals);
+    RUN(runtime_errors);
+    RUN(pinned_clock);
+    RUN(config_forms);
+    RUN(big_content);
+    RUN(content_parts);
+    RUN(thread_safe);
+    RUN(render_speed);
+    return kvt_done();
+}
