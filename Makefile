@@ -37,7 +37,7 @@ CFLAGS   := -std=gnu11 $(OPT) -g -fPIC -pthread -Wall -Wextra -Werror \
             -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
             -D_GNU_SOURCE -Isrc/core -Iworkers $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS  := -pthread $(SANFLAGS)
-LIBS     := -levent -levent_pthreads -lnats -ljansson -lxxhash -ldl -lm
+LIBS     := -levent -levent_pthreads -lnats -ljansson -lxxhash -lutf8proc -ldl -lm
 VENV     := .venv
 PY       := $(VENV)/bin/python
 

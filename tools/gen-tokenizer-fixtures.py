@@ -127,7 +127,14 @@ def main():
         path = os.path.join(base, name, "tokenizer.json")
         if not os.path.exists(path):
             continue
-        tok = Tokenizer.from_file(path)
+        try:
+            tok = Tokenizer.from_file(path)
+        except Exception as e:      # noqa: BLE001 - report and go on
+            # HF itself cannot load it (tinyllama's legacy merges with
+            # spaces inside tokens); kvroute must refuse it too
+            print(name, "not loadable by HF tokenizers:", e)
+            open(os.path.join(dest, name + ".refused"), "w").write(str(e) + "\n")
+            continue
         rows = corpus(specials(tok))
         with open(os.path.join(dest, name + ".jsonl"), "w") as f:
             for text, raw in rows:

@@ -1,0 +1,93 @@
+/* Internals shared by the tokenizer's files (loader, pre-tokenizer, BPE,
+ * encode/decode). Not part of the public API: see kv_tokenizer.h. */
+#ifndef KV_TOK_INT_H
+#define KV_TOK_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_tokenizer.h"
+
+/* string -> id, open addressing over an arena of token bytes */
+typedef struct {
+    uint64_t    hash;
+    uint32_t    off;            /* into arena */
+    uint32_t    len;
+    uint32_t    id;             /* UINT32_MAX: empty */
+} kv_tok_slot_t;
+
+typedef struct {
+    kv_tok_slot_t  *slots;
+    uint32_t        mask;
+} kv_tok_map_t;
+
+/* (left id, right id) -> merge */
+typedef struct {
+    uint64_t    key;            /* left << 32 | right, UINT64_MAX empty */
+    uint32_t    rank;
+    uint32_t    id;
+} kv_tok_merge_t;
+
+typedef enum { PRE_NONE = 0, PRE_GPT2, PRE_QWEN2, PRE_LLAMA3 } kv_pre_kind_t;
+typedef enum { NORM_NONE = 0, NORM_NFC, NORM_SENTENCEPIECE } kv_norm_kind_t;
+typedef enum { DEC_BYTELEVEL = 0, DEC_SENTENCEPIECE, DEC_NONE } kv_dec_kind_t;
+
+typedef struct {
+    char       *content;
+    uint32_t    len;
+    uint32_t    id;
+    int         special, lstrip, rstrip, normalized;
+} kv_added_t;
+
+struct kv_tokenizer {
+    char           *arena;          /* every token's bytes */
+    size_t          arena_len;
+    uint32_t       *tok_off;        /* id -> arena offset */
+    uint32_t       *tok_len;
+    uint32_t        vocab_size;     /* ids 0..vocab_size-1 (model + added) */
+    kv_tok_map_t    vocab;          /* model vocab + added tokens */
+
+    kv_tok_merge_t *merges;
+    uint32_t        merges_mask;
+
+    kv_added_t     *added;
+    uint32_t        n_added;
+    uint8_t         added_first[256];   /* some added token starts with this byte */
+    uint8_t        *is_special;         /* id -> special added token */
+
+    kv_norm_kind_t  norm;
+    kv_pre_kind_t   pre;
+    int             byte_level;         /* ByteLevel pre-tokenizer: map bytes */
+    int             byte_fallback;
+    int             ignore_merges;
+    int             fuse_unk;
+    int64_t         unk_id;             /* -1: none */
+    kv_dec_kind_t   dec;
+    int             dec_strip_left;     /* SentencePiece decoder: Strip start */
+
+    uint32_t        byte_id[256];       /* byte-level: id of each byte's char; fallback: <0xXX> */
+    uint32_t        byte_char[256];     /* byte-level: code point standing for a byte */
+    int16_t         char_byte[512];     /* byte-level: code point -> byte, -1 */
+
+    uint32_t       *prefix_ids;         /* post-processor, single sequence */
+    uint32_t        n_prefix;
+    uint32_t       *suffix_ids;
+    uint32_t        n_suffix;
+
+    size_t          memory;
+};
+
+int64_t kv_tok_map_get(const kv_tokenizer_t *t, const char *s, size_t len);
+
+/* One word (pre-token) to ids; appends to out. -1 on allocation failure. */
+int kv_tok_bpe_word(const kv_tokenizer_t *t, const uint32_t *syms, size_t n,
+                    kv_ids_t *out);
+
+/* Splits text[0..len) into pre-tokens: calls emit for each piece. */
+typedef int (*kv_tok_emit_fn)(void *ctx, const char *piece, size_t len);
+int kv_tok_pretokenize(kv_pre_kind_t kind, const char *text, size_t len,
+                       kv_tok_emit_fn emit, void *ctx);
+
+int kv_ids_push(kv_ids_t *out, uint32_t id);
+
+#endif

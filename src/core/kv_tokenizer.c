@@ -1,0 +1,556 @@
+/*
+ * Encoding and decoding (kv_tokenizer.h), in HF tokenizers' order: added
+ * tokens are split out of the raw text first (leftmost, longest), then each
+ * remaining segment is normalized, pre-tokenized and BPE-merged; the
+ * post-processor's special tokens go around the whole.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <utf8proc.h>
+
+#include "kv_tok_int.h"
+#include "kv_unicode.h"
+
+int kv_ids_push(kv_ids_t *out, uint32_t id)
+{
+    uint32_t *grown;
+
+    if (out->n == out->cap) {
+        size_t cap = out->cap ? out->cap * 2 : 256;
+
+        grown = realloc(out->ids, cap * sizeof(uint32_t));
+        if (grown == NULL) {
+            return -1;
+        }
+        out->ids = grown;
+        out->cap = cap;
+    }
+    out->ids[out->n++] = id;
+    return 0;
+}
+
+void kv_ids_free(kv_ids_t *out)
+{
+    free(out->ids);
+    memset(out, 0, sizeof(*out));
+}
+
+/* --- one pre-token ------------------------------------------------------- */
+
+typedef struct {
+    const kv_tokenizer_t *t;
+    kv_ids_t             *out;
+    uint32_t             *syms;
+    size_t                cap;
+    char                 *mapped;       /* byte-level string, for ignore_merges */
+    size_t                mapped_cap;
+} enc_t;
+
+static int reserve(enc_t *e, size_t n)
+{
+    if (n > e->cap) {
+        uint32_t *s = realloc(e->syms, n * sizeof(uint32_t));
+
+        if (s == NULL) {
+            return -1;
+        }
+        e->syms = s;
+        e->cap = n;
+    }
+    return 0;
+}
+
+static int byte_level_word(enc_t *e, const char *p, size_t n)
+{
+    const kv_tokenizer_t *t = e->t;
+    size_t                i, k = 0;
+
+    if (t->ignore_merges) {
+        /* a word that is itself a token is not merged (Llama-3 style) */
+        if (4 * n > e->mapped_cap) {
+            char *m = realloc(e->mapped, 4 * n);
+
+            if (m == NULL) {
+                return -1;
+            }
+            e->mapped = m;
+            e->mapped_cap = 4 * n;
+        }
+        for (i = 0; i < n; i++) {
+            k += kv_utf8_put(e->mapped + k, t->byte_char[(uint8_t) p[i]]);
+        }
+        int64_t id = kv_tok_map_get(t, e->mapped, k);
+
+        if (id >= 0) {
+            return kv_ids_push(e->out, (uint32_t) id);
+        }
+    }
+    if (reserve(e, n) != 0) {
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        e->syms[i] = t->byte_id[(uint8_t) p[i]];
+    }
+    return kv_tok_bpe_word(t, e->syms, n, e->out);
+}
+
+/* SentencePiece-style: one symbol per character, bytes for unknown ones. */
+static int char_word(enc_t *e, const char *p, size_t n)
+{
+    const kv_tokenizer_t *t = e->t;
+    size_t                i = 0, k = 0, len, b;
+    uint32_t              cp;
+    int                   last_unk = 0;
+
+    if (reserve(e, n) != 0) {
+        return -1;
+    }
+    while (i < n) {
+        int64_t id;
+
+        len = kv_utf8_next((const uint8_t *) p + i, n - i, &cp);
+        id = kv_tok_map_get(t, p + i, len);
+        if (id >= 0) {
+            e->syms[k++] = (uint32_t) id;
+            last_unk = 0;
+        } else if (t->byte_fallback && t->byte_id[(uint8_t) p[i]] != UINT32_MAX) {
+            for (b = 0; b < len; b++) {
+                e->syms[k++] = t->byte_id[(uint8_t) p[i + b]];
+            }
+            last_unk = 0;
+        } else if (t->unk_id >= 0) {
+            if (!(t->fuse_unk && last_unk)) {
+                e->syms[k++] = (uint32_t) t->unk_id;
+            }
+            last_unk = 1;
+        }
+        i += len;
+    }
+    return kv_tok_bpe_word(t, e->syms, k, e->out);
+}
+
+static int emit_piece(void *ctx, const char *p, size_t n)
+{
+    enc_t *e = ctx;
+
+    return e->t->byte_level ? byte_level_word(e, p, n) : char_word(e, p, n);
+}
+
+/* --- one segment between added tokens ------------------------------------ */
+
+static int segment(enc_t *e, const char *s, size_t n)
+{
+    const kv_tokenizer_t *t = e->t;
+    char                 *norm = NULL;
+    size_t                i, k;
+    int                   rc;
+
+    if (n == 0) {
+        return 0;
+    }
+    if (t->norm == NORM_NFC) {
+        /* text without a byte >= 0xcc is below U+0300, which is all NFC */
+        for (i = 0; i < n && (uint8_t) s[i] < 0xcc; i++) {
+            /* void */
+        }
+        if (i < n) {
+            char *z = malloc(n + 1);
+
+            if (z == NULL) {
+                return -1;
+            }
+            memcpy(z, s, n);
+            z[n] = '\0';
+            norm = (char *) utf8proc_NFC((const utf8proc_uint8_t *) z);
+            free(z);
+            if (norm == NULL) {
+                return -1;
+            }
+            s = norm;
+            n = strlen(norm);
+        }
+    } else if (t->norm == NORM_SENTENCEPIECE) {
+        /* Prepend "▁", then every " " becomes "▁" */
+        norm = malloc(3 * n + 3);
+        if (norm == NULL) {
+            return -1;
+        }
+        memcpy(norm, "\xe2\x96\x81", 3);
+        for (i = 0, k = 3; i < n; i++) {
+            if (s[i] == ' ') {
+                memcpy(norm + k, "\xe2\x96\x81", 3);
+                k += 3;
+            } else {
+                norm[k++] = s[i];
+            }
+        }
+        s = norm;
+        n = k;
+    }
+    rc = kv_tok_pretokenize(t->pre, s, n, emit_piece, e);
+    free(norm);
+    return rc;
+}
+
+/* --- added tokens -------------------------------------------------------- */
+
+static int is_space_at(const char *s, size_t n, size_t i, size_t *len)
+{
+    uint32_t cp;
+
+    *len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
+    return kv_uni_class(cp) == KV_UNI_SPACE;
+}
+
+/* The longest added token at s[i], or NULL. */
+static const kv_added_t *added_at(const kv_tokenizer_t *t, const char *s, size_t n, size_t i)
+{
+    const kv_added_t *best = NULL;
+    uint32_t          k;
+
+    if (!t->added_first[(uint8_t) s[i]]) {
+        return NULL;
+    }
+    for (k = 0; k < t->n_added; k++) {
+        const kv_added_t *a = &t->added[k];
+
+        if (a->len <= n - i && (best == NULL || a->len > best->len)
+            && memcmp(s + i, a->content, a->len) == 0)
+        {
+            best = a;
+        }
+    }
+    return best;
+}
+
+static int encode_valid(const kv_tokenizer_t *t, const char *s, size_t n, enc_t *e)
+{
+    size_t            i = 0, seg = 0, start, end, len;
+    const kv_added_t *a;
+
+    while (i < n) {
+        a = added_at(t, s, n, i);
+        if (a == NULL) {
+            i++;
+            continue;
+        }
+        start = i;
+        end = i + a->len;
+        if (a->lstrip) {
+            /* the token takes the whitespace before it */
+            while (start > seg) {
+                size_t p = start - 1;
+
+                while (p > seg && ((uint8_t) s[p] & 0xc0) == 0x80) {
+                    p--;
+                }
+                if (!is_space_at(s, n, p, &len)) {
+                    break;
+                }
+                start = p;
+            }
+        }
+        if (a->rstrip) {
+            while (end < n && is_space_at(s, n, end, &len)) {
+                end += len;
+            }
+        }
+        if (segment(e, s + seg, start - seg) != 0 || kv_ids_push(e->out, a->id) != 0) {
+            return -1;
+        }
+        i = seg = end;
+    }
+    return segment(e, s + seg, n - seg);
+}
+
+/* Invalid UTF-8 becomes U+FFFD per maximal subpart, as Python decodes it. */
+static char *sanitize(const char *s, size_t n, size_t *out_len)
+{
+    char    *d = malloc(3 * n + 1);
+    size_t   i = 0, k = 0, len;
+    uint32_t cp;
+
+    if (d == NULL) {
+        return NULL;
+    }
+    while (i < n) {
+        if ((uint8_t) s[i] < 0x80) {
+            d[k++] = s[i++];
+            continue;
+        }
+        len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
+        if (cp == 0xfffd) {
+            k += kv_utf8_put(d + k, 0xfffd);
+        } else {
+            memcpy(d + k, s + i, len);
+            k += len;
+        }
+        i += len;
+    }
+    *out_len = k;
+    return d;
+}
+
+long kv_tokenizer_encode(const kv_tokenizer_t *t, const char *text, size_t len,
+                         int add_special, kv_ids_t *out)
+{
+    enc_t   e = { t, out, NULL, 0, NULL, 0 };
+    size_t  before = out->n, n2, i;
+    char   *clean = NULL;
+    int     rc = 0;
+
+    if (!kv_utf8_valid((const uint8_t *) text, len)) {
+        clean = sanitize(text, len, &n2);
+        if (clean == NULL) {
+            return -1;
+        }
+        text = clean;
+        len = n2;
+    }
+    if (add_special) {
+        for (i = 0; i < t->n_prefix && rc == 0; i++) {
+            rc = kv_ids_push(out, t->prefix_ids[i]);
+        }
+    }
+    if (rc == 0) {
+        rc = encode_valid(t, text, len, &e);
+    }
+    if (add_special) {
+        for (i = 0; i < t->n_suffix && rc == 0; i++) {
+            rc = kv_ids_push(out, t->suffix_ids[i]);
+        }
+    }
+    free(e.syms);
+    free(e.mapped);
+    free(clean);
+    return rc == 0 ? (long) (out->n - before) : -1;
+}
+
+/* --- decoding ------------------------------------------------------------ */
+
+typedef struct {
+    char   *p;
+    size_t  n, cap;
+} buf_t;
+
+static int put(buf_t *b, const void *s, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = (b->n + n + 1) * 2;
+        char  *p = realloc(b->p, cap);
+
+        if (p == NULL) {
+            return -1;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    return 0;
+}
+
+static int fallback_byte(const char *s, size_t n)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    const char       *h1, *h2;
+
+    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') {
+        return -1;
+    }
+    h1 = memchr(hex, s[3], 16);
+    h2 = memchr(hex, s[4], 16);
+    return h1 && h2 && s[3] && s[4] ? (int) ((h1 - hex) * 16 + (h2 - hex)) : -1;
+}
+
+/* Bytes of one token as the decoder sees them, before joining. */
+static int token_raw(const kv_tokenizer_t *t, uint32_t id, buf_t *b)
+{
+    const char *s = t->arena + t->tok_off[id];
+    size_t      n = t->tok_len[id], i, len, start = b->n;
+    uint32_t    cp;
+
+    if (t->dec == DEC_BYTELEVEL) {
+        for (i = 0; i < n; i += len) {
+            char c;
+
+            len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
+            if (cp >= 512 || t->char_byte[cp] < 0) {
+                b->n = start;   /* not byte-level text: the token as it is */
+                return put(b, s, n);
+            }
+            c = (char) t->char_byte[cp];
+            if (put(b, &c, 1) != 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    for (i = 0; i < n;) {
+        if (n - i >= 3 && memcmp(s + i, "\xe2\x96\x81", 3) == 0) {
+            if (put(b, " ", 1) != 0) return -1;
+            i += 3;
+        } else {
+            if (put(b, s + i, 1) != 0) return -1;
+            i++;
+        }
+    }
+    return 0;
+}
+
+/* Appends bytes as UTF-8, each invalid maximal subpart as U+FFFD. */
+static int put_lossy(buf_t *b, const char *s, size_t n)
+{
+    size_t   i = 0, len;
+    uint32_t cp;
+    char     rep[4];
+
+    while (i < n) {
+        len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
+        if (cp == 0xfffd && !(len == 3 && memcmp(s + i, "\xef\xbf\xbd", 3) == 0)) {
+            if (put(b, rep, kv_utf8_put(rep, 0xfffd)) != 0) return -1;
+        } else if (put(b, s + i, len) != 0) {
+            return -1;
+        }
+        i += len;
+    }
+    return 0;
+}
+
+static char *decode_sp(const kv_tokenizer_t *t, const uint32_t *ids, size_t n,
+                       int skip_special, size_t *len)
+{
+    buf_t  out = { NULL, 0, 0 }, bytes = { NULL, 0, 0 };
+    size_t i, j, nbytes;
+    char   rep[4];
+
+    for (i = 0; i < n; i++) {
+        int byte;
+
+        if (ids[i] >= t->vocab_size || (skip_special && t->is_special[ids[i]])) {
+            continue;
+        }
+        byte = fallback_byte(t->arena + t->tok_off[ids[i]], t->tok_len[ids[i]]);
+        if (byte < 0) {
+            if (token_raw(t, ids[i], &out) != 0) goto fail;
+            continue;
+        }
+        /* a run of byte tokens: valid UTF-8 as is, else one U+FFFD per byte */
+        bytes.n = 0;
+        for (j = i; j < n; j++) {
+            int b2;
+
+            if (ids[j] >= t->vocab_size || (skip_special && t->is_special[ids[j]])) {
+                continue;
+            }
+            b2 = fallback_byte(t->arena + t->tok_off[ids[j]], t->tok_len[ids[j]]);
+            if (b2 < 0) break;
+            char c = (char) b2;
+            if (put(&bytes, &c, 1) != 0) goto fail;
+        }
+        nbytes = bytes.n;
+        if (kv_utf8_valid((const uint8_t *) bytes.p, nbytes)) {
+            if (put(&out, bytes.p, nbytes) != 0) goto fail;
+        } else {
+            for (size_t k = 0; k < nbytes; k++) {
+                if (put(&out, rep, kv_utf8_put(rep, 0xfffd)) != 0) goto fail;
+            }
+        }
+        i = j - 1;
+    }
+    if (put(&out, "", 0) != 0) goto fail;
+    free(bytes.p);
+    {
+        size_t skip = 0;
+
+        while ((int) skip < t->dec_strip_left && skip < out.n && out.p[skip] == ' ') {
+            skip++;
+        }
+        memmove(out.p, out.p + skip, out.n - skip);
+        out.n -= skip;
+    }
+    out.p[out.n] = '\0';
+    *len = out.n;
+    return out.p;
+fail:
+    free(out.p);
+    free(bytes.p);
+    return NULL;
+}
+
+char *kv_tokenizer_decode(const kv_tokenizer_t *t, const uint32_t *ids, size_t n,
+                          int skip_special, size_t *len)
+{
+    buf_t  raw = { NULL, 0, 0 }, out = { NULL, 0, 0 };
+    size_t i;
+
+    if (t->dec == DEC_SENTENCEPIECE) {
+        return decode_sp(t, ids, n, skip_special, len);
+    }
+    for (i = 0; i < n; i++) {
+        if (ids[i] >= t->vocab_size || (skip_special && t->is_special[ids[i]])) {
+            continue;
+        }
+        if (t->dec == DEC_NONE && raw.n && put(&raw, " ", 1) != 0) {
+            goto fail;
+        }
+        if ((t->dec == DEC_NONE ? put(&raw, t->arena + t->tok_off[ids[i]], t->tok_len[ids[i]])
+                                : token_raw(t, ids[i], &raw)) != 0)
+        {
+            goto fail;
+        }
+    }
+    if (put_lossy(&out, raw.p ? raw.p : "", raw.n) != 0 || put(&out, "", 0) != 0) {
+        goto fail;
+    }
+    free(raw.p);
+    out.p[out.n] = '\0';
+    *len = out.n;
+    return out.p;
+fail:
+    free(raw.p);
+    free(out.p);
+    return NULL;
+}
+
+long kv_tokenizer_token_bytes(const kv_tokenizer_t *t, uint32_t id, char *dst, size_t cap)
+{
+    buf_t b = { NULL, 0, 0 };
+    int   byte;
+    long  n;
+
+    if (id >= t->vocab_size) {
+        return -1;
+    }
+    if (t->dec == DEC_SENTENCEPIECE
+        && (byte = fallback_byte(t->arena + t->tok_off[id], t->tok_len[id])) >= 0)
+    {
+        if (cap < 1) return 0;
+        dst[0] = (char) byte;
+        return 1;
+    }
+    if (token_raw(t, id, &b) != 0) {
+        free(b.p);
+        return -1;
+    }
+    n = (long) (b.n < cap ? b.n : cap);
+    if (n) memcpy(dst, b.p, (size_t) n);
+    free(b.p);
+    return n;
+}
+
+long kv_tokenizer_token_id(const kv_tokenizer_t *t, const char *token)
+{
+    return (long) kv_tok_map_get(t, token, strlen(token));
+}
+
+uint32_t kv_tokenizer_vocab_size(const kv_tokenizer_t *t)
+{
+    return t->vocab_size;
+}
+
+size_t kv_tokenizer_memory(const kv_tokenizer_t *t)
+{
+    return t->memory;
+}
