@@ -27,29 +27,46 @@ static const kv_tok_merge_t *merge_of(const kv_tokenizer_t *t, uint32_t a, uint3
     }
 }
 
+/* Ranks of adjacent pairs kept in an array: each merge re-reads only the
+ * two pairs it changed, so a word costs O(n) merge lookups. */
 static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t *out)
 {
-    size_t i, best;
-    uint32_t best_rank, best_id = 0;
+    uint32_t rank[SHORT_WORD], mid[SHORT_WORD];
+    size_t   i, best;
     const kv_tok_merge_t *m;
 
-    for (;;) {
-        best = SIZE_MAX;
-        best_rank = UINT32_MAX;
-        for (i = 0; i + 1 < n; i++) {
-            m = merge_of(t, id[i], id[i + 1]);
-            if (m && m->rank < best_rank) {
-                best_rank = m->rank;
+    for (i = 0; i + 1 < n; i++) {
+        m = merge_of(t, id[i], id[i + 1]);
+        rank[i] = m ? m->rank : UINT32_MAX;
+        mid[i] = m ? m->id : 0;
+    }
+    while (n > 1) {
+        best = 0;
+        for (i = 1; i + 1 < n; i++) {
+            if (rank[i] < rank[best]) {
                 best = i;
-                best_id = m->id;
             }
         }
-        if (best == SIZE_MAX) {
+        if (rank[best] == UINT32_MAX) {
             break;
         }
-        id[best] = best_id;
+        id[best] = mid[best];
         memmove(&id[best + 1], &id[best + 2], (n - best - 2) * sizeof(uint32_t));
+        if (best + 2 < n) {
+            memmove(&rank[best + 1], &rank[best + 2], (n - best - 3) * sizeof(uint32_t));
+            memmove(&mid[best + 1], &mid[best + 2], (n - best - 3) * sizeof(uint32_t));
+        }
         n--;
+        if (best > 0) {
+            m = merge_of(t, id[best - 1], id[best]);
+            rank[best - 1] = m ? m->rank : UINT32_MAX;
+            mid[best - 1] = m ? m->id : 0;
+        }
+        if (best + 1 < n) {
+            m = merge_of(t, id[best], id[best + 1]);
+            rank[best] = m ? m->rank : UINT32_MAX;
+            mid[best] = m ? m->id : 0;
+        }
     }
     for (i = 0; i < n; i++) {
         if (kv_ids_push(out, id[i]) != 0) {

@@ -47,6 +47,14 @@ struct kv_tokenizer {
     uint32_t        vocab_size;     /* ids 0..vocab_size-1 (model + added) */
     kv_tok_map_t    vocab;          /* model vocab + added tokens */
 
+    /*
+     * byte-level: raw bytes -> id of tokens that BPE turns into themselves
+     * (checked at load), so a word that is one token skips merging and
+     * its mapping to printable characters; with ignore_merges, every token
+     */
+    kv_tok_map_t    words;
+    char           *words_arena;
+
     kv_tok_merge_t *merges;
     uint32_t        merges_mask;
 
@@ -78,6 +86,7 @@ struct kv_tokenizer {
 };
 
 int64_t kv_tok_map_get(const kv_tokenizer_t *t, const char *s, size_t len);
+int64_t kv_tok_word_get(const kv_tokenizer_t *t, const char *s, size_t len);
 
 /* One word (pre-token) to ids; appends to out. -1 on allocation failure. */
 int kv_tok_bpe_word(const kv_tokenizer_t *t, const uint32_t *syms, size_t n,

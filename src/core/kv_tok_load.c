@@ -59,21 +59,34 @@ static uint64_t hash_str(const char *s, size_t len)
     return XXH3_64bits(s, len);
 }
 
-int64_t kv_tok_map_get(const kv_tokenizer_t *t, const char *s, size_t len)
+static int64_t map_lookup(const kv_tok_map_t *m, const char *arena, const char *s, size_t len)
 {
     uint64_t       h = hash_str(s, len);
-    uint32_t       i = (uint32_t) h & t->vocab.mask;
+    uint32_t       i = (uint32_t) h & m->mask;
     kv_tok_slot_t *e;
 
-    for (;; i = (i + 1) & t->vocab.mask) {
-        e = &t->vocab.slots[i];
+    if (m->slots == NULL) {
+        return -1;
+    }
+    for (;; i = (i + 1) & m->mask) {
+        e = &m->slots[i];
         if (e->id == UINT32_MAX) {
             return -1;
         }
-        if (e->hash == h && e->len == len && memcmp(t->arena + e->off, s, len) == 0) {
+        if (e->hash == h && e->len == len && memcmp(arena + e->off, s, len) == 0) {
             return e->id;
         }
     }
+}
+
+int64_t kv_tok_map_get(const kv_tokenizer_t *t, const char *s, size_t len)
+{
+    return map_lookup(&t->vocab, t->arena, s, len);
+}
+
+int64_t kv_tok_word_get(const kv_tokenizer_t *t, const char *s, size_t len)
+{
+    return map_lookup(&t->words, t->words_arena, s, len);
 }
 
 static void map_put(kv_tokenizer_t *t, uint32_t off, uint32_t len, uint32_t id)
@@ -510,6 +523,89 @@ static void byte_table(kv_tokenizer_t *t)
     }
 }
 
+/* The words map (see kv_tok_int.h): every token's raw bytes, kept when
+ * merging those bytes gives back the token itself. */
+static int words_table(kv_tokenizer_t *t)
+{
+    size_t    cap, i, k, total = 0;
+    uint32_t  id, *syms = NULL, nsyms = 0;
+    kv_ids_t  out = { 0 };
+    int       rc = -1;
+
+    for (cap = 1024; cap < 2 * (size_t) t->vocab_size; cap *= 2) {
+        /* void */
+    }
+    t->words.slots = malloc(cap * sizeof(kv_tok_slot_t));
+    t->words_arena = malloc(t->arena_len + 1);
+    syms = malloc(1024 * sizeof(uint32_t));
+    if (!t->words.slots || !t->words_arena || !syms) {
+        goto done;
+    }
+    t->words.mask = (uint32_t) cap - 1;
+    for (i = 0; i < cap; i++) {
+        t->words.slots[i].id = UINT32_MAX;
+    }
+    for (id = 0; id < t->vocab_size; id++) {
+        const char *s = t->arena + t->tok_off[id];
+        size_t      n = t->tok_len[id], len;
+        uint32_t    cp;
+        char       *raw = t->words_arena + total;
+
+        if (n == 0 || n > 1024 || t->is_special[id]) {
+            continue;
+        }
+        for (i = 0, k = 0; i < n; i += len) {
+            len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
+            if (cp >= 512 || t->char_byte[cp] < 0) {
+                break;
+            }
+            raw[k++] = (char) t->char_byte[cp];
+        }
+        if (i < n) {
+            continue;           /* not a byte-level token (an added one) */
+        }
+        if (!t->ignore_merges) {
+            for (i = 0; i < k; i++) {
+                syms[i] = t->byte_id[(uint8_t) raw[i]];
+            }
+            nsyms = (uint32_t) k;
+            out.n = 0;
+            if (kv_tok_bpe_word(t, syms, nsyms, &out) != 0) {
+                goto done;
+            }
+            if (out.n != 1 || out.ids[0] != id) {
+                continue;
+            }
+        }
+        {
+            uint64_t       h = hash_str(raw, k);
+            uint32_t       j = (uint32_t) h & t->words.mask;
+            kv_tok_slot_t *e;
+
+            for (;; j = (j + 1) & t->words.mask) {
+                e = &t->words.slots[j];
+                if (e->id == UINT32_MAX) {
+                    e->hash = h;
+                    e->off = (uint32_t) total;
+                    e->len = (uint32_t) k;
+                    e->id = id;
+                    total += k;
+                    break;
+                }
+                if (e->hash == h && e->len == k && memcmp(t->words_arena + e->off, raw, k) == 0) {
+                    break;
+                }
+            }
+        }
+    }
+    t->memory += cap * sizeof(kv_tok_slot_t) + total;
+    rc = 0;
+done:
+    free(syms);
+    kv_ids_free(&out);
+    return rc;
+}
+
 static void fallback_table(kv_tokenizer_t *t)
 {
     char     buf[8];
@@ -578,6 +674,10 @@ kv_tokenizer_t *kv_tokenizer_load_buffer(const char *buf, size_t len, char *err,
                 goto fail;
             }
         }
+        if (words_table(t) != 0) {
+            refuse(&l, "out of memory");
+            goto fail;
+        }
     } else if (t->norm != NORM_SENTENCEPIECE || t->pre != PRE_NONE) {
         refuse(&l, "a BPE model without ByteLevel must be SentencePiece-style "
                "(Prepend/Replace normalizer, no pre-tokenizer)");
@@ -630,6 +730,8 @@ void kv_tokenizer_free(kv_tokenizer_t *t)
     free(t->tok_off);
     free(t->tok_len);
     free(t->vocab.slots);
+    free(t->words.slots);
+    free(t->words_arena);
     free(t->merges);
     free(t->added);
     free(t->is_special);

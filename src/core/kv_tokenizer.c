@@ -43,8 +43,6 @@ typedef struct {
     kv_ids_t             *out;
     uint32_t             *syms;
     size_t                cap;
-    char                 *mapped;       /* byte-level string, for ignore_merges */
-    size_t                mapped_cap;
 } enc_t;
 
 static int reserve(enc_t *e, size_t n)
@@ -64,27 +62,13 @@ static int reserve(enc_t *e, size_t n)
 static int byte_level_word(enc_t *e, const char *p, size_t n)
 {
     const kv_tokenizer_t *t = e->t;
-    size_t                i, k = 0;
+    int64_t               id = kv_tok_word_get(t, p, n);
+    size_t                i;
 
-    if (t->ignore_merges) {
-        /* a word that is itself a token is not merged (Llama-3 style) */
-        if (4 * n > e->mapped_cap) {
-            char *m = realloc(e->mapped, 4 * n);
-
-            if (m == NULL) {
-                return -1;
-            }
-            e->mapped = m;
-            e->mapped_cap = 4 * n;
-        }
-        for (i = 0; i < n; i++) {
-            k += kv_utf8_put(e->mapped + k, t->byte_char[(uint8_t) p[i]]);
-        }
-        int64_t id = kv_tok_map_get(t, e->mapped, k);
-
-        if (id >= 0) {
-            return kv_ids_push(e->out, (uint32_t) id);
-        }
+    /* a word that is a single token which merging would rebuild anyway, or
+     * any token with ignore_merges (Llama-3 style) */
+    if (id >= 0) {
+        return kv_ids_push(e->out, (uint32_t) id);
     }
     if (reserve(e, n) != 0) {
         return -1;
@@ -295,7 +279,7 @@ static char *sanitize(const char *s, size_t n, size_t *out_len)
 long kv_tokenizer_encode(const kv_tokenizer_t *t, const char *text, size_t len,
                          int add_special, kv_ids_t *out)
 {
-    enc_t   e = { t, out, NULL, 0, NULL, 0 };
+    enc_t   e = { t, out, NULL, 0 };
     size_t  before = out->n, n2, i;
     char   *clean = NULL;
     int     rc = 0;
@@ -322,7 +306,6 @@ long kv_tokenizer_encode(const kv_tokenizer_t *t, const char *text, size_t len,
         }
     }
     free(e.syms);
-    free(e.mapped);
     free(clean);
     return rc == 0 ? (long) (out->n - before) : -1;
 }
