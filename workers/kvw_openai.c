@@ -84,7 +84,8 @@ static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *
         if (text == NULL)
             return fail(err, errlen, "out of memory");
     }
-    long n = tx->tokenize(tx->ctx, text, len, &r->prompt);
+    long n = (chat && tx->tokenize_chat ? tx->tokenize_chat : tx->tokenize)(tx->ctx, text, len,
+                                                                         &r->prompt);
     free(text);
     if (n < 0)
         return fail(err, errlen, "prompt could not be tokenized");

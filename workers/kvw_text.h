@@ -25,10 +25,16 @@ typedef size_t (*kvw_detok_fn)(void *ctx, uint32_t token, char *buf, size_t cap)
 
 typedef struct kvw_text {
     kvw_tokenize_fn tokenize;
+    kvw_tokenize_fn tokenize_chat;      /* rendered chats; NULL: tokenize */
     kvw_render_fn   render;
     kvw_detok_fn    detok;
     void           *ctx;
+    uint32_t        vocab_size;         /* 0: the byte stand-in */
 } kvw_text_t;
+
+/* The shared tokenizer (and chat template, may be NULL) from src/core. */
+const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
+                                char *err, size_t errlen);
 
 /* The byte-per-token stand-in. */
 const kvw_text_t *kvw_text_bytes(void);

@@ -13,6 +13,7 @@
 #include <event2/thread.h>
 
 #include "kvw_engine.h"
+#include "kvw_text.h"
 #include "kvw_http.h"
 #include "kvw_nats.h"
 
@@ -157,6 +158,17 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
+    if (cfg.tokenizer || cfg.chat_template) {
+        if (cfg.tokenizer == NULL) {
+            fprintf(stderr, "kvworker: --chat-template needs --tokenizer\n");
+            return 2;
+        }
+        cfg.text = kvw_text_load(cfg.tokenizer, cfg.chat_template, err, sizeof(err));
+        if (cfg.text == NULL) {
+            fprintf(stderr, "kvworker: %s\n", err);
+            return 2;
+        }
+    }
 
     /* precise timers: mock steps last a few ms and must be kept to within 5% */
     struct event_config *ec = event_config_new();

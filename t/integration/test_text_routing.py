@@ -1,0 +1,122 @@
+"""Text and chat prompts: nginx and kvworker tokenize with the same
+tokenizer.json and chat template (src/core), so a prefix the worker cached
+is found by the router. Real nginx, nats-server, kvworker."""
+import concurrent.futures
+import json
+import os
+import time
+
+import kvt
+
+QWEN = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct")
+
+CONF = """
+    kvroute_zone kv 16m;
+    kvroute_events %(nats)s zone=kv;
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv tokenizer=%(dir)s/tokenizer.json chat_template=%(dir)s/tokenizer_config.json
+                thread_threshold=%(threshold)s;
+        %(servers)s
+        keepalive 8;
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        client_body_buffer_size 4m;
+        client_max_body_size 8m;
+        location /v1/ {
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            kvroute_debug_headers on;
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+SYSTEM = ("You are a meticulous assistant for a large insurance company. " * 40).strip()
+
+
+def setup(stack, threshold="64k"):
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", nats.url, "--heartbeat-ms", "200",
+                                       "--tokenizer", QWEN + "/tokenizer.json",
+                                       "--chat-template", QWEN + "/tokenizer_config.json"])
+    servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
+    ng = stack.nginx(CONF % {"nats": nats.url, "dir": QWEN, "servers": servers,
+                             "threshold": threshold})
+    def live():
+        s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
+        ws = json.loads(body)["zones"]["kv"]["events"]["workers"]
+        return len([x for x in ws if x["state"] == "live"]) == 2
+    kvt.wait_until(live, what="workers announced")
+    return ng, w.ports
+
+
+def indexed(port, server):
+    s, _, body = kvt.request(port, "GET", "/kvroute/status")
+    for x in json.loads(body)["zones"]["kv"]["upstreams"]["llm"]:
+        if x["server"] == server:
+            return x["indexed_blocks"]
+
+
+def chat_body(question):
+    return {"model": "kvroute-mock", "max_tokens": 2,
+            "messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": question}]}
+
+
+def test_chat_prefix_found_by_router(stack):
+    ng, (a, b) = setup(stack)
+    s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
+    assert s == 200, body
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    assert prompt_tokens > 300
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= prompt_tokens // 16,
+                   what="chat blocks indexed")
+    for q in ("Second question?", "Third one, please."):
+        s, h, body, _ = kvt.post_json(ng.port, "/v1/chat/completions", chat_body(q))
+        assert s == 200
+        assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+        # the shared system prompt: every full block before the question
+        assert int(h["x-kvroute-overlap"]) >= (prompt_tokens - 20) // 16
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * int(h["x-kvroute-overlap"])
+
+
+def test_text_prompt_prefix_found_by_router(stack):
+    ng, (a, b) = setup(stack)
+    doc = "Clause %d: the insured shall notify the insurer within thirty days. " * 1
+    text = "".join(doc % i for i in range(60))
+    s, _, body, _ = kvt.post_json(b, "/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert s == 200
+    n = body["usage"]["prompt_tokens"]
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) >= n // 16, what="indexed")
+    s, h, body, _ = kvt.post_json(ng.port, "/v1/completions",
+                                  {"prompt": text + " Summarise.", "max_tokens": 1})
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % b
+    assert int(h["x-kvroute-overlap"]) >= n // 16 - 1
+
+
+def test_large_prompt_goes_to_thread_pool_without_stalling_others(stack):
+    ng, (a, b) = setup(stack, threshold="32k")
+    big = "word%d and more text, " % 7 * 30000            # 630 KB, 180k tokens: ms of work
+    def big_req():
+        return kvt.post_json(ng.port, "/v1/completions", {"prompt": big, "max_tokens": 1},
+                             timeout=60)
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        futs = [ex.submit(big_req) for _ in range(3)]
+        time.sleep(0.01)
+        lat = []
+        for i in range(10):
+            t0 = time.time()
+            s, h, _, _ = kvt.post_json(ng.port, "/v1/completions",
+                                       {"prompt": [1, 2, 3, i], "max_tokens": 1})
+            lat.append(time.time() - t0)
+            assert s == 200
+        for f in futs:
+            s, h, body, _ = f.result()
+            assert s == 200
+    s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
+    assert json.loads(body)["zones"]["kv"]["threaded"] >= 3
+    assert ng.alerts() == []

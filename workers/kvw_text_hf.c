@@ -1,0 +1,102 @@
+/*
+ * kvworker's text side on the shared tokenizer and chat templates
+ * (src/core): what --tokenizer and --chat-template select. Completion
+ * prompts are encoded with the tokenizer's special tokens; rendered chats
+ * without (the template writes them), exactly as the router does, so that
+ * both hash the same blocks.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_chat.h"
+#include "kv_tokenizer.h"
+#include "kvw_text.h"
+
+typedef struct {
+    kvw_text_t          text;
+    kv_tokenizer_t     *tok;
+    kv_chat_template_t *tpl;
+} hf_text_t;
+
+static long encode(hf_text_t *h, const char *text, size_t len, int special, uint32_t **ids)
+{
+    kv_ids_t out = { 0 };
+
+    if (kv_tokenizer_encode(h->tok, text, len, special, &out) < 0) {
+        kv_ids_free(&out);
+        return -1;
+    }
+    if (out.ids == NULL) {
+        out.ids = malloc(sizeof(uint32_t));
+        if (out.ids == NULL) {
+            return -1;
+        }
+    }
+    *ids = out.ids;
+    return (long) out.n;
+}
+
+static long tokenize(void *ctx, const char *text, size_t len, uint32_t **ids)
+{
+    return encode(ctx, text, len, 1, ids);
+}
+
+static long tokenize_chat(void *ctx, const char *text, size_t len, uint32_t **ids)
+{
+    return encode(ctx, text, len, 0, ids);
+}
+
+static int render(void *ctx, json_t *messages, char **text, size_t *len, char *err,
+                  size_t errlen)
+{
+    hf_text_t *h = ctx;
+
+    if (h->tpl == NULL) {
+        return kvw_plain_render(NULL, messages, text, len, err, errlen);
+    }
+    *text = kv_chat_render(h->tpl, messages, NULL, 1, len, err, errlen);
+    return *text ? 0 : -1;
+}
+
+static size_t detok(void *ctx, uint32_t token, char *buf, size_t cap)
+{
+    hf_text_t *h = ctx;
+    long       n = kv_tokenizer_token_bytes(h->tok, token, buf, cap);
+
+    return n < 0 ? 0 : (size_t) n;
+}
+
+const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
+                                char *err, size_t errlen)
+{
+    hf_text_t *h = calloc(1, sizeof(*h));
+    char       e[512];
+
+    if (h == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    h->tok = kv_tokenizer_load(tokenizer, e, sizeof(e));
+    if (h->tok == NULL) {
+        snprintf(err, errlen, "--tokenizer %s: %s", tokenizer, e);
+        free(h);
+        return NULL;
+    }
+    if (chat_template) {
+        h->tpl = kv_chat_load(chat_template, NULL, e, sizeof(e));
+        if (h->tpl == NULL) {
+            snprintf(err, errlen, "--chat-template %s: %s", chat_template, e);
+            kv_tokenizer_free(h->tok);
+            free(h);
+            return NULL;
+        }
+    }
+    h->text.tokenize = tokenize;
+    h->text.tokenize_chat = tokenize_chat;
+    h->text.render = render;
+    h->text.detok = detok;
+    h->text.ctx = h;
+    h->text.vocab_size = kv_tokenizer_vocab_size(h->tok);
+    return &h->text;
+}
