@@ -31,7 +31,12 @@ UPSTREAM_NGINX = """
 
 FRONT = """
     kvroute_zone kv 64m;
+    kvroute_zone kvt 64m;
+    kvroute_zone kvn 64m;
     upstream kv { zone kv_up 256k; kvroute zone=kv; %(servers)s keepalive 64; }
+    upstream kvt { zone kvt_up 256k; kvroute zone=kvt tokenizer=%(tok)s; %(servers)s keepalive 64; }
+    upstream kvn { zone kvn_up 256k; kvroute zone=kvn tokenizer=%(tok)s thread_threshold=0;
+                   %(servers)s keepalive 64; }
     upstream lc { zone lc_up 256k; least_conn; %(servers)s keepalive 64; }
     log_format dec '$kvroute_decision_us $kvroute_prompt_tokens "$kvroute_fallback"';
     server {
@@ -40,6 +45,10 @@ FRONT = """
         location /kv/ { access_log off; proxy_pass http://kv/; proxy_http_version 1.1;
                         proxy_set_header Connection ""; }
         location /kvlog/ { access_log %(dir)s/kv.log dec; proxy_pass http://kv/;
+                        proxy_http_version 1.1; proxy_set_header Connection ""; }
+        location /kvt/ { access_log %(dir)s/kvt.log dec; proxy_pass http://kvt/;
+                        proxy_http_version 1.1; proxy_set_header Connection ""; }
+        location /kvn/ { access_log off; proxy_pass http://kvn/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
         location /lc/ { access_log off; proxy_pass http://lc/; proxy_http_version 1.1;
                         proxy_set_header Connection ""; }
@@ -79,6 +88,66 @@ def percentiles(xs):
     return {"p50_us": q(0.5), "p99_us": q(0.99), "n": len(xs)}
 
 
+def text_decisions(st, front):
+    """8k-token English text prompts: decision time includes tokenization."""
+    prose = open(os.path.join(kvt.TOP, "t", "data", "prose_en.txt"), encoding="utf-8").read()
+    script = os.path.join(st.dir, "text.lua")
+    # 64 different ~8k-token slices of real text (~4.3 bytes per token)
+    bodies = [json.dumps({"model": "m", "max_tokens": 1,
+                          "prompt": prose[i * 20000:i * 20000 + 34000]}) for i in range(64)]
+    with open(script, "w") as f:
+        f.write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                "local bodies = {\n" + ",\n".join("[==[%s]==]" % b for b in bodies) + "}\n"
+                "local c = 0\nrequest = function() c = c + 1\n"
+                "return wrk.format(nil, nil, nil, bodies[(c % 64) + 1]) end\n")
+    global CONNS
+    save, CONNS = CONNS, 4
+    rps, errs = wrk(front.port, "/kvt/v1/completions", script)
+    CONNS = save
+    import time
+    time.sleep(0.5)
+    rows = [l.split() for l in open(os.path.join(st.dir, "kvt.log"))]
+    us = [int(r[0]) for r in rows]
+    toks = sorted(int(r[1]) for r in rows)
+    print(json.dumps(dict({"figure": "decision_time", "prompt": "~8k-token English text (Qwen2.5)",
+                           "prompt_tokens_p50": toks[len(toks) // 2], "rps": rps},
+                          **percentiles(us))))
+
+
+def stall(st, front):
+    """Small requests' latency while 600 KB text prompts are being tokenized,
+    with the thread pool (kvt) and on the event loop (kvn)."""
+    import threading
+    import time
+    big = json.dumps({"model": "m", "max_tokens": 1,
+                      "prompt": open(os.path.join(kvt.TOP, "t", "data", "prose_en.txt"),
+                                     encoding="utf-8").read()[:600000]})
+    out = {}
+    for loc in ("kvt", "kvn"):
+        stop = time.time() + 4
+        def hammer():
+            while time.time() < stop:
+                kvt.request(front.port, "POST", "/%s/v1/completions" % loc, big, timeout=60)
+        ths = [threading.Thread(target=hammer) for _ in range(2)]
+        for t in ths:
+            t.start()
+        time.sleep(0.3)
+        lat = []
+        while time.time() < stop - 0.2:
+            t0 = time.time()
+            kvt.request(front.port, "POST", "/%s/v1/completions" % loc,
+                        {"model": "m", "max_tokens": 1, "prompt": [1, 2, 3]})
+            lat.append((time.time() - t0) * 1000)
+        for t in ths:
+            t.join()
+        lat.sort()
+        out[loc] = {"small_p50_ms": round(lat[len(lat) // 2], 2),
+                    "small_p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))], 2),
+                    "small_max_ms": round(lat[-1], 2), "n": len(lat)}
+    print(json.dumps({"figure": "event_loop_stall", "big_prompt_bytes": len(big),
+                      "thread_pool": out["kvt"], "event_loop": out["kvn"]}))
+
+
 def main():
     st = kvt.Stack("bench-balancer")
     try:
@@ -87,7 +156,8 @@ def main():
             "listen 127.0.0.1:%d;" % ports[0], "listen 127.0.0.1:%d;" % ports[0]), workers=1,
             port=ports[0])
         servers = " ".join("server 127.0.0.1:%d;" % p for p in ports)
-        front = st.nginx(FRONT % {"servers": servers, "dir": st.dir}, workers=1)
+        tok = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct", "tokenizer.json")
+        front = st.nginx(FRONT % {"servers": servers, "dir": st.dir, "tok": tok}, workers=1)
         small = os.path.join(st.dir, "small.lua")
         with open(small, "w") as f:
             f.write(LUA % 64)
@@ -112,6 +182,8 @@ def main():
               if l.split()[1] == "1024"]
         print(json.dumps(dict({"figure": "decision_time", "prompt": "1024 token ids",
                                "rps": rps}, **percentiles(us))))
+        text_decisions(st, front)
+        stall(st, front)
     finally:
         st.close()
 

@@ -59,24 +59,83 @@ static int reserve(enc_t *e, size_t n)
     return 0;
 }
 
+/*
+ * A small per-thread cache of words already encoded: text is Zipfian, so
+ * most pre-tokens are words seen a moment ago, and an L2-resident cache
+ * beats both the vocab table and merging. Per thread (nginx tokenizes on
+ * its event loop and in thread pools), so the tokenizer stays immutable
+ * and shared without locks; entries name their tokenizer.
+ */
+#define WCACHE_SIZE   16384       /* 1 MB per tokenizing thread */
+#define WCACHE_BYTES  22
+#define WCACHE_IDS    7
+
+typedef struct {
+    const kv_tokenizer_t *tok;
+    uint8_t               len, n;
+    char                  bytes[WCACHE_BYTES];
+    uint32_t              ids[WCACHE_IDS];
+} wcache_t;
+
+static __thread wcache_t *wcache;
+
+static uint32_t word_hash(const char *p, size_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    size_t   i;
+
+    for (i = 0; i < n; i++) {
+        h = (h ^ (uint8_t) p[i]) * 0x100000001b3ULL;
+    }
+    return (uint32_t) (h ^ h >> 29) & (WCACHE_SIZE - 1);
+}
+
 static int byte_level_word(enc_t *e, const char *p, size_t n)
 {
     const kv_tokenizer_t *t = e->t;
-    int64_t               id = kv_tok_word_get(t, p, n);
-    size_t                i;
+    int64_t               id;
+    size_t                i, before = e->out->n;
+    wcache_t             *c = NULL;
+    int                   rc;
 
+    if (n <= WCACHE_BYTES) {
+        if (wcache == NULL) {
+            wcache = calloc(WCACHE_SIZE, sizeof(wcache_t));
+        }
+        if (wcache) {
+            c = &wcache[word_hash(p, n)];
+            if (c->tok == t && c->len == n && memcmp(c->bytes, p, n) == 0) {
+                for (i = 0; i < c->n; i++) {
+                    if (kv_ids_push(e->out, c->ids[i]) != 0) {
+                        return -1;
+                    }
+                }
+                return 0;
+            }
+        }
+    }
     /* a word that is a single token which merging would rebuild anyway, or
      * any token with ignore_merges (Llama-3 style) */
+    id = kv_tok_word_get(t, p, n);
     if (id >= 0) {
-        return kv_ids_push(e->out, (uint32_t) id);
+        rc = kv_ids_push(e->out, (uint32_t) id);
+    } else {
+        if (reserve(e, n) != 0) {
+            return -1;
+        }
+        for (i = 0; i < n; i++) {
+            e->syms[i] = t->byte_id[(uint8_t) p[i]];
+        }
+        rc = kv_tok_bpe_word(t, e->syms, n, e->out);
     }
-    if (reserve(e, n) != 0) {
-        return -1;
+    if (rc == 0 && c && e->out->n - before <= WCACHE_IDS) {
+        c->tok = t;
+        c->len = (uint8_t) n;
+        c->n = (uint8_t) (e->out->n - before);
+        memcpy(c->bytes, p, n);
+        memcpy(c->ids, e->out->ids + before, c->n * sizeof(uint32_t));
     }
-    for (i = 0; i < n; i++) {
-        e->syms[i] = t->byte_id[(uint8_t) p[i]];
-    }
-    return kv_tok_bpe_word(t, e->syms, n, e->out);
+    return rc;
 }
 
 /* SentencePiece-style: one symbol per character, bytes for unknown ones. */
