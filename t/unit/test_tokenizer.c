@@ -193,8 +193,14 @@ TEST(one_megabyte_is_not_quadratic)
 
         CHECK(t != NULL);
         if (t == NULL) continue;
-        ts = encode_seconds(t, s, small);
-        tb = encode_seconds(t, s, big);
+        /* best of three: the machine may be busy */
+        ts = tb = 1e9;
+        for (int r = 0; r < 3; r++) {
+            double a = encode_seconds(t, s, small), b = encode_seconds(t, s, big);
+
+            ts = a < ts ? a : ts;
+            tb = b < tb ? b : tb;
+        }
         fprintf(stderr, "  %s: 100 KB %.3f s, 1 MB %.3f s (x%.1f)\n", files[f], ts, tb, tb / ts);
         CHECK(tb / ts < 30);        /* linear is x10; quadratic would be x100 */
         kv_tokenizer_free(t);
