@@ -58,6 +58,7 @@ struct kvw_config {
 
     /* text: the lead wires kv_tokenizer/kv_chat behind these */
     const char *tokenizer;              /* --tokenizer FILE (tokenizer.json) */
+    const char *model_dir;              /* cpu, cuda: --model DIR */
     const char *chat_template;          /* --chat-template FILE */
     const struct kvw_text *text;        /* NULL: byte-per-token stand-in */
 

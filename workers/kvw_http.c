@@ -38,6 +38,8 @@ typedef struct {
     size_t          len, cap;
     int             done;
     kvw_finish_t    why;
+    char            held[4];    /* streamed bytes of a character not yet complete */
+    size_t          n_held;
 } part_t;
 
 /* One HTTP request: one or more prompts. */
@@ -160,9 +162,22 @@ void kvw_req_emit_text(kvw_req_t *r, const char *text, size_t len)
     if (len == 0)
         return;
     if (r->stream) {
+        /* a character split across tokens goes out whole, with the later token */
+        char buf[512], *all = buf;
+        size_t n = p->n_held + len, keep;
+
+        if (n > sizeof(buf) && (all = malloc(n)) == NULL)
+            return;
+        memcpy(all, p->held, p->n_held);
+        memcpy(all + p->n_held, text, len);
+        keep = kvw_utf8_hold(all, n);
+        memcpy(p->held, all + n - keep, keep);
+        p->n_held = keep;
         if (!p->g->started)
             start_stream(p->g);
-        send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, text, len, NULL));
+        send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, all, n - keep, NULL));
+        if (all != buf)
+            free(all);
     } else {
         collect(p, text, len);
     }
@@ -245,6 +260,11 @@ void kvw_req_finish(kvw_req_t *r, kvw_finish_t why)
     if (r->stream) {
         if (!p->g->started)
             start_stream(p->g);
+        if (p->n_held) {    /* an incomplete character at the end: U+FFFD */
+            send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, p->held, p->n_held,
+                                            NULL));
+            p->n_held = 0;
+        }
         send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, NULL, 0,
                                         kvw_finish_name(why)));
     }

@@ -253,6 +253,10 @@ char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
                        const char *text, size_t len, const char *finish)
 {
     json_t *choice;
+    char *clean = text ? kvw_utf8_clean(text, len, &len) : NULL;
+    char *out;
+
+    text = clean;
 
     if (r->chat) {
         json_t *delta = finish ? json_object()
@@ -268,10 +272,12 @@ char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
     }
     if (!finish)
         json_object_set_new(choice, "finish_reason", json_null());
-    return dump(json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", id,
-                          "object", r->chat ? "chat.completion.chunk" : "text_completion",
-                          "created", (json_int_t)created, "model", r->model,
-                          "choices", choice));
+    out = dump(json_pack("{s:s,s:s,s:I,s:s,s:[o]}", "id", id,
+                         "object", r->chat ? "chat.completion.chunk" : "text_completion",
+                         "created", (json_int_t)created, "model", r->model,
+                         "choices", choice));
+    free(clean);
+    return out;
 }
 
 char *kvw_openai_usage_chunk(const kvw_req_t *r, const char *id, long created)
@@ -282,16 +288,22 @@ char *kvw_openai_usage_chunk(const kvw_req_t *r, const char *id, long created)
                           "choices", "usage", usage_json(r)));
 }
 
-static json_t *choice_json(const kvw_req_t *r, const char *text, size_t len,
+static json_t *choice_json(const kvw_req_t *r, const char *raw, size_t len,
                            const char *finish)
 {
+    char *text = raw ? kvw_utf8_clean(raw, len, &len) : NULL;
+    json_t *c;
+
     if (r->chat)
-        return json_pack("{s:I,s:{s:s,s:s%},s:n,s:s}", "index", (json_int_t)r->index,
-                         "message", "role", "assistant", "content", text ? text : "",
-                         text ? len : 0, "logprobs", "finish_reason", finish);
-    return json_pack("{s:I,s:s%,s:n,s:s}", "index", (json_int_t)r->index,
-                     "text", text ? text : "", text ? len : 0, "logprobs",
-                     "finish_reason", finish);
+        c = json_pack("{s:I,s:{s:s,s:s%},s:n,s:s}", "index", (json_int_t)r->index,
+                      "message", "role", "assistant", "content", text ? text : "",
+                      text ? len : 0, "logprobs", "finish_reason", finish);
+    else
+        c = json_pack("{s:I,s:s%,s:n,s:s}", "index", (json_int_t)r->index,
+                      "text", text ? text : "", text ? len : 0, "logprobs",
+                      "finish_reason", finish);
+    free(text);
+    return c;
 }
 
 char *kvw_openai_response_n(const kvw_req_t *const *rs, const char *const *texts,

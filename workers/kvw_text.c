@@ -1,4 +1,5 @@
 #include "kvw_text.h"
+#include "kv_unicode.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,4 +105,49 @@ const kvw_text_t *kvw_text_bytes(void)
         .detok = kvw_bytes_detok,
     };
     return &bytes;
+}
+
+size_t kvw_utf8_hold(const char *s, size_t n)
+{
+    size_t k, i, need;
+
+    /* the last lead byte within 3 bytes of the end, and what it needs */
+    for (k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = (unsigned char)s[n - k];
+        if ((c & 0xc0) == 0x80)
+            continue;
+        need = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c < 0xe0 ? 2 : 1;
+        if (need <= k)
+            return 0;
+        /* hold it only if what is there could still become valid */
+        for (i = n - k + 1; i < n; i++)
+            if (((unsigned char)s[i] & 0xc0) != 0x80)
+                return 0;
+        uint32_t cp;
+        return kv_utf8_next((const uint8_t *)s + n - k, k, &cp) == k ? k : 0;
+    }
+    return 0;
+}
+
+char *kvw_utf8_clean(const char *s, size_t n, size_t *out_len)
+{
+    char *d = malloc(3 * n + 1);
+    size_t i = 0, k = 0, len;
+    uint32_t cp;
+
+    if (d == NULL)
+        return NULL;
+    while (i < n) {
+        len = kv_utf8_next((const uint8_t *)s + i, n - i, &cp);
+        if (cp == 0xfffd && !(len == 3 && memcmp(s + i, "\xef\xbf\xbd", 3) == 0))
+            k += kv_utf8_put(d + k, 0xfffd);
+        else {
+            memcpy(d + k, s + i, len);
+            k += len;
+        }
+        i += len;
+    }
+    d[k] = '\0';
+    *out_len = k;
+    return d;
 }

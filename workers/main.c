@@ -8,12 +8,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <event2/thread.h>
 
 #include "kvw_engine.h"
 #include "kvw_text.h"
+#include "kvw_backend.h"
+#include "kvw_sched.h"
+#include "kv_chat.h"
 #include "kvw_http.h"
 #include "kvw_nats.h"
 
@@ -21,7 +25,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvworker --engine mock --port PORT [options]\n"
-        "  --engine NAME                 mock (default)\n"
+        "  --engine NAME                 mock (default), cpu, cuda (--model DIR: an HF model directory)\n"
         "  --host ADDR                   listen address (default 127.0.0.1)\n"
         "  --port PORT                   first port (default 8001)\n"
         "  --engines N                   engines in this process, on PORT..PORT+N-1 (default 1)\n"
@@ -125,8 +129,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         fprintf(stderr, "kvworker: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
-    if (strcmp(cfg->engine, "mock") != 0) {
-        fprintf(stderr, "kvworker: unknown engine '%s'\n", cfg->engine);
+    if (strcmp(cfg->engine, "mock") && strcmp(cfg->engine, "cpu") && strcmp(cfg->engine, "cuda")) {
+        fprintf(stderr, "kvworker: unknown engine '%s' (mock, cpu, cuda)\n", cfg->engine);
         return -1;
     }
     if (cfg->port <= 0 || cfg->port > 65535 || cfg->engines < 1 || cfg->engines > 4096
@@ -140,6 +144,70 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0) {
         fprintf(stderr, "kvworker: numeric options must be positive (--watermark in [0, 1))\n");
         return -1;
+    }
+    return 0;
+}
+
+/*
+ * cpu and cuda engines: --model is the model directory; the served model
+ * name is its last component, and its tokenizer.json (and chat template)
+ * are used unless --tokenizer says otherwise (set up in main).
+ */
+static kvw_engine_t *real_engine(const kvw_config_t *cfg, struct event_base *base, int index)
+{
+    kvw_backend_config_t bc;
+    kvw_backend_t       *b;
+    kvw_engine_t        *e;
+    char                 err[512];
+
+    memset(&bc, 0, sizeof(bc));
+    bc.model_dir = cfg->model_dir;
+    bc.block_size = (uint32_t)cfg->block_size;
+    bc.num_blocks = (uint32_t)cfg->num_blocks;
+    b = strcmp(cfg->engine, "cuda") ? kvw_cpu_backend_create(&bc, err, sizeof(err))
+                                    : kvw_cuda_backend_create(&bc, err, sizeof(err));
+    if (b == NULL) {
+        fprintf(stderr, "kvworker: %s\n", err);
+        return NULL;
+    }
+    e = kvw_sched_create(cfg, base, index, b);
+    if (e == NULL)
+        b->destroy(b);
+    return e;
+}
+
+static int exists(const char *path)
+{
+    return access(path, R_OK) == 0;
+}
+
+/* --model DIR for real engines: name, tokenizer and template from it. */
+static int real_model(kvw_config_t *cfg)
+{
+    static char tok[1100], tpl[1100];
+    const char *slash;
+
+    if (strcmp(cfg->engine, "mock") == 0)
+        return 0;
+    if (cfg->model == NULL || strcmp(cfg->model, "kvroute-mock") == 0) {
+        fprintf(stderr, "kvworker: --engine %s needs --model DIR\n", cfg->engine);
+        return -1;
+    }
+    cfg->model_dir = cfg->model;
+    slash = strrchr(cfg->model_dir, '/');
+    cfg->model = slash && slash[1] ? slash + 1 : cfg->model_dir;
+    snprintf(tok, sizeof(tok), "%s/tokenizer.json", cfg->model_dir);
+    snprintf(tpl, sizeof(tpl), "%s/tokenizer_config.json", cfg->model_dir);
+    if (cfg->tokenizer == NULL && exists(tok))
+        cfg->tokenizer = tok;
+    if (cfg->chat_template == NULL && exists(tpl) && cfg->tokenizer == tok) {
+        /* only if it holds a template: kv_chat_load says so */
+        char err[256];
+        kv_chat_template_t *t = kv_chat_load(tpl, NULL, err, sizeof(err));
+        if (t) {
+            kv_chat_free(t);
+            cfg->chat_template = tpl;
+        }
     }
     return 0;
 }
@@ -158,6 +226,8 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
+    if (real_model(&cfg) != 0)
+        return 2;
     if (cfg.tokenizer || cfg.chat_template) {
         if (cfg.tokenizer == NULL) {
             fprintf(stderr, "kvworker: --chat-template needs --tokenizer\n");
@@ -184,7 +254,8 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int i = 0; i < cfg.engines; i++) {
-        engines[i] = kvw_mock_create(&cfg, base, i);
+        engines[i] = strcmp(cfg.engine, "mock") ? real_engine(&cfg, base, i)
+                                                : kvw_mock_create(&cfg, base, i);
         if (engines[i] == NULL) {
             fprintf(stderr, "kvworker: cannot create engine %d\n", i);
             goto out;
