@@ -107,7 +107,14 @@ static void on_close(struct evhttp_connection *conn, void *arg)
 {
     group_t *g = arg;
 
-    g->conn = NULL;     /* libevent frees the connection and its request */
+    /*
+     * libevent frees the connection, and the requests still queued on it;
+     * a request it has detached because the client went away mid-reply
+     * (no connection any more) is ours to free.
+     */
+    g->conn = NULL;
+    if (evhttp_request_get_connection(g->http) == NULL)
+        evhttp_request_free(g->http);
     for (size_t i = 0; i < g->n; i++) {
         part_t *p = g->parts[i];
         if (p && !p->done && p->req.engine)

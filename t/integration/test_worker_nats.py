@@ -141,3 +141,26 @@ def test_nats_late_start_reconnects(stack):
     header, blocks = dump(nc, wid)
     assert len(blocks) == 2          # 40 prompt tokens + 1 computed output: 2 full blocks
     nc.close()
+
+
+def test_nats_restart_announces_and_resyncs(stack):
+    """NATS goes away and comes back: HTTP keeps serving, the worker
+    announces again, and a dump reflects every event it has numbered."""
+    ns = stack.nats()
+    w = stack.worker(extra=["--nats", ns.url, "--heartbeat-ms", "200", "--speedup", "50",
+                            "--worker-id", "77"])
+    port = w.ports[0]
+    kvt._kill(ns)
+    for i in range(3):
+        status, _, _, _ = kvt.post_json(port, "/v1/completions",
+                                        {"prompt": "%d" % i * 64, "max_tokens": 2})
+        assert status == 200
+    ns2 = stack.nats(port=ns.port)
+    nc = kvnats.Nats(ns2.port)
+    hb = nc.subscribe(P + ".kvroute.heartbeat")
+    msgs = nc.wait(hb, lambda ms: any(m.json()["type"] == "announce" for m in ms), timeout=10)
+    ann = [m.json() for m in msgs if m.json()["type"] == "announce"][0]
+    header, blocks = dump(nc, 77)
+    assert header["last_event_id"] >= ann["last_event_id"] >= 3
+    assert len(blocks) == 12        # 3 prompts x 64 tokens: 4 full blocks each
+    nc.close()
