@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "kvw_engine.h"
+#include "kvw_text.h"
 #include "kvw_sched.h"
 
 void kvw_config_defaults(kvw_config_t *cfg)
@@ -46,6 +47,9 @@ kvw_engine_t *kvw_mock_create(const kvw_config_t *cfg, struct event_base *base, 
         fprintf(stderr, "kvworker: %s\n", err);
         return NULL;
     }
+    /* with a real tokenizer the mock generates real token ids */
+    if (cfg->text && cfg->text->vocab_size)
+        b->vocab_size = cfg->text->vocab_size;
     kvw_engine_t *e = kvw_sched_create(cfg, base, index, b);
     if (e == NULL)
         b->destroy(b);

@@ -1,4 +1,5 @@
 #include "kvw_nats.h"
+#include "kv_hash.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -59,8 +60,8 @@ uint64_t kvw_worker_id_for(const char *host, int port)
 {
     char buf[300];
     int n = snprintf(buf, sizeof(buf), "%s:%d", host, port);
-    uint64_t id = XXH3_64bits(buf, (size_t)n) & 0x7fffffffffffffffULL;
-    return id ? id : 1;
+    /* the same id the router assumes for an unannounced server (kv_hash.h) */
+    return kv_hash_worker_id(buf, (size_t)n);
 }
 
 static uint64_t random_id(void)
