@@ -48,6 +48,9 @@ typedef struct {
     double      speedup;            /* divides timestamps */
     uint64_t    num_requests;       /* 0: as many as the source */
     uint64_t    seed;
+    int         pooled_lengths; /* ablation, Dynamo's way: unique-prompt and
+                                   output lengths from one global pool, not
+                                   from the exit point (loses ISL variance) */
 } kv_synth_knobs_t;
 
 typedef struct {

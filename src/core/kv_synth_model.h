@@ -32,6 +32,8 @@ struct kv_synth_model {
     uint32_t           *child;      /* radix node index */
     uint32_t           *child_cum;  /* inclusive cumulative counts */
     kv_synth_exit_t    *exits;
+    uint32_t           *tail_exits; /* indices of every tail exit (pooled mode) */
+    uint32_t            n_tail_exits;
     uint64_t           *gaps;       /* inter-arrival gaps, ms */
     uint64_t            n_gaps;
     uint64_t            n_requests;

@@ -44,7 +44,7 @@ static inline uint64_t rng_below(rng_t *r, uint64_t n)
 typedef struct {
     const kv_synth_model_t *m;
     kv_synth_knobs_t    k;
-    rng_t               path, copy, gap;
+    rng_t               path, copy, gap, pool;
     uint32_t           *len;        /* radix node length after the multiplier */
     uint64_t           *base;       /* first core id of each radix node */
     uint64_t            per_copy;   /* core ids in one copy of the tree */
@@ -99,6 +99,7 @@ static int sampler_init(sampler_t *s, const kv_synth_model_t *m, const kv_synth_
     rng_seed(&s->path, k->seed, 1);
     rng_seed(&s->copy, k->seed, 2);
     rng_seed(&s->gap, k->seed, 3);
+    rng_seed(&s->pool, k->seed, 4);
     s->len = malloc(m->n_node * sizeof(uint32_t));
     s->base = malloc(m->n_node * sizeof(uint64_t));
     s->cap_ids = 1024;
@@ -176,9 +177,15 @@ static int sample_one(sampler_t *s, sample_t *out)
         tail = v < x->n_tail;       /* else the "cache end" sentinel */
         break;
     }
+    uint32_t tokens = e->tokens, osl = e->osl;
+    if (s->k.pooled_lengths) {
+        if (tail)
+            tokens = m->exits[m->tail_exits[rng_below(&s->pool, m->n_tail_exits)]].tokens;
+        osl = m->exits[rng_below(&s->pool, m->n_requests)].osl;
+    }
     double in;
     if (tail) {
-        double u = llround(e->tokens * s->k.prompt_len_mult);
+        double u = llround(tokens * s->k.prompt_len_mult);
         if (u < 1)
             u = 1;
         double tb = ceil(u / bs);
@@ -187,11 +194,11 @@ static int sample_one(sampler_t *s, sample_t *out)
                 return -1;
         in = (double)(n - tb) * bs + u;
     } else {
-        in = n ? (double)(n - 1) * bs + e->tokens : e->tokens;
+        in = n ? (double)(n - 1) * bs + tokens : tokens;
     }
-    double o = e->osl ? llround(e->osl * s->k.osl_mult) : 0;
+    double o = osl ? llround(osl * s->k.osl_mult) : 0;
     out->in = clamp32(in);
-    out->out = e->osl && o < 1 ? 1 : clamp32(o);
+    out->out = osl && o < 1 ? 1 : clamp32(o);
     out->n = n;
     out->ts = s->k.speedup == 1 ? s->clock : (uint64_t)((double)s->clock / s->k.speedup);
     if (m->n_gaps)

@@ -249,6 +249,12 @@ static int layout(kv_synth_model_t *m, const uint32_t *rparent, const req_exit_t
         m->exits[x->first_exit + at] = ex[i].rec;
     }
     free(cfill);
+    m->tail_exits = malloc((n_req ? n_req : 1) * sizeof(uint32_t));
+    if (m->tail_exits == NULL)
+        return -1;
+    for (uint32_t r = 0; r < n; r++)
+        for (uint32_t i = 0; i < m->node[r].n_tail; i++)
+            m->tail_exits[m->n_tail_exits++] = m->node[r].first_exit + i;
     free(fill);
     return 0;
 }
@@ -327,6 +333,7 @@ void kv_synth_free(kv_synth_model_t *m)
     if (m == NULL)
         return;
     free(m->node), free(m->child), free(m->child_cum), free(m->exits), free(m->gaps);
+    free(m->tail_exits);
     free(m);
 }
 

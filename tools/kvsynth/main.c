@@ -20,6 +20,7 @@ static void usage(FILE *f)
         "usage: kvsynth synthesize TRACE [--prefix-len-multiplier X] [--prefix-root-multiplier N]\n"
         "                 [--prompt-len-multiplier X] [--osl-multiplier X] [--speedup-ratio X]\n"
         "                 [--num-requests N] [--seed S] [--block-size N] [--out FILE]\n"
+        "                 [--pooled-lengths (ablation: Dynamo's global length pools)]\n"
         "       kvsynth stats TRACE [--block-size N]\n"
         "TRACE is Mooncake JSONL ('-' for stdin); --block-size is the trace's tokens per\n"
         "hash id (default 512).\n");
@@ -60,6 +61,10 @@ static int parse_args(int argc, char **argv, opts_t *o)
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t u = 0;
+        if (!strcmp(a, "--pooled-lengths")) {
+            o->k.pooled_lengths = 1;
+            continue;
+        }
         int bad = v == NULL;
         if (bad)
             ;
