@@ -28,7 +28,9 @@
  * their empirical distribution.
  *
  * Knobs each change one thing; every knob-dependent draw has its own random
- * stream, so with one seed the other fields stay byte-identical.
+ * stream, so with one seed the other fields stay byte-identical. Output is
+ * always consistent: hash ids = ceil(input_length / block_size); a request
+ * is capped at 2^20 blocks whatever the multipliers.
  */
 #ifndef KV_SYNTH_H
 #define KV_SYNTH_H

@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Bounds what the multipliers can blow one request up to (2^20 blocks is
+ * 512M tokens at 512 per block), so a large knob cannot exhaust memory. */
+#define MAX_BLOCKS (1u << 20)
+
 typedef struct { uint64_t s[4]; } rng_t;    /* xoshiro256** */
 
 static uint64_t splitmix(uint64_t *x)
@@ -109,7 +113,7 @@ static int sampler_init(sampler_t *s, const kv_synth_model_t *m, const kv_synth_
         return -1;
     }
     for (uint32_t r = 0; r < m->n_node; r++) {
-        double l = llround(m->node[r].len * k->prefix_len_mult);
+        double l = fmin(llround(m->node[r].len * k->prefix_len_mult), MAX_BLOCKS / 4);
         s->len[r] = r == 0 ? 0 : l < 1 ? 1 : (uint32_t)l;
         s->base[r] = s->per_copy;
         s->per_copy += s->len[r];
@@ -186,6 +190,9 @@ static int sample_one(sampler_t *s, sample_t *out)
     double in;
     if (tail) {
         double u = llround(tokens * s->k.prompt_len_mult);
+        /* a multiplied prompt stays within uint32 tokens and MAX_BLOCKS ids */
+        double room = fmin((double)UINT32_MAX - (double)n * bs, (double)(MAX_BLOCKS - n) * bs);
+        u = fmin(u, room);
         if (u < 1)
             u = 1;
         double tb = ceil(u / bs);
