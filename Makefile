@@ -136,6 +136,7 @@ $(KVWORKER): $(B)/obj/workers/main.o $(WORK_LIB) $(CORE_LIB)
 
 # every .c in tools/<name>/ belongs to that tool
 .SECONDEXPANSION:
+# (no % inside: a pattern rule would substitute the stem into patsubst's pattern)
 $(B)/bin/%: $$(addprefix $(B)/obj/,$$(subst .c,.o,$$(wildcard tools/$$*/*.c))) $(WORK_LIB) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(WORK_LIB) $(CORE_LIB) $(LIBS)
