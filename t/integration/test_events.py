@@ -221,3 +221,98 @@ def test_bad_events_config_rejected(stack):
         n = kvt.Nginx(stack, body, "", kvt.free_port(), 1)
         ok, out = n.check()
         assert not ok and needle in out, out
+
+
+# --- events from a publisher that is not kvworker --------------------------
+
+import kvnats  # noqa: E402
+
+SUBJECT = "namespace.dynamo.component.backend.kv-events"
+DYNAMO_WORKER = 7587886123456789
+
+
+def hashes(tokens, bs=16):
+    """Dynamo's local and sequence hashes (kvtok hash gives the sequence ones)."""
+    r = subprocess.run([os.path.join(kvt.BIN, "kvtok"), "hash", "--block-size", str(bs)],
+                       input=json.dumps(tokens).encode(), capture_output=True)
+    return [int(x) for x in r.stdout.split()]
+
+
+def test_dynamo_events_with_worker_id_mapping(stack):
+    """Events in Dynamo's exact JSON from a raw NATS publisher, for a worker
+    that never announces; kvroute_worker_id maps it to a server."""
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "50"])       # no NATS: silent workers
+    a, b = w.ports
+    servers = "server 127.0.0.1:%d;\nserver 127.0.0.1:%d;\nkvroute_worker_id %d 127.0.0.1:%d;" % (
+        a, b, DYNAMO_WORKER, b)
+    ng = stack.nginx(conf(nats.url, w.ports, servers=servers))
+    kvt.wait_until(lambda: events_status(ng.port)["nats"] == "connected", what="connected")
+    prompt = ids("dynamo", 64)
+    seq = hashes(prompt)
+    assert len(seq) == 4
+    pub = kvnats.Nats(nats.port)
+    # older shape first (signed worker id, no dp_rank/tier), then the newer one
+    old = {"worker_id": DYNAMO_WORKER, "event": {"event_id": 1, "data": {"stored": {
+        "parent_hash": None, "blocks": [{"block_hash": seq[0], "tokens_hash": seq[0]}]}}}}
+    # Dynamo's local hash of block i is what the router chains; recover it from kvtok
+    # by hashing each block alone (a one-block sequence hash is its local hash)
+    local = [hashes(prompt[i * 16:(i + 1) * 16])[0] for i in range(4)]
+    new = {"worker_id": DYNAMO_WORKER, "storage_tier": "device", "event": {"event_id": 2, "data": {
+        "stored": {"parent_hash": seq[0], "start_position": None, "blocks": [
+            {"block_hash": 1000 + i, "tokens_hash": local[i], "mm_extra_info": None}
+            for i in (1, 2, 3)]}}, "dp_rank": 0}}
+    pub.publish(SUBJECT, json.dumps(old).encode())
+    pub.publish(SUBJECT, json.dumps(new).encode())
+    pub.publish(SUBJECT, b'{"worker_id": "broken"')
+    pub.flush()
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) == 4, what="Dynamo events indexed")
+    s, h, _, _ = complete(ng.port, prompt + [1, 2, 3])
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % b and h["x-kvroute-overlap"] == "4"
+    assert events_status(ng.port)["decode_errors"] == 1
+    # removal by the engine's own (opaque) hash
+    rm = {"worker_id": DYNAMO_WORKER, "storage_tier": "device", "event": {"event_id": 3, "data": {
+        "removed": {"block_hashes": [1003]}}, "dp_rank": 0}}
+    pub.publish(SUBJECT, json.dumps(rm).encode())
+    pub.flush()
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) == 3, what="removal applied")
+    pub.close()
+
+
+def stored(worker, event_id, tokens):
+    """A Dynamo RouterEvent storing every full block of tokens from the root."""
+    seq = hashes(tokens)
+    local = [hashes(tokens[i * 16:(i + 1) * 16])[0] for i in range(len(seq))]
+    return {"worker_id": worker, "storage_tier": "device", "event": {"event_id": event_id,
+            "data": {"stored": {"parent_hash": None, "start_position": None, "blocks": [
+                {"block_hash": seq[i], "tokens_hash": local[i], "mm_extra_info": None}
+                for i in range(len(seq))]}}, "dp_rank": 0}}
+
+
+def test_jetstream_replays_what_nginx_missed(stack):
+    """A publisher that never announces (so nothing can be resynced by dump):
+    only the durable consumer can bring back what was published while
+    nginx was down."""
+    nats = stack.nats(jetstream=True)
+    w = stack.worker(engines=2, extra=["--speedup", "50"])
+    a, b = w.ports
+    pub = kvnats.Nats(nats.port)
+    pub.request_all("$JS.API.STREAM.CREATE.KVEVENTS",
+                    json.dumps({"name": "KVEVENTS", "subjects": [SUBJECT]}).encode(),
+                    until=lambda msgs: len(msgs) >= 1)
+    servers = "server 127.0.0.1:%d;\nserver 127.0.0.1:%d;\nkvroute_worker_id %d 127.0.0.1:%d;" % (
+        a, b, DYNAMO_WORKER, b)
+    events = "jetstream=KVEVENTS durable=kvroute-test"
+    ng = stack.nginx(conf(nats.url, w.ports, events, servers=servers))
+    pub.publish(SUBJECT, json.dumps(stored(DYNAMO_WORKER, 1, ids("js1", 64))).encode())
+    pub.flush()
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) == 4, what="indexed via JS")
+    ng.stop()
+    pub.publish(SUBJECT, json.dumps(stored(DYNAMO_WORKER, 2, ids("js2", 96))).encode())
+    pub.flush()
+    ng2 = stack.nginx(conf(nats.url, w.ports, events, servers=servers), port=kvt.free_port())
+    kvt.wait_until(lambda: indexed(ng2.port, "127.0.0.1:%d" % b) >= 6, timeout=15,
+                   what="events published while nginx was down")
+    s, h, _, _ = complete(ng2.port, ids("js2", 96) + [5])
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % b and h["x-kvroute-overlap"] == "6"
+    pub.close()
