@@ -9,6 +9,7 @@ import atexit
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +22,8 @@ SANITIZE = os.environ.get("KVROUTE_SANITIZE", "0") == "1"
 BIN = os.path.join(BUILD, "bin")
 MODULE = os.path.join(BUILD, "modules", "ngx_http_kvroute_module.so")
 NGINX = os.environ.get("KVROUTE_NGINX", "/usr/sbin/nginx")
-NATS_SERVER = os.environ.get("KVROUTE_NATS_SERVER", "/usr/bin/nats-server")
+NATS_SERVER = os.environ.get("KVROUTE_NATS_SERVER",
+                             shutil.which("nats-server") or "/usr/sbin/nats-server")
 
 _live = []
 
