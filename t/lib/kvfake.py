@@ -17,7 +17,6 @@ PREFIX = "namespace.dynamo.component.backend"
 class FakeWorker:
     def __init__(self, port, worker_id, dp_rank=0, address="127.0.0.1:9", announce=True,
                  interval_ms=1000, prefix=PREFIX):
-        self.nc = NatsRaw(port)
         self.worker_id = worker_id
         self.dp_rank = dp_rank
         self.address = address
@@ -30,12 +29,18 @@ class FakeWorker:
         self.answer_dumps = True
         self.dumps_served = 0
         self.beating = False
-        self.nc.subscribe("%s.kvroute.dump.%d" % (prefix, worker_id), self._on_dump)
-        self.nc.subscribe("%s.kvroute.discover" % prefix, lambda s, r, p: self.heartbeat("announce"))
-        self.nc.flush()
+        self.connect(port)
         if announce:
             self.heartbeat("announce")
             self.start_heartbeats()
+
+    def connect(self, port):
+        """(Re)connects, e.g. after nats-server restarted."""
+        self.nc = NatsRaw(port)
+        self.nc.subscribe("%s.kvroute.dump.%d" % (self.prefix, self.worker_id), self._on_dump)
+        self.nc.subscribe("%s.kvroute.discover" % self.prefix,
+                          lambda s, r, p: self.heartbeat("announce"))
+        self.nc.flush()
 
     # --- events -----------------------------------------------------------
     def _event(self, data, skip=False):
@@ -93,7 +98,7 @@ class FakeWorker:
                     try:
                         self.heartbeat()
                     except OSError:
-                        return
+                        pass        # NATS down: keep beating, a test may reconnect
         threading.Thread(target=loop, daemon=True).start()
 
     def stop_heartbeats(self):
