@@ -133,6 +133,7 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
     snprintf(ing->discover_subject, sizeof(ing->discover_subject), "%s.kvroute.discover",
              prefix);
     pthread_mutex_init(&ing->mu, NULL);
+    pthread_cond_init(&ing->closed_cv, NULL);
     kv_event_batch_init(&ing->batch);
     ing->max_workers = kv_registry_max_workers(reg);
     ing->wk = calloc(ing->max_workers, sizeof(*ing->wk));
@@ -214,10 +215,16 @@ static void on_disconnected(natsConnection *nc, void *closure)
     kv_registry_status_add(ing->reg, ST(disconnects), 1);
 }
 
+/* The last callback cnats makes for a connection: stop waits for it, so no
+ * callback can run after the ingester is freed. */
 static void on_closed(natsConnection *nc, void *closure)
 {
     kv_ingest_t *ing = closure;
     kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CLOSED);
+    pthread_mutex_lock(&ing->mu);
+    ing->closed = 1;
+    pthread_cond_signal(&ing->closed_cv);
+    pthread_mutex_unlock(&ing->mu);
 }
 
 /* --- connection --------------------------------------------------------- */
@@ -264,12 +271,30 @@ static int set_auth_tls(kv_ingest_t *ing, char *err, size_t errlen)
     return 0;
 }
 
+/* cnats calls this after a subscription closed and its handler returned. */
+static void on_sub_complete(void *closure)
+{
+    kv_ingest_t *ing = closure;
+    pthread_mutex_lock(&ing->mu);
+    ing->live_subs--;
+    pthread_cond_signal(&ing->closed_cv);
+    pthread_mutex_unlock(&ing->mu);
+}
+
+static void track(kv_ingest_t *ing, natsSubscription *sub)
+{
+    if (natsSubscription_SetOnCompleteCB(sub, on_sub_complete, ing) == NATS_OK)
+        ing->live_subs++;       /* under mu, or before any delivery can start */
+}
+
 static natsStatus subscribe(kv_ingest_t *ing, natsSubscription **sub, const char *subj,
                             natsMsgHandler cb)
 {
     natsStatus s = natsConnection_Subscribe(sub, ing->nc, subj, cb, ing);
     if (s == NATS_OK)       /* bursts of events must not be dropped as slow consumer */
         s = natsSubscription_SetPendingLimits(*sub, 1 << 20, 1 << 30);
+    if (s == NATS_OK)
+        track(ing, *sub);
     return s;
 }
 
@@ -358,8 +383,10 @@ static int jetstream_setup(kv_ingest_t *ing)
         so.Config.MaxAckPending = 1 << 16;
         s = js_Subscribe(&ing->ev_sub, ing->js, ing->ev_subject, on_event, ing, NULL, &so,
                          &jerr);
-        if (s == NATS_OK)
+        if (s == NATS_OK) {
             natsSubscription_SetPendingLimits(ing->ev_sub, 1 << 20, 1 << 30);
+            track(ing, ing->ev_sub);
+        }
     }
     if (s != NATS_OK) {
         if (ing->cfg.verbose)
@@ -393,7 +420,7 @@ void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
     if (connected && ing->cfg.stream && ing->ev_sub == NULL && now_ms >= ing->js_retry_ms
         && jetstream_setup(ing) < 0)
         ing->js_retry_ms = now_ms + 1000;
-    kv_sync_tick(ing, now_ms, reconnected);
+    kv_sync_tick(ing, now_ms, connected, reconnected);
     kv_registry_status_set(ing->reg, ST(updated_ms), now_ms);
     pthread_mutex_unlock(&ing->mu);
 }
@@ -412,8 +439,17 @@ void kv_ingest_stop(kv_ingest_t *ing)
     pthread_mutex_lock(&ing->mu);
     ing->stopping = 1;          /* handlers still in flight return at once */
     pthread_mutex_unlock(&ing->mu);
-    if (ing->nc)
+    if (ing->nc) {
         natsConnection_Close(ing->nc);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 3;
+        pthread_mutex_lock(&ing->mu);
+        while (!ing->closed || ing->live_subs > 0)
+            if (pthread_cond_timedwait(&ing->closed_cv, &ing->mu, &until) != 0)
+                break;
+        pthread_mutex_unlock(&ing->mu);
+    }
     unsubscribe(&ing->ev_sub);
     unsubscribe(&ing->hb_sub);
     unsubscribe(&ing->dump_sub);
@@ -441,6 +477,7 @@ void kv_ingest_destroy(kv_ingest_t *ing)
     if (ing->wk)
         kv_sync_free(ing);
     kv_event_batch_free(&ing->batch);
+    pthread_cond_destroy(&ing->closed_cv);
     pthread_mutex_destroy(&ing->mu);
     free(ing->wk);
     free(ing->scratch);

@@ -62,6 +62,9 @@ struct kv_ingest {
     kv_registry_t      *reg;
     pthread_mutex_t     mu;
     int                 stopping;
+    int                 closed;         /* cnats ran our closed callback */
+    pthread_cond_t      closed_cv;      /* closed or live_subs changed */
+    int                 live_subs;      /* subscriptions whose handler may still run */
 
     natsOptions        *opts;
     natsConnection     *nc;
@@ -70,6 +73,7 @@ struct kv_ingest {
     uint64_t            conn_epoch;     /* bumped by (re)connect callbacks (atomic) */
     uint64_t            seen_epoch;     /* handled by tick */
     uint64_t            js_retry_ms;
+    uint64_t            down_since_ms;  /* NATS not connected since (0: up) */
 
     kv_event_batch_t    batch;
     kv_stored_block_t  *scratch;        /* dump chunk -> stored events */
@@ -88,7 +92,8 @@ void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, uint64_t now_ms
 void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t now_ms);
 void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t len,
                         uint64_t now_ms);
-void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int reconnected);
+/* connected: NATS is up now; reconnected: it came back since the last tick. */
+void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected);
 void kv_sync_free(kv_ingest_t *ing);
 
 #define ST(field) KV_STATUS_OFF(field)

@@ -553,13 +553,46 @@ static uint64_t timeout_of(const kv_ingest_t *ing, const kv_wstate_t *w)
     return t < 3000 ? 3000 : t;
 }
 
-void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int reconnected)
+/* NATS down longer than stale_lag_ms: nothing we hold can be trusted to be
+ * current, so every worker is marked stale (the module routes those by
+ * load only) until a resync (announced) or reconnection (the rest). */
+static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
 {
+    if (!connected && ing->down_since_ms == 0)
+        ing->down_since_ms = now_ms;
+    int stale = !connected && now_ms > ing->down_since_ms + ing->cfg.stale_lag_ms;
+    if (connected)
+        ing->down_since_ms = 0;
+    for (uint32_t i = 0; i < ing->max_workers; i++) {
+        kv_wstate_t *w = &ing->wk[i];
+        if (!w->used)
+            continue;
+        if (stale && w->state == KV_WORKER_LIVE) {
+            w->state = KV_WORKER_STALE;
+            publish(ing, (int)i);
+        } else if (connected && w->state == KV_WORKER_STALE && !w->announced) {
+            w->state = KV_WORKER_LIVE;
+            publish(ing, (int)i);
+        }
+    }
+}
+
+void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected)
+{
+    mark_stale(ing, now_ms, connected);
     for (uint32_t i = 0; i < ing->max_workers; i++) {
         kv_wstate_t *w = &ing->wk[i];
         if (!w->used || !w->announced)
             continue;
-        if (w->state != KV_WORKER_GONE && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
+        if (w->state == KV_WORKER_STALE && connected) {
+            w->resync_after_ms = 0;
+            start_resync(ing, (int)i, now_ms);
+            continue;
+        }
+        if (reconnected)
+            w->last_seen_ms = now_ms;   /* silence while NATS was down proves nothing */
+        if (connected && w->state != KV_WORKER_GONE
+            && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
             kv_index_worker_clear(ing->ix, w->worker_id);
             w->state = KV_WORKER_GONE;
             w->need_resync = 0;

@@ -18,7 +18,7 @@ SUBJ = PREFIX + ".kv-events"
 def test_nats_restart_reconnects_and_resyncs(stack):
     nats = stack.nats()
     port = nats.port
-    ing = kvingest.Ingest(stack, nats.url)
+    ing = kvingest.Ingest(stack, nats.url, extra=["--stale-lag", "500"])
     w = FakeWorker(port, 77, interval_ms=500)
     ing.wait(lambda s: s["dumps"] >= 1, what="first resync")
     w.store([(1, 11), (2, 12)])
@@ -27,6 +27,9 @@ def test_nats_restart_reconnects_and_resyncs(stack):
     nats.kill()
     nats.wait()
     ing.wait(lambda s: s["nats"] != "connected", what="disconnected")
+    # down past the stale lag: the worker is stale (load-only), its blocks kept
+    st = ing.wait(lambda s: ing.worker(77, st=s)["state"] == "stale", what="stale")
+    assert ing.worker(77, st=st)["blocks"] == 2
     w.store([(3, 13)], parent=2, skip=True)     # published into the void
     w.store([(4, 14)], skip=True)
     time.sleep(0.3)
