@@ -29,6 +29,7 @@ int main(void)
 }
 #else
 
+#include <dirent.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -132,9 +133,49 @@ static natsConnection *connect_pub(void)
     return nc;
 }
 
+/* CPU seconds of every thread not named "kvb-*": cnats' threads, of which
+ * the event subscription's delivery thread (where kv_ingest applies) is
+ * the busy one. Returns the largest; *total: all of them. */
+static double busiest_cnats_thread_cpu(double *total)
+{
+    double best = 0;
+    *total = 0;
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[300], buf[1024];
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+        if (!open || !close || strncmp(open + 1, "kvb-", 4) == 0)
+            continue;
+        unsigned long ut = 0, st = 0;
+        /* fields after ')': state ppid pgrp session tty tpgid flags minflt
+         * cminflt majflt cmajflt utime stime */
+        if (sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st)
+            == 2) {
+            double cpu = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+            *total += cpu;
+            if (cpu > best)
+                best = cpu;
+        }
+    }
+    if (d)
+        closedir(d);
+    return best;
+}
+
 static void *throughput_pub(void *arg)
 {
     int w = (int)(intptr_t)arg;
+    pthread_setname_np(pthread_self(), "kvb-pub");
     natsConnection *nc = connect_pub();
     sbuf_t s = {malloc(1 << 16), 0, 1 << 16};
     uint64_t eid = 0, c = 0;
@@ -161,6 +202,7 @@ static void *throughput_pub(void *arg)
 static void *ticker(void *arg)
 {
     kv_ingest_t *ing = arg;
+    pthread_setname_np(pthread_self(), "kvb-tick");
     while (!stop_all) {
         kv_ingest_tick(ing, kv_ingest_now_ms());
         usleep(50000);
@@ -176,9 +218,11 @@ static void run_throughput(void)
         pthread_create(&th[p], NULL, throughput_pub, (void *)(intptr_t)p);
     usleep(1000000);                                /* warm up */
     kv_registry_status(reg, &a);
+    double a0, a1, c0 = busiest_cnats_thread_cpu(&a0);
     uint64_t t0 = mono_ns();
     usleep((useconds_t)(seconds * 1e6));
     kv_registry_status(reg, &b);
+    double c1 = busiest_cnats_thread_cpu(&a1);
     uint64_t t1 = mono_ns();
     stop_all = 1;
     for (int p = 0; p < publishers; p++)
@@ -187,10 +231,13 @@ static void run_throughput(void)
     printf("{\"bench\":\"ingest_throughput\",\"publishers\":%d,\"blocks_per_event\":%d,"
            "\"events_per_msg\":%d,\"seconds\":%.2f,\"block_ops_per_s\":%.0f,"
            "\"stored_blocks_per_s\":%.0f,\"events_per_s\":%.0f,\"msgs_per_s\":%.0f,"
+           "\"ingest_thread_cpu\":%.2f,\"ingest_all_threads_cpu\":%.2f,\"block_ops_per_ingest_cpu_s\":%.0f,"
            "\"decode_errors\":%" PRIu64 ",\"apply_errors\":%" PRIu64 "}\n",
            publishers, blocks, events_per_msg, dt, (double)(b.blocks - a.blocks) / dt,
            (double)(b.blocks - a.blocks) / dt / 2, (double)(b.events - a.events) / dt,
-           (double)(b.messages - a.messages) / dt, b.decode_errors, b.apply_errors);
+           (double)(b.messages - a.messages) / dt, (c1 - c0) / dt, (a1 - a0) / dt,
+           c1 > c0 ? (double)(b.blocks - a.blocks) / (c1 - c0) : 0.0, b.decode_errors,
+           b.apply_errors);
 }
 
 /* --- latency ------------------------------------------------------------ */
@@ -201,6 +248,7 @@ static uint64_t lat_published, lat_seen;
 
 static void *latency_pub(void *arg)
 {
+    pthread_setname_np(pthread_self(), "kvb-pub");
     natsConnection *nc = connect_pub();
     sbuf_t s = {malloc(1 << 16), 0, 1 << 16};
     uint64_t eid = 0;
@@ -233,6 +281,7 @@ static void *latency_pub(void *arg)
  * of the message would be removed by a later one only far in the future). */
 static void *latency_reader(void *arg)
 {
+    pthread_setname_np(pthread_self(), "kvb-reader");
     kv_overlap_t out[8];
     for (uint64_t m = 0; !stop_all && m < LAT_MAX;) {
         if (m >= __atomic_load_n(&lat_published, __ATOMIC_ACQUIRE)) {
