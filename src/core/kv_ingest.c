@@ -98,6 +98,35 @@ static void defaults(kv_ingest_config_t *c)
         c->heartbeat_timeout_ms = 3000;
 }
 
+/* Records a previous helper left (nginx reload, respawn after a crash):
+ * the index still holds their blocks, so keep them, but trust nothing an
+ * announced worker had: resync it once connected. An unannounced worker
+ * keeps its last event id, so duplicates are still caught. A worker that
+ * never speaks again times out as usual. */
+static void adopt(kv_ingest_t *ing, uint64_t now_ms)
+{
+    kv_worker_rec_t r;
+    for (uint32_t i = 0; i < ing->max_workers; i++) {
+        if (kv_registry_read(ing->reg, (int)i, &r) != 0)
+            continue;
+        kv_wstate_t *w = &ing->wk[i];
+        w->used = 1;
+        w->worker_id = r.worker_id;
+        w->dp_rank = r.dp_rank;
+        w->announced = r.announced;
+        w->instance_id = r.instance_id;
+        w->last_applied = r.last_event_applied;
+        w->last_announced = r.last_event_announced;
+        w->interval_ms = r.interval_ms;
+        w->last_seen_ms = now_ms;
+        w->state = r.announced ? KV_WORKER_RESYNCING : KV_WORKER_LIVE;
+        w->need_resync = r.announced;
+        kv_worker_rec_t *rec = kv_registry_write_begin(ing->reg, (int)i);
+        rec->state = w->state;
+        kv_registry_write_end(ing->reg, (int)i);
+    }
+}
+
 kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
                               kv_registry_t *reg, char *err, size_t errlen)
 {
@@ -144,9 +173,7 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
         snprintf(err, errlen, "kv_ingest: out of memory");
         return NULL;
     }
-    /* this helper trusts nothing it finds: announced workers resync, the
-     * rest are forgotten and rebuilt from events */
-    kv_registry_reset(reg);
+    adopt(ing, kv_ingest_now_ms());
     return ing;
 }
 

@@ -13,6 +13,21 @@
  * hold the registry lease while the ingester runs.
  *
  * Pure C, no nginx: the nginx helper process and tools/kvingest host it.
+ *
+ * Hosting (the nginx helper):
+ *   1. kv_index_open/kv_registry_open the zone (or _create on first start);
+ *   2. kv_registry_lease_acquire(reg, getpid(), &gen) until it returns 0
+ *      (the previous helper released it or died), polling every ~100 ms;
+ *   3. kv_ingest_create (adopts the records a previous helper left: the
+ *      index keeps its blocks, announced workers resync once connected),
+ *      kv_ingest_start;
+ *   4. every 50-250 ms: kv_ingest_tick; stop when the lease is no longer
+ *      held (kv_registry_lease_held) or on quit/reload;
+ *   5. kv_ingest_stop, kv_ingest_destroy, kv_registry_lease_release.
+ *
+ * Readers (nginx workers) use kv_registry_read/find_address for the
+ * worker's state and load: route by the index only for state LIVE; STALE,
+ * RESYNCING and GONE mean "load only" (docs/PROTOCOL.md, issue 7).
  */
 #ifndef KV_INGEST_H
 #define KV_INGEST_H

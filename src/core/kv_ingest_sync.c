@@ -23,12 +23,16 @@
 
 /* --- worker table ------------------------------------------------------- */
 
+/* The private table mirrors the registry index for index; looking up
+ * there avoids copying shared records on every event. */
 static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
 {
-    int i = kv_registry_find(ing->reg, worker_id, dp_rank);
-    if (i >= 0 && ing->wk[i].used)
-        return i;
-    i = kv_registry_add(ing->reg, worker_id, dp_rank);
+    for (uint32_t k = 0; k < ing->max_workers; k++) {
+        const kv_wstate_t *o = &ing->wk[k];
+        if (o->used && o->worker_id == worker_id && o->dp_rank == dp_rank)
+            return (int)k;
+    }
+    int i = kv_registry_add(ing->reg, worker_id, dp_rank);
     if (i < 0)
         return -1;
     kv_wstate_t *w = &ing->wk[i];
