@@ -588,13 +588,13 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
         kv_wstate_t *w = &ing->wk[i];
         if (!w->used || !w->announced)
             continue;
+        if (reconnected)
+            w->last_seen_ms = now_ms;   /* silence while NATS was down proves nothing */
         if (w->state == KV_WORKER_STALE && connected) {
             w->resync_after_ms = 0;
             start_resync(ing, (int)i, now_ms);
             continue;
         }
-        if (reconnected)
-            w->last_seen_ms = now_ms;   /* silence while NATS was down proves nothing */
         if (connected && w->state != KV_WORKER_GONE
             && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
             kv_index_worker_clear(ing->ix, w->worker_id);
