@@ -440,7 +440,6 @@ void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
         reconnected = ing->seen_epoch != 0;
         ing->seen_epoch = epoch;
         natsConnection_PublishString(ing->nc, ing->discover_subject, "{}");
-        natsConnection_Flush(ing->nc);
         if (ing->cfg.verbose)
             kv_ingest_log(ing, "connected (epoch %" PRIu64 "): discover sent", epoch);
     }

@@ -180,6 +180,8 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     snprintf(subj, sizeof(subj), "%s.kvroute.dump.%" PRIu64, ing->prefix, w->worker_id);
     snprintf(reply, sizeof(reply), "%s.%" PRIu64, ing->inbox, w->dump_seq);
     snprintf(body, sizeof(body), "{\"dp_rank\":%u}", w->dp_rank);
+    /* no flush: it would wait a round trip holding the mutex; cnats'
+     * flusher thread sends buffered publishes at once */
     natsStatus s = natsConnection_PublishRequestString(ing->nc, subj, reply, body);
     if (s != NATS_OK) {
         w->dump_seq = 0;
@@ -187,7 +189,6 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
         publish(ing, i);
         return;
     }
-    natsConnection_Flush(ing->nc);
     w->need_resync = 0;
     w->dump_next_chunk = 0;
     w->dump_deadline_ms = now_ms + ing->cfg.dump_timeout_ms;
