@@ -94,3 +94,20 @@ def test_jetstream_durable_replays_missed_events(stack):
     assert ing2.match([1000]) == {}             # acked before: not delivered again
     assert st["duplicates"] == 0
     pub.close()
+
+
+def test_user_password_and_token(stack):
+    for server_args, good, bad in (
+            (["--user", "kv", "--pass", "s3cret"], ["--user", "kv", "--password", "s3cret"],
+             ["--user", "kv", "--password", "wrong"]),
+            (["--auth", "tok3n"], ["--token", "tok3n"], ["--token", "nope"])):
+        port = kvingest.kvt.free_port()
+        p = stack.spawn([kvingest.kvt.NATS_SERVER, "-a", "127.0.0.1", "-p", str(port)]
+                        + server_args, "nats-auth-%d.log" % port)
+        kvingest.kvt.wait_port(port, proc=p)
+        url = "nats://127.0.0.1:%d" % port
+        ok_ing = kvingest.Ingest(stack, url, extra=good, log="good-%d.log" % port)
+        bad_ing = kvingest.Ingest(stack, url, extra=bad, log="bad-%d.log" % port)
+        ok_ing.wait(lambda s: s["nats"] == "connected", what="authenticated connect")
+        time.sleep(0.5)
+        assert bad_ing.stats()["nats"] != "connected"      # refused, still retrying, alive
