@@ -7,10 +7,12 @@
  *   P.kvroute.discover    published after every (re)connect
  *   P.kvroute.dump.<id>   request/reply: a worker's whole state (resync)
  *
- * Threading: cnats delivers messages on its own threads; every handler and
- * kv_ingest_tick take one mutex (ing->mu) before touching the index or the
- * registry, so the index sees exactly one writer at a time. The caller must
- * hold the registry lease while the ingester runs.
+ * Threading: cnats delivers core-NATS messages on its own threads (one per
+ * subscription) and, with JetStream, one thread of ours fetches from a
+ * durable pull consumer; every handler, the fetcher and kv_ingest_tick take
+ * one mutex (ing->mu) before touching the index or the registry, so the
+ * index sees exactly one writer at a time. The caller must hold the
+ * registry lease while the ingester runs.
  *
  * Pure C, no nginx: the nginx helper process and tools/kvingest host it.
  *
@@ -45,7 +47,8 @@ typedef struct {
     const char *prefix;             /* default "namespace.dynamo.component.backend" */
     const char *event_subject;      /* default prefix + ".kv-events" */
     const char *stream;             /* JetStream stream (NULL: core NATS) */
-    const char *durable;            /* JetStream durable consumer name */
+    const char *durable;            /* JetStream durable pull consumer (created if absent,
+                                       with the stream if that is absent) */
     const char *user, *password;
     const char *token;
     const char *creds;              /* credentials file */

@@ -62,8 +62,15 @@ struct kv_ingest {
     kv_registry_t      *reg;
     pthread_mutex_t     mu;
     int                 stopping;
-    int                 closed;         /* cnats ran our closed callback */
+    uint64_t            closed;         /* closed callbacks cnats has made */
+    uint64_t            conns;          /* connections made (each will call it once) */
+    int                 started;
+    uint64_t            connect_retry_ms;   /* no connection: make one after */
+    uint64_t            backoff_ms;
     pthread_cond_t      closed_cv;      /* closed or live_subs changed */
+    int                 fetching;       /* the fetch thread is using ev_sub */
+    pthread_t           fetcher;        /* JetStream pull loop */
+    int                 has_fetcher;
     int                 live_subs;      /* subscriptions whose handler may still run */
 
     natsOptions        *opts;

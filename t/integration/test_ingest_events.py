@@ -5,7 +5,6 @@ import pytest
 
 import kvingest
 from kvfake import PREFIX, FakeWorker
-from natsraw import NatsRaw
 
 ok, why = kvingest.available()
 pytestmark = pytest.mark.skipif(not ok, reason="kvingest unavailable: %s" % why)
@@ -20,9 +19,7 @@ def chain(base, n):
 
 def test_dynamo_events_unannounced(stack):
     nats = stack.nats()
-    ing = kvingest.Ingest(stack, nats.url)
-    ing.wait(lambda s: s["nats"] == "connected", what="connected")
-    pub = NatsRaw(nats.port)
+    ing, pub = kvingest.start_ready(stack, nats)
     wid = 7587886123456789
     # Dynamo's exact JSON: one event, then a batch (array), signed older form
     pub.publish(SUBJ, '{"worker_id":%d,"storage_tier":"device","event":{"event_id":1,"data":'

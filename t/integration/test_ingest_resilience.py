@@ -1,6 +1,7 @@
 """Ingestion through NATS outages and helper restarts: reconnect + resync
 after nats-server is killed and restarted, and a JetStream durable
 consumer replaying what was published while the ingester was down."""
+import json
 import time
 
 import pytest
@@ -90,7 +91,7 @@ def test_jetstream_durable_replays_missed_events(stack):
     st = ing2.wait(lambda s: ing2.worker(9, st=s) is not None
                    and ing2.worker(9, st=s)["last_event_applied"] == 4,
                    timeout=10, what="replayed")
-    assert ing2.match([3000]) == {9: 1} and ing2.match([4000]) == {9: 1}
+    assert ing2.match([3000]) == {9: 1} and ing2.match([4000]) == {9: 1}, json.dumps(st)
     assert ing2.match([1000]) == {}             # acked before: not delivered again
     assert st["duplicates"] == 0
     pub.close()

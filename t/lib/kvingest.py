@@ -23,6 +23,21 @@ def available():
     return True, ""
 
 
+def start_ready(stack, nats, extra=(), log="kvingest.log"):
+    """Starts kvingest and returns (ingest, raw client) once its
+    subscriptions are live: it publishes discover after subscribing, on the
+    same connection, so seeing discover means the server has its SUBs."""
+    from natsraw import NatsRaw
+    nc = NatsRaw(nats.port)
+    seen = threading.Event()
+    nc.subscribe("*.*.*.*.kvroute.discover", lambda s, r, p: seen.set())
+    nc.flush()
+    ing = Ingest(stack, nats.url, extra=extra, log=log)
+    if not seen.wait(10):
+        raise RuntimeError("kvingest never published discover; log:\n" + ing.read_log())
+    return ing, nc
+
+
 class Ingest:
     def __init__(self, stack, url, extra=(), log="kvingest.log"):
         argv = [BINARY, "--nats", url, "--stats-interval", "0", "-v"] + list(extra)
