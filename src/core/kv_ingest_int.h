@@ -36,6 +36,8 @@ typedef struct {
     uint32_t    state;          /* kv_worker_state_t */
     int         used;
     int         announced;      /* announced to THIS helper: resyncable */
+    int         complete;       /* index holds its whole history: every event
+                                   from 1 (or from a dump) applied, none refused */
     uint64_t    instance_id;
     uint64_t    last_applied;
     uint64_t    last_announced;

@@ -142,7 +142,10 @@ static void apply_one(kv_ingest_t *ing, int i, const kv_event_t *ev, uint64_t no
 {
     kv_wstate_t *w = &ing->wk[i];
     char err[160];
+    if (ev->event_id == 1 && w->last_applied == 0)
+        w->complete = 1;            /* seen from its very first event */
     if (kv_index_apply(ing->ix, ev, now_ms, err, sizeof(err)) != 0) {
+        w->complete = 0;
         COUNT(ing, i, apply_errors, apply_errors, 1);
         if (ing->cfg.verbose > 1)
             kv_ingest_log(ing, "worker %" PRIu64 " event %" PRIu64 ": %s", w->worker_id,
@@ -229,6 +232,7 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
         }
     }
     if (w->last_applied != 0 && ev->event_id > w->last_applied + 1) {
+        w->complete = 0;
         COUNT(ing, i, gaps, gaps, 1);
         if (w->announced) {
             start_resync(ing, i, now_ms);
@@ -371,8 +375,15 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t n
 
     if (restarted) {
         w->last_applied = 0;
+        w->complete = 0;
         buf_reset(&w->buf);
     }
+    /* A first announce from a worker whose every event we applied from
+     * event 1 needs no dump: the index is already exact (the usual case
+     * when the helper was up before the worker). */
+    if (first && w->complete && w->state == KV_WORKER_LIVE
+        && h.last_event_id <= w->last_applied)
+        first = 0;
     if (first || restarted || w->state == KV_WORKER_GONE) {
         if (w->state != KV_WORKER_RESYNCING || restarted)
             start_resync(ing, i, now_ms);
@@ -473,8 +484,10 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
             && o->state != KV_WORKER_RESYNCING && o->state != KV_WORKER_GONE) {
             if (o->announced)
                 start_resync(ing, (int)k, now_ms);
-            else
+            else {
                 o->last_applied = 0;
+                o->complete = 0;
+            }
         }
     }
 }
@@ -538,6 +551,7 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
     /* whole: the index now reflects exactly events <= last_event_id */
     w->dump_seq = 0;
     w->state = KV_WORKER_LIVE;
+    w->complete = 1;
     w->last_applied = h.last_event_id;
     w->behind_since_ms = 0;
     kv_registry_status_add(ing->reg, ST(dumps), 1);
@@ -572,6 +586,8 @@ static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
         kv_wstate_t *w = &ing->wk[i];
         if (!w->used)
             continue;
+        if (!connected)
+            w->complete = 0;        /* core NATS drops what is published meanwhile */
         if (stale && w->state == KV_WORKER_LIVE) {
             w->state = KV_WORKER_STALE;
             publish(ing, (int)i);
@@ -600,6 +616,7 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
             && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
             kv_index_worker_clear(ing->ix, w->worker_id);
             w->state = KV_WORKER_GONE;
+            w->complete = 0;
             w->need_resync = 0;
             w->dump_seq = 0;
             buf_reset(&w->buf);

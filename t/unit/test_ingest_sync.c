@@ -267,12 +267,34 @@ TEST(heartbeat_timeout_restart_and_malformed)
     kv_ingest_destroy(ing);
 }
 
+/* Seen from event 1 with nothing missed: the first announce needs no dump.
+ * Seen from the middle: it does. */
+TEST(complete_history_skips_the_first_resync)
+{
+    kv_ingest_t *ing = make(0);
+    feed(ing, 20, 1, 1000);
+    feed(ing, 20, 2, 1000);
+    heartbeat(ing, 20, 5, 2, 1100);
+    CHECK_STR(kv_worker_state_name(rec_of(20).state), "live");
+    CHECK_EQ_U64(status().resyncs, 0);
+    feed(ing, 21, 4, 1000);                         /* joined late */
+    feed(ing, 21, 5, 1000);
+    heartbeat(ing, 21, 6, 5, 1100);
+    CHECK_STR(kv_worker_state_name(rec_of(21).state), "resyncing");
+    feed(ing, 22, 1, 1000);
+    feed(ing, 22, 3, 1000);                         /* gap before the announce */
+    heartbeat(ing, 22, 7, 3, 1100);
+    CHECK_STR(kv_worker_state_name(rec_of(22).state), "resyncing");
+    kv_ingest_destroy(ing);
+}
+
 int main(void)
 {
     RUN(unannounced_in_order_duplicates_and_gaps);
     RUN(announce_resyncs_buffers_and_replays_after_dump);
     RUN(bad_dumps_and_overflow);
     RUN(heartbeat_timeout_restart_and_malformed);
+    RUN(complete_history_skips_the_first_resync);
     free(regmem);
     return kvt_done();
 }
