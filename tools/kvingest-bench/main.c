@@ -76,8 +76,7 @@ static uint64_t bhash(int w, uint64_t c, int i)
 
 static uint64_t thash(int w, uint64_t c, int i)
 {
-    /* 63 bits: any decoder's integer path handles it; the cost is the same */
-    return (bhash(w, c, i) * 0x9E3779B97F4A7C15ull + 1) >> 1;
+    return bhash(w, c, i) * 0x9E3779B97F4A7C15ull + 1;     /* full u64, as engines send */
 }
 
 typedef struct {
