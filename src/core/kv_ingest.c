@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kv_ingest_int.h"
 
@@ -98,6 +99,35 @@ static void defaults(kv_ingest_config_t *c)
         c->heartbeat_timeout_ms = 3000;
 }
 
+/* Records a previous helper left (nginx reload, respawn after a crash):
+ * the index still holds their blocks, so keep them, but trust nothing an
+ * announced worker had: resync it once connected. An unannounced worker
+ * keeps its last event id, so duplicates are still caught. A worker that
+ * never speaks again times out as usual. */
+static void adopt(kv_ingest_t *ing, uint64_t now_ms)
+{
+    kv_worker_rec_t r;
+    for (uint32_t i = 0; i < ing->max_workers; i++) {
+        if (kv_registry_read(ing->reg, (int)i, &r) != 0)
+            continue;
+        kv_wstate_t *w = &ing->wk[i];
+        w->used = 1;
+        w->worker_id = r.worker_id;
+        w->dp_rank = r.dp_rank;
+        w->announced = r.announced;
+        w->instance_id = r.instance_id;
+        w->last_applied = r.last_event_applied;
+        w->last_announced = r.last_event_announced;
+        w->interval_ms = r.interval_ms;
+        w->last_seen_ms = now_ms;
+        w->state = r.announced ? KV_WORKER_RESYNCING : KV_WORKER_LIVE;
+        w->need_resync = r.announced;
+        kv_worker_rec_t *rec = kv_registry_write_begin(ing->reg, (int)i);
+        rec->state = w->state;
+        kv_registry_write_end(ing->reg, (int)i);
+    }
+}
+
 kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
                               kv_registry_t *reg, char *err, size_t errlen)
 {
@@ -133,6 +163,7 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
     snprintf(ing->discover_subject, sizeof(ing->discover_subject), "%s.kvroute.discover",
              prefix);
     pthread_mutex_init(&ing->mu, NULL);
+    pthread_cond_init(&ing->closed_cv, NULL);
     kv_event_batch_init(&ing->batch);
     ing->max_workers = kv_registry_max_workers(reg);
     ing->wk = calloc(ing->max_workers, sizeof(*ing->wk));
@@ -143,42 +174,86 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
         snprintf(err, errlen, "kv_ingest: out of memory");
         return NULL;
     }
-    /* this helper trusts nothing it finds: announced workers resync, the
-     * rest are forgotten and rebuilt from events */
-    kv_registry_reset(reg);
+    adopt(ing, kv_ingest_now_ms());
     return ing;
 }
 
 /* --- handlers ----------------------------------------------------------- */
 
+/* One message of events; ing->mu held. */
+static void apply_message(kv_ingest_t *ing, natsMsg *msg)
+{
+    char err[200];
+    uint64_t now = kv_ingest_now_ms();
+    kv_registry_status_add(ing->reg, ST(messages), 1);
+    if (kv_event_decode(&ing->batch, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
+                        err, sizeof(err)) != 0) {
+        kv_registry_status_add(ing->reg, ST(decode_errors), 1);
+        if (ing->cfg.verbose)
+            kv_ingest_log(ing, "event dropped: %s", err);
+    } else {
+        kv_sync_events(ing, &ing->batch, now);
+    }
+}
+
 static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
 {
     kv_ingest_t *ing = closure;
-    char err[200];
     pthread_mutex_lock(&ing->mu);
-    if (!ing->stopping) {
-        uint64_t now = kv_ingest_now_ms();
-        kv_registry_status_add(ing->reg, ST(messages), 1);
-        if (kv_event_decode(&ing->batch, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
-                            err, sizeof(err)) != 0) {
-            kv_registry_status_add(ing->reg, ST(decode_errors), 1);
-            if (ing->cfg.verbose)
-                kv_ingest_log(ing, "event dropped: %s", err);
-        } else {
-            kv_sync_events(ing, &ing->batch, now);
-        }
-        if (ing->js)
-            natsMsg_Ack(msg, NULL);     /* applied (or counted bad): never again */
-    }
+    if (!ing->stopping && nc == ing->nc)
+        apply_message(ing, msg);
     pthread_mutex_unlock(&ing->mu);
     natsMsg_Destroy(msg);
+}
+
+/*
+ * JetStream: a pull consumer, fetched by this thread. (A push consumer
+ * lets the server deliver into the void while no helper is bound, and
+ * those messages come back only after the ack wait.) Each batch is applied
+ * under ing->mu, then acknowledged at once by acking its last message
+ * (AckAll): applied events are never delivered again.
+ */
+static void *fetch_loop(void *arg)
+{
+    kv_ingest_t *ing = arg;
+    for (;;) {
+        pthread_mutex_lock(&ing->mu);
+        if (ing->stopping) {
+            pthread_mutex_unlock(&ing->mu);
+            return NULL;
+        }
+        natsSubscription *sub = ing->ev_sub;
+        ing->fetching = sub != NULL;
+        pthread_mutex_unlock(&ing->mu);
+        if (sub == NULL) {
+            usleep(50000);
+            continue;
+        }
+        natsMsgList list = {0};
+        jsErrCode jerr = 0;
+        natsStatus s = natsSubscription_Fetch(&list, sub, 256, 200, &jerr);
+        pthread_mutex_lock(&ing->mu);
+        for (int k = 0; s == NATS_OK && k < list.Count; k++)
+            if (!ing->stopping)
+                apply_message(ing, list.Msgs[k]);
+        pthread_mutex_unlock(&ing->mu);
+        if (s == NATS_OK && list.Count > 0)
+            natsMsg_Ack(list.Msgs[list.Count - 1], NULL);
+        natsMsgList_Destroy(&list);
+        pthread_mutex_lock(&ing->mu);
+        ing->fetching = 0;
+        pthread_cond_broadcast(&ing->closed_cv);
+        pthread_mutex_unlock(&ing->mu);
+        if (s != NATS_OK && s != NATS_TIMEOUT)
+            usleep(50000);      /* disconnected and the like: tick repairs */
+    }
 }
 
 static void on_heartbeat(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
 {
     kv_ingest_t *ing = closure;
     pthread_mutex_lock(&ing->mu);
-    if (!ing->stopping)
+    if (!ing->stopping && nc == ing->nc)
         kv_sync_heartbeat(ing, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
                           kv_ingest_now_ms());
     pthread_mutex_unlock(&ing->mu);
@@ -192,7 +267,7 @@ static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     const char *dot = strrchr(subj, '.');
     uint64_t seq = dot ? strtoull(dot + 1, NULL, 10) : 0;
     pthread_mutex_lock(&ing->mu);
-    if (!ing->stopping && seq)
+    if (!ing->stopping && nc == ing->nc && seq)
         kv_sync_dump_chunk(ing, seq, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
                            kv_ingest_now_ms());
     pthread_mutex_unlock(&ing->mu);
@@ -214,10 +289,16 @@ static void on_disconnected(natsConnection *nc, void *closure)
     kv_registry_status_add(ing->reg, ST(disconnects), 1);
 }
 
+/* The last callback cnats makes for a connection: stop waits for it, so no
+ * callback can run after the ingester is freed. */
 static void on_closed(natsConnection *nc, void *closure)
 {
     kv_ingest_t *ing = closure;
     kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CLOSED);
+    pthread_mutex_lock(&ing->mu);
+    ing->closed++;
+    pthread_cond_signal(&ing->closed_cv);
+    pthread_mutex_unlock(&ing->mu);
 }
 
 /* --- connection --------------------------------------------------------- */
@@ -264,13 +345,79 @@ static int set_auth_tls(kv_ingest_t *ing, char *err, size_t errlen)
     return 0;
 }
 
+/* cnats calls this after a subscription closed and its handler returned. */
+static void on_sub_complete(void *closure)
+{
+    kv_ingest_t *ing = closure;
+    pthread_mutex_lock(&ing->mu);
+    ing->live_subs--;
+    pthread_cond_signal(&ing->closed_cv);
+    pthread_mutex_unlock(&ing->mu);
+}
+
+static void track(kv_ingest_t *ing, natsSubscription *sub)
+{
+    if (natsSubscription_SetOnCompleteCB(sub, on_sub_complete, ing) == NATS_OK)
+        ing->live_subs++;       /* under mu, or before any delivery can start */
+}
+
 static natsStatus subscribe(kv_ingest_t *ing, natsSubscription **sub, const char *subj,
                             natsMsgHandler cb)
 {
     natsStatus s = natsConnection_Subscribe(sub, ing->nc, subj, cb, ing);
     if (s == NATS_OK)       /* bursts of events must not be dropped as slow consumer */
         s = natsSubscription_SetPendingLimits(*sub, 1 << 20, 1 << 30);
+    if (s == NATS_OK)
+        track(ing, *sub);
     return s;
+}
+
+/* Core subscriptions missing on the current connection, made now. Made
+ * before the connection is up, they are sent once it is; on a connection
+ * cnats has closed they fail, and tick replaces the connection. */
+static int subscribe_all(kv_ingest_t *ing)
+{
+    char dump_subj[160];
+    natsStatus s = NATS_OK;
+    snprintf(dump_subj, sizeof(dump_subj), "%s.*", ing->inbox);
+    if (ing->hb_sub == NULL)
+        s = subscribe(ing, &ing->hb_sub, ing->hb_subject, on_heartbeat);
+    if (s == NATS_OK && ing->dump_sub == NULL)
+        s = subscribe(ing, &ing->dump_sub, dump_subj, on_dump);
+    if (s == NATS_OK && ing->cfg.stream == NULL && ing->ev_sub == NULL)
+        s = subscribe(ing, &ing->ev_sub, ing->ev_subject, on_event);
+    if (s != NATS_OK) {
+        if (ing->cfg.verbose)
+            kv_ingest_log(ing, "subscribe: %s; retrying", natsStatus_GetText(s));
+        return -1;
+    }
+    if (ing->cfg.verbose)
+        kv_ingest_log(ing, "subscribed to %s and %s (%s)", ing->ev_subject, ing->hb_subject,
+                      ing->cfg.stream ? "jetstream" : "core");
+    return 0;
+}
+
+/* A new connection; it connects in the background (retrying forever). A
+ * failure here (bad URL, TLS files) is retried by tick as well. */
+static void connect_now(kv_ingest_t *ing, uint64_t now_ms)
+{
+    natsConnection *nc = NULL;
+    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CONNECTING);
+    natsStatus s = natsConnection_Connect(&nc, ing->opts);
+    if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) {
+        if (ing->cfg.verbose)
+            kv_ingest_log(ing, "connect: %s; retrying", natsStatus_GetText(s));
+        natsConnection_Destroy(nc);
+        kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_DOWN);
+        ing->connect_retry_ms = now_ms + ing->backoff_ms;
+        ing->backoff_ms = ing->backoff_ms * 2 > 30000 ? 30000 : ing->backoff_ms * 2;
+        return;
+    }
+    ing->nc = nc;
+    ing->conns++;                       /* each gets exactly one closed callback */
+    if (s == NATS_OK)
+        on_connected(nc, ing);          /* connected at once: no callback */
+    subscribe_all(ing);
 }
 
 int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
@@ -293,34 +440,22 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
     natsOptions_SetClosedCB(ing->opts, on_closed, ing);
     natsOptions_SetMaxPendingMsgs(ing->opts, 1 << 20);
 
-    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CONNECTING);
-    s = natsConnection_Connect(&ing->nc, ing->opts);
-    if (s == NATS_OK)
-        on_connected(ing->nc, ing);     /* connected at once: no callback */
-    else if (s != NATS_NOT_YET_CONNECTED) {
-        snprintf(err, errlen, "kv_ingest: connect: %s", natsStatus_GetText(s));
-        return -1;
-    }
     natsInbox *inbox = NULL;
     natsInbox_Create(&inbox);
     snprintf(ing->inbox, sizeof(ing->inbox), "%s", inbox ? (const char *)inbox : "_INBOX.kvroute");
     natsInbox_Destroy(inbox);
-    char dump_subj[160];
-    snprintf(dump_subj, sizeof(dump_subj), "%s.*", ing->inbox);
-
-    /* subscriptions made before the connection is up are sent once it is */
-    s = subscribe(ing, &ing->hb_sub, ing->hb_subject, on_heartbeat);
-    if (s == NATS_OK)
-        s = subscribe(ing, &ing->dump_sub, dump_subj, on_dump);
-    if (s == NATS_OK && ing->cfg.stream == NULL)
-        s = subscribe(ing, &ing->ev_sub, ing->ev_subject, on_event);
-    if (s != NATS_OK) {
-        snprintf(err, errlen, "kv_ingest: subscribe: %s", natsStatus_GetText(s));
-        return -1;
+    ing->backoff_ms = 1000;
+    if (ing->cfg.stream) {
+        if (pthread_create(&ing->fetcher, NULL, fetch_loop, ing) != 0) {
+            snprintf(err, errlen, "kv_ingest: cannot start the JetStream fetch thread");
+            return -1;
+        }
+        ing->has_fetcher = 1;
     }
-    if (ing->cfg.verbose)
-        kv_ingest_log(ing, "subscribed to %s and %s (%s)", ing->ev_subject, ing->hb_subject,
-                      ing->cfg.stream ? "jetstream" : "core");
+    pthread_mutex_lock(&ing->mu);
+    ing->started = 1;
+    connect_now(ing, kv_ingest_now_ms());
+    pthread_mutex_unlock(&ing->mu);
     return 0;
 }
 
@@ -351,15 +486,11 @@ static int jetstream_setup(kv_ingest_t *ing)
         jsSubOptions so;
         jsSubOptions_Init(&so);
         so.Stream = ing->cfg.stream;
-        so.ManualAck = true;
-        so.Config.Durable = ing->cfg.durable;
-        so.Config.AckPolicy = js_AckExplicit;
+        so.Config.AckPolicy = js_AckAll;
         so.Config.DeliverPolicy = js_DeliverAll;
         so.Config.MaxAckPending = 1 << 16;
-        s = js_Subscribe(&ing->ev_sub, ing->js, ing->ev_subject, on_event, ing, NULL, &so,
-                         &jerr);
-        if (s == NATS_OK)
-            natsSubscription_SetPendingLimits(ing->ev_sub, 1 << 20, 1 << 30);
+        s = js_PullSubscribe(&ing->ev_sub, ing->js, ing->ev_subject, ing->cfg.durable, NULL,
+                             &so, &jerr);
     }
     if (s != NATS_OK) {
         if (ing->cfg.verbose)
@@ -372,28 +503,44 @@ static int jetstream_setup(kv_ingest_t *ing)
     return 0;
 }
 
+static void teardown(kv_ingest_t *ing);
+
 void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
 {
     pthread_mutex_lock(&ing->mu);
-    if (ing->stopping || ing->nc == NULL) {
+    if (ing->stopping || !ing->started) {
         pthread_mutex_unlock(&ing->mu);
         return;
     }
+    if (ing->nc != NULL && natsConnection_IsClosed(ing->nc)) {
+        /* cnats gave up on it (e.g. refused credentials): start over */
+        pthread_mutex_unlock(&ing->mu);
+        teardown(ing);
+        pthread_mutex_lock(&ing->mu);
+        ing->connect_retry_ms = now_ms + ing->backoff_ms;
+        ing->backoff_ms = ing->backoff_ms * 2 > 30000 ? 30000 : ing->backoff_ms * 2;
+    }
+    if (ing->nc == NULL && !ing->stopping && now_ms >= ing->connect_retry_ms)
+        connect_now(ing, now_ms);
+    if (ing->nc != NULL && (ing->hb_sub == NULL || ing->dump_sub == NULL
+                            || (ing->cfg.stream == NULL && ing->ev_sub == NULL)))
+        subscribe_all(ing);
     int connected = kv_ingest_connected(ing);
+    if (connected)
+        ing->backoff_ms = 1000;
     uint64_t epoch = __atomic_load_n(&ing->conn_epoch, __ATOMIC_ACQUIRE);
     int reconnected = 0;
     if (connected && epoch != ing->seen_epoch) {
         reconnected = ing->seen_epoch != 0;
         ing->seen_epoch = epoch;
         natsConnection_PublishString(ing->nc, ing->discover_subject, "{}");
-        natsConnection_Flush(ing->nc);
         if (ing->cfg.verbose)
             kv_ingest_log(ing, "connected (epoch %" PRIu64 "): discover sent", epoch);
     }
     if (connected && ing->cfg.stream && ing->ev_sub == NULL && now_ms >= ing->js_retry_ms
         && jetstream_setup(ing) < 0)
         ing->js_retry_ms = now_ms + 1000;
-    kv_sync_tick(ing, now_ms, reconnected);
+    kv_sync_tick(ing, now_ms, connected, reconnected);
     kv_registry_status_set(ing->reg, ST(updated_ms), now_ms);
     pthread_mutex_unlock(&ing->mu);
 }
@@ -407,24 +554,48 @@ static void unsubscribe(natsSubscription **sub)
     *sub = NULL;
 }
 
+/* Closes the current connection and frees it once cnats has made its last
+ * callback for it (closed, and every subscription's completion), so no
+ * handler can run on freed objects. Called without ing->mu. */
+static void teardown(kv_ingest_t *ing)
+{
+    pthread_mutex_lock(&ing->mu);
+    natsConnection *nc = ing->nc;
+    natsSubscription *subs[3] = {ing->ev_sub, ing->hb_sub, ing->dump_sub};
+    jsCtx *js = ing->js;
+    ing->nc = NULL;                 /* handlers for it now return at once */
+    ing->ev_sub = ing->hb_sub = ing->dump_sub = NULL;
+    ing->js = NULL;
+    pthread_mutex_unlock(&ing->mu);
+    if (nc == NULL)
+        return;
+    natsConnection_Close(nc);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 3;
+    pthread_mutex_lock(&ing->mu);
+    while (ing->closed < ing->conns || ing->live_subs > 0 || ing->fetching)
+        if (pthread_cond_timedwait(&ing->closed_cv, &ing->mu, &until) != 0)
+            break;
+    pthread_mutex_unlock(&ing->mu);
+    /* closed first: an unsubscribe would delete the durable consumer */
+    for (int k = 0; k < 3; k++)
+        unsubscribe(&subs[k]);
+    if (js)
+        jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+
 void kv_ingest_stop(kv_ingest_t *ing)
 {
     pthread_mutex_lock(&ing->mu);
     ing->stopping = 1;          /* handlers still in flight return at once */
     pthread_mutex_unlock(&ing->mu);
-    if (ing->nc)
-        natsConnection_Close(ing->nc);
-    unsubscribe(&ing->ev_sub);
-    unsubscribe(&ing->hb_sub);
-    unsubscribe(&ing->dump_sub);
-    if (ing->js) {
-        jsCtx_Destroy(ing->js);
-        ing->js = NULL;
+    if (ing->has_fetcher) {
+        pthread_join(ing->fetcher, NULL);
+        ing->has_fetcher = 0;
     }
-    if (ing->nc) {
-        natsConnection_Destroy(ing->nc);
-        ing->nc = NULL;
-    }
+    teardown(ing);
     if (ing->opts) {
         natsOptions_Destroy(ing->opts);
         ing->opts = NULL;
@@ -436,11 +607,12 @@ void kv_ingest_destroy(kv_ingest_t *ing)
 {
     if (ing == NULL)
         return;
-    if (ing->nc)
+    if (ing->started)
         kv_ingest_stop(ing);
     if (ing->wk)
         kv_sync_free(ing);
     kv_event_batch_free(&ing->batch);
+    pthread_cond_destroy(&ing->closed_cv);
     pthread_mutex_destroy(&ing->mu);
     free(ing->wk);
     free(ing->scratch);

@@ -7,12 +7,29 @@
  *   P.kvroute.discover    published after every (re)connect
  *   P.kvroute.dump.<id>   request/reply: a worker's whole state (resync)
  *
- * Threading: cnats delivers messages on its own threads; every handler and
- * kv_ingest_tick take one mutex (ing->mu) before touching the index or the
- * registry, so the index sees exactly one writer at a time. The caller must
- * hold the registry lease while the ingester runs.
+ * Threading: cnats delivers core-NATS messages on its own threads (one per
+ * subscription) and, with JetStream, one thread of ours fetches from a
+ * durable pull consumer; every handler, the fetcher and kv_ingest_tick take
+ * one mutex (ing->mu) before touching the index or the registry, so the
+ * index sees exactly one writer at a time. The caller must hold the
+ * registry lease while the ingester runs.
  *
  * Pure C, no nginx: the nginx helper process and tools/kvingest host it.
+ *
+ * Hosting (the nginx helper):
+ *   1. kv_index_open/kv_registry_open the zone (or _create on first start);
+ *   2. kv_registry_lease_acquire(reg, getpid(), &gen) until it returns 0
+ *      (the previous helper released it or died), polling every ~100 ms;
+ *   3. kv_ingest_create (adopts the records a previous helper left: the
+ *      index keeps its blocks, announced workers resync once connected),
+ *      kv_ingest_start;
+ *   4. every 50-250 ms: kv_ingest_tick; stop when the lease is no longer
+ *      held (kv_registry_lease_held) or on quit/reload;
+ *   5. kv_ingest_stop, kv_ingest_destroy, kv_registry_lease_release.
+ *
+ * Readers (nginx workers) use kv_registry_read/find_address for the
+ * worker's state and load: route by the index only for state LIVE; STALE,
+ * RESYNCING and GONE mean "load only" (docs/PROTOCOL.md, issue 7).
  */
 #ifndef KV_INGEST_H
 #define KV_INGEST_H
@@ -30,7 +47,8 @@ typedef struct {
     const char *prefix;             /* default "namespace.dynamo.component.backend" */
     const char *event_subject;      /* default prefix + ".kv-events" */
     const char *stream;             /* JetStream stream (NULL: core NATS) */
-    const char *durable;            /* JetStream durable consumer name */
+    const char *durable;            /* JetStream durable pull consumer (created if absent,
+                                       with the stream if that is absent) */
     const char *user, *password;
     const char *token;
     const char *creds;              /* credentials file */

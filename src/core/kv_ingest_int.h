@@ -36,6 +36,8 @@ typedef struct {
     uint32_t    state;          /* kv_worker_state_t */
     int         used;
     int         announced;      /* announced to THIS helper: resyncable */
+    int         complete;       /* index holds its whole history: every event
+                                   from 1 (or from a dump) applied, none refused */
     uint64_t    instance_id;
     uint64_t    last_applied;
     uint64_t    last_announced;
@@ -62,6 +64,16 @@ struct kv_ingest {
     kv_registry_t      *reg;
     pthread_mutex_t     mu;
     int                 stopping;
+    uint64_t            closed;         /* closed callbacks cnats has made */
+    uint64_t            conns;          /* connections made (each will call it once) */
+    int                 started;
+    uint64_t            connect_retry_ms;   /* no connection: make one after */
+    uint64_t            backoff_ms;
+    pthread_cond_t      closed_cv;      /* closed or live_subs changed */
+    int                 fetching;       /* the fetch thread is using ev_sub */
+    pthread_t           fetcher;        /* JetStream pull loop */
+    int                 has_fetcher;
+    int                 live_subs;      /* subscriptions whose handler may still run */
 
     natsOptions        *opts;
     natsConnection     *nc;
@@ -70,6 +82,7 @@ struct kv_ingest {
     uint64_t            conn_epoch;     /* bumped by (re)connect callbacks (atomic) */
     uint64_t            seen_epoch;     /* handled by tick */
     uint64_t            js_retry_ms;
+    uint64_t            down_since_ms;  /* NATS not connected since (0: up) */
 
     kv_event_batch_t    batch;
     kv_stored_block_t  *scratch;        /* dump chunk -> stored events */
@@ -88,7 +101,8 @@ void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, uint64_t now_ms
 void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t now_ms);
 void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t len,
                         uint64_t now_ms);
-void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int reconnected);
+/* connected: NATS is up now; reconnected: it came back since the last tick. */
+void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected);
 void kv_sync_free(kv_ingest_t *ing);
 
 #define ST(field) KV_STATUS_OFF(field)

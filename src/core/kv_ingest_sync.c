@@ -23,12 +23,16 @@
 
 /* --- worker table ------------------------------------------------------- */
 
+/* The private table mirrors the registry index for index; looking up
+ * there avoids copying shared records on every event. */
 static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
 {
-    int i = kv_registry_find(ing->reg, worker_id, dp_rank);
-    if (i >= 0 && ing->wk[i].used)
-        return i;
-    i = kv_registry_add(ing->reg, worker_id, dp_rank);
+    for (uint32_t k = 0; k < ing->max_workers; k++) {
+        const kv_wstate_t *o = &ing->wk[k];
+        if (o->used && o->worker_id == worker_id && o->dp_rank == dp_rank)
+            return (int)k;
+    }
+    int i = kv_registry_add(ing->reg, worker_id, dp_rank);
     if (i < 0)
         return -1;
     kv_wstate_t *w = &ing->wk[i];
@@ -138,7 +142,10 @@ static void apply_one(kv_ingest_t *ing, int i, const kv_event_t *ev, uint64_t no
 {
     kv_wstate_t *w = &ing->wk[i];
     char err[160];
+    if (ev->event_id == 1 && w->last_applied == 0)
+        w->complete = 1;            /* seen from its very first event */
     if (kv_index_apply(ing->ix, ev, now_ms, err, sizeof(err)) != 0) {
+        w->complete = 0;
         COUNT(ing, i, apply_errors, apply_errors, 1);
         if (ing->cfg.verbose > 1)
             kv_ingest_log(ing, "worker %" PRIu64 " event %" PRIu64 ": %s", w->worker_id,
@@ -176,6 +183,8 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     snprintf(subj, sizeof(subj), "%s.kvroute.dump.%" PRIu64, ing->prefix, w->worker_id);
     snprintf(reply, sizeof(reply), "%s.%" PRIu64, ing->inbox, w->dump_seq);
     snprintf(body, sizeof(body), "{\"dp_rank\":%u}", w->dp_rank);
+    /* no flush: it would wait a round trip holding the mutex; cnats'
+     * flusher thread sends buffered publishes at once */
     natsStatus s = natsConnection_PublishRequestString(ing->nc, subj, reply, body);
     if (s != NATS_OK) {
         w->dump_seq = 0;
@@ -183,7 +192,6 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
         publish(ing, i);
         return;
     }
-    natsConnection_Flush(ing->nc);
     w->need_resync = 0;
     w->dump_next_chunk = 0;
     w->dump_deadline_ms = now_ms + ing->cfg.dump_timeout_ms;
@@ -224,6 +232,7 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
         }
     }
     if (w->last_applied != 0 && ev->event_id > w->last_applied + 1) {
+        w->complete = 0;
         COUNT(ing, i, gaps, gaps, 1);
         if (w->announced) {
             start_resync(ing, i, now_ms);
@@ -366,8 +375,15 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t n
 
     if (restarted) {
         w->last_applied = 0;
+        w->complete = 0;
         buf_reset(&w->buf);
     }
+    /* A first announce from a worker whose every event we applied from
+     * event 1 needs no dump: the index is already exact (the usual case
+     * when the helper was up before the worker). */
+    if (first && w->complete && w->state == KV_WORKER_LIVE
+        && h.last_event_id <= w->last_applied)
+        first = 0;
     if (first || restarted || w->state == KV_WORKER_GONE) {
         if (w->state != KV_WORKER_RESYNCING || restarted)
             start_resync(ing, i, now_ms);
@@ -468,8 +484,10 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
             && o->state != KV_WORKER_RESYNCING && o->state != KV_WORKER_GONE) {
             if (o->announced)
                 start_resync(ing, (int)k, now_ms);
-            else
+            else {
                 o->last_applied = 0;
+                o->complete = 0;
+            }
         }
     }
 }
@@ -533,6 +551,7 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
     /* whole: the index now reflects exactly events <= last_event_id */
     w->dump_seq = 0;
     w->state = KV_WORKER_LIVE;
+    w->complete = 1;
     w->last_applied = h.last_event_id;
     w->behind_since_ms = 0;
     kv_registry_status_add(ing->reg, ST(dumps), 1);
@@ -553,15 +572,51 @@ static uint64_t timeout_of(const kv_ingest_t *ing, const kv_wstate_t *w)
     return t < 3000 ? 3000 : t;
 }
 
-void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int reconnected)
+/* NATS down longer than stale_lag_ms: nothing we hold can be trusted to be
+ * current, so every worker is marked stale (the module routes those by
+ * load only) until a resync (announced) or reconnection (the rest). */
+static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
 {
+    if (!connected && ing->down_since_ms == 0)
+        ing->down_since_ms = now_ms;
+    int stale = !connected && now_ms > ing->down_since_ms + ing->cfg.stale_lag_ms;
+    if (connected)
+        ing->down_since_ms = 0;
+    for (uint32_t i = 0; i < ing->max_workers; i++) {
+        kv_wstate_t *w = &ing->wk[i];
+        if (!w->used)
+            continue;
+        if (!connected)
+            w->complete = 0;        /* core NATS drops what is published meanwhile */
+        if (stale && w->state == KV_WORKER_LIVE) {
+            w->state = KV_WORKER_STALE;
+            publish(ing, (int)i);
+        } else if (connected && w->state == KV_WORKER_STALE && !w->announced) {
+            w->state = KV_WORKER_LIVE;
+            publish(ing, (int)i);
+        }
+    }
+}
+
+void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected)
+{
+    mark_stale(ing, now_ms, connected);
     for (uint32_t i = 0; i < ing->max_workers; i++) {
         kv_wstate_t *w = &ing->wk[i];
         if (!w->used || !w->announced)
             continue;
-        if (w->state != KV_WORKER_GONE && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
+        if (reconnected)
+            w->last_seen_ms = now_ms;   /* silence while NATS was down proves nothing */
+        if (w->state == KV_WORKER_STALE && connected) {
+            w->resync_after_ms = 0;
+            start_resync(ing, (int)i, now_ms);
+            continue;
+        }
+        if (connected && w->state != KV_WORKER_GONE
+            && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
             kv_index_worker_clear(ing->ix, w->worker_id);
             w->state = KV_WORKER_GONE;
+            w->complete = 0;
             w->need_resync = 0;
             w->dump_seq = 0;
             buf_reset(&w->buf);

@@ -88,6 +88,18 @@ uint32_t kv_registry_max_workers(const kv_registry_t *reg)
 
 /* --- lease -------------------------------------------------------------- */
 
+static uint32_t scan_bound(const kv_registry_t *reg);
+
+/* A writer killed between write_begin and write_end left a record's seq
+ * odd: the new writer closes it (the content is re-validated anyway). */
+static void repair(kv_registry_t *reg)
+{
+    uint32_t n = scan_bound(reg);
+    for (uint32_t i = 0; i < n; i++)
+        if (reg->slots[i].seq & 1)
+            __atomic_store_n(&reg->slots[i].seq, reg->slots[i].seq + 1, __ATOMIC_RELEASE);
+}
+
 static int pid_dead(pid_t pid)
 {
     return kill(pid, 0) == -1 && errno == ESRCH;
@@ -106,6 +118,7 @@ int kv_registry_lease_acquire(kv_registry_t *reg, pid_t pid, uint32_t *gen)
                                         __ATOMIC_ACQUIRE)) {
             if (gen)
                 *gen = g + 1;
+            repair(reg);
             return 0;
         }
     }
@@ -164,10 +177,15 @@ int kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
     if (i < 0 || (uint32_t)i >= reg->max_workers)
         return -1;
     const reg_slot_t *s = &reg->slots[i];
-    for (;;) {
+    for (long spins = 0;; spins++) {
         uint64_t s1 = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
-        if (s1 & 1)
+        if (s1 & 1) {
+            /* a live writer holds a record for nanoseconds; one killed in
+             * the middle would hold it forever: give up, never hang */
+            if (spins > (1L << 20))
+                return -1;
             continue;
+        }
         copy_words(out, &s->rec, sizeof(*out));
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == s1)

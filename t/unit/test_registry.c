@@ -149,10 +149,37 @@ TEST(lease_excludes_live_and_takes_over_dead)
     free(mem);
 }
 
+/* A writer killed inside write_begin/write_end: readers give up instead
+ * of spinning forever, and the next lease holder closes the record. */
+TEST(killed_writer_repaired_on_takeover)
+{
+    size_t size;
+    void *mem = region_for(2, &size);
+    char err[128];
+    kv_registry_t *reg = kv_registry_create(mem, size, 2, err, sizeof(err));
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    int status;
+    waitpid(child, &status, 0);
+    uint32_t g;
+    CHECK(kv_registry_lease_acquire(reg, child, &g) == 0);     /* "child" was the writer */
+    int i = kv_registry_add(reg, 3, 0);
+    kv_worker_rec_t *w = kv_registry_write_begin(reg, i);
+    w->events = 99;                                            /* ...and died here */
+    kv_worker_rec_t r;
+    CHECK(kv_registry_read(reg, i, &r) == -1);
+    CHECK(kv_registry_lease_acquire(reg, getpid(), &g) == 0);  /* child is dead */
+    CHECK(kv_registry_read(reg, i, &r) == 0);
+    CHECK_EQ_U64(r.events, 99);
+    free(mem);
+}
+
 int main(void)
 {
     RUN(records_add_find_remove);
     RUN(seqlock_readers_never_torn);
     RUN(lease_excludes_live_and_takes_over_dead);
+    RUN(killed_writer_repaired_on_takeover);
     return kvt_done();
 }

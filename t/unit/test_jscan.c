@@ -1,0 +1,78 @@
+/* kv_jscan: exact u64, negatives bit-cast, bad input fails cleanly. */
+#include <stdlib.h>
+
+#include "kv_jscan.h"
+#include "kvtest.h"
+
+static int scan_u64(const char *s, uint64_t *v)
+{
+    kv_jscan_t j;
+    kv_jscan_init(&j, s, strlen(s));
+    return kv_jscan_u64(&j, v);
+}
+
+TEST(u64_full_range_and_negative)
+{
+    uint64_t v;
+    CHECK(scan_u64("18446744073709551615", &v) == 0);
+    CHECK_EQ_U64(v, UINT64_MAX);
+    CHECK(scan_u64("18446744073709551616", &v) < 0);    /* overflow */
+    CHECK(scan_u64("-1", &v) == 0);
+    CHECK_EQ_U64(v, UINT64_MAX);
+    CHECK(scan_u64("-9223372036854775808", &v) == 0);
+    CHECK_EQ_U64(v, 1ull << 63);
+    CHECK(scan_u64("-9223372036854775809", &v) < 0);
+    CHECK(scan_u64("1.5", &v) < 0);
+    CHECK(scan_u64("x", &v) < 0);
+    CHECK(scan_u64("", &v) < 0);
+}
+
+TEST(object_keys_and_skip)
+{
+    const char *s = "{\"a\": [1, {\"x\": \"y\\\"z\"}, null, true], \"b\" :\"h\\u00e9\", \"c\": 7}";
+    kv_jscan_t j;
+    char key[16], str[16];
+    int first = 1;
+    uint64_t c = 0;
+    kv_jscan_init(&j, s, strlen(s));
+    CHECK(kv_jscan_expect(&j, '{') == 0);
+    CHECK(kv_jscan_key(&j, &first, key, sizeof(key)) == 1);
+    CHECK_STR(key, "a");
+    CHECK(kv_jscan_skip(&j) == 0);
+    CHECK(kv_jscan_key(&j, &first, key, sizeof(key)) == 1);
+    CHECK_STR(key, "b");
+    CHECK(kv_jscan_string(&j, str, sizeof(str)) == 0);
+    CHECK_STR(str, "h?");
+    CHECK(kv_jscan_key(&j, &first, key, sizeof(key)) == 1);
+    CHECK(kv_jscan_u64(&j, &c) == 0);
+    CHECK_EQ_U64(c, 7);
+    CHECK(kv_jscan_key(&j, &first, key, sizeof(key)) == 0);
+}
+
+TEST(bad_input_fails_without_crash)
+{
+    const char *bad[] = {"{", "{\"a\"", "{\"a\":", "[[[[", "\"abc", "{\"a\":1,}", "{\"a\" 1}",
+                         "\"\\", "\"\\u12\""};
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        kv_jscan_t j;
+        kv_jscan_init(&j, bad[k], strlen(bad[k]));
+        CHECK(kv_jscan_skip(&j) < 0 || kv_jscan_peek(&j) == 0);
+    }
+    /* nesting beyond the bound fails instead of recursing forever */
+    size_t n = 100000;
+    char *deep = malloc(n + 1);
+    memset(deep, '[', n);
+    deep[n] = '\0';
+    kv_jscan_t j;
+    kv_jscan_init(&j, deep, n);
+    CHECK(kv_jscan_skip(&j) < 0);
+    free(deep);
+}
+
+int main(void)
+{
+    RUN(u64_full_range_and_negative);
+    RUN(object_keys_and_skip);
+    RUN(bad_input_fails_without_crash);
+    return kvt_done();
+}
