@@ -338,6 +338,9 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
 
     ngx_memzero(t, sizeof(ngx_http_kvroute_task_t));
 
+    /* the decision starts with the whole body in hand: reading it is the
+     * client's time, not the router's */
+    ctx->t0_ns = ngx_http_kvroute_now_ns();
     ctx->prepared = 1;
 
     t->request = r;
