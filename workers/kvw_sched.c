@@ -527,11 +527,15 @@ static void sched_destroy(kvw_engine_t *e)
 {
     sched_t *sc = (sched_t *)e;
 
-    for (uint32_t i = 0; i < sc->n_batch; i++)
+    /* requests cancelled mid-step are freed here; the rest leave the batch
+     * and are freed with their queue (touching a freed one was a
+     * use-after-free at shutdown) */
+    for (uint32_t i = 0; i < sc->n_batch; i++) {
         if (sc->batch[i].s->req == NULL)
             sreq_free(sc->batch[i].s);
-    for (uint32_t i = 0; i < sc->n_batch; i++)
-        sc->batch[i].s->in_batch = 0;
+        else
+            sc->batch[i].s->in_batch = 0;
+    }
     drop_queue(&sc->waiting);
     drop_queue(&sc->running);
     event_free(sc->kick);
