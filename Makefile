@@ -130,7 +130,7 @@ $(KVWORKER): $(B)/obj/workers/main.o $(WORK_LIB) $(CORE_LIB)
 
 # every .c in tools/<name>/ belongs to that tool
 .SECONDEXPANSION:
-$(B)/bin/%: $$(patsubst %.c,$(B)/obj/%.o,$$(wildcard tools/$$*/*.c)) $(WORK_LIB) $(CORE_LIB)
+$(B)/bin/%: $$(addprefix $(B)/obj/,$$(subst .c,.o,$$(wildcard tools/$$*/*.c))) $(WORK_LIB) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(WORK_LIB) $(CORE_LIB) $(LIBS)
 
