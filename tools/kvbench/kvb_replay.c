@@ -17,6 +17,7 @@ typedef struct replay replay_t;
 /* A request in flight. */
 typedef struct {
     replay_t       *rp;
+    struct evhttp_connection *conn;
     size_t          idx;
     kvb_buf_t       line;       /* the SSE line not yet complete */
     int             failed_stream;
@@ -198,6 +199,11 @@ static void on_error(enum evhttp_request_error e, void *arg)
 
 static void launch(replay_t *rp);
 
+static void free_conn(evutil_socket_t fd, short what, void *arg)
+{
+    evhttp_connection_free(arg);
+}
+
 static void finish(flight_t *f, struct evhttp_request *req)
 {
     replay_t *rp = f->rp;
@@ -233,6 +239,10 @@ static void finish(flight_t *f, struct evhttp_request *req)
         set_error(r, "no response (connection refused or closed)%s", NULL);
     if (r->error == NULL && r->chunks == 0)
         set_error(r, "stream ended without output%s", NULL);
+    /* libevent still uses the connection when this callback returns */
+    struct timeval now = { 0, 0 };
+    if (f->conn && event_base_once(rp->base, -1, EV_TIMEOUT, free_conn, f->conn, &now) != 0)
+        fprintf(stderr, "kvbench: cannot schedule a connection's release\n");
     kvb_buf_free(&f->line);
     free(f);
     rp->in_flight--;
@@ -302,14 +312,16 @@ static void send_one(replay_t *rp, size_t i)
     evhttp_add_header(h, "Host", rp->host);
     evhttp_add_header(h, "Content-Type", "application/json");
     evhttp_add_header(h, "Accept", "text/event-stream");
+    /* one request per connection, closed when it is done */
+    evhttp_add_header(h, "Connection", "close");
     evbuffer_add(evhttp_request_get_output_buffer(req), rp->body.buf, rp->body.len);
+    f->conn = c;
     if (evhttp_make_request(c, req, EVHTTP_REQ_POST, rp->path) != 0) {
         /* libevent has freed req and called nothing */
         set_error(r, "cannot send the request%s", NULL);
         req = NULL;
         goto fail;
     }
-    evhttp_connection_free_on_completion(c);
     return;
 fail:
     if (req)
@@ -389,6 +401,8 @@ double kvb_replay(const kv_trace_t *t, const kvb_opts_t *o, kvb_result_t *res,
     if (rp.done < t->n)
         event_base_dispatch(rp.base);
     wall = since(&rp);
+    /* run the connection releases finish() scheduled last */
+    event_base_loop(rp.base, EVLOOP_NONBLOCK);
 out:
     if (rp.pump)
         event_free(rp.pump);
