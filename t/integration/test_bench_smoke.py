@@ -29,7 +29,7 @@ def accepts(http_conf):
 
 
 KVROUTE_OK, KVROUTE_WHY = accepts(
-    "kvroute_zone kv 1m;\nupstream u { kvroute zone=kv; server 127.0.0.1:1; }\n")
+    "kvroute_zone kv 64m;\nupstream u { kvroute zone=kv; server 127.0.0.1:1; }\n")
 NOT_MERGED = pytest.mark.xfail(not KVROUTE_OK, strict=False,
                                reason="KV-aware balancer not merged yet: nginx -t says "
                                       + KVROUTE_WHY.strip().splitlines()[0][:200]
