@@ -5,6 +5,11 @@
  *
  *   kvbench replay --trace FILE --url URL [options]   one JSON summary line
  *   kvbench ideal  --trace FILE [--max-requests N]    the trace's ideal reuse
+ *
+ * Prompts: every trace hash id expands on its own into one block of
+ * --block-size token ids (or, with --text, words that are one token each in
+ * common BPE vocabularies), so shared leading ids mean shared leading
+ * tokens; see kvb_prompt.h and docs/BENCHMARKS.md "End-to-end (bench-e2e)".
  */
 #include <errno.h>
 #include <getopt.h>
