@@ -1,0 +1,358 @@
+/*
+ * kvbench: replays a Mooncake-format trace against any OpenAI-compatible
+ * server and reports what users feel (TTFT, ITL, end-to-end latency,
+ * throughput) and what the cache did (prefix hit rate from usage).
+ *
+ *   kvbench replay --trace FILE --url URL [options]   one JSON summary line
+ *   kvbench ideal  --trace FILE [--max-requests N]    the trace's ideal reuse
+ *
+ * Prompts: every trace hash id expands on its own into one block of
+ * --block-size token ids (or, with --text, words that are one token each in
+ * common BPE vocabularies), so shared leading ids mean shared leading
+ * tokens; see kvb_prompt.h and docs/BENCHMARKS.md "End-to-end (bench-e2e)".
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "kv_trace.h"
+#include "kvb_replay.h"
+#include "kvb_stats.h"
+
+static void usage(FILE *f)
+{
+    fputs("usage: kvbench replay --trace FILE --url URL [options]\n"
+          "       kvbench ideal --trace FILE [--max-requests N]\n"
+          "  --url URL          http://host:port[/path] (path default /v1/completions)\n"
+          "  --text             text prompts (words) instead of token-id prompts\n"
+          "  --speedup X        divide trace arrival times by X (default 1)\n"
+          "  --concurrency N    ignore arrival times, keep N requests in flight\n"
+          "  --max-requests N   replay only the first N requests\n"
+          "  --model NAME       model field of each request (default kvroute-mock)\n"
+          "  --block-size N     tokens per trace hash id (default 512)\n"
+          "  --vocab N          token ids are drawn from [100, 100+N) (default 30000)\n"
+          "  --records FILE     per-request records, one JSON object a line\n"
+          "  --timeout S        a request that receives nothing for S seconds fails (default 300)\n",
+          f);
+}
+
+typedef struct {
+    const char *trace, *records;
+    size_t      max_requests;
+    kvb_opts_t  o;
+} args_t;
+
+static int parse_num(const char *name, const char *s, double lo, double hi, double *v)
+{
+    char *end;
+    errno = 0;
+    *v = strtod(s, &end);
+    if (errno || end == s || *end || !(*v >= lo && *v <= hi)) {
+        fprintf(stderr, "kvbench: %s must be a number in [%g, %g], got '%s'\n", name, lo, hi, s);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, args_t *a)
+{
+    static const struct option opts[] = {
+        {"trace", 1, 0, 't'}, {"url", 1, 0, 'u'}, {"text", 0, 0, 'x'},
+        {"speedup", 1, 0, 's'}, {"concurrency", 1, 0, 'c'}, {"max-requests", 1, 0, 'n'},
+        {"model", 1, 0, 'm'}, {"block-size", 1, 0, 'b'}, {"vocab", 1, 0, 'v'},
+        {"records", 1, 0, 'r'}, {"timeout", 1, 0, 'T'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+    };
+    double v;
+    int c;
+
+    a->o.model = "kvroute-mock";
+    a->o.speedup = 1;
+    a->o.block_size = 512;
+    a->o.vocab = 30000;
+    a->o.timeout_s = 300;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': a->trace = optarg; break;
+        case 'u': a->o.url = optarg; break;
+        case 'x': a->o.text = 1; break;
+        case 'm': a->o.model = optarg; break;
+        case 'r': a->records = optarg; break;
+        case 's':
+            if (parse_num("--speedup", optarg, 1e-6, 1e9, &a->o.speedup)) return -1;
+            break;
+        case 'c':
+            if (parse_num("--concurrency", optarg, 1, 1e6, &v)) return -1;
+            a->o.concurrency = (int)v;
+            break;
+        case 'n':
+            if (parse_num("--max-requests", optarg, 1, 1e12, &v)) return -1;
+            a->max_requests = (size_t)v;
+            break;
+        case 'b':
+            if (parse_num("--block-size", optarg, 1, 1 << 20, &v)) return -1;
+            a->o.block_size = (uint32_t)v;
+            break;
+        case 'v':
+            if (parse_num("--vocab", optarg, 1, 1e9, &v)) return -1;
+            a->o.vocab = (uint32_t)v;
+            break;
+        case 'T':
+            if (parse_num("--timeout", optarg, 0.001, 1e6, &a->o.timeout_s)) return -1;
+            break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvbench: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (a->trace == NULL) {
+        fprintf(stderr, "kvbench: --trace FILE is required\n");
+        return -1;
+    }
+    return 0;
+}
+
+static int load(const args_t *a, kv_trace_t *t)
+{
+    char err[300];
+    if (kv_trace_load(a->trace, t, err, sizeof(err))) {
+        /* err already names the line: "line N: reason" */
+        fprintf(stderr, "kvbench: %s: %s\n", a->trace, err);
+        return -1;
+    }
+    if (a->max_requests && a->max_requests < t->n)
+        t->n = a->max_requests;
+    if (t->n == 0) {
+        fprintf(stderr, "kvbench: %s: no requests\n", a->trace);
+        return -1;
+    }
+    return 0;
+}
+
+static json_t *dist_json(double *v, size_t n)
+{
+    kvb_dist_t d;
+    kvb_dist(v, n, &d);
+    if (d.n == 0)
+        return json_null();
+    return json_pack("{s:f,s:f,s:f,s:f,s:f}", "mean", d.mean, "p50", d.p50, "p90", d.p90,
+                     "p99", d.p99, "max", d.max);
+}
+
+static double itl_of(const kvb_result_t *r)
+{
+    long out = r->completion_tokens > 0 ? r->completion_tokens : (long)r->chunks;
+    if (out < 2 || r->first_ms < 0)
+        return -1;
+    return (r->end_ms - r->first_ms) / (double)(out - 1);
+}
+
+/* Counts of each distinct error message, most common first is not needed: few kinds. */
+static json_t *error_kinds(const kvb_result_t *res, size_t n)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < n; i++) {
+        if (res[i].error == NULL)
+            continue;
+        json_t *c = json_object_get(o, res[i].error);
+        if (c == NULL && json_object_size(o) >= 20)
+            continue;           /* keep the summary short */
+        json_object_set_new(o, res[i].error, json_integer(c ? json_integer_value(c) + 1 : 1));
+    }
+    return o;
+}
+
+static json_t *summarize(const kv_trace_t *t, const args_t *a, const kvb_result_t *res,
+                         double wall_ms)
+{
+    size_t n = t->n, ok = 0, errors = 0, with_usage = 0;
+    double *ttft = calloc(n, sizeof(double)), *itl = calloc(n, sizeof(double));
+    double *e2e = calloc(n, sizeof(double)), *lag = calloc(n, sizeof(double));
+    size_t nt = 0, ni = 0, ne = 0;
+    long long out_tokens = 0, prompt = 0, cached = 0, input = 0;
+
+    if (!ttft || !itl || !e2e || !lag) {
+        fprintf(stderr, "kvbench: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const kvb_result_t *r = &res[i];
+        lag[i] = r->start_ms - r->due_ms;
+        input += r->input_length;
+        if (r->error) {
+            errors++;
+            continue;
+        }
+        ok++;
+        ttft[nt++] = r->first_ms - r->start_ms;
+        e2e[ne++] = r->end_ms - r->start_ms;
+        double x = itl_of(r);
+        if (x >= 0)
+            itl[ni++] = x;
+        out_tokens += r->completion_tokens >= 0 ? r->completion_tokens : r->chunks;
+        if (r->prompt_tokens >= 0) {
+            with_usage++;
+            prompt += r->prompt_tokens;
+            cached += r->cached_tokens > 0 ? r->cached_tokens : 0;
+        }
+    }
+    double secs = wall_ms / 1e3;
+    json_t *s = json_pack("{s:s,s:s,s:I,s:I,s:I,s:f,s:f,s:f}",
+                          "trace", a->trace, "url", a->o.url, "requests", (json_int_t)n,
+                          "completed", (json_int_t)ok, "errors", (json_int_t)errors,
+                          "duration_s", secs,
+                          "request_throughput_rps", secs > 0 ? (double)ok / secs : 0.0,
+                          "output_throughput_tok_s", secs > 0 ? (double)out_tokens / secs : 0.0);
+    json_object_set_new(s, "ttft_ms", dist_json(ttft, nt));
+    json_object_set_new(s, "itl_ms", dist_json(itl, ni));
+    json_object_set_new(s, "e2e_ms", dist_json(e2e, ne));
+    json_object_set_new(s, "input_tokens", json_integer(input));
+    json_object_set_new(s, "output_tokens", json_integer(out_tokens));
+    json_object_set_new(s, "prompt_tokens", json_integer(prompt));
+    json_object_set_new(s, "cached_tokens", json_integer(cached));
+    /* only requests whose usage said how many prompt tokens there were count */
+    json_object_set_new(s, "hit_rate", with_usage && prompt > 0
+                        ? json_real((double)cached / (double)prompt) : json_null());
+    json_object_set_new(s, "ideal_reuse", json_real(kv_trace_ideal_reuse(t)));
+    json_object_set_new(s, "mode", json_string(a->o.concurrency > 0 ? "concurrency" : "arrival"));
+    if (a->o.concurrency > 0)
+        json_object_set_new(s, "concurrency", json_integer(a->o.concurrency));
+    else
+        json_object_set_new(s, "speedup", json_real(a->o.speedup));
+    json_object_set_new(s, "prompts", json_string(a->o.text ? "text" : "tokens"));
+    json_object_set_new(s, "send_lag_ms", dist_json(lag, n));
+    json_object_set_new(s, "error_kinds", error_kinds(res, n));
+    free(ttft);
+    free(itl);
+    free(e2e);
+    free(lag);
+    return s;
+}
+
+
+static int write_records(const char *path, const kvb_result_t *res, size_t n)
+{
+    FILE *f = fopen(path, "w");
+    if (f == NULL) {
+        fprintf(stderr, "kvbench: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const kvb_result_t *r = &res[i];
+        int ok = r->error == NULL;
+        json_t *o = json_pack("{s:I,s:f,s:f,s:I,s:I,s:I}", "index", (json_int_t)i,
+                              "due_ms", r->due_ms, "start_ms", r->start_ms,
+                              "input_length", (json_int_t)r->input_length,
+                              "max_tokens", (json_int_t)r->max_tokens,
+                              "status", (json_int_t)r->status);
+        json_object_set_new(o, "ttft_ms", ok ? json_real(r->first_ms - r->start_ms)
+                                             : json_null());
+        json_object_set_new(o, "e2e_ms", r->end_ms >= 0 ? json_real(r->end_ms - r->start_ms)
+                                                        : json_null());
+        double itl = ok ? itl_of(r) : -1;
+        json_object_set_new(o, "itl_ms", itl >= 0 ? json_real(itl) : json_null());
+        json_object_set_new(o, "chunks", json_integer(r->chunks));
+        json_object_set_new(o, "prompt_tokens", r->prompt_tokens >= 0
+                            ? json_integer(r->prompt_tokens) : json_null());
+        json_object_set_new(o, "completion_tokens", r->completion_tokens >= 0
+                            ? json_integer(r->completion_tokens) : json_null());
+        json_object_set_new(o, "cached_tokens", r->cached_tokens >= 0
+                            ? json_integer(r->cached_tokens) : json_null());
+        json_object_set_new(o, "error", r->error ? json_string(r->error) : json_null());
+        if (json_dumpf(o, f, JSON_COMPACT) || fputc('\n', f) == EOF) {
+            json_decref(o);
+            fclose(f);
+            fprintf(stderr, "kvbench: %s: write failed\n", path);
+            return -1;
+        }
+        json_decref(o);
+    }
+    return fclose(f) ? -1 : 0;
+}
+
+/* Every stream is a socket: lift the descriptor limit as far as allowed. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+static int cmd_replay(const args_t *a)
+{
+    kv_trace_t t = {0};
+    char err[300];
+    int rc = 1;
+
+    if (a->o.url == NULL) {
+        fprintf(stderr, "kvbench: --url URL is required\n");
+        return 2;
+    }
+    if (load(a, &t))
+        return 2;
+    kvb_result_t *res = calloc(t.n, sizeof(*res));
+    if (res == NULL) {
+        fprintf(stderr, "kvbench: out of memory\n");
+        goto out;
+    }
+    raise_nofile();
+    double wall = kvb_replay(&t, &a->o, res, err, sizeof(err));
+    if (wall < 0) {
+        fprintf(stderr, "kvbench: %s\n", err);
+        rc = 2;
+        goto out;
+    }
+    json_t *s = summarize(&t, a, res, wall);
+    json_dumpf(s, stdout, JSON_COMPACT);
+    putchar('\n');
+    fflush(stdout);
+    json_decref(s);
+    rc = 0;
+    if (a->records && write_records(a->records, res, t.n))
+        rc = 1;
+out:
+    if (res)
+        for (size_t i = 0; i < t.n; i++)
+            free(res[i].error);
+    free(res);
+    kv_trace_free(&t);
+    return rc;
+}
+
+static int cmd_ideal(const args_t *a)
+{
+    kv_trace_t t = {0};
+    if (load(a, &t))
+        return 2;
+    printf("{\"requests\":%zu,\"ideal_reuse\":%.6f}\n", t.n, kv_trace_ideal_reuse(&t));
+    kv_trace_free(&t);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    args_t a = {0};
+
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "replay") != 0 && strcmp(cmd, "ideal") != 0) {
+        fprintf(stderr, "kvbench: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return 2;
+    }
+    if (parse_args(argc - 1, argv + 1, &a))
+        return 2;
+    return strcmp(cmd, "replay") == 0 ? cmd_replay(&a) : cmd_ideal(&a);
+}
