@@ -67,6 +67,8 @@ struct kv_tokenizer {
     kv_pre_kind_t   pre;
     int             byte_level;         /* ByteLevel pre-tokenizer: map bytes */
     int             byte_fallback;
+    int             spm_split;          /* "▁" only starts tokens (or runs of it):
+                                           no merge crosses a word start */
     int             ignore_merges;
     int             fuse_unk;
     int64_t         unk_id;             /* -1: none */

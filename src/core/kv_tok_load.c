@@ -606,6 +606,31 @@ done:
     return rc;
 }
 
+/*
+ * SentencePiece vocabularies normally keep "▁" only at the start of a token
+ * (or in runs of "▁"). Then no token spans a non-"▁" character followed by
+ * "▁", so no merge crosses a word start and each word can be merged alone
+ * with the same result: the difference between one BPE over a whole prompt
+ * and many small ones.
+ */
+static int spm_words_independent(const kv_tokenizer_t *t)
+{
+    uint32_t id;
+
+    for (id = 0; id < t->vocab_size; id++) {
+        const char *s = t->arena + t->tok_off[id], *p = s;
+        size_t      n = t->tok_len[id];
+
+        while ((p = memmem(p, n - (size_t) (p - s), "\xe2\x96\x81", 3)) != NULL) {
+            if (p > s && (p - s < 3 || memcmp(p - 3, "\xe2\x96\x81", 3) != 0)) {
+                return 0;
+            }
+            p += 3;
+        }
+    }
+    return 1;
+}
+
 static void fallback_table(kv_tokenizer_t *t)
 {
     char     buf[8];
@@ -684,6 +709,7 @@ kv_tokenizer_t *kv_tokenizer_load_buffer(const char *buf, size_t len, char *err,
         goto fail;
     } else {
         fallback_table(t);
+        t->spm_split = spm_words_independent(t);
     }
     json_decref(root);
     t->memory += sizeof(*t) + t->n_added * sizeof(kv_added_t);

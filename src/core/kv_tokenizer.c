@@ -173,11 +173,33 @@ static int char_word(enc_t *e, const char *p, size_t n)
     return kv_tok_bpe_word(t, e->syms, k, e->out);
 }
 
+/* SentencePiece text split at word starts ("▁" after another character),
+ * where the vocab allows it (kv_tok_load.c: spm_words_independent). */
+static int spm_words(enc_t *e, const char *p, size_t n)
+{
+    size_t start = 0, i;
+
+    for (i = 3; i + 3 <= n; i++) {
+        if (memcmp(p + i, "\xe2\x96\x81", 3) == 0
+            && !(i >= 3 && memcmp(p + i - 3, "\xe2\x96\x81", 3) == 0))
+        {
+            if (char_word(e, p + start, i - start) != 0) {
+                return -1;
+            }
+            start = i;
+        }
+    }
+    return char_word(e, p + start, n - start);
+}
+
 static int emit_piece(void *ctx, const char *p, size_t n)
 {
     enc_t *e = ctx;
 
-    return e->t->byte_level ? byte_level_word(e, p, n) : char_word(e, p, n);
+    if (e->t->byte_level) {
+        return byte_level_word(e, p, n);
+    }
+    return e->t->spm_split ? spm_words(e, p, n) : char_word(e, p, n);
 }
 
 /* --- one segment between added tokens ------------------------------------ */
