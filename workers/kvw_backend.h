@@ -31,6 +31,7 @@ typedef struct {
     uint32_t        n_blocks;
     uint32_t        cached;     /* prompt tokens served from the prefix cache (timing models) */
     int             sample;     /* sample a next token after tokens[n_tokens - 1] */
+    int             decode;     /* a generation step, not a prompt chunk (timing models) */
     kvw_sampling_t  sampling;
     uint32_t        next_token; /* out, when sample */
     float          *logits;     /* out, optional (tests): vocab_size floats for the last token */
@@ -46,6 +47,7 @@ struct kvw_backend {
     uint32_t    block_size;
     uint32_t    num_blocks;
     size_t      block_bytes;    /* one block, all layers, K and V */
+    int         simulated;      /* step() only predicts: the scheduler waits step_ms */
 
     /*
      * Runs one step over n sequences. *step_ms is the step's duration:
@@ -74,7 +76,12 @@ typedef struct {
     uint32_t    block_size;
     uint32_t    num_blocks;     /* 0: backend picks (cpu/cuda: from memory) */
     double      speedup;        /* mock: divides predicted times */
+    double      decode_speedup; /* mock: further divides decode times (0: 1) */
 } kvw_backend_config_t;
+
+/* The mock's polynomial model (ms, before --speedup), for tests and tools. */
+double kvw_mock_poly_prefill_ms(double new_tokens);
+double kvw_mock_poly_decode_ms(double kv_usage);
 
 kvw_backend_t *kvw_mock_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);
 kvw_backend_t *kvw_cpu_backend_create(const kvw_backend_config_t *cfg, char *err, size_t errlen);
