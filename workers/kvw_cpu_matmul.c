@@ -44,16 +44,25 @@ typedef struct {
     size_t       T, rows, cols, lo, hi;
 } job_t;
 
-/* Rows [lo, hi): each weight row is read once for all T tokens. */
+/*
+ * Rows [lo, hi) in tiles of TILE rows: a tile of weights stays in cache
+ * while every token passes over it, so with many tokens the inputs are
+ * streamed once per tile rather than once per weight row.
+ */
 static void *run(void *arg)
 {
+    enum { TILE = 16 };
     const job_t *j = arg;
 
-    for (size_t r = j->lo; r < j->hi; r++) {
-        const float *wr = j->w + r * j->cols;
-        float        b = j->bias ? j->bias[r] : 0.0f;
+    for (size_t r0 = j->lo; r0 < j->hi; r0 += TILE) {
+        size_t r1 = r0 + TILE < j->hi ? r0 + TILE : j->hi;
 
-        for (size_t t = 0; t < j->T; t++) j->out[t * j->rows + r] = dot(j->in + t * j->cols, wr, j->cols) + b;
+        for (size_t t = 0; t < j->T; t++) {
+            const float *x = j->in + t * j->cols;
+
+            for (size_t r = r0; r < r1; r++)
+                j->out[t * j->rows + r] = dot(x, j->w + r * j->cols, j->cols) + (j->bias ? j->bias[r] : 0.0f);
+        }
     }
     return NULL;
 }
