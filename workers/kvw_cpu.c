@@ -17,7 +17,6 @@
 #include <time.h>
 
 #include "kvw_backend.h"
-#include "kvw_cpu_matmul.h"
 #include "kvw_model.h"
 #include "kvw_sample.h"
 
@@ -35,7 +34,25 @@ typedef struct {
 static void matmul(float *out, const float *in, const float *w, const float *bias,
                    size_t T, size_t rows, size_t cols)
 {
-    kvw_cpu_matmul(out, in, w, bias, T, rows, cols);
+    size_t r, t, c;
+
+    for (r = 0; r < rows; r++) {
+        const float *wr = w + r * cols;
+
+        for (t = 0; t < T; t++) {
+            const float *x = in + t * cols;
+            float        s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+
+            for (c = 0; c + 4 <= cols; c += 4) {
+                s0 += wr[c] * x[c];
+                s1 += wr[c + 1] * x[c + 1];
+                s2 += wr[c + 2] * x[c + 2];
+                s3 += wr[c + 3] * x[c + 3];
+            }
+            for (; c < cols; c++) s0 += wr[c] * x[c];
+            out[t * rows + r] = s0 + s1 + s2 + s3 + (bias ? bias[r] : 0);
+        }
+    }
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, size_t n, float eps)
