@@ -141,11 +141,12 @@ $(B)/bin/%: $$(addprefix $(B)/obj/,$$(subst .c,.o,$$(wildcard tools/$$*/*.c))) $
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(WORK_LIB) $(CORE_LIB) $(LIBS)
 
-$(B)/lib/libkvcuda.so: $(CUDA_SRC) $(wildcard workers/cuda/*.h workers/cuda/*.cuh) $(HEADERS)
+# kvw_model.o and kvw_sample.o come from libkvworker.a (built -fPIC)
+$(B)/lib/libkvcuda.so: $(CUDA_SRC) $(wildcard workers/cuda/*.h workers/cuda/*.cuh) $(HEADERS) $(WORK_LIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -std=c++17 -Xcompiler -fPIC,-Wall -shared -Isrc/core -Iworkers \
 	    -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
-	    -o $@ $(CUDA_SRC) -lcublas
+	    -o $@ $(CUDA_SRC) $(WORK_LIB) -lcublas -ljansson -lm
 
 # --- tests ----------------------------------------------------------------
 
