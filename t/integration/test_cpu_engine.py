@@ -66,8 +66,11 @@ def test_prefix_reuse_and_chunking_equal_cold(tmp_path):
     # the first 32 tokens (2 blocks) run first; the rest reads them from the pool
     warm = engine_logits(model, TOKENS, "--prefix", "32")
     chunked = engine_logits(model, TOKENS, "--chunk", "5")
+    batched = engine_logits(model, TOKENS, "--batch", "5")
     assert np.max(np.abs(cold - warm)) < 1e-5
     assert np.max(np.abs(cold - chunked)) < 1e-5
+    # in one step with four other sequences of other lengths
+    assert np.max(np.abs(cold - batched)) < 1e-5
 
 
 def test_unsupported_config_is_refused(tmp_path):

@@ -83,7 +83,33 @@ static int cmd_logits(const opts_t *o)
     table = malloc(nb * sizeof(uint32_t));
     for (i = 0; i < nb; i++) table[i] = 2 * nb - 2 * i;
     logits = malloc(b->vocab_size * sizeof(float));
-    if (o->prefix > 0 && o->prefix < n) {
+    if (o->batch > 1) {
+        /* the sequence runs in one step beside batch-1 others of other lengths:
+         * its logits must not change */
+        uint32_t        B = (uint32_t) o->batch, k, per = nb + 4;
+        kvw_step_seq_t *sq = calloc(B, sizeof(*sq));
+        uint32_t       *tt = malloc((size_t) B * per * sizeof(uint32_t));
+        uint32_t       *other = malloc((size_t) B * (n + 40) * sizeof(uint32_t));
+        double          ms;
+
+        kvw_backend_t  *bb = open_backend(o, B * per + 1);
+
+        for (k = 0; k < B * per; k++) tt[k] = B * per - k;
+        for (k = 0; k < B; k++) {
+            uint32_t len = k == 0 ? n : 3 + (k * 7) % (n + 30), j;
+
+            for (j = 0; j < len; j++) other[(size_t) k * (n + 40) + j] = (j * 31 + k * 17) % bb->vocab_size;
+            sq[k].tokens = k == 0 ? tok : other + (size_t) k * (n + 40);
+            sq[k].n_tokens = len;
+            sq[k].block_table = tt + (size_t) k * per;
+            sq[k].n_blocks = per;
+            sq[k].logits = k == 0 ? logits : NULL;
+        }
+        if (bb->step(bb, sq, B, &ms) != 0) return 1;
+        b->destroy(b);
+        b = bb;
+        free(sq); free(tt); free(other);
+    } else if (o->prefix > 0 && o->prefix < n) {
         /* the prefix runs first; the rest reads its blocks from the pool */
         if (run(b, tok, 0, (uint32_t) o->prefix, o->chunk, table, nb, logits) != 0
             || run(b, tok, (uint32_t) o->prefix, n, o->chunk, table, nb, logits) != 0)
