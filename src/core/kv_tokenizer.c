@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <utf8proc.h>
+#include <xxhash.h>
 
 #include "kv_tok_int.h"
 #include "kv_unicode.h"
@@ -66,7 +67,7 @@ static int reserve(enc_t *e, size_t n)
  * its event loop and in thread pools), so the tokenizer stays immutable
  * and shared without locks; entries name their tokenizer.
  */
-#define WCACHE_SIZE   16384       /* 1 MB per tokenizing thread */
+#define WCACHE_SIZE   32768       /* 2 MB per tokenizing thread */
 #define WCACHE_BYTES  22
 #define WCACHE_IDS    7
 
@@ -81,13 +82,9 @@ static __thread wcache_t *wcache;
 
 static uint32_t word_hash(const char *p, size_t n)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    size_t   i;
+    uint64_t h = XXH3_64bits(p, n);
 
-    for (i = 0; i < n; i++) {
-        h = (h ^ (uint8_t) p[i]) * 0x100000001b3ULL;
-    }
-    return (uint32_t) (h ^ h >> 29) & (WCACHE_SIZE - 1);
+    return (uint32_t) (h ^ h >> 32) & (WCACHE_SIZE - 1);
 }
 
 static int byte_level_word(enc_t *e, const char *p, size_t n)
