@@ -142,11 +142,24 @@ $(B)/bin/%: $$(addprefix $(B)/obj/,$$(subst .c,.o,$$(wildcard tools/$$*/*.c))) $
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(WORK_LIB) $(CORE_LIB) $(LIBS)
 
 # kvw_model.o and kvw_sample.o come from libkvworker.a (built -fPIC)
-$(B)/lib/libkvcuda.so: $(CUDA_SRC) $(wildcard workers/cuda/*.h workers/cuda/*.cuh) $(HEADERS) $(WORK_LIB)
+# The CUDA engine reuses the model loader and the sampler: their objects are
+# built again without sanitizers (the .so is loaded by sanitized and plain
+# binaries alike). PTX for compute_90 lets newer GPUs JIT the kernels; the
+# rpath finds cuBLAS where nvcc's toolkit lives.
+CUDA_HOST_OBJ := $(B)/obj/cuda-host/kvw_model.o $(B)/obj/cuda-host/kvw_sample.o
+CUDA_LIBDIR   := $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64)
+
+$(B)/obj/cuda-host/%.o: workers/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out $(SANFLAGS),$(CFLAGS)) -c -o $@ $<
+
+$(B)/lib/libkvcuda.so: $(CUDA_SRC) $(wildcard workers/cuda/*.h workers/cuda/*.cuh) $(HEADERS) \
+                       $(CUDA_HOST_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -std=c++17 -Xcompiler -fPIC,-Wall -shared -Isrc/core -Iworkers \
 	    -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
-	    -o $@ $(CUDA_SRC) $(WORK_LIB) -lcublas -ljansson -lm
+	    -gencode arch=compute_90,code=compute_90 \
+	    -o $@ $(CUDA_SRC) $(CUDA_HOST_OBJ) -lcublas -ljansson -Xlinker -rpath=$(CUDA_LIBDIR)
 
 # --- tests ----------------------------------------------------------------
 

@@ -1,18 +1,31 @@
 /*
- * The cuda engine: the same forward pass as kvw_cpu.c on one NVIDIA GPU.
- * Weights are loaded on the host by kvw_model.c (f32) and uploaded once;
- * the KV pool is one cudaMalloc in the layout of kvw_backend.h, so one
- * block of all layers is one contiguous range (block_read/block_write are
- * one copy each, and the pool can be exported whole with CUDA IPC).
- * Every token of a step goes through each cuBLAS matmul together.
+ * --engine cuda: the CPU reference engine's computation (kvw_cpu.c) on an
+ * NVIDIA GPU. Built into libkvcuda.so, which kvworker dlopen()s
+ * (kvw_cuda_loader.c) so that kvworker never needs CUDA libraries itself.
+ *
+ * A step, as on the CPU: every token of every sequence in it is one row of a
+ * [T x hidden] matrix through the matmuls (cuBLAS, f32 accumulate), so a
+ * weight is read once per step; RoPE'd K and V of the whole layer go into
+ * the paged pool before that layer's attention, which reads each token's
+ * own sequence through its block table (positions 0..pos, GQA). Logits are
+ * computed for each sequence's last token only, copied back and sampled on
+ * the host with kvw_sample().
+ *
+ * Weights are uploaded in bf16 (default), f16 or f32: KVW_CUDA_DTYPE=
+ * bf16|f16|f32. q|k|v and gate|up are fused into one matrix each, so a
+ * layer is four matmuls. The KV pool is f32 in kvw_backend.h's layout,
+ * allocated once: one block of all layers is one contiguous range, so
+ * block_read/block_write are one cudaMemcpy each, byte-compatible with the
+ * CPU engine's blocks.
  */
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <vector>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
 
 extern "C" {
 #include "kvw_backend.h"
@@ -22,396 +35,532 @@ extern "C" {
 
 #include "kvw_cuda_kernels.cuh"
 
-namespace {
+enum { DT_F32, DT_F16, DT_BF16 };
 
-struct dev_layer {
-    float *attn_norm, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *mlp_norm, *w_gate, *w_up, *w_down;
-};
+#define KVC_MAX_AUTO_BLOCKS 65536u
 
-struct cuda_engine {
-    kvw_backend_t b;            /* first: the backend pointer is the engine pointer */
-    uint32_t      vocab, hidden, layers, heads, kv_heads, head_dim, inter;
-    float         rms_eps;
-    int           tied;
-    dev_layer    *L;
-    float        *embed, *norm, *lm_head, *inv_freq;
-    kvw_cuda_kv   kv;
-    cublasHandle_t blas;
-    cudaStream_t  stream;
-    /* per-step buffers, grown as needed */
-    size_t        cap_tok, cap_tab, cap_rows;
-    float        *x, *xn, *q, *k, *v, *att, *o, *g, *u;
-    kvw_cuda_tok *toks;
-    uint32_t     *tokens, *tables, *rows, *argmax;
-    float        *last, *logits;
-    std::vector<float> host_logits;
-};
+typedef struct {
+    void  *wqkv, *wo, *wgu, *wdown;     /* weights, in the engine's dtype */
+    float *attn_norm, *mlp_norm, *bqkv; /* f32; bqkv NULL without biases */
+} dlayer_t;
 
-#define CK(call)                                                                      \
-    do {                                                                              \
-        cudaError_t e_ = (call);                                                      \
-        if (e_ != cudaSuccess) {                                                      \
-            fprintf(stderr, "cuda engine: %s: %s\n", #call, cudaGetErrorString(e_));  \
-            return -1;                                                                \
-        }                                                                             \
+typedef struct {
+    kvw_backend_t   b;
+    uint32_t        vocab, H, layers, heads, kv_heads, hd, inter;
+    float           eps;
+    int             dtype;
+    size_t          esz;                /* bytes of one weight element */
+    cudaDataType_t  ctype;              /* the same, for cuBLAS */
+    cudaStream_t    st;
+    cublasHandle_t  cb;
+    void           *embed, *lm_head;    /* lm_head == embed when tied */
+    float          *norm, *inv_freq;
+    dlayer_t       *L;
+    float          *kv;                 /* the pool: num_blocks * block_floats */
+    size_t          block_floats, layer_floats;
+    /* scratch, grown on demand: cap tokens, cap_out logit rows, meta_cap ints */
+    size_t          cap, cap_out, meta_cap;
+    float          *x, *qkv, *gu, *logits, *h_logits;
+    void           *act;
+    int            *d_meta, *h_meta;
+    char            err[256];
+} cuda_t;
+
+/* Records why the last call failed (printed by step, returned by create). */
+static int fail(cuda_t *e, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(e->err, sizeof(e->err), fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+#define CK(call) do {                                                          \
+        cudaError_t ce_ = (call);                                              \
+        if (ce_ != cudaSuccess)                                                \
+            return fail(e, "%s: %s", #call, cudaGetErrorString(ce_));          \
     } while (0)
 
-int upload(float **dst, const float *src, size_t n)
+#define CB(call) do {                                                          \
+        cublasStatus_t cs_ = (call);                                           \
+        if (cs_ != CUBLAS_STATUS_SUCCESS)                                      \
+            return fail(e, "%s: %s", #call, cublasGetStatusString(cs_));       \
+    } while (0)
+
+/* Kernel launches report through cudaGetLastError. */
+#define LAUNCHED(what) do {                                                    \
+        cudaError_t ce_ = cudaGetLastError();                                  \
+        if (ce_ != cudaSuccess)                                                \
+            return fail(e, "kernel %s: %s", what, cudaGetErrorString(ce_));    \
+    } while (0)
+
+/* Calls kernel K templated on the engine's weight type. */
+#define DISPATCH(K, grid, block, ...) do {                                     \
+        switch (e->dtype) {                                                    \
+        case DT_F32: K<float><<<grid, block, 0, e->st>>>(__VA_ARGS__); break;  \
+        case DT_F16: K<__half><<<grid, block, 0, e->st>>>(__VA_ARGS__); break; \
+        default: K<__nv_bfloat16><<<grid, block, 0, e->st>>>(__VA_ARGS__);     \
+        }                                                                      \
+        LAUNCHED(#K);                                                          \
+    } while (0)
+
+/* --- weights ------------------------------------------------------------ */
+
+/* Copies n floats to dst + off elements, converted to the engine's dtype. */
+static int upload_w(cuda_t *e, void *dst, size_t off, const float *src, size_t n)
 {
-    *dst = NULL;
-    if (src == NULL)
+    const size_t chunk = (size_t) 1 << 22;
+    void        *tmp;
+    size_t       i, j, m;
+
+    if (e->dtype == DT_F32) {
+        CK(cudaMemcpy((float *) dst + off, src, n * sizeof(float), cudaMemcpyHostToDevice));
         return 0;
-    CK(cudaMalloc((void **)dst, n * sizeof(float)));
+    }
+    tmp = malloc(chunk * e->esz);
+    if (tmp == NULL) return fail(e, "out of host memory converting weights");
+    for (i = 0; i < n; i += chunk) {
+        m = n - i < chunk ? n - i : chunk;
+        for (j = 0; j < m; j++) {
+            if (e->dtype == DT_F16) ((__half *) tmp)[j] = __float2half(src[i + j]);
+            else ((__nv_bfloat16 *) tmp)[j] = __float2bfloat16(src[i + j]);
+        }
+        cudaError_t ce = cudaMemcpy((char *) dst + (off + i) * e->esz, tmp, m * e->esz,
+                                    cudaMemcpyHostToDevice);
+        if (ce != cudaSuccess) {
+            free(tmp);
+            return fail(e, "uploading weights: %s", cudaGetErrorString(ce));
+        }
+    }
+    free(tmp);
+    return 0;
+}
+
+static int alloc_w(cuda_t *e, void **dst, size_t n)
+{
+    CK(cudaMalloc(dst, n * e->esz));
+    return 0;
+}
+
+static int upload_f32(cuda_t *e, float **dst, const float *src, size_t n)
+{
+    CK(cudaMalloc((void **) dst, n * sizeof(float)));
     CK(cudaMemcpy(*dst, src, n * sizeof(float), cudaMemcpyHostToDevice));
     return 0;
 }
 
-int upload_model(cuda_engine *e, const kvw_model_t *m)
+/* One layer, with q|k|v and gate|up concatenated by rows (row-major). */
+static int upload_layer(cuda_t *e, const kvw_layer_t *l, dlayer_t *d)
 {
-    size_t H = m->hidden, qd = (size_t)m->heads * m->head_dim, kd = (size_t)m->kv_heads * m->head_dim;
-    size_t I = m->inter, VH = (size_t)m->vocab * H;
-    e->L = (dev_layer *)calloc(m->layers, sizeof(dev_layer));
-    if (e->L == NULL)
+    size_t H = e->H, qd = (size_t) e->heads * e->hd, kd = (size_t) e->kv_heads * e->hd;
+    size_t I = e->inter;
+
+    if (alloc_w(e, &d->wqkv, (qd + 2 * kd) * H) || upload_w(e, d->wqkv, 0, l->wq, qd * H)
+        || upload_w(e, d->wqkv, qd * H, l->wk, kd * H)
+        || upload_w(e, d->wqkv, (qd + kd) * H, l->wv, kd * H)
+        || alloc_w(e, &d->wo, H * qd) || upload_w(e, d->wo, 0, l->wo, H * qd)
+        || alloc_w(e, &d->wgu, 2 * I * H) || upload_w(e, d->wgu, 0, l->w_gate, I * H)
+        || upload_w(e, d->wgu, I * H, l->w_up, I * H)
+        || alloc_w(e, &d->wdown, H * I) || upload_w(e, d->wdown, 0, l->w_down, H * I)
+        || upload_f32(e, &d->attn_norm, l->attn_norm, H)
+        || upload_f32(e, &d->mlp_norm, l->mlp_norm, H))
         return -1;
-    if (upload(&e->embed, m->embed, VH) || upload(&e->norm, m->norm, H) ||
-        upload(&e->inv_freq, m->inv_freq, m->head_dim / 2))
-        return -1;
-    if (m->lm_head == m->embed)
+    if (l->bq) {
+        CK(cudaMalloc((void **) &d->bqkv, (qd + 2 * kd) * sizeof(float)));
+        CK(cudaMemcpy(d->bqkv, l->bq, qd * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d->bqkv + qd, l->bk, kd * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d->bqkv + qd + kd, l->bv, kd * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    return 0;
+}
+
+static int upload_model(cuda_t *e, const kvw_model_t *m)
+{
+    size_t   vh = (size_t) m->vocab * m->hidden;
+    uint32_t l;
+
+    if (alloc_w(e, &e->embed, vh) || upload_w(e, e->embed, 0, m->embed, vh)) return -1;
+    if (m->lm_head == m->embed) {
         e->lm_head = e->embed;
-    else if (upload(&e->lm_head, m->lm_head, VH))
+    } else if (alloc_w(e, &e->lm_head, vh) || upload_w(e, e->lm_head, 0, m->lm_head, vh)) {
         return -1;
-    for (uint32_t l = 0; l < m->layers; l++) {
-        const kvw_layer_t *s = &m->L[l];
-        dev_layer *d = &e->L[l];
-        if (upload(&d->attn_norm, s->attn_norm, H) || upload(&d->wq, s->wq, qd * H) ||
-            upload(&d->wk, s->wk, kd * H) || upload(&d->wv, s->wv, kd * H) ||
-            upload(&d->wo, s->wo, H * qd) || upload(&d->bq, s->bq, qd) || upload(&d->bk, s->bk, kd) ||
-            upload(&d->bv, s->bv, kd) || upload(&d->mlp_norm, s->mlp_norm, H) ||
-            upload(&d->w_gate, s->w_gate, I * H) || upload(&d->w_up, s->w_up, I * H) ||
-            upload(&d->w_down, s->w_down, H * I))
-            return -1;
+    }
+    if (upload_f32(e, &e->norm, m->norm, m->hidden)
+        || upload_f32(e, &e->inv_freq, m->inv_freq, m->head_dim / 2))
+        return -1;
+    e->L = (dlayer_t *) calloc(m->layers, sizeof(dlayer_t));
+    if (e->L == NULL) return fail(e, "out of host memory");
+    for (l = 0; l < m->layers; l++) {
+        if (upload_layer(e, &m->L[l], &e->L[l]) != 0) return -1;
     }
     return 0;
 }
 
-template <typename T> int regrow(T **p, size_t n)
-{
-    if (*p != NULL)
-        cudaFree(*p);
-    *p = NULL;
-    CK(cudaMalloc((void **)p, (n ? n : 1) * sizeof(T)));
-    return 0;
-}
+/* --- scratch ------------------------------------------------------------ */
 
-int ensure(cuda_engine *e, size_t T, size_t tab, size_t rows)
+/* Buffers for T tokens, n_out logit rows and a meta of n_meta ints. */
+static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
 {
-    size_t H = e->hidden, qd = (size_t)e->heads * e->head_dim, kd = (size_t)e->kv_heads * e->head_dim;
-    if (T > e->cap_tok) {
-        if (regrow(&e->x, T * H) || regrow(&e->xn, T * H) || regrow(&e->q, T * qd) ||
-            regrow(&e->k, T * kd) || regrow(&e->v, T * kd) || regrow(&e->att, T * qd) ||
-            regrow(&e->o, T * H) || regrow(&e->g, T * e->inter) || regrow(&e->u, T * e->inter) ||
-            regrow(&e->toks, T) || regrow(&e->tokens, T))
-            return -1;
-        e->cap_tok = T;
-    }
-    if (tab > e->cap_tab) {
-        if (regrow(&e->tables, tab))
-            return -1;
-        e->cap_tab = tab;
-    }
-    if (rows > e->cap_rows) {
-        if (regrow(&e->rows, rows) || regrow(&e->argmax, rows) || regrow(&e->last, rows * H) ||
-            regrow(&e->logits, rows * (size_t)e->vocab))
-            return -1;
-        e->cap_rows = rows;
-    }
-    return 0;
-}
+    size_t qd = (size_t) e->heads * e->hd, kd = (size_t) e->kv_heads * e->hd;
+    size_t widest = e->H > qd ? e->H : qd;
 
-/* out[T][o] = in[T][k] . W[o][k]^T: row-major W is column-major k x o, so C = W^T X. */
-int gemm(cuda_engine *e, float *out, const float *in, const float *w, uint32_t T, uint32_t o, uint32_t k)
-{
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = cublasSgemm(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)o, (int)T, (int)k, &one, w,
-                                    (int)k, in, (int)k, &zero, out, (int)o);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "cuda engine: cublasSgemm failed (%d)\n", (int)st);
-        return -1;
+    if (widest < e->inter) widest = e->inter;
+    if (T > e->cap) {
+        cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act);
+        e->x = e->qkv = e->gu = NULL;
+        e->act = NULL;
+        e->cap = 0;
+        CK(cudaMalloc((void **) &e->x, T * e->H * sizeof(float)));
+        CK(cudaMalloc((void **) &e->qkv, T * (qd + 2 * kd) * sizeof(float)));
+        CK(cudaMalloc((void **) &e->gu, T * 2 * e->inter * sizeof(float)));
+        CK(cudaMalloc(&e->act, T * widest * e->esz));
+        e->cap = T;
+    }
+    if (n_out > e->cap_out) {
+        cudaFree(e->logits); cudaFreeHost(e->h_logits);
+        e->logits = e->h_logits = NULL;
+        e->cap_out = 0;
+        CK(cudaMalloc((void **) &e->logits, n_out * e->vocab * sizeof(float)));
+        CK(cudaMallocHost((void **) &e->h_logits, n_out * e->vocab * sizeof(float)));
+        e->cap_out = n_out;
+    }
+    if (n_meta > e->meta_cap) {
+        cudaFree(e->d_meta); cudaFreeHost(e->h_meta);
+        e->d_meta = e->h_meta = NULL;
+        e->meta_cap = 0;
+        CK(cudaMalloc((void **) &e->d_meta, n_meta * sizeof(int)));
+        CK(cudaMallocHost((void **) &e->h_meta, n_meta * sizeof(int)));
+        e->meta_cap = n_meta;
     }
     return 0;
 }
 
-int layer_forward(cuda_engine *e, uint32_t l, uint32_t T)
+/* --- the step ----------------------------------------------------------- */
+
+/*
+ * out[T][rows] (f32) = in[T][cols] . W[rows][cols]^T + beta * out. Row-major
+ * out is column-major [rows x T]: out = op_T(W) . in in cuBLAS's terms.
+ * beta 1 adds into out: the residual adds of o_proj and down_proj.
+ */
+static int gemm(cuda_t *e, float *out, const void *in, const void *w, size_t T, size_t rows,
+                size_t cols, float beta)
 {
-    const dev_layer *d = &e->L[l];
-    uint32_t H = e->hidden, qd = e->heads * e->head_dim, kd = e->kv_heads * e->head_dim;
-    cudaStream_t s = e->stream;
-    kvw_cuda_rmsnorm(e->xn, e->x, d->attn_norm, T, H, e->rms_eps, s);
-    if (gemm(e, e->q, e->xn, d->wq, T, qd, H) || gemm(e, e->k, e->xn, d->wk, T, kd, H) ||
-        gemm(e, e->v, e->xn, d->wv, T, kd, H))
-        return -1;
-    if (d->bq != NULL) {
-        kvw_cuda_bias(e->q, d->bq, T, qd, s);
-        kvw_cuda_bias(e->k, d->bk, T, kd, s);
-        kvw_cuda_bias(e->v, d->bv, T, kd, s);
-    }
-    kvw_cuda_rope_store(e->q, e->k, e->v, e->toks, e->tables, e->inv_freq, e->kv, l, T, e->heads, s);
-    kvw_cuda_attention(e->att, e->q, e->toks, e->tables, e->kv, l, T, e->heads, s);
-    if (gemm(e, e->o, e->att, d->wo, T, H, qd))
-        return -1;
-    kvw_cuda_add(e->x, e->o, (size_t)T * H, s);
-    kvw_cuda_rmsnorm(e->xn, e->x, d->mlp_norm, T, H, e->rms_eps, s);
-    if (gemm(e, e->g, e->xn, d->w_gate, T, e->inter, H) || gemm(e, e->u, e->xn, d->w_up, T, e->inter, H))
-        return -1;
-    kvw_cuda_swiglu(e->g, e->u, (size_t)T * e->inter, s);
-    if (gemm(e, e->o, e->g, d->w_down, T, H, e->inter))
-        return -1;
-    kvw_cuda_add(e->x, e->o, (size_t)T * H, s);
+    const float alpha = 1.0f;
+
+    CB(cublasGemmEx(e->cb, CUBLAS_OP_T, CUBLAS_OP_N, (int) rows, (int) T, (int) cols,
+                    &alpha, w, e->ctype, (int) cols, in, e->ctype, (int) cols,
+                    &beta, out, CUDA_R_32F, (int) rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
-/* Lays out the step for the device: tokens, per-token (pos, table offset), block tables. */
-int stage(cuda_engine *e, const kvw_step_seq_t *seqs, uint32_t n, uint32_t *T_out,
-          std::vector<uint32_t> &want)
+/*
+ * Fills the host meta (tok | pos | bt | rows | tables) for the step and
+ * checks what the device would otherwise trust: lengths and block ids.
+ */
+static int build_meta(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t T, size_t n_out,
+                      size_t n_tables, kvc_meta *m)
 {
-    std::vector<uint32_t> tokens, tables;
-    std::vector<kvw_cuda_tok> toks;
-    uint32_t bs = e->b.block_size;
-    for (uint32_t s = 0; s < n; s++) {
+    int     *tok = e->h_meta, *pos = tok + T, *bt = pos + T, *rows = bt + T;
+    int     *tables = rows + n_out;
+    size_t   t = 0, r = 0, b = 0;
+    uint32_t s, j;
+
+    for (s = 0; s < n; s++) {
         const kvw_step_seq_t *sq = &seqs[s];
-        if (sq->n_tokens == 0 || (uint64_t)sq->pos + sq->n_tokens > (uint64_t)sq->n_blocks * bs)
-            return -1;
-        uint32_t off = (uint32_t)tables.size();
-        for (uint32_t i = 0; i < sq->n_blocks; i++) {
-            if (sq->block_table[i] >= e->b.num_blocks)
-                return -1;      /* a bad id would write outside the pool */
-            tables.push_back(sq->block_table[i]);
+
+        if (sq->n_tokens == 0) continue;        /* as counted by cuda_step */
+        for (j = 0; j < sq->n_blocks; j++) {
+            if (sq->block_table[j] >= e->b.num_blocks)
+                return fail(e, "block %u is outside the pool of %u", sq->block_table[j],
+                            e->b.num_blocks);
+            tables[b + j] = (int) sq->block_table[j];
         }
-        for (uint32_t j = 0; j < sq->n_tokens; j++) {
-            tokens.push_back(sq->tokens[j] < e->vocab ? sq->tokens[j] : 0);
-            toks.push_back(kvw_cuda_tok{ sq->pos + j, off });
+        for (j = 0; j < sq->n_tokens; j++, t++) {
+            tok[t] = (int) (sq->tokens[j] < e->vocab ? sq->tokens[j] : 0);
+            pos[t] = (int) (sq->pos + j);
+            bt[t] = (int) b;
         }
-        if (sq->sample || sq->logits)
-            want.push_back((uint32_t)toks.size() - 1);
+        if (sq->sample || sq->logits) rows[r++] = (int) t - 1;
+        b += sq->n_blocks;
     }
-    uint32_t T = (uint32_t)toks.size();
-    if (ensure(e, T, tables.size(), want.size()))
-        return -1;
-    CK(cudaMemcpyAsync(e->tokens, tokens.data(), T * sizeof(uint32_t), cudaMemcpyHostToDevice, e->stream));
-    CK(cudaMemcpyAsync(e->toks, toks.data(), T * sizeof(kvw_cuda_tok), cudaMemcpyHostToDevice, e->stream));
-    CK(cudaMemcpyAsync(e->tables, tables.data(), tables.size() * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                       e->stream));
-    if (!want.empty())
-        CK(cudaMemcpyAsync(e->rows, want.data(), want.size() * sizeof(uint32_t), cudaMemcpyHostToDevice,
-                           e->stream));
-    /* the vectors die at return: wait until the copies have read them */
-    CK(cudaStreamSynchronize(e->stream));
-    *T_out = T;
+    m->tok = e->d_meta;
+    m->pos = m->tok + T;
+    m->bt = m->pos + T;
+    m->rows = m->bt + T;
+    m->tables = m->rows + n_out;
+    CK(cudaMemcpyAsync(e->d_meta, e->h_meta, (3 * T + n_out + n_tables) * sizeof(int),
+                       cudaMemcpyHostToDevice, e->st));
     return 0;
 }
 
-/* Final norm and lm_head for the rows that want logits; greedy picks on the device. */
-int finish(cuda_engine *e, kvw_step_seq_t *seqs, uint32_t n, const std::vector<uint32_t> &want)
+/* One transformer layer over the step's T tokens; x is updated in place. */
+static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
 {
-    uint32_t R = (uint32_t)want.size(), V = e->vocab;
-    if (R == 0)
-        return 0;
-    kvw_cuda_gather_rows(e->last, e->x, e->rows, R, e->hidden, e->stream);
-    kvw_cuda_rmsnorm(e->last, e->last, e->norm, R, e->hidden, e->rms_eps, e->stream);
-    if (gemm(e, e->logits, e->last, e->lm_head, R, V, e->hidden))
-        return -1;
-    kvw_cuda_argmax(e->argmax, e->logits, R, V, e->stream);
-    std::vector<uint32_t> picks(R);
-    CK(cudaMemcpyAsync(picks.data(), e->argmax, R * sizeof(uint32_t), cudaMemcpyDeviceToHost, e->stream));
-    CK(cudaStreamSynchronize(e->stream));
-    uint32_t r = 0;
-    for (uint32_t s = 0; s < n; s++) {
-        kvw_step_seq_t *sq = &seqs[s];
-        if (!sq->sample && !sq->logits)
-            continue;
-        int greedy = !(sq->sampling.temperature > 0) || sq->sampling.top_k == 1;
-        /* logits come back only when asked for or when sampling needs them */
-        if (sq->logits || (sq->sample && !greedy)) {
-            e->host_logits.resize(V);
-            CK(cudaMemcpy(e->host_logits.data(), e->logits + (size_t)r * V, V * sizeof(float),
-                          cudaMemcpyDeviceToHost));
-            if (sq->logits)
-                memcpy(sq->logits, e->host_logits.data(), V * sizeof(float));
-        }
-        if (sq->sample)
-            sq->next_token = greedy ? picks[r] : kvw_sample(e->host_logits.data(), V, &sq->sampling);
-        r++;
+    const dlayer_t *L = &e->L[l];
+    size_t          H = e->H, qd = (size_t) e->heads * e->hd, kd = (size_t) e->kv_heads * e->hd;
+    size_t          sw = (T * e->inter + 255) / 256;
+    dim3            att_grid((unsigned) T, e->heads);
+
+    DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
+             (int) H, e->eps);
+    if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
+    k_rope_store<<<(unsigned) T, 128, 0, e->st>>>(e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
+                                                  (int) e->heads, (int) e->kv_heads, (int) e->hd,
+                                                  (int) e->b.block_size, e->block_floats,
+                                                  e->layer_floats, (int) l);
+    LAUNCHED("k_rope_store");
+    DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+             (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+             e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
+    DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->mlp_norm, (const int *) NULL,
+             (int) H, e->eps);
+    if (gemm(e, e->gu, e->act, L->wgu, T, 2 * (size_t) e->inter, H, 0.0f) != 0) return -1;
+    DISPATCH(k_swiglu, (unsigned) (sw < 65535 ? sw : 65535), 256, e->act, e->gu, T,
+             (int) e->inter);
+    return gemm(e, e->x, e->act, L->wdown, T, H, e->inter, 1.0f);
+}
+
+/* Samples (or hands out logits) for each sequence that wants them, on the host. */
+static void finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
+{
+    uint32_t s, r = 0;
+
+    for (s = 0; s < n; s++) {
+        float *lg;
+
+        if (!seqs[s].sample && !seqs[s].logits) continue;
+        lg = e->h_logits + (size_t) r++ * e->vocab;
+        if (seqs[s].logits) memcpy(seqs[s].logits, lg, e->vocab * sizeof(float));
+        if (seqs[s].sample) seqs[s].next_token = kvw_sample(lg, e->vocab, &seqs[s].sampling);
     }
+}
+
+/* The step on the device, up to the logits in host memory. */
+static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, size_t n_out,
+                       size_t n_tables)
+{
+    kvc_meta m;
+    uint32_t l;
+
+    if (ensure(e, T, n_out, 3 * T + n_out + n_tables) != 0
+        || build_meta(e, seqs, n, T, n_out, n_tables, &m) != 0)
+        return -1;
+    DISPATCH(k_embed, (unsigned) T, 256, e->x, e->embed, m.tok, (int) e->H);
+    for (l = 0; l < e->layers; l++) {
+        if (run_layer(e, l, T, &m) != 0) return -1;
+    }
+    if (n_out > 0) {
+        DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m.rows, (int) e->H,
+                 e->eps);
+        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0) return -1;
+        CK(cudaMemcpyAsync(e->h_logits, e->logits, n_out * e->vocab * sizeof(float),
+                           cudaMemcpyDeviceToHost, e->st));
+    }
+    CK(cudaStreamSynchronize(e->st));
     return 0;
 }
 
-int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double *step_ms)
+static int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double *step_ms)
 {
-    cuda_engine *e = (cuda_engine *)b;
-    struct timespec t0, t1;
-    uint32_t T = 0;
-    std::vector<uint32_t> want;
+    cuda_t          *e = (cuda_t *) b;
+    size_t           T = 0, n_out = 0, n_tables = 0;
+    struct timespec  t0, t1;
+    uint32_t         s;
+
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (step_ms)
-        *step_ms = 0;
-    if (n == 0)
-        return 0;
-    if (stage(e, seqs, n, &T, want))
+    *step_ms = 0;
+    /* the scheduler may run steps on another thread than create: the device is per thread */
+    if (cudaSetDevice(0) != cudaSuccess) {
+        fprintf(stderr, "kvcuda: cudaSetDevice(0) failed\n");
         return -1;
-    kvw_cuda_embed(e->x, e->embed, e->tokens, T, e->hidden, e->stream);
-    for (uint32_t l = 0; l < e->layers; l++)
-        if (layer_forward(e, l, T))
+    }
+    for (s = 0; s < n; s++) {
+        if ((size_t) seqs[s].pos + seqs[s].n_tokens > (size_t) seqs[s].n_blocks * b->block_size) {
+            fprintf(stderr, "kvcuda: sequence %u: %u + %u tokens exceed its %u blocks\n",
+                    s, seqs[s].pos, seqs[s].n_tokens, seqs[s].n_blocks);
             return -1;
-    if (finish(e, seqs, n, want))
+        }
+        if (seqs[s].n_tokens == 0) continue;
+        T += seqs[s].n_tokens;
+        n_out += seqs[s].sample || seqs[s].logits;
+        n_tables += seqs[s].n_blocks;
+    }
+    for (s = 0; s < n; s++) {
+        if (seqs[s].n_tokens == 0 && (seqs[s].sample || seqs[s].logits)) {
+            fprintf(stderr, "kvcuda: sequence %u asks for a token but runs none\n", s);
+            return -1;
+        }
+    }
+    if (T == 0) return 0;
+    if (step_device(e, seqs, n, T, n_out, n_tables) != 0) {
+        fprintf(stderr, "kvcuda: step failed: %s\n", e->err);
         return -1;
-    CK(cudaStreamSynchronize(e->stream));
-    CK(cudaGetLastError());
+    }
+    finish_host(e, seqs, n);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (step_ms)
-        *step_ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    *step_ms = (double) (t1.tv_sec - t0.tv_sec) * 1e3 + (double) (t1.tv_nsec - t0.tv_nsec) / 1e6;
     return 0;
 }
 
-int cuda_block_read(kvw_backend_t *b, uint32_t block, void *dst)
+/* --- KV blocks, lifetime -------------------------------------------------- */
+
+static int cuda_block_read(kvw_backend_t *b, uint32_t block, void *dst)
 {
-    cuda_engine *e = (cuda_engine *)b;
-    if (block >= b->num_blocks)
+    cuda_t *e = (cuda_t *) b;
+
+    if (block >= b->num_blocks) return -1;
+    /* the default stream waits for our stream's work (legacy default-stream semantics) */
+    if (cudaMemcpy(dst, e->kv + block * e->block_floats, b->block_bytes,
+                   cudaMemcpyDeviceToHost) != cudaSuccess) {
+        fprintf(stderr, "kvcuda: block_read %u failed\n", block);
         return -1;
-    CK(cudaMemcpy(dst, (char *)e->kv.pool + (size_t)block * b->block_bytes, b->block_bytes,
-                  cudaMemcpyDeviceToHost));
+    }
     return 0;
 }
 
-int cuda_block_write(kvw_backend_t *b, uint32_t block, const void *src)
+static int cuda_block_write(kvw_backend_t *b, uint32_t block, const void *src)
 {
-    cuda_engine *e = (cuda_engine *)b;
-    if (block >= b->num_blocks)
+    cuda_t *e = (cuda_t *) b;
+
+    if (block >= b->num_blocks) return -1;
+    if (cudaMemcpy(e->kv + block * e->block_floats, src, b->block_bytes,
+                   cudaMemcpyHostToDevice) != cudaSuccess) {
+        fprintf(stderr, "kvcuda: block_write %u failed\n", block);
         return -1;
-    CK(cudaMemcpy((char *)e->kv.pool + (size_t)block * b->block_bytes, src, b->block_bytes,
-                  cudaMemcpyHostToDevice));
+    }
     return 0;
 }
 
-void cuda_destroy(kvw_backend_t *b)
+static void cuda_destroy(kvw_backend_t *b)
 {
-    cuda_engine *e = (cuda_engine *)b;
-    if (e == NULL)
-        return;
-    if (e->L != NULL) {
-        for (uint32_t l = 0; l < e->layers; l++) {
-            dev_layer *d = &e->L[l];
-            float *all[] = { d->attn_norm, d->wq, d->wk, d->wv, d->wo, d->bq, d->bk, d->bv,
-                             d->mlp_norm, d->w_gate, d->w_up, d->w_down };
-            for (float *p : all)
-                cudaFree(p);
+    cuda_t  *e = (cuda_t *) b;
+    uint32_t l;
+
+    if (e->L) {
+        for (l = 0; l < e->layers; l++) {
+            dlayer_t *d = &e->L[l];
+
+            cudaFree(d->wqkv); cudaFree(d->wo); cudaFree(d->wgu); cudaFree(d->wdown);
+            cudaFree(d->attn_norm); cudaFree(d->mlp_norm); cudaFree(d->bqkv);
         }
         free(e->L);
     }
-    if (e->lm_head != e->embed)
-        cudaFree(e->lm_head);
-    void *bufs[] = { e->embed, e->norm, e->inv_freq, e->kv.pool, e->x, e->xn, e->q, e->k, e->v,
-                     e->att, e->o, e->g, e->u, e->toks, e->tokens, e->tables, e->rows, e->argmax,
-                     e->last, e->logits };
-    for (void *p : bufs)
-        cudaFree(p);
-    if (e->blas)
-        cublasDestroy(e->blas);
-    if (e->stream)
-        cudaStreamDestroy(e->stream);
-    delete e;
+    if (e->lm_head != e->embed) cudaFree(e->lm_head);
+    cudaFree(e->embed); cudaFree(e->norm); cudaFree(e->inv_freq); cudaFree(e->kv);
+    cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act); cudaFree(e->logits);
+    cudaFree(e->d_meta); cudaFreeHost(e->h_logits); cudaFreeHost(e->h_meta);
+    if (e->cb) cublasDestroy(e->cb);
+    if (e->st) cudaStreamDestroy(e->st);
+    free(e);
 }
 
-/* KV pool: the configured block count, or half the memory left after the weights. */
-int alloc_pool(cuda_engine *e, const kvw_backend_config_t *cfg, char *err, size_t errlen)
+/* Weight dtype from KVW_CUDA_DTYPE (bf16 by default). */
+static int pick_dtype(cuda_t *e)
 {
-    kvw_backend_t *b = &e->b;
-    b->block_bytes = (size_t)e->layers * 2 * b->block_size * e->kv_heads * e->head_dim * sizeof(float);
-    if (cfg->num_blocks) {
-        b->num_blocks = cfg->num_blocks;
+    const char *v = getenv("KVW_CUDA_DTYPE");
+
+    if (v == NULL || *v == '\0' || !strcmp(v, "bf16")) {
+        e->dtype = DT_BF16; e->esz = 2; e->ctype = CUDA_R_16BF;
+    } else if (!strcmp(v, "f16")) {
+        e->dtype = DT_F16; e->esz = 2; e->ctype = CUDA_R_16F;
+    } else if (!strcmp(v, "f32")) {
+        e->dtype = DT_F32; e->esz = 4; e->ctype = CUDA_R_32F;
     } else {
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
-        size_t nb = free_b / 2 / b->block_bytes;
-        b->num_blocks = (uint32_t)(nb > (1u << 20) ? (1u << 20) : nb);
+        return fail(e, "KVW_CUDA_DTYPE=%s: want bf16, f16 or f32", v);
     }
-    if (b->num_blocks == 0 ||
-        cudaMalloc((void **)&e->kv.pool, (size_t)b->num_blocks * b->block_bytes) != cudaSuccess) {
-        snprintf(err, errlen, "cuda engine: cannot allocate a KV pool of %u blocks of %zu bytes",
-                 b->num_blocks, b->block_bytes);
-        return -1;
-    }
-    cudaMemset(e->kv.pool, 0, (size_t)b->num_blocks * b->block_bytes);
-    e->kv.layers = e->layers;
-    e->kv.block_size = b->block_size;
-    e->kv.kv_heads = e->kv_heads;
-    e->kv.head_dim = e->head_dim;
     return 0;
 }
 
-int init(cuda_engine *e, const kvw_backend_config_t *cfg, char *err, size_t errlen)
+/* The pool: num_blocks from the config, or most of the free device memory. */
+static int alloc_pool(cuda_t *e, uint32_t want)
 {
-    kvw_model_t m;
-    if (kvw_model_load(cfg->model_dir, &m, err, errlen) != 0)
-        return -1;
-    e->vocab = m.vocab; e->hidden = m.hidden; e->layers = m.layers; e->heads = m.heads;
-    e->kv_heads = m.kv_heads; e->head_dim = m.head_dim; e->inter = m.inter; e->rms_eps = m.rms_eps;
-    kvw_backend_t *b = &e->b;
-    b->name = "cuda";
-    b->vocab_size = m.vocab;
-    b->eos_token_id = (uint32_t)m.eos;
-    b->block_size = cfg->block_size ? cfg->block_size : 16;
-    b->max_model_len = m.max_pos;
-    if (m.head_dim > KVW_CUDA_MAX_HEAD_DIM) {
-        snprintf(err, errlen, "cuda engine: unsupported: head_dim %u (at most %d)", m.head_dim,
-                 KVW_CUDA_MAX_HEAD_DIM);
-        kvw_model_free(&m);
-        return -1;
+    size_t free_b = 0, total_b = 0, reserve = (size_t) 1 << 30, fit;
+
+    e->layer_floats = 2 * (size_t) e->b.block_size * e->kv_heads * e->hd;
+    e->block_floats = e->layer_floats * e->layers;
+    e->b.block_bytes = e->block_floats * sizeof(float);
+    if (want == 0) {
+        CK(cudaMemGetInfo(&free_b, &total_b));
+        /* keep 1 GiB for scratch (large prefill chunks) and cuBLAS workspaces */
+        if (free_b <= reserve + e->b.block_bytes)
+            return fail(e, "not enough device memory for a KV pool (%zu bytes free)", free_b);
+        /* the block manager scans its blocks: more than KVC_MAX_AUTO_BLOCKS only on request */
+        fit = (free_b - reserve) / e->b.block_bytes * 9 / 10;
+        want = (uint32_t) (fit < KVC_MAX_AUTO_BLOCKS ? fit : KVC_MAX_AUTO_BLOCKS);
+        if (want < 1) want = 1;
     }
-    int rc = upload_model(e, &m);
-    kvw_model_free(&m);     /* the host copy is not needed once on the device */
-    if (rc != 0) {
-        snprintf(err, errlen, "cuda engine: cannot upload the weights (device memory?)");
-        return -1;
-    }
-    if (cudaStreamCreate(&e->stream) != cudaSuccess || cublasCreate(&e->blas) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetStream(e->blas, e->stream) != CUBLAS_STATUS_SUCCESS) {
-        snprintf(err, errlen, "cuda engine: cannot create a stream or cuBLAS handle");
-        return -1;
-    }
-    /* f32 results close to the cpu engine's: no TF32 tensor-core rounding */
-    cublasSetMathMode(e->blas, CUBLAS_PEDANTIC_MATH);
-    if (alloc_pool(e, cfg, err, errlen))
-        return -1;
-    b->step = cuda_step;
-    b->block_read = cuda_block_read;
-    b->block_write = cuda_block_write;
-    b->destroy = cuda_destroy;
+    e->b.num_blocks = want;
+    CK(cudaMalloc((void **) &e->kv, (size_t) want * e->b.block_bytes));
+    CK(cudaMemset(e->kv, 0, (size_t) want * e->b.block_bytes));
     return 0;
 }
 
-} /* namespace */
-
-extern "C" __attribute__((visibility("default")))
-kvw_backend_t *kvw_cuda_backend_create_impl(const kvw_backend_config_t *cfg, char *err, size_t errlen)
+/* Everything after the model is on the host: device, weights, pool. */
+static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *m)
 {
-    int count = 0;
-    cudaError_t ce = cudaGetDeviceCount(&count);
-    if (ce != cudaSuccess || count == 0) {
-        snprintf(err, errlen, "no CUDA device: %s", ce != cudaSuccess ? cudaGetErrorString(ce) : "none found");
+    if (m->head_dim > KVC_MAX_HEAD_DIM)
+        return fail(e, "head_dim %u is unsupported by the CUDA engine (at most %d)",
+                    m->head_dim, KVC_MAX_HEAD_DIM);
+    e->vocab = m->vocab; e->H = m->hidden; e->layers = m->layers; e->heads = m->heads;
+    e->kv_heads = m->kv_heads; e->hd = m->head_dim; e->inter = m->inter; e->eps = m->rms_eps;
+    CK(cudaStreamCreateWithFlags(&e->st, cudaStreamDefault));
+    CB(cublasCreate(&e->cb));
+    CB(cublasSetStream(e->cb, e->st));
+    if (upload_model(e, m) != 0) return -1;
+    e->b.name = "cuda";
+    e->b.vocab_size = m->vocab;
+    e->b.eos_token_id = (uint32_t) m->eos;
+    e->b.max_model_len = m->max_pos;
+    e->b.block_size = cfg->block_size ? cfg->block_size : 16;
+    if (alloc_pool(e, cfg->num_blocks) != 0) return -1;
+    e->b.step = cuda_step;
+    e->b.block_read = cuda_block_read;
+    e->b.block_write = cuda_block_write;
+    e->b.destroy = cuda_destroy;
+    return 0;
+}
+
+extern "C" kvw_backend_t *kvw_cuda_backend_create_impl(const kvw_backend_config_t *cfg,
+                                                       char *err, size_t errlen)
+{
+    int          ndev = 0;
+    cudaError_t  ce = cudaGetDeviceCount(&ndev);
+    cuda_t      *e;
+    kvw_model_t  m;
+
+    if (ce != cudaSuccess || ndev == 0) {
+        snprintf(err, errlen, "no CUDA device: %s",
+                 ce != cudaSuccess ? cudaGetErrorString(ce) : "cudaGetDeviceCount found none");
         return NULL;
     }
-    if (cfg == NULL || cfg->model_dir == NULL) {
+    if (cfg->model_dir == NULL) {
         snprintf(err, errlen, "--engine cuda needs --model DIR");
         return NULL;
     }
-    cuda_engine *e = new (std::nothrow) cuda_engine();
+    e = (cuda_t *) calloc(1, sizeof(*e));
     if (e == NULL) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    if (init(e, cfg, err, errlen) != 0) {
+    if (pick_dtype(e) != 0) {
+        snprintf(err, errlen, "%s", e->err);
+        free(e);
+        return NULL;
+    }
+    if (kvw_model_load(cfg->model_dir, &m, err, errlen) != 0) {
+        free(e);
+        return NULL;
+    }
+    /* the host copy goes once uploaded: kvworker keeps only device weights */
+    if (setup(e, cfg, &m) != 0) {
+        snprintf(err, errlen, "CUDA engine: %s", e->err);
+        kvw_model_free(&m);
         cuda_destroy(&e->b);
         return NULL;
     }
+    kvw_model_free(&m);
     return &e->b;
 }

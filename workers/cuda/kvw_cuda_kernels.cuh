@@ -1,49 +1,220 @@
 /*
- * Kernels of the cuda engine, all f32: embedding gather, RMSNorm, bias add,
- * RoPE fused with the KV-cache store, paged attention over block tables
- * (prefill chunks and decode alike, GQA), SwiGLU, residual add and argmax.
- * Matmuls are cuBLAS (kvw_cuda.cu).
+ * The CUDA engine's kernels (kvw_cuda.cu): everything of the Llama forward
+ * pass that is not a matmul. Matmuls go to cuBLAS.
+ *
+ * Types: weights and matmul inputs ("act") are T: float, __half or
+ * __nv_bfloat16, the type the weights were uploaded in. Everything a matmul
+ * writes (residual stream x, q/k/v, gate/up, logits), norms, biases and the
+ * KV pool are f32, so the KV pool has the CPU engine's layout and bytes.
+ *
+ * KV pool: [block][layer][K|V][block_size][kv_heads][head_dim] (kvw_backend.h).
  */
 #ifndef KVW_CUDA_KERNELS_CUH
 #define KVW_CUDA_KERNELS_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 
-/* Where one token of the step sits: its position and its sequence's block table. */
-struct kvw_cuda_tok {
-    uint32_t pos;
-    uint32_t bt_off;    /* offset of the sequence's block table in the step's table array */
-};
+#define KVC_MAX_HEAD_DIM 256    /* attention keeps a head's accumulator in registers */
+#define KVC_ATT_WARPS    4
 
-/* The pool layout of kvw_backend.h: [block][layer][K|V][block_size][kv_heads][head_dim]. */
-struct kvw_cuda_kv {
-    float   *pool;
-    uint32_t layers, block_size, kv_heads, head_dim;
-};
+static __device__ __forceinline__ float to_f(float v) { return v; }
+static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+static __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-__device__ inline float *kvw_kv_at(const kvw_cuda_kv &kv, uint32_t block, uint32_t layer,
-                                   int is_v, uint32_t slot, uint32_t kvh)
+template <class T> static __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v)
 {
-    size_t off = (((size_t)block * kv.layers + layer) * 2 + (size_t)is_v) * kv.block_size + slot;
-    return kv.pool + (off * kv.kv_heads + kvh) * kv.head_dim;
+    return __float2bfloat16(v);
 }
 
-void kvw_cuda_embed(float *x, const float *embed, const uint32_t *tokens, uint32_t T, uint32_t hidden,
-                    cudaStream_t s);
-void kvw_cuda_rmsnorm(float *out, const float *x, const float *w, uint32_t rows, uint32_t n, float eps,
-                      cudaStream_t s);
-void kvw_cuda_bias(float *x, const float *bias, uint32_t rows, uint32_t n, cudaStream_t s);
-void kvw_cuda_rope_store(float *q, const float *k, const float *v, const kvw_cuda_tok *toks,
-                         const uint32_t *tables, const float *inv_freq, kvw_cuda_kv kv, uint32_t layer,
-                         uint32_t T, uint32_t heads, cudaStream_t s);
-void kvw_cuda_attention(float *out, const float *q, const kvw_cuda_tok *toks, const uint32_t *tables,
-                        kvw_cuda_kv kv, uint32_t layer, uint32_t T, uint32_t heads, cudaStream_t s);
-void kvw_cuda_swiglu(float *g, const float *u, size_t n, cudaStream_t s);
-void kvw_cuda_add(float *x, const float *y, size_t n, cudaStream_t s);
-void kvw_cuda_gather_rows(float *out, const float *x, const uint32_t *rows, uint32_t n, uint32_t width,
-                          cudaStream_t s);
-void kvw_cuda_argmax(uint32_t *out, const float *logits, uint32_t rows, uint32_t vocab, cudaStream_t s);
+/* Kernels take weight-typed buffers as void * so one launch line serves all three types. */
 
-#define KVW_CUDA_MAX_HEAD_DIM 256
+/* Where one step's per-token facts live on the device (one upload per step). */
+struct kvc_meta {
+    const int *tok;     /* [T] token ids (already clamped to the vocabulary) */
+    const int *pos;     /* [T] position of each token in its sequence */
+    const int *bt;      /* [T] offset of each token's block table in tables */
+    const int *rows;    /* [n_out] rows of x whose logits are wanted */
+    const int *tables;  /* every sequence's block table, one after another */
+};
+
+/* x[t][:] = embed[tok[t]][:], one thread block per token. */
+template <class T>
+__global__ void k_embed(float *x, const void *embed, const int *tok, int H)
+{
+    const T *row = (const T *) embed + (size_t) tok[blockIdx.x] * H;
+    float   *out = x + (size_t) blockIdx.x * H;
+
+    for (int i = threadIdx.x; i < H; i += blockDim.x) out[i] = to_f(row[i]);
+}
+
+/* Sum of a float over the thread block (blockDim a multiple of 32, <= 1024). */
+static __device__ float block_sum(float v)
+{
+    __shared__ float part[32];
+    int              lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();                    /* part[] may still be read by a previous call */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = 0;
+    for (int w = 0; w < (int) (blockDim.x >> 5); w++) v += part[w];
+    return v;
+}
+
+/*
+ * out[r][:] = rmsnorm(x[rows ? rows[r] : r][:]) * w, one thread block per
+ * output row; rows picks the last tokens for the final norm.
+ */
+template <class T>
+__global__ void k_rmsnorm(void *out, const float *x, const float *w, const int *rows, int H,
+                          float eps)
+{
+    const float *in = x + (size_t) (rows ? rows[blockIdx.x] : (int) blockIdx.x) * H;
+    T           *o = (T *) out + (size_t) blockIdx.x * H;
+    float        ss = 0, inv;
+
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += in[i] * in[i];
+    ss = block_sum(ss);
+    inv = rsqrtf(ss / (float) H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = from_f<T>(in[i] * inv * w[i]);
+}
+
+/*
+ * After the fused q|k|v matmul (qkv rows of ld = qd + 2 kd floats): adds
+ * the biases (Qwen2) if any, rotates q in place and k into the KV pool with
+ * rotate_half RoPE, and copies v into the pool. One thread block per token;
+ * each element is touched by one thread, so no synchronisation is needed.
+ */
+__global__ void k_rope_store(float *qkv, const float *bias, float *kv, kvc_meta m,
+                             const float *inv_freq, int heads, int kv_heads, int hd,
+                             int block_size, size_t block_floats, size_t layer_floats, int layer)
+{
+    int     t = blockIdx.x, half = hd / 2, qd = heads * hd, kd = kv_heads * hd;
+    int     p = m.pos[t];
+    float  *row = qkv + (size_t) t * (qd + 2 * kd);
+    int     blk = m.tables[m.bt[t] + p / block_size];
+    float  *k_dst = kv + (size_t) blk * block_floats + (size_t) layer * layer_floats
+                    + (size_t) (p % block_size) * kd;
+    float  *v_dst = k_dst + layer_floats / 2;
+
+    for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
+        int    h = i / half, d = i % half, base = h * hd;   /* k heads follow q heads in row */
+        float  a = (float) p * inv_freq[d], c = cosf(a), s = sinf(a);
+        float  x1 = row[base + d], x2 = row[base + d + half];
+
+        if (bias) {
+            x1 += bias[base + d];
+            x2 += bias[base + d + half];
+        }
+        if (h < heads) {
+            row[base + d] = x1 * c - x2 * s;
+            row[base + d + half] = x2 * c + x1 * s;
+        } else {
+            k_dst[base - qd + d] = x1 * c - x2 * s;
+            k_dst[base - qd + d + half] = x2 * c + x1 * s;
+        }
+    }
+    for (int i = threadIdx.x; i < kd; i += blockDim.x) {
+        v_dst[i] = row[qd + kd + i] + (bias ? bias[qd + kd + i] : 0.0f);
+    }
+}
+
+/*
+ * Paged attention, prefill chunks and decode alike: one thread block per
+ * (token, query head), KVC_ATT_WARPS warps. Warp w takes positions w, w +
+ * warps, ... of 0..pos (its sequence's block table maps them to pool
+ * blocks); lanes split head_dim for the dot product and the output. Each
+ * warp keeps an online softmax (running max, sum, weighted V); the warps'
+ * partial results are merged at the end. GQA: query head h reads KV head
+ * h / (heads / kv_heads).
+ */
+template <class T>
+__global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_meta m,
+                            int heads, int kv_heads, int hd, int block_size,
+                            size_t block_floats, size_t layer_floats, int layer, float scale)
+{
+    __shared__ float q[KVC_MAX_HEAD_DIM];
+    __shared__ float w_max[KVC_ATT_WARPS], w_sum[KVC_ATT_WARPS];
+    __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_HEAD_DIM];
+    int          t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int          qd = heads * hd, kd = kv_heads * hd, kvh = h / (heads / kv_heads);
+    int          pos = m.pos[t];
+    const int   *table = m.tables + m.bt[t];
+    const float *qh = qkv + (size_t) t * (qd + 2 * kd) + h * hd;
+    float        acc[KVC_MAX_HEAD_DIM / 32], mx = -INFINITY, sum = 0;
+
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) q[d] = qh[d] * scale;
+    for (int j = 0; j < KVC_MAX_HEAD_DIM / 32; j++) acc[j] = 0;
+    __syncthreads();
+    for (int p = warp; p <= pos; p += KVC_ATT_WARPS) {
+        const float *k = kv + (size_t) table[p / block_size] * block_floats
+                         + (size_t) layer * layer_floats + (size_t) (p % block_size) * kd
+                         + (size_t) kvh * hd;
+        const float *v = k + layer_floats / 2;
+        float        s = 0, nmx, corr, e;
+
+        for (int d = lane; d < hd; d += 32) s += q[d] * k[d];
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        nmx = fmaxf(mx, s);
+        corr = expf(mx - nmx);          /* 0 on a warp's first position */
+        e = expf(s - nmx);
+        sum = sum * corr + e;
+#pragma unroll
+        for (int j = 0; j < KVC_MAX_HEAD_DIM / 32; j++) {   /* unrolled: acc stays in registers */
+            int d = lane + 32 * j;
+
+            if (d < hd) acc[j] = acc[j] * corr + e * v[d];
+        }
+        mx = nmx;
+    }
+    if (lane == 0) {
+        w_max[warp] = mx;
+        w_sum[warp] = sum;
+    }
+#pragma unroll
+    for (int j = 0; j < KVC_MAX_HEAD_DIM / 32; j++) {
+        if (lane + 32 * j < hd) w_acc[warp][lane + 32 * j] = acc[j];
+    }
+    __syncthreads();
+    {
+        float gmx = -INFINITY, total = 0;
+        T    *o = (T *) out + (size_t) t * qd + h * hd;
+
+        for (int w = 0; w < KVC_ATT_WARPS; w++) gmx = fmaxf(gmx, w_max[w]);
+        for (int w = 0; w < KVC_ATT_WARPS; w++) {
+            total += w_max[w] == -INFINITY ? 0.0f : w_sum[w] * expf(w_max[w] - gmx);
+        }
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float r = 0;
+
+            for (int w = 0; w < KVC_ATT_WARPS; w++) {
+                if (w_max[w] != -INFINITY) r += w_acc[w][d] * expf(w_max[w] - gmx);
+            }
+            o[d] = from_f<T>(r / total);
+        }
+    }
+}
+
+/* act[t][i] = silu(gate) * up, from the fused gate|up matmul (rows of 2 * inter). */
+template <class T>
+__global__ void k_swiglu(void *act, const float *gu, size_t T_tokens, int inter)
+{
+    size_t n = T_tokens * (size_t) inter;
+
+    for (size_t i = blockIdx.x * (size_t) blockDim.x + threadIdx.x; i < n;
+         i += (size_t) gridDim.x * blockDim.x) {
+        size_t t = i / inter, c = i % inter;
+        float  g = gu[t * 2 * inter + c], u = gu[t * 2 * inter + inter + c];
+
+        ((T *) act)[i] = from_f<T>(g / (1.0f + expf(-g)) * u);
+    }
+}
 
 #endif
