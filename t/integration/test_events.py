@@ -112,10 +112,10 @@ def test_helper_killed_is_respawned_and_index_kept(stack):
     kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= 10, what="indexed")
     pid = events_status(ng.port)["helper_pid"]
     os.kill(pid, signal.SIGKILL)
-    kvt.wait_until(lambda: events_status(ng.port)["helper_pid"] not in (0, pid),
+    kvt.wait_until(lambda: events_status(ng.port)["helper_pid"] not in (0, pid), timeout=20,
                    what="new helper")
     # the new helper resyncs every announced worker from its dump
-    kvt.wait_until(lambda: events_status(ng.port)["dumps"] >= 2, what="resync dumps")
+    kvt.wait_until(lambda: events_status(ng.port)["dumps"] >= 2, timeout=20, what="resync dumps")
     assert indexed(ng.port, "127.0.0.1:%d" % a) >= 10
     s, h, _, _ = complete(ng.port, ids("kill", 160) + [1])
     assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a and h["x-kvroute-overlap"] == "10"
