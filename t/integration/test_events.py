@@ -117,8 +117,11 @@ def test_helper_killed_is_respawned_and_index_kept(stack):
     # the new helper resyncs every announced worker from its dump
     kvt.wait_until(lambda: events_status(ng.port)["dumps"] >= 2, timeout=20, what="resync dumps")
     assert indexed(ng.port, "127.0.0.1:%d" % a) >= 10
-    s, h, _, _ = complete(ng.port, ids("kill", 160) + [1])
-    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a and h["x-kvroute-overlap"] == "10"
+    # routing trusts the worker's overlap again once its resync is complete
+    def routed():
+        s, h, _, _ = complete(ng.port, ids("kill", 160) + [1])
+        return h["x-kvroute-worker"] == "127.0.0.1:%d" % a and h["x-kvroute-overlap"] == "10"
+    kvt.wait_until(routed, timeout=10, what="routing by the resynced index")
     warm(b, ids("after", 160))
     kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) >= 10, what="new events")
     alerts = [l for l in ng.alerts() if "exited on signal 9" not in l]
