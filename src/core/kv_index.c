@@ -327,7 +327,9 @@ static void evict_one(kv_index_t *ix, _Atomic uint64_t *counter, uint32_t now)
             continue;
         }
         seen++;
-        age = now - entry(ix, i)->touch;
+        /* signed: nginx processes' clocks differ by a few ms, so a touch
+         * may lie slightly in the future of now */
+        age = (int32_t) (now - entry(ix, i)->touch) > 0 ? now - entry(ix, i)->touch : 0;
         if (!found || age > best_age) {
             best = i;
             best_age = age;
@@ -709,7 +711,7 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
         entry_t *e = entry(ix, i);
 
         if (atomic_load_explicit(&e->key, memory_order_relaxed) >= 2
-            && now - e->touch > ix->ttl_ms)
+            && (int32_t) (now - e->touch) > (int32_t) ix->ttl_ms)
         {
             drop(ix, i);
             atomic_fetch_add_explicit(&ix->expired, 1, memory_order_relaxed);
