@@ -43,6 +43,8 @@
 #define KEY_TOMB        1ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
+#define MATCH_AHEAD     8                       /* hashes prefetched ahead (kv_index.h) */
+#define READ_TRIES      (1u << 20)              /* a reader's retries on one entry */
 
 typedef struct {
     _Atomic uint64_t    worker_id;
@@ -214,15 +216,49 @@ kv_index_t *kv_index_open(void *region, size_t size)
 
 /* --- entries ------------------------------------------------------------- */
 
+/* The writer is alone (the caller serialises writers), so its updates of
+ * the lock, the bitmaps and the counters are plain load + store of atomic
+ * objects, never locked read-modify-write instructions. */
+static void bump(_Atomic uint64_t *x, int64_t d)
+{
+    atomic_store_explicit(x, atomic_load_explicit(x, memory_order_relaxed) + (uint64_t) d,
+                          memory_order_relaxed);
+}
+
 static void write_begin(entry_t *e)
 {
-    atomic_fetch_add_explicit(&e->lock, 1, memory_order_acq_rel);
+    atomic_store_explicit(&e->lock, atomic_load_explicit(&e->lock, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    /* the odd count is visible before any change to key or bits */
     atomic_thread_fence(memory_order_release);
 }
 
 static void write_end(entry_t *e)
 {
-    atomic_fetch_add_explicit(&e->lock, 1, memory_order_release);
+    atomic_store_explicit(&e->lock, atomic_load_explicit(&e->lock, memory_order_relaxed) + 1,
+                          memory_order_release);
+}
+
+static void set_bits(entry_t *e, uint32_t w, uint64_t v)
+{
+    atomic_store_explicit(&e->bits[w], v, memory_order_relaxed);
+}
+
+static uint64_t get_bits(const entry_t *e, uint32_t w)
+{
+    return atomic_load_explicit(&e->bits[w], memory_order_relaxed);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void prefetch_key(const kv_index_t *ix, uint64_t key)
+{
+    __builtin_prefetch(entry(ix, mix(key) & (ix->cap - 1)));
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */
@@ -305,8 +341,7 @@ static void drop(kv_index_t *ix, uint64_t i)
     for (w = 0; w < ix->words; w++) {
         b = atomic_load_explicit(&e->bits[w], memory_order_relaxed);
         while (b) {
-            atomic_fetch_sub_explicit(&s[w * 64 + __builtin_ctzll(b)].blocks, 1,
-                                      memory_order_relaxed);
+            bump(&s[w * 64 + __builtin_ctzll(b)].blocks, -1);
             b &= b - 1;
         }
     }
@@ -339,37 +374,46 @@ static void evict_one(kv_index_t *ix, _Atomic uint64_t *counter, uint32_t now)
     ix->hand = i;
     if (found) {
         drop(ix, best);
-        atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+        bump(counter, 1);
     }
 }
 
-/* The entry for key, created (with no holders) if absent. */
+static int must_evict(const kv_index_t *ix)
+{
+    return ix->used > 0
+           && ((double) (ix->used + 1) > (double) ix->cap * MAX_LOAD
+               || ix->used + ix->tombs + 1 >= ix->cap - 1);
+}
+
+/* The entry for key, created (with no holders) if absent: one probe, the
+ * first tombstone on the way reused. */
 static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
 {
-    uint64_t mask = ix->cap - 1, i, tomb = UINT64_MAX, k;
-    int64_t  at;
+    uint64_t mask = ix->cap - 1, i, tomb, k;
     entry_t *e;
+    int      evicted = 0;
 
-    at = find(ix, key);
-    if (at >= 0) {
-        return (uint64_t) at;
-    }
-    while ((double) (ix->used + 1) > (double) ix->cap * MAX_LOAD
-           || ix->used + ix->tombs + 1 >= ix->cap - 1)
-    {
-        if (ix->used == 0) {
-            break;
-        }
-        evict_one(ix, &ix->evicted, now);
-    }
+again:
+    tomb = UINT64_MAX;
     for (i = mix(key) & mask;; i = (i + 1) & mask) {
         k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
+        if (k == key) {
+            return i;
+        }
         if (k == KEY_TOMB && tomb == UINT64_MAX) {
             tomb = i;
         }
         if (k == KEY_EMPTY) {
             break;
         }
+    }
+    if (!evicted && must_evict(ix)) {
+        /* eviction rewrites the table: probe again afterwards */
+        while (must_evict(ix)) {
+            evict_one(ix, &ix->evicted, now);
+        }
+        evicted = 1;
+        goto again;
     }
     if (tomb != UINT64_MAX) {
         i = tomb;
@@ -394,10 +438,10 @@ static void set_holder(kv_index_t *ix, uint64_t i, uint32_t slot, uint32_t now)
         return;
     }
     write_begin(e);
-    atomic_fetch_or_explicit(&e->bits[slot / 64], 1ULL << (slot % 64), memory_order_relaxed);
+    set_bits(e, slot / 64, get_bits(e, slot / 64) | 1ULL << (slot % 64));
     write_end(e);
-    atomic_fetch_add_explicit(&slots(ix)[slot].blocks, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&ix->stored, 1, memory_order_relaxed);
+    bump(&slots(ix)[slot].blocks, 1);
+    bump(&ix->stored, 1);
 }
 
 static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
@@ -408,10 +452,9 @@ static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
         return;
     }
     write_begin(e);
-    atomic_fetch_and_explicit(&e->bits[slot / 64], ~(1ULL << (slot % 64)),
-                              memory_order_relaxed);
+    set_bits(e, slot / 64, get_bits(e, slot / 64) & ~(1ULL << (slot % 64)));
     write_end(e);
-    atomic_fetch_sub_explicit(&slots(ix)[slot].blocks, 1, memory_order_relaxed);
+    bump(&slots(ix)[slot].blocks, -1);
     if (bits_empty(ix, e)) {
         erase(ix, i);
     }
@@ -559,7 +602,7 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
         }
         write_begin(e);
         for (w = 0; w < ix->words && w < 64; w++) {
-            atomic_fetch_and_explicit(&e->bits[w], ~mask[w], memory_order_relaxed);
+            set_bits(e, w, get_bits(e, w) & ~mask[w]);
         }
         write_end(e);
         if (bits_empty(ix, e)) {
@@ -596,33 +639,43 @@ void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
 
 /* --- events -------------------------------------------------------------- */
 
+/* Stored blocks are handled in groups: all sequence hashes of a group are
+ * chained first and their home entries prefetched, so the group's cache
+ * misses overlap instead of following one another. */
+#define STORE_GROUP 32
+
 static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t now,
                         char *err, size_t errlen)
 {
-    uint64_t parent = 0, seq;
+    uint64_t parent = 0, seq[STORE_GROUP];
     int64_t  at;
-    size_t   i;
+    size_t   i, j, m;
 
     if (ev->has_parent) {
         parent = map_seq(ix, (uint32_t) slot, ev->parent_hash, 0);
         at = find(ix, norm_key(parent));
         if (at < 0 || !test_bit(entry(ix, (uint64_t) at), (uint32_t) slot)) {
-            atomic_fetch_add_explicit(&ix->unknown_parent, 1, memory_order_relaxed);
+            bump(&ix->unknown_parent, 1);
             snprintf(err, errlen, "parent %llu of a stored event is not indexed",
                      (unsigned long long) ev->parent_hash);
             return -1;
         }
     }
-    for (i = 0; i < ev->n_blocks; i++) {
-        const kv_stored_block_t *b = &ev->blocks[i];
+    for (i = 0; i < ev->n_blocks; i += m) {
+        m = ev->n_blocks - i < STORE_GROUP ? ev->n_blocks - i : STORE_GROUP;
+        for (j = 0; j < m; j++) {
+            uint64_t t = ev->blocks[i + j].tokens_hash;
 
-        seq = (i == 0 && !ev->has_parent) ? b->tokens_hash
-                                          : kv_hash_chain(parent, b->tokens_hash);
-        set_holder(ix, upsert(ix, norm_key(seq), now), (uint32_t) slot, now);
-        if (b->block_hash != seq) {
-            map_put(ix, (uint32_t) slot, b->block_hash, seq);
+            seq[j] = (i + j == 0 && !ev->has_parent) ? t : kv_hash_chain(parent, t);
+            parent = seq[j];
+            prefetch_key(ix, norm_key(seq[j]));
         }
-        parent = seq;
+        for (j = 0; j < m; j++) {
+            set_holder(ix, upsert(ix, norm_key(seq[j]), now), (uint32_t) slot, now);
+            if (ev->blocks[i + j].block_hash != seq[j]) {
+                map_put(ix, (uint32_t) slot, ev->blocks[i + j].block_hash, seq[j]);
+            }
+        }
     }
     return 0;
 }
@@ -637,11 +690,11 @@ static void apply_removed(kv_index_t *ix, int slot, const kv_event_t *ev)
 
         at = find(ix, norm_key(seq));
         if (at < 0 || !test_bit(entry(ix, (uint64_t) at), (uint32_t) slot)) {
-            atomic_fetch_add_explicit(&ix->unknown_remove, 1, memory_order_relaxed);
+            bump(&ix->unknown_remove, 1);
             continue;
         }
         clear_holder(ix, (uint64_t) at, (uint32_t) slot);
-        atomic_fetch_add_explicit(&ix->removed, 1, memory_order_relaxed);
+        bump(&ix->removed, 1);
     }
 }
 
@@ -682,6 +735,9 @@ void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
         return;
     }
     for (i = 0; i < n; i++) {
+        if (i + MATCH_AHEAD < n) {
+            prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
+        }
         set_holder(ix, upsert(ix, norm_key(seq[i]), (uint32_t) now_ms), slot,
                    (uint32_t) now_ms);
     }
@@ -714,7 +770,7 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
             && (int32_t) (now - e->touch) > (int32_t) ix->ttl_ms)
         {
             drop(ix, i);
-            atomic_fetch_add_explicit(&ix->expired, 1, memory_order_relaxed);
+            bump(&ix->expired, 1);
         }
     }
 }
@@ -725,14 +781,19 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
 static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
 {
     uint64_t mask = ix->cap - 1, i, k, n;
-    uint32_t s1, s2, w;
+    uint32_t s1, s2, w, tries;
 
     for (i = mix(key) & mask, n = 0; n < ix->cap; i = (i + 1) & mask, n++) {
         entry_t *e = entry(ix, i);
 
-        for ( ;; ) {
+        for (tries = 0;; tries++) {
+            if (tries == READ_TRIES) {
+                /* a writer died inside its write: treat the entry as absent */
+                return 0;
+            }
             s1 = atomic_load_explicit(&e->lock, memory_order_acquire);
             if (s1 & 1) {
+                cpu_relax();
                 continue;
             }
             k = atomic_load_explicit(&e->key, memory_order_relaxed);
@@ -765,11 +826,21 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
     size_t   i, found = 0;
     int      any;
 
-    if (n == 0 || !read_holders(ix, norm_key(seq[0]), alive)) {
+    if (n == 0) {
         return 0;
     }
-    /* walk until no worker holds the prefix: the answer is known there */
+    for (i = 1; i < n && i <= MATCH_AHEAD; i++) {
+        prefetch_key(ix, norm_key(seq[i]));
+    }
+    if (!read_holders(ix, norm_key(seq[0]), alive)) {
+        return 0;
+    }
+    /* walk until no worker holds the prefix: the answer is known there;
+     * entries MATCH_AHEAD blocks on are prefetched so misses overlap */
     for (i = 1; i <= n; i++) {
+        if (i + MATCH_AHEAD < n) {
+            prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
+        }
         if (i < n && !read_holders(ix, norm_key(seq[i]), bits)) {
             memset(bits, 0, words * sizeof(uint64_t));
         }
