@@ -256,9 +256,13 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* Both cache lines of the key's home entry (an entry may straddle two). */
 static void prefetch_key(const kv_index_t *ix, uint64_t key)
 {
-    __builtin_prefetch(entry(ix, mix(key) & (ix->cap - 1)));
+    const char *e = (const char *) entry(ix, mix(key) & (ix->cap - 1));
+
+    __builtin_prefetch(e);
+    __builtin_prefetch(e + ix->entry_size - 1);
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */

@@ -8,6 +8,9 @@
  *   --request-blocks N  blocks per document and per match (default 256)
  *   --readers N         reader threads matching while the writer ingests (1)
  *   --seconds S         length of the match-under-write phase (default 2)
+ *   --hugepages         madvise(MADV_HUGEPAGE) the regions (transparent huge
+ *                       pages for private memory; nginx's shared zones get
+ *                       them only where shmem_enabled allows, so off by default)
  *
  * The load: N / request-blocks documents, each a chain of request-blocks
  * sequence hashes. Events are kvworker-style stores of 16 blocks with a
@@ -16,9 +19,10 @@
  *      store prefixes of them (decoded events applied; blocks per second);
  *   2. decode+apply: the same first stream rendered as JSON messages, each
  *      decoded and applied into a second, empty index;
- *   3. match under write: readers match whole documents (a random worker's
- *      random prefix is what they find) while the writer keeps storing and
- *      removing prefixes; per-call latency percentiles.
+ *   3. match under write: readers match whole documents (each held whole
+ *      by its owner, so every match walks all request blocks) while the
+ *      writer keeps storing and removing other workers' prefixes; per-call
+ *      latency percentiles.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -26,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "kv_event.h"
@@ -36,6 +41,7 @@
 
 static uint64_t blocks_n = 1000000, workers_n = 64, req_n = 256, readers_n = 1;
 static double   seconds = 2.0;
+static int      hugepages;
 
 static uint64_t *docs;          /* [ndocs][req_n] sequence hashes */
 static uint64_t *toks;          /* the local hashes they chain */
@@ -68,12 +74,16 @@ static kv_index_t *make_index(uint64_t want, size_t *size_out)
 
     /* the smallest power-of-two-ish region whose capacity covers want */
     for (;;) {
-        void       *r = aligned_alloc(4096, (size + 4095) & ~(size_t) 4095);
+        size_t      alloc = (size + (2 << 20) - 1) & ~(size_t) ((2 << 20) - 1);
+        void       *r = aligned_alloc(2 << 20, alloc);
         kv_index_t *x;
 
         if (r == NULL) {
             fprintf(stderr, "out of memory\n");
             exit(1);
+        }
+        if (hugepages) {
+            madvise(r, alloc, MADV_HUGEPAGE);
         }
         x = kv_index_create(r, size, &cfg, err, sizeof(err));
         if (x == NULL) {
@@ -163,7 +173,7 @@ static int cmp_d(const void *a, const void *b)
 static void usage(void)
 {
     fprintf(stderr, "usage: kvindex-bench [--blocks N] [--workers N] [--request-blocks N] "
-                    "[--readers N] [--seconds S]\n");
+                    "[--readers N] [--seconds S] [--hugepages]\n");
     exit(2);
 }
 
@@ -182,9 +192,13 @@ int main(int argc, char **argv)
     reader_t          *rd;
     double            *all;
     size_t             nall = 0;
-    uint64_t           wrote = 0, evicted_before;
+    uint64_t           wrote = 0, evicted_before, first;
 
     for (i = 1; i < (size_t) argc; i++) {
+        if (!strcmp(argv[i], "--hugepages")) {
+            hugepages = 1;
+            continue;
+        }
         if (i + 1 >= (size_t) argc) usage();
         if (!strcmp(argv[i], "--blocks")) blocks_n = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--workers")) workers_n = strtoull(argv[++i], NULL, 10);
@@ -290,17 +304,20 @@ int main(int argc, char **argv)
         pthread_create(&th[i], NULL, reader_main, &rd[i]);
     }
     t0 = now_s();
-    for (i = ndocs * (req_n / CHUNK); now_s() - t0 < seconds; i = i + 1 < nev ? i + 1 : 0) {
+    /* the writer replays the second stream (other workers' prefixes) and
+     * removes one tail block of another such prefix per store: owners keep
+     * their whole documents, so every match walks all request blocks */
+    first = ndocs * (req_n / CHUNK);
+    for (i = first; now_s() - t0 < seconds; i = i + 1 < nev ? i + 1 : first) {
         kv_event_t rm;
         uint64_t   j;
 
-        /* store a chunk again, then remove the tail chunk of another */
         kv_index_apply(ix, &evs[i], 5000, err, sizeof(err));
         memset(&rm, 0, sizeof(rm));
-        j = (i * 7919) % nev;
+        j = first + (i * 7919) % (nev - first);
         rm.worker_id = evs[j].worker_id;
         rm.kind = KV_EVENT_REMOVED;
-        rm.hashes = &evs[j].blocks[CHUNK - 4].block_hash;  /* 1 of the last blocks */
+        rm.hashes = &evs[j].blocks[CHUNK - 1].block_hash;
         rm.n_hashes = 1;
         kv_index_apply(ix, &rm, 5000, err, sizeof(err));
         wrote += CHUNK + 1;
@@ -319,13 +336,13 @@ int main(int argc, char **argv)
     kv_index_stats(ix, &st);
 
     printf("{\"blocks\":%" PRIu64 ",\"workers\":%" PRIu64 ",\"request_blocks\":%" PRIu64
-           ",\"readers\":%" PRIu64 ",\"ingest_blocks_per_s\":%.0f,"
+           ",\"readers\":%" PRIu64 ",\"hugepages\":%d,\"ingest_blocks_per_s\":%.0f,"
            "\"decode_apply_blocks_per_s\":%.0f,\"match_p50_us\":%.3f,\"match_p99_us\":%.3f,"
            "\"match_p999_us\":%.3f,\"matches\":%zu,\"write_blocks_per_s_during_match\":%.0f,"
            "\"bytes_per_block\":%.1f,\"region_bytes\":%zu,\"capacity\":%" PRIu64
            ",\"indexed\":%" PRIu64 ",\"evictions\":%" PRIu64 ",\"evictions_during_match\":%"
            PRIu64 "}\n",
-           blocks_n, workers_n, req_n, readers_n, (double) applied / ingest_s,
+           blocks_n, workers_n, req_n, readers_n, hugepages, (double) applied / ingest_s,
            decode_blocks / decode_s, nall ? all[nall / 2] : 0.0,
            nall ? all[nall * 99 / 100] : 0.0, nall ? all[nall * 999 / 1000] : 0.0, nall,
            (double) wrote / seconds, (double) size / (double) st.capacity, size,
