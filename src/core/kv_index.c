@@ -487,9 +487,35 @@ static int64_t map_find(const kv_index_t *ix, uint32_t slot, uint64_t engine)
     return -1;
 }
 
+/* Deletes map entry i by shifting later members of its probe run back, so
+ * the map never holds tombstones and an absent key's probe stays short
+ * (the map has no readers but the writer, so entries may move freely). */
+static void map_del(kv_index_t *ix, uint64_t i)
+{
+    uint64_t mask = ix->map_cap - 1, j = i, k, home;
+    map_t   *m = map(ix);
+
+    ix->map_used--;
+    for (;;) {
+        m[j].key = KEY_EMPTY;
+        for (k = (j + 1) & mask;; k = (k + 1) & mask) {
+            if (m[k].key == KEY_EMPTY) {
+                return;
+            }
+            home = m[k].key & mask;
+            /* m[k] may fill the hole at j unless its home lies in (j, k] */
+            if (j <= k ? (home <= j || home > k) : (home <= j && home > k)) {
+                m[j] = m[k];
+                j = k;
+                break;
+            }
+        }
+    }
+}
+
 static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq)
 {
-    uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i, n;
+    uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i;
     map_t   *m = map(ix);
     int64_t  at = map_find(ix, slot, engine);
 
@@ -498,23 +524,22 @@ static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq
         return;
     }
     if (ix->map_used + 1 > ix->map_cap * 3 / 4) {
-        /* full: forget a neighbour; its removal will count as unknown */
+        /* full: forget the entry at this key's home (or the one after);
+         * its removal will count as unknown, its children as orphans */
         i = key & mask;
-        if (m[i].key >= 2) {
-            m[i].key = KEY_TOMB;
-            ix->map_used--;
+        while (m[i].key == KEY_EMPTY) {
+            i = (i + 1) & mask;
         }
+        map_del(ix, i);
     }
-    for (i = key & mask, n = 0; n < ix->map_cap; i = (i + 1) & mask, n++) {
-        if (m[i].key < 2) {
-            m[i].key = key;
-            m[i].engine = engine;
-            m[i].seq = seq;
-            m[i].slot = slot;
-            ix->map_used++;
-            return;
-        }
+    for (i = key & mask; m[i].key != KEY_EMPTY; i = (i + 1) & mask) {
+        /* void: the map is at most 3/4 full, an empty slot is near */
     }
+    m[i].key = key;
+    m[i].engine = engine;
+    m[i].seq = seq;
+    m[i].slot = slot;
+    ix->map_used++;
 }
 
 /* The sequence hash an engine hash names for slot (itself if unmapped). */
@@ -529,8 +554,7 @@ static uint64_t map_seq(kv_index_t *ix, uint32_t slot, uint64_t engine, int take
     }
     seq = m[at].seq;
     if (take) {
-        m[at].key = KEY_TOMB;
-        ix->map_used--;
+        map_del(ix, (uint64_t) at);
     }
     return seq;
 }
@@ -613,11 +637,12 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
             erase(ix, i);
         }
     }
-    for (i = 0; i < ix->map_cap; i++) {
-        if (m[i].key >= 2 && (mask[m[i].slot / 64] >> (m[i].slot % 64) & 1)) {
-            m[i].key = KEY_TOMB;
-            ix->map_used--;
+    for (i = 0; i < ix->map_cap; ) {
+        if (m[i].key != KEY_EMPTY && (mask[m[i].slot / 64] >> (m[i].slot % 64) & 1)) {
+            map_del(ix, i);     /* a later entry may have moved into i: look again */
+            continue;
         }
+        i++;
     }
     for (k = 0; k < ix->max_workers; k++) {
         if (mask[k / 64] >> (k % 64) & 1) {
