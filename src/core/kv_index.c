@@ -9,8 +9,8 @@
  * bitmap of `words` u64 (max_workers rounded up to 64), and the time it
  * was last stored or recorded (for eviction and approximate-mode TTL).
  * Entries form an open-addressing table with linear probing; removal
- * leaves a tombstone, and a run of tombstones ending at an empty slot is
- * turned back into empty slots so probe chains do not grow without bound.
+ * shifts the rest of the probe run back (no tombstones), so probe chains
+ * only ever reflect the live load (at most 0.8; eviction keeps it there).
  *
  * Concurrency: one writer (the caller serialises writers: the event helper
  * process in nginx, or the slab mutex in approximate mode), readers in any
@@ -40,7 +40,6 @@
 
 #define IX_MAGIC        0x6b76696478303031ULL   /* "kvidx001" */
 #define KEY_EMPTY       0ULL
-#define KEY_TOMB        1ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     8                       /* hashes prefetched ahead (kv_index.h) */
@@ -61,7 +60,7 @@ typedef struct {
 } entry_t;
 
 typedef struct {
-    uint64_t            key;            /* engine hash mixed with slot; 0 empty, 1 tomb */
+    uint64_t            key;            /* engine hash mixed with slot; 0 empty */
     uint64_t            engine;
     uint64_t            seq;
     uint32_t            slot;
@@ -82,7 +81,7 @@ struct kv_index {
     uint64_t            entry_size;
     uint64_t            off_slots, off_entries, off_map;
     uint64_t            used;           /* live entries; writer */
-    uint64_t            tombs;          /* writer */
+    uint64_t            tombs;          /* unused (layout kept) */
     uint64_t            map_used;
     uint64_t            hand;           /* eviction scan position */
     uint64_t            last_expire;
@@ -121,7 +120,7 @@ static uint64_t mix(uint64_t x)
 
 static uint64_t norm_key(uint64_t k)
 {
-    /* 0 and 1 mark empty and tombstone slots */
+    /* 0 marks an empty slot (1 is kept reserved too) */
     return k < 2 ? k + 2 : k;
 }
 
@@ -299,39 +298,57 @@ static int bits_empty(const kv_index_t *ix, const entry_t *e)
     return 1;
 }
 
-/* Empties entry i, turning a tombstone run that ends at an empty slot back
- * into empty slots. */
+/* Copies entry from into the hole at to, under to's lock. */
+static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
+{
+    uint32_t w;
+
+    write_begin(to);
+    atomic_store_explicit(&to->key, atomic_load_explicit(&from->key, memory_order_relaxed),
+                          memory_order_relaxed);
+    for (w = 0; w < ix->words; w++) {
+        set_bits(to, w, get_bits(from, w));
+    }
+    write_end(to);
+    to->touch = from->touch;
+}
+
+/* Empties entry i by shifting the later members of its probe run back
+ * (no tombstones, so probes and the load stay what the live entries make
+ * them). A moved entry is written at its new place before its old place is
+ * reused: a reader finds it at one or the other, or, if it passed the new
+ * place just before the copy, misses it and sees a shorter overlap. */
 static void erase(kv_index_t *ix, uint64_t i)
 {
-    uint64_t mask = ix->cap - 1, j;
-    entry_t *e = entry(ix, i);
+    uint64_t mask = ix->cap - 1, j = i, k, key, home;
+    entry_t *e;
     uint32_t w;
-    uint64_t next = atomic_load_explicit(&entry(ix, (i + 1) & mask)->key,
-                                         memory_order_relaxed);
 
+    for (;;) {
+        for (k = (j + 1) & mask;; k = (k + 1) & mask) {
+            key = atomic_load_explicit(&entry(ix, k)->key, memory_order_relaxed);
+            if (key == KEY_EMPTY) {
+                goto empty;
+            }
+            home = mix(key) & mask;
+            /* entry k may fill the hole at j unless its home lies in (j, k] */
+            if (j <= k ? (home <= j || home > k) : (home <= j && home > k)) {
+                break;
+            }
+        }
+        move_entry(ix, entry(ix, j), entry(ix, k));
+        j = k;
+    }
+empty:
+    e = entry(ix, j);
     write_begin(e);
     for (w = 0; w < ix->words; w++) {
-        atomic_store_explicit(&e->bits[w], 0, memory_order_relaxed);
+        set_bits(e, w, 0);
     }
-    atomic_store_explicit(&e->key, next == KEY_EMPTY ? KEY_EMPTY : KEY_TOMB,
-                          memory_order_relaxed);
+    atomic_store_explicit(&e->key, KEY_EMPTY, memory_order_relaxed);
     write_end(e);
     ix->used--;
     atomic_store_explicit(&ix->live, ix->used, memory_order_relaxed);
-    if (next != KEY_EMPTY) {
-        ix->tombs++;
-        return;
-    }
-    for (j = (i - 1) & mask;
-         atomic_load_explicit(&entry(ix, j)->key, memory_order_relaxed) == KEY_TOMB;
-         j = (j - 1) & mask)
-    {
-        e = entry(ix, j);
-        write_begin(e);
-        atomic_store_explicit(&e->key, KEY_EMPTY, memory_order_relaxed);
-        write_end(e);
-        ix->tombs--;
-    }
 }
 
 /* Drops a whole entry, giving back each holder's block count. */
@@ -384,28 +401,21 @@ static void evict_one(kv_index_t *ix, _Atomic uint64_t *counter, uint32_t now)
 
 static int must_evict(const kv_index_t *ix)
 {
-    return ix->used > 0
-           && ((double) (ix->used + 1) > (double) ix->cap * MAX_LOAD
-               || ix->used + ix->tombs + 1 >= ix->cap - 1);
+    return ix->used > 0 && (double) (ix->used + 1) > (double) ix->cap * MAX_LOAD;
 }
 
-/* The entry for key, created (with no holders) if absent: one probe, the
- * first tombstone on the way reused. */
+/* The entry for key, created (with no holders) if absent: one probe. */
 static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
 {
-    uint64_t mask = ix->cap - 1, i, tomb, k;
+    uint64_t mask = ix->cap - 1, i, k;
     entry_t *e;
     int      evicted = 0;
 
 again:
-    tomb = UINT64_MAX;
     for (i = mix(key) & mask;; i = (i + 1) & mask) {
         k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
         if (k == key) {
             return i;
-        }
-        if (k == KEY_TOMB && tomb == UINT64_MAX) {
-            tomb = i;
         }
         if (k == KEY_EMPTY) {
             break;
@@ -418,10 +428,6 @@ again:
         }
         evicted = 1;
         goto again;
-    }
-    if (tomb != UINT64_MAX) {
-        i = tomb;
-        ix->tombs--;
     }
     e = entry(ix, i);
     write_begin(e);
@@ -635,6 +641,7 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
         write_end(e);
         if (bits_empty(ix, e)) {
             erase(ix, i);
+            i--;            /* a later entry may have moved into i: look again */
         }
     }
     for (i = 0; i < ix->map_cap; ) {
@@ -800,6 +807,7 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
         {
             drop(ix, i);
             bump(&ix->expired, 1);
+            i--;            /* a later entry may have moved into i: look again */
         }
     }
 }
