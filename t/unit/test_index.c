@@ -305,7 +305,7 @@ TEST(match_leading_run_per_worker)
     free(ix);
 }
 
-/* Once no worker holds block i, match stops: it may read 8 more hashes to
+/* Once no worker holds block i, match stops: it may read 16 more hashes to
  * prefetch (kv_index.h), no further; the rest of the request lies on a
  * page that faults. */
 TEST(match_exits_early)
@@ -314,12 +314,12 @@ TEST(match_exits_early)
     long         pg = sysconf(_SC_PAGESIZE);
     char        *mem = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE,
                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    uint64_t    *seq = (uint64_t *) (void *) (mem + pg) - 12;
+    uint64_t    *seq = (uint64_t *) (void *) (mem + pg) - 20;
     kv_overlap_t out[4];
     int          a;
 
     CHECK(mem != MAP_FAILED);
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < 20; i++) {
         seq[i] = 50 + (uint64_t) i;
     }
     CHECK(mprotect(mem + pg, pg, PROT_NONE) == 0);
