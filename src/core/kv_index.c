@@ -23,7 +23,11 @@
  * place, so a reader can never touch freed memory; the retry loop is the
  * whole price. Probe chains may change under a reader; a reader that
  * misses an entry moved by the writer sees a shorter overlap, which costs
- * a cache hit, never a wrong answer about an entry it did read.
+ * a cache hit, never a wrong answer about an entry it did read. A reader
+ * that finds a lock odd for READ_TRIES rounds (a writer killed mid-write)
+ * treats that entry as absent rather than spin forever. Being alone, the
+ * writer updates locks, bitmaps and counters with plain atomic stores, not
+ * locked read-modify-writes.
  *
  * The engine map (engine block_hash -> sequence hash, per worker slot) is
  * used by the writer alone, for parent links and removals, and holds only
@@ -38,7 +42,7 @@
 #include "kv_hash.h"
 #include "kv_index.h"
 
-#define IX_MAGIC        0x6b76696478303031ULL   /* "kvidx001" */
+#define IX_MAGIC        0x6b76696478303032ULL   /* "kvidx002": no tombstones since 002 */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
