@@ -103,6 +103,11 @@ TEST(json_batch_and_tiers)
     CHECK_EQ_U64(b.events[1].kind, KV_EVENT_REMOVED);
     CHECK_EQ_U64(b.events[1].hashes[0], 1);
     CHECK_EQ_U64(b.events[1].event_id, 3);
+    /* a store of no blocks is valid (an empty Vec) */
+    CHECK(json(&b, "{\"worker_id\":1,\"event\":{\"event_id\":1,\"data\":{\"stored\":"
+                   "{\"parent_hash\":null,\"blocks\":[]}}}}") == 0);
+    CHECK_EQ_U64(b.n_events, 1);
+    CHECK_EQ_U64(b.events[0].n_blocks, 0);
     /* an empty batch is fine and holds nothing */
     CHECK(json(&b, "[]") == 0);
     CHECK_EQ_U64(b.n_events, 0);
@@ -119,7 +124,6 @@ static const char *bad_json[] = {
     "{\"worker_id\":1,\"event\":{\"data\":\"cleared\"}}",
     "{\"worker_id\":1,\"event\":{\"event_id\":1}}",
     "{\"worker_id\":1,\"event\":{\"event_id\":1,\"data\":\"flushed\"}}",
-    "{\"worker_id\":1,\"event\":{\"event_id\":1,\"data\":{\"stored\":{\"blocks\":[]}}}}",
     "{\"worker_id\":1,\"event\":{\"event_id\":1,\"data\":{\"stored\":{\"blocks\":[1]}}}}",
     "{\"worker_id\":1,\"event\":{\"event_id\":1,\"data\":{\"stored\":{\"blocks\":"
     "[{\"block_hash\":1}]}}}}",
