@@ -179,7 +179,7 @@ FUZZ_CFLAGS := -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined \
 
 $(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(wildcard src/core/*.h)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -ljansson -lxxhash -lm -lpthread
+	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -ljansson -lxxhash -lm -lpthread
 
 fuzz: deps $(FUZZ_BINS)
 	@tools/fuzz-all $(B)/fuzz $(FUZZ_SECONDS)

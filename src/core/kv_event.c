@@ -102,9 +102,7 @@ static int stored(ex_t *x, uint32_t data, kv_event_t *ev)
     if (blocks < 0 || x->t->nodes[blocks].type != KV_T_ARR) {
         return bad(x, "stored event without a blocks array");
     }
-    if (x->t->nodes[blocks].n == 0) {
-        return bad(x, "stored event with no blocks");
-    }
+    /* an empty blocks array is valid serde (Vec) and applies as nothing */
     if (grow((void **) &pv->blocks, &pv->blocks_cap, pv->n_blocks + x->t->nodes[blocks].n,
              sizeof(kv_stored_block_t)) != 0)
     {

@@ -9,8 +9,8 @@
  * bitmap of `words` u64 (max_workers rounded up to 64), and the time it
  * was last stored or recorded (for eviction and approximate-mode TTL).
  * Entries form an open-addressing table with linear probing; removal
- * leaves a tombstone, and a run of tombstones ending at an empty slot is
- * turned back into empty slots so probe chains do not grow without bound.
+ * shifts the rest of the probe run back (no tombstones), so probe chains
+ * only ever reflect the live load (at most 0.8; eviction keeps it there).
  *
  * Concurrency: one writer (the caller serialises writers: the event helper
  * process in nginx, or the slab mutex in approximate mode), readers in any
@@ -23,7 +23,11 @@
  * place, so a reader can never touch freed memory; the retry loop is the
  * whole price. Probe chains may change under a reader; a reader that
  * misses an entry moved by the writer sees a shorter overlap, which costs
- * a cache hit, never a wrong answer about an entry it did read.
+ * a cache hit, never a wrong answer about an entry it did read. A reader
+ * that finds a lock odd for READ_TRIES rounds (a writer killed mid-write)
+ * treats that entry as absent rather than spin forever. Being alone, the
+ * writer updates locks, bitmaps and counters with plain atomic stores, not
+ * locked read-modify-writes.
  *
  * The engine map (engine block_hash -> sequence hash, per worker slot) is
  * used by the writer alone, for parent links and removals, and holds only
@@ -38,11 +42,12 @@
 #include "kv_hash.h"
 #include "kv_index.h"
 
-#define IX_MAGIC        0x6b76696478303031ULL   /* "kvidx001" */
+#define IX_MAGIC        0x6b76696478303032ULL   /* "kvidx002": no tombstones since 002 */
 #define KEY_EMPTY       0ULL
-#define KEY_TOMB        1ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
+#define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
+#define READ_TRIES      (1u << 20)              /* a reader's retries on one entry */
 
 typedef struct {
     _Atomic uint64_t    worker_id;
@@ -59,7 +64,7 @@ typedef struct {
 } entry_t;
 
 typedef struct {
-    uint64_t            key;            /* engine hash mixed with slot; 0 empty, 1 tomb */
+    uint64_t            key;            /* engine hash mixed with slot; 0 empty */
     uint64_t            engine;
     uint64_t            seq;
     uint32_t            slot;
@@ -80,7 +85,7 @@ struct kv_index {
     uint64_t            entry_size;
     uint64_t            off_slots, off_entries, off_map;
     uint64_t            used;           /* live entries; writer */
-    uint64_t            tombs;          /* writer */
+    uint64_t            tombs;          /* unused (layout kept) */
     uint64_t            map_used;
     uint64_t            hand;           /* eviction scan position */
     uint64_t            last_expire;
@@ -119,7 +124,7 @@ static uint64_t mix(uint64_t x)
 
 static uint64_t norm_key(uint64_t k)
 {
-    /* 0 and 1 mark empty and tombstone slots */
+    /* 0 marks an empty slot (1 is kept reserved too) */
     return k < 2 ? k + 2 : k;
 }
 
@@ -214,15 +219,59 @@ kv_index_t *kv_index_open(void *region, size_t size)
 
 /* --- entries ------------------------------------------------------------- */
 
+/* The writer is alone (the caller serialises writers), so its updates of
+ * the lock, the bitmaps and the counters are plain load + store of atomic
+ * objects, never locked read-modify-write instructions. */
+static void bump(_Atomic uint64_t *x, int64_t d)
+{
+    atomic_store_explicit(x, atomic_load_explicit(x, memory_order_relaxed) + (uint64_t) d,
+                          memory_order_relaxed);
+}
+
 static void write_begin(entry_t *e)
 {
-    atomic_fetch_add_explicit(&e->lock, 1, memory_order_acq_rel);
+    atomic_store_explicit(&e->lock, atomic_load_explicit(&e->lock, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    /* the odd count is visible before any change to key or bits */
     atomic_thread_fence(memory_order_release);
 }
 
 static void write_end(entry_t *e)
 {
-    atomic_fetch_add_explicit(&e->lock, 1, memory_order_release);
+    atomic_store_explicit(&e->lock, atomic_load_explicit(&e->lock, memory_order_relaxed) + 1,
+                          memory_order_release);
+}
+
+static void set_bits(entry_t *e, uint32_t w, uint64_t v)
+{
+    atomic_store_explicit(&e->bits[w], v, memory_order_relaxed);
+}
+
+static uint64_t get_bits(const entry_t *e, uint32_t w)
+{
+    return atomic_load_explicit(&e->bits[w], memory_order_relaxed);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Both cache lines of the key's home entry (an entry may straddle two). */
+static void prefetch_key(const kv_index_t *ix, uint64_t key)
+{
+    const char *e = (const char *) entry(ix, mix(key) & (ix->cap - 1));
+
+    /* inline asm on x86: gcc 12 dropped __builtin_prefetch here entirely */
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*e));
+    __asm__ volatile("prefetcht0 %0" : : "m"(e[ix->entry_size - 1]));
+#else
+    __builtin_prefetch(e);
+    __builtin_prefetch(e + ix->entry_size - 1);
+#endif
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */
@@ -259,39 +308,57 @@ static int bits_empty(const kv_index_t *ix, const entry_t *e)
     return 1;
 }
 
-/* Empties entry i, turning a tombstone run that ends at an empty slot back
- * into empty slots. */
+/* Copies entry from into the hole at to, under to's lock. */
+static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
+{
+    uint32_t w;
+
+    write_begin(to);
+    atomic_store_explicit(&to->key, atomic_load_explicit(&from->key, memory_order_relaxed),
+                          memory_order_relaxed);
+    for (w = 0; w < ix->words; w++) {
+        set_bits(to, w, get_bits(from, w));
+    }
+    write_end(to);
+    to->touch = from->touch;
+}
+
+/* Empties entry i by shifting the later members of its probe run back
+ * (no tombstones, so probes and the load stay what the live entries make
+ * them). A moved entry is written at its new place before its old place is
+ * reused: a reader finds it at one or the other, or, if it passed the new
+ * place just before the copy, misses it and sees a shorter overlap. */
 static void erase(kv_index_t *ix, uint64_t i)
 {
-    uint64_t mask = ix->cap - 1, j;
-    entry_t *e = entry(ix, i);
+    uint64_t mask = ix->cap - 1, j = i, k, key, home;
+    entry_t *e;
     uint32_t w;
-    uint64_t next = atomic_load_explicit(&entry(ix, (i + 1) & mask)->key,
-                                         memory_order_relaxed);
 
+    for (;;) {
+        for (k = (j + 1) & mask;; k = (k + 1) & mask) {
+            key = atomic_load_explicit(&entry(ix, k)->key, memory_order_relaxed);
+            if (key == KEY_EMPTY) {
+                goto empty;
+            }
+            home = mix(key) & mask;
+            /* entry k may fill the hole at j unless its home lies in (j, k] */
+            if (j <= k ? (home <= j || home > k) : (home <= j && home > k)) {
+                break;
+            }
+        }
+        move_entry(ix, entry(ix, j), entry(ix, k));
+        j = k;
+    }
+empty:
+    e = entry(ix, j);
     write_begin(e);
     for (w = 0; w < ix->words; w++) {
-        atomic_store_explicit(&e->bits[w], 0, memory_order_relaxed);
+        set_bits(e, w, 0);
     }
-    atomic_store_explicit(&e->key, next == KEY_EMPTY ? KEY_EMPTY : KEY_TOMB,
-                          memory_order_relaxed);
+    atomic_store_explicit(&e->key, KEY_EMPTY, memory_order_relaxed);
     write_end(e);
     ix->used--;
     atomic_store_explicit(&ix->live, ix->used, memory_order_relaxed);
-    if (next != KEY_EMPTY) {
-        ix->tombs++;
-        return;
-    }
-    for (j = (i - 1) & mask;
-         atomic_load_explicit(&entry(ix, j)->key, memory_order_relaxed) == KEY_TOMB;
-         j = (j - 1) & mask)
-    {
-        e = entry(ix, j);
-        write_begin(e);
-        atomic_store_explicit(&e->key, KEY_EMPTY, memory_order_relaxed);
-        write_end(e);
-        ix->tombs--;
-    }
 }
 
 /* Drops a whole entry, giving back each holder's block count. */
@@ -305,8 +372,7 @@ static void drop(kv_index_t *ix, uint64_t i)
     for (w = 0; w < ix->words; w++) {
         b = atomic_load_explicit(&e->bits[w], memory_order_relaxed);
         while (b) {
-            atomic_fetch_sub_explicit(&s[w * 64 + __builtin_ctzll(b)].blocks, 1,
-                                      memory_order_relaxed);
+            bump(&s[w * 64 + __builtin_ctzll(b)].blocks, -1);
             b &= b - 1;
         }
     }
@@ -327,7 +393,9 @@ static void evict_one(kv_index_t *ix, _Atomic uint64_t *counter, uint32_t now)
             continue;
         }
         seen++;
-        age = now - entry(ix, i)->touch;
+        /* signed: nginx processes' clocks differ by a few ms, so a touch
+         * may lie slightly in the future of now */
+        age = (int32_t) (now - entry(ix, i)->touch) > 0 ? now - entry(ix, i)->touch : 0;
         if (!found || age > best_age) {
             best = i;
             best_age = age;
@@ -337,41 +405,39 @@ static void evict_one(kv_index_t *ix, _Atomic uint64_t *counter, uint32_t now)
     ix->hand = i;
     if (found) {
         drop(ix, best);
-        atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+        bump(counter, 1);
     }
 }
 
-/* The entry for key, created (with no holders) if absent. */
+static int must_evict(const kv_index_t *ix)
+{
+    return ix->used > 0 && (double) (ix->used + 1) > (double) ix->cap * MAX_LOAD;
+}
+
+/* The entry for key, created (with no holders) if absent: one probe. */
 static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
 {
-    uint64_t mask = ix->cap - 1, i, tomb = UINT64_MAX, k;
-    int64_t  at;
+    uint64_t mask = ix->cap - 1, i, k;
     entry_t *e;
+    int      evicted = 0;
 
-    at = find(ix, key);
-    if (at >= 0) {
-        return (uint64_t) at;
-    }
-    while ((double) (ix->used + 1) > (double) ix->cap * MAX_LOAD
-           || ix->used + ix->tombs + 1 >= ix->cap - 1)
-    {
-        if (ix->used == 0) {
-            break;
-        }
-        evict_one(ix, &ix->evicted, now);
-    }
+again:
     for (i = mix(key) & mask;; i = (i + 1) & mask) {
         k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
-        if (k == KEY_TOMB && tomb == UINT64_MAX) {
-            tomb = i;
+        if (k == key) {
+            return i;
         }
         if (k == KEY_EMPTY) {
             break;
         }
     }
-    if (tomb != UINT64_MAX) {
-        i = tomb;
-        ix->tombs--;
+    if (!evicted && must_evict(ix)) {
+        /* eviction rewrites the table: probe again afterwards */
+        while (must_evict(ix)) {
+            evict_one(ix, &ix->evicted, now);
+        }
+        evicted = 1;
+        goto again;
     }
     e = entry(ix, i);
     write_begin(e);
@@ -392,10 +458,10 @@ static void set_holder(kv_index_t *ix, uint64_t i, uint32_t slot, uint32_t now)
         return;
     }
     write_begin(e);
-    atomic_fetch_or_explicit(&e->bits[slot / 64], 1ULL << (slot % 64), memory_order_relaxed);
+    set_bits(e, slot / 64, get_bits(e, slot / 64) | 1ULL << (slot % 64));
     write_end(e);
-    atomic_fetch_add_explicit(&slots(ix)[slot].blocks, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&ix->stored, 1, memory_order_relaxed);
+    bump(&slots(ix)[slot].blocks, 1);
+    bump(&ix->stored, 1);
 }
 
 static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
@@ -406,10 +472,9 @@ static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
         return;
     }
     write_begin(e);
-    atomic_fetch_and_explicit(&e->bits[slot / 64], ~(1ULL << (slot % 64)),
-                              memory_order_relaxed);
+    set_bits(e, slot / 64, get_bits(e, slot / 64) & ~(1ULL << (slot % 64)));
     write_end(e);
-    atomic_fetch_sub_explicit(&slots(ix)[slot].blocks, 1, memory_order_relaxed);
+    bump(&slots(ix)[slot].blocks, -1);
     if (bits_empty(ix, e)) {
         erase(ix, i);
     }
@@ -438,9 +503,35 @@ static int64_t map_find(const kv_index_t *ix, uint32_t slot, uint64_t engine)
     return -1;
 }
 
+/* Deletes map entry i by shifting later members of its probe run back, so
+ * the map never holds tombstones and an absent key's probe stays short
+ * (the map has no readers but the writer, so entries may move freely). */
+static void map_del(kv_index_t *ix, uint64_t i)
+{
+    uint64_t mask = ix->map_cap - 1, j = i, k, home;
+    map_t   *m = map(ix);
+
+    ix->map_used--;
+    for (;;) {
+        m[j].key = KEY_EMPTY;
+        for (k = (j + 1) & mask;; k = (k + 1) & mask) {
+            if (m[k].key == KEY_EMPTY) {
+                return;
+            }
+            home = m[k].key & mask;
+            /* m[k] may fill the hole at j unless its home lies in (j, k] */
+            if (j <= k ? (home <= j || home > k) : (home <= j && home > k)) {
+                m[j] = m[k];
+                j = k;
+                break;
+            }
+        }
+    }
+}
+
 static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq)
 {
-    uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i, n;
+    uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i;
     map_t   *m = map(ix);
     int64_t  at = map_find(ix, slot, engine);
 
@@ -449,23 +540,22 @@ static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq
         return;
     }
     if (ix->map_used + 1 > ix->map_cap * 3 / 4) {
-        /* full: forget a neighbour; its removal will count as unknown */
+        /* full: forget the entry at this key's home (or the one after);
+         * its removal will count as unknown, its children as orphans */
         i = key & mask;
-        if (m[i].key >= 2) {
-            m[i].key = KEY_TOMB;
-            ix->map_used--;
+        while (m[i].key == KEY_EMPTY) {
+            i = (i + 1) & mask;
         }
+        map_del(ix, i);
     }
-    for (i = key & mask, n = 0; n < ix->map_cap; i = (i + 1) & mask, n++) {
-        if (m[i].key < 2) {
-            m[i].key = key;
-            m[i].engine = engine;
-            m[i].seq = seq;
-            m[i].slot = slot;
-            ix->map_used++;
-            return;
-        }
+    for (i = key & mask; m[i].key != KEY_EMPTY; i = (i + 1) & mask) {
+        /* void: the map is at most 3/4 full, an empty slot is near */
     }
+    m[i].key = key;
+    m[i].engine = engine;
+    m[i].seq = seq;
+    m[i].slot = slot;
+    ix->map_used++;
 }
 
 /* The sequence hash an engine hash names for slot (itself if unmapped). */
@@ -480,8 +570,7 @@ static uint64_t map_seq(kv_index_t *ix, uint32_t slot, uint64_t engine, int take
     }
     seq = m[at].seq;
     if (take) {
-        m[at].key = KEY_TOMB;
-        ix->map_used--;
+        map_del(ix, (uint64_t) at);
     }
     return seq;
 }
@@ -557,18 +646,20 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
         }
         write_begin(e);
         for (w = 0; w < ix->words && w < 64; w++) {
-            atomic_fetch_and_explicit(&e->bits[w], ~mask[w], memory_order_relaxed);
+            set_bits(e, w, get_bits(e, w) & ~mask[w]);
         }
         write_end(e);
         if (bits_empty(ix, e)) {
             erase(ix, i);
+            i--;            /* a later entry may have moved into i: look again */
         }
     }
-    for (i = 0; i < ix->map_cap; i++) {
-        if (m[i].key >= 2 && (mask[m[i].slot / 64] >> (m[i].slot % 64) & 1)) {
-            m[i].key = KEY_TOMB;
-            ix->map_used--;
+    for (i = 0; i < ix->map_cap; ) {
+        if (m[i].key != KEY_EMPTY && (mask[m[i].slot / 64] >> (m[i].slot % 64) & 1)) {
+            map_del(ix, i);     /* a later entry may have moved into i: look again */
+            continue;
         }
+        i++;
     }
     for (k = 0; k < ix->max_workers; k++) {
         if (mask[k / 64] >> (k % 64) & 1) {
@@ -594,33 +685,43 @@ void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
 
 /* --- events -------------------------------------------------------------- */
 
+/* Stored blocks are handled in groups: all sequence hashes of a group are
+ * chained first and their home entries prefetched, so the group's cache
+ * misses overlap instead of following one another. */
+#define STORE_GROUP 32
+
 static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t now,
                         char *err, size_t errlen)
 {
-    uint64_t parent = 0, seq;
+    uint64_t parent = 0, seq[STORE_GROUP];
     int64_t  at;
-    size_t   i;
+    size_t   i, j, m;
 
     if (ev->has_parent) {
         parent = map_seq(ix, (uint32_t) slot, ev->parent_hash, 0);
         at = find(ix, norm_key(parent));
         if (at < 0 || !test_bit(entry(ix, (uint64_t) at), (uint32_t) slot)) {
-            atomic_fetch_add_explicit(&ix->unknown_parent, 1, memory_order_relaxed);
+            bump(&ix->unknown_parent, 1);
             snprintf(err, errlen, "parent %llu of a stored event is not indexed",
                      (unsigned long long) ev->parent_hash);
             return -1;
         }
     }
-    for (i = 0; i < ev->n_blocks; i++) {
-        const kv_stored_block_t *b = &ev->blocks[i];
+    for (i = 0; i < ev->n_blocks; i += m) {
+        m = ev->n_blocks - i < STORE_GROUP ? ev->n_blocks - i : STORE_GROUP;
+        for (j = 0; j < m; j++) {
+            uint64_t t = ev->blocks[i + j].tokens_hash;
 
-        seq = (i == 0 && !ev->has_parent) ? b->tokens_hash
-                                          : kv_hash_chain(parent, b->tokens_hash);
-        set_holder(ix, upsert(ix, norm_key(seq), now), (uint32_t) slot, now);
-        if (b->block_hash != seq) {
-            map_put(ix, (uint32_t) slot, b->block_hash, seq);
+            seq[j] = (i + j == 0 && !ev->has_parent) ? t : kv_hash_chain(parent, t);
+            parent = seq[j];
+            prefetch_key(ix, norm_key(seq[j]));
         }
-        parent = seq;
+        for (j = 0; j < m; j++) {
+            set_holder(ix, upsert(ix, norm_key(seq[j]), now), (uint32_t) slot, now);
+            if (ev->blocks[i + j].block_hash != seq[j]) {
+                map_put(ix, (uint32_t) slot, ev->blocks[i + j].block_hash, seq[j]);
+            }
+        }
     }
     return 0;
 }
@@ -635,11 +736,11 @@ static void apply_removed(kv_index_t *ix, int slot, const kv_event_t *ev)
 
         at = find(ix, norm_key(seq));
         if (at < 0 || !test_bit(entry(ix, (uint64_t) at), (uint32_t) slot)) {
-            atomic_fetch_add_explicit(&ix->unknown_remove, 1, memory_order_relaxed);
+            bump(&ix->unknown_remove, 1);
             continue;
         }
         clear_holder(ix, (uint64_t) at, (uint32_t) slot);
-        atomic_fetch_add_explicit(&ix->removed, 1, memory_order_relaxed);
+        bump(&ix->removed, 1);
     }
 }
 
@@ -680,6 +781,9 @@ void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
         return;
     }
     for (i = 0; i < n; i++) {
+        if (i + MATCH_AHEAD < n) {
+            prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
+        }
         set_holder(ix, upsert(ix, norm_key(seq[i]), (uint32_t) now_ms), slot,
                    (uint32_t) now_ms);
     }
@@ -709,10 +813,11 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
         entry_t *e = entry(ix, i);
 
         if (atomic_load_explicit(&e->key, memory_order_relaxed) >= 2
-            && now - e->touch > ix->ttl_ms)
+            && (int32_t) (now - e->touch) > (int32_t) ix->ttl_ms)
         {
             drop(ix, i);
-            atomic_fetch_add_explicit(&ix->expired, 1, memory_order_relaxed);
+            bump(&ix->expired, 1);
+            i--;            /* a later entry may have moved into i: look again */
         }
     }
 }
@@ -723,20 +828,19 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
 static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
 {
     uint64_t mask = ix->cap - 1, i, k, n;
-    uint32_t s1, s2, w, spins;
+    uint32_t s1, s2, w, tries;
 
     for (i = mix(key) & mask, n = 0; n < ix->cap; i = (i + 1) & mask, n++) {
         entry_t *e = entry(ix, i);
 
-        for (spins = 0;; spins++) {
+        for (tries = 0;; tries++) {
+            if (tries == READ_TRIES) {
+                /* a writer died inside its write: treat the entry as absent */
+                return 0;
+            }
             s1 = atomic_load_explicit(&e->lock, memory_order_acquire);
             if (s1 & 1) {
-                /* a writer holds an entry for nanoseconds; one descheduled
-                 * or killed mid-write must not stall routing: a miss only
-                 * costs a cache hit */
-                if (spins > 4096) {
-                    return 0;
-                }
+                cpu_relax();
                 continue;
             }
             k = atomic_load_explicit(&e->key, memory_order_relaxed);
@@ -769,11 +873,21 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
     size_t   i, found = 0;
     int      any;
 
-    if (n == 0 || !read_holders(ix, norm_key(seq[0]), alive)) {
+    if (n == 0) {
         return 0;
     }
-    /* walk until no worker holds the prefix: the answer is known there */
+    for (i = 1; i < n && i <= MATCH_AHEAD; i++) {
+        prefetch_key(ix, norm_key(seq[i]));
+    }
+    if (!read_holders(ix, norm_key(seq[0]), alive)) {
+        return 0;
+    }
+    /* walk until no worker holds the prefix: the answer is known there;
+     * entries MATCH_AHEAD blocks on are prefetched so misses overlap */
     for (i = 1; i <= n; i++) {
+        if (i + MATCH_AHEAD < n) {
+            prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
+        }
         if (i < n && !read_holders(ix, norm_key(seq[i]), bits)) {
             memset(bits, 0, words * sizeof(uint64_t));
         }

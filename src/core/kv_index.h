@@ -96,7 +96,9 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms);
 /* --- readers (any process, any time) ----------------------------------- */
 
 /* For each slot holding at least the first block, how many leading blocks
- * of seq[0..n) it holds; up to cap entries in out, return the count. */
+ * of seq[0..n) it holds; up to cap entries in out, return the count. The
+ * walk stops at the first block no slot holds (it reads at most 16 hashes
+ * of seq past that one, to prefetch their entries). */
 size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                       kv_overlap_t *out, size_t cap);
 

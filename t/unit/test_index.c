@@ -1,0 +1,620 @@
+/* Prefix index (kv_index.h): every operation, then the concurrency contract
+ * with a reader process over a shared mapping while the writer mutates. */
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv_hash.h"
+#include "kv_index.h"
+#include "kvtest.h"
+
+static char err[256];
+
+static kv_index_t *make(size_t size, const kv_index_config_t *cfg)
+{
+    void       *region = calloc(1, size);
+    kv_index_t *ix = kv_index_create(region, size, cfg, err, sizeof(err));
+
+    if (ix == NULL) {
+        fprintf(stderr, "  create: %s\n", err);
+        abort();
+    }
+    return ix;
+}
+
+/* tokens hashes t[i] = base + i; seq as the router computes it. */
+static void chain(uint64_t base, size_t n, uint64_t *tok, uint64_t *seq)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        tok[i] = base + i;
+        seq[i] = i == 0 ? tok[0] : kv_hash_chain(seq[i - 1], tok[i]);
+    }
+}
+
+static int store(kv_index_t *ix, uint64_t worker, uint32_t dp, int has_parent,
+                 uint64_t parent, const uint64_t *engine, const uint64_t *tok, size_t n)
+{
+    kv_stored_block_t b[512];
+    kv_event_t        ev;
+    size_t            i;
+
+    for (i = 0; i < n; i++) {
+        b[i].block_hash = engine[i];
+        b[i].tokens_hash = tok[i];
+    }
+    memset(&ev, 0, sizeof(ev));
+    ev.worker_id = worker;
+    ev.dp_rank = dp;
+    ev.kind = KV_EVENT_STORED;
+    ev.has_parent = has_parent;
+    ev.parent_hash = parent;
+    ev.blocks = b;
+    ev.n_blocks = n;
+    return kv_index_apply(ix, &ev, 1000, err, sizeof(err));
+}
+
+static void remove_hashes(kv_index_t *ix, uint64_t worker, uint32_t dp, const uint64_t *h,
+                          size_t n)
+{
+    kv_event_t ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.worker_id = worker;
+    ev.dp_rank = dp;
+    ev.kind = KV_EVENT_REMOVED;
+    ev.hashes = h;
+    ev.n_hashes = n;
+    kv_index_apply(ix, &ev, 1000, err, sizeof(err));
+}
+
+/* The overlap of one slot, 0 if it is not in the answer. */
+static uint32_t overlap(kv_index_t *ix, int slot, const uint64_t *seq, size_t n)
+{
+    kv_overlap_t out[64];
+    size_t       k, i;
+
+    k = kv_index_match(ix, seq, n, out, 64);
+    for (i = 0; i < k; i++) {
+        if ((int) out[i].slot == slot) {
+            return out[i].blocks;
+        }
+    }
+    return 0;
+}
+
+TEST(stored_kvworker_style)
+{
+    kv_index_t *ix = make(1 << 20, NULL);
+    uint64_t    tok[8], seq[8];
+    int         s;
+
+    chain(100, 8, tok, seq);
+    /* kvworker: block_hash is the sequence hash itself */
+    CHECK(store(ix, 7, 0, 0, 0, seq, tok, 4) == 0);
+    CHECK(store(ix, 7, 0, 1, seq[3], seq + 4, tok + 4, 4) == 0);
+    s = kv_index_worker_find(ix, 7, 0);
+    CHECK(s >= 0);
+    CHECK_EQ_U64(overlap(ix, s, seq, 8), 8);
+    CHECK_EQ_U64(overlap(ix, s, seq, 5), 5);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), 8);
+    /* storing the same blocks again changes nothing */
+    CHECK(store(ix, 7, 0, 0, 0, seq, tok, 4) == 0);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), 8);
+    remove_hashes(ix, 7, 0, seq + 6, 2);
+    CHECK_EQ_U64(overlap(ix, s, seq, 8), 6);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), 6);
+    free(ix);
+}
+
+TEST(stored_dynamo_style)
+{
+    kv_index_t      *ix = make(1 << 20, NULL);
+    uint64_t         tok[8], seq[8], eng[8];
+    kv_index_stats_t st;
+    size_t           i;
+    int              s;
+
+    chain(500, 8, tok, seq);
+    for (i = 0; i < 8; i++) {
+        eng[i] = 0xE000000000000000ULL + i * 977;   /* opaque engine ids */
+    }
+    CHECK(store(ix, 9, 2, 0, 0, eng, tok, 3) == 0);
+    /* the parent is named by its engine hash */
+    CHECK(store(ix, 9, 2, 1, eng[2], eng + 3, tok + 3, 5) == 0);
+    s = kv_index_worker_find(ix, 9, 2);
+    CHECK(s >= 0);
+    CHECK_EQ_U64(overlap(ix, s, seq, 8), 8);
+    /* removal by engine hash, from the tail */
+    remove_hashes(ix, 9, 2, eng + 5, 3);
+    CHECK_EQ_U64(overlap(ix, s, seq, 8), 5);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), 5);
+    /* a removed engine hash is forgotten: removing it again is unknown */
+    remove_hashes(ix, 9, 2, eng + 7, 1);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.removed, 3);
+    CHECK_EQ_U64(st.unknown_remove, 1);
+    /* a removed block is not a valid parent any more */
+    CHECK(store(ix, 9, 2, 1, eng[7], eng, tok, 1) == -1);
+    free(ix);
+}
+
+/* More opaque engine hashes than the engine map holds: old ones are
+ * forgotten (their removals count as unknown), nothing slows down or hangs,
+ * and the counts stay coherent. */
+TEST(engine_map_overflow)
+{
+    kv_index_config_t cfg = { .max_workers = 64 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[1], seq[1], eng;
+    int               i, s;
+
+    for (i = 0; i < 5000; i++) {
+        chain((uint64_t) i * 1000 + 7, 1, tok, seq);
+        eng = 0xABC0000000000000ULL + (uint64_t) i;
+        CHECK(store(ix, 4, 0, 0, 0, &eng, tok, 1) == 0);
+    }
+    for (i = 0; i < 5000; i++) {
+        eng = 0xABC0000000000000ULL + (uint64_t) i;
+        remove_hashes(ix, 4, 0, &eng, 1);
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.removed + st.unknown_remove, 5000);
+    CHECK(st.removed > 0);
+    s = kv_index_worker_find(ix, 4, 0);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), st.blocks);
+    kv_index_worker_clear(ix, 4);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.blocks, 0);
+    free(ix);
+}
+
+TEST(unknown_parent_dropped_whole)
+{
+    kv_index_t      *ix = make(1 << 20, NULL);
+    uint64_t         tok[4], seq[4];
+    kv_index_stats_t st;
+    int              s;
+
+    chain(42, 4, tok, seq);
+    CHECK(store(ix, 1, 0, 1, 123456789, seq, tok, 4) == -1);
+    CHECK(strstr(err, "parent") != NULL);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.unknown_parent, 1);
+    CHECK_EQ_U64(st.blocks, 0);
+    s = kv_index_worker_find(ix, 1, 0);
+    CHECK(s < 0 || kv_index_worker_blocks(ix, (uint32_t) s) == 0);
+    /* a parent held by another worker does not count */
+    CHECK(store(ix, 2, 0, 0, 0, seq, tok, 2) == 0);
+    CHECK(store(ix, 1, 0, 1, seq[1], seq + 2, tok + 2, 2) == -1);
+    CHECK_EQ_U64(kv_index_match(ix, seq + 2, 2, (kv_overlap_t[4]) { 0 }, 4), 0);
+    free(ix);
+}
+
+TEST(cleared_all_dp_ranks)
+{
+    kv_index_t      *ix = make(1 << 20, NULL);
+    uint64_t         tok[4], seq[4];
+    kv_event_t       ev;
+    kv_index_stats_t st;
+    int              a, b, c;
+
+    chain(7, 4, tok, seq);
+    CHECK(store(ix, 5, 0, 0, 0, seq, tok, 4) == 0);
+    CHECK(store(ix, 5, 1, 0, 0, seq, tok, 4) == 0);
+    CHECK(store(ix, 6, 0, 0, 0, seq, tok, 2) == 0);
+    a = kv_index_worker_find(ix, 5, 0);
+    b = kv_index_worker_find(ix, 5, 1);
+    c = kv_index_worker_find(ix, 6, 0);
+    CHECK(a >= 0 && b >= 0 && c >= 0 && a != b);
+    memset(&ev, 0, sizeof(ev));
+    ev.worker_id = 5;
+    ev.kind = KV_EVENT_CLEARED;
+    CHECK(kv_index_apply(ix, &ev, 1000, err, sizeof(err)) == 0);
+    CHECK_EQ_U64(overlap(ix, a, seq, 4), 0);
+    CHECK_EQ_U64(overlap(ix, b, seq, 4), 0);
+    CHECK_EQ_U64(overlap(ix, c, seq, 4), 2);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) a), 0);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) b), 0);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) c), 2);
+    /* slots stay */
+    CHECK(kv_index_worker_find(ix, 5, 1) == b);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.blocks, 2);
+    CHECK_EQ_U64(st.cleared, 1);
+    free(ix);
+}
+
+TEST(worker_remove_frees_slot)
+{
+    kv_index_t      *ix = make(1 << 20, NULL);
+    uint64_t         tok[4], seq[4], wid;
+    uint32_t         dp;
+    kv_index_stats_t st;
+    int              a, b;
+
+    chain(9, 4, tok, seq);
+    CHECK(store(ix, 11, 3, 0, 0, seq, tok, 4) == 0);
+    a = kv_index_worker_find(ix, 11, 3);
+    CHECK(kv_index_worker_info(ix, (uint32_t) a, &wid, &dp) == 0);
+    CHECK_EQ_U64(wid, 11);
+    CHECK_EQ_U64(dp, 3);
+    kv_index_worker_remove(ix, 11);
+    CHECK(kv_index_worker_find(ix, 11, 3) < 0);
+    CHECK(kv_index_worker_info(ix, (uint32_t) a, &wid, &dp) == -1);
+    CHECK_EQ_U64(kv_index_match(ix, seq, 4, (kv_overlap_t[4]) { 0 }, 4), 0);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.blocks, 0);
+    CHECK_EQ_U64(st.workers, 0);
+    /* the slot is reused, empty */
+    b = kv_index_worker_add(ix, 12, 0);
+    CHECK(b == a);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) b), 0);
+    free(ix);
+}
+
+TEST(worker_slots_run_out)
+{
+    kv_index_config_t cfg = { .max_workers = 2 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    uint64_t          tok[1], seq[1];
+
+    chain(1, 1, tok, seq);
+    CHECK(store(ix, 1, 0, 0, 0, seq, tok, 1) == 0);
+    CHECK(store(ix, 2, 0, 0, 0, seq, tok, 1) == 0);
+    CHECK(store(ix, 3, 0, 0, 0, seq, tok, 1) == -1);
+    CHECK(strstr(err, "slot") != NULL);
+    CHECK_EQ_U64(kv_index_max_workers(ix), 2);
+    free(ix);
+}
+
+TEST(match_leading_run_per_worker)
+{
+    kv_index_t  *ix = make(1 << 20, NULL);
+    uint64_t     seq[10] = { 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 };
+    kv_overlap_t out[8];
+    size_t       k, i;
+    int          a, b, c;
+
+    a = kv_index_worker_add(ix, 1, 0);
+    b = kv_index_worker_add(ix, 2, 0);
+    c = kv_index_worker_add(ix, 3, 0);
+    kv_index_record(ix, (uint32_t) a, seq, 10, 1000);
+    kv_index_record(ix, (uint32_t) b, seq, 5, 1000);
+    kv_index_record(ix, (uint32_t) c, seq, 3, 1000);
+    kv_index_record(ix, (uint32_t) c, seq + 5, 5, 1000);   /* a hole at 3, 4 */
+    k = kv_index_match(ix, seq, 10, out, 8);
+    CHECK_EQ_U64(k, 3);
+    for (i = 0; i < k; i++) {
+        uint32_t want = (int) out[i].slot == a ? 10 : (int) out[i].slot == b ? 5 : 3;
+
+        CHECK_EQ_U64(out[i].blocks, want);
+    }
+    /* a request whose first block nobody holds */
+    CHECK_EQ_U64(kv_index_match(ix, seq + 3, 7, out, 8), 2);
+    CHECK_EQ_U64(kv_index_match(ix, (uint64_t[1]) { 999 }, 1, out, 8), 0);
+    CHECK_EQ_U64(kv_index_match(ix, seq, 0, out, 8), 0);
+    /* cap bounds the answer */
+    CHECK_EQ_U64(kv_index_match(ix, seq, 10, out, 1), 1);
+    free(ix);
+}
+
+/* Once no worker holds block i, match stops: it may read 16 more hashes to
+ * prefetch (kv_index.h), no further; the rest of the request lies on a
+ * page that faults. */
+TEST(match_exits_early)
+{
+    kv_index_t  *ix = make(1 << 20, NULL);
+    long         pg = sysconf(_SC_PAGESIZE);
+    char        *mem = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint64_t    *seq = (uint64_t *) (void *) (mem + pg) - 20;
+    kv_overlap_t out[4];
+    int          a;
+
+    CHECK(mem != MAP_FAILED);
+    for (int i = 0; i < 20; i++) {
+        seq[i] = 50 + (uint64_t) i;
+    }
+    CHECK(mprotect(mem + pg, pg, PROT_NONE) == 0);
+    a = kv_index_worker_add(ix, 1, 0);
+    kv_index_record(ix, (uint32_t) a, seq, 3, 1000);
+    CHECK_EQ_U64(kv_index_match(ix, seq, 256, out, 4), 1);
+    CHECK_EQ_U64(out[0].blocks, 3);
+    munmap(mem, 2 * pg);
+    free(ix);
+}
+
+TEST(eviction_when_full)
+{
+    kv_index_config_t cfg = { .max_workers = 64 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[16], seq[16];
+    int               i, s;
+
+    kv_index_stats(ix, &st);
+    CHECK(st.capacity >= 512);
+    for (i = 0; i < 400; i++) {
+        chain((uint64_t) i << 20, 16, tok, seq);
+        CHECK(store(ix, 1, 0, 0, 0, seq, tok, 16) == 0);
+    }
+    kv_index_stats(ix, &st);
+    CHECK(st.evicted > 0);
+    CHECK(st.blocks <= st.capacity);
+    CHECK_EQ_U64(st.blocks + st.evicted, 400 * 16);
+    s = kv_index_worker_find(ix, 1, 0);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), st.blocks);
+    /* the latest chain is the most recently touched: it survives whole */
+    CHECK_EQ_U64(overlap(ix, s, seq, 16), 16);
+    free(ix);
+}
+
+TEST(approximate_ttl_expire)
+{
+    kv_index_config_t cfg = { .approximate = 1, .ttl_ms = 1000 };
+    kv_index_t       *ix = make(1 << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t          seq[4] = { 21, 22, 23, 24 };
+    int               a = kv_index_worker_add(ix, 1, 0);
+
+    kv_index_record(ix, (uint32_t) a, seq, 2, 10000);
+    kv_index_record(ix, (uint32_t) a, seq + 2, 2, 10800);
+    CHECK_EQ_U64(overlap(ix, a, seq, 4), 4);
+    kv_index_expire(ix, 10500);                 /* nothing old enough */
+    CHECK_EQ_U64(overlap(ix, a, seq, 4), 4);
+    kv_index_expire(ix, 11500);                 /* the first two are */
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.expired, 2);
+    CHECK_EQ_U64(overlap(ix, a, seq, 4), 0);
+    CHECK_EQ_U64(overlap(ix, a, seq + 2, 2), 2);
+    kv_index_expire(ix, 20000);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.blocks, 0);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) a), 0);
+    free(ix);
+}
+
+TEST(approximate_prune_to_ratio)
+{
+    kv_index_config_t cfg = { .approximate = 1, .max_blocks = 100, .prune_ratio = 0.8 };
+    kv_index_t       *ix = make(1 << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t          seq[150];
+    int               a = kv_index_worker_add(ix, 1, 0), i;
+
+    for (i = 0; i < 150; i++) {
+        seq[i] = 1000 + (uint64_t) i;
+    }
+    kv_index_record(ix, (uint32_t) a, seq, 100, 5000);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.blocks, 100);               /* at the cap: no prune yet */
+    kv_index_record(ix, (uint32_t) a, seq + 100, 50, 6000);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.blocks, 80);
+    CHECK_EQ_U64(st.pruned, 70);
+    /* the older ones went first */
+    CHECK_EQ_U64(overlap(ix, a, seq + 100, 50), 50);
+    free(ix);
+}
+
+TEST(open_on_reuse)
+{
+    size_t      size = 1 << 20;
+    void       *region = calloc(1, size);
+    kv_index_t *ix = kv_index_create(region, size, NULL, err, sizeof(err)), *again;
+    uint64_t    tok[4], seq[4];
+    int         s;
+
+    chain(77, 4, tok, seq);
+    CHECK(store(ix, 3, 0, 0, 0, seq, tok, 4) == 0);
+    s = kv_index_worker_find(ix, 3, 0);
+    again = kv_index_open(region, size);
+    CHECK(again == ix);
+    CHECK_EQ_U64(overlap(again, s, seq, 4), 4);
+    CHECK(kv_index_open(region, size / 2) == NULL);
+    memset(region, 0xA5, 64);
+    CHECK(kv_index_open(region, size) == NULL);
+    CHECK(kv_index_create(region, 1024, NULL, err, sizeof(err)) == NULL);
+    CHECK(strstr(err, "minimum") != NULL);
+    free(region);
+}
+
+/* --- concurrency ----------------------------------------------------------
+ *
+ * The writer stores whole chains for a worker (one event, no parent) and
+ * removes them from the tail; a small region makes it evict too. Before a
+ * chain is first stored for a worker it sets that bit in `ever` (shared).
+ * The reader matches chain prefixes followed by blocks no one ever holds
+ * and checks: each slot at most once, a known slot, overlap <= the chain
+ * prefix asked, and overlap > 0 only for a (chain, worker) ever stored.
+ */
+#define CW        8         /* workers */
+#define CCHAINS   256
+#define CLEN      24
+
+typedef struct {
+    _Atomic int         done;
+    _Atomic uint32_t    ever[CCHAINS];  /* bit w: chain stored for worker w */
+    uint64_t            reads, bad;
+} shared_t;
+
+static void chain_seq(int c, uint64_t *tok, uint64_t *seq)
+{
+    chain(((uint64_t) c + 1) << 32, CLEN, tok, seq);
+}
+
+static int reader(kv_index_t *ix, shared_t *sh)
+{
+    uint64_t     tok[CLEN], seq[CLEN + 4];
+    kv_overlap_t out[CW * 2];
+    unsigned     r = 12345;
+    size_t       k, i, j, m;
+    uint64_t     bad = 0, reads = 0;
+
+    while (!sh->done) {
+        int      c = (int) ((r = r * 1103515245 + 12345) >> 8) % CCHAINS;
+        uint32_t ever;
+
+        chain_seq(c, tok, seq);
+        m = 1 + (r >> 4) % CLEN;
+        for (i = m; i < m + 4; i++) {
+            seq[i] = 0xdead0000ULL + i;          /* never stored */
+        }
+        k = kv_index_match(ix, seq, m + 4, out, CW * 2);
+        ever = atomic_load_explicit(&sh->ever[c], memory_order_acquire);
+        for (i = 0; i < k; i++) {
+            uint64_t wid;
+            uint32_t dp;
+
+            if (out[i].blocks == 0 || out[i].blocks > m || out[i].slot >= CW
+                || !(ever >> out[i].slot & 1)
+                || kv_index_worker_info(ix, out[i].slot, &wid, &dp) != 0 || wid != out[i].slot)
+            {
+                bad++;
+            }
+            for (j = 0; j < i; j++) {
+                bad += out[j].slot == out[i].slot;
+            }
+        }
+        reads++;
+    }
+    sh->reads = reads;
+    sh->bad = bad;
+    return bad != 0;
+}
+
+static void writer(kv_index_t *ix, shared_t *sh, double seconds)
+{
+    static uint8_t held[CCHAINS][CW];           /* blocks stored, per chain and worker */
+    uint64_t       tok[CLEN], seq[CLEN], now = 1;
+    unsigned       r = 777;
+    struct timespec t0, t;
+    int            w;
+
+    for (w = 0; w < CW; w++) {
+        kv_index_worker_add(ix, (uint64_t) w, 0);    /* slot == worker id */
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int c = (int) ((r = r * 1103515245 + 12345) >> 8) % CCHAINS;
+
+        w = (int) (r >> 3) % CW;
+        chain_seq(c, tok, seq);
+        if (held[c][w] == 0) {
+            atomic_fetch_or_explicit(&sh->ever[c], 1u << w, memory_order_release);
+            store(ix, (uint64_t) w, 0, 0, 0, seq, tok, CLEN);
+            held[c][w] = CLEN;
+        } else {
+            int cut = (int) (r >> 12) % held[c][w];
+
+            /* tail first, as engines evict */
+            for (int i = held[c][w] - 1; i >= cut; i--) {
+                remove_hashes(ix, (uint64_t) w, 0, &seq[i], 1);
+            }
+            held[c][w] = (uint8_t) cut;
+        }
+        if ((now++ & 255) == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if ((double) (t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 > seconds) {
+                break;
+            }
+        }
+    }
+}
+
+#ifdef KVT_THREADS
+/* Built by hand with -DKVT_THREADS -fsanitize=thread (docs/BENCHMARKS.md):
+ * the same reader as a thread, so ThreadSanitizer sees both sides. */
+#include <pthread.h>
+
+static kv_index_t *t_ix;
+static shared_t   *t_sh;
+
+static void *reader_thread(void *arg)
+{
+    return (void *) (intptr_t) reader(t_ix, t_sh);
+}
+#endif
+
+TEST(concurrent_reader_sees_consistent_overlaps)
+{
+    kv_index_config_t cfg = { .max_workers = 64 };
+    size_t            size = kv_index_min_size(&cfg) * 4;
+    char             *mem = mmap(NULL, size + 4096, PROT_READ | PROT_WRITE,
+                                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    shared_t         *sh = (shared_t *) (void *) mem;
+    kv_index_t       *ix;
+    kv_index_stats_t  st;
+    pid_t             pid;
+    int               status = -1, i;
+
+    CHECK(mem != MAP_FAILED);
+    ix = kv_index_create(mem + 4096, size, &cfg, err, sizeof(err));
+    CHECK(ix != NULL);
+#ifdef KVT_THREADS
+    {
+        pthread_t th;
+        void     *rc;
+
+        t_ix = ix;
+        t_sh = sh;
+        pthread_create(&th, NULL, reader_thread, NULL);
+        writer(ix, sh, 1.0);
+        sh->done = 1;
+        pthread_join(th, &rc);
+        status = rc == NULL ? 0 : 1 << 8;
+        pid = 0;
+        (void) pid;
+        (void) i;
+    }
+#else
+    pid = fork();
+    if (pid == 0) {
+        alarm(20);                              /* a hung reader fails the test */
+        _exit(reader(ix, sh));
+    }
+    writer(ix, sh, 1.0);
+    sh->done = 1;
+    for (i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; i++) {
+        usleep(50000);
+    }
+    if (i == 200) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    }
+#endif
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    kv_index_stats(ix, &st);
+    printf("  reader: %llu matches, %llu inconsistent; writer: %llu stored, %llu evicted\n",
+           (unsigned long long) sh->reads, (unsigned long long) sh->bad,
+           (unsigned long long) st.stored, (unsigned long long) st.evicted);
+    CHECK(sh->reads > 0);
+    CHECK(st.evicted > 0);
+    munmap(mem, size + 4096);
+}
+
+int main(void)
+{
+    RUN(stored_kvworker_style);
+    RUN(stored_dynamo_style);
+    RUN(engine_map_overflow);
+    RUN(unknown_parent_dropped_whole);
+    RUN(cleared_all_dp_ranks);
+    RUN(worker_remove_frees_slot);
+    RUN(worker_slots_run_out);
+    RUN(match_leading_run_per_worker);
+    RUN(match_exits_early);
+    RUN(eviction_when_full);
+    RUN(approximate_ttl_expire);
+    RUN(approximate_prune_to_ratio);
+    RUN(open_on_reuse);
+    RUN(concurrent_reader_sees_consistent_overlaps);
+    return kvt_done();
+}

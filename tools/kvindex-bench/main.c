@@ -1,0 +1,351 @@
+/*
+ * kvindex-bench: the prefix index (kv_index.h) and the event decoder under
+ * a synthetic load; prints one JSON line.
+ *
+ *   --blocks N          blocks to index (default 1000000); the region is
+ *                       sized so that its capacity just covers N
+ *   --workers N         worker slots in use (default 64)
+ *   --request-blocks N  blocks per document and per match (default 256)
+ *   --readers N         reader threads matching while the writer ingests (1)
+ *   --seconds S         length of the match-under-write phase (default 2)
+ *   --hugepages         madvise(MADV_HUGEPAGE) the regions (transparent huge
+ *                       pages for private memory; nginx's shared zones get
+ *                       them only where shmem_enabled allows, so off by default)
+ *
+ * The load: N / request-blocks documents, each a chain of request-blocks
+ * sequence hashes. Events are kvworker-style stores of 16 blocks with a
+ * parent link (block_hash == sequence hash). Phases:
+ *   1. ingest: every document stored by one worker, then other workers
+ *      store prefixes of them (decoded events applied; blocks per second);
+ *   2. decode+apply: the same first stream rendered as JSON messages, each
+ *      decoded and applied into a second, empty index;
+ *   3. match under write: readers match whole documents (each held whole
+ *      by its owner, so every match walks all request blocks) while the
+ *      writer keeps storing and removing other workers' prefixes; per-call
+ *      latency percentiles.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "kv_event.h"
+#include "kv_hash.h"
+#include "kv_index.h"
+
+#define CHUNK 16
+
+static uint64_t blocks_n = 1000000, workers_n = 64, req_n = 256, readers_n = 1;
+static double   seconds = 2.0;
+static int      hugepages;
+
+static uint64_t *docs;          /* [ndocs][req_n] sequence hashes */
+static uint64_t *toks;          /* the local hashes they chain */
+static uint64_t  ndocs;
+static kv_index_t *ix;
+static atomic_int  stop;
+
+static double now_s(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double) t.tv_sec + (double) t.tv_nsec / 1e9;
+}
+
+static uint64_t rnd(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static kv_index_t *make_index(uint64_t want, size_t *size_out)
+{
+    kv_index_config_t cfg = { .max_workers = (uint32_t) workers_n };
+    kv_index_stats_t  st;
+    char              err[256];
+    size_t            size = kv_index_min_size(&cfg);
+
+    /* the smallest power-of-two-ish region whose capacity covers want */
+    for (;;) {
+        size_t      alloc = (size + (2 << 20) - 1) & ~(size_t) ((2 << 20) - 1);
+        void       *r = aligned_alloc(2 << 20, alloc);
+        kv_index_t *x;
+
+        if (r == NULL) {
+            fprintf(stderr, "out of memory\n");
+            exit(1);
+        }
+        if (hugepages) {
+            madvise(r, alloc, MADV_HUGEPAGE);
+        }
+        x = kv_index_create(r, size, &cfg, err, sizeof(err));
+        if (x == NULL) {
+            fprintf(stderr, "kv_index_create: %s\n", err);
+            exit(1);
+        }
+        kv_index_stats(x, &st);
+        if (st.capacity >= want) {
+            *size_out = size;
+            return x;
+        }
+        free(r);
+        size += size / 8;
+    }
+}
+
+/* One store event of blocks [from, from + CHUNK) of doc d by worker w. */
+static void make_store(kv_event_t *ev, kv_stored_block_t *b, uint64_t w, uint64_t d,
+                       uint64_t from)
+{
+    uint64_t i;
+
+    memset(ev, 0, sizeof(*ev));
+    ev->worker_id = w;
+    ev->kind = KV_EVENT_STORED;
+    ev->has_parent = from > 0;
+    ev->parent_hash = from > 0 ? docs[d * req_n + from - 1] : 0;
+    for (i = 0; i < CHUNK; i++) {
+        b[i].block_hash = docs[d * req_n + from + i];
+        b[i].tokens_hash = toks[d * req_n + from + i];
+    }
+    ev->blocks = b;
+    ev->n_blocks = CHUNK;
+}
+
+static int render_json(char *out, size_t cap, const kv_event_t *ev, uint64_t id)
+{
+    size_t n = 0, i;
+
+    n += (size_t) snprintf(out + n, cap - n,
+                           "{\"worker_id\":%" PRIu64 ",\"storage_tier\":\"device\",\"event\":"
+                           "{\"event_id\":%" PRIu64 ",\"data\":{\"stored\":{\"parent_hash\":",
+                           ev->worker_id, id);
+    n += ev->has_parent ? (size_t) snprintf(out + n, cap - n, "%" PRIu64, ev->parent_hash)
+                        : (size_t) snprintf(out + n, cap - n, "null");
+    n += (size_t) snprintf(out + n, cap - n, ",\"start_position\":null,\"blocks\":[");
+    for (i = 0; i < ev->n_blocks; i++) {
+        n += (size_t) snprintf(out + n, cap - n,
+                               "%s{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64
+                               ",\"mm_extra_info\":null}", i ? "," : "",
+                               ev->blocks[i].block_hash, ev->blocks[i].tokens_hash);
+    }
+    n += (size_t) snprintf(out + n, cap - n, "]}},\"dp_rank\":0}}");
+    return (int) n;
+}
+
+typedef struct {
+    uint64_t  seed;
+    double   *lat;          /* microseconds */
+    size_t    n, cap;
+} reader_t;
+
+static void *reader_main(void *arg)
+{
+    reader_t     *r = arg;
+    kv_overlap_t  out[256];
+    volatile size_t sink = 0;
+
+    while (!atomic_load_explicit(&stop, memory_order_relaxed) && r->n < r->cap) {
+        uint64_t d = rnd(&r->seed) % ndocs;
+        double   t0 = now_s();
+
+        sink += kv_index_match(ix, &docs[d * req_n], req_n, out, 256);
+        r->lat[r->n++] = (now_s() - t0) * 1e6;
+    }
+    (void) sink;
+    return NULL;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+
+    return x < y ? -1 : x > y;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: kvindex-bench [--blocks N] [--workers N] [--request-blocks N] "
+                    "[--readers N] [--seconds S] [--hugepages]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    kv_event_t        *evs;
+    kv_stored_block_t *blk;
+    kv_index_stats_t   st;
+    kv_event_batch_t   batch;
+    char               err[256], *json;
+    size_t             size, size2, *joff, i, nev, nj, jcap;
+    uint64_t           seed = 88172645463325252ULL, d, k, applied = 0, held_max;
+    uint8_t           *held;
+    double             t0, ingest_s, decode_s, decode_blocks = 0;
+    pthread_t         *th;
+    reader_t          *rd;
+    double            *all;
+    size_t             nall = 0;
+    uint64_t           wrote = 0, evicted_before, first;
+
+    for (i = 1; i < (size_t) argc; i++) {
+        if (!strcmp(argv[i], "--hugepages")) {
+            hugepages = 1;
+            continue;
+        }
+        if (i + 1 >= (size_t) argc) usage();
+        if (!strcmp(argv[i], "--blocks")) blocks_n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--workers")) workers_n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--request-blocks")) req_n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--readers")) readers_n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--seconds")) seconds = strtod(argv[++i], NULL);
+        else usage();
+    }
+    if (workers_n == 0 || workers_n > 4096 || req_n < CHUNK || blocks_n < req_n) usage();
+    req_n = req_n / CHUNK * CHUNK;
+    ndocs = blocks_n / req_n;
+    docs = malloc(ndocs * req_n * sizeof(uint64_t));
+    toks = malloc(ndocs * req_n * sizeof(uint64_t));
+    for (d = 0; d < ndocs; d++) {
+        for (k = 0; k < req_n; k++) {
+            uint64_t t = rnd(&seed);
+
+            toks[d * req_n + k] = t;
+            docs[d * req_n + k] = k == 0 ? t : kv_hash_chain(docs[d * req_n + k - 1], t);
+        }
+    }
+    ix = make_index(blocks_n, &size);
+
+    /* 1. every doc stored whole by one worker (all distinct blocks), then
+     * as many stores again by other workers of random prefixes */
+    nev = 2 * ndocs * (req_n / CHUNK);
+    evs = malloc(nev * sizeof(kv_event_t));
+    blk = malloc(nev * CHUNK * sizeof(kv_stored_block_t));
+    held = calloc(ndocs * workers_n, 1);
+    for (i = 0, d = 0; d < ndocs; d++) {
+        uint64_t w = d % workers_n;
+
+        for (k = 0; k < req_n; k += CHUNK, i++) {
+            make_store(&evs[i], &blk[i * CHUNK], w, d, k);
+        }
+        held[d * workers_n + w] = (uint8_t) (req_n / CHUNK);
+    }
+    held_max = req_n / CHUNK;
+    while (i < nev) {
+        uint64_t w = rnd(&seed) % workers_n, h;
+
+        d = rnd(&seed) % ndocs;
+        h = held[d * workers_n + w];
+        if (h == held_max) continue;
+        make_store(&evs[i], &blk[i * CHUNK], w, d, h * CHUNK);
+        held[d * workers_n + w] = (uint8_t) (h + 1);
+        i++;
+    }
+    t0 = now_s();
+    for (i = 0; i < nev; i++) {
+        if (kv_index_apply(ix, &evs[i], 1000 + i / 1024, err, sizeof(err)) == 0) {
+            applied += evs[i].n_blocks;
+        }
+    }
+    ingest_s = now_s() - t0;
+
+    /* 2. JSON bytes -> decode -> apply, into a second index */
+    {
+        kv_index_t *saved = ix;
+        size_t      limit = nev / 2 < 65536 ? nev / 2 : 65536;
+
+        ix = make_index(blocks_n, &size2);
+        jcap = limit * (CHUNK * 90 + 256);
+        json = malloc(jcap);
+        joff = malloc((limit + 1) * sizeof(size_t));
+        for (i = 0, nj = 0; i < limit; i++) {
+            joff[i] = nj;
+            nj += (size_t) render_json(json + nj, jcap - nj, &evs[i], i);
+        }
+        joff[limit] = nj;
+        kv_event_batch_init(&batch);
+        t0 = now_s();
+        for (i = 0; i < limit; i++) {
+            if (kv_event_decode(&batch, json + joff[i], joff[i + 1] - joff[i], err,
+                                sizeof(err)) != 0)
+            {
+                fprintf(stderr, "decode: %s\n", err);
+                return 1;
+            }
+            for (k = 0; k < batch.n_events; k++) {
+                kv_index_apply(ix, &batch.events[k], 1000, err, sizeof(err));
+                decode_blocks += (double) batch.events[k].n_blocks;
+            }
+        }
+        decode_s = now_s() - t0;
+        kv_event_batch_free(&batch);
+        free(json);
+        free(joff);
+        free((void *) ix);
+        ix = saved;
+    }
+
+    /* 3. readers match while the writer re-stores and removes prefixes */
+    kv_index_stats(ix, &st);
+    evicted_before = st.evicted;
+    th = calloc(readers_n, sizeof(pthread_t));
+    rd = calloc(readers_n, sizeof(reader_t));
+    atomic_store(&stop, 0);
+    for (i = 0; i < readers_n; i++) {
+        rd[i].seed = 0x9E3779B97F4A7C15ULL * (i + 1);
+        rd[i].cap = 4000000;
+        rd[i].lat = malloc(rd[i].cap * sizeof(double));
+        pthread_create(&th[i], NULL, reader_main, &rd[i]);
+    }
+    t0 = now_s();
+    /* the writer replays the second stream (other workers' prefixes) and
+     * removes one tail block of another such prefix per store: owners keep
+     * their whole documents, so every match walks all request blocks */
+    first = ndocs * (req_n / CHUNK);
+    for (i = first; now_s() - t0 < seconds; i = i + 1 < nev ? i + 1 : first) {
+        kv_event_t rm;
+        uint64_t   j;
+
+        kv_index_apply(ix, &evs[i], 5000, err, sizeof(err));
+        memset(&rm, 0, sizeof(rm));
+        j = first + (i * 7919) % (nev - first);
+        rm.worker_id = evs[j].worker_id;
+        rm.kind = KV_EVENT_REMOVED;
+        rm.hashes = &evs[j].blocks[CHUNK - 1].block_hash;
+        rm.n_hashes = 1;
+        kv_index_apply(ix, &rm, 5000, err, sizeof(err));
+        wrote += CHUNK + 1;
+    }
+    atomic_store(&stop, 1);
+    for (i = 0; i < readers_n; i++) {
+        pthread_join(th[i], NULL);
+        nall += rd[i].n;
+    }
+    all = malloc((nall + 1) * sizeof(double));
+    for (i = 0, nall = 0; i < readers_n; i++) {
+        memcpy(all + nall, rd[i].lat, rd[i].n * sizeof(double));
+        nall += rd[i].n;
+    }
+    qsort(all, nall, sizeof(double), cmp_d);
+    kv_index_stats(ix, &st);
+
+    printf("{\"blocks\":%" PRIu64 ",\"workers\":%" PRIu64 ",\"request_blocks\":%" PRIu64
+           ",\"readers\":%" PRIu64 ",\"hugepages\":%d,\"ingest_blocks_per_s\":%.0f,"
+           "\"decode_apply_blocks_per_s\":%.0f,\"match_p50_us\":%.3f,\"match_p99_us\":%.3f,"
+           "\"match_p999_us\":%.3f,\"matches\":%zu,\"write_blocks_per_s_during_match\":%.0f,"
+           "\"bytes_per_block\":%.1f,\"region_bytes\":%zu,\"capacity\":%" PRIu64
+           ",\"indexed\":%" PRIu64 ",\"evictions\":%" PRIu64 ",\"evictions_during_match\":%"
+           PRIu64 "}\n",
+           blocks_n, workers_n, req_n, readers_n, hugepages, (double) applied / ingest_s,
+           decode_blocks / decode_s, nall ? all[nall / 2] : 0.0,
+           nall ? all[nall * 99 / 100] : 0.0, nall ? all[nall * 999 / 1000] : 0.0, nall,
+           (double) wrote / seconds, (double) size / (double) st.capacity, size,
+           st.capacity, st.blocks, st.evicted, st.evicted - evicted_before);
+    return 0;
+}
