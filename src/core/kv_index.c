@@ -24,8 +24,8 @@
  * whole price. Probe chains may change under a reader; a reader that
  * misses an entry moved by the writer sees a shorter overlap, which costs
  * a cache hit, never a wrong answer about an entry it did read. A reader
- * that finds a lock odd for READ_TRIES rounds (a writer killed mid-write)
- * treats that entry as absent rather than spin forever. Being alone, the
+ * that finds a lock odd for READ_TRIES rounds (a writer descheduled or
+ * killed mid-write) treats that entry as absent rather than wait. Being alone, the
  * writer updates locks, bitmaps and counters with plain atomic stores, not
  * locked read-modify-writes.
  *
@@ -47,7 +47,11 @@
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
-#define READ_TRIES      (1u << 20)              /* a reader's retries on one entry */
+#define READ_TRIES      4096u                   /* a reader's retries on one entry:
+                                                   a writer holds one for nanoseconds,
+                                                   but one descheduled mid-write (a
+                                                   busy box) or killed must not stall
+                                                   routing: a miss costs only a cache hit */
 
 typedef struct {
     _Atomic uint64_t    worker_id;
@@ -835,7 +839,7 @@ static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
 
         for (tries = 0;; tries++) {
             if (tries == READ_TRIES) {
-                /* a writer died inside its write: treat the entry as absent */
+                /* a writer stalled or died inside its write: treat the entry as absent */
                 return 0;
             }
             s1 = atomic_load_explicit(&e->lock, memory_order_acquire);
