@@ -180,9 +180,10 @@ int kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
     for (long spins = 0;; spins++) {
         uint64_t s1 = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
         if (s1 & 1) {
-            /* a live writer holds a record for nanoseconds; one killed in
-             * the middle would hold it forever: give up, never hang */
-            if (spins > (1L << 20))
+            /* a live writer holds a record for nanoseconds; one descheduled
+             * or killed in the middle could hold it for milliseconds or
+             * forever: give up soon (routing then goes without it) */
+            if (spins > 4096)
                 return -1;
             continue;
         }
