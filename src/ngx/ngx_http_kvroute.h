@@ -27,6 +27,7 @@
 #define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
 #define NGX_HTTP_KVROUTE_HIST          12
+#define NGX_HTTP_KVROUTE_PENDING_TTL   10000      /* ms */
 
 
 typedef enum {
@@ -64,6 +65,10 @@ typedef struct {
     void                           *index_region;
     size_t                          index_size;
     void                           *registry_region;
+    void                           *pending_region;
+    size_t                          pending_size;
+    kv_index_t                     *pending;    /* events mode: the router's own recent
+                                                   decisions, until events confirm them */
     kv_load_t                      *load;
     kv_index_t                     *index;
     kv_registry_t                  *registry;   /* workers and helper status */

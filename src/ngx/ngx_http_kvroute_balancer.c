@@ -28,6 +28,8 @@ static void ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc,
 static ngx_int_t ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
     ngx_http_upstream_rr_peer_data_t *rrp);
 static void ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd);
+static void ngx_http_kvroute_overlaps(ngx_http_kvroute_srv_conf_t *kcf,
+    kv_index_t *ix, ngx_http_kvroute_ctx_t *ctx);
 static ngx_uint_t ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
     ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now);
 static void ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
@@ -704,16 +706,42 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
 }
 
 
-/* Overlap per primary server, from one index match. */
+/* Raises ctx->overlap per primary server to what index ix says. */
+
+static void
+ngx_http_kvroute_overlaps(ngx_http_kvroute_srv_conf_t *kcf, kv_index_t *ix,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    size_t        i, n;
+    uint32_t      dp;
+    uint64_t      wid;
+    ngx_uint_t    k;
+    kv_overlap_t  out[64];
+
+    n = kv_index_match(ix, ctx->seq, ctx->nseq, out, 64);
+
+    for (i = 0; i < n; i++) {
+        if (kv_index_worker_info(ix, out[i].slot, &wid, &dp) != 0) {
+            continue;
+        }
+
+        for (k = 0; k < kcf->nprimary; k++) {
+            if (kcf->peers[k].worker_id == wid
+                && out[i].blocks > ctx->overlap[k])
+            {
+                ctx->overlap[k] = out[i].blocks;
+            }
+        }
+    }
+}
+
+
+/* Overlap per primary server: the index, then the pending decisions. */
 
 static void
 ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
 {
-    size_t                        i, n;
-    uint32_t                      dp;
-    uint64_t                      wid;
     ngx_uint_t                    k;
-    kv_overlap_t                  out[64];
     kv_worker_rec_t               rec;
     ngx_http_kvroute_ctx_t       *ctx = pd->ctx;
     ngx_http_kvroute_srv_conf_t  *kcf = pd->conf;
@@ -732,23 +760,7 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
         (void) ngx_http_kvroute_peer_record(kcf->zone, &kcf->peers[k], &rec);
     }
 
-    n = kv_index_match(kcf->zone->sh->index, ctx->seq, ctx->nseq, out, 64);
-
-    for (i = 0; i < n; i++) {
-        if (kv_index_worker_info(kcf->zone->sh->index, out[i].slot, &wid, &dp)
-            != 0)
-        {
-            continue;
-        }
-
-        for (k = 0; k < kcf->nprimary; k++) {
-            if (kcf->peers[k].worker_id == wid
-                && out[i].blocks > ctx->overlap[k])
-            {
-                ctx->overlap[k] = out[i].blocks;
-            }
-        }
-    }
+    ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->index, ctx);
 
     /*
      * a worker whose index state cannot be trusted (events lost, resync
@@ -763,6 +775,12 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
         {
             ctx->overlap[k] = 0;
         }
+    }
+
+    /* the router's own recent decisions count too (events mode) */
+
+    if (kcf->zone->sh->pending) {
+        ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->pending, ctx);
     }
 }
 
@@ -943,25 +961,28 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
 }
 
 
-/* Approximate mode: the chosen server will hold this prompt's blocks. */
+/* The chosen server will hold this prompt's blocks: the index itself in
+ * approximate mode, the pending index in events mode. */
 
 static void
 ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p)
 {
     int                      slot;
+    kv_index_t              *ix;
     ngx_http_kvroute_zone_t *zone = kcf->zone;
 
-    if (!zone->sh->approximate || ctx->nseq == 0) {
+    ix = zone->sh->approximate ? zone->sh->index : zone->sh->pending;
+
+    if (ix == NULL || ctx->nseq == 0) {
         return;
     }
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    slot = kv_index_worker_add(zone->sh->index, p->worker_id, 0);
+    slot = kv_index_worker_add(ix, p->worker_id, 0);
     if (slot >= 0) {
-        kv_index_record(zone->sh->index, slot, ctx->seq, ctx->nseq,
-                        (uint64_t) ngx_current_msec);
+        kv_index_record(ix, slot, ctx->seq, ctx->nseq, (uint64_t) ngx_current_msec);
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);

@@ -134,6 +134,14 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_zone_t *zone)
                     st.removed, st.cleared, st.evicted, st.expired, st.pruned,
                     st.unknown_parent, st.unknown_remove);
 
+    if (sh->pending) {
+        kv_index_stats_t  ps;
+
+        kv_index_stats(sh->pending, &ps);
+        b = ngx_sprintf(b, "\"pending\":{\"blocks\":%uL,\"expired\":%uL},",
+                        ps.blocks, ps.expired);
+    }
+
     b = ngx_sprintf(b, "\"fallbacks\":{");
     for (i = 1; i < NGX_HTTP_KVROUTE_FB_N; i++) {
         b = ngx_sprintf(b, "%s\"%s\":%uA", i > 1 ? "," : "",

@@ -306,6 +306,39 @@ ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
     kv_index_config_t       icfg;
     ngx_http_kvroute_sh_t  *sh = zone->sh;
 
+    /*
+     * events mode: a small second index, in approximate mode with a short
+     * TTL, remembers where the router just sent each prompt. Events arrive
+     * only once a worker has prefilled; until then, requests sharing a
+     * prefix that is being computed would otherwise scatter (Dynamo counts
+     * its active sequences for the same reason). An eighth of the zone.
+     */
+
+    if (!zone->approximate && sh->pending_region == NULL) {
+        icfg.max_workers = zone->max_workers;
+        size = ngx_max(shpool->pfree * ngx_pagesize / 8,
+                       kv_index_min_size(&icfg) + ngx_pagesize);
+        sh->pending_region = ngx_slab_alloc(shpool, size);
+        sh->pending_size = sh->pending_region ? size : 0;
+    }
+
+    if (!zone->approximate && sh->pending_region) {
+        ngx_memzero(&icfg, sizeof(icfg));
+        icfg.max_workers = zone->max_workers;
+        icfg.approximate = 1;
+        icfg.ttl_ms = NGX_HTTP_KVROUTE_PENDING_TTL;
+
+        sh->pending = kv_index_create(sh->pending_region, sh->pending_size, &icfg,
+                                      err, sizeof(err));
+        if (sh->pending == NULL) {
+            ngx_log_error(NGX_LOG_WARN, log, 0, "kvroute_zone \"%V\": no pending "
+                          "index: %s", &zone->name, err);
+        }
+
+    } else {
+        sh->pending = NULL;
+    }
+
     if (sh->index_region == NULL) {
         size = shpool->pfree * ngx_pagesize;
 
@@ -445,8 +478,9 @@ ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone)
      * processes) and nginx force-unlocks it when its holder dies
      */
 
-    if (sh->approximate && ngx_shmtx_trylock(&zone->shpool->mutex)) {
-        kv_index_expire(sh->index, (uint64_t) ngx_current_msec);
+    if ((sh->approximate || sh->pending) && ngx_shmtx_trylock(&zone->shpool->mutex)) {
+        kv_index_expire(sh->approximate ? sh->index : sh->pending,
+                        (uint64_t) ngx_current_msec);
         ngx_shmtx_unlock(&zone->shpool->mutex);
     }
 }

@@ -319,3 +319,19 @@ def test_jetstream_replays_what_nginx_missed(stack):
     s, h, _, _ = complete(ng2.port, ids("js2", 96) + [5])
     assert h["x-kvroute-worker"] == "127.0.0.1:%d" % b and h["x-kvroute-overlap"] == "6"
     pub.close()
+
+
+def test_pending_decisions_count_before_events_arrive(stack):
+    """Events come only after a worker has prefilled: until then the router's
+    own recent decisions (a short-TTL pending index) keep a prefix together."""
+    nats = stack.nats()
+    w = stack.worker(engines=3, extra=["--speedup", "50"])     # silent: no events ever
+    ng = stack.nginx(conf(nats.url, w.ports))
+    kvt.wait_until(lambda: events_status(ng.port)["nats"] == "connected", what="connected")
+    s, h, _, _ = complete(ng.port, ids("pending", 160))
+    first = h["x-kvroute-worker"]
+    for i in range(3):
+        s, h, _, _ = complete(ng.port, ids("pending", 160) + [i] * 8)
+        assert h["x-kvroute-worker"] == first and h["x-kvroute-overlap"] == "10"
+    assert status(ng.port)["pending"]["blocks"] >= 10
+    assert indexed(ng.port, first) == 0          # the events index never heard of it
