@@ -1,5 +1,6 @@
 #include "kvw_openai.h"
 #include "kvw_text.h"
+#include "kv_unicode.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -253,7 +254,7 @@ char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
                        const char *text, size_t len, const char *finish)
 {
     json_t *choice;
-    char *clean = text ? kvw_utf8_clean(text, len, &len) : NULL;
+    char *clean = text ? kv_utf8_clean(text, len, &len) : NULL;
     char *out;
 
     text = clean;
@@ -291,7 +292,7 @@ char *kvw_openai_usage_chunk(const kvw_req_t *r, const char *id, long created)
 static json_t *choice_json(const kvw_req_t *r, const char *raw, size_t len,
                            const char *finish)
 {
-    char *text = raw ? kvw_utf8_clean(raw, len, &len) : NULL;
+    char *text = raw ? kv_utf8_clean(raw, len, &len) : NULL;
     json_t *c;
 
     if (r->chat)

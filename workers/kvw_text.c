@@ -128,26 +128,3 @@ size_t kvw_utf8_hold(const char *s, size_t n)
     }
     return 0;
 }
-
-char *kvw_utf8_clean(const char *s, size_t n, size_t *out_len)
-{
-    char *d = malloc(3 * n + 1);
-    size_t i = 0, k = 0, len;
-    uint32_t cp;
-
-    if (d == NULL)
-        return NULL;
-    while (i < n) {
-        len = kv_utf8_next((const uint8_t *)s + i, n - i, &cp);
-        if (cp == 0xfffd && !(len == 3 && memcmp(s + i, "\xef\xbf\xbd", 3) == 0))
-            k += kv_utf8_put(d + k, 0xfffd);
-        else {
-            memcpy(d + k, s + i, len);
-            k += len;
-        }
-        i += len;
-    }
-    d[k] = '\0';
-    *out_len = k;
-    return d;
-}

@@ -39,11 +39,10 @@ const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template
 /*
  * Token bytes are not always whole characters (a byte-level token may hold
  * part of one). kvw_utf8_hold: how many bytes at the end of s[0..n) to keep
- * back while streaming because more bytes may complete them.
- * kvw_utf8_clean: s with each invalid sequence replaced by U+FFFD (malloc'd).
+ * back while streaming because more bytes may complete them (responses
+ * then clean what they send with kv_utf8_clean, src/core/kv_unicode.h).
  */
 size_t kvw_utf8_hold(const char *s, size_t n);
-char  *kvw_utf8_clean(const char *s, size_t n, size_t *out_len);
 
 /* The byte-per-token stand-in. */
 const kvw_text_t *kvw_text_bytes(void);

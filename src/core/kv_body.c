@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kv_body.h"
+#include "kv_unicode.h"
 
 #define KV_BODY_MAX_DEPTH  64
 
@@ -83,30 +84,6 @@ static int read_hex4(scan_t *s, unsigned *out)
     return 0;
 }
 
-static size_t put_utf8(char *dst, unsigned cp)
-{
-    if (cp < 0x80) {
-        dst[0] = (char) cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        dst[0] = (char) (0xc0 | cp >> 6);
-        dst[1] = (char) (0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        dst[0] = (char) (0xe0 | cp >> 12);
-        dst[1] = (char) (0x80 | (cp >> 6 & 0x3f));
-        dst[2] = (char) (0x80 | (cp & 0x3f));
-        return 3;
-    }
-    dst[0] = (char) (0xf0 | cp >> 18);
-    dst[1] = (char) (0x80 | (cp >> 12 & 0x3f));
-    dst[2] = (char) (0x80 | (cp >> 6 & 0x3f));
-    dst[3] = (char) (0x80 | (cp & 0x3f));
-    return 4;
-}
-
 /* One escape after the backslash; a lone surrogate becomes U+FFFD, as
  * Python's json (and so the engines) would not, but the engines reject
  * such text anyway and routing only needs a stable answer. */
@@ -137,8 +114,8 @@ static int unescape_one(scan_t *s, char *dst, size_t *n)
             if (lo >= 0xdc00 && lo < 0xe000) {
                 cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
             } else {
-                *n = put_utf8(dst, 0xfffd);
-                *n += put_utf8(dst + *n, lo >= 0xd800 && lo < 0xe000 ? 0xfffd : lo);
+                *n = kv_utf8_put(dst, 0xfffd);
+                *n += kv_utf8_put(dst + *n, lo >= 0xd800 && lo < 0xe000 ? 0xfffd : lo);
                 return 0;
             }
         } else {
@@ -147,7 +124,7 @@ static int unescape_one(scan_t *s, char *dst, size_t *n)
     } else if (cp >= 0xdc00 && cp < 0xe000) {
         cp = 0xfffd;
     }
-    *n = put_utf8(dst, cp);
+    *n = kv_utf8_put(dst, cp);
     return 0;
 }
 

@@ -326,34 +326,6 @@ static int encode_valid(const kv_tokenizer_t *t, const char *s, size_t n, enc_t 
     return segment(e, s + seg, n - seg);
 }
 
-/* Invalid UTF-8 becomes U+FFFD per maximal subpart, as Python decodes it. */
-static char *sanitize(const char *s, size_t n, size_t *out_len)
-{
-    char    *d = malloc(3 * n + 1);
-    size_t   i = 0, k = 0, len;
-    uint32_t cp;
-
-    if (d == NULL) {
-        return NULL;
-    }
-    while (i < n) {
-        if ((uint8_t) s[i] < 0x80) {
-            d[k++] = s[i++];
-            continue;
-        }
-        len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
-        if (cp == 0xfffd) {
-            k += kv_utf8_put(d + k, 0xfffd);
-        } else {
-            memcpy(d + k, s + i, len);
-            k += len;
-        }
-        i += len;
-    }
-    *out_len = k;
-    return d;
-}
-
 long kv_tokenizer_encode(const kv_tokenizer_t *t, const char *text, size_t len,
                          int add_special, kv_ids_t *out)
 {
@@ -363,7 +335,7 @@ long kv_tokenizer_encode(const kv_tokenizer_t *t, const char *text, size_t len,
     int     rc = 0;
 
     if (!kv_utf8_valid((const uint8_t *) text, len)) {
-        clean = sanitize(text, len, &n2);
+        clean = kv_utf8_clean(text, len, &n2);  /* as Python decodes it */
         if (clean == NULL) {
             return -1;
         }
@@ -460,25 +432,6 @@ static int token_raw(const kv_tokenizer_t *t, uint32_t id, buf_t *b)
     return 0;
 }
 
-/* Appends bytes as UTF-8, each invalid maximal subpart as U+FFFD. */
-static int put_lossy(buf_t *b, const char *s, size_t n)
-{
-    size_t   i = 0, len;
-    uint32_t cp;
-    char     rep[4];
-
-    while (i < n) {
-        len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
-        if (cp == 0xfffd && !(len == 3 && memcmp(s + i, "\xef\xbf\xbd", 3) == 0)) {
-            if (put(b, rep, kv_utf8_put(rep, 0xfffd)) != 0) return -1;
-        } else if (put(b, s + i, len) != 0) {
-            return -1;
-        }
-        i += len;
-    }
-    return 0;
-}
-
 static char *decode_sp(const kv_tokenizer_t *t, const uint32_t *ids, size_t n,
                        int skip_special, size_t *len)
 {
@@ -543,7 +496,8 @@ fail:
 char *kv_tokenizer_decode(const kv_tokenizer_t *t, const uint32_t *ids, size_t n,
                           int skip_special, size_t *len)
 {
-    buf_t  raw = { NULL, 0, 0 }, out = { NULL, 0, 0 };
+    buf_t  raw = { NULL, 0, 0 };
+    char  *out;
     size_t i;
 
     if (t->dec == DEC_SENTENCEPIECE) {
@@ -562,16 +516,12 @@ char *kv_tokenizer_decode(const kv_tokenizer_t *t, const uint32_t *ids, size_t n
             goto fail;
         }
     }
-    if (put_lossy(&out, raw.p ? raw.p : "", raw.n) != 0 || put(&out, "", 0) != 0) {
-        goto fail;
-    }
+    /* the bytes joined may be invalid UTF-8: lossy, as HF's decode is */
+    out = kv_utf8_clean(raw.p ? raw.p : "", raw.n, len);
     free(raw.p);
-    out.p[out.n] = '\0';
-    *len = out.n;
-    return out.p;
+    return out;
 fail:
     free(raw.p);
-    free(out.p);
     return NULL;
 }
 

@@ -1,4 +1,7 @@
 /* UTF-8 and character classes for the tokenizer (see kv_unicode.h). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "kv_unicode.h"
 
 static int in_ranges(const kv_uni_range_t *r, unsigned n, uint32_t cp)
@@ -125,4 +128,32 @@ int kv_utf8_valid(const uint8_t *s, size_t n)
         i += k;
     }
     return 1;
+}
+
+char *kv_utf8_clean(const char *s, size_t n, size_t *out_len)
+{
+    char    *d = malloc(3 * n + 1);
+    size_t   i = 0, k = 0, len;
+    uint32_t cp;
+
+    if (d == NULL) {
+        return NULL;
+    }
+    while (i < n) {
+        if ((uint8_t) s[i] < 0x80) {
+            d[k++] = s[i++];
+            continue;
+        }
+        len = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
+        if (cp == 0xfffd) {
+            k += kv_utf8_put(d + k, 0xfffd);
+        } else {
+            memcpy(d + k, s + i, len);
+            k += len;
+        }
+        i += len;
+    }
+    d[k] = '\0';
+    *out_len = k;
+    return d;
 }

@@ -31,6 +31,10 @@ int kv_uni_class(uint32_t cp);
 size_t kv_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
 size_t kv_utf8_put(char *dst, uint32_t cp);
 
+/* s[0..n) with each invalid maximal subpart replaced by U+FFFD, as
+ * Python's and Rust's lossy decoders do; malloc'ed, NUL-terminated. */
+char *kv_utf8_clean(const char *s, size_t n, size_t *out_len);
+
 /* 1 if s[0..n) is valid UTF-8. */
 int kv_utf8_valid(const uint8_t *s, size_t n);
 
