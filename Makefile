@@ -8,8 +8,9 @@
 #   make CUDA=0          skip the CUDA engine even where nvcc exists
 #
 # Sources are found by globbing, so adding a file needs no edit here:
-#   src/core/*.c        -> build/lib/libkvcore.a (no nginx headers)
+#   src/{core,text,index,events,route}/*.c -> build/lib/libkvcore.a (no nginx headers)
 #   src/ngx/*.c         -> build/modules/ngx_http_kvroute_module.so (see ./config)
+#   tools/trace/*.c     -> build/lib/libkvtrace.a (trace files and synthesis)
 #   workers/*.c         -> build/bin/kvworker (main.c) + build/lib/libkvworker.a
 #   workers/cuda/*.cu   -> build/lib/libkvcuda.so, loaded by kvworker --engine cuda
 #   tools/<name>/*.c    -> build/bin/<name>
@@ -35,14 +36,40 @@ endif
 CC       ?= cc
 CFLAGS   := -std=gnu11 $(OPT) -g -fPIC -pthread -Wall -Wextra -Werror \
             -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
-            -D_GNU_SOURCE -Isrc/core -Iworkers $(SANFLAGS) $(EXTRA_CFLAGS)
+            -D_GNU_SOURCE -MMD -MP $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS  := -pthread $(SANFLAGS)
 LIBS     := -levent -levent_pthreads -lnats -ljansson -lxxhash -lutf8proc -ldl -lm
 VENV     := .venv
 PY       := $(VENV)/bin/python
 
-CORE_SRC   := $(wildcard src/core/*.c)
+# Layers, lowest first, and what each may include. Each is compiled with
+# only its own include paths, so a file that reaches up or sideways does not
+# build (docs/ARCHITECTURE.md):
+#   src/core    (nothing)             hashing, UTF-8, JSON/msgpack, the event wire format
+#   src/text    core                  tokenizer, chat templates
+#   src/index   core                  prefix index, worker registry, load table
+#   src/events  core index            NATS ingestion into the index
+#   src/route   core text index       request body -> blocks, scoring, the decision
+#   src/ngx     every src layer       the nginx glue (built by ./config)
+#   workers     core text             kvworker
+#   tools/trace core                  trace files and synthesis (kvbench, kvsynth)
+#   tools/*, t/ everything
+LAYERS      := core text index events route
+USES_core   := core
+USES_text   := core text
+USES_index  := core index
+USES_events := core index events
+USES_route  := core text index route
+ALL_INC     := $(LAYERS:%=-Isrc/%) -Iworkers -Itools/trace
+$(foreach l,$(LAYERS),$(eval $(B)/obj/src/$(l)/%.o: INC := $(USES_$(l):%=-Isrc/%)))
+$(B)/obj/workers/%.o:     INC := -Isrc/core -Isrc/text -Iworkers
+$(B)/obj/tools/trace/%.o: INC := -Isrc/core -Itools/trace
+$(B)/obj/tools/%.o:       INC := $(ALL_INC)
+
+CORE_SRC   := $(foreach l,$(LAYERS),$(wildcard src/$(l)/*.c))
 CORE_OBJ   := $(CORE_SRC:%.c=$(B)/obj/%.o)
+TRACE_SRC  := $(wildcard tools/trace/*.c)
+TRACE_OBJ  := $(TRACE_SRC:%.c=$(B)/obj/%.o)
 WORK_SRC   := $(filter-out workers/main.c,$(wildcard workers/*.c))
 WORK_OBJ   := $(WORK_SRC:%.c=$(B)/obj/%.o)
 TOOL_NAMES := $(notdir $(patsubst %/,%,$(dir $(wildcard tools/*/main.c))))
@@ -52,9 +79,10 @@ UNIT_BINS  := $(UNIT_SRC:t/unit/%.c=$(B)/t/%)
 FUZZ_SRC   := $(wildcard t/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRC:t/fuzz/%.c=$(B)/fuzz/%)
 CUDA_SRC   := $(wildcard workers/cuda/*.cu)
-HEADERS    := $(wildcard src/core/*.h workers/*.h)
+HEADERS    := $(foreach l,$(LAYERS),$(wildcard src/$(l)/*.h)) $(wildcard workers/*.h)
 
 CORE_LIB   := $(B)/lib/libkvcore.a
+TRACE_LIB  := $(B)/lib/libkvtrace.a
 WORK_LIB   := $(B)/lib/libkvworker.a
 MODULE     := $(B)/modules/ngx_http_kvroute_module.so
 KVWORKER   := $(B)/bin/kvworker
@@ -70,22 +98,29 @@ endif
 all: deps
 	@$(MAKE) --no-print-directory build-all
 
-build-all: $(CORE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) $(UNIT_BINS)
+build-all: $(CORE_LIB) $(TRACE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) $(UNIT_BINS)
 
 deps:
 	@tools/install-deps
 
-# --- src/core -------------------------------------------------------------
+# --- libraries ------------------------------------------------------------
+# Header dependencies come from -MMD (.d files beside the objects).
 
-$(B)/obj/%.o: %.c $(HEADERS)
+$(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	$(CC) $(CFLAGS) $(INC) -c -o $@ $<
+
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)
 
 $(CORE_LIB): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
 $(WORK_LIB): $(WORK_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(TRACE_LIB): $(TRACE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
@@ -137,9 +172,9 @@ $(KVWORKER): $(B)/obj/workers/main.o $(WORK_LIB) $(CORE_LIB)
 # every .c in tools/<name>/ belongs to that tool
 .SECONDEXPANSION:
 # (no % inside: a pattern rule would substitute the stem into patsubst's pattern)
-$(B)/bin/%: $$(addprefix $(B)/obj/,$$(subst .c,.o,$$(wildcard tools/$$*/*.c))) $(WORK_LIB) $(CORE_LIB)
+$(B)/bin/%: $$(addprefix $(B)/obj/,$$(subst .c,.o,$$(wildcard tools/$$*/*.c))) $(TRACE_LIB) $(WORK_LIB) $(CORE_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(WORK_LIB) $(CORE_LIB) $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(TRACE_LIB) $(WORK_LIB) $(CORE_LIB) $(LIBS)
 
 # kvw_model.o and kvw_sample.o come from libkvworker.a (built -fPIC)
 # The CUDA engine reuses the model loader and the sampler: their objects are
@@ -151,21 +186,22 @@ CUDA_LIBDIR   := $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib6
 
 $(B)/obj/cuda-host/%.o: workers/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CC) $(filter-out $(SANFLAGS),$(CFLAGS)) -c -o $@ $<
+	$(CC) $(filter-out $(SANFLAGS),$(CFLAGS)) -Isrc/core -Isrc/text -Iworkers -c -o $@ $<
 
 $(B)/lib/libkvcuda.so: $(CUDA_SRC) $(wildcard workers/cuda/*.h workers/cuda/*.cuh) $(HEADERS) \
                        $(CUDA_HOST_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -O3 -std=c++17 -Xcompiler -fPIC,-Wall -shared -Isrc/core -Iworkers \
+	$(NVCC) -O3 -std=c++17 -Xcompiler -fPIC,-Wall -shared -Isrc/core -Isrc/text -Iworkers \
 	    -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
 	    -gencode arch=compute_90,code=compute_90 \
 	    -o $@ $(CUDA_SRC) $(CUDA_HOST_OBJ) -lcublas -ljansson -Xlinker -rpath=$(CUDA_LIBDIR)
 
 # --- tests ----------------------------------------------------------------
 
-$(B)/t/%: t/unit/%.c t/unit/kvtest.h $(WORK_LIB) $(CORE_LIB)
+$(B)/t/%: t/unit/%.c t/unit/kvtest.h $(TRACE_LIB) $(WORK_LIB) $(CORE_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -It/unit $(LDFLAGS) -o $@ $< $(WORK_LIB) $(CORE_LIB) $(LIBS)
+	@mkdir -p $(B)/obj/t
+	$(CC) $(CFLAGS) -MF $(B)/obj/t/$*.d $(ALL_INC) -It/unit $(LDFLAGS) -o $@ $< $(TRACE_LIB) $(WORK_LIB) $(CORE_LIB) $(LIBS)
 
 unit: all
 	@$(PY) t/run.py --build $(B) --unit-only
@@ -175,9 +211,9 @@ test: all
 
 # libFuzzer targets: clang only, always sanitized, separate objects.
 FUZZ_CFLAGS := -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined \
-               -D_GNU_SOURCE -Isrc/core -Wall -Wextra -Werror -Wno-unused-parameter
+               -D_GNU_SOURCE $(ALL_INC) -Wall -Wextra -Werror -Wno-unused-parameter
 
-$(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(wildcard src/core/*.h)
+$(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(HEADERS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -ljansson -lxxhash -lm -lpthread
 

@@ -14,7 +14,7 @@ Templates: conf/tokenizers/*/ and conf/templates/*/ (tokenizer_config.json
 transformers passes them (bos/eos/unk/pad from tokenizer_config.json;
 {"content": ...} objects give their content; null ones are left out).
 
-Content normalisation (vLLM's rule, documented in src/core/kv_chat.c): if
+Content normalisation (vLLM's rule, documented in src/text/kv_chat.c): if
 the template never loops over a message's content, list content becomes its
 text parts joined with "\n"; otherwise lists are passed unchanged.
 

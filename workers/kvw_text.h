@@ -2,7 +2,7 @@
  * Text <-> tokens, in one place. The HTTP front tokenizes prompts and
  * renders chat messages; the scheduler turns sampled token ids back into
  * text (stop strings, responses). Until the shared tokenizer
- * (src/core/kv_tokenizer.h) and chat templates (kv_chat.h) are wired in,
+ * (src/text/kv_tokenizer.h) and chat templates (kv_chat.h) are wired in,
  * kvw_text_bytes() is the stand-in: one token per byte, and chat messages
  * rendered as "role: content\n" lines.
  */
@@ -32,7 +32,7 @@ typedef struct kvw_text {
     uint32_t        vocab_size;         /* 0: the byte stand-in */
 } kvw_text_t;
 
-/* The shared tokenizer (and chat template, may be NULL) from src/core. */
+/* The shared tokenizer (and chat template, may be NULL) from src/text. */
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
                                 char *err, size_t errlen);
 

@@ -1,6 +1,6 @@
 /*
  * kvworker's text side on the shared tokenizer and chat templates
- * (src/core): what --tokenizer and --chat-template select. Completion
+ * (src/text): what --tokenizer and --chat-template select. Completion
  * prompts are encoded with the tokenizer's special tokens; rendered chats
  * without (the template writes them), exactly as the router does, so that
  * both hash the same blocks.

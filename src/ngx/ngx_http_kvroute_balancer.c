@@ -6,7 +6,7 @@
  * and the upstream peer hooks. A request's prompt (prepared by
  * ngx_http_kvroute_prompt.c) is matched once against the shared prefix
  * index; every attempt then scores the untried servers with Dynamo's cost
- * (src/core/kv_score.c) over the current shared load and takes the best.
+ * (src/route/kv_score.c) over the current shared load and takes the best.
  * Servers keep their nginx meaning of weight, max_fails, fail_timeout,
  * max_conns, down and backup; backups are used, round-robin, only when no
  * primary is usable.

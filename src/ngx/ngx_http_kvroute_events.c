@@ -3,7 +3,7 @@
  * Copyright (C) kvroute authors
  *
  * kvroute_events: the helper process that keeps a zone's prefix index in
- * step with the KV events workers publish over NATS (src/core/kv_ingest.c
+ * step with the KV events workers publish over NATS (src/events/kv_ingest.c
  * does the work; this file hosts it in nginx).
  *
  * The helper lives in the cache manager process: a path registered with a

@@ -3,7 +3,7 @@
  * Copyright (C) kvroute authors
  *
  * Prompt preparation: read the request body before proxying, turn it into
- * block hashes (src/core/kv_prompt.c), and keep the result in the request
+ * block hashes (src/route/kv_prompt.c), and keep the result in the request
  * context for the balancer.
  *
  * A precontent phase handler does this for locations that proxy_pass to a

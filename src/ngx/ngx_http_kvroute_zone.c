@@ -3,8 +3,8 @@
  * Copyright (C) kvroute authors
  *
  * kvroute_zone: the shared memory all nginx worker processes route from.
- * It holds a small header of counters, the load table (src/core/kv_load.c)
- * and the prefix index (src/core/kv_index.c), the latter taking whatever
+ * It holds a small header of counters, the load table (src/index/kv_load.c)
+ * and the prefix index (src/index/kv_index.c), the latter taking whatever
  * the zone has left. The zone is reused across reloads when its name and
  * size stay the same, so the index and in-flight load survive a reload.
  */

@@ -1,4 +1,4 @@
-"""kvtok, the command-line face of src/core's tokenizer, templates and hashing,
+"""kvtok, the command-line face of src/text's tokenizer, templates and hashing,
 checked against HF tokenizers and the jinja2-rendered chat fixtures."""
 import json
 import os

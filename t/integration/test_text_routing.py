@@ -1,5 +1,5 @@
 """Text and chat prompts: nginx and kvworker tokenize with the same
-tokenizer.json and chat template (src/core), so a prefix the worker cached
+tokenizer.json and chat template (src/text), so a prefix the worker cached
 is found by the router. Real nginx, nats-server, kvworker."""
 import concurrent.futures
 import json

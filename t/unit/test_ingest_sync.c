@@ -5,7 +5,7 @@
  *
  * The index and the event decoder are replaced by a recording fake
  * defined here (the only kv_index/kv_event symbols kv_ingest uses), so
- * this test runs whether or not src/core/kv_index.c is built; being
+ * this test runs whether or not src/index/kv_index.c is built; being
  * defined in this object, the fakes take precedence over the library.
  */
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /*
  * kvsynth: learn a Mooncake hash trace's prefix structure and synthesize
- * traces shaped like it (see src/core/kv_synth.h), or describe a trace.
+ * traces shaped like it (see tools/trace/kv_synth.h), or describe a trace.
  *
  *   kvsynth synthesize TRACE [knobs] [--out FILE]   Mooncake JSONL
  *   kvsynth stats TRACE [--block-size N]            one JSON object
