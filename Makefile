@@ -129,6 +129,13 @@ $(TRACE_LIB): $(TRACE_OBJ)
 # the module is binary compatible with /usr/sbin/nginx, then build only the
 # modules target. configure is slow (~6 s), so it reruns only when ./config
 # or the flags change.
+#
+# ./config is self-contained (it compiles the src layers itself, for the
+# standard `./configure --add-dynamic-module` route, docs/INSTALL.md); here
+# KVROUTE_CORE_LIB hands it libkvcore.a instead, so the layers are compiled
+# once, with this Makefile's stricter warnings, per-layer include paths and
+# SANITIZE flags. tools/build-against-nginx and t/integration/test_install.py
+# exercise the self-contained route.
 
 NGX_SRC   := /usr/share/nginx/src
 NGX_B     := $(abspath $(B)/ngx)
@@ -148,7 +155,7 @@ $(shell mkdir -p $(B); echo $(NGX_SRCS) | cmp -s - $(NGX_LIST) 2>/dev/null \
 $(NGX_B)/Makefile: config $(NGX_LIST)
 	@mkdir -p $(NGX_B)
 	@echo "configuring nginx module build (once)"
-	cd $(NGX_SRC) && KVROUTE_BUILD=$(abspath $(B)) bash -c '. ./conf_flags; \
+	cd $(NGX_SRC) && KVROUTE_CORE_LIB=$(abspath $(CORE_LIB)) bash -c '. ./conf_flags; \
 	    ./configure "$${NGX_CONF_FLAGS[@]}" \
 	    --with-cc-opt="$(NGX_CC)" --with-ld-opt="$(NGX_LD)" \
 	    --add-dynamic-module=$(CURDIR) --builddir=$(NGX_B)' > $(NGX_B)/configure.log 2>&1 \

@@ -15,6 +15,11 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+/* the precontent phase, where prompts are read and prepared, came in 1.13.4 */
+#if (nginx_version < 1013004)
+#error "ngx_http_kvroute_module needs nginx 1.13.4 or newer"
+#endif
+
 #include "kv_body.h"
 #include "kv_chat.h"
 #include "kv_index.h"
@@ -127,7 +132,9 @@ typedef struct {
     ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
+#if (NGX_THREADS)
     ngx_thread_pool_t              *thread_pool;
+#endif
     ngx_http_complex_value_t       *salt;
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
     ngx_http_upstream_init_pt       original_init_upstream;

@@ -151,7 +151,9 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ssize_t                              size;
     ngx_int_t                            n;
     ngx_str_t                           *value, s, tokenizer, template;
+#if (NGX_THREADS)
     ngx_str_t                            pool;
+#endif
     ngx_uint_t                           i, k, mode;
     ngx_http_kvroute_srv_conf_t        **kp;
     ngx_http_upstream_srv_conf_t        *uscf;
@@ -177,7 +179,9 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_null(&tokenizer);
     ngx_str_null(&template);
+#if (NGX_THREADS)
     ngx_str_set(&pool, "default");
+#endif
 
 #define KV_PARAM(lit)                                                       \
     (value[i].len > sizeof(lit) - 1                                         \
@@ -304,8 +308,15 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         if (KV_PARAM("thread_pool=")) {
+#if (NGX_THREADS)
             pool = s;
             continue;
+#else
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" needs nginx built with --with-threads",
+                               &value[i]);
+            return NGX_CONF_ERROR;
+#endif
         }
 
         if (KV_PARAM("salt=")) {
