@@ -96,3 +96,70 @@ def test_thread_pool_refused_without_threads(tmp_path):
     assert ok, log
     ok, log = nginx_t(nginx, str(tmp_path / "p"), so, UPSTREAM % "thread_pool=nope")
     assert not ok and "needs nginx built with --with-threads" in log, log
+
+
+def test_make_install_into_destdir(tmp_path):
+    """make install DESTDIR=... PREFIX=/usr lays out the module, its load
+    snippet (linked from modules-enabled, as Debian's packages do), kvworker,
+    the tools and the bundled tokenizers; the installed module loads."""
+    dest = str(tmp_path / "root")
+    b = os.path.relpath(kvt.BUILD, kvt.TOP)
+    r = subprocess.run(["make", "-s", "-C", kvt.TOP, "install", "B=" + b, "DESTDIR=" + dest,
+                        "PREFIX=/usr"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    so = os.path.join(dest, "usr/lib/nginx/modules/ngx_http_kvroute_module.so")
+    snippet = os.path.join(dest, "usr/share/nginx/modules-available/mod-http-kvroute.conf")
+    link = os.path.join(dest, "etc/nginx/modules-enabled/50-mod-http-kvroute.conf")
+    assert os.path.isfile(so)
+    with open(snippet) as f:
+        assert f.read().strip() == \
+            "load_module /usr/lib/nginx/modules/ngx_http_kvroute_module.so;"
+    assert os.readlink(link) == "/usr/share/nginx/modules-available/mod-http-kvroute.conf"
+    for tool in ("kvworker", "kvtok", "kvbench"):
+        assert os.access(os.path.join(dest, "usr/bin", tool), os.X_OK), tool
+    assert os.path.isdir(os.path.join(dest, "usr/share/kvroute/tokenizers"))
+
+    ok, out = nginx_t(kvt.NGINX, str(tmp_path / "p"), so, UPSTREAM % "")
+    assert ok, out
+
+
+DEB_DIR = os.path.join(kvt.TOP, "build", "deb")
+
+
+def debs():
+    return sorted(f for f in os.listdir(DEB_DIR) if f.endswith(".deb")) \
+        if os.path.isdir(DEB_DIR) else []
+
+
+@pytest.mark.skipif(not os.environ.get("KVROUTE_TEST_DEB") and not debs(),
+                    reason="make deb takes about 3 minutes: run it first, or set KVROUTE_TEST_DEB=1")
+def test_deb_packages_hold_module_snippet_and_worker(tmp_path):
+    if os.environ.get("KVROUTE_TEST_DEB"):
+        r = subprocess.run(["make", "-s", "-C", kvt.TOP, "deb"], capture_output=True, text=True,
+                           timeout=1200)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    mod = [d for d in debs() if d.startswith("libnginx-mod-http-kvroute_")]
+    wrk = [d for d in debs() if d.startswith("kvroute-worker_")]
+    assert mod and wrk, debs()
+
+    root = str(tmp_path / "root")
+    for d in (mod[0], wrk[0]):
+        subprocess.run(["dpkg-deb", "-x", os.path.join(DEB_DIR, d), root], check=True)
+    assert os.path.isfile(os.path.join(root, "usr/lib/nginx/modules/ngx_http_kvroute_module.so"))
+    with open(os.path.join(root, "usr/share/nginx/modules-available/mod-http-kvroute.conf")) as f:
+        assert "load_module modules/ngx_http_kvroute_module.so;" in f.read()
+    assert os.access(os.path.join(root, "usr/bin/kvworker"), os.X_OK)
+
+    depends = subprocess.run(["dpkg-deb", "-f", os.path.join(DEB_DIR, mod[0]), "Depends"],
+                             capture_output=True, text=True, check=True).stdout
+    assert "nginx-abi-" in depends, depends
+    postinst = subprocess.run(["dpkg-deb", "-I", os.path.join(DEB_DIR, mod[0]), "postinst"],
+                              capture_output=True, text=True, check=True).stdout
+    assert "modules-enabled" in postinst
+
+    ok, out = nginx_t(kvt.NGINX, str(tmp_path / "p"),
+                      os.path.join(root, "usr/lib/nginx/modules/ngx_http_kvroute_module.so"),
+                      UPSTREAM % "")
+    assert ok, out
