@@ -238,6 +238,9 @@ void ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx);
 uint64_t ngx_http_kvroute_now_ns(void);
 
+/* errors in the OpenAI shape */
+ngx_int_t ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after);
+
 /* filters, variables, status */
 ngx_int_t ngx_http_kvroute_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_kvroute_add_variables(ngx_conf_t *cf);
