@@ -32,6 +32,9 @@
 #define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
 #define NGX_HTTP_KVROUTE_HIST          12
+/* the decision-time histogram's bounds (µs), then +Inf: NGX_HTTP_KVROUTE_HIST */
+#define NGX_HTTP_KVROUTE_HIST_BOUNDS   5, 10, 25, 50, 100, 250, 500, 1000,    \
+                                       2500, 10000, 100000
 #define NGX_HTTP_KVROUTE_PENDING_TTL   10000      /* ms */
 
 
@@ -182,9 +185,13 @@ typedef struct {
 } ngx_http_kvroute_peer_data_t;
 
 
+#define NGX_HTTP_KVROUTE_STATUS_ANY         1   /* JSON, ?format=prometheus */
+#define NGX_HTTP_KVROUTE_STATUS_JSON        2
+#define NGX_HTTP_KVROUTE_STATUS_PROMETHEUS  3
+
 typedef struct {
     ngx_flag_t                      debug_headers;
-    ngx_flag_t                      status;
+    ngx_uint_t                      status;     /* kvroute_status format */
 } ngx_http_kvroute_loc_conf_t;
 
 
@@ -195,6 +202,7 @@ typedef struct {
 
 extern ngx_module_t  ngx_http_kvroute_module;
 extern const char   *ngx_http_kvroute_fallback_names[];
+extern const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1];
 
 
 /* zone */
