@@ -94,6 +94,10 @@ typedef struct {
     ngx_msec_t                      ttl;
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
+    ngx_str_t                       ref_file;       /* where it was first named */
+    ngx_uint_t                      ref_line;
+    ngx_str_t                       decl_file;      /* its kvroute_zone line */
+    ngx_uint_t                      decl_line;
 
     /* per process: event rates over the last second, for the status */
     uint64_t                        rate_ms;
@@ -121,6 +125,7 @@ typedef struct {
     ngx_int_t                       load;       /* kv_load server index, -1 if none */
     ngx_int_t                       reg;        /* registry record last seen for it */
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
+    ngx_uint_t                      block_size_logged;  /* a mismatch, logged */
 } ngx_http_kvroute_peer_t;
 
 
@@ -245,6 +250,16 @@ void ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
 void ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx);
 uint64_t ngx_http_kvroute_now_ns(void);
+
+/* misconfiguration checks */
+ngx_int_t ngx_http_kvroute_check_order(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *uscf);
+ngx_int_t ngx_http_kvroute_zone_undeclared(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us, ngx_http_kvroute_zone_t *zone);
+ngx_uint_t ngx_http_kvroute_worker_block_size(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_peer_t *p);
+void ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
+    uint32_t *overlap, ngx_log_t *log);
 
 /* errors in the OpenAI shape */
 ngx_int_t ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after);

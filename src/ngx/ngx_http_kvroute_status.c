@@ -178,7 +178,12 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(prompt_blocks, U, "kvroute_server_prompt_blocks_total", counter,        \
       "Prompt blocks of the requests sent to the server")                     \
     X(indexed_blocks, U, "kvroute_server_indexed_blocks", gauge,              \
-      "Blocks the index holds for the server")
+      "Blocks the index holds for the server")                                \
+    X(worker_block_size, U, "kvroute_server_worker_block_size", gauge,        \
+      "Block size the server's worker announced (0: unknown)")                \
+    X(block_size_mismatch, B, "kvroute_server_block_size_mismatch", gauge,    \
+      "1 if the worker's block size is not the upstream's block_size=: "      \
+      "the server is routed by load only")
 
 
 #define NGX_HTTP_KVROUTE_T_S  u_char *
@@ -740,6 +745,11 @@ ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
             ss->overlap_blocks = ls.overlap_blocks;
             ss->prompt_blocks = ls.prompt_blocks;
             ss->indexed_blocks = ngx_http_kvroute_indexed(zone, p);
+            ss->worker_block_size = ngx_http_kvroute_worker_block_size(kcfs[i],
+                                                                       p);
+            ss->block_size_mismatch = ss->worker_block_size
+                                   && ss->worker_block_size
+                                      != kcfs[i]->block_size;
 
             s->nservers++;
         }
