@@ -25,7 +25,10 @@ ngx_http_kvroute_decision_time(ngx_http_kvroute_ctx_t *ctx)
     us = (ngx_http_kvroute_now_ns() - ctx->t0_ns) / 1000;
     ctx->decision_us = (ngx_msec_int_t) us;
 
-    for (b = 0; b < NGX_HTTP_KVROUTE_HIST - 1 && us > ngx_http_kvroute_hist_le[b]; b++) {
+    for (b = 0;
+         b < NGX_HTTP_KVROUTE_HIST - 1 && us > ngx_http_kvroute_hist_le[b];
+         b++)
+    {
         /* void */
     }
 

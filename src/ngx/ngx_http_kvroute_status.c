@@ -227,7 +227,7 @@ typedef struct {
 
 /* A worker of the registry and a server of an upstream, with their labels. */
 typedef struct {
-    u_char                           *labels;      /* zone, worker_id, dp_rank */
+    u_char                           *labels;  /* zone, worker_id, dp_rank */
     uint64_t                          worker_id;
     uint32_t                          dp_rank;
     ngx_http_kvroute_worker_snap_t    s;
@@ -235,7 +235,7 @@ typedef struct {
 
 typedef struct {
     u_char                           *labels;      /* upstream, server */
-    ngx_uint_t                        upstream;    /* index in zone->upstreams */
+    ngx_uint_t                        upstream;  /* in zone->upstreams */
     ngx_http_kvroute_server_snap_t    s;
 } ngx_http_kvroute_server_item_t;
 
@@ -595,7 +595,8 @@ static ngx_int_t
 ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
 {
     int                              i, n;
-    u_char                           id[NGX_INT64_LEN + 1], rank[NGX_INT_T_LEN + 1];
+    u_char                           id[NGX_INT64_LEN + 1];
+    u_char                           rank[NGX_INT_T_LEN + 1];
     uint64_t                         now;
     kv_worker_rec_t                  w;
     kv_ingest_status_t               st;
@@ -699,7 +700,8 @@ ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
         n += kcfs[i]->npeers;
     }
 
-    s->servers = ngx_palloc(pool, (n + 1) * sizeof(ngx_http_kvroute_server_item_t));
+    s->servers = ngx_palloc(pool,
+                            (n + 1) * sizeof(ngx_http_kvroute_server_item_t));
     if (s->servers == NULL) {
         return NGX_ERROR;
     }
@@ -823,7 +825,7 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
 }
 
 
-/* --- JSON ------------------------------------------------------------------ */
+/* --- JSON --------------------------------------------------------------- */
 
 static u_char *
 ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_snap_t *s)
@@ -913,7 +915,7 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_snap_t *s)
 }
 
 
-/* --- Prometheus ------------------------------------------------------------ */
+/* --- Prometheus --------------------------------------------------------- */
 
 /*
  * Family by family, each with every zone's (or server's, or worker's)
@@ -963,7 +965,8 @@ ngx_http_kvroute_prom(u_char *b, ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
                                 "Requests routed by load alone, by reason");
     for (z = 0; z < nz; z++) {
         for (i = 1; i < NGX_HTTP_KVROUTE_FB_N; i++) {
-            b = ngx_sprintf(b, "kvroute_fallbacks_total{%s,reason=\"%s\"} %uL\n",
+            b = ngx_sprintf(b,
+                            "kvroute_fallbacks_total{%s,reason=\"%s\"} %uL\n",
                             zs[z].labels, ngx_http_kvroute_fallback_names[i],
                             zs[z].fallbacks[i]);
         }
@@ -979,7 +982,8 @@ ngx_http_kvroute_prom(u_char *b, ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
             if (i < NGX_HTTP_KVROUTE_HIST - 1) {
                 b = ngx_sprintf(b, "kvroute_decision_seconds_bucket{%s,"
                                 "le=\"%.6f\"} %uL\n", zs[z].labels,
-                                (double) ngx_http_kvroute_hist_le[i] / 1e6, cum);
+                                (double) ngx_http_kvroute_hist_le[i] / 1e6,
+                                cum);
             } else {
                 b = ngx_sprintf(b, "kvroute_decision_seconds_bucket{%s,"
                                 "le=\"+Inf\"} %uL\n", zs[z].labels, cum);
@@ -1028,7 +1032,7 @@ ngx_http_kvroute_prom(u_char *b, ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
 }
 
 
-/* --- the handler ------------------------------------------------------------ */
+/* --- the handler -------------------------------------------------------- */
 
 /* An upper bound of the output, from the snapshots' sizes. */
 

@@ -105,8 +105,9 @@ def test_block_size_mismatch_is_logged_shown_and_routed_by_load(stack):
                                 if w["state"] == "live"]) == 2, timeout=20,
                    what="both workers announced")
     # nginx looks a worker up again at most once a second after a miss
-    kvt.wait_until(lambda: st()["upstreams"]["mis"][0]["block_size_mismatch"], timeout=20,
-                   what="the mismatch seen")
+    kvt.wait_until(lambda: st()["upstreams"]["mis"][0]["block_size_mismatch"]
+                   and st()["upstreams"]["ok"][0]["worker_block_size"] == 16, timeout=20,
+                   what="both workers' block sizes seen")
 
     overlaps = {"mis": [], "ok": []}
     for up in ("mis", "ok"):
