@@ -32,7 +32,18 @@ def build(src, out, *extra):
     return so
 
 
-def nginx_t(nginx, prefix, so, http_conf):
+def sanitized_env():
+    """What nginx needs to load a module built with SANITIZE=1."""
+    env = dict(os.environ)
+    if kvt.SANITIZE:
+        libs = [subprocess.run(["gcc", "-print-file-name=lib%s.so" % n], capture_output=True,
+                               text=True).stdout.strip() for n in ("asan", "ubsan")]
+        env["LD_PRELOAD"] = ":".join(libs)
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
+    return env
+
+
+def nginx_t(nginx, prefix, so, http_conf, env=None):
     os.makedirs(os.path.join(prefix, "logs"), exist_ok=True)
     conf = os.path.join(prefix, "nginx.conf")
     with open(conf, "w") as f:
@@ -40,7 +51,7 @@ def nginx_t(nginx, prefix, so, http_conf):
                 % (so, prefix, http_conf))
     r = subprocess.run([nginx, "-t", "-p", prefix, "-c", conf, "-e",
                         os.path.join(prefix, "logs", "error.log")],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=env)
     return r.returncode == 0, r.stdout + r.stderr
 
 
@@ -120,7 +131,7 @@ def test_make_install_into_destdir(tmp_path):
         assert os.access(os.path.join(dest, "usr/bin", tool), os.X_OK), tool
     assert os.path.isdir(os.path.join(dest, "usr/share/kvroute/tokenizers"))
 
-    ok, out = nginx_t(kvt.NGINX, str(tmp_path / "p"), so, UPSTREAM % "")
+    ok, out = nginx_t(kvt.NGINX, str(tmp_path / "p"), so, UPSTREAM % "", env=sanitized_env())
     assert ok, out
 
 
