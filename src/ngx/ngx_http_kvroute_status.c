@@ -66,7 +66,10 @@ ngx_http_kvroute_json_events(u_char *b, ngx_http_kvroute_zone_t *zone)
                     "\"dumps\":%uL,\"dump_failures\":%uL,\"duplicates\":%uL,"
                     "\"buffer_overflows\":%uL,\"heartbeats\":%uL,"
                     "\"timeouts\":%uL,\"event_lag_ms\":%uL,"
-                    "\"since_last_event_ms\":%uL,\"workers\":[",
+                    "\"since_last_event_ms\":%uL,\"zmq_publishers\":%uL,"
+                    "\"zmq_connected\":%uL,\"block_size_mismatch\":%uL,"
+                    "\"engine_restarts\":%uL,\"cleared_workers\":%uL,"
+                    "\"workers\":[",
                     pid, kv_nats_state_name(st.nats_state), st.connects,
                     st.disconnects, st.messages, st.events, st.blocks,
                     zone->events_per_s, zone->blocks_per_s, st.decode_errors,
@@ -74,7 +77,10 @@ ngx_http_kvroute_json_events(u_char *b, ngx_http_kvroute_zone_t *zone)
                     st.dump_failures, st.duplicates, st.buffer_overflows,
                     st.heartbeats, st.timeouts, st.last_event_lag_ms,
                     st.last_event_ms && now > st.last_event_ms
-                        ? now - st.last_event_ms : 0);
+                        ? now - st.last_event_ms : 0,
+                    st.zmq_publishers, st.zmq_connected,
+                    st.block_size_mismatch, st.engine_restarts,
+                    st.cleared_workers);
 
     n = (int) kv_registry_max_workers(reg);
 
@@ -91,7 +97,8 @@ ngx_http_kvroute_json_events(u_char *b, ngx_http_kvroute_zone_t *zone)
                         "\"last_event_announced\":%uL,\"seen_ms_ago\":%uL,"
                         "\"active_prefill_tokens\":%uL,"
                         "\"active_decode_blocks\":%uL,\"kv_used_blocks\":%uL,"
-                        "\"events\":%uL,\"gaps\":%uL,\"resyncs\":%uL}",
+                        "\"events\":%uL,\"gaps\":%uL,\"resyncs\":%uL,"
+                        "\"block_size\":%uD,\"apply_errors\":%uL}",
                         b[-1] == '[' ? "" : ",", w.worker_id, w.dp_rank,
                         w.address, kv_worker_state_name(w.state),
                         w.announced ? "true" : "false", w.last_event_applied,
@@ -99,7 +106,8 @@ ngx_http_kvroute_json_events(u_char *b, ngx_http_kvroute_zone_t *zone)
                         now > w.last_seen_ms ? now - w.last_seen_ms : 0,
                         w.load.active_prefill_tokens,
                         w.load.active_decode_blocks, w.load.kv_used_blocks,
-                        w.events, w.gaps, w.resyncs);
+                        w.events, w.gaps, w.resyncs, w.block_size,
+                        w.apply_errors);
     }
 
     return ngx_sprintf(b, "]},");
@@ -354,7 +362,7 @@ ngx_http_kvroute_status_handler(ngx_http_request_t *r)
     size = 64;
 
     for (i = 0; i < kmcf->zones.nelts; i++) {
-        size += 8192 + kv_registry_max_workers(zones[i]->sh->registry) * 512;
+        size += 8192 + kv_registry_max_workers(zones[i]->sh->registry) * 640;
         kcfs = zones[i]->upstreams.elts;
 
         for (j = 0; j < zones[i]->upstreams.nelts; j++) {
