@@ -46,6 +46,7 @@ typedef struct {
     int         have_seq;
     uint64_t    last_seq;
     int         replaying;
+    uint64_t    replay_from;
     uint64_t    replay_deadline_ms;
     uint64_t    no_replay_until_ms;
     held_t     *held;
@@ -218,6 +219,8 @@ static void reg_update(kv_zmq_t *z, zpub_t *p, uint64_t now)
 
 #define ST(f) KV_STATUS_OFF(f)
 
+static void status_counts(kv_zmq_t *z);
+
 /* --- applying ------------------------------------------------------------ */
 
 static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
@@ -265,6 +268,7 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
                  "only until they agree", p->cfg.server, p->cfg.endpoint, e->block_size,
                  z->cfg.block_size);
         }
+        status_counts(z);
     }
     if (p->mismatch) {
         p->st.apply_errors++;
@@ -432,11 +436,12 @@ static int can_replay(const zpub_t *p, uint64_t now)
 static int start_replay(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
 {
     uint8_t  be[8];
+    uint64_t v = from;
     int      i;
 
     for (i = 7; i >= 0; i--) {
-        be[i] = (uint8_t) from;
-        from >>= 8;
+        be[i] = (uint8_t) v;
+        v >>= 8;
     }
     /* [empty delimiter, start seq]: the ROUTER sees [id, "", seq], as from REQ */
     if (zmq_send(p->rep, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0
@@ -447,6 +452,7 @@ static int start_replay(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
         return -1;
     }
     p->replaying = 1;
+    p->replay_from = from;
     p->replay_deadline_ms = now + z->cfg.replay_timeout_ms;
     p->st.replays++;
     kv_registry_status_add(z->reg, ST(resyncs), 1);
@@ -495,8 +501,9 @@ static void sequence(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size
     apply(z, p, seq, buf, len, now);
 }
 
-/* Applies the held live messages (some may start another replay). */
-static void release_held(kv_zmq_t *z, zpub_t *p, uint64_t now)
+/* Applies the held live messages (some may start another replay); those
+ * the replay already gave are skipped. */
+static void release_held(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
 {
     held_t  *h = p->held;
     size_t   n = p->n_held, i;
@@ -504,7 +511,9 @@ static void release_held(kv_zmq_t *z, zpub_t *p, uint64_t now)
     p->held = NULL;
     p->n_held = p->cap_held = 0;
     for (i = 0; i < n; i++) {
-        on_message(z, p, h[i].seq, h[i].data, h[i].len, now);
+        if (!(p->have_seq && h[i].seq >= from && h[i].seq <= p->last_seq)) {
+            on_message(z, p, h[i].seq, h[i].data, h[i].len, now);
+        }
         free(h[i].data);
     }
     free(h);
@@ -533,7 +542,7 @@ static void replay_failed(kv_zmq_t *z, zpub_t *p, const char *why, uint64_t now)
             }
         }
     }
-    release_held(z, p, now);
+    release_held(z, p, UINT64_MAX, now);
 }
 
 static void on_message(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len,
@@ -564,7 +573,7 @@ static void on_replay(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, siz
         if (z->cfg.verbose) {
             zlog("%s: replay done at %llu", p->cfg.server, (unsigned long long) p->last_seq);
         }
-        release_held(z, p, now);
+        release_held(z, p, p->replay_from, now);
         return;
     }
     if (p->have_seq && seq <= p->last_seq) {
@@ -690,6 +699,23 @@ static void drain_replay(kv_zmq_t *z, zpub_t *p, uint64_t now)
     }
 }
 
+/* Publishers connected and mismatched; "nats" in the status says whether
+ * every publisher (connected), some (reconnecting) or none is reachable. */
+static void status_counts(kv_zmq_t *z)
+{
+    size_t i, up = 0, mism = 0;
+
+    for (i = 0; i < z->n; i++) {
+        up += z->p[i].connected;
+        mism += z->p[i].mismatch;
+    }
+    kv_registry_status_set(z->reg, ST(zmq_connected), up);
+    kv_registry_status_set(z->reg, ST(block_size_mismatch), mism);
+    kv_registry_status_set(z->reg, ST(nats_state),
+                           up == z->n ? KV_NATS_CONNECTED
+                           : up ? KV_NATS_RECONNECTING : KV_NATS_CONNECTING);
+}
+
 static void drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
 {
     zmq_msg_t f[4];
@@ -717,6 +743,7 @@ static void drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
         }
         close_frames(f, n);
     }
+    status_counts(z);
 }
 
 static int open_pub(kv_zmq_t *z, zpub_t *p, size_t i, char *err, size_t errlen)
@@ -825,18 +852,10 @@ static void *run(void *arg)
             }
         }
         if (now - last_reg >= 500) {
-            size_t up = 0, mism = 0;
-
             for (i = 0; i < z->n; i++) {
                 reg_update(z, &z->p[i], now);
-                up += z->p[i].connected;
-                mism += z->p[i].mismatch;
             }
-            kv_registry_status_set(z->reg, ST(zmq_connected), up);
-            kv_registry_status_set(z->reg, ST(block_size_mismatch), mism);
-            kv_registry_status_set(z->reg, ST(nats_state),
-                                   up == z->n ? KV_NATS_CONNECTED
-                                   : up ? KV_NATS_RECONNECTING : KV_NATS_CONNECTING);
+            status_counts(z);
             last_reg = now;
         }
     }

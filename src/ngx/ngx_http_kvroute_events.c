@@ -24,7 +24,7 @@
 
 
 /* One "kvroute_events zmq://..." line: a publisher, or a pattern that
- * names one per server of its upstream ({host}, {port}, {port+N}). */
+ * names one per server of its upstream ($host, $port, $port+N). */
 typedef struct {
     ngx_str_t                       endpoint;
     ngx_str_t                       replay;
@@ -388,8 +388,9 @@ ngx_http_kvroute_events_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
  *
  * One line per vLLM / SGLang publisher, naming the upstream server whose
  * engine it is. Inside an upstream, a line without server= is a pattern:
- * one publisher per server of that upstream, with {host} and {port} (or
- * {port+N}, {port-N}) in the URLs replaced by that server's.
+ * one publisher per server of that upstream, with $host and $port (or
+ * $port+N, $port-N) in the URLs replaced by that server's (these are not
+ * nginx variables: the helper substitutes them once, per server).
  */
 
 static char *
@@ -583,8 +584,8 @@ ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
 }
 
 
-/* Replaces {host}, {port}, {port+N}, {port-N} in url by server's; NULL on
- * a bad placeholder. */
+/* Replaces $host, $port, $port+N, $port-N in url by server's; NULL on a
+ * bad placeholder or a server that is not host:port. */
 
 static char *
 ngx_http_kvroute_events_expand(ngx_pool_t *pool, ngx_str_t *url,
@@ -594,7 +595,14 @@ ngx_http_kvroute_events_expand(ngx_pool_t *pool, ngx_str_t *url,
     ngx_int_t   port, n;
     ngx_str_t   host;
 
-    colon = ngx_strlchr(server->data, server->data + server->len, ':');
+    colon = NULL;
+
+    for (p = server->data; p < server->data + server->len; p++) {
+        if (*p == ':') {
+            colon = p;      /* the last one: [::1]:8000 */
+        }
+    }
+
     if (colon == NULL) {
         return NULL;
     }
@@ -616,42 +624,46 @@ ngx_http_kvroute_events_expand(ngx_pool_t *pool, ngx_str_t *url,
     end = url->data + url->len;
 
     while (p < end) {
-        if (*p != '{') {
+        if (*p != '$') {
             *o++ = *p++;
             continue;
         }
 
-        q = ngx_strlchr(p, end, '}');
-        if (q == NULL) {
-            return NULL;
-        }
-
-        if (q - p == 5 && ngx_strncmp(p, "{host", 5) == 0) {
+        if (end - p >= 5 && ngx_strncmp(p, "$host", 5) == 0) {
             o = ngx_cpymem(o, host.data, host.len);
+            p += 5;
+            continue;
+        }
 
-        } else if (q - p >= 5 && ngx_strncmp(p, "{port", 5) == 0) {
-            n = 0;
-            if (q - p > 6) {
-                n = ngx_atoi(p + 6, q - p - 6);
-                if (n == NGX_ERROR || (p[5] != '+' && p[5] != '-')) {
-                    return NULL;
-                }
-                if (p[5] == '-') {
-                    n = -n;
-                }
-            } else if (q - p != 5) {
-                return NULL;
-            }
-            if (port + n <= 0 || port + n > 65535) {
-                return NULL;
-            }
-            o = ngx_sprintf(o, "%i", port + n);
-
-        } else {
+        if (end - p < 5 || ngx_strncmp(p, "$port", 5) != 0) {
             return NULL;
         }
 
-        p = q + 1;
+        p += 5;
+        n = 0;
+
+        if (p < end && (*p == '+' || *p == '-')) {
+            for (q = p + 1; q < end && *q >= '0' && *q <= '9'; q++) {
+                /* digits */
+            }
+
+            n = ngx_atoi(p + 1, q - p - 1);
+            if (n == NGX_ERROR) {
+                return NULL;
+            }
+
+            if (*p == '-') {
+                n = -n;
+            }
+
+            p = q;
+        }
+
+        if (port + n <= 0 || port + n > 65535) {
+            return NULL;
+        }
+
+        o = ngx_sprintf(o, "%i", port + n);
     }
 
     *o = '\0';
@@ -742,8 +754,8 @@ ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
             if (pc->endpoint == NULL || (ln[i].replay.len && pc->replay == NULL)) {
                 ngx_log_error(NGX_LOG_ALERT, log, 0,
                               "kvroute_events \"%V\": cannot expand \"%V\" "
-                              "for server \"%V\" (placeholders: {host}, "
-                              "{port}, {port+N})", &ev->zone->name,
+                              "for server \"%V\" (placeholders: $host, "
+                              "$port, $port+N, $port-N)", &ev->zone->name,
                               &ln[i].endpoint, &us[k].name);
                 return NGX_ERROR;
             }
