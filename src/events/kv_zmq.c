@@ -398,7 +398,7 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
     }
     p->st.events += b->n_events;
     kv_registry_status_add(z->reg, ST(events), b->n_events);
-    if (b->ts > 0) {
+    if (b->ts > 0 && b->ts < 1e12) {       /* seconds; NaN and nonsense skipped */
         ts = (uint64_t) (b->ts * 1000.0);
         kv_registry_status_set(z->reg, ST(last_event_lag_ms), now > ts ? now - ts : 0);
     }
