@@ -228,6 +228,9 @@ static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
     kv_index_worker_clear(z->ix, p->worker_id);
     tmap_clear(&p->tiers);
     kv_registry_status_add(z->reg, ST(cleared_workers), 1);
+    if (z->cfg.sink) {
+        z->cfg.sink(z->cfg.sink_arg, (size_t) (p - z->p), NULL);
+    }
     zlog("%s (%s): blocks cleared: %s", p->cfg.server, p->cfg.endpoint, why);
 }
 
@@ -403,6 +406,9 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
         kv_registry_status_set(z->reg, ST(last_event_lag_ms), now > ts ? now - ts : 0);
     }
     kv_registry_status_set(z->reg, ST(last_event_ms), now);
+    if (z->cfg.sink) {
+        z->cfg.sink(z->cfg.sink_arg, (size_t) (p - z->p), b);
+    }
 }
 
 /* --- sequence, replay ------------------------------------------------------ */

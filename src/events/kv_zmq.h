@@ -38,6 +38,7 @@
 
 #include "kv_index.h"
 #include "kv_registry.h"
+#include "kv_vllm_event.h"
 
 typedef struct kv_zmq kv_zmq_t;
 
@@ -55,6 +56,12 @@ typedef struct {
     uint32_t    replay_timeout_ms;  /* no end marker this long: failed; default 2000 */
     uint32_t    hold_messages;      /* live messages held during a replay; default 100000 */
     int         verbose;            /* log progress, not just trouble, to stderr */
+    /* Optional: every batch applied, in sequence order, after the index
+     * took it (b), and every time a publisher's worker is cleared for a
+     * restart or an unrecoverable gap (b NULL). Runs on kv_zmq's thread.
+     * tools/kvrelay republishes from here. */
+    void      (*sink)(void *arg, size_t pub, const kv_vllm_batch_t *b);
+    void       *sink_arg;
 } kv_zmq_config_t;
 
 typedef struct {

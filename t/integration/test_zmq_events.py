@@ -363,3 +363,55 @@ def test_nginx_t_rejects_bad_zmq_lines(stack, line, needle):
                   "", kvt.free_port(), 1)
     ok, out = n.check()
     assert not ok and needle in out, out
+
+
+def test_kvrelay_republishes_on_nats(stack):
+    """tools/kvrelay: one ZMQ stream -> Dynamo events on NATS -> two nginx."""
+    nats = stack.nats()
+    w = stack.worker(engines=1, extra=["--speedup", "50"])
+    server = "127.0.0.1:%d" % w.ports[0]
+    p = vllm_pub.VllmPublisher()
+    try:
+        relay = stack.spawn([kvt.os.path.join(kvt.BIN, "kvrelay"), "--zmq", p.url,
+                             "--replay", p.replay_url, "--server", server, "--nats", nats.url,
+                             "--block-size", "16"], "kvrelay.log")
+        conf = CONF % {"servers": "server %s;" % server,
+                       "events": "kvroute_events %s;" % nats.url}
+        ngs = [stack.nginx(conf), stack.nginx(conf)]
+        for ng in ngs:
+            kvt.wait_until(lambda: ev_status(ng.port)["nats"] == "connected", what="nats")
+
+        def probe():
+            p.store(ids(990, 16))
+            return all(indexed(ng.port, server) == 1 for ng in ngs)
+        kvt.wait_until(probe, timeout=15, interval=0.2, what="relay subscribed, nginx fed")
+        a = ids(991, 64)
+        ha = p.store(a[:32])
+        p.store(a[32:], parent=ha[-1], drop=True)           # recovered by the relay's replay
+        p.store(ids(992, 16))
+        for ng in ngs:
+            kvt.wait_until(lambda: indexed(ng.port, server) == 6, what="replayed through relay")
+            assert route(ng.port, a) == (server, 4)
+        p.remove(ha[1:])
+        for ng in ngs:
+            kvt.wait_until(lambda: indexed(ng.port, server) == 5, what="removal relayed")
+        # the engine restarts: the relay tells every consumer to drop the worker
+        port, rport = p.port, p.replay_port
+        p.close()
+        p = vllm_pub.VllmPublisher(port=port, replay_port=rport)
+        b = ids(993, 32)
+
+        def restarted():
+            p.store(b)
+            return all(indexed(ng.port, server) == 2 for ng in ngs)
+        kvt.wait_until(restarted, timeout=15, interval=0.2, what="restart relayed")
+        relay.send_signal(kvt.signal.SIGTERM)
+        relay.wait(10)
+        with open(relay.log) as f:
+            stats = json.loads([l for l in f if l.startswith("{")][-1])
+        assert stats["gaps"] >= 1 and stats["replays"] >= 1 and stats["restarts"] == 1
+        assert stats["publish_errors"] == 0
+        for ng in ngs:
+            assert ng.alerts() == []
+    finally:
+        p.close()
