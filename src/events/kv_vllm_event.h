@@ -29,7 +29,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kv_tree.h"
 
 typedef enum {
     KV_VLLM_STORED = 1,
@@ -69,7 +68,6 @@ typedef struct {
     size_t              unknown;    /* events with a tag we do not know */
 
     /* decoder storage, reused across batches */
-    kv_tree_t           tree;
     size_t              cap_events;
     uint64_t           *hashes;
     size_t              n_h, cap_h;

@@ -952,6 +952,7 @@ int kv_zmq_start(kv_zmq_t *z, char *err, size_t errlen)
         snprintf(err, errlen, "pthread_create failed");
         return -1;
     }
+    pthread_setname_np(z->thread, "kvroute-zmq");     /* top -H, benchmarks */
     z->running = 1;
     return 0;
 }
