@@ -16,6 +16,7 @@
 #define END_SEQ         UINT64_MAX      /* replay's end marker: -1 as i64 */
 #define NO_REPLAY_MS    5000            /* after a failed replay, clear on gaps */
 #define DRAIN_MAX       4096            /* messages per socket per poll round */
+#define HOLD_BYTES_MAX  (256u << 20)    /* live payload bytes held during a replay */
 
 /* A live message held while a replay runs. */
 typedef struct {
@@ -50,7 +51,7 @@ typedef struct {
     uint64_t    replay_deadline_ms;
     uint64_t    no_replay_until_ms;
     held_t     *held;
-    size_t      n_held, cap_held;
+    size_t      n_held, cap_held, held_bytes;
     uint32_t    engine_bs;
     int         mismatch;
     tmap_t      tiers;
@@ -207,8 +208,10 @@ static void reg_update(kv_zmq_t *z, zpub_t *p, uint64_t now)
     r = kv_registry_write_begin(z->reg, p->reg);
     r->state = state;
     r->block_size = p->engine_bs;
-    r->last_event_applied = p->have_seq ? p->last_seq : 0;
-    r->last_event_announced = p->have_seq ? p->last_seq : 0;
+    /* messages applied in sequence: last seq + 1 (0: none yet), which a
+     * reload's new helper adopts */
+    r->last_event_applied = p->have_seq ? p->last_seq + 1 : 0;
+    r->last_event_announced = r->last_event_applied;
     r->last_seen_ms = now;
     r->events = p->st.events;
     r->gaps = p->st.gaps;
@@ -417,7 +420,7 @@ static int hold(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t le
 {
     held_t *h;
 
-    if (p->n_held >= z->cfg.hold_messages
+    if (p->n_held >= z->cfg.hold_messages || p->held_bytes + len > HOLD_BYTES_MAX
         || grow((void **) &p->held, &p->cap_held, p->n_held + 1, sizeof(held_t)) != 0)
     {
         return -1;
@@ -431,6 +434,7 @@ static int hold(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t le
     h->len = len;
     h->seq = seq;
     p->n_held++;
+    p->held_bytes += len;
     return 0;
 }
 
@@ -515,7 +519,7 @@ static void release_held(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
     size_t   n = p->n_held, i;
 
     p->held = NULL;
-    p->n_held = p->cap_held = 0;
+    p->n_held = p->cap_held = p->held_bytes = 0;
     for (i = 0; i < n; i++) {
         if (!(p->have_seq && h[i].seq >= from && h[i].seq <= p->last_seq)) {
             on_message(z, p, h[i].seq, h[i].data, h[i].len, now);
@@ -582,6 +586,8 @@ static void on_replay(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, siz
         release_held(z, p, p->replay_from, now);
         return;
     }
+    /* a replay that makes progress is not timed out */
+    p->replay_deadline_ms = now + z->cfg.replay_timeout_ms;
     if (p->have_seq && seq <= p->last_seq) {
         return;     /* already applied */
     }
@@ -871,12 +877,57 @@ static void *run(void *arg)
 
 /* --- lifecycle -------------------------------------------------------------- */
 
+/*
+ * The registry record of p's worker, and what the index holds for it. After
+ * an nginx reload the previous helper's record says up to which sequence
+ * number the index is right for this publisher: that is kept, and a replay
+ * from there is asked for as soon as the publisher is reached (so nothing
+ * published during the handover is lost). Only the tier map is gone, so a
+ * device-tier removal of a block another tier holds drops it (under-credit,
+ * never a phantom). Anything else (no record, another address, nothing
+ * applied) starts clean: blocks cleared, a replay from 0 refills what the
+ * publisher's buffer still holds.
+ */
+static void adopt(kv_zmq_t *z, zpub_t *p, const char *server)
+{
+    kv_worker_rec_t  old, *r;
+    int              i;
+
+    i = kv_registry_find(z->reg, p->worker_id, 0);
+    if (i >= 0 && kv_registry_read(z->reg, i, &old) == 0
+        && strncmp(old.address, server, sizeof(old.address)) == 0
+        && old.last_event_applied > 0)
+    {
+        p->have_seq = 1;
+        p->last_seq = old.last_event_applied - 1;
+        p->ever_connected = 1;      /* the first connect asks for a catch-up replay */
+        p->engine_bs = old.block_size;
+        p->mismatch = z->cfg.block_size && p->engine_bs && p->engine_bs != z->cfg.block_size;
+        p->st.events = old.events;
+        p->st.gaps = old.gaps;
+        p->st.replays = old.resyncs;
+        p->st.apply_errors = old.apply_errors;
+        zlog("%s: adopted from the previous helper at seq %llu", server,
+             (unsigned long long) p->last_seq);
+    } else {
+        kv_index_worker_clear(z->ix, p->worker_id);
+    }
+    p->reg = kv_registry_add(z->reg, p->worker_id, 0);
+    if (p->reg >= 0) {
+        r = kv_registry_write_begin(z->reg, p->reg);
+        snprintf(r->address, sizeof(r->address), "%s", server);
+        r->state = KV_WORKER_STALE;
+        r->block_size = p->engine_bs;
+        r->last_seen_ms = now_ms();
+        kv_registry_write_end(z->reg, p->reg);
+    }
+}
+
 kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_t *reg,
                         char *err, size_t errlen)
 {
     kv_zmq_t        *z;
     size_t           i;
-    kv_worker_rec_t *r;
 
     if (cfg->n_pubs == 0) {
         snprintf(err, errlen, "no ZMQ publishers");
@@ -917,18 +968,7 @@ kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_
         p->cfg.server = dupstr(c->server);
         p->cfg.topic = dupstr(c->topic);
         p->worker_id = kv_hash_worker_id(c->server, strlen(c->server));
-        /* a previous helper's blocks for it cannot be trusted: its tier
-         * map and sequence are gone; replay from 0 refills what it can */
-        kv_index_worker_clear(ix, p->worker_id);
-        p->reg = kv_registry_add(reg, p->worker_id, 0);
-        if (p->reg >= 0) {
-            r = kv_registry_write_begin(reg, p->reg);
-            snprintf(r->address, sizeof(r->address), "%s", c->server);
-            r->state = KV_WORKER_STALE;
-            r->block_size = 0;
-            r->last_seen_ms = now_ms();
-            kv_registry_write_end(reg, p->reg);
-        }
+        adopt(z, p, c->server);
     }
     kv_registry_status_set(reg, ST(zmq_publishers), z->n);
     return z;

@@ -151,9 +151,9 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         && ngx_strncmp(value[1].data, "tls://", 6) != 0)
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid events URL \"%V\" in \"kvroute_events\": "
-                           "expected nats://host:port[,...] or "
-                           "zmq://host:port", &value[1]);
+                           "invalid NATS URL \"%V\" in \"kvroute_events\": "
+                           "expected nats://host:port[,...] (or zmq://host:port "
+                           "for vLLM / SGLang publishers)", &value[1]);
         return NGX_CONF_ERROR;
     }
 

@@ -309,6 +309,29 @@ def test_publisher_death_and_reconnect(fleet):
     assert route(f.ng.port, b) == (f.servers[0], 2)
 
 
+def test_reload_keeps_index_and_catches_up(fleet):
+    f = fleet(1)
+    subscribed(f, 0, 985)
+    p = f.pubs[0]
+    a = ids(86, 48)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 4), what="stored")
+    before = ev_status(f.ng.port)["helper_pid"]
+    p.replay_gate.clear()                 # the new helper's catch-up waits for us
+    f.ng.reload(settle=0)
+    kvt.wait_until(lambda: ev_status(f.ng.port)["helper_pid"] not in (0, before),
+                   timeout=20, what="new helper")
+    b = ids(87, 32)
+    p.store(b, drop=True)                 # published during the handover, never seen live
+    p.replay_gate.set()
+    kvt.wait_until(f.indexed(0, 6), what="kept, and caught up by replay")
+    st = ev_status(f.ng.port)
+    assert st["cleared_workers"] == 0 and st["engine_restarts"] == 0
+    assert "adopted from the previous helper" in f.ng.log()
+    f.wait_live()
+    assert route(f.ng.port, a) == (f.servers[0], 3)
+
+
 def test_no_replay_socket_gap_clears(fleet):
     f = fleet(1, replay=False)
     subscribed(f, 0, 980)
@@ -354,7 +377,7 @@ def test_pattern_form_expands_per_server(stack):
 
 @pytest.mark.parametrize("line,needle", [
     ("kvroute_events zmq://127.0.0.1:5557 bogus=1;", 'invalid parameter "bogus=1"'),
-    ("kvroute_events http://127.0.0.1:5557 server=127.0.0.1:1;", "invalid events URL"),
+    ("kvroute_events http://127.0.0.1:5557 server=127.0.0.1:1;", "zmq://host:port for vLLM"),
     ("kvroute_events zmq://127.0.0.1:5557 replay=udp://x:1 server=127.0.0.1:1;",
      "invalid ZMQ URL"),
 ])
