@@ -229,7 +229,7 @@ static int rd_bytes(rd_t *r, const char **s, size_t *len, int *is_bin)
 {
     uint8_t  c;
     int      k = 0;
-    uint64_t n;
+    uint64_t n = 0;
 
     if (rd_need(r, 1) != 0) {
         return -1;

@@ -614,7 +614,9 @@ ngx_http_kvroute_events_expand(ngx_pool_t *pool, ngx_str_t *url,
         return NULL;
     }
 
-    out = ngx_pnalloc(pool, url->len + 8 * (server->len + 8) + 1);
+    /* each placeholder ($host, $port: 5 bytes at least) grows by at most
+     * server->len + 6 bytes */
+    out = ngx_pnalloc(pool, url->len + (url->len / 5 + 1) * (server->len + 6) + 1);
     if (out == NULL) {
         return NULL;
     }
