@@ -438,3 +438,17 @@ def test_kvrelay_republishes_on_nats(stack):
             assert ng.alerts() == []
     finally:
         p.close()
+
+
+@pytest.mark.parametrize("args", [["--mode", "throughput", "--seconds", "0.3"],
+                                  ["--mode", "latency", "--seconds", "0.3"],
+                                  ["--mode", "replay", "--gap", "200"]])
+def test_kvzmq_bench_smoke(args):
+    """tools/kvzmq-bench runs and reports (figures: docs/BENCHMARKS.md)."""
+    r = kvt.subprocess.run([kvt.os.path.join(kvt.BIN, "kvzmq-bench")] + args,
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["mode"] == args[1]
+    if args[1] == "replay":
+        assert out["replay_failures"] == 0 and out["cleared"] == 0
