@@ -368,6 +368,8 @@ int main(int argc, char **argv)
     uint64_t            chain, t0, t1, ops = 0, stored = 0, sent = 0;
     struct timespec     cpu0, cpu1;
     double              el, cpu, zcpu0, zcpu1, iocpu0, iocpu1;
+    void               *ixmem, *regmem;
+    uint64_t            q;
 
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -411,9 +413,11 @@ int main(int argc, char **argv)
 
     ic.max_workers = 8;
     n = kv_index_min_size(&ic) + (512u << 20);
-    ix = kv_index_create(calloc(1, n), n, &ic, err, sizeof(err));
+    ixmem = calloc(1, n);
+    ix = kv_index_create(ixmem, n, &ic, err, sizeof(err));
     n = kv_registry_min_size(8);
-    reg = kv_registry_create(calloc(1, n), n, 8, err, sizeof(err));
+    regmem = calloc(1, n);
+    reg = kv_registry_create(regmem, n, 8, err, sizeof(err));
     if (ix == NULL || reg == NULL) {
         fprintf(stderr, "kvzmq-bench: %s\n", err);
         return 1;
@@ -496,6 +500,7 @@ int main(int argc, char **argv)
         printf("{\"mode\":\"latency\",\"rate_blocks_per_s\":%.0f,\"samples\":%zu,"
                "\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f}\n", rate, n,
                lat[warm + n / 2] / 1e6, lat[warm + n * 99 / 100] / 1e6, lat[cnt - 1] / 1e6);
+        free(lat);
     } else if (strcmp(mode, "replay") == 0) {
         int                rm, k;
         kv_zmq_pub_stats_t st;
@@ -532,5 +537,13 @@ int main(int argc, char **argv)
     zmq_close(pub);
     zmq_close(router);
     zmq_ctx_term(ctx);
+    for (q = 0; q < seqno; q++) {
+        free(rbuf[q]);
+    }
+    free(rbuf);
+    free(rlen);
+    free(m.b);
+    free(ixmem);
+    free(regmem);
     return 0;
 }
