@@ -40,7 +40,7 @@ CFLAGS   := -std=gnu11 $(OPT) -g -fPIC -pthread -Wall -Wextra -Werror \
             -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
             -D_GNU_SOURCE -MMD -MP $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS  := -pthread $(SANFLAGS)
-LIBS     := -levent -levent_pthreads -lnats -ljansson -lxxhash -lutf8proc -ldl -lm
+LIBS     := -levent -levent_pthreads -lnats -lzmq -ljansson -lxxhash -lutf8proc -ldl -lm
 VENV     := .venv
 PY       := $(VENV)/bin/python
 
@@ -224,7 +224,7 @@ FUZZ_CFLAGS := -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined \
 
 $(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(HEADERS)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -ljansson -lxxhash -lm -lpthread
+	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -lzmq -ljansson -lxxhash -lutf8proc -lm -lpthread
 
 fuzz: deps $(FUZZ_BINS)
 	@tools/fuzz-all $(B)/fuzz $(FUZZ_SECONDS)

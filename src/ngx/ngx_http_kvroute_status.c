@@ -124,7 +124,17 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(event_lag_ms, M, "kvroute_events_lag_seconds", gauge,                   \
       "Delay of the last event from its publication")                         \
     X(since_last_event_ms, M, "kvroute_events_last_event_age_seconds", gauge, \
-      "Time since the last event was applied")
+      "Time since the last event was applied")                                \
+    X(zmq_publishers, U, "kvroute_events_zmq_publishers", gauge,              \
+      "vLLM/SGLang ZMQ publishers configured")                                \
+    X(zmq_connected, U, "kvroute_events_zmq_connected", gauge,                \
+      "ZMQ publishers currently connected")                                   \
+    X(block_size_mismatch, U, "kvroute_events_block_size_mismatch", gauge,    \
+      "ZMQ publishers whose block size is not the configured one")            \
+    X(engine_restarts, U, "kvroute_events_engine_restarts_total", counter,    \
+      "ZMQ sequences that went back (engine restarts)")                       \
+    X(cleared_workers, U, "kvroute_events_cleared_workers_total", counter,    \
+      "Workers whose blocks were cleared after a restart or lost gap")
 
 /* labels {zone, worker_id, dp_rank}, JSON "events": {"workers": [...]} */
 #define NGX_HTTP_KVROUTE_WORKER_STATS(X)                                      \
@@ -153,7 +163,9 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(gaps, U, "kvroute_worker_gaps_total", counter,                          \
       "Gaps in the worker's event sequence")                                  \
     X(resyncs, U, "kvroute_worker_resyncs_total", counter,                    \
-      "Dumps of the worker applied")
+      "Dumps of the worker applied")                                          \
+    X(apply_errors, U, "kvroute_worker_apply_errors_total", counter,          \
+      "Events of the worker the index refused")
 
 /* labels {upstream, server}, JSON "upstreams": {"NAME": [...]} */
 #define NGX_HTTP_KVROUTE_SERVER_STATS(X)                                      \
@@ -630,6 +642,11 @@ ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
     e->event_lag_ms = st.last_event_lag_ms;
     e->since_last_event_ms = st.last_event_ms && now > st.last_event_ms
                              ? now - st.last_event_ms : 0;
+    e->zmq_publishers = st.zmq_publishers;
+    e->zmq_connected = st.zmq_connected;
+    e->block_size_mismatch = st.block_size_mismatch;
+    e->engine_restarts = st.engine_restarts;
+    e->cleared_workers = st.cleared_workers;
 
     n = (int) kv_registry_max_workers(reg);
 
@@ -674,6 +691,7 @@ ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
         ws->events = w.events;
         ws->gaps = w.gaps;
         ws->resyncs = w.resyncs;
+        ws->apply_errors = w.apply_errors;
 
         s->nworkers++;
     }
