@@ -123,16 +123,6 @@ static int parse_stop(json_t *stop, kvw_req_t *r, char *err, size_t errlen)
     return 0;
 }
 
-int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
-                     kvw_tokenize_fn tok, void *tok_ctx, char *err, size_t errlen)
-{
-    kvw_text_t tx = *kvw_text_bytes();
-
-    tx.tokenize = tok;
-    tx.ctx = tok_ctx;
-    return kvw_openai_parse_text(r, chat, body, len, &tx, 0, err, errlen);
-}
-
 int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
                           const kvw_text_t *tx, size_t which, char *err, size_t errlen)
 {

@@ -9,26 +9,16 @@
 
 #include "kvw_req.h"
 
-/* Turns prompt text into token ids; returns the count or -1. */
-typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
-                                uint32_t **ids);
-
-/*
- * Fills r from a request body. chat selects /v1/chat/completions. On error
- * returns -1 with a message for the client in err; r must then be released
- * with kvw_req_clear().
- */
-int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
-                     kvw_tokenize_fn tok, void *tok_ctx,
-                     char *err, size_t errlen);
 void kvw_req_clear(kvw_req_t *r);
 
 #define KVW_MAX_PROMPTS 64
 
 /*
- * The same with the tokenizer and chat renderer of tx, parsing prompt
- * number `which` of a completion request whose "prompt" is a list;
- * r->n_prompts says how many there are.
+ * Fills r from a request body, with the tokenizer and chat renderer of tx.
+ * chat selects /v1/chat/completions; `which` picks the prompt of a
+ * completion request whose "prompt" is a list (r->n_prompts says how many
+ * there are). On error returns -1 with a message for the client in err; r
+ * must then be released with kvw_req_clear().
  */
 struct kvw_text;
 int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,

@@ -593,7 +593,6 @@ kvw_engine_t *kvw_sched_create(const kvw_config_t *cfg, struct event_base *base,
 }
 
 kvw_blocks_t *kvw_sched_blocks(kvw_engine_t *e) { return ((sched_t *)e)->bm; }
-kvw_backend_t *kvw_sched_backend(kvw_engine_t *e) { return ((sched_t *)e)->be; }
 
 void kvw_sched_set_step_hook(kvw_engine_t *e, kvw_step_hook_fn fn, void *ctx)
 {

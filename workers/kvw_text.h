@@ -1,10 +1,10 @@
 /*
  * Text <-> tokens, in one place. The HTTP front tokenizes prompts and
  * renders chat messages; the scheduler turns sampled token ids back into
- * text (stop strings, responses). Until the shared tokenizer
- * (src/text/kv_tokenizer.h) and chat templates (kv_chat.h) are wired in,
- * kvw_text_bytes() is the stand-in: one token per byte, and chat messages
- * rendered as "role: content\n" lines.
+ * text (stop strings, responses). kvw_text_load() puts the shared
+ * tokenizer (src/text/kv_tokenizer.h) and chat template (kv_chat.h) behind
+ * these; without --tokenizer, kvw_text_bytes() stands in: one token per
+ * byte, and chat messages rendered as "role: content\n" lines.
  */
 #ifndef KVW_TEXT_H
 #define KVW_TEXT_H
@@ -14,7 +14,9 @@
 
 #include <jansson.h>
 
-#include "kvw_openai.h"     /* kvw_tokenize_fn */
+/* Turns prompt text into token ids; returns the count or -1. */
+typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
+                                uint32_t **ids);
 
 /* Renders a chat "messages" array into prompt text (malloc'd); -1 with err. */
 typedef int (*kvw_render_fn)(void *ctx, json_t *messages, char **text, size_t *len,

@@ -29,7 +29,7 @@
  *
  * Readers (nginx workers) use kv_registry_read/find_address for the
  * worker's state and load: route by the index only for state LIVE; STALE,
- * RESYNCING and GONE mean "load only" (docs/PROTOCOL.md, issue 7).
+ * RESYNCING and GONE mean "load only" (docs/PROTOCOL.md).
  */
 #ifndef KV_INGEST_H
 #define KV_INGEST_H

@@ -113,11 +113,6 @@ int kv_load_server(kv_load_t *ld, const char *name, size_t len)
     return (int) n;
 }
 
-uint32_t kv_load_servers(const kv_load_t *ld)
-{
-    return atomic_load_explicit(&((kv_load_t *) ld)->servers, memory_order_acquire);
-}
-
 const char *kv_load_server_name(const kv_load_t *ld, uint32_t server)
 {
     return servers_of(ld)[server].name;

@@ -270,14 +270,6 @@ void kv_registry_remove(kv_registry_t *reg, int i)
     kv_registry_write_end(reg, i);
 }
 
-void kv_registry_reset(kv_registry_t *reg)
-{
-    uint32_t n = scan_bound(reg);
-    for (uint32_t i = 0; i < n; i++)
-        if (reg->slots[i].rec.state != KV_WORKER_FREE)
-            kv_registry_remove(reg, (int)i);
-}
-
 /* --- status ------------------------------------------------------------- */
 
 void kv_registry_status_add(kv_registry_t *reg, size_t field, uint64_t n)
