@@ -4,128 +4,25 @@
  * routing, not be half-understood) but only materialises the fields the
  * router uses. Nesting is limited so a hostile body cannot exhaust the stack.
  */
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_body.h"
-#include "kv_unicode.h"
+#include "kv_jscan.h"
 
-#define KV_BODY_MAX_DEPTH  64
+typedef kv_jscan_t scan_t;
 
-typedef struct {
-    const char *base;
-    const char *p;
-    const char *end;
-    char       *err;
-    size_t      errlen;
-    int         failed;
-} scan_t;
-
-static int fail(scan_t *s, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!s->failed && s->errlen) {
-        va_start(ap, fmt);
-        vsnprintf(s->err, s->errlen, fmt, ap);
-        va_end(ap);
-    }
-    s->failed = 1;
-    return -1;
-}
+#define fail  kv_jscan_fail
 
 static void skip_ws(scan_t *s)
 {
-    while (s->p < s->end
-           && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
-    {
-        s->p++;
-    }
+    kv_jscan_peek(s);
 }
 
 static int expect(scan_t *s, char c)
 {
-    skip_ws(s);
-    if (s->p >= s->end || *s->p != c) {
-        return fail(s, "expected '%c' at byte %zu", c, (size_t) (s->p - s->base));
-    }
-    s->p++;
-    return 0;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static int read_hex4(scan_t *s, unsigned *out)
-{
-    unsigned v = 0;
-    int      i, h;
-
-    if (s->end - s->p < 4) {
-        return fail(s, "truncated \\u escape");
-    }
-    for (i = 0; i < 4; i++) {
-        h = hexval(s->p[i]);
-        if (h < 0) {
-            return fail(s, "bad \\u escape");
-        }
-        v = v << 4 | (unsigned) h;
-    }
-    s->p += 4;
-    *out = v;
-    return 0;
-}
-
-/* One escape after the backslash; a lone surrogate becomes U+FFFD, as
- * Python's json (and so the engines) would not, but the engines reject
- * such text anyway and routing only needs a stable answer. */
-static int unescape_one(scan_t *s, char *dst, size_t *n)
-{
-    unsigned cp, lo;
-    char     c = *s->p++;
-
-    switch (c) {
-    case '"': case '\\': case '/': dst[0] = c; *n = 1; return 0;
-    case 'b': dst[0] = '\b'; *n = 1; return 0;
-    case 'f': dst[0] = '\f'; *n = 1; return 0;
-    case 'n': dst[0] = '\n'; *n = 1; return 0;
-    case 'r': dst[0] = '\r'; *n = 1; return 0;
-    case 't': dst[0] = '\t'; *n = 1; return 0;
-    case 'u': break;
-    default:  return fail(s, "bad escape '\\%c'", c);
-    }
-    if (read_hex4(s, &cp) != 0) {
-        return -1;
-    }
-    if (cp >= 0xd800 && cp < 0xdc00) {
-        if (s->end - s->p >= 6 && s->p[0] == '\\' && s->p[1] == 'u') {
-            s->p += 2;
-            if (read_hex4(s, &lo) != 0) {
-                return -1;
-            }
-            if (lo >= 0xdc00 && lo < 0xe000) {
-                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            } else {
-                *n = kv_utf8_put(dst, 0xfffd);
-                *n += kv_utf8_put(dst + *n, lo >= 0xd800 && lo < 0xe000 ? 0xfffd : lo);
-                return 0;
-            }
-        } else {
-            cp = 0xfffd;
-        }
-    } else if (cp >= 0xdc00 && cp < 0xe000) {
-        cp = 0xfffd;
-    }
-    *n = kv_utf8_put(dst, cp);
-    return 0;
+    return kv_jscan_expect(s, c);
 }
 
 /*
@@ -135,162 +32,49 @@ static int unescape_one(scan_t *s, char *dst, size_t *n)
  */
 static int scan_string(scan_t *s, char **out, size_t *out_len)
 {
-    const char *start;
-    char       *dst = NULL;
-    size_t      n = 0, k = 0;
+    const char *raw;
+    char       *dst;
+    size_t      len;
+    int         escaped;
 
-    if (expect(s, '"') != 0) {
+    if (kv_jscan_string_raw(s, &raw, &len, &escaped) != 0) {
         return -1;
     }
-    start = s->p;
-    while (s->p < s->end && *s->p != '"' && *s->p != '\\'
-           && (unsigned char) *s->p >= 0x20)
-    {
-        s->p++;
+    if (out == NULL) {
+        return 0;
     }
-    if (out) {
-        dst = malloc((size_t) (s->end - start) + 1);
-        if (dst == NULL) {
-            return fail(s, "out of memory");
-        }
-        n = (size_t) (s->p - start);
-        memcpy(dst, start, n);
+    dst = malloc(len + 1);
+    if (dst == NULL) {
+        return fail(s, "out of memory");
     }
-    while (s->p < s->end && *s->p != '"') {
-        if ((unsigned char) *s->p < 0x20) {
-            free(dst);
-            return fail(s, "control character in string");
-        }
-        if (*s->p == '\\') {
-            char tmp[8];
-
-            s->p++;
-            if (s->p >= s->end) {
-                break;
-            }
-            if (unescape_one(s, tmp, &k) != 0) {
-                free(dst);
-                return -1;
-            }
-            if (dst) {
-                memcpy(dst + n, tmp, k);
-                n += k;
-            }
-            continue;
-        }
-        if (dst) {
-            dst[n++] = *s->p;
-        }
-        s->p++;
+    if (escaped) {
+        len = kv_json_unescape(raw, len, dst);
+    } else {
+        memcpy(dst, raw, len);
     }
-    if (s->p >= s->end) {
-        free(dst);
-        return fail(s, "unterminated string");
-    }
-    s->p++;
-    if (out) {
-        dst[n] = '\0';
-        *out = dst;
-        *out_len = n;
-    }
-    return 0;
-}
-
-static int scan_number(scan_t *s)
-{
-    const char *start = s->p;
-
-    if (s->p < s->end && *s->p == '-') s->p++;
-    while (s->p < s->end && ((*s->p >= '0' && *s->p <= '9') || *s->p == '.'
-                             || *s->p == 'e' || *s->p == 'E' || *s->p == '+'
-                             || *s->p == '-'))
-    {
-        s->p++;
-    }
-    if (s->p == start || (s->p == start + 1 && *start == '-')) {
-        return fail(s, "bad value");
-    }
-    return 0;
-}
-
-static int skip_value(scan_t *s, int depth);
-
-static int skip_container(scan_t *s, char close, int depth)
-{
-    int first = 1;
-
-    if (depth > KV_BODY_MAX_DEPTH) {
-        return fail(s, "nested deeper than %d", KV_BODY_MAX_DEPTH);
-    }
-    s->p++;
-    for ( ;; ) {
-        skip_ws(s);
-        if (s->p < s->end && *s->p == close) {
-            s->p++;
-            return 0;
-        }
-        if (!first && expect(s, ',') != 0) {
-            return -1;
-        }
-        first = 0;
-        if (close == '}') {
-            if (scan_string(s, NULL, NULL) != 0 || expect(s, ':') != 0) {
-                return -1;
-            }
-        }
-        if (skip_value(s, depth + 1) != 0) {
-            return -1;
-        }
-    }
-}
-
-static int skip_literal(scan_t *s, const char *lit)
-{
-    size_t n = strlen(lit);
-
-    if ((size_t) (s->end - s->p) < n || memcmp(s->p, lit, n) != 0) {
-        return fail(s, "bad value");
-    }
-    s->p += n;
+    dst[len] = '\0';
+    *out = dst;
+    *out_len = len;
     return 0;
 }
 
 static int skip_value(scan_t *s, int depth)
 {
-    skip_ws(s);
-    if (s->p >= s->end) {
-        return fail(s, "truncated body");
-    }
-    switch (*s->p) {
-    case '{': return skip_container(s, '}', depth);
-    case '[': return skip_container(s, ']', depth);
-    case '"': return scan_string(s, NULL, NULL);
-    case 't': return skip_literal(s, "true");
-    case 'f': return skip_literal(s, "false");
-    case 'n': return skip_literal(s, "null");
-    default:  return scan_number(s);
-    }
+    return kv_jscan_skip_at(s, depth);
 }
 
 /* A token id: a non-negative integer below 2^32. */
 static int scan_id(scan_t *s, uint32_t *id)
 {
-    uint64_t v = 0;
-    const char *start;
+    kv_jnum_t num;
+    int       c = kv_jscan_peek(s);
 
-    skip_ws(s);
-    start = s->p;
-    while (s->p < s->end && *s->p >= '0' && *s->p <= '9' && s->p - start < 11) {
-        v = v * 10 + (uint64_t) (*s->p - '0');
-        s->p++;
-    }
-    if (s->p == start || v > UINT32_MAX
-        || (s->p < s->end && (*s->p == '.' || *s->p == 'e' || *s->p == 'E'
-                              || (*s->p >= '0' && *s->p <= '9'))))
+    if (c < '0' || c > '9' || kv_jscan_number(s, &num) != 0
+        || num.kind != KV_JNUM_UINT || num.u > UINT32_MAX)
     {
-        return fail(s, "prompt token ids must be integers in [0, 2^32)");
+        return s->err ? -1 : fail(s, "prompt token ids must be integers in [0, 2^32)");
     }
-    *id = (uint32_t) v;
+    *id = (uint32_t) num.u;
     return 0;
 }
 
@@ -380,27 +164,19 @@ static int scan_prompt(scan_t *s, kv_body_t *b)
     }
 }
 
+/* An integer field; -1 when it is not one or does not fit a long. */
 static int scan_long(scan_t *s, long *out)
 {
-    const char *start;
-    char        buf[32];
-    char       *end;
-    size_t      n;
+    kv_jnum_t num;
 
-    skip_ws(s);
-    start = s->p;
-    if (scan_number(s) != 0) {
+    if (kv_jscan_number(s, &num) != 0) {
         return -1;
     }
-    n = (size_t) (s->p - start);
-    if (n >= sizeof(buf)) {
-        return fail(s, "number too long");
-    }
-    memcpy(buf, start, n);
-    buf[n] = '\0';
-    errno = 0;
-    *out = strtol(buf, &end, 10);
-    if (errno || *end != '\0') {
+    if (num.kind == KV_JNUM_UINT && num.u <= (uint64_t) LONG_MAX) {
+        *out = (long) num.u;
+    } else if (num.kind == KV_JNUM_NEG) {
+        *out = (long) (int64_t) num.u;
+    } else {
         *out = -1;
     }
     return 0;
@@ -445,7 +221,7 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     }
     if (KEY("stream") && s->p < s->end && *s->p == 't') {
         b->stream = 1;
-        return skip_literal(s, "true");
+        return kv_jscan_literal(s, "true");
     }
     if ((KEY("max_tokens") || KEY("max_completion_tokens"))
         && s->p < s->end && (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')))
@@ -458,39 +234,46 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 
 int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen)
 {
-    scan_t  s = { buf, buf, buf + len, err, errlen, 0 };
-    char   *key;
-    size_t  klen;
-    int     first = 1;
+    scan_t      s;
+    const char *raw;
+    char        key[32];
+    size_t      klen;
+    int         first = 1, escaped;
 
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
+    kv_jscan_init_err(&s, buf, len, err, errlen);
 
-    if (expect(&s, '{') != 0) {
+    if (kv_jscan_peek(&s) != '{') {
         fail(&s, "body is not a JSON object");
         goto bad;
     }
+    s.p++;
     for ( ;; ) {
-        skip_ws(&s);
-        if (s.p < s.end && *s.p == '}') {
-            s.p++;
+        if (kv_jscan_accept(&s, '}')) {
             break;
         }
         if (!first && expect(&s, ',') != 0) {
             goto bad;
         }
         first = 0;
-        skip_ws(&s);
-        if (scan_string(&s, &key, &klen) != 0) {
+        if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || expect(&s, ':') != 0) {
             goto bad;
         }
-        if (expect(&s, ':') != 0 || scan_field(&s, b, key, klen) != 0) {
-            free(key);
+        /* the keys the router reads are short and plain; a longer key
+         * cannot be one of them */
+        if (klen >= sizeof(key)) {
+            klen = 0;
+        } else if (escaped) {
+            klen = kv_json_unescape(raw, klen, key);
+        } else {
+            memcpy(key, raw, klen);
+        }
+        if (scan_field(&s, b, key, klen) != 0) {
             goto bad;
         }
-        free(key);
     }
-    skip_ws(&s);
+    kv_jscan_peek(&s);
     if (s.p != s.end) {
         fail(&s, "trailing data after the JSON object");
         goto bad;
