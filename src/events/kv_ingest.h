@@ -1,6 +1,7 @@
 /*
  * Event ingestion: keeps a kv_index and a kv_registry in step with what
- * the workers publish over NATS (docs/PROTOCOL.md, router side).
+ * the workers publish over NATS (docs/PROTOCOL.md, router side; the names
+ * are in src/core/kv_proto.h).
  *
  *   P.kv-events           KV events (Dynamo RouterEvent, JSON or msgpack)
  *   P.kvroute.heartbeat   announce / heartbeat: registry, timeouts, lag

@@ -29,8 +29,9 @@
 #include <nats/nats.h>
 
 #include "kv_ingest.h"
+#include "kv_proto.h"
 
-#define SUBJECT "namespace.dynamo.component.backend.kv-events"
+#define SUBJECT KV_PROTO_DEFAULT_PREFIX KV_PROTO_EVENTS
 
 static const char *url = "nats://127.0.0.1:4222";
 static int publishers = 1, blocks = 32, events_per_msg = 8, window = 64;
