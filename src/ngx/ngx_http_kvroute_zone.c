@@ -14,8 +14,9 @@
  *   prefix index            whatever the zone has left (src/index/kv_index.c)
  *
  * In approximate mode (no events) there is no pending index and the prefix
- * index itself holds the router's decisions. The zone is reused across reloads when its name and
- * size stay the same, so the index and in-flight load survive a reload.
+ * index itself holds the router's decisions. The zone is reused across
+ * reloads when its name and size stay the same, so the index and in-flight
+ * load survive a reload.
  */
 
 
