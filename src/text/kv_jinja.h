@@ -211,12 +211,68 @@ typedef struct {
 int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvars,
               long long now, jj_buf *out, char *err, size_t errlen);
 
+/*
+ * Builtins, each named once: X(ID, "name"). The parser refuses a name not
+ * in its table; the evaluator looks the name up and switches on the id.
+ */
+#define JJ_FILTERS(X) \
+    X(TOJSON, "tojson") X(TRIM, "trim") X(LENGTH, "length") X(COUNT, "count") \
+    X(UPPER, "upper") X(LOWER, "lower") X(CAPITALIZE, "capitalize") X(TITLE, "title") \
+    X(REPLACE, "replace") X(DEFAULT, "default") X(D, "d") X(FIRST, "first") X(LAST, "last") \
+    X(JOIN, "join") X(LIST, "list") X(ITEMS, "items") X(SELECTATTR, "selectattr") \
+    X(REJECTATTR, "rejectattr") X(MAP, "map") X(SELECT, "select") X(REJECT, "reject") \
+    X(STRING, "string") X(INT, "int") X(FLOAT, "float") X(ABS, "abs") X(REVERSE, "reverse") \
+    X(SAFE, "safe") X(UNIQUE, "unique") X(DICTSORT, "dictsort") X(SORT, "sort") \
+    X(INDENT, "indent") X(ESCAPE, "escape") X(E, "e") X(SUM, "sum") X(MIN, "min") \
+    X(MAX, "max")
+
+#define JJ_TESTS(X) \
+    X(DEFINED, "defined") X(UNDEFINED, "undefined") X(NONE, "none") X(BOOLEAN, "boolean") \
+    X(TRUE, "true") X(FALSE, "false") X(INTEGER, "integer") X(FLOAT, "float") \
+    X(NUMBER, "number") X(STRING, "string") X(MAPPING, "mapping") X(ITERABLE, "iterable") \
+    X(SEQUENCE, "sequence") X(CALLABLE, "callable") X(SAMEAS, "sameas") X(EQ, "eq") \
+    X(EQUALTO, "equalto") X(EQ_OP, "==") X(NE, "ne") X(NE_OP, "!=") X(LT, "lt") X(GT, "gt") \
+    X(LE, "le") X(GE, "ge") X(IN, "in") X(ODD, "odd") X(EVEN, "even") \
+    X(DIVISIBLEBY, "divisibleby") X(LOWER, "lower") X(UPPER, "upper")
+
+/* Python str/dict/list methods; the mutating ones are named so that they
+ * fail as ImmutableSandboxedEnvironment makes them fail. */
+#define JJ_METHODS(X) \
+    X(STRIP, "strip") X(LSTRIP, "lstrip") X(RSTRIP, "rstrip") X(STARTSWITH, "startswith") \
+    X(ENDSWITH, "endswith") X(SPLIT, "split") X(RSPLIT, "rsplit") X(TITLE, "title") \
+    X(UPPER, "upper") X(LOWER, "lower") X(REPLACE, "replace") X(CAPITALIZE, "capitalize") \
+    X(FIND, "find") X(RFIND, "rfind") X(COUNT, "count") X(JOIN, "join") X(GET, "get") \
+    X(ITEMS, "items") X(KEYS, "keys") X(VALUES, "values") X(APPEND, "append") \
+    X(EXTEND, "extend") X(INSERT, "insert") X(POP, "pop") X(REMOVE, "remove") \
+    X(UPDATE, "update") X(SETDEFAULT, "setdefault") X(CLEAR, "clear") X(INDEX, "index") \
+    X(ISDIGIT, "isdigit") X(ISSPACE, "isspace") X(ISALPHA, "isalpha") X(ISALNUM, "isalnum") \
+    X(CYCLE, "cycle")
+
+/* The globals transformers provides to chat templates. */
+#define JJ_FUNCS(X) \
+    X(RANGE, "range") X(NAMESPACE, "namespace") X(DICT, "dict") \
+    X(RAISE_EXCEPTION, "raise_exception") X(STRFTIME_NOW, "strftime_now")
+
+#define JJ_FILTER_ENUM(id, name) JJ_FILTER_##id,
+#define JJ_TEST_ENUM(id, name)   JJ_TEST_##id,
+#define JJ_METHOD_ENUM(id, name) JJ_METHOD_##id,
+#define JJ_FUNC_ENUM(id, name)   JJ_FUNC_##id,
+#define JJ_NAME(id, name)        name,
+
+typedef enum { JJ_FILTERS(JJ_FILTER_ENUM) JJ_FILTER_N } jj_filter_id;
+typedef enum { JJ_TESTS(JJ_TEST_ENUM) JJ_TEST_N } jj_test_id;
+typedef enum { JJ_METHODS(JJ_METHOD_ENUM) JJ_METHOD_N } jj_method_id;
+typedef enum { JJ_FUNCS(JJ_FUNC_ENUM) JJ_FUNC_N } jj_func_id_t;
+
+/* The id of name in a builtin table, or -1. */
+int jj_filter_lookup(const char *name);
+int jj_test_lookup(const char *name);
+int jj_method_lookup(const char *name);
+int jj_func_lookup(const char *name);
+extern const char *const jj_func_names[JJ_FUNC_N];
+
 /* Builtins (kv_jinja_filter.c, kv_jinja_builtin.c). */
 typedef struct jj_ctx jj_ctx;
-int jj_filter_known(const char *name);
-int jj_test_known(const char *name);
-int jj_method_known(const char *name);
-int jj_func_id(const char *name); /* -1 if not a builtin global */
 int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
                    const char **kwn, const jv *kwv, int nkw, jv *out);
 int jj_call_test(jj_ctx *c, const char *name, jv v, const jv *args, int nargs, int *out);
@@ -234,8 +290,16 @@ int jj_need_str(jj_ctx *c, jv v, const char *what);
 jv jj_strdup(jj_ctx *c, const char *s, size_t n);
 int jj_str(jj_ctx *c, jv v, jv *out);                 /* str(v) */
 int jj_py_space(unsigned cp);                          /* str.isspace() */
-jv jj_map_case(jj_ctx *c, jv s, char mode);            /* 'u'pper 'l'ower 'c'apitalize 't'itle 'j'inja title */
-jv jj_strip(jv s, const jv *chars, int which);         /* which: 1 left, 2 right, 3 both */
+typedef enum {
+    JJ_CASE_UPPER,
+    JJ_CASE_LOWER,
+    JJ_CASE_CAPITALIZE,     /* first character upper, the rest lower */
+    JJ_CASE_TITLE,          /* Python's str.title(): after any uncased character */
+    JJ_CASE_JINJA_TITLE     /* jinja's title filter: after spaces and brackets */
+} jj_case;
+jv jj_map_case(jj_ctx *c, jv s, jj_case mode);
+typedef enum { JJ_STRIP_LEFT = 1, JJ_STRIP_RIGHT = 2, JJ_STRIP_BOTH = 3 } jj_strip_side;
+jv jj_strip(jv s, const jv *chars, jj_strip_side side);
 size_t jj_cp_len(jv s);
 jv jj_replace(jj_ctx *c, jv s, jv old, jv new, int64_t count);
 int jj_split(jj_ctx *c, jv s, const jv *sep, int64_t maxsplit, int right, jv *out);

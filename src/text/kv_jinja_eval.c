@@ -781,14 +781,13 @@ static int ex(jj_ctx *c, frame *f, const jnode *n)
 int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvars,
               long long now, jj_buf *out, char *err, size_t errlen)
 {
-    static const char *const funcs[] = { "range", "namespace", "dict", "raise_exception", "strftime_now", NULL };
     jj_ctx c = { .a = a, .out = out, .err = err, .errlen = errlen, .now = now };
     frame globals = { 0 }, top = { .parent = &globals };
     c.root = &top;
-    for (int i = 0; funcs[i]; i++) {
+    for (int i = 0; i < JJ_FUNC_N; i++) {
         jv fn = { .kind = JV_FUNC };
-        fn.u.i = jj_func_id(funcs[i]);
-        if (frame_set(&c, &globals, funcs[i], fn)) return -1;
+        fn.u.i = i;
+        if (frame_set(&c, &globals, jj_func_names[i], fn)) return -1;
     }
     for (size_t i = 0; i < nvars; i++)
         if (frame_set(&c, &globals, vars[i].name, vars[i].value)) return -1;

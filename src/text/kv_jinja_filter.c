@@ -12,18 +12,14 @@
 
 /* ---- filters ---- */
 
-static const char *const filters[] = {
-    "tojson", "trim", "length", "count", "upper", "lower", "capitalize", "title", "replace",
-    "default", "d", "first", "last", "join", "list", "items", "selectattr", "rejectattr", "map",
-    "select", "reject", "string", "int", "float", "abs", "reverse", "safe", "unique", "dictsort",
-    "sort", "indent", "escape", "e", "sum", "min", "max", NULL,
-};
+static const char *const filter_names[] = { JJ_FILTERS(JJ_NAME) };
 
-int jj_filter_known(const char *name)
+int jj_filter_lookup(const char *name)
 {
-    for (int i = 0; filters[i]; i++)
-        if (!strcmp(filters[i], name)) return 1;
-    return 0;
+    for (int i = 0; i < JJ_FILTER_N; i++)
+        if (!strcmp(filter_names[i], name))
+            return i;
+    return -1;
 }
 
 /* getattr along a dotted path ("function.name"), as jinja's make_attrgetter. */
@@ -44,9 +40,11 @@ static jv attr_path(jj_ctx *c, jv v, jv path)
 }
 
 /* select/reject/selectattr/rejectattr */
-static int filter_select(jj_ctx *c, jv seq, const char *name, const jv *args, int nargs, jv *out)
+static int filter_select(jj_ctx *c, jv seq, jj_filter_id id, const jv *args, int nargs, jv *out)
 {
-    int by_attr = strstr(name, "attr") != NULL, reject = name[0] == 'r';
+    const char *name = filter_names[id];
+    int by_attr = id == JJ_FILTER_SELECTATTR || id == JJ_FILTER_REJECTATTR;
+    int reject = id == JJ_FILTER_REJECT || id == JJ_FILTER_REJECTATTR;
     const jv *items;
     size_t n;
     if (jj_iterate(c, seq, &items, &n)) return -1;
@@ -56,7 +54,7 @@ static int filter_select(jj_ctx *c, jv seq, const char *name, const jv *args, in
     if (nargs > targ) {
         if (args[targ].kind != JV_STR) return jj_fail(c, "%s: test name must be a string", name);
         test = jj_strdup(c, args[targ].u.str.s, args[targ].u.str.n).u.str.s;
-        if (!jj_test_known(test)) return jj_fail(c, "unsupported test '%s'", test);
+        if (jj_test_lookup(test) < 0) return jj_fail(c, "unsupported test '%s'", test);
     }
     jv l = jv_new_list(jj_ctx_arena(c), n);
     for (size_t i = 0; i < n; i++) {
@@ -89,7 +87,7 @@ static int filter_map(jj_ctx *c, jv seq, const jv *args, int nargs, const char *
         } else {
             if (nargs < 1 || args[0].kind != JV_STR) return jj_fail(c, "map needs a filter name or attribute=");
             jv fname = jj_strdup(c, args[0].u.str.s, args[0].u.str.n);
-            if (!jj_filter_known(fname.u.str.s)) return jj_fail(c, "unsupported filter '%s'", fname.u.str.s);
+            if (jj_filter_lookup(fname.u.str.s) < 0) return jj_fail(c, "unsupported filter '%s'", fname.u.str.s);
             if (jj_call_filter(c, fname.u.str.s, items[i], args + 1, nargs - 1, NULL, NULL, 0, &v)) return -1;
         }
         jv_list_push(jj_ctx_arena(c), l, v);
@@ -122,10 +120,10 @@ static int sort_by_keys(jj_ctx *c, jv *items, jv *keys, size_t n, int reverse)
 }
 
 /* dictsort(case_sensitive=False, by='key', reverse=False) and sort(reverse, case_sensitive, attribute) */
-static int filter_sort(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
+static int filter_sort(jj_ctx *c, jj_filter_id id, jv v, const jv *args, int nargs,
                        const char **kwn, const jv *kwv, int nkw, jv *out)
 {
-    int dict = name[0] == 'd';
+    int dict = id == JJ_FILTER_DICTSORT;
     const jv *cs = dict ? ARG(0, "case_sensitive") : ARG(1, "case_sensitive");
     const jv *rev = dict ? ARG(2, "reverse") : ARG(0, "reverse");
     const jv *by = dict ? ARG(1, "by") : NULL, *attr = dict ? NULL : ARG(2, "attribute");
@@ -149,7 +147,7 @@ static int filter_sort(jj_ctx *c, const char *name, jv v, const jv *args, int na
         jv it = items.u.list->items[i];
         jv k = dict ? it.u.list->items[by_value ? 1 : 0] : attr ? attr_path(c, it, *attr) : it;
         if (jj_failed(c)) return -1;
-        if (k.kind == JV_STR && !(cs && jv_truthy(*cs))) k = jj_map_case(c, k, 'l');
+        if (k.kind == JV_STR && !(cs && jv_truthy(*cs))) k = jj_map_case(c, k, JJ_CASE_LOWER);
         keys[i] = k;
     }
     if (sort_by_keys(c, items.u.list->items, keys, n, rev && jv_truthy(*rev))) return -1;
@@ -230,13 +228,13 @@ static jv html_escape(jj_ctx *c, jv s)
 }
 
 /* sum(attribute=None, start=0), min/max(case_sensitive=False, attribute=None) */
-static int filter_aggregate(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
+static int filter_aggregate(jj_ctx *c, jj_filter_id id, jv v, const jv *args, int nargs,
                             const char **kwn, const jv *kwv, int nkw, jv *out)
 {
     const jv *items;
     size_t n;
     if (jj_iterate(c, v, &items, &n)) return -1;
-    if (name[1] == 'u') {
+    if (id == JJ_FILTER_SUM) {
         const jv *attr = ARG(0, "attribute"), *start = ARG(1, "start");
         jv acc = start ? *start : jv_int(0);
         for (size_t i = 0; i < n; i++) {
@@ -256,13 +254,13 @@ static int filter_aggregate(jj_ctx *c, const char *name, jv v, const jv *args, i
     const jv *cs = ARG(0, "case_sensitive"), *attr = ARG(1, "attribute");
     if (n == 0) { *out = jv_undef(NULL); return 0; }
     jv best = items[0], bkey = attr ? attr_path(c, items[0], *attr) : items[0];
-    if (bkey.kind == JV_STR && !(cs && jv_truthy(*cs))) bkey = jj_map_case(c, bkey, 'l');
+    if (bkey.kind == JV_STR && !(cs && jv_truthy(*cs))) bkey = jj_map_case(c, bkey, JJ_CASE_LOWER);
     for (size_t i = 1; i < n; i++) {
         jv k = attr ? attr_path(c, items[i], *attr) : items[i];
         int cmp;
-        if (k.kind == JV_STR && !(cs && jv_truthy(*cs))) k = jj_map_case(c, k, 'l');
+        if (k.kind == JV_STR && !(cs && jv_truthy(*cs))) k = jj_map_case(c, k, JJ_CASE_LOWER);
         if (jj_order(c, k, bkey, &cmp)) return -1;
-        if (name[1] == 'i' ? cmp < 0 : cmp > 0) { best = items[i]; bkey = k; }
+        if (id == JJ_FILTER_MIN ? cmp < 0 : cmp > 0) { best = items[i]; bkey = k; }
     }
     *out = best;
     return 0;
@@ -337,48 +335,61 @@ int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
                    const char **kwn, const jv *kwv, int nkw, jv *out)
 {
     jj_arena *a = jj_ctx_arena(c);
-    if (!strcmp(name, "default") || !strcmp(name, "d")) {
+    jj_filter_id id = (jj_filter_id)jj_filter_lookup(name);
+    const jv *items;
+    size_t n;
+
+    switch (id) {
+    case JJ_FILTER_DEFAULT:
+    case JJ_FILTER_D: {
         const jv *dv = ARG(0, "default_value"), *bo = ARG(1, "boolean");
         int use = v.kind == JV_UNDEF || (bo && jv_truthy(*bo) && !jv_truthy(v));
         *out = use ? (dv ? *dv : jv_strn("", 0)) : v;
         return 0;
     }
-    if (!strcmp(name, "tojson")) return filter_tojson(c, v, args, nargs, kwn, kwv, nkw, out);
-    if (!strcmp(name, "safe")) { *out = v; return 0; }
-    if (!strcmp(name, "length") || !strcmp(name, "count")) {
+    case JJ_FILTER_TOJSON:
+        return filter_tojson(c, v, args, nargs, kwn, kwv, nkw, out);
+    case JJ_FILTER_SAFE:
+        *out = v;
+        return 0;
+    case JJ_FILTER_LENGTH:
+    case JJ_FILTER_COUNT:
         if (v.kind == JV_STR) *out = jv_int((int64_t)jj_cp_len(v));
         else if (v.kind == JV_LIST) *out = jv_int((int64_t)v.u.list->n);
         else if (v.kind == JV_DICT || v.kind == JV_NS) *out = jv_int((int64_t)v.u.dict->n);
         else if (v.kind == JV_UNDEF) *out = jv_int(0);
         else return jj_fail(c, "object of type '%s' has no len()", jv_type_name(v));
         return 0;
-    }
-    if (!strcmp(name, "items")) {
+    case JJ_FILTER_ITEMS:
         if (v.kind == JV_UNDEF) { *out = jv_new_list(a, 0); return 0; }
         if (v.kind != JV_DICT) return jj_fail(c, "Can only get item pairs from a mapping.");
         *out = jj_items(c, v);
         return 0;
-    }
-    if (!strcmp(name, "int") || !strcmp(name, "float"))
-        return filter_int(c, v, ARG(0, "default"), name[0] == 'f', out);
-    if (!strcmp(name, "abs")) {
+    case JJ_FILTER_INT:
+    case JJ_FILTER_FLOAT:
+        return filter_int(c, v, ARG(0, "default"), id == JJ_FILTER_FLOAT, out);
+    case JJ_FILTER_ABS:
         if ((v.kind == JV_INT || v.kind == JV_BOOL) && v.u.i == INT64_MIN) return jj_fail(c, "integer overflow");
         if (v.kind == JV_INT || v.kind == JV_BOOL) *out = jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
         else if (v.kind == JV_FLOAT) *out = jv_float(v.u.f < 0 ? -v.u.f : v.u.f);
         else return jj_fail(c, "bad operand type for abs(): '%s'", jv_type_name(v));
         return 0;
-    }
-    if (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr") || !strcmp(name, "select") || !strcmp(name, "reject"))
-        return filter_select(c, v, name, args, nargs, out);
-    if (!strcmp(name, "map")) return filter_map(c, v, args, nargs, kwn, kwv, nkw, out);
-    if (!strcmp(name, "dictsort") || !strcmp(name, "sort")) return filter_sort(c, name, v, args, nargs, kwn, kwv, nkw, out);
-    if (!strcmp(name, "sum") || !strcmp(name, "min") || !strcmp(name, "max"))
-        return filter_aggregate(c, name, v, args, nargs, kwn, kwv, nkw, out);
-    if (!strcmp(name, "list") || !strcmp(name, "first") || !strcmp(name, "last") || !strcmp(name, "reverse") ||
-        !strcmp(name, "join") || !strcmp(name, "unique")) {
-        const jv *items;
-        size_t n;
-        if (!strcmp(name, "reverse") && v.kind == JV_STR) {
+    case JJ_FILTER_SELECTATTR:
+    case JJ_FILTER_REJECTATTR:
+    case JJ_FILTER_SELECT:
+    case JJ_FILTER_REJECT:
+        return filter_select(c, v, id, args, nargs, out);
+    case JJ_FILTER_MAP:
+        return filter_map(c, v, args, nargs, kwn, kwv, nkw, out);
+    case JJ_FILTER_DICTSORT:
+    case JJ_FILTER_SORT:
+        return filter_sort(c, id, v, args, nargs, kwn, kwv, nkw, out);
+    case JJ_FILTER_SUM:
+    case JJ_FILTER_MIN:
+    case JJ_FILTER_MAX:
+        return filter_aggregate(c, id, v, args, nargs, kwn, kwv, nkw, out);
+    case JJ_FILTER_REVERSE:
+        if (v.kind == JV_STR) {
             if (jj_iterate(c, v, &items, &n)) return -1;
             jj_buf b = { 0 };
             for (size_t i = n; i-- > 0;) jj_buf_put(&b, items[i].u.str.s, items[i].u.str.n);
@@ -386,44 +397,57 @@ int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
             free(b.p);
             return 0;
         }
+        /* fall through */
+    case JJ_FILTER_LIST:
+    case JJ_FILTER_UNIQUE: {
         if (jj_iterate(c, v, &items, &n)) return -1;
-        if (name[0] == 'f') { *out = n ? items[0] : jv_undef(NULL); return 0; }
-        if (name[0] == 'l' && name[1] == 'a') { *out = n ? items[n - 1] : jv_undef(NULL); return 0; }
-        if (name[0] == 'j') {
-            const jv *sep = ARG(0, "d"), *attr = ARG(1, "attribute");
-            jj_buf b = { 0 };
-            for (size_t i = 0; i < n; i++) {
-                if (i && sep && sep->kind == JV_STR) jj_buf_put(&b, sep->u.str.s, sep->u.str.n);
-                jv item = attr ? attr_path(c, items[i], *attr) : items[i];
-                if (jv_write_str(&b, item)) { free(b.p); return jj_fail(c, "join: cannot convert item"); }
-            }
-            *out = jj_strdup(c, b.p ? b.p : "", b.n);
-            free(b.p);
-            return 0;
-        }
         jv l = jv_new_list(a, n);
         for (size_t i = 0; i < n; i++) {
-            jv item = name[0] == 'r' ? items[n - 1 - i] : items[i];
+            jv item = id == JJ_FILTER_REVERSE ? items[n - 1 - i] : items[i];
             int dup = 0;
-            if (name[0] == 'u')
+            if (id == JJ_FILTER_UNIQUE)
                 for (size_t k = 0; k < l.u.list->n && !dup; k++) dup = jv_equal(l.u.list->items[k], item);
             if (!dup) jv_list_push(a, l, item);
         }
         *out = l;
         return 0;
     }
+    case JJ_FILTER_FIRST:
+    case JJ_FILTER_LAST:
+        if (jj_iterate(c, v, &items, &n)) return -1;
+        *out = n ? items[id == JJ_FILTER_FIRST ? 0 : n - 1] : jv_undef(NULL);
+        return 0;
+    case JJ_FILTER_JOIN: {
+        if (jj_iterate(c, v, &items, &n)) return -1;
+        const jv *sep = ARG(0, "d"), *attr = ARG(1, "attribute");
+        jj_buf b = { 0 };
+        for (size_t i = 0; i < n; i++) {
+            if (i && sep && sep->kind == JV_STR) jj_buf_put(&b, sep->u.str.s, sep->u.str.n);
+            jv item = attr ? attr_path(c, items[i], *attr) : items[i];
+            if (jv_write_str(&b, item)) { free(b.p); return jj_fail(c, "join: cannot convert item"); }
+        }
+        *out = jj_strdup(c, b.p ? b.p : "", b.n);
+        free(b.p);
+        return 0;
+    }
+    default:
+        break;
+    }
     /* string filters: jinja converts the value with str() first */
     jv s;
+    if (id < 0) return jj_fail(c, "unsupported filter '%s'", name);
     if (jj_str(c, v, &s)) return -1;
-    if (!strcmp(name, "string")) { *out = s; return 0; }
-    if (!strcmp(name, "trim")) { const jv *ch = ARG(0, "chars"); *out = jj_strip(s, ch, 3); return 0; }
-    if (!strcmp(name, "upper")) { *out = jj_map_case(c, s, 'u'); return 0; }
-    if (!strcmp(name, "lower")) { *out = jj_map_case(c, s, 'l'); return 0; }
-    if (!strcmp(name, "capitalize")) { *out = jj_map_case(c, s, 'c'); return 0; }
-    if (!strcmp(name, "title")) { *out = jj_map_case(c, s, 'j'); return 0; }
-    if (!strcmp(name, "indent")) return filter_indent(c, s, args, nargs, kwn, kwv, nkw, out);
-    if (!strcmp(name, "escape") || !strcmp(name, "e")) { *out = html_escape(c, s); return 0; }
-    if (!strcmp(name, "replace")) {
+    switch (id) {
+    case JJ_FILTER_STRING: *out = s; return 0;
+    case JJ_FILTER_TRIM: *out = jj_strip(s, ARG(0, "chars"), JJ_STRIP_BOTH); return 0;
+    case JJ_FILTER_UPPER: *out = jj_map_case(c, s, JJ_CASE_UPPER); return 0;
+    case JJ_FILTER_LOWER: *out = jj_map_case(c, s, JJ_CASE_LOWER); return 0;
+    case JJ_FILTER_CAPITALIZE: *out = jj_map_case(c, s, JJ_CASE_CAPITALIZE); return 0;
+    case JJ_FILTER_TITLE: *out = jj_map_case(c, s, JJ_CASE_JINJA_TITLE); return 0;
+    case JJ_FILTER_INDENT: return filter_indent(c, s, args, nargs, kwn, kwv, nkw, out);
+    case JJ_FILTER_ESCAPE:
+    case JJ_FILTER_E: *out = html_escape(c, s); return 0;
+    case JJ_FILTER_REPLACE: {
         const jv *o = ARG(0, "old"), *nw = ARG(1, "new"), *cnt = ARG(2, "count");
         jv os, ns;
         if (!o || !nw) return jj_fail(c, "replace needs old and new");
@@ -431,6 +455,7 @@ int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
         *out = jj_replace(c, s, os, ns, cnt && cnt->kind == JV_INT ? cnt->u.i : -1);
         return 0;
     }
-    return jj_fail(c, "unsupported filter '%s'", name);
+    default:
+        return jj_fail(c, "unsupported filter '%s'", name);
+    }
 }
-

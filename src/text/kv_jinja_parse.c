@@ -297,7 +297,7 @@ static jnode *parse_postfix(parser *P, jnode *n)
             jnode *call = node(P, N_CALL);
             if (!call) return NULL;
             call->a = n;
-            if (n->type == N_ATTR && !jj_method_known(n->s))
+            if (n->type == N_ATTR && jj_method_lookup(n->s) < 0)
                 return fail(P, "unsupported method '%s()'", n->s);
             if (parse_call_args(P, call)) return NULL;
             n = call;
@@ -323,7 +323,7 @@ static jnode *parse_filter(parser *P, jnode *operand)
     P->pos++; /* '|' */
     jnode *f = node(P, N_FILTER);
     if (!f || !(f->s = parse_dotted_name(P))) return NULL;
-    if (!jj_filter_known(f->s)) return fail(P, "unsupported filter '%s'", f->s);
+    if (jj_filter_lookup(f->s) < 0) return fail(P, "unsupported filter '%s'", f->s);
     f->a = operand;
     if (is_op(cur(P), "(") && parse_call_args(P, f)) return NULL;
     return f;
@@ -336,7 +336,7 @@ static jnode *parse_test(parser *P, jnode *operand)
     if (!t) return NULL;
     if (is_name(cur(P), "not")) { t->op = 1; P->pos++; }
     if (!(t->s = parse_dotted_name(P))) return NULL;
-    if (!jj_test_known(t->s)) return fail(P, "unsupported test '%s'", t->s);
+    if (jj_test_lookup(t->s) < 0) return fail(P, "unsupported test '%s'", t->s);
     t->a = operand;
     jt *c = cur(P);
     if (is_op(c, "(")) {

@@ -101,8 +101,7 @@ static unsigned to_lower(unsigned cp)
 
 static int is_cased_letter(unsigned cp) { return to_upper(cp) != cp || to_lower(cp) != cp; }
 
-/* mode: 'u' upper, 'l' lower, 'c' capitalize, 't' Python title, 'j' jinja title */
-jv jj_map_case(jj_ctx *c, jv s, char mode)
+jv jj_map_case(jj_ctx *c, jv s, jj_case mode)
 {
     char *o = jj_alloc(jj_ctx_arena(c), s.u.str.n + 1);
     if (!o) return jv_undef(NULL);
@@ -112,11 +111,11 @@ jv jj_map_case(jj_ctx *c, jv s, char mode)
         size_t len;
         unsigned cp = dec(s.u.str.s + i, s.u.str.n - i, &len), r = cp;
         switch (mode) {
-        case 'u': r = to_upper(cp); break;
-        case 'l': r = to_lower(cp); break;
-        case 'c': r = first ? to_upper(cp) : to_lower(cp); break;
-        case 't': r = prev_cased ? to_lower(cp) : to_upper(cp); prev_cased = is_cased_letter(cp); break;
-        case 'j':
+        case JJ_CASE_UPPER: r = to_upper(cp); break;
+        case JJ_CASE_LOWER: r = to_lower(cp); break;
+        case JJ_CASE_CAPITALIZE: r = first ? to_upper(cp) : to_lower(cp); break;
+        case JJ_CASE_TITLE: r = prev_cased ? to_lower(cp) : to_upper(cp); prev_cased = is_cased_letter(cp); break;
+        case JJ_CASE_JINJA_TITLE:
             r = word_start ? to_upper(cp) : to_lower(cp);
             word_start = jj_py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
             break;
@@ -143,13 +142,12 @@ static int in_chars(unsigned cp, const jv *chars)
     return 0;
 }
 
-/* which: 1 left, 2 right, 3 both */
-jv jj_strip(jv s, const jv *chars, int which)
+jv jj_strip(jv s, const jv *chars, jj_strip_side which)
 {
     size_t b = 0, e = s.u.str.n, len;
-    if (which & 1)
+    if (which & JJ_STRIP_LEFT)
         while (b < e && in_chars(dec(s.u.str.s + b, e - b, &len), chars)) b += len;
-    if (which & 2)
+    if (which & JJ_STRIP_RIGHT)
         while (e > b) {
             size_t k = e - 1;
             while (k > b && ((unsigned char)s.u.str.s[k] & 0xC0) == 0x80) k--;
