@@ -73,22 +73,11 @@ int kv_jscan_accept(kv_jscan_t *s, char c)
 
 /* --- strings ------------------------------------------------------------- */
 
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Four validated hex digits. */
 static unsigned hex4(const char *p)
 {
-    return (unsigned)(hex_digit(p[0]) << 12 | hex_digit(p[1]) << 8 | hex_digit(p[2]) << 4
-                      | hex_digit(p[3]));
+    return (unsigned)(kv_hex_digit(p[0]) << 12 | kv_hex_digit(p[1]) << 8 | kv_hex_digit(p[2]) << 4
+                      | kv_hex_digit(p[3]));
 }
 
 int kv_jscan_string_raw(kv_jscan_t *s, const char **raw, size_t *len, int *escaped)
@@ -116,7 +105,7 @@ int kv_jscan_string_raw(kv_jscan_t *s, const char **raw, size_t *len, int *escap
             if (s->end - s->p < 5)
                 return kv_jscan_fail(s, "truncated \\u escape");
             for (int i = 1; i <= 4; i++)
-                if (hex_digit(s->p[i]) < 0)
+                if (kv_hex_digit(s->p[i]) < 0)
                     return kv_jscan_fail(s, "bad \\u escape");
             s->p += 5;
         } else if (strchr("\"\\/bfnrt", *s->p) != NULL && *s->p != '\0') {

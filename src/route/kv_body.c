@@ -13,18 +13,6 @@
 
 typedef kv_jscan_t scan_t;
 
-#define fail  kv_jscan_fail
-
-static void skip_ws(scan_t *s)
-{
-    kv_jscan_peek(s);
-}
-
-static int expect(scan_t *s, char c)
-{
-    return kv_jscan_expect(s, c);
-}
-
 /*
  * A string at s->p (the opening quote). With out != NULL, the unescaped
  * bytes are malloc'ed into *out (NUL-terminated). Unescaped output is never
@@ -45,7 +33,7 @@ static int scan_string(scan_t *s, char **out, size_t *out_len)
     }
     dst = malloc(len + 1);
     if (dst == NULL) {
-        return fail(s, "out of memory");
+        return kv_jscan_fail(s, "out of memory");
     }
     if (escaped) {
         len = kv_json_unescape(raw, len, dst);
@@ -72,7 +60,7 @@ static int scan_id(scan_t *s, uint32_t *id)
     if (c < '0' || c > '9' || kv_jscan_number(s, &num) != 0
         || num.kind != KV_JNUM_UINT || num.u > UINT32_MAX)
     {
-        return s->err ? -1 : fail(s, "prompt token ids must be integers in [0, 2^32)");
+        return s->err ? -1 : kv_jscan_fail(s, "prompt token ids must be integers in [0, 2^32)");
     }
     *id = (uint32_t) num.u;
     return 0;
@@ -83,85 +71,74 @@ static int scan_ids(scan_t *s, kv_body_t *b, int keep)
 {
     size_t    cap = 0;
     uint32_t  id = 0, *grown;
+    int       first = 1, more;
 
     s->p++;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == ']') {
-        s->p++;
-        return 0;
-    }
-    for ( ;; ) {
+    while ((more = kv_jscan_item(s, &first)) == 1) {
         if (scan_id(s, &id) != 0) {
             return -1;
         }
-        if (keep) {
-            if (b->n_ids == cap) {
-                cap = cap ? cap * 2 : 1024;
-                grown = realloc(b->ids, cap * sizeof(uint32_t));
-                if (grown == NULL) {
-                    return fail(s, "out of memory");
-                }
-                b->ids = grown;
+        if (!keep) {
+            continue;
+        }
+        if (b->n_ids == cap) {
+            cap = cap ? cap * 2 : 1024;
+            grown = realloc(b->ids, cap * sizeof(uint32_t));
+            if (grown == NULL) {
+                return kv_jscan_fail(s, "out of memory");
             }
-            b->ids[b->n_ids++] = id;
+            b->ids = grown;
         }
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
-            return 0;
-        }
-        if (expect(s, ',') != 0) {
-            return -1;
-        }
+        b->ids[b->n_ids++] = id;
     }
+    return more;
 }
 
 /* `prompt`: string, [string...], [id...] or [[id...]...]. */
 static int scan_prompt(scan_t *s, kv_body_t *b)
 {
     const char *save;
-    int         first = 1;
+    size_t      i;
+    int         c, first = 1, more;
 
-    skip_ws(s);
-    if (s->p < s->end && *s->p == '"') {
+    c = kv_jscan_peek(s);
+    if (c == '"') {
         b->kind = KV_BODY_TEXT;
         return scan_string(s, &b->text, &b->text_len);
     }
-    if (s->p >= s->end || *s->p != '[') {
-        return fail(s, "prompt must be a string or an array");
+    if (c != '[') {
+        return kv_jscan_fail(s, "prompt must be a string or an array");
     }
     save = s->p++;
-    skip_ws(s);
-    if (s->p < s->end && (*s->p == ']' || (*s->p >= '0' && *s->p <= '9'))) {
+    c = kv_jscan_peek(s);
+    if (c == ']' || (c >= '0' && c <= '9')) {
         s->p = save;
         b->kind = KV_BODY_IDS;
         return scan_ids(s, b, 1);
     }
-    for ( ;; ) {
-        skip_ws(s);
-        if (s->p < s->end && *s->p == '"') {
-            if (scan_string(s, first ? &b->text : NULL, &b->text_len) != 0) {
+    /* a batch: the first prompt routes the request, the rest are checked */
+    for (i = 0; (more = kv_jscan_item(s, &first)) == 1; i++) {
+        c = kv_jscan_peek(s);
+        if (c == '"') {
+            if (scan_string(s, i == 0 ? &b->text : NULL, &b->text_len) != 0) {
                 return -1;
             }
-            if (first) b->kind = KV_BODY_TEXT;
-        } else if (s->p < s->end && *s->p == '[') {
-            if (scan_ids(s, b, first) != 0) {
+            if (i == 0) {
+                b->kind = KV_BODY_TEXT;
+            }
+        } else if (c == '[') {
+            if (scan_ids(s, b, i == 0) != 0) {
                 return -1;
             }
-            if (first) b->kind = KV_BODY_IDS;
+            if (i == 0) {
+                b->kind = KV_BODY_IDS;
+            }
         } else {
-            return fail(s, "prompt array elements must be strings or id arrays");
-        }
-        first = 0;
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
-            return 0;
-        }
-        if (expect(s, ',') != 0) {
-            return -1;
+            return s->err ? -1
+                          : kv_jscan_fail(s, "prompt array elements must be strings or id arrays");
         }
     }
+    return more;
 }
 
 /* An integer field; -1 when it is not one or does not fit a long. */
@@ -189,7 +166,7 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 
 #define KEY(lit) (klen == sizeof(lit) - 1 && memcmp(key, lit, klen) == 0)
 
-    skip_ws(s);
+    kv_jscan_peek(s);
     if (KEY("prompt") && b->kind == KV_BODY_NONE) {
         return scan_prompt(s, b);
     }
@@ -210,7 +187,7 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
         }
         if (n >= sizeof(b->model)) {
             free(str);
-            return fail(s, "model name longer than %zu bytes", sizeof(b->model) - 1);
+            return kv_jscan_fail(s, "model name longer than %zu bytes", sizeof(b->model) - 1);
         }
         memcpy(b->model, str, n + 1);
         free(str);
@@ -245,7 +222,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     kv_jscan_init_err(&s, buf, len, err, errlen);
 
     if (kv_jscan_peek(&s) != '{') {
-        fail(&s, "body is not a JSON object");
+        kv_jscan_fail(&s, "body is not a JSON object");
         goto bad;
     }
     s.p++;
@@ -253,11 +230,11 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         if (kv_jscan_accept(&s, '}')) {
             break;
         }
-        if (!first && expect(&s, ',') != 0) {
+        if (!first && kv_jscan_expect(&s, ',') != 0) {
             goto bad;
         }
         first = 0;
-        if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || expect(&s, ':') != 0) {
+        if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
             goto bad;
         }
         /* the keys the router reads are short and plain; a longer key
@@ -275,7 +252,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     }
     kv_jscan_peek(&s);
     if (s.p != s.end) {
-        fail(&s, "trailing data after the JSON object");
+        kv_jscan_fail(&s, "trailing data after the JSON object");
         goto bad;
     }
     return 0;

@@ -328,6 +328,7 @@ int jj_filter_lookup(const char *name);
 int jj_test_lookup(const char *name);
 int jj_method_lookup(const char *name);
 int jj_func_lookup(const char *name);
+extern const char *const jj_filter_names[JJ_FILTER_N];
 extern const char *const jj_func_names[JJ_FUNC_N];
 
 /* Builtins (kv_jinja_filter.c, kv_jinja_builtin.c). */

@@ -24,11 +24,17 @@ static int lookup(const char *const *names, int n, const char *name)
 
 static const char *const method_names[] = {JJ_METHODS(JJ_NAME)};
 static const char *const test_names[] = {JJ_TESTS(JJ_NAME)};
+const char *const jj_filter_names[JJ_FILTER_N] = {JJ_FILTERS(JJ_NAME)};
 const char *const jj_func_names[JJ_FUNC_N] = {JJ_FUNCS(JJ_NAME)};
 
 int jj_method_lookup(const char *name)
 {
     return lookup(method_names, JJ_METHOD_N, name);
+}
+
+int jj_filter_lookup(const char *name)
+{
+    return lookup(jj_filter_names, JJ_FILTER_N, name);
 }
 
 int jj_test_lookup(const char *name)

@@ -12,16 +12,6 @@
 
 /* ---- filters ---- */
 
-static const char *const filter_names[] = {JJ_FILTERS(JJ_NAME)};
-
-int jj_filter_lookup(const char *name)
-{
-    for (int i = 0; i < JJ_FILTER_N; i++)
-        if (!strcmp(filter_names[i], name))
-            return i;
-    return -1;
-}
-
 /* getattr along a dotted path ("function.name"), as jinja's make_attrgetter. */
 static jj_value attr_path(jj_ctx *c, jj_value v, jj_value path)
 {
@@ -45,7 +35,7 @@ static jj_value attr_path(jj_ctx *c, jj_value v, jj_value path)
 static int filter_select(jj_ctx *c, jj_value seq, jj_filter_id id, const jj_value *args, int nargs,
                          jj_value *out)
 {
-    const char *name = filter_names[id];
+    const char *name = jj_filter_names[id];
     int by_attr = id == JJ_FILTER_SELECTATTR || id == JJ_FILTER_REJECTATTR;
     int reject = id == JJ_FILTER_REJECT || id == JJ_FILTER_REJECTATTR;
     const jj_value *items;

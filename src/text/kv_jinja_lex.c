@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kv_jinja.h"
+#include "kv_unicode.h"
 
 typedef struct {
     const char *s;
@@ -147,41 +148,6 @@ static int skip_comment(lexer *L, int *nl_end)
     return lex_err(L, "missing end of comment tag");
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static size_t put_utf8(char *o, unsigned cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
 /* Decodes a Python string literal body (unicode-escape rules) into o; returns length or -1. */
 static long decode_escapes(const char *s, size_t n, char *o)
 {
@@ -245,7 +211,7 @@ static long decode_escapes(const char *s, size_t n, char *o)
                 while (k < 3 && i < n && s[i] >= '0' && s[i] <= '7')
                     cp = cp * 8 + (unsigned)(s[i++] - '0'), k++;
                 i--;
-                j += put_utf8(o + j, cp);
+                j += kv_utf8_put(o + j, cp);
                 continue;
             }
             o[j++] = '\\';
@@ -254,7 +220,7 @@ static long decode_escapes(const char *s, size_t n, char *o)
         }
         cp = 0;
         for (int k = 0; k < digits; k++) {
-            int h = i + 1 < n ? hexval((unsigned char)s[i + 1]) : -1;
+            int h = i + 1 < n ? kv_hex_digit((unsigned char)s[i + 1]) : -1;
             if (h < 0)
                 return -1;
             cp = cp * 16 + (unsigned)h;
@@ -262,7 +228,7 @@ static long decode_escapes(const char *s, size_t n, char *o)
         }
         if (cp > 0x10FFFF)
             return -1;
-        j += put_utf8(o + j, cp);
+        j += kv_utf8_put(o + j, cp);
     }
     return (long)j;
 }

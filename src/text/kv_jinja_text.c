@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_jinja.h"
+#include "kv_unicode.h"
 
 /* ---- argument helpers ---- */
 
@@ -63,30 +64,6 @@ static unsigned dec(const char *s, size_t n, size_t *len)
         cp = (cp << 6) | (u[i] & 0x3F);
     *len = (size_t)k;
     return cp;
-}
-
-static size_t enc(char *o, unsigned cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xC0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xE0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        o[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 /* Python str.isspace() code points. */
@@ -163,7 +140,7 @@ jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode)
             break;
         }
         /* same-length mapping in these ranges, except Cyrillic 0x400-0x45F stays 2 bytes */
-        size_t w = enc(o + j, r);
+        size_t w = kv_utf8_put(o + j, r);
         j += w;
         i += len;
         first = 0;
