@@ -89,9 +89,12 @@ int kv_jscan_string_raw(kv_jscan_t *s, const char **raw, size_t *len, int *escap
         return -1;
     start = s->p;
     for (;;) {
-        /* the fast path: plain bytes, the bulk of a prompt */
-        while (s->p < s->end && *s->p != '"' && *s->p != '\\' && (unsigned char)*s->p >= 0x20)
-            s->p++;
+        /* the fast path: plain bytes, the bulk of a prompt (locals, so the
+         * compiler keeps them in registers) */
+        const char *p = s->p, *end = s->end;
+        while (p < end && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20)
+            p++;
+        s->p = p;
         if (s->p >= s->end)
             return kv_jscan_fail(s, "unterminated string");
         if (*s->p == '"')
