@@ -46,6 +46,9 @@ const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template
  */
 size_t kvw_utf8_hold(const char *s, size_t n);
 
+/* Appends s[0..n) to a growing NUL-terminated buffer; -1: no memory. */
+int kvw_text_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
+
 /* The byte-per-token stand-in. */
 const kvw_text_t *kvw_text_bytes(void);
 
