@@ -37,6 +37,8 @@ typedef struct kvw_text {
 /* The shared tokenizer (and chat template, may be NULL) from src/text. */
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
                                 char *err, size_t errlen);
+/* Frees what kvw_text_load returned (never kvw_text_bytes()). */
+void kvw_text_free(const kvw_text_t *text);
 
 /*
  * Token bytes are not always whole characters (a byte-level token may hold

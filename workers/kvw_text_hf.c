@@ -68,6 +68,18 @@ static size_t detok(void *ctx, uint32_t token, char *buf, size_t cap)
     return n < 0 ? 0 : (size_t) n;
 }
 
+void kvw_text_free(const kvw_text_t *text)
+{
+    hf_text_t *h = (hf_text_t *) text;      /* text is h's first member */
+
+    if (h == NULL) {
+        return;
+    }
+    kv_chat_free(h->tpl);
+    kv_tokenizer_free(h->tok);
+    free(h);
+}
+
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
                                 char *err, size_t errlen)
 {

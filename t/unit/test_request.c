@@ -92,7 +92,7 @@ TEST(router_and_worker_agree_on_every_shipped_pair)
             kv_chat_free(tpl);
         }
         kv_tokenizer_free(tok);
-        /* tx lives as long as a kvworker process: it has no free */
+        kvw_text_free(tx);
     }
     fprintf(stderr, "  %d completions, %d chats agree\n", completions, chats);
     CHECK(completions >= 4);
