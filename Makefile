@@ -215,7 +215,7 @@ FUZZ_CFLAGS := -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined \
 
 $(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(HEADERS)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -ljansson -lxxhash -lm -lpthread
+	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -ljansson -lxxhash -lutf8proc -lm -lpthread
 
 fuzz: deps $(FUZZ_BINS)
 	@tools/fuzz-all $(B)/fuzz $(FUZZ_SECONDS)
