@@ -349,26 +349,25 @@ int kv_jscan_skip_at(kv_jscan_t *s, int depth)
     }
 }
 
-int kv_jscan_key(kv_jscan_t *s, int *first, char *key, size_t cap)
+int kv_jscan_more(kv_jscan_t *s, int *first, char close)
 {
-    if (kv_jscan_accept(s, '}'))
-        return 0;
-    if (!*first && kv_jscan_expect(s, ',') < 0)
-        return -1;
-    *first = 0;
-    if (kv_jscan_peek(s) != '"')
-        return s->err ? -1 : kv_jscan_fail(s, "expected a key");
-    if (kv_jscan_string(s, key, cap) < 0 || kv_jscan_expect(s, ':') < 0)
-        return -1;
-    return 1;
-}
-
-int kv_jscan_item(kv_jscan_t *s, int *first)
-{
-    if (kv_jscan_accept(s, ']'))
+    if (kv_jscan_accept(s, close))
         return 0;
     if (!*first && kv_jscan_expect(s, ',') < 0)
         return -1;
     *first = 0;
     return s->err ? -1 : 1;
+}
+
+int kv_jscan_key(kv_jscan_t *s, int *first, char *key, size_t cap)
+{
+    int more = kv_jscan_more(s, first, '}');
+
+    if (more <= 0)
+        return more;
+    if (kv_jscan_peek(s) != '"')
+        return s->err ? -1 : kv_jscan_fail(s, "expected a key");
+    if (kv_jscan_string(s, key, cap) < 0 || kv_jscan_expect(s, ':') < 0)
+        return -1;
+    return 1;
 }

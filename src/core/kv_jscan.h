@@ -84,7 +84,10 @@ static inline int kv_jscan_skip(kv_jscan_t *s) { return kv_jscan_skip_at(s, 0); 
  * until it returns 0 (the closing '}' consumed); 1: "key": read, now read
  * or skip the value; -1 on error. */
 int  kv_jscan_key(kv_jscan_t *s, int *first, char *key, size_t cap);
-/* The same for an array: 1 when an element follows, 0 after the ']'. */
-int  kv_jscan_item(kv_jscan_t *s, int *first);
+/* Iterates a container's members after its '[' or '{': 1 when a member
+ * follows (the ',' before it consumed), 0 after close, -1 on error. */
+int  kv_jscan_more(kv_jscan_t *s, int *first, char close);
+/* kv_jscan_more for an array. */
+static inline int kv_jscan_item(kv_jscan_t *s, int *first) { return kv_jscan_more(s, first, ']'); }
 
 #endif

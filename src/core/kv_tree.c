@@ -85,32 +85,23 @@ static int json_value(rd_t *r, int depth)
             return -1;
         }
         js->p++;
-        for ( ;; ) {
+        while ((more = kv_jscan_more(js, &first, c == '{' ? '}' : ']')) == 1) {
             if (c == '{') {
-                more = kv_jscan_accept(js, '}') ? 0
-                       : (!first && kv_jscan_expect(js, ',') < 0) ? -1 : 1;
-                if (more == 1) {
-                    if (kv_jscan_peek(js) != '"') {
-                        return js->err ? -1 : fail(r, "expected a key");
-                    }
-                    if (json_value(r, depth + 1) != 0 || kv_jscan_expect(js, ':') < 0) {
-                        return -1;
-                    }
+                /* the key is a string node before its value */
+                if (kv_jscan_peek(js) != '"') {
+                    return js->err ? -1 : fail(r, "expected a key");
                 }
-                first = 0;
-            } else {
-                more = kv_jscan_item(js, &first);
-            }
-            if (more < 0) {
-                return -1;
-            }
-            if (more == 0) {
-                break;
+                if (json_value(r, depth + 1) != 0 || kv_jscan_expect(js, ':') < 0) {
+                    return -1;
+                }
             }
             if (json_value(r, depth + 1) != 0) {
                 return -1;
             }
             n++;
+        }
+        if (more < 0) {
+            return -1;
         }
         r->t->nodes[at].n = n;
         r->t->nodes[at].end = r->t->n;

@@ -215,7 +215,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     const char *raw;
     char        key[32];
     size_t      klen;
-    int         first = 1, escaped;
+    int         first = 1, escaped, more;
 
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
@@ -226,14 +226,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         goto bad;
     }
     s.p++;
-    for ( ;; ) {
-        if (kv_jscan_accept(&s, '}')) {
-            break;
-        }
-        if (!first && kv_jscan_expect(&s, ',') != 0) {
-            goto bad;
-        }
-        first = 0;
+    while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
         if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
             goto bad;
         }
@@ -249,6 +242,9 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         if (scan_field(&s, b, key, klen) != 0) {
             goto bad;
         }
+    }
+    if (more < 0) {
+        goto bad;
     }
     kv_jscan_peek(&s);
     if (s.p != s.end) {
