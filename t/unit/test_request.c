@@ -36,13 +36,12 @@ static int same_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
     kv_prompt_config_t cfg = { tok, tpl, NULL, 1 };
     kv_prompt_t        router;
     kvw_req_t          worker = { 0 };
-    char               err[256];
+    kvw_openai_err_t   refusal;
     uint64_t          *hashes;
     int                same;
 
     CHECK(kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, &router) == KV_PROMPT_OK);
-    CHECK(kvw_openai_parse_text(&worker, is_chat, body, strlen(body), tx, 0, err,
-                                sizeof(err)) == 0);
+    CHECK(kvw_openai_parse_text(&worker, is_chat, body, strlen(body), tx, 0, &refusal) == 0);
     CHECK(worker.n_prompt > 0);
     hashes = calloc(worker.n_prompt, sizeof(uint64_t));
     kv_hash_blocks(worker.prompt, worker.n_prompt, 1, kv_hash_seed(NULL, 0), NULL, hashes);
