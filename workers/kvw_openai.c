@@ -256,16 +256,6 @@ static int refuse_unsupported(json_t *root, int chat, kvw_openai_err_t *e)
     return 0;
 }
 
-int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
-                     kvw_tokenize_fn tok, void *tok_ctx, kvw_openai_err_t *e)
-{
-    kvw_text_t tx = *kvw_text_bytes();
-
-    tx.tokenize = tok;
-    tx.ctx = tok_ctx;
-    return kvw_openai_parse_text(r, chat, body, len, &tx, 0, e);
-}
-
 int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
                           const kvw_text_t *tx, size_t which, kvw_openai_err_t *e)
 {

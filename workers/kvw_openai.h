@@ -9,10 +9,6 @@
 
 #include "kvw_req.h"
 
-/* Turns prompt text into token ids; returns the count or -1. */
-typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
-                                uint32_t **ids);
-
 /*
  * A request the worker refuses, as OpenAI describes it: the HTTP status, a
  * message for people, the request field at fault and a machine-readable
@@ -26,22 +22,18 @@ typedef struct {
     const char *code;
 } kvw_openai_err_t;
 
-/*
- * Fills r from a request body. chat selects /v1/chat/completions. On error
- * returns -1 with e filled in; r must then be released with kvw_req_clear().
- * Fields are type-checked; the ones kvworker does not implement (n > 1,
- * best_of > 1, logprobs, top_logprobs) are refused rather than ignored.
- */
-int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
-                     kvw_tokenize_fn tok, void *tok_ctx, kvw_openai_err_t *e);
 void kvw_req_clear(kvw_req_t *r);
 
 #define KVW_MAX_PROMPTS 64
 
 /*
- * The same with the tokenizer and chat renderer of tx, parsing prompt
- * number `which` of a completion request whose "prompt" is a list;
- * r->n_prompts says how many there are.
+ * Fills r from a request body, with the tokenizer and chat renderer of tx.
+ * chat selects /v1/chat/completions; `which` picks the prompt of a
+ * completion request whose "prompt" is a list (r->n_prompts says how many
+ * there are). On error returns -1 with e filled in; r must then be released
+ * with kvw_req_clear(). Fields are type-checked; the ones kvworker does not
+ * implement (n > 1, best_of > 1, logprobs, top_logprobs) are refused rather
+ * than ignored.
  */
 struct kvw_text;
 int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,

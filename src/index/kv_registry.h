@@ -135,8 +135,6 @@ kv_worker_rec_t *kv_registry_write_begin(kv_registry_t *reg, int i);
 void kv_registry_write_end(kv_registry_t *reg, int i);
 /* Frees record i. */
 void kv_registry_remove(kv_registry_t *reg, int i);
-/* Drops every record (a fresh helper that cannot trust what it finds). */
-void kv_registry_reset(kv_registry_t *reg);
 
 /* Status fields are single words: add to or set one by its offset. */
 #define KV_STATUS_OFF(field) (offsetof(kv_ingest_status_t, field) / sizeof(uint64_t))
