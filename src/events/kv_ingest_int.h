@@ -49,6 +49,10 @@ typedef struct {
     uint64_t    dump_seq;       /* in flight when state == RESYNCING */
     uint64_t    dump_deadline_ms;
     uint32_t    dump_next_chunk;
+    uint64_t    dump_last_event_id; /* chunk 0's: every chunk must carry it */
+    uint64_t    dump_floor;     /* last dump's last_event_id: ids up to it are old news */
+    uint64_t    hb_applied;     /* last_applied when the previous heartbeat came */
+    uint64_t    verified;       /* a dump applied whole, or events from 1: a real worker */
     kv_evbuf_t  buf;
 } kv_wstate_t;
 

@@ -96,6 +96,8 @@ typedef struct {
     uint64_t    last_event_lag_ms;  /* now - published (when known, else 0) */
     uint64_t    last_event_ms;      /* when the last event was applied */
     uint64_t    updated_ms;         /* last tick */
+    uint64_t    rejected;           /* implausible events, heartbeats, dump chunks */
+    uint64_t    removed;            /* workers removed (gone, left, replaced, evicted) */
 } kv_ingest_status_t;
 
 #define KV_REGISTRY_STATUS_FIELDS (sizeof(kv_ingest_status_t) / sizeof(uint64_t))

@@ -61,11 +61,12 @@ static void print_stats(const host_t *h, uint64_t now)
            ",\"gaps\":%" PRIu64 ",\"resyncs\":%" PRIu64 ",\"dumps\":%" PRIu64
            ",\"dump_failures\":%" PRIu64 ",\"duplicates\":%" PRIu64
            ",\"buffer_overflows\":%" PRIu64 ",\"heartbeats\":%" PRIu64 ",\"timeouts\":%" PRIu64
-           ",\"last_event_lag_ms\":%" PRIu64 ",\"index_blocks\":%" PRIu64 ",\"workers\":[",
+           ",\"last_event_lag_ms\":%" PRIu64 ",\"rejected\":%" PRIu64 ",\"removed\":%" PRIu64
+           ",\"index_blocks\":%" PRIu64 ",\"index_workers\":%" PRIu64 ",\"workers\":[",
            now, kv_nats_state_name(st.nats_state), st.connects, st.disconnects, st.messages,
            st.events, st.blocks, st.decode_errors, st.apply_errors, st.gaps, st.resyncs,
            st.dumps, st.dump_failures, st.duplicates, st.buffer_overflows, st.heartbeats,
-           st.timeouts, st.last_event_lag_ms, is.blocks);
+           st.timeouts, st.last_event_lag_ms, st.rejected, st.removed, is.blocks, is.workers);
     int first = 1;
     kv_worker_rec_t r;
     for (uint32_t i = 0; i < kv_registry_max_workers(h->reg); i++) {
@@ -76,12 +77,13 @@ static void print_stats(const host_t *h, uint64_t now)
                "\"address\":\"%s\",\"instance_id\":%" PRIu64 ",\"blocks\":%" PRIu64
                ",\"last_event_applied\":%" PRIu64 ",\"last_event_announced\":%" PRIu64
                ",\"events\":%" PRIu64 ",\"gaps\":%" PRIu64 ",\"resyncs\":%" PRIu64
-               ",\"duplicates\":%" PRIu64 ",\"running\":%" PRIu64 "}",
+               ",\"duplicates\":%" PRIu64 ",\"running\":%" PRIu64
+               ",\"active_prefill_tokens\":%" PRIu64 "}",
                first ? "" : ",", r.worker_id, r.dp_rank, kv_worker_state_name(r.state),
                r.announced, r.address, r.instance_id,
                slot >= 0 ? kv_index_worker_blocks(h->ix, (uint32_t)slot) : 0,
                r.last_event_applied, r.last_event_announced, r.events, r.gaps, r.resyncs,
-               r.duplicates, r.load.running);
+               r.duplicates, r.load.running, r.load.active_prefill_tokens);
         first = 0;
     }
     printf("]}\n");
