@@ -386,8 +386,11 @@ void kvw_nats_stop(kvw_nats_t *k)
     if (k->sub_dump)
         natsSubscription_Destroy(k->sub_dump);
     if (k->nc) {
+        /* "leave" lets routers free our record and index slots now rather
+         * than after the heartbeat timeout (docs/PROTOCOL.md) */
         for (int i = 0; i < k->n; i++)
-            publish_pending(&k->pubs[i]);
+            if (k->pubs[i].e)
+                send_heartbeat(&k->pubs[i], "leave");
         natsConnection_FlushTimeout(k->nc, 500);
         natsConnection_Close(k->nc);
         natsConnection_Destroy(k->nc);

@@ -92,6 +92,7 @@ struct kv_ingest {
     kv_stored_block_t  *scratch;        /* dump chunk -> stored events */
     size_t              scratch_cap;
     uint64_t            dump_counter;
+    uint64_t            reap_at_ms;     /* next kv_index_reap of removed workers */
     uint32_t            max_workers;
     kv_wstate_t        *wk;             /* by registry record index */
 };

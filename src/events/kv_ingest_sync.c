@@ -36,9 +36,79 @@
 
 /* --- worker table ------------------------------------------------------- */
 
+static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms);
+static void buf_free(kv_evbuf_t *b);
+
+/*
+ * Lifecycle (docs/SECURITY.md, "Worker lifecycle"). A worker's record and
+ * index slots are freed when it leaves: a "leave" heartbeat, the same
+ * address and rank announced under a new worker id, a record gone for
+ * FORGET_AFTER timeouts, or capacity pressure. A full table never refuses
+ * a newcomer: the record least likely to be a live worker goes.
+ */
+#define FORGET_TIMEOUTS 10
+
+/* Frees record i and every index slot of its worker id (the index works
+ * per worker id): the worker's other ranks lose their blocks and resync. */
+static void worker_remove(kv_ingest_t *ing, int i, uint64_t now_ms, const char *why)
+{
+    kv_wstate_t *w = &ing->wk[i];
+    uint64_t id = w->worker_id;
+    if (ing->cfg.verbose)
+        kv_ingest_log(ing, "worker %" PRIu64 " rank %u removed: %s", id, w->dp_rank, why);
+    kv_index_worker_remove(ing->ix, id);
+    buf_free(&w->buf);
+    memset(w, 0, sizeof(*w));
+    kv_registry_remove(ing->reg, i);
+    kv_registry_status_add(ing->reg, ST(removed), 1);
+    for (uint32_t k = 0; k < ing->max_workers; k++) {
+        kv_wstate_t *o = &ing->wk[k];
+        if (!o->used || o->worker_id != id || o->state == KV_WORKER_GONE)
+            continue;
+        if (o->announced) {
+            o->resync_after_ms = 0;
+            start_resync(ing, (int)k, now_ms);
+        } else {
+            o->last_applied = 0;
+            o->complete = 0;
+        }
+    }
+}
+
+/* Eviction order: gone first, then workers that never announced, then
+ * announced ones never verified by a dump, then the rest; within a class,
+ * the one heard from longest ago. A flood of invented ids (events or
+ * heartbeats nobody answers dumps for) thus evicts itself, not the live
+ * workers, and a worker restarted under a new id pushes out its old id. */
+static int evict_class(const kv_wstate_t *w)
+{
+    if (w->state == KV_WORKER_GONE)
+        return 0;
+    if (!w->announced)
+        return 1;
+    return w->verified ? 3 : 2;
+}
+
+static int worker_evict(kv_ingest_t *ing, uint64_t now_ms)
+{
+    int best = -1;
+    for (uint32_t k = 0; k < ing->max_workers; k++) {
+        const kv_wstate_t *w = &ing->wk[k];
+        if (!w->used)
+            continue;
+        if (best < 0 || evict_class(w) < evict_class(&ing->wk[best])
+            || (evict_class(w) == evict_class(&ing->wk[best])
+                && w->last_seen_ms < ing->wk[best].last_seen_ms))
+            best = (int)k;
+    }
+    if (best >= 0)
+        worker_remove(ing, best, now_ms, "table full, evicted");
+    return best;
+}
+
 /* The private table mirrors the registry index for index; looking up
  * there avoids copying shared records on every event. */
-static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
+static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank, uint64_t now_ms)
 {
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         const kv_wstate_t *o = &ing->wk[k];
@@ -46,6 +116,8 @@ static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
             return (int)k;
     }
     int i = kv_registry_add(ing->reg, worker_id, dp_rank);
+    if (i < 0 && worker_evict(ing, now_ms) >= 0)
+        i = kv_registry_add(ing->reg, worker_id, dp_rank);
     if (i < 0)
         return -1;
     kv_wstate_t *w = &ing->wk[i];
@@ -54,6 +126,7 @@ static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
     w->worker_id = worker_id;
     w->dp_rank = dp_rank;
     w->state = KV_WORKER_LIVE;
+    w->last_seen_ms = now_ms;
     return i;
 }
 
@@ -234,7 +307,7 @@ static uint64_t ahead_limit(const kv_wstate_t *w)
 
 static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms)
 {
-    int i = worker_get(ing, ev->worker_id, ev->dp_rank);
+    int i = worker_get(ing, ev->worker_id, ev->dp_rank, now_ms);
     if (i < 0) {
         kv_registry_status_add(ing->reg, ST(apply_errors), 1);
         return;
@@ -344,6 +417,7 @@ typedef struct {
     uint64_t            worker_id, instance_id, last_event_id, interval_ms, num_blocks;
     uint64_t            dp_rank, block_size;
     int                 has_worker;
+    char                type[16];
     char                address[KV_REGISTRY_ADDR_MAX];
     char                model[KV_REGISTRY_MODEL_MAX];
     kv_worker_load_t    load;
@@ -389,6 +463,7 @@ static int parse_heartbeat(const char *buf, size_t len, heartbeat_t *h)
         else if (!strcmp(key, "num_blocks")) rc = kv_jscan_u64(&s, &h->num_blocks);
         else if (!strcmp(key, "address")) rc = kv_jscan_string(&s, h->address, sizeof(h->address));
         else if (!strcmp(key, "model")) rc = kv_jscan_string(&s, h->model, sizeof(h->model));
+        else if (!strcmp(key, "type")) rc = kv_jscan_string(&s, h->type, sizeof(h->type));
         else if (!strcmp(key, "load")) rc = parse_load(&s, &h->load);
         else rc = kv_jscan_skip(&s);
         if (rc < 0)
@@ -430,11 +505,30 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t n
         return;
     }
     kv_registry_status_add(ing->reg, ST(heartbeats), 1);
-    int i = worker_get(ing, h.worker_id, (uint32_t)h.dp_rank);
+    if (!strcmp(h.type, "leave")) {
+        /* a worker shutting down: free its record and slots now */
+        for (uint32_t k = 0; k < ing->max_workers; k++)
+            if (ing->wk[k].used && ing->wk[k].worker_id == h.worker_id
+                && ing->wk[k].dp_rank == h.dp_rank)
+                worker_remove(ing, (int)k, now_ms, "left");
+        return;
+    }
+    int i = worker_get(ing, h.worker_id, (uint32_t)h.dp_rank, now_ms);
     if (i < 0)
         return;
     kv_wstate_t *w = &ing->wk[i];
     int first = !w->announced;
+    if (first && h.address[0]) {
+        /* the same address and rank under a new worker id: the engine
+         * restarted with a new identity (Dynamo's do); the old id is gone */
+        kv_worker_rec_t o;
+        for (uint32_t k = 0; k < ing->max_workers; k++)
+            if ((int)k != i && ing->wk[k].used && ing->wk[k].announced
+                && ing->wk[k].dp_rank == h.dp_rank && ing->wk[k].worker_id != h.worker_id
+                && kv_registry_read(ing->reg, (int)k, &o) == 0
+                && strncmp(o.address, h.address, sizeof(o.address)) == 0)
+                worker_remove(ing, (int)k, now_ms, "its address announced by a new worker id");
+    }
     int restarted = w->instance_id != 0 && h.instance_id != w->instance_id;
     /* Applied past what the worker says it published, one heartbeat after
      * we applied it: those events were never its own (forged). Events it
@@ -734,6 +828,11 @@ static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
 void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected)
 {
     mark_stale(ing, now_ms, connected);
+    if (now_ms >= ing->reap_at_ms) {
+        /* removed workers' blocks: one pass a second at most, however many */
+        kv_index_reap(ing->ix);
+        ing->reap_at_ms = now_ms + 1000;
+    }
     for (uint32_t i = 0; i < ing->max_workers; i++) {
         kv_wstate_t *w = &ing->wk[i];
         if (!w->used || !w->announced)
@@ -745,9 +844,16 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
             start_resync(ing, (int)i, now_ms);
             continue;
         }
+        if (w->state == KV_WORKER_GONE
+            && now_ms > w->last_seen_ms + FORGET_TIMEOUTS * timeout_of(ing, w)) {
+            worker_remove(ing, (int)i, now_ms, "gone for long");
+            continue;
+        }
         if (connected && w->state != KV_WORKER_GONE
             && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
-            kv_index_worker_clear(ing->ix, w->worker_id);
+            /* its blocks and index slots go now; the record stays a while
+             * (status shows it gone) unless the table needs it */
+            kv_index_worker_remove(ing->ix, w->worker_id);
             w->state = KV_WORKER_GONE;
             w->complete = 0;
             w->need_resync = 0;

@@ -86,6 +86,12 @@ class FakeWorker:
                      "kv_used_blocks": len(self.blocks), "waiting": 0, "running": 1,
                      "max_num_batched_tokens": 8192, "max_num_seqs": 256}})
 
+    def leave(self):
+        """Deregisters, as kvworker does on a graceful shutdown."""
+        self.beating = False
+        self.heartbeat("leave")
+        self.nc.flush()
+
     def start_heartbeats(self):
         if self.beating:
             return

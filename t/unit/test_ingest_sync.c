@@ -53,6 +53,17 @@ void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
     last_clear = worker_id;
 }
 
+void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
+{
+    n_clears++;
+    last_clear = worker_id;
+}
+
+int kv_index_reap(kv_index_t *ix)
+{
+    return 0;
+}
+
 void kv_event_batch_init(kv_event_batch_t *b) { memset(b, 0, sizeof(*b)); }
 void kv_event_batch_free(kv_event_batch_t *b) { memset(b, 0, sizeof(*b)); }
 int kv_event_decode(kv_event_batch_t *b, const void *buf, size_t len, char *err, size_t errlen)
