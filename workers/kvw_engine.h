@@ -66,6 +66,8 @@ struct kvw_config {
     int         heartbeat_ms;           /* 1000 */
     const char *ns;                     /* "dynamo" */
     const char *component;              /* "backend" */
+    int         nats_per_worker;        /* publish on P.kv-events.<id> and
+                                           P.kvroute.heartbeat.<id> (docs/SECURITY.md) */
 };
 
 /* The scheduler over the mock backend (kvw_sched.c, kvw_mock_model.c). */

@@ -28,6 +28,8 @@ typedef struct {
     struct evbuffer    *pending;        /* rendered events of this step, comma-separated */
     int                 n_pending;
     char                address[300];
+    char                subj_events[330], subj_heartbeat[330];
+    natsSubscription   *sub_dump;       /* P.kvroute.dump.<its id>: only its own */
 } pub_t;
 
 /* Work handed from cnats threads to the loop. */
@@ -44,12 +46,11 @@ struct kvw_nats {
     const kvw_config_t *cfg;
     natsConnection     *nc;
     natsOptions        *opts;
-    natsSubscription   *sub_discover, *sub_dump;
+    natsSubscription   *sub_discover;
     pub_t              *pubs;
     int                 n;
     uint64_t            instance_id;
     char                prefix[256];
-    char                subj_events[300], subj_heartbeat[300];
     struct event       *wake, *heartbeat;
     pthread_mutex_t     lock;
     job_t              *jobs, *jobs_tail;
@@ -62,6 +63,17 @@ uint64_t kvw_worker_id_for(const char *host, int port)
     int n = snprintf(buf, sizeof(buf), "%s:%d", host, port);
     /* the same id the router assumes for an unannounced server (kv_hash.h) */
     return kv_hash_worker_id(buf, (size_t)n);
+}
+
+void kvw_nats_redact(const char *url, char *out, size_t n)
+{
+    const char *sep = strstr(url, "://");
+    const char *host = sep ? sep + 3 : url;
+    const char *at = strrchr(host, '@');
+    if (at == NULL)
+        snprintf(out, n, "%s", url);
+    else
+        snprintf(out, n, "%.*s***%s", (int)(host - url), url, at);
 }
 
 static uint64_t random_id(void)
@@ -179,7 +191,7 @@ static void publish_pending(pub_t *p)
         evbuffer_prepend(p->pending, "[", 1);
         evbuffer_add(p->pending, "]", 1);
     }
-    publish(p->k, p->k->subj_events, p->pending);
+    publish(p->k, p->subj_events, p->pending);
     evbuffer_drain(p->pending, evbuffer_get_length(p->pending));
     p->n_pending = 0;
 }
@@ -217,7 +229,7 @@ static void send_heartbeat(pub_t *p, const char *type)
                         k->cfg->max_num_seqs);
     free(model_s);
     json_decref(model);
-    publish(k, k->subj_heartbeat, b);
+    publish(k, p->subj_heartbeat, b);
     evbuffer_free(b);
 }
 
@@ -327,12 +339,22 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
     k->instance_id = random_id();
     pthread_mutex_init(&k->lock, NULL);
     snprintf(k->prefix, sizeof(k->prefix), "namespace.%s.component.%s", cfg->ns, cfg->component);
-    snprintf(k->subj_events, sizeof(k->subj_events), "%s.kv-events", k->prefix);
-    snprintf(k->subj_heartbeat, sizeof(k->subj_heartbeat), "%s.kvroute.heartbeat", k->prefix);
     for (int i = 0; i < n; i++) {
         pub_t *p = &k->pubs[i];
         p->k = k;
         p->e = engines[i];
+        /* per-worker subjects let NATS permissions hold each worker to its
+         * own (docs/SECURITY.md); shared ones are what Dynamo's routers read */
+        if (cfg->nats_per_worker) {
+            snprintf(p->subj_events, sizeof(p->subj_events), "%s.kv-events.%" PRIu64,
+                     k->prefix, engines[i]->worker_id);
+            snprintf(p->subj_heartbeat, sizeof(p->subj_heartbeat),
+                     "%s.kvroute.heartbeat.%" PRIu64, k->prefix, engines[i]->worker_id);
+        } else {
+            snprintf(p->subj_events, sizeof(p->subj_events), "%s.kv-events", k->prefix);
+            snprintf(p->subj_heartbeat, sizeof(p->subj_heartbeat), "%s.kvroute.heartbeat",
+                     k->prefix);
+        }
         p->pending = evbuffer_new();
         snprintf(p->address, sizeof(p->address), "%s:%d", cfg->host, engines[i]->port);
         kvw_blocks_set_sink(kvw_sched_blocks(engines[i]), on_event, p);
@@ -355,15 +377,20 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
     }
     s = natsConnection_Connect(&k->nc, k->opts);
     if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) {
-        snprintf(err, errlen, "nats %s: %s", cfg->nats_url, natsStatus_GetText(s));
+        char safe[512];
+        kvw_nats_redact(cfg->nats_url, safe, sizeof(safe));
+        snprintf(err, errlen, "nats %s: %s", safe, natsStatus_GetText(s));
         kvw_nats_stop(k);
         return NULL;
     }
     snprintf(subj, sizeof(subj), "%s.kvroute.discover", k->prefix);
     s = natsConnection_Subscribe(&k->sub_discover, k->nc, subj, on_discover, k);
-    if (s == NATS_OK) {
-        snprintf(subj, sizeof(subj), "%s.kvroute.dump.*", k->prefix);
-        s = natsConnection_Subscribe(&k->sub_dump, k->nc, subj, on_dump, k);
+    /* one dump subscription per engine, on its own id: a worker whose NATS
+     * user may subscribe only to its own dump subject can do so */
+    for (int i = 0; s == NATS_OK && i < n; i++) {
+        snprintf(subj, sizeof(subj), "%s.kvroute.dump.%" PRIu64, k->prefix,
+                 engines[i]->worker_id);
+        s = natsConnection_Subscribe(&k->pubs[i].sub_dump, k->nc, subj, on_dump, k);
     }
     if (s != NATS_OK) {
         snprintf(err, errlen, "nats subscribe: %s", natsStatus_GetText(s));
@@ -383,8 +410,9 @@ void kvw_nats_stop(kvw_nats_t *k)
         return;
     if (k->sub_discover)
         natsSubscription_Destroy(k->sub_discover);
-    if (k->sub_dump)
-        natsSubscription_Destroy(k->sub_dump);
+    for (int i = 0; i < k->n; i++)
+        if (k->pubs[i].sub_dump)
+            natsSubscription_Destroy(k->pubs[i].sub_dump);
     if (k->nc) {
         /* "leave" lets routers free our record and index slots now rather
          * than after the heartbeat timeout (docs/PROTOCOL.md) */

@@ -83,6 +83,10 @@ struct kv_ingest {
     natsConnection     *nc;
     jsCtx              *js;
     natsSubscription   *ev_sub, *hb_sub, *dump_sub;
+    natsSubscription   *ev_sub_pw, *hb_sub_pw;  /* per-worker subjects: <subject>.<id> */
+    char                last_error[256];        /* last NATS error logged (once each) */
+    uint64_t            last_error_ms;
+    uint64_t            diag_at_ms;             /* next diagnosis while disconnected */
     uint64_t            conn_epoch;     /* bumped by (re)connect callbacks (atomic) */
     uint64_t            seen_epoch;     /* handled by tick */
     uint64_t            js_retry_ms;
@@ -101,9 +105,13 @@ void kv_ingest_log(kv_ingest_t *ing, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int  kv_ingest_connected(kv_ingest_t *ing);
 
-/* kv_ingest_sync.c */
-void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, uint64_t now_ms);
-void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t now_ms);
+/* kv_ingest_sync.c. A message that came on a per-worker subject carries
+ * that worker's id in *subject_worker (NULL on the shared subjects): any
+ * event or heartbeat for another id in it is rejected. */
+void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t *subject_worker,
+                    uint64_t now_ms);
+void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
+                       const uint64_t *subject_worker, uint64_t now_ms);
 void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t len,
                         uint64_t now_ms);
 /* connected: NATS is up now; reconnected: it came back since the last tick. */

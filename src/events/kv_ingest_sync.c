@@ -370,8 +370,18 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
     publish(ing, i);
 }
 
-void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, uint64_t now_ms)
+void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t *subject_worker,
+                    uint64_t now_ms)
 {
+    if (subject_worker)
+        for (size_t k = 0; k < b->n_events; k++)
+            if (b->events[k].worker_id != *subject_worker) {
+                /* published as one worker about another: with per-worker
+                 * NATS permissions, exactly what a forger would have to do */
+                reject(ing, "event for another worker on a per-worker subject",
+                       b->events[k].worker_id, *subject_worker);
+                return;
+            }
     for (size_t k = 0; k < b->n_events; k++)
         handle_event(ing, &b->events[k], now_ms);
     uint64_t lag = b->has_envelope && b->published_at && now_ms > b->published_at
@@ -497,11 +507,17 @@ static void sanitize_load(heartbeat_t *h)
     l->running = clamp(l->running, LOAD_QUEUE_MAX);
 }
 
-void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t now_ms)
+void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
+                       const uint64_t *subject_worker, uint64_t now_ms)
 {
     heartbeat_t h;
     if (parse_heartbeat(buf, len, &h) < 0) {
         kv_registry_status_add(ing->reg, ST(decode_errors), 1);
+        return;
+    }
+    if (subject_worker && h.worker_id != *subject_worker) {
+        reject(ing, "heartbeat for another worker on a per-worker subject", h.worker_id,
+               *subject_worker);
         return;
     }
     kv_registry_status_add(ing->reg, ST(heartbeats), 1);

@@ -11,7 +11,7 @@ import time
 
 
 class NatsRaw:
-    def __init__(self, port, host="127.0.0.1", timeout=5.0):
+    def __init__(self, port, host="127.0.0.1", timeout=5.0, user=None, password=None):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.settimeout(None)
         self.lock = threading.Lock()
@@ -22,8 +22,13 @@ class NatsRaw:
         info = self._readline()
         if not info.startswith(b"INFO"):
             raise RuntimeError("not a NATS server: %r" % info[:80])
-        self._send(b'CONNECT {"verbose":false,"pedantic":false,"name":"kvt-raw","protocol":1,'
-                   b'"echo":true}\r\nPING\r\n')
+        self.errors = []        # -ERR lines from the server (e.g. permissions violations)
+        self.pongs = 0
+        self.cv = threading.Condition()
+        auth = {"user": user, "pass": password} if user else {}
+        connect = dict({"verbose": False, "pedantic": False, "name": "kvt-raw", "protocol": 1,
+                        "echo": True}, **auth)
+        self._send(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
         while True:
             line = self._readline()
             if line.startswith(b"PONG"):
@@ -69,6 +74,12 @@ class NatsRaw:
                         cb(subject, reply, payload)
                 elif line.startswith(b"PING"):
                     self._send(b"PONG\r\n")
+                elif line.startswith(b"PONG"):
+                    with self.cv:
+                        self.pongs += 1
+                        self.cv.notify_all()
+                elif line.startswith(b"-ERR"):
+                    self.errors.append(line.decode(errors="replace"))
         except (EOFError, OSError):
             pass
 
@@ -89,12 +100,13 @@ class NatsRaw:
 
     def flush(self):
         """Round trip so every earlier PUB/SUB has reached the server."""
-        got = threading.Event()
-        inbox = "_INBOX.flush.%d.%d" % (id(self), time.monotonic_ns())
-        sid = self.subscribe(inbox, lambda s, r, p: got.set())
-        self.publish(inbox, b"")
-        got.wait(5)
-        self.subs.pop(sid, None)
+        # PING/PONG: the server answers after processing everything before
+        # it, and needs no publish permission (unlike a round trip on an inbox)
+        with self.cv:
+            want = self.pongs + 1
+        self._send(b"PING\r\n")
+        with self.cv:
+            self.cv.wait_for(lambda: self.pongs >= want, 5)
 
     def close(self):
         self.closed = True

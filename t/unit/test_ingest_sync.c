@@ -107,7 +107,7 @@ static void feed(kv_ingest_t *ing, uint64_t wid, uint64_t eid, uint64_t now)
     memset(&b, 0, sizeof(b));
     b.events = &ev;
     b.n_events = 1;
-    kv_sync_events(ing, &b, now);
+    kv_sync_events(ing, &b, NULL, now);
 }
 
 static void heartbeat(kv_ingest_t *ing, uint64_t wid, uint64_t inst, uint64_t last, uint64_t now)
@@ -120,7 +120,7 @@ static void heartbeat(kv_ingest_t *ing, uint64_t wid, uint64_t inst, uint64_t la
                      "\"load\":{\"running\":3,\"waiting\":1,\"max_num_seqs\":256}}",
                      (unsigned long long)wid, (unsigned long long)inst,
                      (unsigned long long)last);
-    kv_sync_heartbeat(ing, buf, (size_t)n, now);
+    kv_sync_heartbeat(ing, buf, (size_t)n, NULL, now);
 }
 
 static kv_worker_rec_t rec_of(uint64_t wid)
@@ -276,7 +276,7 @@ TEST(heartbeat_timeout_restart_and_malformed)
     const char *bad[] = {"", "{", "[]", "{\"worker_id\":-}", "{\"dp_rank\":0}",
                          "{\"worker_id\":1,\"load\":{\"running\":\"x\"}}", "\xff\xfe"};
     for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++)
-        kv_sync_heartbeat(ing, bad[k], strlen(bad[k]), 9200);
+        kv_sync_heartbeat(ing, bad[k], strlen(bad[k]), NULL, 9200);
     CHECK_EQ_U64(status().decode_errors, sizeof(bad) / sizeof(bad[0]));
     kv_ingest_destroy(ing);
 }

@@ -132,7 +132,7 @@ static void usage(void)
             "                [--heartbeat-timeout MS] [--dump-timeout MS] [--stale-lag MS]\n"
             "                [--user U --password P | --token T | --creds FILE]\n"
             "                [--tls-ca F] [--tls-cert F --tls-key F] [--tls-no-verify]\n"
-            "                [--index-mb N] [--max-workers N] [-v]\n");
+            "                [--index-mb N] [--max-workers N] [--per-worker-only] [-v]\n");
 }
 
 int main(int argc, char **argv)
@@ -148,7 +148,7 @@ int main(int argc, char **argv)
         {"user", 1, 0, 'u'}, {"password", 1, 0, 'P'}, {"token", 1, 0, 't'},
         {"creds", 1, 0, 'c'}, {"tls-ca", 1, 0, 'A'}, {"tls-cert", 1, 0, 'C'},
         {"tls-key", 1, 0, 'K'}, {"tls-no-verify", 0, 0, 'N'}, {"index-mb", 1, 0, 'm'},
-        {"max-workers", 1, 0, 'w'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"max-workers", 1, 0, 'w'}, {"per-worker-only", 0, 0, 'W'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
         switch (c) {
@@ -171,6 +171,7 @@ int main(int argc, char **argv)
         case 'N': cfg.tls_no_verify = 1; break;
         case 'm': index_mb = strtoull(optarg, NULL, 10); break;
         case 'w': max_workers = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'W': cfg.per_worker_only = 1; break;
         case 'v': cfg.verbose++; break;
         default: usage(); return c == 'h' ? 0 : 2;
         }
