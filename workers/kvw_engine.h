@@ -43,6 +43,7 @@ struct kvw_config {
     int         num_blocks;
     double      speedup;
     int         max_body;
+    int         idle_timeout_s;         /* close idle/slow connections (60); 0: never */
 
     /* scheduler, defaults as Dynamo's mocker */
     int         max_num_seqs;           /* 256 */

@@ -30,7 +30,16 @@ typedef struct {
     char                address[300];
     char                subj_events[330], subj_heartbeat[330];
     natsSubscription   *sub_dump;       /* P.kvroute.dump.<its id>: only its own */
+    uint64_t            dump_window_ms; /* rate limit: start of the current second */
+    int                 dumps_in_window;
 } pub_t;
+
+/* A dump is the whole cache (megabytes); anyone who can publish a request
+ * used to make us send it to any subject, as often as asked. Replies go
+ * only to inbox subjects, and at most DUMPS_PER_S per second per engine
+ * (several routers resyncing at once after a restart fit; a router whose
+ * request is dropped times out and asks again). */
+#define DUMPS_PER_S 8
 
 /* Work handed from cnats threads to the loop. */
 typedef struct job {
@@ -55,6 +64,8 @@ struct kvw_nats {
     pthread_mutex_t     lock;
     job_t              *jobs, *jobs_tail;
     uint64_t            publish_errors;
+    uint64_t            dumps_refused;
+    int                 queued_dumps;   /* under lock */
 };
 
 uint64_t kvw_worker_id_for(const char *host, int port)
@@ -122,7 +133,14 @@ static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     job_t *j = calloc(1, sizeof(*j));
     const char *reply = natsMsg_GetReply(msg);
 
-    if (j && reply) {
+    struct kvw_nats *k = arg;
+    int full;
+    pthread_mutex_lock(&k->lock);
+    full = k->queued_dumps >= 64;       /* a flood of requests must not queue without bound */
+    if (!full)
+        k->queued_dumps++;
+    pthread_mutex_unlock(&k->lock);
+    if (j && reply && !full) {
         j->kind = JOB_DUMP;
         j->subject = strdup(natsMsg_GetSubject(msg));
         j->reply = strdup(reply);
@@ -130,6 +148,11 @@ static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
                           (size_t)natsMsg_GetDataLength(msg));
         queue_job(arg, j);
     } else {
+        if (!full) {
+            pthread_mutex_lock(&k->lock);
+            k->queued_dumps--;
+            pthread_mutex_unlock(&k->lock);
+        }
         free(j);
     }
     natsMsg_Destroy(msg);
@@ -265,8 +288,19 @@ static void answer_dump(struct kvw_nats *k, job_t *j)
     int ok = p != NULL && (rank == NULL || json_integer_value(rank) == 0);
 
     json_decref(req);
-    if (!ok)
+    if (!ok || strncmp(j->reply, "_INBOX.", 7) != 0)
         return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    if (now >= p->dump_window_ms + 1000) {
+        p->dump_window_ms = now;
+        p->dumps_in_window = 0;
+    }
+    if (++p->dumps_in_window > DUMPS_PER_S) {
+        k->dumps_refused++;
+        return;
+    }
     size_t n = 0;
     kvw_dump_block_t *blocks = kvw_blocks_dump(kvw_sched_blocks(p->e), &n);
     publish_pending(p);
@@ -313,6 +347,9 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
                 send_heartbeat(&k->pubs[i], "announce");
         } else {
             answer_dump(k, j);
+            pthread_mutex_lock(&k->lock);
+            k->queued_dumps--;
+            pthread_mutex_unlock(&k->lock);
         }
         free(j->subject);
         free(j->reply);
