@@ -149,3 +149,18 @@ def test_forged_heartbeat_load_is_clamped(stack):
     assert rec["running"] <= 1 << 20
     assert rec["active_prefill_tokens"] <= 4 * 1024 * 16
     w.close()
+
+
+def test_dp_rank_beyond_32_bits_rejected_like_a_heartbeat(stack):
+    """An event's dp_rank used to be truncated to 32 bits (2^32 became rank
+    0, another worker's slot) while a heartbeat with it was rejected."""
+    nats = stack.nats()
+    ing, pub = kvingest.start_ready(stack, nats)
+    ev = {"worker_id": 99, "event": {"event_id": 1, "dp_rank": 1 << 32, "data": {"stored": {
+        "parent_hash": None, "blocks": [{"block_hash": 1, "tokens_hash": 2}]}}}}
+    pub.publish(SUBJ, json.dumps(ev))
+    pub.publish(PREFIX + ".kvroute.heartbeat", {"worker_id": 99, "dp_rank": 1 << 32})
+    pub.flush()
+    st = ing.wait(lambda s: s["decode_errors"] >= 2, what="both rejected")
+    assert st["workers"] == [] and ing.match([2]) == {}
+    pub.close()
