@@ -58,6 +58,8 @@ def test_restart_under_new_id_replaces_the_old_one(stack):
     prev = None
     for n in range(8):
         wid = 500 + n
+        if prev is not None:
+            prev.close()                                        # crashed: no leave
         w = FakeWorker(nats.port, wid, address="127.0.0.1:9100", interval_ms=300)
         ing.wait(lambda s: (ing.worker(wid, st=s) or {}).get("state") == "live",
                  what="incarnation %d live" % n)
@@ -66,7 +68,6 @@ def test_restart_under_new_id_replaces_the_old_one(stack):
         assert ing.match([(2000 + 10 * n) * 7 + 1]) == {wid: 1}
         if prev is not None:
             assert ing.worker(prev.worker_id, st=st) is None    # replaced at once
-            prev.close()                                        # crashed: no leave
         assert len(st["workers"]) == 1
         prev = w
     prev.close()

@@ -15,11 +15,13 @@ PREFIX = "namespace.dynamo.component.backend"
 
 
 class FakeWorker:
-    def __init__(self, port, worker_id, dp_rank=0, address="127.0.0.1:9", announce=True,
+    def __init__(self, port, worker_id, dp_rank=0, address=None, announce=True,
                  interval_ms=1000, prefix=PREFIX):
         self.worker_id = worker_id
         self.dp_rank = dp_rank
-        self.address = address
+        # distinct per id: a router takes a new id at a known address and
+        # rank for a restarted worker and drops the old id (docs/SECURITY.md)
+        self.address = address or "127.0.0.9:%d" % (1 + worker_id % 65535)
         self.prefix = prefix
         self.instance_id = random.getrandbits(63) | 1
         self.interval_ms = interval_ms
