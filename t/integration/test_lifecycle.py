@@ -152,10 +152,12 @@ def test_churn_through_nginx_keeps_routing(stack):
     kvt.wait_until(lambda: status()["events"]["messages"] >= 3000, timeout=30, what="flood")
     assert len(live()) == 2
     prompt = [1000 + i for i in range(320)]
+    blocks = status()["events"]["blocks"]
     s, _, body = kvt.request(w.ports[0], "POST", "/v1/completions", json.dumps(
         {"model": "kvroute-mock", "prompt": prompt, "max_tokens": 1}).encode(),
         {"Content-Type": "application/json"})
     assert s == 200, body
+    kvt.wait_until(lambda: status()["events"]["blocks"] >= blocks + 20, what="indexed")
 
     def routed():
         s, h, _, _ = kvt.post_json(ng.port, "/v1/completions",
