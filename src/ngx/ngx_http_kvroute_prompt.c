@@ -27,6 +27,9 @@ typedef struct {
     u_char                    *salt;
     size_t                     salt_len;
     kv_prompt_t                result;
+#if (NGX_THREADS)
+    ngx_event_t                hold;    /* armed while the task is in the pool */
+#endif
 } ngx_http_kvroute_task_t;
 
 
@@ -38,6 +41,7 @@ static void ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t);
 #if (NGX_THREADS)
 static void ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log);
 static void ngx_http_kvroute_thread_event_handler(ngx_event_t *ev);
+static void ngx_http_kvroute_hold_handler(ngx_event_t *ev);
 #endif
 
 
@@ -230,6 +234,17 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
         r->main->blocked++;
         r->aio = 1;
 
+        /*
+         * A gracefully exiting worker (reload, quit) stays while any
+         * timer that is not cancelable is pending; nothing else tells it
+         * a request waits on the pool, so the task holds one until done.
+         */
+
+        tp->hold.handler = ngx_http_kvroute_hold_handler;
+        tp->hold.data = tp;
+        tp->hold.log = r->connection->log;
+        ngx_add_timer(&tp->hold, 60000);
+
         ngx_atomic_fetch_add(&ctx->conf->zone->sh->threaded, 1);
 
         return;
@@ -269,6 +284,10 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
     r = t->request;
     c = r->connection;
 
+    if (t->hold.timer_set) {
+        ngx_del_timer(&t->hold);
+    }
+
     r->main->blocked--;
     r->aio = 0;
 
@@ -280,6 +299,19 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
 
     ngx_http_kvroute_resume(r, t->ctx);
     ngx_http_run_posted_requests(c);
+}
+
+#endif
+
+
+#if (NGX_THREADS)
+
+/* Tokenization still running after a minute: keep holding the worker. */
+
+static void
+ngx_http_kvroute_hold_handler(ngx_event_t *ev)
+{
+    ngx_add_timer(ev, 60000);
 }
 
 #endif
