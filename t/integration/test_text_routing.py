@@ -4,7 +4,6 @@ is found by the router. Real nginx, nats-server, kvworker."""
 import concurrent.futures
 import json
 import os
-import time
 
 import kvt
 
@@ -106,13 +105,11 @@ def test_large_prompt_goes_to_thread_pool_without_stalling_others(stack):
                              timeout=60)
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(big_req) for _ in range(3)]
-        time.sleep(0.01)
-        lat = []
+        # small requests meanwhile are served (their latency is a benchmark
+        # figure, not asserted here)
         for i in range(10):
-            t0 = time.time()
             s, h, _, _ = kvt.post_json(ng.port, "/v1/completions",
                                        {"prompt": [1, 2, 3, i], "max_tokens": 1})
-            lat.append(time.time() - t0)
             assert s == 200
         for f in futs:
             s, h, body, _ = f.result()
