@@ -45,6 +45,7 @@ typedef enum {
     NGX_HTTP_KVROUTE_FB_MODEL,
     NGX_HTTP_KVROUTE_FB_NO_MEMORY,
     NGX_HTTP_KVROUTE_FB_ALL_BUSY,
+    NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED,  /* routed on the first max_tokenize bytes */
     NGX_HTTP_KVROUTE_FB_N
 } ngx_http_kvroute_fallback_e;
 
@@ -127,6 +128,7 @@ typedef struct {
     ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
+    size_t                          max_tokenize;       /* bytes; 0: no cap */
     ngx_thread_pool_t              *thread_pool;
     ngx_http_complex_value_t       *salt;
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */

@@ -16,6 +16,39 @@ static kv_prompt_status_t fail(kv_prompt_t *out, kv_prompt_status_t st, const ch
     return st;
 }
 
+/*
+ * Tokenizes text, or only its first cfg->max_tokenize bytes (cut back to a
+ * character boundary) so one request's cost to the router is bounded: a
+ * 16 MB body would otherwise hold a tokenizing thread for seconds. The
+ * rest's tokens are estimated at the part's bytes per token.
+ */
+static kv_prompt_status_t encode(const kv_prompt_config_t *cfg, const char *text,
+                                 size_t len, int add_special, kv_ids_t *ids,
+                                 kv_prompt_t *out)
+{
+    size_t cut = len;
+
+    if (cfg->max_tokenize && len > cfg->max_tokenize) {
+        cut = cfg->max_tokenize;
+        while (cut > 0 && ((unsigned char) text[cut] & 0xc0) == 0x80) {
+            cut--;
+        }
+        out->capped = 1;
+    }
+    if (kv_tokenizer_encode(cfg->tokenizer, text, cut, add_special, ids) < 0) {
+        return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
+    }
+    if (out->capped) {
+        /* 4 bytes per token when nothing was tokenized to measure by */
+        out->estimated_tokens = ids->n && cut
+                                ? (uint64_t) ((double) (len - cut) * ids->n / cut + 0.5)
+                                : (len - cut + 3) / 4;
+        snprintf(out->err, sizeof(out->err), "prompt of %zu bytes: tokenized the first %zu",
+                 len, cut);
+    }
+    return KV_PROMPT_OK;
+}
+
 /* messages -> prompt text -> ids, as the engines render chat requests. */
 static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_t *b,
                                    kv_ids_t *ids, kv_prompt_t *out)
@@ -24,7 +57,7 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     json_t       *msgs;
     char         *text, err[160];
     size_t        len;
-    long          n;
+    kv_prompt_status_t st;
 
     if (cfg->chat == NULL) {
         return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
@@ -38,9 +71,9 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     if (text == NULL) {
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }
-    n = kv_tokenizer_encode(cfg->tokenizer, text, len, 0, ids);
+    st = encode(cfg, text, len, 0, ids, out);
     free(text);
-    return n < 0 ? fail(out, KV_PROMPT_NO_MEMORY, "out of memory") : KV_PROMPT_OK;
+    return st;
 }
 
 static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b,
@@ -57,10 +90,7 @@ static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b
         if (cfg->tokenizer == NULL) {
             return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
         }
-        if (kv_tokenizer_encode(cfg->tokenizer, b->text, b->text_len, 1, ids) < 0) {
-            return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
-        }
-        return KV_PROMPT_OK;
+        return encode(cfg, b->text, b->text_len, 1, ids, out);
     case KV_BODY_MESSAGES:
         if (cfg->tokenizer == NULL) {
             return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
@@ -78,7 +108,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     kv_body_t  b;
     kv_ids_t   ids = { NULL, 0, 0 };
     uint64_t   seed;
-    size_t     bs = cfg->block_size ? cfg->block_size : 16;
+    size_t     bs = cfg->block_size ? cfg->block_size : 16, hashed;
 
     memset(out, 0, sizeof(*out));
     if (kv_body_parse(&b, body, len, out->err, sizeof(out->err)) != 0) {
@@ -99,8 +129,12 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
         salt_len = b.salt_len;
     }
     seed = kv_hash_seed(salt, salt ? salt_len : 0);
-    out->prompt_tokens = ids.n;
-    out->nseq = ids.n / bs;
+    out->prompt_tokens = ids.n + out->estimated_tokens;
+    hashed = ids.n;
+    if (out->capped) {
+        hashed = ids.n > KV_PROMPT_CAP_MARGIN ? ids.n - KV_PROMPT_CAP_MARGIN : 0;
+    }
+    out->nseq = hashed / bs;
     if (out->nseq) {
         out->seq = malloc(out->nseq * sizeof(uint64_t));
         if (out->seq == NULL) {
@@ -108,7 +142,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
             fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
             goto done;
         }
-        kv_hash_blocks(ids.ids, ids.n, bs, seed, NULL, out->seq);
+        kv_hash_blocks(ids.ids, hashed, bs, seed, NULL, out->seq);
     }
     out->status = KV_PROMPT_OK;
 done:
