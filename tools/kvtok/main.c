@@ -275,6 +275,7 @@ static int cmd_bench(const opts_t *o, const char *file)
     char    *text;
     double   t0, el, best = 1e9;
     kv_ids_t ids = { 0 };
+    kv_tok_work_t w;
 
     if (f == NULL) {
         fprintf(stderr, "kvtok: cannot open %s\n", file);
@@ -287,15 +288,19 @@ static int cmd_bench(const opts_t *o, const char *file)
         double a = now_s();
 
         ids.n = 0;
+        kv_tokenizer_work(NULL, 1);
         kv_tokenizer_encode(o->tok, text, len, 0, &ids);
         el = now_s() - a;
         if (el < best) best = el;
         tokens = ids.n;
     }
+    kv_tokenizer_work(&w, 1);       /* of the last pass: the same every pass */
     printf("{\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.6f,\"mb_per_s\":%.2f,"
-           "\"tokens_per_s\":%.0f,\"runs\":%zu,\"memory_bytes\":%zu}\n",
+           "\"tokens_per_s\":%.0f,\"runs\":%zu,\"memory_bytes\":%zu,"
+           "\"bpe_symbols\":%llu,\"bpe_merges\":%llu,\"bpe_queue_ops\":%llu}\n",
            len, tokens, best, (double) len / best / 1e6, (double) tokens / best, runs,
-           kv_tokenizer_memory(o->tok));
+           kv_tokenizer_memory(o->tok), (unsigned long long) w.symbols,
+           (unsigned long long) w.merges, (unsigned long long) w.queue_ops);
     kv_ids_free(&ids);
     free(text);
     return 0;
