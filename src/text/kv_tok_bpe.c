@@ -96,7 +96,7 @@ static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t
  * A binary heap of candidate merges misses the cache at every level once a
  * word has a million symbols (a 4 MB word took 5.5 s, growing faster than
  * n log n). Ranks are small integers, so candidates go into one bucket per
- * rank instead (a list through `ent`), and the lowest non-empty bucket is
+ * rank instead (lists of chunks in `ent`), and the lowest non-empty bucket is
  * found through a two-level bitmap: O(1) per candidate, no matter the size.
  *
  * HF's order is (rank, position). The lowest bucket is taken whole into
@@ -263,20 +263,19 @@ static void bucket_push(bq_t *q, uint32_t rank, uint32_t pos)
 
     if (rk->bits[rank / 64] & bit) {
         e = rk->head[rank];
-        if (q->ent[e].n == CHUNK) {
-            e = chunk_new(q, e);
+        if (q->ent[e].n == CHUNK && (e = chunk_new(q, e)) == NONE) {
+            return;             /* out of memory: q->oom ends the word */
         }
         if (rk->last[rank] != NONE) {
             rk->last[rank] = pos > rk->last[rank] ? pos : NONE;
         }
     } else {
-        e = chunk_new(q, NONE);
+        if ((e = chunk_new(q, NONE)) == NONE) {
+            return;
+        }
         rk->last[rank] = pos;
         rk->bits[rank / 64] |= bit;
         rk->summary[rank / 4096] |= 1ULL << (rank / 64 & 63);
-    }
-    if (e == NONE) {
-        return;
     }
     q->ent[e].pos[q->ent[e].n++] = pos;
     rk->head[rank] = e;
@@ -407,7 +406,7 @@ static int merge_long(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t 
         y[i].next = i + 1 < n ? (uint32_t) i + 1 : NONE;
         y[i].prev = i ? (uint32_t) i - 1 : NONE;
     }
-    for (i = 0; i + 1 < n; i++) {
+    for (i = 0; i + 1 < n && !q.oom; i++) {
         bq_consider(&q, (uint32_t) i, (uint32_t) i + 1);
     }
     work.symbols += n;
