@@ -133,6 +133,14 @@ def test_prompt_past_max_tokenize_routes_on_its_prefix(stack):
     real = body["usage"]["prompt_tokens"]
     kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) >= real // 16 - 1,
                    what="indexed")
+    # the index is trusted only while the worker is live (a busy machine may
+    # hold it resyncing for a while): wait for that, as routing does
+    def trusted():
+        s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
+        ws = json.loads(body)["zones"]["kv"]["events"]["workers"]
+        return (len([x for x in ws if x["state"] == "live"]) == 2
+                and indexed(ng.port, "127.0.0.1:%d" % b) >= real // 16 - 1)
+    kvt.wait_until(trusted, what="worker live with the text indexed")
     s, h, body, _ = kvt.post_json(ng.port, "/v1/completions",
                                   {"prompt": text + " Summarise.", "max_tokens": 1})
     assert s == 200 and body["usage"]["completion_tokens"] == 1
