@@ -53,6 +53,7 @@ typedef enum {
     NGX_HTTP_KVROUTE_FB_MODEL,
     NGX_HTTP_KVROUTE_FB_NO_MEMORY,
     NGX_HTTP_KVROUTE_FB_ALL_BUSY,
+    NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED,  /* routed on the first max_tokenize bytes */
     NGX_HTTP_KVROUTE_FB_N
 } ngx_http_kvroute_fallback_e;
 
@@ -140,6 +141,7 @@ typedef struct {
     ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
+    size_t                          max_tokenize;       /* bytes; 0: no cap */
 #if (NGX_THREADS)
     ngx_thread_pool_t              *thread_pool;
 #endif

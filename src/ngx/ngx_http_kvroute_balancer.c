@@ -174,6 +174,7 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     kcf->score.temperature = 0.0;
     kcf->retry_after = 1;
     kcf->thread_threshold = 65536;
+    kcf->max_tokenize = 4 * 1024 * 1024;
     mode = (ngx_uint_t) -1;
 
     ngx_str_null(&tokenizer);
@@ -303,6 +304,15 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                 goto invalid;
             }
             kcf->thread_threshold = size;
+            continue;
+        }
+
+        if (KV_PARAM("max_tokenize=")) {
+            size = ngx_parse_size(&s);
+            if (size == NGX_ERROR) {
+                goto invalid;
+            }
+            kcf->max_tokenize = size;
             continue;
         }
 

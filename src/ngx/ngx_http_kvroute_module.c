@@ -117,6 +117,7 @@ const char  *ngx_http_kvroute_fallback_names[] = {
     "unknown_model",
     "no_memory",
     "all_busy",
+    "prompt_capped",
 };
 
 

@@ -181,7 +181,8 @@ ngx_http_kvroute_resume(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
 {
     ctx->status = NGX_DECLINED;
 
-    if (ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
+    if ((ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
+         || ctx->fallback == NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED)
         && ngx_http_kvroute_all_busy(ctx->conf))
     {
         ctx->fallback = NGX_HTTP_KVROUTE_FB_ALL_BUSY;
@@ -366,6 +367,7 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     t->cfg.chat = kcf->template;
     t->cfg.model = kcf->model.len ? (char *) kcf->model.data : NULL;
     t->cfg.block_size = kcf->block_size;
+    t->cfg.max_tokenize = kcf->max_tokenize;
 
     if (r->request_body_no_buffering
         || (r->request_body && r->request_body->rest > 0))
@@ -463,6 +465,12 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
         ngx_log_error(NGX_LOG_INFO, t->request->connection->log, 0,
                       "kvroute: routing by load only: %s",
                       t->result.err);
+
+    } else if (t->result.capped) {
+        ctx->fallback = NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED;
+        ngx_log_error(NGX_LOG_INFO, t->request->connection->log, 0,
+                      "kvroute: max_tokenize: %s, %uL tokens estimated",
+                      t->result.err, t->result.estimated_tokens);
     }
 }
 

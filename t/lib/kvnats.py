@@ -137,7 +137,7 @@ class Nats:
         with self.cond:
             return list(self.queues[sid])
 
-    def wait(self, sid, pred=lambda msgs: len(msgs) > 0, timeout=5.0):
+    def wait(self, sid, pred=lambda msgs: len(msgs) > 0, timeout=30.0):
         """Waits until pred(messages so far); returns them."""
         deadline = time.time() + timeout
         with self.cond:

@@ -446,8 +446,15 @@ TEST(open_on_reuse)
 typedef struct {
     _Atomic int         done;
     _Atomic uint32_t    ever[CCHAINS];  /* bit w: chain stored for worker w */
+    _Atomic uint64_t    live_reads;     /* the reader's progress, while it runs */
     uint64_t            reads, bad;
 } shared_t;
+
+/* The writer's work: counts, not seconds, so a slow or busy machine runs
+ * the same test (the deadline only ends a reader that never reads). */
+#define WRITER_MIN_OPS    20000
+#define WRITER_MIN_READS  20000
+#define WRITER_DEADLINE_S 120
 
 static void chain_seq(int c, uint64_t *tok, uint64_t *seq)
 {
@@ -488,13 +495,14 @@ static int reader(kv_index_t *ix, shared_t *sh)
             }
         }
         reads++;
+        atomic_store_explicit(&sh->live_reads, reads, memory_order_relaxed);
     }
     sh->reads = reads;
     sh->bad = bad;
     return bad != 0;
 }
 
-static void writer(kv_index_t *ix, shared_t *sh, double seconds)
+static void writer(kv_index_t *ix, shared_t *sh)
 {
     static uint8_t held[CCHAINS][CW];           /* blocks stored, per chain and worker */
     uint64_t       tok[CLEN], seq[CLEN], now = 1;
@@ -524,10 +532,18 @@ static void writer(kv_index_t *ix, shared_t *sh, double seconds)
             }
             held[c][w] = (uint8_t) cut;
         }
-        if ((now++ & 255) == 0) {
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if ((double) (t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 > seconds) {
+        if ((now++ & 255) == 0 && now > WRITER_MIN_OPS) {
+            kv_index_stats_t st;
+
+            kv_index_stats(ix, &st);
+            if (st.evicted > 0
+                && atomic_load_explicit(&sh->live_reads, memory_order_relaxed) >= WRITER_MIN_READS)
+            {
                 break;
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if (t.tv_sec - t0.tv_sec > WRITER_DEADLINE_S) {
+                break;          /* the checks below fail and say why */
             }
         }
     }
@@ -570,7 +586,7 @@ TEST(concurrent_reader_sees_consistent_overlaps)
         t_ix = ix;
         t_sh = sh;
         pthread_create(&th, NULL, reader_thread, NULL);
-        writer(ix, sh, 1.0);
+        writer(ix, sh);
         sh->done = 1;
         pthread_join(th, &rc);
         status = rc == NULL ? 0 : 1 << 8;
@@ -581,15 +597,15 @@ TEST(concurrent_reader_sees_consistent_overlaps)
 #else
     pid = fork();
     if (pid == 0) {
-        alarm(20);                              /* a hung reader fails the test */
+        alarm(WRITER_DEADLINE_S + 60);          /* a hung reader fails the test */
         _exit(reader(ix, sh));
     }
-    writer(ix, sh, 1.0);
+    writer(ix, sh);
     sh->done = 1;
-    for (i = 0; i < 200 && waitpid(pid, &status, WNOHANG) == 0; i++) {
-        usleep(50000);
+    for (i = 0; i < 1200 && waitpid(pid, &status, WNOHANG) == 0; i++) {
+        usleep(50000);          /* polls the reader's exit, for up to 60 s */
     }
-    if (i == 200) {
+    if (i == 1200) {
         kill(pid, SIGKILL);
         waitpid(pid, &status, 0);
     }
