@@ -98,7 +98,8 @@ endif
 all: deps
 	@$(MAKE) --no-print-directory build-all
 
-build-all: $(CORE_LIB) $(TRACE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) $(UNIT_BINS)
+build-all: $(CORE_LIB) $(TRACE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) \
+           $(CUDA_EMU_LIB) $(UNIT_BINS)
 
 deps:
 	@tools/install-deps
@@ -195,6 +196,31 @@ $(B)/lib/libkvcuda.so: $(CUDA_SRC) $(wildcard workers/cuda/*.h workers/cuda/*.cu
 	    -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
 	    -gencode arch=compute_90,code=compute_90 \
 	    -o $@ $(CUDA_SRC) $(CUDA_HOST_OBJ) -lcublas -ljansson -Xlinker -rpath=$(CUDA_LIBDIR)
+
+# The same CUDA sources built a second time, for the host, against kvemu
+# (workers/cuda/emu: the CUDA runtime and cuBLAS emulated on the CPU), always
+# under ASan/UBSan, wherever g++ exists: libkvcuda-emu.so, loaded through
+# KVW_CUDA_LIB=... by kvworker/kvengine (the sanitizer runtime preloaded).
+# The CUDA tests run on it without a GPU; nvcc's build above is unchanged.
+GXX ?= $(shell command -v g++ 2>/dev/null)
+ifneq ($(GXX),)
+ifneq ($(CUDA_SRC),)
+CUDA_EMU_LIB := $(B)/lib/libkvcuda-emu.so
+endif
+endif
+EMU_SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+EMU_HOST_OBJ := $(B)/obj/cuda-emu/kvw_model.o $(B)/obj/cuda-emu/kvw_sample.o
+
+$(B)/obj/cuda-emu/%.o: workers/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out $(SANFLAGS),$(CFLAGS)) $(EMU_SAN) -Isrc/core -Isrc/text -Iworkers -c -o $@ $<
+
+$(B)/lib/libkvcuda-emu.so: $(CUDA_SRC) $(wildcard workers/cuda/*.cuh workers/cuda/emu/*) \
+                           $(HEADERS) $(EMU_HOST_OBJ)
+	@mkdir -p $(dir $@)
+	$(GXX) -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
+	    -Wno-unknown-pragmas $(EMU_SAN) -Iworkers/cuda/emu -Isrc/core -Isrc/text -Iworkers \
+	    -o $@ -x c++ $(CUDA_SRC) workers/cuda/emu/kvemu.cpp -x none $(EMU_HOST_OBJ) -ljansson
 
 # --- tests ----------------------------------------------------------------
 

@@ -77,6 +77,7 @@ typedef struct {
     uint32_t    num_blocks;     /* 0: backend picks (cpu/cuda: from memory) */
     double      speedup;        /* mock: divides predicted times */
     double      decode_speedup; /* mock: further divides decode times (0: 1) */
+    int         device;         /* cuda: the GPU's ordinal (--device) */
 } kvw_backend_config_t;
 
 /* The mock's polynomial model (ms, before --speedup), for tests and tools. */

@@ -109,45 +109,141 @@ def test_kvworker_cpu_engine_serves_and_reuses_prefix(stack, tmp_path):
     assert text == cold["choices"][0]["text"]
 
 
-def cuda_logits(model, tokens, dtype, *extra):
-    """The CUDA engine's logits with weights in dtype; skips where there is no GPU."""
-    lib = os.path.join(kvt.BUILD, "lib", "libkvcuda.so")
-    if not os.path.exists(lib):
-        pytest.skip("no CUDA engine here: libkvcuda.so is built only where nvcc exists")
-    env = kvt.sanitizer_env()
+# --- the CUDA engine -------------------------------------------------------------
+#
+# Each CUDA test runs on three targets: "gpu", the nvcc build (libkvcuda.so,
+# skipped where there is no GPU), and "emu-forward"/"emu-reverse", the same
+# sources built for the host against workers/cuda/emu (libkvcuda-emu.so,
+# under ASan/UBSan), with the threads of each block run in forward or
+# reverse order. The emulation has no GPU's freedom of summation order, so
+# its figures are held tighter, and its chunked, cached, batched and decode
+# runs must give exactly the same logits.
+
+CUDA_LIB = os.path.join(kvt.BUILD, "lib", "libkvcuda.so")
+EMU_LIB = os.path.join(kvt.BUILD, "lib", "libkvcuda-emu.so")
+CUDA_TARGETS = ["gpu", "emu-forward", "emu-reverse"]
+# largest |difference| / largest |logit| against the CPU engine, by weight dtype
+TOL = {"gpu": {"f32": 1e-3, "bf16": 3e-2, "f16": 3e-2},
+       "emu": {"f32": 2e-6, "bf16": 1.5e-2, "f16": 2e-3}}
+
+
+def sanitizer_runtime():
+    """The ASan runtime libkvcuda-emu.so needs first in the process."""
+    return subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def cuda_env(target, dtype="f32", env=None):
+    env = kvt.sanitizer_env(env)
     env["KVW_CUDA_DTYPE"] = dtype
-    if kvt.SANITIZE:    # ASan's shadow gap hides the address range the CUDA driver wants
-        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":protect_shadow_gap=0"
+    if target == "gpu":
+        if not os.path.exists(CUDA_LIB):
+            pytest.skip("no CUDA engine here: libkvcuda.so is built only where nvcc exists")
+        env.pop("KVW_CUDA_LIB", None)
+        if kvt.SANITIZE:    # ASan's shadow gap hides the address range the CUDA driver wants
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":protect_shadow_gap=0"
+        return env
+    if not os.path.exists(EMU_LIB):
+        pytest.skip("no emulated CUDA engine: libkvcuda-emu.so is built only where g++ exists")
+    env["KVW_CUDA_LIB"] = EMU_LIB
+    env["KVW_CUDAEMU_ORDER"] = target.split("-")[1]
+    env["LD_PRELOAD"] = sanitizer_runtime()
+    env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0"
+    env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+    return env
+
+
+def cuda_logits(model, tokens, dtype, *extra, target="gpu"):
+    """The CUDA engine's logits with weights in dtype; skips where there is no GPU."""
     r = subprocess.run([ENGINE, "logits", "--engine", "cuda", "--model", model, "--tokens",
                         json.dumps(tokens)] + list(extra), capture_output=True, text=True,
-                       env=env)
-    if r.returncode != 0 and "no CUDA device" in r.stderr:
+                       env=cuda_env(target, dtype))
+    if target == "gpu" and r.returncode != 0 and "no CUDA device" in r.stderr:
         pytest.skip("no GPU: " + r.stderr.strip())
     assert r.returncode == 0, r.stderr
+    assert "ERROR: AddressSanitizer" not in r.stderr, r.stderr
     return np.array(json.loads(r.stdout))
 
 
-@pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "mha_tied"])
-def test_cuda_engine_matches_cpu(tmp_path, name):
-    """f32 weights: the CPU engine's numbers, up to summation order."""
+def rel(a, b):
+    return np.max(np.abs(a - b)) / np.max(np.abs(b))
+
+
+def tol(target, dtype):
+    return TOL["gpu" if target == "gpu" else "emu"][dtype]
+
+
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_cuda_engine_matches_cpu_and_reference(tmp_path, name, target):
+    """f32 weights: the CPU engine's numbers and the numpy reference's, up to
+    summation order."""
     model = make(tmp_path, "m", CONFIGS[name])
-    gpu = cuda_logits(model, TOKENS, "f32")
+    gpu = cuda_logits(model, TOKENS, "f32", target=target)
     cpu = engine_logits(model, TOKENS)
-    assert np.max(np.abs(gpu - cpu)) / np.max(np.abs(cpu)) < 1e-3
+    assert rel(gpu, cpu) < tol(target, "f32")
+    assert rel(gpu, llama_ref.logits(model, TOKENS)) < tol(target, "f32")
     assert int(np.argmax(gpu)) == int(np.argmax(cpu))
-    # paged prefill chunks and a prefix read back from the pool give the same
-    chunked = cuda_logits(model, TOKENS, "f32", "--chunk", "5", "--prefix", "16")
-    assert np.max(np.abs(chunked - gpu)) / np.max(np.abs(cpu)) < 1e-4
-    batched = cuda_logits(model, TOKENS, "f32", "--batch", "5")
-    assert np.max(np.abs(batched - gpu)) / np.max(np.abs(cpu)) < 1e-4
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
-def test_cuda_engine_half_weights_close_to_cpu(tmp_path, dtype):
-    """bf16/f16 weights and matmul inputs: within their rounding (about 1%
-    of the largest logit on this model, by a numpy simulation of the
-    rounding; 3% allowed)."""
-    model = make(tmp_path, "m", CONFIGS["gqa"])
-    gpu = cuda_logits(model, TOKENS, dtype)
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+@pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "mha_tied"])
+def test_cuda_engine_paging_chunking_batching(tmp_path, name, target):
+    """Paged prefill chunks, a prefix read back from the pool, a 5-sequence
+    batch, and decode steps (alone and batched) give the cold run's logits:
+    exactly on the emulation, within summation order on a GPU."""
+    model = make(tmp_path, "m", CONFIGS[name])
+    cold = cuda_logits(model, TOKENS, "f32", target=target)
     cpu = engine_logits(model, TOKENS)
-    assert np.max(np.abs(gpu - cpu)) / np.max(np.abs(cpu)) < 3e-2
+    for extra in (["--chunk", "5", "--prefix", "16"], ["--prefix", "32"], ["--batch", "5"],
+                  ["--decode", "3"], ["--batch", "5", "--decode", "4"]):
+        got = cuda_logits(model, TOKENS, "f32", *extra, target=target)
+        if target == "gpu":
+            assert rel(got, cpu) < 1e-4 + rel(cold, cpu), extra
+        else:
+            assert np.array_equal(got, cold), (extra, rel(got, cold))
+
+
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_cuda_engine_half_weights_close_to_cpu(tmp_path, dtype, target):
+    """bf16/f16 weights and matmul inputs: within their rounding (the
+    emulation: bf16 5.4e-3, f16 7.4e-4 of the largest logit on this model)."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    gpu = cuda_logits(model, TOKENS, dtype, target=target)
+    cpu = engine_logits(model, TOKENS)
+    assert rel(gpu, cpu) < tol(target, dtype)
+
+
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+def test_cuda_blocks_move_between_engines(tmp_path, target):
+    """block_read/block_write: a prefix computed on one engine and moved
+    block by block into another engine's pool (other block ids) serves the
+    rest of the prompt as if computed there; the CPU and CUDA engines'
+    blocks are byte-compatible."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    cpu = engine_logits(model, TOKENS)
+    cold = cuda_logits(model, TOKENS, "f32", target=target)
+    for src in ("cuda", "cpu"):
+        got = cuda_logits(model, TOKENS, "f32", "--prefix", "20", "--transfer", src,
+                          target=target)
+        if src == "cuda" and target != "gpu":
+            assert np.array_equal(got, cold)
+        assert rel(got, cpu) < tol(target, "f32"), src
+    # and from the CUDA engine into the CPU engine
+    r = subprocess.run([ENGINE, "logits", "--model", model, "--tokens", json.dumps(TOKENS),
+                        "--prefix", "20", "--transfer", "cuda"], capture_output=True, text=True,
+                       env=cuda_env(target))
+    if target == "gpu" and r.returncode != 0 and "no CUDA device" in r.stderr:
+        pytest.skip("no GPU: " + r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    assert rel(np.array(json.loads(r.stdout)), cpu) < tol(target, "f32")
+
+
+def test_cpu_blocks_move_between_engines(tmp_path):
+    """block_read/block_write on the CPU engine alone: bit for bit."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    cold = engine_logits(model, TOKENS)
+    assert np.array_equal(engine_logits(model, TOKENS, "--prefix", "20", "--transfer", "cpu"),
+                          cold)
+    assert np.array_equal(engine_logits(model, TOKENS, "--batch", "5", "--decode", "4"), cold)

@@ -99,9 +99,9 @@ static int fail(cuda_t *e, const char *fmt, ...)
 /* Calls kernel K templated on the engine's weight type. */
 #define DISPATCH(K, grid, block, ...) do {                                     \
         switch (e->dtype) {                                                    \
-        case DT_F32: K<float><<<grid, block, 0, e->st>>>(__VA_ARGS__); break;  \
-        case DT_F16: K<__half><<<grid, block, 0, e->st>>>(__VA_ARGS__); break; \
-        default: K<__nv_bfloat16><<<grid, block, 0, e->st>>>(__VA_ARGS__);     \
+        case DT_F32: KVW_LAUNCH(K<float>, grid, block, 0, e->st, __VA_ARGS__); break; \
+        case DT_F16: KVW_LAUNCH(K<__half>, grid, block, 0, e->st, __VA_ARGS__); break; \
+        default: KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);    \
         }                                                                      \
         LAUNCHED(#K);                                                          \
     } while (0)
@@ -306,10 +306,9 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
     DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
              (int) H, e->eps);
     if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
-    k_rope_store<<<(unsigned) T, 128, 0, e->st>>>(e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
-                                                  (int) e->heads, (int) e->kv_heads, (int) e->hd,
-                                                  (int) e->b.block_size, e->block_floats,
-                                                  e->layer_floats, (int) l);
+    KVW_LAUNCH(k_rope_store, (unsigned) T, 128, 0, e->st, e->qkv, L->bqkv, e->kv, *m,
+               e->inv_freq, (int) e->heads, (int) e->kv_heads, (int) e->hd,
+               (int) e->b.block_size, e->block_floats, e->layer_floats, (int) l);
     LAUNCHED("k_rope_store");
     DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
              (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,

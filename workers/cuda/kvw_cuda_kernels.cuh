@@ -14,8 +14,17 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+
+/*
+ * Every launch goes through KVW_LAUNCH so that the same text builds with
+ * nvcc and, against the host emulation in emu/ (which defines it), with g++.
+ */
+#ifndef KVW_LAUNCH
+#define KVW_LAUNCH(K, grid, block, smem, stream, ...) K<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
 
 #define KVC_MAX_HEAD_DIM 256    /* attention keeps a head's accumulator in registers */
 #define KVC_ATT_WARPS    4
