@@ -65,7 +65,7 @@ std::set<kvemu_cublas *>         handles_;
 std::set<kvemu_event *>          events_;
 size_t                           dev_used_;
 cudaError_t                      sticky_;       /* a fault: every later call returns it */
-thread_local cudaError_t         last_;         /* cudaGetLastError, per host thread */
+cudaError_t                      last_;         /* cudaGetLastError (per process here, not per thread) */
 long                             launches_;     /* kernels enqueued, for FAIL_LAUNCH */
 kvemu_stream                     legacy_;       /* the NULL stream */
 
@@ -195,7 +195,7 @@ const size_t STACK = 256 << 10;
 
 std::vector<fiber>      fibers_;
 std::vector<warp_slots> warps_;
-thread_local fiber     *cur_;
+fiber                  *cur_;
 void                   *sched_sp_;
 #if !defined(__x86_64__)
 ucontext_t              sched_uc_;
