@@ -329,6 +329,10 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
         reply_error(req, 405, "Method Not Allowed", "use POST", "invalid_request_error");
         return;
     }
+    if (h->engine->unhealthy) {
+        reply_error(req, 503, "Service Unavailable", h->engine->unhealthy, "server_error");
+        return;
+    }
     const char *body = (const char *)evbuffer_pullup(in, -1);
     if (body == NULL)
         body = "";
@@ -455,6 +459,10 @@ static void handle_request(struct evhttp_request *req, void *arg)
         char *s = json_dumps(j, JSON_COMPACT);
         json_decref(j);
         reply_json(req, 200, "OK", s);
+    } else if (strcmp(path, "/health") == 0 && h->engine->unhealthy) {
+        json_t *j = json_pack("{s:s,s:s}", "status", "unhealthy", "reason", h->engine->unhealthy);
+        reply_json(req, 503, "Service Unavailable", json_dumps(j, JSON_COMPACT));
+        json_decref(j);
     } else if (strcmp(path, "/health") == 0) {
         reply_json(req, 200, "OK", strdup("{\"status\":\"ok\"}"));
     } else if (strcmp(path, "/metrics") == 0) {

@@ -7,6 +7,8 @@
  *                   [--prefix N [--transfer cpu|cuda]] [--batch N] [--decode N]
  *                   [--block-size N] [--device N]
  *   kvengine bench --model DIR [--engine cpu|cuda] [--batch N] [--prompt N] [--gen N]
+ *   kvengine info --model DIR [--engine cpu|cuda] [--num-blocks N] [--max-batched N]
+ *                 [--max-seqs N]         (pool size, eos ids: JSON)
  *
  * --decode N: the last N tokens run as decode steps (one token a step; all
  * --batch sequences together). --transfer E: the --prefix runs on engine E
@@ -27,6 +29,7 @@
 typedef struct {
     const char *model, *engine, *tokens, *transfer;
     long        chunk, prefix, block_size, batch, prompt, gen, decode, device;
+    long        max_batched, max_seqs, num_blocks;  /* info: the scheduler limits, the pool */
 } opts_t;
 
 static kvw_backend_t *open_backend(const opts_t *o, uint32_t blocks)
@@ -40,6 +43,8 @@ static kvw_backend_t *open_backend(const opts_t *o, uint32_t blocks)
     c.block_size = (uint32_t) o->block_size;
     c.num_blocks = blocks;
     c.device = (int) o->device;
+    c.max_batched_tokens = (uint32_t) o->max_batched;
+    c.max_seqs = (uint32_t) o->max_seqs;
     b = !strcmp(o->engine, "cuda") ? kvw_cuda_backend_create(&c, err, sizeof(err))
                                    : kvw_cpu_backend_create(&c, err, sizeof(err));
     if (b == NULL) {
@@ -227,6 +232,23 @@ out:
     return rc;
 }
 
+/* The engine's facts as JSON: the pool it sized (num_blocks 0: its own choice) and its eos ids. */
+static int cmd_info(const opts_t *o)
+{
+    kvw_backend_t *b = open_backend(o, (uint32_t) o->num_blocks);
+    uint32_t       i;
+
+    printf("{\"engine\":\"%s\",\"vocab\":%u,\"num_blocks\":%u,\"block_bytes\":%zu,"
+           "\"max_model_len\":%u,\"eos\":[%u", b->name, b->vocab_size, b->num_blocks,
+           b->block_bytes, b->max_model_len, b->eos_token_id);
+    for (i = 0; i < b->n_eos && i < 8; i++) {
+        if (b->eos_ids[i] != b->eos_token_id) printf(",%u", b->eos_ids[i]);
+    }
+    printf("]}\n");
+    b->destroy(b);
+    return 0;
+}
+
 static double now(void)
 {
     struct timespec ts;
@@ -285,9 +307,10 @@ int main(int argc, char **argv)
         { "chunk", 1, 0, 'c' }, { "prefix", 1, 0, 'p' }, { "block-size", 1, 0, 'b' },
         { "batch", 1, 0, 'B' }, { "prompt", 1, 0, 'P' }, { "gen", 1, 0, 'g' },
         { "decode", 1, 0, 'd' }, { "transfer", 1, 0, 'T' }, { "device", 1, 0, 'D' },
+        { "max-batched", 1, 0, 'M' }, { "max-seqs", 1, 0, 'S' }, { "num-blocks", 1, 0, 'n' },
         { 0, 0, 0, 0 }
     };
-    opts_t o = { NULL, "cpu", NULL, NULL, 1 << 30, 0, 16, 1, 128, 32, 0, 0 };
+    opts_t o = { NULL, "cpu", NULL, NULL, 1 << 30, 0, 16, 1, 128, 32, 0, 0, 0, 0, 0 };
     int    c;
 
     if (argc < 2) goto usage;
@@ -306,6 +329,9 @@ int main(int argc, char **argv)
         case 'd': o.decode = atol(optarg); break;
         case 'T': o.transfer = optarg; break;
         case 'D': o.device = atol(optarg); break;
+        case 'M': o.max_batched = atol(optarg); break;
+        case 'S': o.max_seqs = atol(optarg); break;
+        case 'n': o.num_blocks = atol(optarg); break;
         default: goto usage;
         }
     }
@@ -314,11 +340,14 @@ int main(int argc, char **argv)
         goto usage;
     if (!strcmp(argv[1], "logits") && o.tokens) return cmd_logits(&o);
     if (!strcmp(argv[1], "bench")) return cmd_bench(&o);
+    if (!strcmp(argv[1], "info")) return cmd_info(&o);
 usage:
     fprintf(stderr, "usage: kvengine logits --model DIR --tokens '[ids]' [--engine cpu|cuda] "
                     "[--chunk N] [--prefix N [--transfer cpu|cuda]] [--batch N] [--decode N] "
                     "[--block-size N] [--device N]\n"
                     "       kvengine bench --model DIR [--engine cpu|cuda] [--batch N] "
-                    "[--prompt N] [--gen N] [--device N]\n");
+                    "[--prompt N] [--gen N] [--device N]\n"
+                    "       kvengine info --model DIR [--engine cpu|cuda] [--num-blocks N] "
+                    "[--max-batched N] [--max-seqs N] [--device N]\n");
     return 2;
 }

@@ -211,6 +211,14 @@ __global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_me
     }
 }
 
+/* x[t][:] += bias (o_proj's bias with Llama's attention_bias), one thread block per token. */
+__global__ void k_add_bias(float *x, const float *bias, int H)
+{
+    float *row = x + (size_t) blockIdx.x * H;
+
+    for (int i = threadIdx.x; i < H; i += blockDim.x) row[i] += bias[i];
+}
+
 /* act[t][i] = silu(gate) * up, from the fused gate|up matmul (rows of 2 * inter). */
 template <class T>
 __global__ void k_swiglu(void *act, const float *gu, size_t T_tokens, int inter)

@@ -56,6 +56,7 @@
 #include "cuda_fp16.h"
 
 #define KVEMU 1
+#define CUDART_VERSION 13000  /* the toolkit the real build uses */
 
 #define __global__
 #define __device__
