@@ -96,6 +96,7 @@ GXX        ?= $(shell command -v g++ 2>/dev/null)
 ifneq ($(GXX),)
 ifneq ($(CUDA_SRC),)
 CUDA_EMU_LIB := $(B)/lib/libkvcuda-emu.so
+CUDA_EMU_TEST := $(B)/t/test_kvemu
 endif
 endif
 
@@ -106,7 +107,7 @@ all: deps
 	@$(MAKE) --no-print-directory build-all
 
 build-all: $(CORE_LIB) $(TRACE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) \
-           $(CUDA_EMU_LIB) $(UNIT_BINS)
+           $(CUDA_EMU_LIB) $(CUDA_EMU_TEST) $(UNIT_BINS)
 
 deps:
 	@tools/install-deps
@@ -223,6 +224,12 @@ $(B)/lib/libkvcuda-emu.so: $(CUDA_SRC) $(wildcard workers/cuda/*.cuh workers/cud
 	$(GXX) -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
 	    -Wno-unknown-pragmas $(EMU_SAN) -Iworkers/cuda/emu -Isrc/core -Isrc/text -Iworkers \
 	    -o $@ -x c++ $(CUDA_SRC) workers/cuda/emu/kvemu.cpp -x none $(EMU_HOST_OBJ) -ljansson
+
+# kvemu's own tests (t/cudaemu): a unit test binary like t/unit's
+$(B)/t/test_kvemu: t/cudaemu/test_kvemu.cu $(wildcard workers/cuda/emu/*) t/unit/kvtest.h
+	@mkdir -p $(dir $@)
+	$(GXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter $(EMU_SAN) \
+	    -Iworkers/cuda/emu -It/unit -o $@ -x c++ $< workers/cuda/emu/kvemu.cpp
 
 # One command on a machine with a GPU: builds for it (into $(B)/gpu), runs
 # the CUDA tests, compares with the CPU engine, benchmarks, and writes
