@@ -226,10 +226,11 @@ $(B)/lib/libkvcuda-emu.so: $(CUDA_SRC) $(wildcard workers/cuda/*.cuh workers/cud
 	    -o $@ -x c++ $(CUDA_SRC) workers/cuda/emu/kvemu.cpp -x none $(EMU_HOST_OBJ) -ljansson
 
 # kvemu's own tests (t/cudaemu): a unit test binary like t/unit's
-$(B)/t/test_kvemu: t/cudaemu/test_kvemu.cu $(wildcard workers/cuda/emu/*) t/unit/kvtest.h
+$(B)/t/test_kvemu: t/cudaemu/test_kvemu.cu $(wildcard workers/cuda/emu/* workers/cuda/*.cuh) \
+                   t/unit/kvtest.h
 	@mkdir -p $(dir $@)
-	$(GXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter $(EMU_SAN) \
-	    -Iworkers/cuda/emu -It/unit -o $@ -x c++ $< workers/cuda/emu/kvemu.cpp
+	$(GXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas $(EMU_SAN) \
+	    -Iworkers/cuda/emu -Iworkers/cuda -It/unit -o $@ -x c++ $< workers/cuda/emu/kvemu.cpp
 
 # One command on a machine with a GPU: builds for it (into $(B)/gpu), runs
 # the CUDA tests, compares with the CPU engine, benchmarks, and writes

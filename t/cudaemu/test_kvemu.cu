@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "kvtest.h"
+#include "kvw_cuda_kernels.cuh"
 
 static void order(const char *o) { setenv("KVW_CUDAEMU_ORDER", o, 1); }
 
@@ -203,6 +204,40 @@ TEST(half_and_bfloat16_round_to_nearest_even)
     CHECK(isnan(__bfloat162float(__float2bfloat16(nanf("")))));
 }
 
+/* The engine's device argmax (greedy sampling) against kvw_sample's host scan. */
+TEST(argmax_kernel_matches_the_host_scan)
+{
+    const int rows = 5, vocab = 1000;
+    float    *h = (float *) malloc(sizeof(float) * rows * vocab), *d;
+    int       got[rows], *db;
+    uint64_t  x = 42;
+
+    for (int i = 0; i < rows * vocab; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        h[i] = (float) ((x >> 40) % 50) - 25;       /* many ties */
+    }
+    for (int i = 0; i < vocab; i++) h[3 * vocab + i] = -INFINITY;   /* nothing beats -inf: 0 */
+    h[4 * vocab + 999] = 1e9f;                                      /* the last index */
+    cudaMalloc((void **) &d, sizeof(float) * rows * vocab);
+    cudaMalloc((void **) &db, sizeof(got));
+    cudaMemcpy(d, h, sizeof(float) * rows * vocab, cudaMemcpyHostToDevice);
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        KVW_LAUNCH(k_argmax, rows, 256, 0, (cudaStream_t) 0, db, d, vocab);
+        CHECK(cudaMemcpy(got, db, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess);
+        for (int r = 0; r < rows; r++) {
+            int best = 0;
+
+            for (int i = 1; i < vocab; i++) {
+                if (h[r * vocab + i] > h[r * vocab + best]) best = i;
+            }
+            CHECK_EQ_U64(got[r], best);
+        }
+    }
+    order("forward");
+    cudaFree(d); cudaFree(db); free(h);
+}
+
 /* Runs fn in a child (a fault is sticky for the whole process); its exit code. */
 static int in_child(void (*fn)(void))
 {
@@ -277,6 +312,7 @@ int main(void)
     RUN(copies_and_configurations_are_checked);
     RUN(gemm_matches_a_reference_and_checks_arguments);
     RUN(half_and_bfloat16_round_to_nearest_even);
+    RUN(argmax_kernel_matches_the_host_scan);
     RUN(barrier_in_divergent_code_is_reported);
     RUN(device_count_errors_and_devices_can_be_faked);
     return kvt_done();

@@ -133,3 +133,29 @@ def test_sticky_cuda_error_makes_the_worker_unhealthy(stack, tmp_path):
     assert len(nc.messages(hb)) - n0 <= 1
     assert "this worker stops taking requests" in open(p.log).read()
     nc.close()
+
+
+def test_greedy_tokens_from_the_device_argmax_match_the_cpu_engine(stack, tmp_path):
+    """Greedy sequences get their token from an argmax on the device (one
+    int back instead of a row of logits): the same completion as the CPU
+    engine's; a request with a temperature still samples on the host."""
+    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+    env = cuda_env("emu-reverse")
+    texts = {}
+    for eng in ("cpu", "cuda"):
+        port = kvt.free_port()
+        p = stack.spawn([os.path.join(kvt.BIN, "kvworker"), "--engine", eng, "--model", model,
+                         "--port", str(port), "--num-blocks", "64"], "worker-%s.log" % eng,
+                        env=env)
+        kvt.wait_port(port, proc=p, what="kvworker")
+        s, _, out, raw = kvt.post_json(port, "/v1/completions",
+                                       {"prompt": list(range(100, 140)), "max_tokens": 6,
+                                        "temperature": 0, "ignore_eos": True})
+        assert s == 200, raw
+        texts[eng] = out["choices"][0]["text"]
+        assert out["usage"]["completion_tokens"] == 6
+        s, _, out, raw = kvt.post_json(port, "/v1/completions",
+                                       {"prompt": list(range(100, 140)), "max_tokens": 4,
+                                        "temperature": 0.8, "seed": 1, "ignore_eos": True})
+        assert s == 200 and out["usage"]["completion_tokens"] == 4, raw
+    assert texts["cuda"] == texts["cpu"]

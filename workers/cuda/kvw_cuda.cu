@@ -8,8 +8,9 @@
  * weight is read once per step; RoPE'd K and V of the whole layer go into
  * the paged pool before that layer's attention, which reads each token's
  * own sequence through its block table (positions 0..pos, GQA). Logits are
- * computed for each sequence's last token only, copied back and sampled on
- * the host with kvw_sample().
+ * computed for each sequence's last token only; a greedy sequence's token
+ * is their argmax on the device (one int comes back), the others' rows are
+ * copied back and sampled on the host with kvw_sample().
  *
  * Weights are uploaded in the checkpoint's type (f32, f16 or bf16) unless
  * KVW_CUDA_DTYPE=bf16|f16|f32 says otherwise. q|k|v and gate|up are fused into one matrix each, so a
@@ -65,6 +66,7 @@ typedef struct {
     /* scratch, grown on demand: cap tokens, cap_out logit rows, meta_cap ints */
     size_t          cap, cap_out, meta_cap;
     float          *x, *qkv, *gu, *logits, *h_logits;
+    int            *d_best, *h_best;    /* [cap_out] each logit row's argmax (greedy tokens) */
     void           *act;
     int            *d_meta, *h_meta;
     char            err[256];
@@ -226,10 +228,14 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
     }
     if (n_out > e->cap_out) {
         cudaFree(e->logits); cudaFreeHost(e->h_logits);
+        cudaFree(e->d_best); cudaFreeHost(e->h_best);
         e->logits = e->h_logits = NULL;
+        e->d_best = e->h_best = NULL;
         e->cap_out = 0;
         CK(cudaMalloc((void **) &e->logits, n_out * e->vocab * sizeof(float)));
         CK(cudaMallocHost((void **) &e->h_logits, n_out * e->vocab * sizeof(float)));
+        CK(cudaMalloc((void **) &e->d_best, n_out * sizeof(int)));
+        CK(cudaMallocHost((void **) &e->h_best, n_out * sizeof(int)));
         e->cap_out = n_out;
     }
     if (n_meta > e->meta_cap) {
@@ -332,6 +338,37 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
     return gemm(e, e->x, e->act, L->wdown, T, H, e->inter, 1.0f);
 }
 
+/* Greedy, as kvw_sample decides it: the token is the argmax, found on the device. */
+static int greedy(const kvw_step_seq_t *sq)
+{
+    return sq->sample && !sq->logits
+           && (sq->sampling.temperature <= 1e-5f || sq->sampling.rng == NULL);
+}
+
+/*
+ * Logits to the host only for the rows that need them (logits asked for,
+ * or sampling with a temperature); greedy rows bring back one token id.
+ */
+static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_out)
+{
+    uint32_t s, r = 0;
+
+    KVW_LAUNCH(k_argmax, (unsigned) n_out, 256, 0, e->st, e->d_best, e->logits, (int) e->vocab);
+    LAUNCHED("k_argmax");
+    CK(cudaMemcpyAsync(e->h_best, e->d_best, n_out * sizeof(int), cudaMemcpyDeviceToHost,
+                       e->st));
+    for (s = 0; s < n; s++) {
+        if (!seqs[s].sample && !seqs[s].logits) continue;
+        if (!greedy(&seqs[s])) {
+            CK(cudaMemcpyAsync(e->h_logits + (size_t) r * e->vocab,
+                               e->logits + (size_t) r * e->vocab, e->vocab * sizeof(float),
+                               cudaMemcpyDeviceToHost, e->st));
+        }
+        r++;
+    }
+    return 0;
+}
+
 /* Samples (or hands out logits) for each sequence that wants them, on the host. */
 static void finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
 {
@@ -341,6 +378,10 @@ static void finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
         float *lg;
 
         if (!seqs[s].sample && !seqs[s].logits) continue;
+        if (greedy(&seqs[s])) {
+            seqs[s].next_token = (uint32_t) e->h_best[r++];
+            continue;
+        }
         lg = e->h_logits + (size_t) r++ * e->vocab;
         if (seqs[s].logits) memcpy(seqs[s].logits, lg, e->vocab * sizeof(float));
         if (seqs[s].sample) seqs[s].next_token = kvw_sample(lg, e->vocab, &seqs[s].sampling);
@@ -364,9 +405,9 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
     if (n_out > 0) {
         DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m.rows, (int) e->H,
                  e->eps);
-        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0) return -1;
-        CK(cudaMemcpyAsync(e->h_logits, e->logits, n_out * e->vocab * sizeof(float),
-                           cudaMemcpyDeviceToHost, e->st));
+        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0
+            || copy_out(e, seqs, n, n_out) != 0)
+            return -1;
     }
     CK(cudaStreamSynchronize(e->st));
     return 0;
@@ -481,6 +522,7 @@ static void cuda_destroy(kvw_backend_t *b)
     cudaFree(e->embed); cudaFree(e->norm); cudaFree(e->inv_freq); cudaFree(e->kv);
     cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act); cudaFree(e->logits);
     cudaFree(e->d_meta); cudaFreeHost(e->h_logits); cudaFreeHost(e->h_meta);
+    cudaFree(e->d_best); cudaFreeHost(e->h_best);
     if (e->cb) cublasDestroy(e->cb);
     if (e->st) cudaStreamDestroy(e->st);
     free(e);

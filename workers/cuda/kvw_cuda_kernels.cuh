@@ -219,6 +219,51 @@ __global__ void k_add_bias(float *x, const float *bias, int H)
     for (int i = threadIdx.x; i < H; i += blockDim.x) row[i] += bias[i];
 }
 
+/*
+ * best[r] = the index of row r's largest logit, the first one on ties (as
+ * kvw_sample's greedy scan: a later equal value does not replace it); 0
+ * when no value beats -inf. One thread block (a multiple of 32 threads,
+ * at most 1024) per row.
+ */
+__global__ void k_argmax(int *best, const float *logits, int vocab)
+{
+    __shared__ float w_val[32];
+    __shared__ int   w_idx[32];
+    const float     *row = logits + (size_t) blockIdx.x * vocab;
+    float            v = -INFINITY;
+    int              idx = vocab, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        if (row[i] > v) {
+            v = row[i];
+            idx = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int   oi = __shfl_xor_sync(0xffffffffu, idx, o);
+
+        if (ov > v || (ov == v && oi < idx)) {
+            v = ov;
+            idx = oi;
+        }
+    }
+    if (lane == 0) {
+        w_val[warp] = v;
+        w_idx[warp] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int) (blockDim.x >> 5); w++) {
+            if (w_val[w] > v || (w_val[w] == v && w_idx[w] < idx)) {
+                v = w_val[w];
+                idx = w_idx[w];
+            }
+        }
+        best[blockIdx.x] = idx < vocab ? idx : 0;
+    }
+}
+
 /* act[t][i] = silu(gate) * up, from the fused gate|up matmul (rows of 2 * inter). */
 template <class T>
 __global__ void k_swiglu(void *act, const float *gu, size_t T_tokens, int inter)
