@@ -28,6 +28,8 @@ CONFIGS = {
                          "--rope-scaling", "llama3", "--dtype", "bf16"],
     "linear_rope_f16": ["--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "2",
                         "--rope-scaling", "linear", "--dtype", "f16"],
+    # 16 query heads on one KV head: more than the CUDA engine's grouped attention serves
+    "mqa_wide": ["--layers", "1", "--hidden", "64", "--heads", "16", "--kv-heads", "1"],
 }
 
 TOKENS = [17, 4, 290, 1000, 5, 5, 77, 31337, 12, 9, 100, 2, 8, 3000, 44, 45, 46, 47, 48, 49,

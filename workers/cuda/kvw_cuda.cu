@@ -313,7 +313,7 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
     const dlayer_t *L = &e->L[l];
     size_t          H = e->H, qd = (size_t) e->heads * e->hd, kd = (size_t) e->kv_heads * e->hd;
     size_t          sw = (T * e->inter + 255) / 256;
-    dim3            att_grid((unsigned) T, e->heads);
+    dim3            att_grid((unsigned) T, e->heads), gqa_grid((unsigned) T, e->kv_heads);
 
     DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
              (int) H, e->eps);
@@ -322,9 +322,15 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
                e->inv_freq, (int) e->heads, (int) e->kv_heads, (int) e->hd,
                (int) e->b.block_size, e->block_floats, e->layer_floats, (int) l);
     LAUNCHED("k_rope_store");
-    DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
-             (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-             e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    if (e->heads / e->kv_heads <= KVC_MAX_GROUP) {     /* a block per KV head: K/V read once */
+        DISPATCH(k_attention_gqa, gqa_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    } else {
+        DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    }
     if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
     if (L->bo) {
         KVW_LAUNCH(k_add_bias, (unsigned) T, 256, 0, e->st, e->x, L->bo, (int) H);
