@@ -96,6 +96,12 @@ typedef struct {
     uint64_t    last_event_lag_ms;  /* now - published (when known, else 0) */
     uint64_t    last_event_ms;      /* when the last event was applied */
     uint64_t    updated_ms;         /* last tick */
+    /* ZMQ ingestion (kv_zmq.h) */
+    uint64_t    zmq_publishers;     /* configured */
+    uint64_t    zmq_connected;      /* reachable now */
+    uint64_t    block_size_mismatch;    /* publishers whose engine block size differs */
+    uint64_t    engine_restarts;    /* sequences that went back (worker cleared) */
+    uint64_t    cleared_workers;    /* workers cleared: restarts, unrecoverable gaps */
 } kv_ingest_status_t;
 
 #define KV_REGISTRY_STATUS_FIELDS (sizeof(kv_ingest_status_t) / sizeof(uint64_t))

@@ -46,8 +46,14 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     if (zone->shm_zone) {
-        return "is duplicate";
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "kvroute_zone \"%V\" is already declared in %V:%ui",
+                           &value[1], &zone->decl_file, zone->decl_line);
+        return NGX_CONF_ERROR;
     }
+
+    zone->decl_file = cf->conf_file->file.name;
+    zone->decl_line = cf->conf_file->line;
 
     size = ngx_parse_size(&value[2]);
     if (size == NGX_ERROR) {
@@ -151,6 +157,8 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
     }
 
     zone->name = *name;
+    zone->ref_file = cf->conf_file->file.name;
+    zone->ref_line = cf->conf_file->line;
     zone->row = -1;
     zone->approximate = 1;
     zone->max_workers = 256;
