@@ -377,6 +377,8 @@ static void start_step(sched_t *sc)
     if (sc->be->step(sc->be, sc->seqs, sc->n_batch, &ms) != 0)
         ms = -1;
     sc->st.steps++;
+    if (ms > 0)
+        sc->st.busy_ms += ms;
     sc->busy = 1;
 
     /*

@@ -77,6 +77,24 @@ def test_text_prompts_share_prefixes(stack, tmp_path):
     assert s["completed"] == 3 and s["prompts"] == "text"
 
 
+def test_chat_prompts_through_tokenizer_and_template(stack, tmp_path):
+    model = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct")
+    w = stack.worker(engines=1, extra=["--speedup", "20",
+                                       "--tokenizer", os.path.join(model, "tokenizer.json"),
+                                       "--chat-template", os.path.join(model,
+                                                                       "tokenizer_config.json")])
+    trace, _ = small_trace(tmp_path, n=3)
+    rec = tmp_path / "rec.jsonl"
+    s = summary(kvbench("--trace", trace, "--url", "http://127.0.0.1:%d" % w.ports[0],
+                        "--block-size", 16, "--chat", "--concurrency", 1, "--records", rec))
+    assert s["completed"] == 3 and s["errors"] == 0 and s["prompts"] == "chat"
+    # the template wraps the 32 words in the chat markup: more prompt tokens than words
+    assert all(r["prompt_tokens"] > 32 for r in records(rec))
+    _, _, body = kvt.request(w.ports[0], "GET", "/metrics")
+    busy = [l for l in body.decode().splitlines() if l.startswith("kvworker_busy_seconds_total")]
+    assert len(busy) == 1 and float(busy[0].split()[-1]) > 0, body
+
+
 class FakeOpenAI(http.server.BaseHTTPRequestHandler):
     """Streams two tokens and a usage chunk saying a quarter of the prompt was cached."""
     protocol_version = "HTTP/1.1"

@@ -58,7 +58,7 @@ static void set_error(kvb_result_t *r, const char *fmt, const char *detail)
 }
 
 /* http://host[:port][/path] */
-static int parse_url(replay_t *rp, const char *url, char *err, size_t errlen)
+static int parse_url(replay_t *rp, const char *url, int chat, char *err, size_t errlen)
 {
     const char *p = url;
     if (strncmp(p, "http://", 7) != 0) {
@@ -86,7 +86,7 @@ static int parse_url(replay_t *rp, const char *url, char *err, size_t errlen)
         p = end;
     }
     if (*p == '\0' || strcmp(p, "/") == 0)
-        p = "/v1/completions";
+        p = chat ? "/v1/chat/completions" : "/v1/completions";
     if (*p != '/' || strlen(p) >= sizeof(rp->path)) {
         snprintf(err, errlen, "--url has a bad path: '%s'", url);
         return -1;
@@ -271,8 +271,11 @@ static int build_body(replay_t *rp, size_t i)
     if (m == NULL)
         return -1;
     b->len = 0;
-    rc = kvb_buf_printf(b, "{\"model\":%s,\"prompt\":", m)
-         || kvb_prompt_json(b, rp->t, tr, i, o->block_size, o->vocab, o->text)
+    rc = (o->chat ? kvb_buf_printf(b, "{\"model\":%s,\"messages\":[{\"role\":\"user\","
+                                   "\"content\":", m)
+                  : kvb_buf_printf(b, "{\"model\":%s,\"prompt\":", m))
+         || kvb_prompt_json(b, rp->t, tr, i, o->block_size, o->vocab, o->text || o->chat)
+         || (o->chat && kvb_buf_add(b, "}]", 2))
          || kvb_buf_printf(b, ",\"max_tokens\":%u,\"min_tokens\":%u,\"ignore_eos\":true,"
                            "\"temperature\":0,\"stream\":true,"
                            "\"stream_options\":{\"include_usage\":true}}",
@@ -369,7 +372,7 @@ double kvb_replay(const kv_trace_t *t, const kvb_opts_t *o, kvb_result_t *res,
     replay_t rp = { .t = t, .o = o, .res = res };
     double wall = -1;
 
-    if (parse_url(&rp, o->url, err, errlen))
+    if (parse_url(&rp, o->url, o->chat, err, errlen))
         return -1;
     uint64_t ts0 = t->n ? t->reqs[0].timestamp_ms : 0;
     for (size_t i = 0; i < t->n; i++) {

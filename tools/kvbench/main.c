@@ -40,6 +40,8 @@ static void usage(FILE *f)
           "  engines' KV block), --balance 1.1 (load bound), --trace-block-size 512\n"
           "  --url URL          http://host:port[/path] (path default /v1/completions)\n"
           "  --text             text prompts (words) instead of token-id prompts\n"
+          "  --chat             chat requests (default path /v1/chat/completions): the text\n"
+          "                     prompt is one user message, so the chat template applies\n"
           "  --speedup X        divide trace arrival times by X (default 1)\n"
           "  --concurrency N    ignore arrival times, keep N requests in flight\n"
           "  --max-requests N   replay only the first N requests\n"
@@ -73,7 +75,7 @@ static int parse_num(const char *name, const char *s, double lo, double hi, doub
 static int parse_args(int argc, char **argv, args_t *a)
 {
     static const struct option opts[] = {
-        {"trace", 1, 0, 't'}, {"url", 1, 0, 'u'}, {"text", 0, 0, 'x'},
+        {"trace", 1, 0, 't'}, {"url", 1, 0, 'u'}, {"text", 0, 0, 'x'}, {"chat", 0, 0, 'X'},
         {"speedup", 1, 0, 's'}, {"concurrency", 1, 0, 'c'}, {"max-requests", 1, 0, 'n'},
         {"model", 1, 0, 'm'}, {"block-size", 1, 0, 'b'}, {"vocab", 1, 0, 'v'},
         {"records", 1, 0, 'r'}, {"timeout", 1, 0, 'T'}, {"help", 0, 0, 'h'},
@@ -98,6 +100,7 @@ static int parse_args(int argc, char **argv, args_t *a)
         case 't': a->trace = optarg; break;
         case 'u': a->o.url = optarg; break;
         case 'x': a->o.text = 1; break;
+        case 'X': a->o.text = a->o.chat = 1; break;
         case 'm': a->o.model = optarg; break;
         case 'r': a->records = optarg; break;
         case 's':
@@ -259,7 +262,8 @@ static json_t *summarize(const kv_trace_t *t, const args_t *a, const kvb_result_
         json_object_set_new(s, "concurrency", json_integer(a->o.concurrency));
     else
         json_object_set_new(s, "speedup", json_real(a->o.speedup));
-    json_object_set_new(s, "prompts", json_string(a->o.text ? "text" : "tokens"));
+    json_object_set_new(s, "prompts", json_string(a->o.chat ? "chat" : a->o.text ? "text"
+                                                                             : "tokens"));
     json_object_set_new(s, "send_lag_ms", dist_json(lag, n));
     json_object_set_new(s, "error_kinds", error_kinds(res, n));
     free(ttft);
