@@ -228,10 +228,13 @@ run: all
 bench: all
 	@tools/bench-all --build $(B)
 
+# SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
 bench-e2e: all
 	@tools/bench-e2e --build $(B) $(if $(TRACE),--trace $(TRACE)) \
 	    $(if $(REQUESTS),--requests $(REQUESTS)) $(if $(ENGINES),--engines $(ENGINES)) \
-	    $(if $(SPEEDUP),--speedup $(SPEEDUP))
+	    $(if $(SPEEDUP),--speedup $(SPEEDUP)) \
+	    $(if $(filter-out 0,$(SUITE)),--suite $(if $(SUITE_RUNS),--runs $(SUITE_RUNS)) \
+	        $(if $(WORKLOADS),--workloads $(WORKLOADS)))
 
 clean:
 	rm -rf build
