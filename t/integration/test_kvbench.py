@@ -102,14 +102,20 @@ class FakeOpenAI(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body["path"] = self.path
         FakeOpenAI.bodies.append(body)
-        n = len(body["prompt"])
+        chat = "messages" in body
+        n = len(body["messages"][0]["content"].split()) if chat else len(body["prompt"])
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        events = [{"choices": [{"index": 0, "text": " hi"}]},
-                  {"choices": [{"index": 0, "text": " there"}]},
+        # chat: the second piece is a NUL character, valid JSON that jansson refuses by default
+        events = [{"choices": [{"index": 0, "delta": {"content": " hi"}}]},
+                  {"choices": [{"index": 0, "delta": {"content": "\u0000"}}]}] if chat else \
+                 [{"choices": [{"index": 0, "text": " hi"}]},
+                  {"choices": [{"index": 0, "text": " there"}]}]
+        events += [
                   {"choices": [], "usage": {"prompt_tokens": n, "completion_tokens": 2,
                                             "prompt_tokens_details": {"cached_tokens": n // 4}}}]
         for e in events:
@@ -154,6 +160,19 @@ def test_hit_rate_from_usage_and_request_shape(fake_server, tmp_path):
     assert all(len(p) == 32 for p in prompts)
     assert all(p[:16] == prompts[0][:16] for p in prompts)
     assert len({tuple(p[16:]) for p in prompts}) == 4
+
+
+def test_chat_request_shape_and_nul_text(fake_server, tmp_path):
+    trace, _ = small_trace(tmp_path, n=3)
+    rec = tmp_path / "rec.jsonl"
+    s = summary(kvbench("--trace", trace, "--url", "http://127.0.0.1:%d" % fake_server.server_port,
+                        "--block-size", 16, "--chat", "--speedup", 100, "--records", rec))
+    assert s["completed"] == 3 and s["errors"] == 0 and s["prompts"] == "chat", s
+    assert all(r["chunks"] == 2 for r in records(rec))
+    for b in FakeOpenAI.bodies:
+        assert b["path"] == "/v1/chat/completions" and "prompt" not in b
+        assert [m["role"] for m in b["messages"]] == ["user"]
+        assert len(b["messages"][0]["content"].split()) == 32
 
 
 def test_arrival_times_are_scaled(fake_server, tmp_path):

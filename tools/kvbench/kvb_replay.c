@@ -95,14 +95,14 @@ static int parse_url(replay_t *rp, const char *url, int chat, char *err, size_t 
     return 0;
 }
 
-/* The text a streamed choice carries: completions "text" or chat "delta.content". */
-static const char *choice_text(json_t *ev)
+/* Bytes of text a streamed choice carries: completions "text" or chat "delta.content". */
+static size_t choice_text_len(json_t *ev)
 {
     json_t *c = json_array_get(json_object_get(ev, "choices"), 0);
     json_t *s = json_object_get(c, "text");
     if (!json_is_string(s))
         s = json_object_get(json_object_get(c, "delta"), "content");
-    return json_is_string(s) ? json_string_value(s) : NULL;
+    return json_is_string(s) ? json_string_length(s) : 0;
 }
 
 static long get_long(json_t *o, const char *key)
@@ -117,9 +117,12 @@ static void on_event(flight_t *f, const char *data, size_t len)
     kvb_result_t *r = &f->rp->res[f->idx];
     if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
         return;
-    json_t *ev = json_loadb(data, len, 0, NULL);
+    json_error_t je;
+    /* "\u0000" is valid JSON: accept it (jansson refuses it by default) */
+    json_t *ev = json_loadb(data, len, JSON_ALLOW_NUL, &je);
     if (ev == NULL) {
-        set_error(r, "stream event is not JSON%s", NULL);
+        /* jansson's reason (e.g. invalid UTF-8) says whose bug it is */
+        set_error(r, "stream event is not JSON: %s", je.text);
         return;
     }
     json_t *e = json_object_get(ev, "error");
@@ -127,8 +130,7 @@ static void on_event(flight_t *f, const char *data, size_t len)
         json_t *m = json_object_get(e, "message");
         set_error(r, "error event: %s", json_is_string(m) ? json_string_value(m) : "?");
     }
-    const char *text = choice_text(ev);
-    if (text != NULL && text[0] != '\0') {
+    if (choice_text_len(ev) > 0) {
         if (r->chunks++ == 0)
             r->first_ms = since(f->rp);
     }
