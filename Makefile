@@ -337,10 +337,13 @@ bench: all
 bench-faults: all
 	@.venv/bin/python tools/bench-faults
 
+# SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
 bench-e2e: all
 	@tools/bench-e2e --build $(B) $(if $(TRACE),--trace $(TRACE)) \
 	    $(if $(REQUESTS),--requests $(REQUESTS)) $(if $(ENGINES),--engines $(ENGINES)) \
-	    $(if $(SPEEDUP),--speedup $(SPEEDUP))
+	    $(if $(SPEEDUP),--speedup $(SPEEDUP)) \
+	    $(if $(filter-out 0,$(SUITE)),--suite $(if $(SUITE_RUNS),--runs $(SUITE_RUNS)) \
+	        $(if $(WORKLOADS),--workloads $(WORKLOADS)))
 
 clean:
 	rm -rf build

@@ -486,6 +486,8 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_cached_prompt_tokens_total", "counter",
            "prompt tokens served from the cache at first admission", e, (double)l.cached_tokens);
     metric(b, "kvworker_steps_total", "counter", "scheduler steps", e, (double)l.steps);
+    metric(b, "kvworker_busy_seconds_total", "counter",
+           "time spent in steps (simulated time for the mock engine)", e, l.busy_ms / 1e3);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4");
     send_reply(req, 200, "OK", b);

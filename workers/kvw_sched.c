@@ -397,6 +397,8 @@ static void start_step(sched_t *sc)
         ms = -1;
     sc->base.unhealthy = sc->be->unhealthy;     /* a lost device: health checks fail from now */
     sc->st.steps++;
+    if (ms > 0)
+        sc->st.busy_ms += ms;
     sc->busy = 1;
 
     /*
