@@ -164,6 +164,7 @@ typedef struct {
 
     ngx_http_kvroute_peer_t        *chosen;
     uint32_t                        chosen_overlap;
+    double                          chosen_cost;    /* the decision's estimate */
 } ngx_http_kvroute_ctx_t;
 
 

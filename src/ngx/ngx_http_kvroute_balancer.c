@@ -330,6 +330,8 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 #undef KV_PARAM
 
+    kcf->score.block_size = kcf->block_size;
+
     if (kcf->zone == NULL
         && (tokenizer.len || template.len || mode != (ngx_uint_t) -1))
     {
@@ -926,6 +928,7 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
     ngx_http_upstream_rr_peers_unlock(peers);
 
     ngx_http_kvroute_acct_open(ctx, p, c[pick].overlap);
+    ctx->chosen_cost = c[pick].cost;
     ngx_http_kvroute_record(kcf, ctx, p);
 
     return NGX_OK;
