@@ -2,10 +2,12 @@
 reaches the cost, and a worker's own events win over the router's guesses."""
 import json
 import os
+import subprocess
 import zlib
 
 import pytest
 
+import kvnats
 import kvt
 
 APPROX = """
@@ -56,3 +58,90 @@ def test_block_size_reaches_the_cost(stack, bs):
     s, h, _, _ = complete(ng.port, ids("bs", 10 * bs))
     assert h["x-kvroute-overlap"] == "10"
     assert float(h["x-cost"]) == pytest.approx(0.0)
+
+
+EVENTS = """
+    kvroute_zone kv 16m;
+    kvroute_events %(nats)s zone=kv;
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv mode=events;
+        %(servers)s
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        location /v1/ {
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            kvroute_debug_headers on;
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+SUBJECT = "namespace.dynamo.component.backend.kv-events"
+WORKER = 7587886123456789
+
+
+def status(port):
+    s, _, body = kvt.request(port, "GET", "/kvroute/status")
+    assert s == 200
+    return json.loads(body)["zones"]["kv"]
+
+
+def indexed(port, server):
+    for x in status(port)["upstreams"]["llm"]:
+        if x["server"] == server:
+            return x["indexed_blocks"]
+    raise KeyError(server)
+
+
+def hashes(tokens, bs=16):
+    r = subprocess.run([os.path.join(kvt.BIN, "kvtok"), "hash", "--block-size", str(bs)],
+                           input=json.dumps(tokens).encode(), capture_output=True)
+    return [int(x) for x in r.stdout.split()]
+
+
+def dynamo_event(event_id, data):
+    return json.dumps({"worker_id": WORKER, "storage_tier": "device", "dp_rank": 0,
+                       "event": {"event_id": event_id, "data": data}}).encode()
+
+
+@pytest.mark.parametrize("how", ["removed", "cleared"])
+def test_worker_events_win_over_pending_guesses(stack, how):
+    """Stored for 40 blocks, one request routed there (the pending index
+    records it), then the worker reports them Removed (or Cleared): the
+    next request must not see overlap 40 on that worker."""
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "50"])       # silent: no events of its own
+    a, b = w.ports
+    servers = "server 127.0.0.1:%d;\nserver 127.0.0.1:%d;\nkvroute_worker_id %d 127.0.0.1:%d;" % (
+        a, b, WORKER, b)
+    ng = stack.nginx(EVENTS % {"nats": nats.url, "servers": servers})
+    kvt.wait_until(lambda: status(ng.port)["events"]["nats"] == "connected", what="connected")
+    prompt = ids("evict", 40 * 16)
+    seq = hashes(prompt)
+    assert len(seq) == 40
+    blocks = [{"block_hash": seq[i], "tokens_hash": hashes(prompt[i * 16:(i + 1) * 16])[0],
+               "mm_extra_info": None} for i in range(40)]
+    pub = kvnats.Nats(nats.port)
+    pub.publish(SUBJECT, dynamo_event(1, {"stored": {"parent_hash": None,
+                                                     "start_position": None, "blocks": blocks}}))
+    pub.flush()
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) == 40, what="stored applied")
+    s, h, _, _ = complete(ng.port, prompt + [1, 2, 3])
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % b and h["x-kvroute-overlap"] == "40"
+    assert status(ng.port)["pending"]["blocks"] >= 40
+    if how == "removed":
+        data = {"removed": {"block_hashes": seq}}
+    else:
+        data = "cleared"
+    pub.publish(SUBJECT, dynamo_event(2, data))
+    pub.flush()
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) == 0, what="removal applied")
+    # the helper applies the removal to both indexes before the status shows it
+    s, h, _, _ = complete(ng.port, prompt + [4, 5, 6])
+    assert s == 200
+    assert h["x-kvroute-overlap"] == "0", h
+    pub.close()

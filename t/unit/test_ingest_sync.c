@@ -53,6 +53,12 @@ void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
     last_clear = worker_id;
 }
 
+uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
+                         uint64_t engine_hash)
+{
+    return engine_hash;
+}
+
 void kv_event_batch_init(kv_event_batch_t *b) { memset(b, 0, sizeof(*b)); }
 void kv_event_batch_free(kv_event_batch_t *b) { memset(b, 0, sizeof(*b)); }
 int kv_event_decode(kv_event_batch_t *b, const void *buf, size_t len, char *err, size_t errlen)
