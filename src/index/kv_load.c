@@ -13,7 +13,8 @@
 
 #include "kv_load.h"
 
-#define KV_LOAD_MAGIC  0x6b766c6f61643031ULL   /* "kvload01" */
+#define KV_LOAD_MAGIC  0x6b766c6f61643032ULL   /* "kvload02": decode tokens, learned rates */
+#define LEARN_WEIGHT   (1.0 / 16)
 #define ROW_REAPING    ((int64_t) -1)
 
 typedef struct {
@@ -24,6 +25,8 @@ typedef struct {
     _Atomic uint64_t    overlap_hits;
     _Atomic uint64_t    overlap_blocks;
     _Atomic uint64_t    prompt_blocks;
+    _Atomic double      prefill_tokens, prefill_ms;     /* learned means */
+    _Atomic double      decode_tokens, decode_ms;
 } server_t;
 
 struct kv_load {
@@ -34,6 +37,11 @@ struct kv_load {
     _Atomic uint64_t    reaped;
     /* followed by servers, then row owners, then row counters */
 };
+
+static double ratio(double num, double den)
+{
+    return num > 0 && den > 0 ? num / den : 0;
+}
 
 static server_t *servers_of(const kv_load_t *ld)
 {
@@ -215,6 +223,49 @@ void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
     out->overlap_hits = atomic_load_explicit(&s->overlap_hits, memory_order_relaxed);
     out->overlap_blocks = atomic_load_explicit(&s->overlap_blocks, memory_order_relaxed);
     out->prompt_blocks = atomic_load_explicit(&s->prompt_blocks, memory_order_relaxed);
+    out->prefill_rate = ratio(atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed),
+                              atomic_load_explicit(&s->prefill_ms, memory_order_relaxed));
+    out->decode_pace = ratio(atomic_load_explicit(&s->decode_ms, memory_order_relaxed),
+                             atomic_load_explicit(&s->decode_tokens, memory_order_relaxed));
+}
+
+static void learn(_Atomic double *num, _Atomic double *den, double n, double d)
+{
+    double m = atomic_load_explicit(num, memory_order_relaxed);
+    double e = atomic_load_explicit(den, memory_order_relaxed);
+
+    /* the first sample is the mean; later ones move it by LEARN_WEIGHT */
+    if (e <= 0) {
+        m = n;
+        e = d;
+    } else {
+        m += (n - m) * LEARN_WEIGHT;
+        e += (d - e) * LEARN_WEIGHT;
+    }
+    atomic_store_explicit(num, m, memory_order_relaxed);
+    atomic_store_explicit(den, e, memory_order_relaxed);
+}
+
+void kv_load_learn_prefill(kv_load_t *ld, uint32_t server, double tokens, double ms)
+{
+    server_t *s;
+
+    if (server >= ld->max_servers || !(tokens > 0) || !(ms > 0)) {
+        return;
+    }
+    s = &servers_of(ld)[server];
+    learn(&s->prefill_tokens, &s->prefill_ms, tokens, ms);
+}
+
+void kv_load_learn_decode(kv_load_t *ld, uint32_t server, double tokens, double ms)
+{
+    server_t *s;
+
+    if (server >= ld->max_servers || !(tokens > 0) || !(ms > 0)) {
+        return;
+    }
+    s = &servers_of(ld)[server];
+    learn(&s->decode_ms, &s->decode_tokens, ms, tokens);
 }
 
 int kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid))

@@ -20,7 +20,7 @@
 #include "kv_index.h"
 #include "kv_load.h"
 #include "kv_registry.h"
-#include "kv_score.h"
+#include "kv_route.h"
 #include "kv_tokenizer.h"
 
 
@@ -113,6 +113,7 @@ typedef struct {
     ngx_int_t                       load;       /* kv_load server index, -1 if none */
     ngx_int_t                       reg;        /* registry record last seen for it */
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
+    ngx_int_t                       slot;       /* index slot last seen for it */
 } ngx_http_kvroute_peer_t;
 
 
@@ -123,7 +124,7 @@ typedef struct {
     kv_tokenizer_t                 *tokenizer;
     kv_chat_template_t             *template;
     ngx_str_t                       model;
-    kv_score_config_t               score;
+    kv_route_config_t               route;
     ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
@@ -153,7 +154,9 @@ typedef struct {
     uint64_t                       *seq;        /* sequence hashes (malloc) */
     size_t                          nseq;
     uint64_t                        prompt_tokens;
-    uint32_t                       *overlap;    /* per peer */
+    uint64_t                        max_tokens;     /* 0: the body names none */
+    uint32_t                       *overlap;    /* per primary: the index */
+    uint32_t                       *pending;    /* per primary: recent decisions */
     ngx_msec_int_t                  decision_us;
     uint64_t                        t0_ns;
 
@@ -161,6 +164,11 @@ typedef struct {
     ngx_int_t                       load;
     int64_t                         prefill_tokens;
     int64_t                         decode_blocks;
+    int64_t                         decode_tokens;
+    uint64_t                        queued_tokens;  /* prefill ahead of it */
+    uint64_t                        open_ns;        /* sent to the server */
+    uint64_t                        first_ns;       /* its first byte, 0: none yet */
+    kv_route_why_t                  why;
 
     ngx_http_kvroute_peer_t        *chosen;
     uint32_t                        chosen_overlap;
@@ -216,6 +224,7 @@ ngx_int_t ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
     ngx_http_kvroute_srv_conf_t *kcf);
 ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_of(
     ngx_http_request_t *r);
+ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf);
 
 /* prompt: body -> tokens -> block hashes */
 ngx_int_t ngx_http_kvroute_precontent(ngx_http_request_t *r);
@@ -223,11 +232,11 @@ void ngx_http_kvroute_prepare(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
 ngx_http_kvroute_ctx_t *ngx_http_kvroute_get_ctx(ngx_http_request_t *r,
     ngx_http_kvroute_srv_conf_t *kcf);
-ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf);
 
 /* accounting */
 void ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
-    ngx_http_kvroute_peer_t *p, uint32_t overlap);
+    ngx_http_kvroute_peer_t *p, const kv_route_result_t *res);
+void ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx);
 uint64_t ngx_http_kvroute_now_ns(void);

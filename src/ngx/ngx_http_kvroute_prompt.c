@@ -439,6 +439,7 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
 
     ctx->fallback = map[t->result.status];
     ctx->prompt_tokens = t->result.prompt_tokens;
+    ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
     ctx->seq = t->result.seq;
     ctx->nseq = t->result.nseq;
 
@@ -447,47 +448,4 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
                       "kvroute: routing by load only: %s",
                       t->result.err);
     }
-}
-
-
-/* True when every usable primary server is over a busy threshold. */
-
-ngx_int_t
-ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf)
-{
-    ngx_uint_t                i, usable;
-    kv_load_server_t          ls;
-    ngx_http_kvroute_peer_t  *p;
-
-    if (kcf->score.busy_prefill_tokens == 0
-        && kcf->score.busy_decode_blocks == 0)
-    {
-        return 0;
-    }
-
-    usable = 0;
-
-    for (i = 0; i < kcf->nprimary; i++) {
-        p = &kcf->peers[i];
-
-        if (p->peer->down || p->load < 0) {
-            continue;
-        }
-
-        usable++;
-
-        kv_load_get(kcf->zone->sh->load, p->load, &ls);
-
-        if ((kcf->score.busy_prefill_tokens == 0
-             || (uint64_t) ls.active[KV_LOAD_PREFILL_TOKENS]
-                < kcf->score.busy_prefill_tokens)
-            && (kcf->score.busy_decode_blocks == 0
-                || (uint64_t) ls.active[KV_LOAD_DECODE_BLOCKS]
-                   < kcf->score.busy_decode_blocks))
-        {
-            return 0;
-        }
-    }
-
-    return usable > 0;
 }

@@ -103,21 +103,24 @@ def hashes(tokens, bs=16):
     return [int(x) for x in r.stdout.split()]
 
 
-def dynamo_event(event_id, data):
-    return json.dumps({"worker_id": WORKER, "storage_tier": "device", "dp_rank": 0,
+def dynamo_event(worker, event_id, data):
+    return json.dumps({"worker_id": worker, "storage_tier": "device", "dp_rank": 0,
                        "event": {"event_id": event_id, "data": data}}).encode()
 
 
+@pytest.mark.parametrize("order", ["stored_first", "routed_first"])
 @pytest.mark.parametrize("how", ["removed", "cleared"])
-def test_worker_events_win_over_pending_guesses(stack, how):
-    """Stored for 40 blocks, one request routed there (the pending index
-    records it), then the worker reports them Removed (or Cleared): the
-    next request must not see overlap 40 on that worker."""
+def test_worker_events_win_over_pending_guesses(stack, how, order):
+    """A worker holds 40 blocks of a prompt by its own events and has been
+    sent that prompt (the router's pending index guesses it holds them), in
+    either order; then it reports them Removed (or Cleared): the next
+    request must not see overlap 40 on it."""
     nats = stack.nats()
     w = stack.worker(engines=2, extra=["--speedup", "50"])       # silent: no events of its own
     a, b = w.ports
-    servers = "server 127.0.0.1:%d;\nserver 127.0.0.1:%d;\nkvroute_worker_id %d 127.0.0.1:%d;" % (
-        a, b, WORKER, b)
+    servers = ("server 127.0.0.1:%d;\nserver 127.0.0.1:%d;\n"
+               "kvroute_worker_id %d 127.0.0.1:%d;\nkvroute_worker_id %d 127.0.0.1:%d;"
+               % (a, b, WORKER, a, WORKER + 1, b))
     ng = stack.nginx(EVENTS % {"nats": nats.url, "servers": servers})
     kvt.wait_until(lambda: status(ng.port)["events"]["nats"] == "connected", what="connected")
     prompt = ids("evict", 40 * 16)
@@ -126,21 +129,30 @@ def test_worker_events_win_over_pending_guesses(stack, how):
     blocks = [{"block_hash": seq[i], "tokens_hash": hashes(prompt[i * 16:(i + 1) * 16])[0],
                "mm_extra_info": None} for i in range(40)]
     pub = kvnats.Nats(nats.port)
-    pub.publish(SUBJECT, dynamo_event(1, {"stored": {"parent_hash": None,
-                                                     "start_position": None, "blocks": blocks}}))
-    pub.flush()
-    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) == 40, what="stored applied")
-    s, h, _, _ = complete(ng.port, prompt + [1, 2, 3])
-    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % b and h["x-kvroute-overlap"] == "40"
-    assert status(ng.port)["pending"]["blocks"] >= 40
-    if how == "removed":
-        data = {"removed": {"block_hashes": seq}}
+
+    def store(server):
+        worker = WORKER if server == "127.0.0.1:%d" % a else WORKER + 1
+        pub.publish(SUBJECT, dynamo_event(worker, 1, {"stored": {
+            "parent_hash": None, "start_position": None, "blocks": blocks}}))
+        pub.flush()
+        kvt.wait_until(lambda: indexed(ng.port, server) == 40, what="stored applied")
+        return worker
+
+    if order == "stored_first":
+        holder = "127.0.0.1:%d" % b
+        worker = store(holder)
+        s, h, _, _ = complete(ng.port, prompt + [1, 2, 3])
+        assert h["x-kvroute-worker"] == holder and h["x-kvroute-overlap"] == "40"
     else:
-        data = "cleared"
-    pub.publish(SUBJECT, dynamo_event(2, data))
+        s, h, _, _ = complete(ng.port, prompt + [1, 2, 3])
+        holder = h["x-kvroute-worker"]
+        assert status(ng.port)["pending"]["blocks"] >= 40
+        worker = store(holder)
+    data = {"removed": {"block_hashes": seq}} if how == "removed" else "cleared"
+    pub.publish(SUBJECT, dynamo_event(worker, 2, data))
     pub.flush()
-    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) == 0, what="removal applied")
-    # the helper applies the removal to both indexes before the status shows it
+    # the helper drops the pending guesses before the index's blocks
+    kvt.wait_until(lambda: indexed(ng.port, holder) == 0, what="removal applied")
     s, h, _, _ = complete(ng.port, prompt + [4, 5, 6])
     assert s == 200
     assert h["x-kvroute-overlap"] == "0", h
