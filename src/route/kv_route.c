@@ -7,7 +7,7 @@
 
 void kv_route_config_init(kv_route_config_t *cfg)
 {
-    cfg->policy = KV_ROUTE_DYNAMO;
+    cfg->policy = KV_ROUTE_TTFT;
     cfg->block_size = 16;
     cfg->busy_prefill_tokens = 0;
     cfg->busy_decode_blocks = 0;
