@@ -30,21 +30,32 @@
 #define NGX_HTTP_KVROUTE_PENDING_TTL   10000      /* ms */
 
 
+/*
+ * Why a request was routed by load alone, in one table: the enum's name,
+ * the name $kvroute_fallback and the status show, and the kv_prompt status
+ * it comes from (-1: not from kv_prompt).
+ */
+#define NGX_HTTP_KVROUTE_FALLBACKS(X)                                         \
+    X(NONE,         "",                 KV_PROMPT_OK)                         \
+    X(NO_ZONE,      "no_zone",          -1)  /* kvroute without zone= */      \
+    X(NO_BODY,      "no_body",          -1)                                   \
+    X(UNBUFFERED,   "unbuffered_body",  -1)                                   \
+    X(BODY_READ,    "body_read_error",  -1)                                   \
+    X(PARSE,        "parse_error",      KV_PROMPT_PARSE)                      \
+    X(NO_PROMPT,    "no_prompt",        KV_PROMPT_NO_PROMPT)                  \
+    X(NO_TOKENIZER, "no_tokenizer",     KV_PROMPT_NO_TOKENIZER)               \
+    X(NO_TEMPLATE,  "no_chat_template", KV_PROMPT_NO_TEMPLATE)                \
+    X(TEMPLATE,     "template_error",   KV_PROMPT_TEMPLATE)                   \
+    X(TOKENIZE,     "tokenize_error",   KV_PROMPT_TOKENIZE)                   \
+    X(MODEL,        "unknown_model",    KV_PROMPT_MODEL)                      \
+    X(NO_MEMORY,    "no_memory",        KV_PROMPT_NO_MEMORY)                  \
+    X(ALL_BUSY,     "all_busy",         -1)
+
+
+#define NGX_HTTP_KVROUTE_FB_ENUM(name, str, prompt)  NGX_HTTP_KVROUTE_FB_##name,
+
 typedef enum {
-    NGX_HTTP_KVROUTE_FB_NONE = 0,
-    NGX_HTTP_KVROUTE_FB_NO_ZONE,        /* kvroute without zone=: load only */
-    NGX_HTTP_KVROUTE_FB_NO_BODY,
-    NGX_HTTP_KVROUTE_FB_UNBUFFERED,
-    NGX_HTTP_KVROUTE_FB_BODY_READ,
-    NGX_HTTP_KVROUTE_FB_PARSE,
-    NGX_HTTP_KVROUTE_FB_NO_PROMPT,
-    NGX_HTTP_KVROUTE_FB_NO_TOKENIZER,
-    NGX_HTTP_KVROUTE_FB_NO_TEMPLATE,
-    NGX_HTTP_KVROUTE_FB_TEMPLATE,
-    NGX_HTTP_KVROUTE_FB_TOKENIZE,
-    NGX_HTTP_KVROUTE_FB_MODEL,
-    NGX_HTTP_KVROUTE_FB_NO_MEMORY,
-    NGX_HTTP_KVROUTE_FB_ALL_BUSY,
+    NGX_HTTP_KVROUTE_FALLBACKS(NGX_HTTP_KVROUTE_FB_ENUM)
     NGX_HTTP_KVROUTE_FB_N
 } ngx_http_kvroute_fallback_e;
 

@@ -102,21 +102,10 @@ ngx_module_t  ngx_http_kvroute_module = {
 };
 
 
+#define NGX_HTTP_KVROUTE_FB_NAME(name, str, prompt)  str,
+
 const char  *ngx_http_kvroute_fallback_names[] = {
-    "",
-    "no_zone",
-    "no_body",
-    "unbuffered_body",
-    "body_read_error",
-    "parse_error",
-    "no_prompt",
-    "no_tokenizer",
-    "no_chat_template",
-    "template_error",
-    "tokenize_error",
-    "unknown_model",
-    "no_memory",
-    "all_busy",
+    NGX_HTTP_KVROUTE_FALLBACKS(NGX_HTTP_KVROUTE_FB_NAME)
 };
 
 

@@ -423,21 +423,24 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
 static void
 ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
 {
+    ngx_uint_t               i;
     ngx_http_kvroute_ctx_t  *ctx = t->ctx;
 
-    static const ngx_http_kvroute_fallback_e  map[] = {
-        NGX_HTTP_KVROUTE_FB_NONE,           /* KV_PROMPT_OK */
-        NGX_HTTP_KVROUTE_FB_PARSE,
-        NGX_HTTP_KVROUTE_FB_NO_PROMPT,
-        NGX_HTTP_KVROUTE_FB_NO_TOKENIZER,
-        NGX_HTTP_KVROUTE_FB_NO_TEMPLATE,
-        NGX_HTTP_KVROUTE_FB_TEMPLATE,
-        NGX_HTTP_KVROUTE_FB_TOKENIZE,
-        NGX_HTTP_KVROUTE_FB_MODEL,
-        NGX_HTTP_KVROUTE_FB_NO_MEMORY,
+#define NGX_HTTP_KVROUTE_FB_FROM(name, str, prompt)  (int) (prompt),
+
+    static const int  from[] = {
+        NGX_HTTP_KVROUTE_FALLBACKS(NGX_HTTP_KVROUTE_FB_FROM)
     };
 
-    ctx->fallback = map[t->result.status];
+    ctx->fallback = NGX_HTTP_KVROUTE_FB_NO_PROMPT;
+
+    for (i = 0; i < NGX_HTTP_KVROUTE_FB_N; i++) {
+        if (from[i] == (int) t->result.status) {
+            ctx->fallback = i;
+            break;
+        }
+    }
+
     ctx->prompt_tokens = t->result.prompt_tokens;
     ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
     ctx->seq = t->result.seq;
