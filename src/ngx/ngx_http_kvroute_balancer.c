@@ -45,34 +45,140 @@ static ngx_conf_enum_t  ngx_http_kvroute_modes[] = {
 };
 
 
-static char *
-ngx_http_kvroute_parse_double(ngx_conf_t *cf, ngx_str_t *param, ngx_str_t *v,
-    double min, double max, double *out)
+/*
+ * The numeric parameters of "kvroute", one table: name (with its "="), the
+ * field it sets in the srv conf, its type and range. Defaults are set in
+ * create_srv_conf (ngx_http_kvroute_module.c).
+ */
+
+typedef enum {
+    NGX_HTTP_KVROUTE_P_DOUBLE = 0,
+    NGX_HTTP_KVROUTE_P_UINT,            /* ngx_uint_t */
+    NGX_HTTP_KVROUTE_P_U64,             /* uint64_t */
+    NGX_HTTP_KVROUTE_P_SIZE             /* size_t, with k/m suffixes */
+} ngx_http_kvroute_param_type_e;
+
+
+typedef struct {
+    ngx_str_t                       name;
+    ngx_http_kvroute_param_type_e   type;
+    size_t                          offset;
+    double                          min;
+    double                          max;
+} ngx_http_kvroute_param_t;
+
+
+#define NGX_HTTP_KVROUTE_OFF(field)                                           \
+    offsetof(ngx_http_kvroute_srv_conf_t, field)
+
+static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
+    { ngx_string("block_size="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_OFF(block_size), 1, 65536 },
+    { ngx_string("slack="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.slack), 0, 100 },
+    { ngx_string("prefill_rate="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.prefill_rate), 0.001, 1e9 },
+    { ngx_string("decode_pace="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.decode_pace), 0, 1e6 },
+    { ngx_string("max_tokens="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(route.max_tokens), 1, 1e9 },
+    { ngx_string("overlap_weight="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.overlap_weight), 0, 1000 },
+    { ngx_string("temperature="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.temperature), 0, 100 },
+    { ngx_string("busy_prefill_tokens="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(route.busy_prefill_tokens), 0, 1e15 },
+    { ngx_string("busy_decode_blocks="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(route.busy_decode_blocks), 0, 1e15 },
+    { ngx_string("retry_after="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_OFF(retry_after), 0, 86400 },
+    { ngx_string("thread_threshold="), NGX_HTTP_KVROUTE_P_SIZE,
+      NGX_HTTP_KVROUTE_OFF(thread_threshold), 0, 1e15 },
+    { ngx_null_string, 0, 0, 0, 0 }
+};
+
+
+/* NGX_OK: v was one of the table's and is set; NGX_DECLINED: it is not
+ * one of them; NGX_ERROR: it is, with a bad value (logged). */
+
+static ngx_int_t
+ngx_http_kvroute_param(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_str_t *v)
 {
-    u_char   buf[64];
-    char    *end;
+    char                      *end;
+    u_char                     buf[64], *field;
+    double                     d;
+    ssize_t                    size;
+    ngx_int_t                  n;
+    ngx_str_t                  s;
+    ngx_http_kvroute_param_t  *p;
 
-    if (v->len == 0 || v->len >= sizeof(buf)) {
-        goto invalid;
+    for (p = ngx_http_kvroute_params; p->name.len; p++) {
+        if (v->len > p->name.len
+            && ngx_strncmp(v->data, p->name.data, p->name.len) == 0)
+        {
+            break;
+        }
     }
 
-    ngx_memcpy(buf, v->data, v->len);
-    buf[v->len] = '\0';
-
-    *out = strtod((char *) buf, &end);
-
-    if (*end != '\0' || !(*out >= min && *out <= max)) {
-        goto invalid;
+    if (p->name.len == 0) {
+        return NGX_DECLINED;
     }
 
-    return NGX_CONF_OK;
+    s.data = v->data + p->name.len;
+    s.len = v->len - p->name.len;
+    field = (u_char *) kcf + p->offset;
+
+    switch (p->type) {
+
+    case NGX_HTTP_KVROUTE_P_DOUBLE:
+        if (s.len >= sizeof(buf)) {
+            goto invalid;
+        }
+
+        ngx_memcpy(buf, s.data, s.len);
+        buf[s.len] = '\0';
+
+        d = strtod((char *) buf, &end);
+
+        if (*end != '\0' || !(d >= p->min && d <= p->max)) {
+            goto invalid;
+        }
+
+        *(double *) field = d;
+        break;
+
+    case NGX_HTTP_KVROUTE_P_SIZE:
+        size = ngx_parse_size(&s);
+        if (size == NGX_ERROR || size < p->min || size > p->max) {
+            goto invalid;
+        }
+
+        *(size_t *) field = size;
+        break;
+
+    default:
+        n = ngx_atoi(s.data, s.len);
+        if (n == NGX_ERROR || n < p->min || n > p->max) {
+            goto invalid;
+        }
+
+        if (p->type == NGX_HTTP_KVROUTE_P_UINT) {
+            *(ngx_uint_t *) field = n;
+
+        } else {
+            *(uint64_t *) field = n;
+        }
+    }
+
+    return NGX_OK;
 
 invalid:
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "invalid \"%V\": expected a number in [%.3f, %.1f]",
-                       param, min, max);
-    return NGX_CONF_ERROR;
+                       "invalid parameter \"%V\" in \"kvroute\": expected a "
+                       "number in [%.3f, %.0f]", v, p->min, p->max);
+    return NGX_ERROR;
 }
 
 
@@ -145,9 +251,7 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_kvroute_srv_conf_t *kcf = conf;
 
-    double                               d;
-    ssize_t                              size;
-    ngx_int_t                            n;
+    ngx_int_t                            rc;
     ngx_str_t                           *value, s, tokenizer, template;
     ngx_str_t                            pool;
     ngx_uint_t                           i, k, mode;
@@ -166,10 +270,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     kcf->uscf = uscf;
     kcf->upstream_name = uscf->host;
-    kcf->block_size = 16;
-    kv_route_config_init(&kcf->route);
-    kcf->retry_after = 1;
-    kcf->thread_threshold = 65536;
     mode = (ngx_uint_t) -1;
 
     ngx_str_null(&tokenizer);
@@ -184,20 +284,21 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     for (i = 1; i < cf->args->nelts; i++) {
 
+        rc = ngx_http_kvroute_param(cf, kcf, &value[i]);
+
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc == NGX_OK) {
+            continue;
+        }
+
         if (KV_PARAM("zone=")) {
             kcf->zone = ngx_http_kvroute_zone_find(cf, &s);
             if (kcf->zone == NULL) {
                 return NGX_CONF_ERROR;
             }
-            continue;
-        }
-
-        if (KV_PARAM("block_size=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n < 1 || n > 65536) {
-                goto invalid;
-            }
-            kcf->block_size = n;
             continue;
         }
 
@@ -222,44 +323,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             ngx_memcpy(kcf->model.data, s.data, s.len);
             kcf->model.data[s.len] = '\0';
             kcf->model.len = s.len;
-            continue;
-        }
-
-        if (KV_PARAM("overlap_weight=")) {
-            if (ngx_http_kvroute_parse_double(cf, &value[i], &s, 0, 1000, &d)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            kcf->route.overlap_weight = d;
-            continue;
-        }
-
-        if (KV_PARAM("temperature=")) {
-            if (ngx_http_kvroute_parse_double(cf, &value[i], &s, 0, 100, &d)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            kcf->route.temperature = d;
-            continue;
-        }
-
-        if (KV_PARAM("busy_prefill_tokens=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n == NGX_ERROR) {
-                goto invalid;
-            }
-            kcf->route.busy_prefill_tokens = n;
-            continue;
-        }
-
-        if (KV_PARAM("busy_decode_blocks=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n == NGX_ERROR) {
-                goto invalid;
-            }
-            kcf->route.busy_decode_blocks = n;
             continue;
         }
 
@@ -289,46 +352,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (KV_PARAM("slack=")) {
-            if (ngx_http_kvroute_parse_double(cf, &value[i], &s, 0, 100, &d)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            kcf->route.slack = d;
-            continue;
-        }
-
-        if (KV_PARAM("prefill_rate=")) {
-            if (ngx_http_kvroute_parse_double(cf, &value[i], &s, 0.001, 1e9,
-                                              &d)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            kcf->route.prefill_rate = d;
-            continue;
-        }
-
-        if (KV_PARAM("decode_pace=")) {
-            if (ngx_http_kvroute_parse_double(cf, &value[i], &s, 0, 1e6, &d)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            kcf->route.decode_pace = d;
-            continue;
-        }
-
-        if (KV_PARAM("max_tokens=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n < 1) {
-                goto invalid;
-            }
-            kcf->route.max_tokens = n;
-            continue;
-        }
-
         if (KV_PARAM("mode=")) {
             for (k = 0; ngx_http_kvroute_modes[k].name.len; k++) {
                 if (ngx_http_kvroute_modes[k].name.len == s.len
@@ -345,24 +368,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                                    "mode=approximate", &value[i]);
                 return NGX_CONF_ERROR;
             }
-            continue;
-        }
-
-        if (KV_PARAM("retry_after=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n == NGX_ERROR || n > 86400) {
-                goto invalid;
-            }
-            kcf->retry_after = n;
-            continue;
-        }
-
-        if (KV_PARAM("thread_threshold=")) {
-            size = ngx_parse_size(&s);
-            if (size == NGX_ERROR) {
-                goto invalid;
-            }
-            kcf->thread_threshold = size;
             continue;
         }
 

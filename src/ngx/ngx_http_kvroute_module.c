@@ -175,6 +175,11 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
      *     kcf->peers = NULL;
      */
 
+    kcf->block_size = 16;
+    kcf->retry_after = 1;
+    kcf->thread_threshold = 65536;
+    kv_route_config_init(&kcf->route);
+
     if (ngx_array_init(&kcf->worker_ids, cf->pool, 1,
                        sizeof(ngx_http_kvroute_worker_map_t))
         != NGX_OK)

@@ -337,7 +337,7 @@ def test_prometheus_status(stack):
 
 @pytest.mark.parametrize("params,needle", [
     ("zone=nope", 'uses zone=nope but there is no "kvroute_zone nope SIZE;"'),
-    ("temperature=-1", 'invalid "temperature=-1"'),
+    ("temperature=-1", 'invalid parameter "temperature=-1"'),
     ("block_size=0", 'invalid parameter "block_size=0"'),
     ("mode=fast", 'invalid "mode=fast"'),
     ("mode=events", "has mode=events but no kvroute_events"),
