@@ -155,8 +155,12 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             best = fmin(best, s[i].ttft);
         }
     }
+    /* estimates closer than one output token's time apart are equal:
+     * for short prompts that leaves the choice to load, as least_conn */
     for (i = 0; i < n; i++) {
-        if (s[i].eligible && s[i].ttft > best * (1 + cfg->slack)) {
+        if (s[i].eligible
+            && s[i].ttft > best * (1 + cfg->slack) + s[i].decode_ms / (double) out)
+        {
             s[i].eligible = 0;
         }
     }

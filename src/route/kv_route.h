@@ -25,7 +25,9 @@
  *   1. The eligible set E: servers whose requests in flight per unit of
  *      weight are at most (1 + slack) * the mean + 1 (a bounded-load rule,
  *      so that decode load spreads nearly as evenly as least_conn's), and
- *      whose ttft(s) is within (1 + slack) * the best ttft among those.
+ *      whose ttft(s) is at most (1 + slack) * the best ttft among those
+ *      + decode_pace(s) (estimates less than one output token's time apart
+ *      are equal: short prompts are then placed by load, as least_conn).
  *   2. Sticky: if some server in E holds part of the prompt, take the one
  *      with the longest cached prefix (ties: the lower ttft + decode, then
  *      the fewer indexed blocks, then rendezvous).

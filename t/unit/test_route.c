@@ -14,6 +14,7 @@ static kv_route_config_t config(kv_route_policy_t policy, uint32_t bs)
     kv_route_config_init(&cfg);
     cfg.policy = policy;
     cfg.block_size = bs;
+    cfg.decode_pace = 1e-9;     /* no floor under the slack unless a test sets one */
     return cfg;
 }
 
@@ -222,6 +223,27 @@ TEST(requests_bound_spreads_decode)
     CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == 0);
 }
 
+/* Estimates less than one output token's time apart are equal: a short
+ * prompt goes to the server with fewer requests even if another has a
+ * slightly shorter prefill queue. */
+TEST(short_prompts_placed_by_load)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 64);
+    kv_route_request_t rq = request(4, 64);
+    kv_route_server_t s[2];
+    kv_route_result_t r;
+
+    cfg.decode_pace = 20;               /* 160 tokens' worth at 8 tokens/ms */
+    idle(s, 2);
+    s[0].requests = 6;
+    s[1].requests = 4;
+    s[1].prefill_tokens = 128;          /* 384 vs 256 tokens: 16 ms apart */
+    CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+    CHECK(r.why == KV_ROUTE_WHY_COLD);
+    s[1].prefill_tokens = 4096;         /* 544 ms apart: the queue counts */
+    CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+}
+
 TEST(untrusted_index_pending_still_counts)
 {
     for (int policy = 0; policy < 2; policy++) {
@@ -297,6 +319,7 @@ int main(void)
     RUN(ttft_cold_rendezvous_agrees);
     RUN(ttft_hot_prefix_spills_to_one_next_server);
     RUN(requests_bound_spreads_decode);
+    RUN(short_prompts_placed_by_load);
     RUN(untrusted_index_pending_still_counts);
     RUN(busy_and_none);
     RUN(the_attempt_adds);
