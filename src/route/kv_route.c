@@ -198,8 +198,8 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     /*
      * Cold: nothing cached to win, so load decides, over the servers under
      * the load bound: requests in flight plus the prefill queued ahead,
-     * counted in units of this request's own prefill time (a queued prompt
-     * as long as this one weighs as one more request); rendezvous order
+     * counted in units of this request's own prefill time past the first
+     * (which is one of the requests already); rendezvous order
      * breaks ties, so that independent routers place a new prefix alike.
      */
     *why = KV_ROUTE_WHY_COLD;
@@ -215,7 +215,9 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             continue;
         }
         s[i].eligible = 1;
-        score = load_of(&s[i]) + s[i].queued_ms / own;
+        /* a prompt in prefill is one of its requests already: count the
+         * queue only past one prompt like this one */
+        score = load_of(&s[i]) + fmax(0, s[i].queued_ms / own - 1);
         if (pick < 0 || score < least
             || (score == least && rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
         {

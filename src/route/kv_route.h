@@ -37,8 +37,8 @@
  *      bounded, stable set of workers that stays warm.
  *   4. Cold: nobody holds it, so load decides, among the servers under the
  *      load bound: the fewest requests per weight plus queued prefill time
- *      in units of this request's own prefill time (a queued prompt as long
- *      as this one weighs as one more request); ties in rendezvous order, so
+ *      in units of this request's own prefill time, past the first (a prompt
+ *      in prefill is one of the requests already); ties in rendezvous order, so
  *      that independent routers place a new prefix alike.
  *
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
