@@ -126,7 +126,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     uint32_t bs = cfg->block_size ? cfg->block_size : 16;
     uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
-    double   best = INFINITY, loads = 0, mean, rate, pace, least = INFINITY, own, score;
+    double   best = INFINITY, loads = 0, mean, rate, pace, least = INFINITY;
     size_t   i, m = 0;
     int      pick = -1, held_outside = 0;
     uint32_t longest = 0;
@@ -138,7 +138,6 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : cfg->prefill_rate * weight_of(&s[i]);
         pace = s[i].decode_pace > 0 ? s[i].decode_pace : cfg->decode_pace;
         s[i].ttft = (double) (prefill_load(&s[i], cfg) + uncached(&s[i], rq, bs)) / rate;
-        s[i].queued_ms = (double) prefill_load(&s[i], cfg) / rate;
         s[i].decode_ms = (double) out * pace;
         loads += load_of(&s[i]);
         m++;
@@ -153,7 +152,6 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     for (i = 0; i < n; i++) {
         if (candidate(&s[i]) && load_of(&s[i]) <= mean * (1 + cfg->slack) + 1) {
             s[i].eligible = 1;
-            s[i].loaded = 1;
             best = fmin(best, s[i].ttft);
         }
     }
@@ -170,6 +168,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     for (i = 0; i < n; i++) {
         if (s[i].eligible) {
             longest = kv_route_overlap(&s[i]) > longest ? kv_route_overlap(&s[i]) : longest;
+            least = fmin(least, load_of(&s[i]));
         } else if (s[i].usable && kv_route_overlap(&s[i]) > 0) {
             held_outside = 1;
         }
@@ -189,40 +188,11 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
                 pick = (int) i;
             }
-        }
-    }
-    if (pick >= 0 || longest > 0) {
-        return pick;
-    }
-
-    /*
-     * Cold: nothing cached to win, so load decides, over the servers under
-     * the load bound: requests in flight plus the prefill queued ahead,
-     * counted in units of this request's own prefill time past the first
-     * (which is one of the requests already); rendezvous order
-     * breaks ties, so that independent routers place a new prefix alike.
-     */
-    *why = KV_ROUTE_WHY_COLD;
-    own = INFINITY;
-    for (i = 0; i < n; i++) {
-        if (s[i].loaded) {
-            own = fmin(own, s[i].ttft - s[i].queued_ms);
-        }
-    }
-    own = own > 0 ? own : 1;
-    for (i = 0; i < n; i++) {
-        if (!s[i].loaded) {
-            continue;
-        }
-        s[i].eligible = 1;
-        /* a prompt in prefill is one of its requests already: count the
-         * queue only past one prompt like this one */
-        score = load_of(&s[i]) + fmax(0, s[i].queued_ms / own - 1);
-        if (pick < 0 || score < least
-            || (score == least && rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
-        {
-            pick = (int) i;
-            least = score;
+        } else if (load_of(&s[i]) <= least) {
+            *why = KV_ROUTE_WHY_COLD;
+            if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
+                pick = (int) i;
+            }
         }
     }
     return pick;
@@ -287,9 +257,7 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
     for (i = 0; i < n; i++) {
         s[i].busy = busy(&s[i], cfg);
         s[i].eligible = 0;
-        s[i].loaded = 0;
         s[i].ttft = 0;
-        s[i].queued_ms = 0;
         s[i].decode_ms = 0;
         if (s[i].usable) {
             usable++;

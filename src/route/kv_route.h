@@ -35,11 +35,9 @@
  *      first server of E in the prefix's rendezvous order (a hash of the
  *      first block with each server's id), so a hot prefix grows onto a
  *      bounded, stable set of workers that stays warm.
- *   4. Cold: nobody holds it, so load decides, among the servers under the
- *      load bound: the fewest requests per weight plus queued prefill time
- *      in units of this request's own prefill time, past the first (a prompt
- *      in prefill is one of the requests already); ties in rendezvous order, so
- *      that independent routers place a new prefix alike.
+ *   4. Cold: nobody holds it: among the servers of E with the fewest requests
+ *      per weight, the first in rendezvous order, so that independent routers
+ *      place a new prefix alike.
  *
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *
@@ -106,8 +104,6 @@ typedef struct {
     /* out: what the decision saw */
     int         busy;
     int         eligible;           /* in E (ttft) */
-    int         loaded;             /* under the load bound (ttft) */
-    double      queued_ms;          /* its queued prefill, in ms (ttft) */
     double      ttft;               /* ms (ttft) or cost (dynamo) */
     double      decode_ms;
 } kv_route_server_t;

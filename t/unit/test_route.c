@@ -237,7 +237,7 @@ TEST(short_prompts_placed_by_load)
     idle(s, 2);
     s[0].requests = 6;
     s[1].requests = 4;
-    s[1].prefill_tokens = 256;          /* one prompt like it in prefill: 4 + 0 < 6 */
+    s[1].prefill_tokens = 128;          /* 384 vs 256 tokens: 16 ms apart */
     CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
     CHECK(r.why == KV_ROUTE_WHY_COLD);
     s[1].prefill_tokens = 4096;         /* 544 ms apart: the queue counts */
