@@ -124,7 +124,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
     uint32_t bs = cfg->block_size ? cfg->block_size : 16;
-    uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens;
+    uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
     double   best = INFINITY, loads = 0, mean, rate, pace, least = INFINITY;
     size_t   i, m = 0;
