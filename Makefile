@@ -6,6 +6,8 @@
 #   make run [PORT=8080] demo stack: nats-server, 4 mock workers, nginx
 #   make bench           benchmarks (minutes); results go to docs/BENCHMARKS.md by hand
 #   make CUDA=0          skip the CUDA engine even where nvcc exists
+#   make install         module, load snippet, kvworker and tools (DESTDIR, PREFIX; docs/INSTALL.md)
+#   make deb             Debian packages into build/deb/ (debian/)
 #
 # Sources are found by globbing, so adding a file needs no edit here:
 #   src/{core,text,index,events,route}/*.c -> build/lib/libkvcore.a (no nginx headers)
@@ -38,7 +40,7 @@ CFLAGS   := -std=gnu11 $(OPT) -g -fPIC -pthread -Wall -Wextra -Werror \
             -Wno-unused-parameter -Wshadow -Wstrict-prototypes \
             -D_GNU_SOURCE -MMD -MP $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS  := -pthread $(SANFLAGS)
-LIBS     := -levent -levent_pthreads -lnats -ljansson -lxxhash -lutf8proc -ldl -lm
+LIBS     := -levent -levent_pthreads -lnats -lzmq -ljansson -lxxhash -lutf8proc -ldl -lm
 VENV     := .venv
 PY       := $(VENV)/bin/python
 
@@ -92,7 +94,7 @@ CUDA_LIB   := $(B)/lib/libkvcuda.so
 endif
 endif
 
-.PHONY: all deps core module bins test unit run bench bench-e2e fuzz clean
+.PHONY: all deps core module bins test unit run bench bench-e2e fuzz clean install uninstall deb
 .DEFAULT_GOAL := all
 
 all: deps
@@ -129,6 +131,13 @@ $(TRACE_LIB): $(TRACE_OBJ)
 # the module is binary compatible with /usr/sbin/nginx, then build only the
 # modules target. configure is slow (~6 s), so it reruns only when ./config
 # or the flags change.
+#
+# ./config is self-contained (it compiles the src layers itself, for the
+# standard `./configure --add-dynamic-module` route, docs/INSTALL.md); here
+# KVROUTE_CORE_LIB hands it libkvcore.a instead, so the layers are compiled
+# once, with this Makefile's stricter warnings, per-layer include paths and
+# SANITIZE flags. tools/build-against-nginx and t/integration/test_install.py
+# exercise the self-contained route.
 
 NGX_SRC   := /usr/share/nginx/src
 NGX_B     := $(abspath $(B)/ngx)
@@ -148,7 +157,7 @@ $(shell mkdir -p $(B); echo $(NGX_SRCS) | cmp -s - $(NGX_LIST) 2>/dev/null \
 $(NGX_B)/Makefile: config $(NGX_LIST)
 	@mkdir -p $(NGX_B)
 	@echo "configuring nginx module build (once)"
-	cd $(NGX_SRC) && KVROUTE_BUILD=$(abspath $(B)) bash -c '. ./conf_flags; \
+	cd $(NGX_SRC) && KVROUTE_CORE_LIB=$(abspath $(CORE_LIB)) bash -c '. ./conf_flags; \
 	    ./configure "$${NGX_CONF_FLAGS[@]}" \
 	    --with-cc-opt="$(NGX_CC)" --with-ld-opt="$(NGX_LD)" \
 	    --add-dynamic-module=$(CURDIR) --builddir=$(NGX_B)' > $(NGX_B)/configure.log 2>&1 \
@@ -215,10 +224,64 @@ FUZZ_CFLAGS := -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined \
 
 $(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(HEADERS)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -ljansson -lxxhash -lm -lpthread
+	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -lzmq -ljansson -lxxhash -lutf8proc -lm -lpthread
 
 fuzz: deps $(FUZZ_BINS)
 	@tools/fuzz-all $(B)/fuzz $(FUZZ_SECONDS)
+
+# --- installing -----------------------------------------------------------
+# What `make` built; nothing is rebuilt here with the dependency installer.
+# The module goes where Debian's nginx looks (/usr/share/nginx/modules links
+# to /usr/lib/nginx/modules) and is loaded by a modules-enabled snippet, as
+# Debian's module packages do; kvworker and the tools go to PREFIX/bin, with
+# libkvcuda.so (when built) in PREFIX/lib where kvworker looks for it.
+
+PREFIX          ?= /usr/local
+NGX_MODULES_DIR ?= /usr/lib/nginx/modules
+NGX_CONF_DIR    ?= /etc/nginx
+NGX_SNIPPET     := mod-http-kvroute.conf
+NGX_AVAILABLE   := /usr/share/nginx/modules-available
+
+bins: $(KVWORKER) $(TOOL_BINS)
+
+# keep the tools' objects (intermediates of the rule above), so that
+# `make install` after `make` relinks nothing
+.SECONDARY: $(foreach t,$(TOOL_NAMES),$(patsubst %.c,$(B)/obj/%.o,$(wildcard tools/$(t)/*.c)))
+
+install: $(MODULE) $(KVWORKER) $(TOOL_BINS)
+	install -d $(DESTDIR)$(NGX_MODULES_DIR) $(DESTDIR)$(NGX_AVAILABLE) \
+	    $(DESTDIR)$(NGX_CONF_DIR)/modules-enabled $(DESTDIR)$(PREFIX)/bin \
+	    $(DESTDIR)$(PREFIX)/share/kvroute
+	install -m 644 $(MODULE) $(DESTDIR)$(NGX_MODULES_DIR)/
+	echo "load_module $(NGX_MODULES_DIR)/ngx_http_kvroute_module.so;" \
+	    > $(DESTDIR)$(NGX_AVAILABLE)/$(NGX_SNIPPET)
+	ln -sf $(NGX_AVAILABLE)/$(NGX_SNIPPET) \
+	    $(DESTDIR)$(NGX_CONF_DIR)/modules-enabled/50-$(NGX_SNIPPET)
+	install -m 755 $(KVWORKER) $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin/
+	$(if $(wildcard $(B)/lib/libkvcuda.so),install -D -m 644 $(B)/lib/libkvcuda.so \
+	    $(DESTDIR)$(PREFIX)/lib/libkvcuda.so)
+	cp -r conf/tokenizers conf/templates $(DESTDIR)$(PREFIX)/share/kvroute/
+
+uninstall:
+	rm -f $(DESTDIR)$(NGX_MODULES_DIR)/ngx_http_kvroute_module.so \
+	    $(DESTDIR)$(NGX_AVAILABLE)/$(NGX_SNIPPET) \
+	    $(DESTDIR)$(NGX_CONF_DIR)/modules-enabled/50-$(NGX_SNIPPET) \
+	    $(DESTDIR)$(PREFIX)/bin/kvworker $(TOOL_NAMES:%=$(DESTDIR)$(PREFIX)/bin/%) \
+	    $(DESTDIR)$(PREFIX)/lib/libkvcuda.so
+	rm -rf $(DESTDIR)$(PREFIX)/share/kvroute
+
+# Debian packages (debian/), built from a copy of the sources so that the
+# tree and build/ stay as they are; the .debs land in build/deb/. Needs
+# debhelper and dpkg-dev, which `make` does not install (dpkg-buildpackage
+# names what is missing).
+DEB_DIR := build/deb
+
+deb:
+	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/src
+	tar -c --exclude=./build --exclude=./.venv --exclude=./.git . | tar -x -C $(DEB_DIR)/src
+	cd $(DEB_DIR)/src && dpkg-buildpackage -b -us -uc > ../build.log 2>&1 \
+	    || { tail -40 ../build.log; exit 1; }
+	@ls $(DEB_DIR)/*.deb
 
 # --- running --------------------------------------------------------------
 

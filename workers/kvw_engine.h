@@ -56,7 +56,7 @@ struct kvw_config {
     const char *perf_profile;           /* interpolated profile (JSON), NULL: polynomial */
     double      decode_speedup;         /* decode times are also divided by this (1) */
 
-    /* text: the lead wires kv_tokenizer/kv_chat behind these */
+    /* text: src/text's tokenizer and chat template (kvw_text_hf.c) */
     const char *tokenizer;              /* --tokenizer FILE (tokenizer.json) */
     const char *model_dir;              /* cpu, cuda: --model DIR */
     const char *chat_template;          /* --chat-template FILE */

@@ -61,6 +61,22 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
+/*
+ * A HEAD request gets the headers a GET would, Content-Length included, and
+ * no body (evhttp sends whatever buffer it is given).
+ */
+static void send_reply(struct evhttp_request *req, int code, const char *reason,
+                       struct evbuffer *b)
+{
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+        char n[32];
+        snprintf(n, sizeof(n), "%zu", evbuffer_get_length(b));
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Length", n);
+        evbuffer_drain(b, evbuffer_get_length(b));
+    }
+    evhttp_send_reply(req, code, reason, b);
+}
+
 static void reply_body(struct evhttp_request *req, int code, const char *reason,
                        const char *ctype, char *body)
 {
@@ -71,7 +87,7 @@ static void reply_body(struct evhttp_request *req, int code, const char *reason,
         if (strcmp(ctype, "application/json") == 0)
             evbuffer_add(b, "\n", 1);
     }
-    evhttp_send_reply(req, code, reason, b);
+    send_reply(req, code, reason, b);
     evbuffer_free(b);
     free(body);
 }
@@ -81,10 +97,27 @@ static void reply_json(struct evhttp_request *req, int code, const char *reason,
     reply_body(req, code, reason, "application/json", json);
 }
 
-static void reply_error(struct evhttp_request *req, int code, const char *reason,
-                        const char *msg, const char *type)
+static const char *reason_of(int code)
 {
-    reply_json(req, code, reason, kvw_openai_error(msg, type, NULL));
+    switch (code) {
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default:  return "Error";
+    }
+}
+
+static void reply_error(struct evhttp_request *req, int code, const char *msg,
+                        const char *type, const char *param, const char *errcode)
+{
+    reply_json(req, code, reason_of(code), kvw_openai_error(msg, type, param, errcode));
+}
+
+static void reply_err(struct evhttp_request *req, const kvw_openai_err_t *e)
+{
+    reply_error(req, e->status, e->message, e->type, e->param, e->code);
 }
 
 static void group_free(group_t *g)
@@ -238,8 +271,8 @@ static void group_done(group_t *g)
     for (size_t i = 0; i < g->n; i++) {
         part_t *p = g->parts[i];
         if (p->why == KVW_FINISH_ABORT) {
-            reply_error(g->http, 500, "Internal Server Error",
-                        "the engine aborted the request", "server_error");
+            reply_error(g->http, 500, "the engine aborted the request", "server_error", NULL,
+                        "engine_abort");
             group_free(g);
             return;
         }
@@ -279,62 +312,75 @@ void kvw_req_finish(kvw_req_t *r, kvw_finish_t why)
         group_done(p->g);
 }
 
-/* Parses prompt i into a new part; on error fills err and returns NULL. */
+/*
+ * Parses prompt i into a new part; on error fills e and returns NULL. A
+ * request without "model" gets the served model; one naming another model
+ * is refused as OpenAI does (404 model_not_found).
+ */
 static part_t *parse_part(kvw_http_t *h, int chat, const char *body, size_t len, size_t i,
-                          char *err, size_t errlen)
+                          kvw_openai_err_t *e)
 {
     part_t *p = calloc(1, sizeof(*p));
+    const char *served = h->engine->cfg->model;
 
     if (p == NULL) {
-        snprintf(err, errlen, "out of memory");
+        kvw_openai_fail(e, 503, "server_error", NULL, "out_of_memory", "out of memory");
         return NULL;
     }
-    if (kvw_openai_parse_text(&p->req, chat, body, len, &h->text, i, err, errlen)) {
-        kvw_req_clear(&p->req);
-        free(p);
-        return NULL;
+    if (kvw_openai_parse_text(&p->req, chat, body, len, &h->text, i, e))
+        goto fail;
+    if (p->req.model[0] != '\0' && strcmp(p->req.model, served) != 0) {
+        kvw_openai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
+                        "The model '%.64s' does not exist; this worker serves '%.64s'.",
+                        p->req.model, served);
+        goto fail;
     }
     if (p->req.n_prompt == 0) {
-        snprintf(err, errlen, "the prompt is empty");
-        kvw_req_clear(&p->req);
-        free(p);
-        return NULL;
+        kvw_openai_fail(e, 400, "invalid_request_error", chat ? "messages" : "prompt",
+                        "invalid_value", "the prompt is empty");
+        goto fail;
     }
     p->req.index = i;
-    if (p->req.model == NULL || p->req.model[0] == '\0') {
+    if (p->req.model[0] == '\0') {
         free(p->req.model);
-        p->req.model = strdup(h->engine->cfg->model);
+        p->req.model = strdup(served);
     }
     return p;
+fail:
+    kvw_req_clear(&p->req);
+    free(p);
+    return NULL;
 }
 
 static void submit_error(group_t *g, int rc)
 {
     if (rc == KVW_SUBMIT_TOO_LONG)
-        reply_error(g->http, 400, "Bad Request",
+        reply_error(g->http, 400,
                     "the prompt is longer than this engine's context (KV pool or max_model_len)",
-                    "invalid_request_error");
+                    "invalid_request_error", g->parts[0]->req.chat ? "messages" : "prompt",
+                    "context_length_exceeded");
     else
-        reply_error(g->http, 503, "Service Unavailable", "engine cannot take the request",
-                    "server_error");
+        reply_error(g->http, 503, "engine cannot take the request", "server_error", NULL,
+                    "server_overloaded");
 }
 
 static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t len = evbuffer_get_length(in);
-    char err[256];
+    kvw_openai_err_t err;
 
     if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
-        reply_error(req, 405, "Method Not Allowed", "use POST", "invalid_request_error");
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "POST");
+        reply_error(req, 405, "use POST", "invalid_request_error", NULL, "method_not_allowed");
         return;
     }
     const char *body = (const char *)evbuffer_pullup(in, -1);
     if (body == NULL)
         body = "";
-    part_t *first = parse_part(h, chat, body, len, 0, err, sizeof(err));
+    part_t *first = parse_part(h, chat, body, len, 0, &err);
     if (first == NULL) {
-        reply_error(req, 400, "Bad Request", err, "invalid_request_error");
+        reply_err(req, &err);
         return;
     }
     group_t *g = calloc(1, sizeof(*g));
@@ -343,7 +389,7 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
         free(g);
         kvw_req_clear(&first->req);
         free(first);
-        reply_error(req, 503, "Service Unavailable", "out of memory", "server_error");
+        reply_error(req, 503, "out of memory", "server_error", NULL, "out_of_memory");
         return;
     }
     g->h = h;
@@ -351,8 +397,8 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     g->n = n;
     g->parts[0] = first;
     for (size_t i = 1; i < n; i++) {
-        if ((g->parts[i] = parse_part(h, chat, body, len, i, err, sizeof(err))) == NULL) {
-            reply_error(req, 400, "Bad Request", err, "invalid_request_error");
+        if ((g->parts[i] = parse_part(h, chat, body, len, i, &err)) == NULL) {
+            reply_err(req, &err);
             group_free(g);
             return;
         }
@@ -399,7 +445,7 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_requests_running", "gauge", "requests being prefilled or decoded", e, l.running);
     metric(b, "kvworker_active_prefill_tokens", "gauge", "prompt tokens not yet computed", e,
            (double)l.active_prefill_tokens);
-    metric(b, "kvworker_kv_blocks_total", "gauge", "KV blocks in the pool", e, l.num_blocks);
+    metric(b, "kvworker_kv_blocks", "gauge", "KV blocks in the pool", e, l.num_blocks);
     metric(b, "kvworker_kv_blocks_active", "gauge", "KV blocks referenced by requests", e,
            l.kv_active_blocks);
     metric(b, "kvworker_kv_blocks_used", "gauge", "KV blocks holding data (active + cached)", e,
@@ -410,8 +456,6 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
            "prompt tokens looked up in the prefix cache", e, (double)l.prefix_query_tokens);
     metric(b, "kvworker_prefix_cache_hits_tokens_total", "counter",
            "prompt tokens found in the prefix cache", e, (double)l.prefix_hit_tokens);
-    metric(b, "kvworker_prefix_cache_hit_rate", "gauge", "hits / queries since start", e,
-           l.prefix_query_tokens ? (double)l.prefix_hit_tokens / l.prefix_query_tokens : 0);
     metric(b, "kvworker_preemptions_total", "counter", "requests preempted for recompute", e,
            (double)l.preemptions);
     metric(b, "kvworker_requests_total", "counter", "requests submitted", e, (double)l.requests);
@@ -428,8 +472,30 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_steps_total", "counter", "scheduler steps", e, (double)l.steps);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4");
-    evhttp_send_reply(req, 200, "OK", b);
+    send_reply(req, 200, "OK", b);
     evbuffer_free(b);
+}
+
+/* GET /v1/models and /v1/models/{id}: the one model this worker serves. */
+static void handle_models(kvw_http_t *h, struct evhttp_request *req, const char *id)
+{
+    const char *served = h->engine->cfg->model;
+    char *want;
+
+    if (id == NULL) {
+        reply_json(req, 200, "OK", kvw_openai_models(served));
+        return;
+    }
+    want = evhttp_uridecode(id, 0, NULL);
+    if (want && strcmp(want, served) == 0) {
+        reply_json(req, 200, "OK", kvw_openai_model(served));
+    } else {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "The model '%.64s' does not exist; this worker serves "
+                 "'%.64s'.", want ? want : id, served);
+        reply_error(req, 404, msg, "invalid_request_error", "model", "model_not_found");
+    }
+    free(want);
 }
 
 static void handle_request(struct evhttp_request *req, void *arg)
@@ -449,18 +515,19 @@ static void handle_request(struct evhttp_request *req, void *arg)
     } else if (strcmp(path, "/v1/completions") == 0) {
         handle_generate(h, req, 0);
     } else if (strcmp(path, "/v1/models") == 0) {
-        json_t *j = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data",
-                              "id", h->engine->cfg->model, "object", "model",
-                              "created", (json_int_t)0, "owned_by", "kvroute");
-        char *s = json_dumps(j, JSON_COMPACT);
-        json_decref(j);
-        reply_json(req, 200, "OK", s);
+        handle_models(h, req, NULL);
+    } else if (strncmp(path, "/v1/models/", 11) == 0 && path[11] != '\0') {
+        handle_models(h, req, path + 11);
     } else if (strcmp(path, "/health") == 0) {
         reply_json(req, 200, "OK", strdup("{\"status\":\"ok\"}"));
     } else if (strcmp(path, "/metrics") == 0) {
         handle_metrics(h, req);
     } else {
-        reply_error(req, 404, "Not Found", "no such route", "invalid_request_error");
+        char msg[300];
+        snprintf(msg, sizeof(msg), "Invalid URL (%s %.200s)",
+                 evhttp_request_get_command(req) == EVHTTP_REQ_POST ? "POST"
+                 : evhttp_request_get_command(req) == EVHTTP_REQ_HEAD ? "HEAD" : "GET", path);
+        reply_error(req, 404, msg, "invalid_request_error", NULL, "unknown_url");
     }
 }
 

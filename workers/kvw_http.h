@@ -4,6 +4,7 @@
 
 #include "kvw_engine.h"
 #include "kvw_openai.h"
+#include "kvw_text.h"
 
 typedef struct kvw_http kvw_http_t;
 

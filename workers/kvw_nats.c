@@ -1,5 +1,6 @@
 #include "kvw_nats.h"
 #include "kv_hash.h"
+#include "kv_proto.h"
 
 #include <inttypes.h>
 #include <pthread.h>
@@ -144,17 +145,18 @@ static void render_event(pub_t *p, const kvw_event_t *ev)
                         "\"event\":{\"event_id\":%" PRIu64 ",\"data\":",
                         p->e->worker_id, ++p->last_event_id);
     if (ev->kind == KVW_EV_CLEARED) {
-        evbuffer_add_printf(b, "\"cleared\"");
+        evbuffer_add_printf(b, "\"" KV_PROTO_CLEARED "\"");
     } else if (ev->kind == KVW_EV_REMOVED) {
-        evbuffer_add_printf(b, "{\"removed\":{\"block_hashes\":[");
+        evbuffer_add_printf(b, "{\"" KV_PROTO_REMOVED "\":{\"block_hashes\":[");
         for (size_t i = 0; i < ev->n; i++)
             evbuffer_add_printf(b, "%s%" PRIu64, i ? "," : "", ev->hashes[i]);
         evbuffer_add_printf(b, "]}}");
     } else {
         if (ev->has_parent)
-            evbuffer_add_printf(b, "{\"stored\":{\"parent_hash\":%" PRIu64, ev->parent);
+            evbuffer_add_printf(b, "{\"" KV_PROTO_STORED "\":{\"parent_hash\":%" PRIu64,
+                                ev->parent);
         else
-            evbuffer_add_printf(b, "{\"stored\":{\"parent_hash\":null");
+            evbuffer_add_printf(b, "{\"" KV_PROTO_STORED "\":{\"parent_hash\":null");
         evbuffer_add_printf(b, ",\"start_position\":null,\"blocks\":[");
         for (size_t i = 0; i < ev->n; i++)
             evbuffer_add_printf(b, "%s{\"block_hash\":%" PRIu64 ",\"tokens_hash\":%" PRIu64
@@ -225,7 +227,7 @@ static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
 {
     struct kvw_nats *k = arg;
     for (int i = 0; i < k->n; i++)
-        send_heartbeat(&k->pubs[i], "heartbeat");
+        send_heartbeat(&k->pubs[i], KV_PROTO_TICK);
 }
 
 static pub_t *pub_for_subject(struct kvw_nats *k, const char *subject)
@@ -298,7 +300,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         job_t *next = j->next;
         if (j->kind == JOB_ANNOUNCE) {
             for (int i = 0; i < k->n; i++)
-                send_heartbeat(&k->pubs[i], "announce");
+                send_heartbeat(&k->pubs[i], KV_PROTO_ANNOUNCE);
         } else {
             answer_dump(k, j);
         }
@@ -326,9 +328,9 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
     k->n = n;
     k->instance_id = random_id();
     pthread_mutex_init(&k->lock, NULL);
-    snprintf(k->prefix, sizeof(k->prefix), "namespace.%s.component.%s", cfg->ns, cfg->component);
-    snprintf(k->subj_events, sizeof(k->subj_events), "%s.kv-events", k->prefix);
-    snprintf(k->subj_heartbeat, sizeof(k->subj_heartbeat), "%s.kvroute.heartbeat", k->prefix);
+    snprintf(k->prefix, sizeof(k->prefix), KV_PROTO_PREFIX_FMT, cfg->ns, cfg->component);
+    snprintf(k->subj_events, sizeof(k->subj_events), "%s" KV_PROTO_EVENTS, k->prefix);
+    snprintf(k->subj_heartbeat, sizeof(k->subj_heartbeat), "%s" KV_PROTO_HEARTBEAT, k->prefix);
     for (int i = 0; i < n; i++) {
         pub_t *p = &k->pubs[i];
         p->k = k;
@@ -359,10 +361,10 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
         kvw_nats_stop(k);
         return NULL;
     }
-    snprintf(subj, sizeof(subj), "%s.kvroute.discover", k->prefix);
+    snprintf(subj, sizeof(subj), "%s" KV_PROTO_DISCOVER, k->prefix);
     s = natsConnection_Subscribe(&k->sub_discover, k->nc, subj, on_discover, k);
     if (s == NATS_OK) {
-        snprintf(subj, sizeof(subj), "%s.kvroute.dump.*", k->prefix);
+        snprintf(subj, sizeof(subj), "%s" KV_PROTO_DUMP "*", k->prefix);
         s = natsConnection_Subscribe(&k->sub_dump, k->nc, subj, on_dump, k);
     }
     if (s != NATS_OK) {

@@ -2,6 +2,7 @@
 #include "kvw_text.h"
 #include "kv_unicode.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,24 +10,113 @@
 #define KVW_MAX_TOKENS_DEFAULT 16
 #define KVW_MAX_STOP           4
 
-static int fail(char *err, size_t errlen, const char *msg)
+int kvw_openai_fail(kvw_openai_err_t *e, int status, const char *type, const char *param,
+                    const char *code, const char *fmt, ...)
 {
-    snprintf(err, errlen, "%s", msg);
+    va_list ap;
+
+    e->status = status;
+    e->type = type;
+    e->param = param;
+    e->code = code;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
     return -1;
 }
 
-static int parse_token_ids(json_t *arr, kvw_req_t *r, char *err, size_t errlen)
+/* A field of the wrong JSON type: OpenAI's "invalid_type". */
+static int bad_type(kvw_openai_err_t *e, const char *param, const char *expected)
+{
+    return kvw_openai_fail(e, 400, "invalid_request_error", param, "invalid_type",
+                           "Invalid type for '%s': expected %s.", param, expected);
+}
+
+static int bad_value(kvw_openai_err_t *e, const char *param, const char *expected)
+{
+    return kvw_openai_fail(e, 400, "invalid_request_error", param, "invalid_value",
+                           "Invalid value for '%s': expected %s.", param, expected);
+}
+
+static int unsupported(kvw_openai_err_t *e, const char *param, const char *what)
+{
+    return kvw_openai_fail(e, 400, "invalid_request_error", param, "unsupported_parameter",
+                           "Unsupported parameter '%s': kvworker %s.", param, what);
+}
+
+static int no_memory(kvw_openai_err_t *e)
+{
+    return kvw_openai_fail(e, 503, "server_error", NULL, "out_of_memory", "out of memory");
+}
+
+/* The field, or NULL when absent or null (OpenAI treats null as absent). */
+static json_t *field(json_t *root, const char *name)
+{
+    json_t *v = json_object_get(root, name);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_bool(json_t *root, const char *name, int *out, kvw_openai_err_t *e)
+{
+    json_t *v = field(root, name);
+
+    if (v == NULL)
+        return 0;
+    if (!json_is_boolean(v))
+        return bad_type(e, name, "a boolean");
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_number(json_t *root, const char *name, double min, double max, double *out,
+                      kvw_openai_err_t *e)
+{
+    json_t *v = field(root, name);
+    char want[96];
+
+    if (v == NULL)
+        return 0;
+    if (!json_is_number(v))
+        return bad_type(e, name, "a number");
+    if (!(json_number_value(v) >= min && json_number_value(v) <= max)) {
+        snprintf(want, sizeof(want), "a number in [%g, %g]", min, max);
+        return bad_value(e, name, want);
+    }
+    *out = json_number_value(v);
+    return 0;
+}
+
+static int get_int(json_t *root, const char *name, json_int_t min, json_int_t max,
+                   json_int_t *out, kvw_openai_err_t *e)
+{
+    json_t *v = field(root, name);
+    char want[96];
+
+    if (v == NULL)
+        return 0;
+    if (!json_is_integer(v))
+        return bad_type(e, name, "an integer");
+    if (json_integer_value(v) < min || json_integer_value(v) > max) {
+        snprintf(want, sizeof(want), "an integer in [%lld, %lld]", (long long)min,
+                 (long long)max);
+        return bad_value(e, name, want);
+    }
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int parse_token_ids(json_t *arr, kvw_req_t *r, kvw_openai_err_t *e)
 {
     size_t n = json_array_size(arr), i;
     json_t *v;
 
     r->prompt = malloc((n ? n : 1) * sizeof(uint32_t));
     if (r->prompt == NULL)
-        return fail(err, errlen, "out of memory");
+        return no_memory(e);
     json_array_foreach(arr, i, v) {
         json_int_t t = json_integer_value(v);
         if (!json_is_integer(v) || t < 0 || t > 0xffffffffLL)
-            return fail(err, errlen, "'prompt' token ids must be integers in [0, 2^32)");
+            return bad_value(e, "prompt", "token ids that are integers in [0, 2^32)");
         r->prompt[i] = (uint32_t)t;
     }
     r->n_prompt = n;
@@ -54,47 +144,56 @@ static size_t count_prompts(json_t *p)
 }
 
 static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *tx,
-                        size_t which, char *err, size_t errlen)
+                        size_t which, kvw_openai_err_t *e)
 {
-    char *text = NULL;
+    char *text = NULL, err[256];
     size_t len = 0;
 
     if (chat) {
         json_t *msgs = json_object_get(root, "messages");
+        if (msgs == NULL)
+            return kvw_openai_fail(e, 400, "invalid_request_error", "messages",
+                                   "missing_required_parameter",
+                                   "Missing required parameter: 'messages'.");
         if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-            return fail(err, errlen, "'messages' must be a non-empty array");
-        if (tx->render(tx->ctx, msgs, &text, &len, err, errlen))
-            return -1;
+            return bad_type(e, "messages", "a non-empty array");
+        if (tx->render(tx->ctx, msgs, &text, &len, err, sizeof(err)))
+            return kvw_openai_fail(e, 400, "invalid_request_error", "messages",
+                                   "invalid_value", "%s", err);
         r->n_prompts = 1;
     } else {
         json_t *p = json_object_get(root, "prompt");
+        if (p == NULL)
+            return kvw_openai_fail(e, 400, "invalid_request_error", "prompt",
+                                   "missing_required_parameter",
+                                   "Missing required parameter: 'prompt'.");
         r->n_prompts = count_prompts(p);
         if (r->n_prompts == 0)
-            return fail(err, errlen, "'prompt' must be a string, a list of token ids, "
-                        "or a non-empty list of strings or token id lists");
+            return bad_type(e, "prompt", "a string, a list of token ids, or a non-empty "
+                            "list of strings or token id lists");
         if (r->n_prompts > KVW_MAX_PROMPTS)
-            return fail(err, errlen, "too many prompts in one request (at most 64)");
+            return bad_value(e, "prompt", "at most 64 prompts in one request");
         if (json_is_array(p) && json_is_integer(json_array_get(p, 0)))
-            return parse_token_ids(p, r, err, errlen);
+            return parse_token_ids(p, r, e);
         if (json_is_array(p))
             p = json_array_get(p, which);
         if (json_is_array(p))
-            return parse_token_ids(p, r, err, errlen);
+            return parse_token_ids(p, r, e);
         text = strdup(json_string_value(p));
         len = json_string_length(p);
         if (text == NULL)
-            return fail(err, errlen, "out of memory");
+            return no_memory(e);
     }
     long n = (chat && tx->tokenize_chat ? tx->tokenize_chat : tx->tokenize)(tx->ctx, text, len,
                                                                          &r->prompt);
     free(text);
     if (n < 0)
-        return fail(err, errlen, "prompt could not be tokenized");
+        return bad_value(e, chat ? "messages" : "prompt", "text the tokenizer accepts");
     r->n_prompt = (size_t)n;
     return 0;
 }
 
-static int parse_stop(json_t *stop, kvw_req_t *r, char *err, size_t errlen)
+static int parse_stop(json_t *stop, kvw_req_t *r, kvw_openai_err_t *e)
 {
     size_t i;
     json_t *s;
@@ -104,40 +203,66 @@ static int parse_stop(json_t *stop, kvw_req_t *r, char *err, size_t errlen)
     if (json_is_string(stop)) {
         r->stop = calloc(1, sizeof(char *));
         if (r->stop == NULL || (r->stop[0] = strdup(json_string_value(stop))) == NULL)
-            return fail(err, errlen, "out of memory");
+            return no_memory(e);
         r->n_stop = 1;
         return 0;
     }
-    if (!json_is_array(stop) || json_array_size(stop) > KVW_MAX_STOP)
-        return fail(err, errlen, "'stop' must be a string or a list of up to 4 strings");
+    if (!json_is_array(stop))
+        return bad_type(e, "stop", "a string or a list of strings");
+    if (json_array_size(stop) > KVW_MAX_STOP)
+        return bad_value(e, "stop", "at most 4 sequences");
     r->stop = calloc(json_array_size(stop) + 1, sizeof(char *));
     if (r->stop == NULL)
-        return fail(err, errlen, "out of memory");
+        return no_memory(e);
     json_array_foreach(stop, i, s) {
         if (!json_is_string(s))
-            return fail(err, errlen, "'stop' entries must be strings");
+            return bad_type(e, "stop", "a string or a list of strings");
         if ((r->stop[i] = strdup(json_string_value(s))) == NULL)
-            return fail(err, errlen, "out of memory");
+            return no_memory(e);
         r->n_stop = i + 1;
     }
     return 0;
 }
 
-int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
-                     kvw_tokenize_fn tok, void *tok_ctx, char *err, size_t errlen)
+/*
+ * What kvworker does not implement is refused by name, so that a client
+ * never takes a silently ignored field for an answer: several choices per
+ * prompt (n, best_of) and log probabilities.
+ */
+static int refuse_unsupported(json_t *root, int chat, kvw_openai_err_t *e)
 {
-    kvw_text_t tx = *kvw_text_bytes();
+    json_int_t n = 1;
+    json_t *v;
 
-    tx.tokenize = tok;
-    tx.ctx = tok_ctx;
-    return kvw_openai_parse_text(r, chat, body, len, &tx, 0, err, errlen);
+    if (get_int(root, "n", 1, 128, &n, e))
+        return -1;
+    if (n != 1)
+        return unsupported(e, "n", "returns one choice per prompt (n must be 1)");
+    if (!chat) {
+        n = 1;
+        if (get_int(root, "best_of", 1, 128, &n, e))
+            return -1;
+        if (n != 1)
+            return unsupported(e, "best_of", "returns one choice per prompt (best_of must be 1)");
+    }
+    v = field(root, "logprobs");
+    if (v && !json_is_false(v)) {
+        if (chat ? !json_is_boolean(v) : !json_is_integer(v))
+            return bad_type(e, "logprobs", chat ? "a boolean" : "an integer");
+        return unsupported(e, "logprobs", "does not return log probabilities");
+    }
+    if (field(root, "top_logprobs"))
+        return unsupported(e, "top_logprobs", "does not return log probabilities");
+    return 0;
 }
 
 int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
-                          const kvw_text_t *tx, size_t which, char *err, size_t errlen)
+                          const kvw_text_t *tx, size_t which, kvw_openai_err_t *e)
 {
     json_error_t jerr;
     json_t *root, *v;
+    json_int_t i;
+    const char *max_name;
     int rc = -1;
 
     memset(r, 0, sizeof(*r));
@@ -147,53 +272,69 @@ int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
     r->top_p = 1.0;
 
     root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL) {
-        snprintf(err, errlen, "request body is not valid JSON: %s (line %d)",
-                 jerr.text, jerr.line);
-        return -1;
-    }
+    if (root == NULL)
+        return kvw_openai_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                               "request body is not valid JSON: %s (line %d)", jerr.text,
+                               jerr.line);
     if (!json_is_object(root)) {
-        fail(err, errlen, "request body must be a JSON object");
+        kvw_openai_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                        "request body must be a JSON object");
         goto done;
     }
 
-    v = json_object_get(root, "model");
-    r->model = strdup(json_is_string(v) ? json_string_value(v) : "");
-    v = json_object_get(root, "stream");
-    r->stream = json_is_true(v);
-    v = json_object_get(json_object_get(root, "stream_options"), "include_usage");
-    r->include_usage = json_is_true(v);
-    r->ignore_eos = json_is_true(json_object_get(root, "ignore_eos"));
-
-    v = json_object_get(root, chat && json_object_get(root, "max_completion_tokens")
-                        ? "max_completion_tokens" : "max_tokens");
-    if (v && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1
-            || json_integer_value(v) > 1000000) {
-            fail(err, errlen, "'max_tokens' must be an integer between 1 and 1000000");
-            goto done;
-        }
-        r->max_tokens = (int)json_integer_value(v);
+    v = field(root, "model");
+    if (v && !json_is_string(v)) {
+        bad_type(e, "model", "a string");
+        goto done;
     }
-    v = json_object_get(root, "temperature");
-    if (json_is_number(v))
-        r->temperature = json_number_value(v);
-    v = json_object_get(root, "top_p");
-    if (json_is_number(v))
-        r->top_p = json_number_value(v);
-    v = json_object_get(root, "top_k");
-    if (json_is_integer(v))
-        r->top_k = (int)json_integer_value(v);
-    v = json_object_get(root, "seed");
-    if (json_is_integer(v))
-        r->seed = (uint64_t)json_integer_value(v);
-    v = json_object_get(root, "cache_salt");
-    if (json_is_string(v) && (r->cache_salt = strdup(json_string_value(v))) == NULL)
+    if ((r->model = strdup(v ? json_string_value(v) : "")) == NULL) {
+        no_memory(e);
+        goto done;
+    }
+    if (get_bool(root, "stream", &r->stream, e) || get_bool(root, "ignore_eos", &r->ignore_eos, e))
+        goto done;
+    v = field(root, "stream_options");
+    if (v && !json_is_object(v)) {
+        bad_type(e, "stream_options", "an object");
+        goto done;
+    }
+    if (v && get_bool(v, "include_usage", &r->include_usage, e)) {
+        e->param = "stream_options.include_usage";
+        goto done;
+    }
+
+    max_name = chat && field(root, "max_completion_tokens") ? "max_completion_tokens"
+                                                            : "max_tokens";
+    i = r->max_tokens;
+    if (get_int(root, max_name, 1, 1000000, &i, e))
+        goto done;
+    r->max_tokens = (int)i;
+    if (get_number(root, "temperature", 0, 2, &r->temperature, e)
+        || get_number(root, "top_p", 0, 1, &r->top_p, e))
+        goto done;
+    i = r->top_k;
+    if (get_int(root, "top_k", -1, 1 << 30, &i, e))
+        goto done;
+    r->top_k = (int)i;
+    i = 0;
+    if (get_int(root, "seed", INT64_MIN, INT64_MAX, &i, e))
+        goto done;
+    r->seed = (uint64_t)i;
+    v = field(root, "cache_salt");
+    if (v && !json_is_string(v)) {
+        bad_type(e, "cache_salt", "a string");
+        goto done;
+    }
+    if (v && (r->cache_salt = strdup(json_string_value(v))) == NULL) {
+        no_memory(e);
+        goto done;
+    }
+    if (refuse_unsupported(root, chat, e))
         goto done;
 
-    if (parse_stop(json_object_get(root, "stop"), r, err, errlen))
+    if (parse_stop(json_object_get(root, "stop"), r, e))
         goto done;
-    if (parse_prompt(root, r, chat, tx, which, err, errlen))
+    if (parse_prompt(root, r, chat, tx, which, e))
         goto done;
     rc = 0;
 done:
@@ -215,12 +356,35 @@ void kvw_req_clear(kvw_req_t *r)
     r->n_stop = r->n_prompt = 0;
 }
 
-char *kvw_openai_error(const char *message, const char *type, const char *param)
+char *kvw_openai_error(const char *message, const char *type, const char *param,
+                       const char *code)
 {
-    json_t *e = json_pack("{s:{s:s,s:s,s:s?,s:n}}", "error", "message", message,
-                          "type", type, "param", param, "code");
+    json_t *e = json_pack("{s:{s:s,s:s,s:s?,s:s?}}", "error", "message", message,
+                          "type", type, "param", param, "code", code);
     char *s = json_dumps(e, JSON_COMPACT);
     json_decref(e);
+    return s;
+}
+
+static json_t *model_json(const char *id)
+{
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", id, "object", "model", "created",
+                     (json_int_t)0, "owned_by", "kvroute");
+}
+
+char *kvw_openai_model(const char *id)
+{
+    json_t *j = model_json(id);
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+char *kvw_openai_models(const char *id)
+{
+    json_t *j = json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(id));
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
     return s;
 }
 

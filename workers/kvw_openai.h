@@ -9,34 +9,49 @@
 
 #include "kvw_req.h"
 
-/* Turns prompt text into token ids; returns the count or -1. */
-typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
-                                uint32_t **ids);
-
 /*
- * Fills r from a request body. chat selects /v1/chat/completions. On error
- * returns -1 with a message for the client in err; r must then be released
- * with kvw_req_clear().
+ * A request the worker refuses, as OpenAI describes it: the HTTP status, a
+ * message for people, the request field at fault and a machine-readable
+ * code (param and code may be NULL).
  */
-int kvw_openai_parse(kvw_req_t *r, int chat, const char *body, size_t len,
-                     kvw_tokenize_fn tok, void *tok_ctx,
-                     char *err, size_t errlen);
+typedef struct {
+    int         status;
+    char        message[256];
+    const char *type;
+    const char *param;
+    const char *code;
+} kvw_openai_err_t;
+
 void kvw_req_clear(kvw_req_t *r);
 
 #define KVW_MAX_PROMPTS 64
 
 /*
- * The same with the tokenizer and chat renderer of tx, parsing prompt
- * number `which` of a completion request whose "prompt" is a list;
- * r->n_prompts says how many there are.
+ * Fills r from a request body, with the tokenizer and chat renderer of tx.
+ * chat selects /v1/chat/completions; `which` picks the prompt of a
+ * completion request whose "prompt" is a list (r->n_prompts says how many
+ * there are). On error returns -1 with e filled in; r must then be released
+ * with kvw_req_clear(). Fields are type-checked; the ones kvworker does not
+ * implement (n > 1, best_of > 1, logprobs, top_logprobs) are refused rather
+ * than ignored.
  */
 struct kvw_text;
 int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
-                          const struct kvw_text *tx, size_t which,
-                          char *err, size_t errlen);
+                          const struct kvw_text *tx, size_t which, kvw_openai_err_t *e);
 
-/* {"error":{...}}: OpenAI's error shape. */
-char *kvw_openai_error(const char *message, const char *type, const char *param);
+/* Fills e and returns -1 (a helper for the checks). */
+int kvw_openai_fail(kvw_openai_err_t *e, int status, const char *type, const char *param,
+                    const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* {"error":{"message","type","param","code"}}: OpenAI's error shape. */
+char *kvw_openai_error(const char *message, const char *type, const char *param,
+                       const char *code);
+
+/* {"id","object":"model","created","owned_by"}: one entry of /v1/models. */
+char *kvw_openai_model(const char *id);
+/* {"object":"list","data":[model]}: /v1/models. */
+char *kvw_openai_models(const char *id);
 
 /* One SSE data payload for a streamed token or the final chunk. */
 char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,

@@ -111,24 +111,6 @@ static void sreq_free(sreq_t *s)
 
 /* --- output: text, stop strings, finishing ------------------------------- */
 
-static int append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap * 2 : 64;
-        while (c < *len + n + 1)
-            c *= 2;
-        char *q = realloc(*buf, c);
-        if (q == NULL)
-            return -1;
-        *buf = q;
-        *cap = c;
-    }
-    memcpy(*buf + *len, p, n);
-    *len += n;
-    (*buf)[*len] = '\0';
-    return 0;
-}
-
 /* Earliest match of any stop string in text[from..len); -1 if none. */
 static long find_stop(const kvw_req_t *r, const char *text, size_t len, size_t from)
 {
@@ -198,7 +180,7 @@ static int deliver(sched_t *sc, sreq_t *s, uint32_t tok)
             if (strlen(r->stop[i]) > maxl)
                 maxl = strlen(r->stop[i]);
         size_t from = s->text_len > maxl ? s->text_len - maxl : 0;
-        if (append(&s->text, &s->text_len, &s->text_cap, buf, n)) {
+        if (kvw_text_append(&s->text, &s->text_len, &s->text_cap, buf, n)) {
             finish(sc, s, KVW_FINISH_ABORT);
             return 1;
         }
@@ -593,7 +575,6 @@ kvw_engine_t *kvw_sched_create(const kvw_config_t *cfg, struct event_base *base,
 }
 
 kvw_blocks_t *kvw_sched_blocks(kvw_engine_t *e) { return ((sched_t *)e)->bm; }
-kvw_backend_t *kvw_sched_backend(kvw_engine_t *e) { return ((sched_t *)e)->be; }
 
 void kvw_sched_set_step_hook(kvw_engine_t *e, kvw_step_hook_fn fn, void *ctx)
 {

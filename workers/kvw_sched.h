@@ -36,7 +36,6 @@ kvw_engine_t *kvw_sched_create(const kvw_config_t *cfg, struct event_base *base,
                                kvw_backend_t *backend);
 
 kvw_blocks_t *kvw_sched_blocks(kvw_engine_t *e);
-kvw_backend_t *kvw_sched_backend(kvw_engine_t *e);
 void kvw_sched_load(kvw_engine_t *e, kvw_sched_load_t *out);
 
 /* Called at the end of every step, after its KV events were flushed to the sink. */

@@ -29,7 +29,7 @@ size_t kvw_bytes_detok(void *ctx, uint32_t token, char *buf, size_t cap)
     return 1;
 }
 
-static int append_text(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+int kvw_text_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 {
     if (*len + n + 1 > *cap) {
         size_t c = (*cap ? *cap * 2 : 256);
@@ -65,11 +65,11 @@ int kvw_plain_render(void *ctx, json_t *msgs, char **out, size_t *outlen,
             free(buf);
             return fail(err, errlen, "each message needs a string 'role'");
         }
-        if (append_text(&buf, &len, &cap, json_string_value(role),
-                        json_string_length(role)) || append_text(&buf, &len, &cap, ": ", 2))
+        if (kvw_text_append(&buf, &len, &cap, json_string_value(role),
+                        json_string_length(role)) || kvw_text_append(&buf, &len, &cap, ": ", 2))
             goto nomem;
         if (json_is_string(content)) {
-            if (append_text(&buf, &len, &cap, json_string_value(content),
+            if (kvw_text_append(&buf, &len, &cap, json_string_value(content),
                             json_string_length(content)))
                 goto nomem;
         } else if (json_is_array(content)) {
@@ -78,7 +78,7 @@ int kvw_plain_render(void *ctx, json_t *msgs, char **out, size_t *outlen,
             json_array_foreach(content, j, part) {
                 json_t *text = json_object_get(part, "text");
                 if (json_is_string(text) &&
-                    append_text(&buf, &len, &cap, json_string_value(text),
+                    kvw_text_append(&buf, &len, &cap, json_string_value(text),
                                 json_string_length(text)))
                     goto nomem;
             }
@@ -86,7 +86,7 @@ int kvw_plain_render(void *ctx, json_t *msgs, char **out, size_t *outlen,
             free(buf);
             return fail(err, errlen, "message 'content' must be a string or an array of parts");
         }
-        if (append_text(&buf, &len, &cap, "\n", 1))
+        if (kvw_text_append(&buf, &len, &cap, "\n", 1))
             goto nomem;
     }
     *out = buf;

@@ -1,10 +1,10 @@
 /*
  * Text <-> tokens, in one place. The HTTP front tokenizes prompts and
  * renders chat messages; the scheduler turns sampled token ids back into
- * text (stop strings, responses). Until the shared tokenizer
- * (src/text/kv_tokenizer.h) and chat templates (kv_chat.h) are wired in,
- * kvw_text_bytes() is the stand-in: one token per byte, and chat messages
- * rendered as "role: content\n" lines.
+ * text (stop strings, responses). kvw_text_load() puts the shared
+ * tokenizer (src/text/kv_tokenizer.h) and chat template (kv_chat.h) behind
+ * these; without --tokenizer, kvw_text_bytes() stands in: one token per
+ * byte, and chat messages rendered as "role: content\n" lines.
  */
 #ifndef KVW_TEXT_H
 #define KVW_TEXT_H
@@ -14,7 +14,9 @@
 
 #include <jansson.h>
 
-#include "kvw_openai.h"     /* kvw_tokenize_fn */
+/* Turns prompt text into token ids; returns the count or -1. */
+typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
+                                uint32_t **ids);
 
 /* Renders a chat "messages" array into prompt text (malloc'd); -1 with err. */
 typedef int (*kvw_render_fn)(void *ctx, json_t *messages, char **text, size_t *len,
@@ -35,6 +37,8 @@ typedef struct kvw_text {
 /* The shared tokenizer (and chat template, may be NULL) from src/text. */
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
                                 char *err, size_t errlen);
+/* Frees what kvw_text_load returned (never kvw_text_bytes()). */
+void kvw_text_free(const kvw_text_t *text);
 
 /*
  * Token bytes are not always whole characters (a byte-level token may hold
@@ -43,6 +47,9 @@ const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template
  * then clean what they send with kv_utf8_clean, src/core/kv_unicode.h).
  */
 size_t kvw_utf8_hold(const char *s, size_t n);
+
+/* Appends s[0..n) to a growing NUL-terminated buffer; -1: no memory. */
+int kvw_text_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n);
 
 /* The byte-per-token stand-in. */
 const kvw_text_t *kvw_text_bytes(void);

@@ -1,15 +1,15 @@
 /*
  * kvworker's text side on the shared tokenizer and chat templates
- * (src/text): what --tokenizer and --chat-template select. Completion
- * prompts are encoded with the tokenizer's special tokens; rendered chats
- * without (the template writes them), exactly as the router does, so that
- * both hash the same blocks.
+ * (src/text): what --tokenizer and --chat-template select. Prompts go to
+ * ids through kv_request.h, the functions the router uses, so that both
+ * hash the same blocks.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_chat.h"
+#include "kv_request.h"
 #include "kv_tokenizer.h"
 #include "kvw_text.h"
 
@@ -19,11 +19,12 @@ typedef struct {
     kv_chat_template_t *tpl;
 } hf_text_t;
 
-static long encode(hf_text_t *h, const char *text, size_t len, int special, uint32_t **ids)
+static long encode(hf_text_t *h, const char *text, size_t len, kv_request_kind_t kind,
+                   uint32_t **ids)
 {
     kv_ids_t out = { 0 };
 
-    if (kv_tokenizer_encode(h->tok, text, len, special, &out) < 0) {
+    if (kv_request_encode(h->tok, kind, text, len, &out) < 0) {
         kv_ids_free(&out);
         return -1;
     }
@@ -39,12 +40,12 @@ static long encode(hf_text_t *h, const char *text, size_t len, int special, uint
 
 static long tokenize(void *ctx, const char *text, size_t len, uint32_t **ids)
 {
-    return encode(ctx, text, len, 1, ids);
+    return encode(ctx, text, len, KV_REQUEST_COMPLETION, ids);
 }
 
 static long tokenize_chat(void *ctx, const char *text, size_t len, uint32_t **ids)
 {
-    return encode(ctx, text, len, 0, ids);
+    return encode(ctx, text, len, KV_REQUEST_CHAT, ids);
 }
 
 static int render(void *ctx, json_t *messages, char **text, size_t *len, char *err,
@@ -55,7 +56,7 @@ static int render(void *ctx, json_t *messages, char **text, size_t *len, char *e
     if (h->tpl == NULL) {
         return kvw_plain_render(NULL, messages, text, len, err, errlen);
     }
-    *text = kv_chat_render(h->tpl, messages, NULL, 1, len, err, errlen);
+    *text = kv_request_render(h->tpl, messages, len, err, errlen);
     return *text ? 0 : -1;
 }
 
@@ -65,6 +66,18 @@ static size_t detok(void *ctx, uint32_t token, char *buf, size_t cap)
     long       n = kv_tokenizer_token_bytes(h->tok, token, buf, cap);
 
     return n < 0 ? 0 : (size_t) n;
+}
+
+void kvw_text_free(const kvw_text_t *text)
+{
+    hf_text_t *h = (hf_text_t *) text;      /* text is h's first member */
+
+    if (h == NULL) {
+        return;
+    }
+    kv_chat_free(h->tpl);
+    kv_tokenizer_free(h->tok);
+    free(h);
 }
 
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,

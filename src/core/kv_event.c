@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv_event.h"
+#include "kv_proto.h"
 #include "kv_tree.h"
 
 typedef struct {
@@ -155,6 +156,15 @@ static int removed(ex_t *x, uint32_t data, kv_event_t *ev)
     return 0;
 }
 
+/* Whether node is the variant name (kv_proto.h), or it with a capital. */
+static int variant_is(const kv_tree_t *t, uint32_t node, const char *name)
+{
+    char capital[16];
+
+    snprintf(capital, sizeof(capital), "%c%s", name[0] - 'a' + 'A', name + 1);
+    return kv_tree_streq(t, node, name) || kv_tree_streq(t, node, capital);
+}
+
 /* "data": {"stored": {...}} | {"removed": {...}} | "cleared" (any case). */
 static int data(ex_t *x, long d, kv_event_t *ev)
 {
@@ -166,9 +176,7 @@ static int data(ex_t *x, long d, kv_event_t *ev)
     }
     n = &x->t->nodes[d];
     if (n->type == KV_T_STR) {
-        if (kv_tree_streq(x->t, (uint32_t) d, "cleared")
-            || kv_tree_streq(x->t, (uint32_t) d, "Cleared"))
-        {
+        if (variant_is(x->t, (uint32_t) d, KV_PROTO_CLEARED)) {
             ev->kind = KV_EVENT_CLEARED;
             return 0;
         }
@@ -178,21 +186,21 @@ static int data(ex_t *x, long d, kv_event_t *ev)
         return bad(x, "event data is not one tagged variant");
     }
     key = (uint32_t) d + 1;
-    if (kv_tree_streq(x->t, key, "stored") || kv_tree_streq(x->t, key, "Stored")) {
+    if (variant_is(x->t, key, KV_PROTO_STORED)) {
         ev->kind = KV_EVENT_STORED;
         if (x->t->nodes[key + 1].type != KV_T_OBJ) {
             return bad(x, "stored data is not an object");
         }
         return stored(x, key + 1, ev);
     }
-    if (kv_tree_streq(x->t, key, "removed") || kv_tree_streq(x->t, key, "Removed")) {
+    if (variant_is(x->t, key, KV_PROTO_REMOVED)) {
         ev->kind = KV_EVENT_REMOVED;
         if (x->t->nodes[key + 1].type != KV_T_OBJ) {
             return bad(x, "removed data is not an object");
         }
         return removed(x, key + 1, ev);
     }
-    if (kv_tree_streq(x->t, key, "cleared") || kv_tree_streq(x->t, key, "Cleared")) {
+    if (variant_is(x->t, key, KV_PROTO_CLEARED)) {
         ev->kind = KV_EVENT_CLEARED;
         return 0;
     }

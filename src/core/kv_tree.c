@@ -4,14 +4,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_jscan.h"
 #include "kv_tree.h"
 
-#define MAX_DEPTH  32
 #define MAX_NODES  (1u << 24)
 
 typedef struct {
     kv_tree_t      *t;
-    const uint8_t  *p, *end, *base;
+    const uint8_t  *p, *end, *base;     /* MessagePack */
+    kv_jscan_t     *js;                 /* JSON: the scanner keeps the place */
     char           *err;
     size_t          errlen;
 } rd_t;
@@ -24,6 +25,9 @@ static int fail(rd_t *r, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    if (r->js) {
+        return kv_jscan_fail(r->js, "%s", msg);
+    }
     snprintf(r->err, r->errlen, "%s at byte %zu", msg, (size_t) (r->p - r->base));
     return -1;
 }
@@ -49,187 +53,103 @@ static long push(rd_t *r, uint8_t type)
     return (long) t->n++;
 }
 
-/* --- JSON ----------------------------------------------------------------- */
+/* --- JSON: nodes over the one JSON reader (kv_jscan.h) -------------------- */
 
-static void ws(rd_t *r)
+static long push_leaf(rd_t *r, uint8_t type)
 {
-    while (r->p < r->end && (*r->p == ' ' || *r->p == '\n' || *r->p == '\r' || *r->p == '\t')) {
-        r->p++;
+    long at = push(r, type);
+
+    if (at >= 0) {
+        r->t->nodes[at].end = r->t->n;
     }
+    return at;
 }
 
-static int json_value(rd_t *r, int depth);
-
-static int json_string(rd_t *r)
+static int json_value(rd_t *r, int depth)
 {
+    kv_jscan_t *js = r->js;
+    kv_jnum_t   num;
+    const char *raw;
+    size_t      len;
     long        at;
-    const uint8_t *s;
+    uint32_t    n = 0;
+    int         c = kv_jscan_peek(js), first = 1, more;
 
-    r->p++;
-    s = r->p;
-    while (r->p < r->end && *r->p != '"') {
-        if (*r->p < 0x20) {
-            return fail(r, "control character in string");
+    switch (c) {
+    case '{':
+    case '[':
+        if (depth >= KV_JSON_MAX_DEPTH) {
+            return fail(r, "nested deeper than %d", KV_JSON_MAX_DEPTH);
         }
-        if (*r->p == '\\') {
-            r->p++;
-            if (r->p >= r->end || !strchr("\"\\/bfnrtu", *r->p)) {
-                return fail(r, "bad escape");
-            }
+        if ((at = push(r, c == '{' ? KV_T_OBJ : KV_T_ARR)) < 0) {
+            return -1;
         }
-        r->p++;
-    }
-    if (r->p >= r->end) {
-        return fail(r, "unterminated string");
-    }
-    if ((at = push(r, KV_T_STR)) < 0) {
-        return -1;
-    }
-    r->t->nodes[at].s = (const char *) s;
-    r->t->nodes[at].len = (uint32_t) (r->p - s);
-    r->t->nodes[at].end = r->t->n;
-    r->p++;
-    return 0;
-}
-
-static int json_number(rd_t *r)
-{
-    const uint8_t *s = r->p;
-    int            neg = 0, frac = 0;
-    uint64_t       v = 0, d;
-    long           at;
-
-    if (*r->p == '-') {
-        neg = 1;
-        r->p++;
-    }
-    if (r->p >= r->end || *r->p < '0' || *r->p > '9') {
-        return fail(r, "bad value");
-    }
-    while (r->p < r->end && *r->p >= '0' && *r->p <= '9') {
-        d = (uint64_t) (*r->p - '0');
-        if (v > (UINT64_MAX - d) / 10) {
-            return fail(r, "integer out of 64-bit range");
-        }
-        v = v * 10 + d;
-        r->p++;
-    }
-    while (r->p < r->end && (*r->p == '.' || *r->p == 'e' || *r->p == 'E'
-                             || *r->p == '+' || *r->p == '-' || (*r->p >= '0' && *r->p <= '9')))
-    {
-        frac = 1;
-        r->p++;
-    }
-    if (neg && !frac && v > (1ULL << 63)) {
-        return fail(r, "integer out of 64-bit range");
-    }
-    if ((at = push(r, frac ? KV_T_FLOAT : neg ? KV_T_NEG : KV_T_UINT)) < 0) {
-        return -1;
-    }
-    r->t->nodes[at].u = neg ? (uint64_t) 0 - v : v;
-    r->t->nodes[at].s = (const char *) s;
-    r->t->nodes[at].end = r->t->n;
-    return 0;
-}
-
-static int json_literal(rd_t *r, const char *lit, uint8_t type)
-{
-    size_t n = strlen(lit);
-    long   at;
-
-    if ((size_t) (r->end - r->p) < n || memcmp(r->p, lit, n) != 0) {
-        return fail(r, "bad value");
-    }
-    r->p += n;
-    if ((at = push(r, type)) < 0) {
-        return -1;
-    }
-    r->t->nodes[at].end = r->t->n;
-    return 0;
-}
-
-static int json_container(rd_t *r, int depth, int obj)
-{
-    long     at;
-    uint32_t n = 0;
-    char     close = obj ? '}' : ']';
-
-    if (depth > MAX_DEPTH) {
-        return fail(r, "nested deeper than %d", MAX_DEPTH);
-    }
-    if ((at = push(r, obj ? KV_T_OBJ : KV_T_ARR)) < 0) {
-        return -1;
-    }
-    r->p++;
-    ws(r);
-    if (r->p < r->end && *r->p == close) {
-        r->p++;
-    } else {
-        for ( ;; ) {
-            ws(r);
-            if (obj) {
-                if (r->p >= r->end || *r->p != '"') {
-                    return fail(r, "expected a key");
+        js->p++;
+        while ((more = kv_jscan_more(js, &first, c == '{' ? '}' : ']')) == 1) {
+            if (c == '{') {
+                /* the key is a string node before its value */
+                if (kv_jscan_peek(js) != '"') {
+                    return js->err ? -1 : fail(r, "expected a key");
                 }
-                if (json_string(r) != 0) {
+                if (json_value(r, depth + 1) != 0 || kv_jscan_expect(js, ':') < 0) {
                     return -1;
                 }
-                ws(r);
-                if (r->p >= r->end || *r->p != ':') {
-                    return fail(r, "expected ':'");
-                }
-                r->p++;
             }
             if (json_value(r, depth + 1) != 0) {
                 return -1;
             }
             n++;
-            ws(r);
-            if (r->p < r->end && *r->p == ',') {
-                r->p++;
-                continue;
-            }
-            if (r->p < r->end && *r->p == close) {
-                r->p++;
-                break;
-            }
-            return fail(r, "expected ',' or '%c'", close);
         }
-    }
-    r->t->nodes[at].n = n;
-    r->t->nodes[at].end = r->t->n;
-    return 0;
-}
+        if (more < 0) {
+            return -1;
+        }
+        r->t->nodes[at].n = n;
+        r->t->nodes[at].end = r->t->n;
+        return 0;
 
-static int json_value(rd_t *r, int depth)
-{
-    ws(r);
-    if (r->p >= r->end) {
-        return fail(r, "truncated");
-    }
-    switch (*r->p) {
-    case '{': return json_container(r, depth, 1);
-    case '[': return json_container(r, depth, 0);
-    case '"': return json_string(r);
-    case 't': return json_literal(r, "true", KV_T_TRUE);
-    case 'f': return json_literal(r, "false", KV_T_FALSE);
-    case 'n': return json_literal(r, "null", KV_T_NULL);
-    default:  return json_number(r);
+    case '"':
+        if (kv_jscan_string_raw(js, &raw, &len, NULL) < 0 || (at = push_leaf(r, KV_T_STR)) < 0) {
+            return -1;
+        }
+        r->t->nodes[at].s = raw;
+        r->t->nodes[at].len = (uint32_t) len;
+        return 0;
+
+    case 't': return kv_jscan_literal(js, "true") < 0 || push_leaf(r, KV_T_TRUE) < 0 ? -1 : 0;
+    case 'f': return kv_jscan_literal(js, "false") < 0 || push_leaf(r, KV_T_FALSE) < 0 ? -1 : 0;
+    case 'n': return kv_jscan_literal(js, "null") < 0 || push_leaf(r, KV_T_NULL) < 0 ? -1 : 0;
+
+    default:
+        if (kv_jscan_number(js, &num) < 0) {
+            return -1;
+        }
+        if (num.kind == KV_JNUM_BIG) {
+            return fail(r, "integer out of 64-bit range");
+        }
+        at = push_leaf(r, num.kind == KV_JNUM_FLOAT ? KV_T_FLOAT
+                          : num.kind == KV_JNUM_NEG ? KV_T_NEG : KV_T_UINT);
+        if (at < 0) {
+            return -1;
+        }
+        r->t->nodes[at].u = num.u;
+        r->t->nodes[at].s = num.text;
+        return 0;
     }
 }
 
 int kv_tree_json(kv_tree_t *t, const char *buf, size_t len, char *err, size_t errlen)
 {
-    rd_t r = { t, (const uint8_t *) buf, (const uint8_t *) buf + len,
-               (const uint8_t *) buf, err, errlen };
+    kv_jscan_t js;
+    rd_t       r = { t, NULL, NULL, NULL, &js, err, errlen };
 
+    kv_jscan_init_err(&js, buf, len, err, errlen);
     t->n = 0;
     if (json_value(&r, 0) != 0) {
         t->n = 0;
         return -1;
     }
-    ws(&r);
-    if (r.p != r.end) {
+    kv_jscan_peek(&js);     /* past trailing spaces */
+    if (js.p != js.end) {
         t->n = 0;
         return fail(&r, "trailing data");
     }
@@ -287,8 +207,8 @@ static int mp_container(rd_t *r, int depth, int obj, uint64_t n)
     long     at;
     uint64_t i;
 
-    if (depth > MAX_DEPTH) {
-        return fail(r, "nested deeper than %d", MAX_DEPTH);
+    if (depth >= KV_JSON_MAX_DEPTH) {
+        return fail(r, "nested deeper than %d", KV_JSON_MAX_DEPTH);
     }
     if (n > (uint64_t) (r->end - r->p)) {
         return fail(r, "container longer than the message");
@@ -372,7 +292,7 @@ static int mp_value(rd_t *r, int depth)
 
 int kv_tree_msgpack(kv_tree_t *t, const void *buf, size_t len, char *err, size_t errlen)
 {
-    rd_t r = { t, buf, (const uint8_t *) buf + len, buf, err, errlen };
+    rd_t r = { t, buf, (const uint8_t *) buf + len, buf, NULL, err, errlen };
 
     t->n = 0;
     if (mp_value(&r, 0) != 0) {

@@ -31,6 +31,18 @@ int kv_uni_class(uint32_t cp);
 size_t kv_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
 size_t kv_utf8_put(char *dst, uint32_t cp);
 
+/* The value of one hex digit (JSON and Python escapes), or -1. */
+static inline int kv_hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 /* s[0..n) with each invalid maximal subpart replaced by U+FFFD, as
  * Python's and Rust's lossy decoders do; malloc'ed, NUL-terminated. */
 char *kv_utf8_clean(const char *s, size_t n, size_t *out_len);

@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "kv_ingest_int.h"
+#include "kv_proto.h"
 
-#define DEFAULT_PREFIX "namespace.dynamo.component.backend"
 #define MAX_SERVERS 16
 
 uint64_t kv_ingest_now_ms(void)
@@ -140,7 +140,7 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
         snprintf(err, errlen, "kv_ingest: jetstream needs both a stream and a durable name");
         return NULL;
     }
-    const char *prefix = cfg->prefix && cfg->prefix[0] ? cfg->prefix : DEFAULT_PREFIX;
+    const char *prefix = cfg->prefix && cfg->prefix[0] ? cfg->prefix : KV_PROTO_DEFAULT_PREFIX;
     if (strlen(prefix) > 200 || (cfg->event_subject && strlen(cfg->event_subject) > 300)) {
         snprintf(err, errlen, "kv_ingest: subject prefix too long");
         return NULL;
@@ -158,9 +158,9 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
     if (ing->cfg.event_subject)
         snprintf(ing->ev_subject, sizeof(ing->ev_subject), "%s", ing->cfg.event_subject);
     else
-        snprintf(ing->ev_subject, sizeof(ing->ev_subject), "%s.kv-events", prefix);
-    snprintf(ing->hb_subject, sizeof(ing->hb_subject), "%s.kvroute.heartbeat", prefix);
-    snprintf(ing->discover_subject, sizeof(ing->discover_subject), "%s.kvroute.discover",
+        snprintf(ing->ev_subject, sizeof(ing->ev_subject), "%s" KV_PROTO_EVENTS, prefix);
+    snprintf(ing->hb_subject, sizeof(ing->hb_subject), "%s" KV_PROTO_HEARTBEAT, prefix);
+    snprintf(ing->discover_subject, sizeof(ing->discover_subject), "%s" KV_PROTO_DISCOVER,
              prefix);
     pthread_mutex_init(&ing->mu, NULL);
     pthread_cond_init(&ing->closed_cv, NULL);

@@ -1,6 +1,7 @@
 /*
  * Event ingestion: keeps a kv_index and a kv_registry in step with what
- * the workers publish over NATS (docs/PROTOCOL.md, router side).
+ * the workers publish over NATS (docs/PROTOCOL.md, router side; the names
+ * are in src/core/kv_proto.h).
  *
  *   P.kv-events           KV events (Dynamo RouterEvent, JSON or msgpack)
  *   P.kvroute.heartbeat   announce / heartbeat: registry, timeouts, lag
@@ -29,7 +30,7 @@
  *
  * Readers (nginx workers) use kv_registry_read/find_address for the
  * worker's state and load: route by the index only for state LIVE; STALE,
- * RESYNCING and GONE mean "load only" (docs/PROTOCOL.md, issue 7).
+ * RESYNCING and GONE mean "load only" (docs/PROTOCOL.md).
  */
 #ifndef KV_INGEST_H
 #define KV_INGEST_H

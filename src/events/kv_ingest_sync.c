@@ -18,6 +18,7 @@
 
 #include "kv_ingest_int.h"
 #include "kv_jscan.h"
+#include "kv_proto.h"
 
 #define RESYNC_RETRY_MS 500
 
@@ -211,7 +212,7 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     }
     char subj[320], reply[160], body[48];
     w->dump_seq = ++ing->dump_counter;
-    snprintf(subj, sizeof(subj), "%s.kvroute.dump.%" PRIu64, ing->prefix, w->worker_id);
+    snprintf(subj, sizeof(subj), "%s" KV_PROTO_DUMP "%" PRIu64, ing->prefix, w->worker_id);
     snprintf(reply, sizeof(reply), "%s.%" PRIu64, ing->inbox, w->dump_seq);
     snprintf(body, sizeof(body), "{\"dp_rank\":%u}", w->dp_rank);
     /* no flush: it would wait a round trip holding the mutex; cnats'

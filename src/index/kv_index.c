@@ -14,18 +14,18 @@
  *
  * Concurrency: one writer (the caller serialises writers: the event helper
  * process in nginx, or the slab mutex in approximate mode), readers in any
- * process, never blocking. Each entry has a sequence lock: the writer makes
- * it odd, stores key and bitmap, makes it even; a reader copies key and
- * bitmap between two reads of an even, unchanged lock, else retries. A
- * seqlock rather than epochs because readers live in other processes that
- * may die at any moment (an epoch held by a dead reader would block
- * reclamation forever), and entries are never freed, only rewritten in
- * place, so a reader can never touch freed memory; the retry loop is the
- * whole price. Probe chains may change under a reader; a reader that
+ * process, never blocking. Each entry has a sequence lock (kv_seqlock.h):
+ * a reader copies key and bitmap between two reads of an even, unchanged
+ * count, else retries. A seqlock rather than epochs because readers live
+ * in other processes that may die at any moment (an epoch held by a dead
+ * reader would block reclamation forever), and entries are never freed,
+ * only rewritten in place, so a reader can never touch freed memory; the
+ * retry loop is the whole price. Probe chains may change under a reader; a reader that
  * misses an entry moved by the writer sees a shorter overlap, which costs
  * a cache hit, never a wrong answer about an entry it did read. A reader
- * that finds a lock odd for READ_TRIES rounds (a writer descheduled or
- * killed mid-write) treats that entry as absent rather than wait. Being alone, the
+ * that finds a lock odd for KV_SEQLOCK_READ_TRIES rounds (a writer
+ * descheduled or killed mid-write) treats that entry as absent rather than
+ * wait. Being alone, the
  * writer updates locks, bitmaps and counters with plain atomic stores, not
  * locked read-modify-writes.
  *
@@ -34,37 +34,32 @@
  * blocks whose engine hash differs from their sequence hash (kvworker and
  * Dynamo's mocker use the sequence hash itself and need no map entries).
  */
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_hash.h"
 #include "kv_index.h"
+#include "kv_seqlock.h"
 
 #define IX_MAGIC        0x6b76696478303032ULL   /* "kvidx002": no tombstones since 002 */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
-#define READ_TRIES      4096u                   /* a reader's retries on one entry:
-                                                   a writer holds one for nanoseconds,
-                                                   but one descheduled mid-write (a
-                                                   busy box) or killed must not stall
-                                                   routing: a miss costs only a cache hit */
 
 typedef struct {
-    _Atomic uint64_t    worker_id;
-    _Atomic uint32_t    dp_rank;
-    _Atomic uint32_t    in_use;
-    _Atomic uint64_t    blocks;
+    uint64_t            worker_id;
+    uint32_t            dp_rank;
+    uint32_t            in_use;
+    uint64_t            blocks;
 } slot_t;
 
 typedef struct {
-    _Atomic uint32_t    lock;
+    kv_seqlock_t        lock;
     uint32_t            touch;          /* ms, mod 2^32; writer only */
-    _Atomic uint64_t    key;
-    _Atomic uint64_t    bits[];         /* words */
+    uint64_t            key;
+    uint64_t            bits[];         /* words */
 } entry_t;
 
 typedef struct {
@@ -93,10 +88,10 @@ struct kv_index {
     uint64_t            map_used;
     uint64_t            hand;           /* eviction scan position */
     uint64_t            last_expire;
-    _Atomic uint64_t    live;           /* = used, for readers */
-    _Atomic uint64_t    workers;
-    _Atomic uint64_t    stored, removed, cleared, evicted, expired, pruned;
-    _Atomic uint64_t    unknown_parent, unknown_remove;
+    uint64_t            live;           /* = used, for readers */
+    uint64_t            workers;
+    uint64_t            stored, removed, cleared, evicted, expired, pruned;
+    uint64_t            unknown_parent, unknown_remove;
 };
 
 /* --- layout -------------------------------------------------------------- */
@@ -206,7 +201,7 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
     ix->prune_ratio = c.prune_ratio;
     ix->size = size;
     memset((char *) ix + ix->off_slots, 0, size - ix->off_slots);
-    atomic_thread_fence(memory_order_release);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     ix->magic = IX_MAGIC;
     return ix;
 }
@@ -226,41 +221,29 @@ kv_index_t *kv_index_open(void *region, size_t size)
 /* The writer is alone (the caller serialises writers), so its updates of
  * the lock, the bitmaps and the counters are plain load + store of atomic
  * objects, never locked read-modify-write instructions. */
-static void bump(_Atomic uint64_t *x, int64_t d)
+static void bump(uint64_t *x, int64_t d)
 {
-    atomic_store_explicit(x, atomic_load_explicit(x, memory_order_relaxed) + (uint64_t) d,
-                          memory_order_relaxed);
+    __atomic_store_n(x, __atomic_load_n(x, __ATOMIC_RELAXED) + (uint64_t) d, __ATOMIC_RELAXED);
 }
 
 static void write_begin(entry_t *e)
 {
-    atomic_store_explicit(&e->lock, atomic_load_explicit(&e->lock, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
-    /* the odd count is visible before any change to key or bits */
-    atomic_thread_fence(memory_order_release);
+    kv_seqlock_write_begin(&e->lock);
 }
 
 static void write_end(entry_t *e)
 {
-    atomic_store_explicit(&e->lock, atomic_load_explicit(&e->lock, memory_order_relaxed) + 1,
-                          memory_order_release);
+    kv_seqlock_write_end(&e->lock);
 }
 
 static void set_bits(entry_t *e, uint32_t w, uint64_t v)
 {
-    atomic_store_explicit(&e->bits[w], v, memory_order_relaxed);
+    __atomic_store_n(&e->bits[w], v, __ATOMIC_RELAXED);
 }
 
 static uint64_t get_bits(const entry_t *e, uint32_t w)
 {
-    return atomic_load_explicit(&e->bits[w], memory_order_relaxed);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    return __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
 }
 
 /* Both cache lines of the key's home entry (an entry may straddle two). */
@@ -284,7 +267,7 @@ static int64_t find(const kv_index_t *ix, uint64_t key)
     uint64_t i, mask = ix->cap - 1, k;
 
     for (i = mix(key) & mask;; i = (i + 1) & mask) {
-        k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
+        k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
         if (k == key) {
             return (int64_t) i;
         }
@@ -296,7 +279,7 @@ static int64_t find(const kv_index_t *ix, uint64_t key)
 
 static int test_bit(const entry_t *e, uint32_t slot)
 {
-    return (atomic_load_explicit(&e->bits[slot / 64], memory_order_relaxed)
+    return (__atomic_load_n(&e->bits[slot / 64], __ATOMIC_RELAXED)
             >> (slot % 64)) & 1;
 }
 
@@ -305,7 +288,7 @@ static int bits_empty(const kv_index_t *ix, const entry_t *e)
     uint32_t w;
 
     for (w = 0; w < ix->words; w++) {
-        if (atomic_load_explicit(&e->bits[w], memory_order_relaxed)) {
+        if (__atomic_load_n(&e->bits[w], __ATOMIC_RELAXED)) {
             return 0;
         }
     }
@@ -318,8 +301,7 @@ static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
     uint32_t w;
 
     write_begin(to);
-    atomic_store_explicit(&to->key, atomic_load_explicit(&from->key, memory_order_relaxed),
-                          memory_order_relaxed);
+    __atomic_store_n(&to->key, __atomic_load_n(&from->key, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
     for (w = 0; w < ix->words; w++) {
         set_bits(to, w, get_bits(from, w));
     }
@@ -340,7 +322,7 @@ static void erase(kv_index_t *ix, uint64_t i)
 
     for (;;) {
         for (k = (j + 1) & mask;; k = (k + 1) & mask) {
-            key = atomic_load_explicit(&entry(ix, k)->key, memory_order_relaxed);
+            key = __atomic_load_n(&entry(ix, k)->key, __ATOMIC_RELAXED);
             if (key == KEY_EMPTY) {
                 goto empty;
             }
@@ -359,10 +341,10 @@ empty:
     for (w = 0; w < ix->words; w++) {
         set_bits(e, w, 0);
     }
-    atomic_store_explicit(&e->key, KEY_EMPTY, memory_order_relaxed);
+    __atomic_store_n(&e->key, KEY_EMPTY, __ATOMIC_RELAXED);
     write_end(e);
     ix->used--;
-    atomic_store_explicit(&ix->live, ix->used, memory_order_relaxed);
+    __atomic_store_n(&ix->live, ix->used, __ATOMIC_RELAXED);
 }
 
 /* Drops a whole entry, giving back each holder's block count. */
@@ -374,7 +356,7 @@ static void drop(kv_index_t *ix, uint64_t i)
     slot_t  *s = slots(ix);
 
     for (w = 0; w < ix->words; w++) {
-        b = atomic_load_explicit(&e->bits[w], memory_order_relaxed);
+        b = __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
         while (b) {
             bump(&s[w * 64 + __builtin_ctzll(b)].blocks, -1);
             b &= b - 1;
@@ -385,14 +367,14 @@ static void drop(kv_index_t *ix, uint64_t i)
 
 /* Least recently touched of a few entries from the hand on: approximate
  * LRU at constant cost per eviction. */
-static void evict_one(kv_index_t *ix, _Atomic uint64_t *counter, uint32_t now)
+static void evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
 {
     uint64_t mask = ix->cap - 1, i, best = 0, k;
     uint32_t age, best_age = 0;
     int      seen = 0, found = 0;
 
     for (i = ix->hand; seen < EVICT_SAMPLE; i = (i + 1) & mask) {
-        k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
+        k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
         if (k < 2) {
             continue;
         }
@@ -427,7 +409,7 @@ static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
 
 again:
     for (i = mix(key) & mask;; i = (i + 1) & mask) {
-        k = atomic_load_explicit(&entry(ix, i)->key, memory_order_relaxed);
+        k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
         if (k == key) {
             return i;
         }
@@ -445,11 +427,11 @@ again:
     }
     e = entry(ix, i);
     write_begin(e);
-    atomic_store_explicit(&e->key, key, memory_order_relaxed);
+    __atomic_store_n(&e->key, key, __ATOMIC_RELAXED);
     write_end(e);
     e->touch = now;
     ix->used++;
-    atomic_store_explicit(&ix->live, ix->used, memory_order_relaxed);
+    __atomic_store_n(&ix->live, ix->used, __ATOMIC_RELAXED);
     return i;
 }
 
@@ -587,9 +569,9 @@ int kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_r
     uint32_t i;
 
     for (i = 0; i < ix->max_workers; i++) {
-        if (atomic_load_explicit(&s[i].in_use, memory_order_acquire)
-            && atomic_load_explicit(&s[i].worker_id, memory_order_relaxed) == worker_id
-            && atomic_load_explicit(&s[i].dp_rank, memory_order_relaxed) == dp_rank)
+        if (__atomic_load_n(&s[i].in_use, __ATOMIC_ACQUIRE)
+            && __atomic_load_n(&s[i].worker_id, __ATOMIC_RELAXED) == worker_id
+            && __atomic_load_n(&s[i].dp_rank, __ATOMIC_RELAXED) == dp_rank)
         {
             return (int) i;
         }
@@ -607,12 +589,12 @@ int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
         return at;
     }
     for (i = 0; i < ix->max_workers; i++) {
-        if (!atomic_load_explicit(&s[i].in_use, memory_order_relaxed)) {
-            atomic_store_explicit(&s[i].worker_id, worker_id, memory_order_relaxed);
-            atomic_store_explicit(&s[i].dp_rank, dp_rank, memory_order_relaxed);
-            atomic_store_explicit(&s[i].blocks, 0, memory_order_relaxed);
-            atomic_store_explicit(&s[i].in_use, 1, memory_order_release);
-            atomic_fetch_add(&ix->workers, 1);
+        if (!__atomic_load_n(&s[i].in_use, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&s[i].worker_id, worker_id, __ATOMIC_RELAXED);
+            __atomic_store_n(&s[i].dp_rank, dp_rank, __ATOMIC_RELAXED);
+            __atomic_store_n(&s[i].blocks, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&s[i].in_use, 1, __ATOMIC_RELEASE);
+            __atomic_fetch_add(&ix->workers, 1, __ATOMIC_SEQ_CST);
             return (int) i;
         }
     }
@@ -628,7 +610,9 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
     map_t   *m = map(ix);
 
     for (k = 0; k < ix->max_workers; k++) {
-        if (atomic_load(&s[k].in_use) && atomic_load(&s[k].worker_id) == worker_id) {
+        if (__atomic_load_n(&s[k].in_use, __ATOMIC_SEQ_CST)
+            && __atomic_load_n(&s[k].worker_id, __ATOMIC_SEQ_CST) == worker_id)
+        {
             mask[k / 64] |= 1ULL << (k % 64);
             any = 1;
         }
@@ -639,11 +623,11 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
     for (i = 0; i < ix->cap; i++) {
         entry_t *e = entry(ix, i);
 
-        if (atomic_load_explicit(&e->key, memory_order_relaxed) < 2) {
+        if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) < 2) {
             continue;
         }
         for (w = 0, b = 0; w < ix->words && w < 64; w++) {
-            b |= atomic_load_explicit(&e->bits[w], memory_order_relaxed) & mask[w];
+            b |= __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED) & mask[w];
         }
         if (!b) {
             continue;
@@ -667,14 +651,14 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
     }
     for (k = 0; k < ix->max_workers; k++) {
         if (mask[k / 64] >> (k % 64) & 1) {
-            atomic_store(&s[k].blocks, 0);
+            __atomic_store_n(&s[k].blocks, 0, __ATOMIC_SEQ_CST);
             if (release) {
-                atomic_store_explicit(&s[k].in_use, 0, memory_order_release);
-                atomic_fetch_sub(&ix->workers, 1);
+                __atomic_store_n(&s[k].in_use, 0, __ATOMIC_RELEASE);
+                __atomic_fetch_sub(&ix->workers, 1, __ATOMIC_SEQ_CST);
             }
         }
     }
-    atomic_fetch_add(&ix->cleared, 1);
+    __atomic_fetch_add(&ix->cleared, 1, __ATOMIC_SEQ_CST);
 }
 
 void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
@@ -840,7 +824,7 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
     for (i = 0; i < ix->cap; i++) {
         entry_t *e = entry(ix, i);
 
-        if (atomic_load_explicit(&e->key, memory_order_relaxed) >= 2
+        if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) >= 2
             && (int32_t) (now - e->touch) > (int32_t) ix->ttl_ms)
         {
             drop(ix, i);
@@ -856,33 +840,24 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
 static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
 {
     uint64_t mask = ix->cap - 1, i, k, n;
-    uint32_t s1, s2, w, tries;
+    uint32_t w;
 
     for (i = mix(key) & mask, n = 0; n < ix->cap; i = (i + 1) & mask, n++) {
         entry_t *e = entry(ix, i);
 
-        for (tries = 0;; tries++) {
-            if (tries == READ_TRIES) {
-                /* a writer stalled or died inside its write: treat the entry as absent */
-                return 0;
+        kv_seqread_t rd = { 0, 0 };
+
+        do {
+            if (!kv_seqlock_read_begin(&e->lock, &rd)) {
+                return 0;   /* a writer stalled or died inside its write: absent */
             }
-            s1 = atomic_load_explicit(&e->lock, memory_order_acquire);
-            if (s1 & 1) {
-                cpu_relax();
-                continue;
-            }
-            k = atomic_load_explicit(&e->key, memory_order_relaxed);
+            k = __atomic_load_n(&e->key, __ATOMIC_RELAXED);
             if (k == key) {
                 for (w = 0; w < ix->words; w++) {
-                    bits[w] = atomic_load_explicit(&e->bits[w], memory_order_relaxed);
+                    bits[w] = __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
                 }
             }
-            atomic_thread_fence(memory_order_acquire);
-            s2 = atomic_load_explicit(&e->lock, memory_order_relaxed);
-            if (s1 == s2) {
-                break;
-            }
-        }
+        } while (!kv_seqlock_read_end(&e->lock, &rd));
         if (k == key) {
             return 1;
         }
@@ -949,17 +924,17 @@ int kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_i
         return -1;
     }
     s = &slots(ix)[slot];
-    if (!atomic_load_explicit(&s->in_use, memory_order_acquire)) {
+    if (!__atomic_load_n(&s->in_use, __ATOMIC_ACQUIRE)) {
         return -1;
     }
-    *worker_id = atomic_load_explicit(&s->worker_id, memory_order_relaxed);
-    *dp_rank = atomic_load_explicit(&s->dp_rank, memory_order_relaxed);
+    *worker_id = __atomic_load_n(&s->worker_id, __ATOMIC_RELAXED);
+    *dp_rank = __atomic_load_n(&s->dp_rank, __ATOMIC_RELAXED);
     return 0;
 }
 
 uint64_t kv_index_worker_blocks(const kv_index_t *ix, uint32_t slot)
 {
-    return slot < ix->max_workers ? atomic_load(&slots(ix)[slot].blocks) : 0;
+    return slot < ix->max_workers ? __atomic_load_n(&slots(ix)[slot].blocks, __ATOMIC_SEQ_CST) : 0;
 }
 
 uint32_t kv_index_max_workers(const kv_index_t *ix)
@@ -971,16 +946,16 @@ void kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st)
 {
     kv_index_t *m = (kv_index_t *) ix;
 
-    st->blocks = atomic_load(&m->live);
+    st->blocks = __atomic_load_n(&m->live, __ATOMIC_SEQ_CST);
     st->capacity = (uint64_t) ((double) ix->cap * MAX_LOAD);
     st->bytes = ix->size;
-    st->workers = atomic_load(&m->workers);
-    st->stored = atomic_load(&m->stored);
-    st->removed = atomic_load(&m->removed);
-    st->cleared = atomic_load(&m->cleared);
-    st->evicted = atomic_load(&m->evicted);
-    st->expired = atomic_load(&m->expired);
-    st->pruned = atomic_load(&m->pruned);
-    st->unknown_parent = atomic_load(&m->unknown_parent);
-    st->unknown_remove = atomic_load(&m->unknown_remove);
+    st->workers = __atomic_load_n(&m->workers, __ATOMIC_SEQ_CST);
+    st->stored = __atomic_load_n(&m->stored, __ATOMIC_SEQ_CST);
+    st->removed = __atomic_load_n(&m->removed, __ATOMIC_SEQ_CST);
+    st->cleared = __atomic_load_n(&m->cleared, __ATOMIC_SEQ_CST);
+    st->evicted = __atomic_load_n(&m->evicted, __ATOMIC_SEQ_CST);
+    st->expired = __atomic_load_n(&m->expired, __ATOMIC_SEQ_CST);
+    st->pruned = __atomic_load_n(&m->pruned, __ATOMIC_SEQ_CST);
+    st->unknown_parent = __atomic_load_n(&m->unknown_parent, __ATOMIC_SEQ_CST);
+    st->unknown_remove = __atomic_load_n(&m->unknown_remove, __ATOMIC_SEQ_CST);
 }

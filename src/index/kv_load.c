@@ -3,12 +3,11 @@
  *
  *   header | server[max_servers] | row[max_rows] of int64 [max_servers][ACTIVE]
  *
- * All counters are C11 atomics with relaxed ordering: they are independent
+ * All counters are __atomic words with relaxed ordering: they are independent
  * statistics, read approximately by routing, and only their eventual sums
  * matter. Row ownership is a CAS on the owner pid; -1 marks a row being
  * reaped so that no one claims it half-cleared.
  */
-#include <stdatomic.h>
 #include <string.h>
 
 #include "kv_load.h"
@@ -20,21 +19,21 @@
 typedef struct {
     char                name[KV_LOAD_NAME_MAX];
     uint32_t            len;
-    _Atomic int64_t     active[KV_LOAD_ACTIVE];
-    _Atomic uint64_t    requests_total;
-    _Atomic uint64_t    overlap_hits;
-    _Atomic uint64_t    overlap_blocks;
-    _Atomic uint64_t    prompt_blocks;
-    _Atomic double      prefill_tokens, prefill_ms;     /* learned means */
-    _Atomic double      decode_tokens, decode_ms;
+    int64_t             active[KV_LOAD_ACTIVE];
+    uint64_t            requests_total;
+    uint64_t            overlap_hits;
+    uint64_t            overlap_blocks;
+    uint64_t            prompt_blocks;
+    double              prefill_tokens, prefill_ms;     /* learned means */
+    double              decode_tokens, decode_ms;
 } server_t;
 
 struct kv_load {
     uint64_t            magic;
     uint32_t            max_servers;
     uint32_t            max_rows;
-    _Atomic uint32_t    servers;
-    _Atomic uint64_t    reaped;
+    uint32_t            servers;
+    uint64_t            reaped;
     /* followed by servers, then row owners, then row counters */
 };
 
@@ -43,17 +42,25 @@ static double ratio(double num, double den)
     return num > 0 && den > 0 ? num / den : 0;
 }
 
+static double load_double(const double *x)
+{
+    double v;
+
+    __atomic_load(x, &v, __ATOMIC_RELAXED);
+    return v;
+}
+
 static server_t *servers_of(const kv_load_t *ld)
 {
     return (server_t *) (void *) ((char *) ld + sizeof(kv_load_t));
 }
 
-static _Atomic int64_t *owners_of(const kv_load_t *ld)
+static int64_t *owners_of(const kv_load_t *ld)
 {
-    return (_Atomic int64_t *) (void *) (servers_of(ld) + ld->max_servers);
+    return (int64_t *) (void *) (servers_of(ld) + ld->max_servers);
 }
 
-static _Atomic int64_t *row_of(const kv_load_t *ld, int row)
+static int64_t *row_of(const kv_load_t *ld, int row)
 {
     return owners_of(ld) + ld->max_rows
            + (size_t) row * ld->max_servers * KV_LOAD_ACTIVE;
@@ -88,7 +95,7 @@ kv_load_t *kv_load_init(void *region, size_t size, uint32_t max_servers,
 
 int kv_load_find(const kv_load_t *ld, const char *name, size_t len)
 {
-    uint32_t  i, n = atomic_load(&((kv_load_t *) ld)->servers);
+    uint32_t  i, n = __atomic_load_n(&((kv_load_t *) ld)->servers, __ATOMIC_SEQ_CST);
     server_t *s = servers_of(ld);
 
     for (i = 0; i < n; i++) {
@@ -108,7 +115,7 @@ int kv_load_server(kv_load_t *ld, const char *name, size_t len)
     if (i >= 0) {
         return i;
     }
-    n = atomic_load(&ld->servers);
+    n = __atomic_load_n(&ld->servers, __ATOMIC_SEQ_CST);
     if (n == ld->max_servers || len >= KV_LOAD_NAME_MAX) {
         return -1;
     }
@@ -117,13 +124,8 @@ int kv_load_server(kv_load_t *ld, const char *name, size_t len)
     s->name[len] = '\0';
     s->len = (uint32_t) len;
     /* publish the name before the count that makes it visible */
-    atomic_store_explicit(&ld->servers, n + 1, memory_order_release);
+    __atomic_store_n(&ld->servers, n + 1, __ATOMIC_RELEASE);
     return (int) n;
-}
-
-uint32_t kv_load_servers(const kv_load_t *ld)
-{
-    return atomic_load_explicit(&((kv_load_t *) ld)->servers, memory_order_acquire);
 }
 
 const char *kv_load_server_name(const kv_load_t *ld, uint32_t server)
@@ -133,18 +135,20 @@ const char *kv_load_server_name(const kv_load_t *ld, uint32_t server)
 
 int kv_load_claim_row(kv_load_t *ld, pid_t pid)
 {
-    _Atomic int64_t *own = owners_of(ld);
+    int64_t *own = owners_of(ld);
     int64_t          expect;
     uint32_t         i;
 
     for (i = 0; i < ld->max_rows; i++) {
-        if (atomic_load(&own[i]) == (int64_t) pid) {
+        if (__atomic_load_n(&own[i], __ATOMIC_SEQ_CST) == (int64_t) pid) {
             return (int) i;
         }
     }
     for (i = 0; i < ld->max_rows; i++) {
         expect = 0;
-        if (atomic_compare_exchange_strong(&own[i], &expect, (int64_t) pid)) {
+        if (__atomic_compare_exchange_n(&own[i], &expect, (int64_t) pid, 0, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST))
+        {
             return (int) i;
         }
     }
@@ -154,16 +158,16 @@ int kv_load_claim_row(kv_load_t *ld, pid_t pid)
 /* Moves whatever row still holds back out of the totals and zeroes it. */
 static void drain_row(kv_load_t *ld, int row)
 {
-    _Atomic int64_t *r = row_of(ld, row);
+    int64_t *r = row_of(ld, row);
     server_t        *s = servers_of(ld);
     uint32_t         i, c;
     int64_t          v;
 
     for (i = 0; i < ld->max_servers; i++) {
         for (c = 0; c < KV_LOAD_ACTIVE; c++) {
-            v = atomic_exchange(&r[i * KV_LOAD_ACTIVE + c], 0);
+            v = __atomic_exchange_n(&r[i * KV_LOAD_ACTIVE + c], 0, __ATOMIC_SEQ_CST);
             if (v) {
-                atomic_fetch_sub_explicit(&s[i].active[c], v, memory_order_relaxed);
+                __atomic_fetch_sub(&s[i].active[c], v, __ATOMIC_RELAXED);
             }
         }
     }
@@ -175,7 +179,7 @@ void kv_load_release_row(kv_load_t *ld, int row)
         return;
     }
     drain_row(ld, row);
-    atomic_store(&owners_of(ld)[row], 0);
+    __atomic_store_n(&owners_of(ld)[row], 0, __ATOMIC_SEQ_CST);
 }
 
 void kv_load_add(kv_load_t *ld, int row, uint32_t server, kv_load_counter_t c,
@@ -184,11 +188,9 @@ void kv_load_add(kv_load_t *ld, int row, uint32_t server, kv_load_counter_t c,
     if (server >= ld->max_servers || delta == 0) {
         return;
     }
-    atomic_fetch_add_explicit(&servers_of(ld)[server].active[c], delta,
-                              memory_order_relaxed);
+    __atomic_fetch_add(&servers_of(ld)[server].active[c], delta, __ATOMIC_RELAXED);
     if (row >= 0 && (uint32_t) row < ld->max_rows) {
-        atomic_fetch_add_explicit(&row_of(ld, row)[server * KV_LOAD_ACTIVE + c],
-                                  delta, memory_order_relaxed);
+        __atomic_fetch_add(&row_of(ld, row)[server * KV_LOAD_ACTIVE + c], delta, __ATOMIC_RELAXED);
     }
 }
 
@@ -200,12 +202,12 @@ void kv_load_count(kv_load_t *ld, uint32_t server, uint32_t overlap, uint32_t pr
         return;
     }
     s = &servers_of(ld)[server];
-    atomic_fetch_add_explicit(&s->requests_total, 1, memory_order_relaxed);
+    __atomic_fetch_add(&s->requests_total, 1, __ATOMIC_RELAXED);
     if (overlap) {
-        atomic_fetch_add_explicit(&s->overlap_hits, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&s->overlap_blocks, overlap, memory_order_relaxed);
+        __atomic_fetch_add(&s->overlap_hits, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&s->overlap_blocks, overlap, __ATOMIC_RELAXED);
     }
-    atomic_fetch_add_explicit(&s->prompt_blocks, prompt_blocks, memory_order_relaxed);
+    __atomic_fetch_add(&s->prompt_blocks, prompt_blocks, __ATOMIC_RELAXED);
 }
 
 void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
@@ -214,27 +216,24 @@ void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
     uint32_t  c;
 
     for (c = 0; c < KV_LOAD_ACTIVE; c++) {
-        out->active[c] = atomic_load_explicit(&s->active[c], memory_order_relaxed);
+        out->active[c] = __atomic_load_n(&s->active[c], __ATOMIC_RELAXED);
         if (out->active[c] < 0) {
             out->active[c] = 0;     /* transient, while a reap races a release */
         }
     }
-    out->requests_total = atomic_load_explicit(&s->requests_total, memory_order_relaxed);
-    out->overlap_hits = atomic_load_explicit(&s->overlap_hits, memory_order_relaxed);
-    out->overlap_blocks = atomic_load_explicit(&s->overlap_blocks, memory_order_relaxed);
-    out->prompt_blocks = atomic_load_explicit(&s->prompt_blocks, memory_order_relaxed);
-    out->prefill_rate = ratio(atomic_load_explicit(&s->prefill_tokens, memory_order_relaxed),
-                              atomic_load_explicit(&s->prefill_ms, memory_order_relaxed));
-    out->decode_pace = ratio(atomic_load_explicit(&s->decode_ms, memory_order_relaxed),
-                             atomic_load_explicit(&s->decode_tokens, memory_order_relaxed));
+    out->requests_total = __atomic_load_n(&s->requests_total, __ATOMIC_RELAXED);
+    out->overlap_hits = __atomic_load_n(&s->overlap_hits, __ATOMIC_RELAXED);
+    out->overlap_blocks = __atomic_load_n(&s->overlap_blocks, __ATOMIC_RELAXED);
+    out->prompt_blocks = __atomic_load_n(&s->prompt_blocks, __ATOMIC_RELAXED);
+    out->prefill_rate = ratio(load_double(&s->prefill_tokens), load_double(&s->prefill_ms));
+    out->decode_pace = ratio(load_double(&s->decode_ms), load_double(&s->decode_tokens));
 }
 
-static void learn(_Atomic double *num, _Atomic double *den, double n, double d)
+/* the first sample is the mean; later ones move it by LEARN_WEIGHT */
+static void learn(double *num, double *den, double n, double d)
 {
-    double m = atomic_load_explicit(num, memory_order_relaxed);
-    double e = atomic_load_explicit(den, memory_order_relaxed);
+    double m = load_double(num), e = load_double(den);
 
-    /* the first sample is the mean; later ones move it by LEARN_WEIGHT */
     if (e <= 0) {
         m = n;
         e = d;
@@ -242,8 +241,8 @@ static void learn(_Atomic double *num, _Atomic double *den, double n, double d)
         m += (n - m) * LEARN_WEIGHT;
         e += (d - e) * LEARN_WEIGHT;
     }
-    atomic_store_explicit(num, m, memory_order_relaxed);
-    atomic_store_explicit(den, e, memory_order_relaxed);
+    __atomic_store(num, &m, __ATOMIC_RELAXED);
+    __atomic_store(den, &e, __ATOMIC_RELAXED);
 }
 
 void kv_load_learn_prefill(kv_load_t *ld, uint32_t server, double tokens, double ms)
@@ -270,22 +269,24 @@ void kv_load_learn_decode(kv_load_t *ld, uint32_t server, double tokens, double 
 
 int kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid))
 {
-    _Atomic int64_t *own = owners_of(ld);
+    int64_t *own = owners_of(ld);
     int64_t          pid;
     uint32_t         i;
     int              n = 0;
 
     for (i = 0; i < ld->max_rows; i++) {
-        pid = atomic_load(&own[i]);
+        pid = __atomic_load_n(&own[i], __ATOMIC_SEQ_CST);
         if (pid <= 0 || alive((pid_t) pid)) {
             continue;
         }
-        if (!atomic_compare_exchange_strong(&own[i], &pid, ROW_REAPING)) {
+        if (!__atomic_compare_exchange_n(&own[i], &pid, ROW_REAPING, 0, __ATOMIC_SEQ_CST,
+                                         __ATOMIC_SEQ_CST))
+        {
             continue;
         }
         drain_row(ld, (int) i);
-        atomic_store(&own[i], 0);
-        atomic_fetch_add(&ld->reaped, 1);
+        __atomic_store_n(&own[i], 0, __ATOMIC_SEQ_CST);
+        __atomic_fetch_add(&ld->reaped, 1, __ATOMIC_SEQ_CST);
         n++;
     }
     return n;
@@ -293,5 +294,5 @@ int kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid))
 
 uint64_t kv_load_reaped(const kv_load_t *ld)
 {
-    return atomic_load(&((kv_load_t *) ld)->reaped);
+    return __atomic_load_n(&((kv_load_t *) ld)->reaped, __ATOMIC_SEQ_CST);
 }

@@ -51,7 +51,6 @@ kv_load_t *kv_load_init(void *region, size_t size, uint32_t max_servers,
  * of names must be serialised by the caller (the nginx master at config). */
 int  kv_load_server(kv_load_t *ld, const char *name, size_t len);
 int  kv_load_find(const kv_load_t *ld, const char *name, size_t len);
-uint32_t kv_load_servers(const kv_load_t *ld);
 const char *kv_load_server_name(const kv_load_t *ld, uint32_t server);
 
 /* A row for process pid (re-using its own row if it has one); -1 if none left. */

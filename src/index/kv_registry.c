@@ -3,17 +3,16 @@
  *
  * Layout: header | records[max_workers]. Offsets only.
  *
- * Seqlock per record: the writer makes seq odd, writes, then makes it even
- * again (release); a reader copies the record between two loads of seq and
- * retries if seq was odd or changed. The copy may race with the writer, so
- * it goes through relaxed atomic word loads, never torn words, and the
- * sequence check throws away any mix of old and new.
+ * Seqlock per record (kv_seqlock.h): a reader copies the record with
+ * relaxed atomic word loads between two reads of an even, unchanged count
+ * and gives up after a bounded number of tries.
  *
  * Lease: one 64-bit word, pid in the high half, generation in the low.
  * Acquire CASes from a free or dead holder to (pid, gen + 1), so a stale
  * helper that wakes up finds a different generation and knows it lost.
  */
 #include "kv_registry.h"
+#include "kv_seqlock.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -24,7 +23,8 @@
 #define REG_VERSION 1u
 
 typedef struct {
-    uint64_t        seq;
+    kv_seqlock_t    seq;
+    uint32_t        pad;
     kv_worker_rec_t rec;
 } reg_slot_t;
 
@@ -96,8 +96,7 @@ static void repair(kv_registry_t *reg)
 {
     uint32_t n = scan_bound(reg);
     for (uint32_t i = 0; i < n; i++)
-        if (reg->slots[i].seq & 1)
-            __atomic_store_n(&reg->slots[i].seq, reg->slots[i].seq + 1, __ATOMIC_RELEASE);
+        kv_seqlock_unstick(&reg->slots[i].seq);
 }
 
 static int pid_dead(pid_t pid)
@@ -150,16 +149,13 @@ pid_t kv_registry_lease_owner(const kv_registry_t *reg, uint32_t *gen)
 
 kv_worker_rec_t *kv_registry_write_begin(kv_registry_t *reg, int i)
 {
-    reg_slot_t *s = &reg->slots[i];
-    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);    /* odd seq before the data */
-    return &s->rec;
+    kv_seqlock_write_begin(&reg->slots[i].seq);
+    return &reg->slots[i].rec;
 }
 
 void kv_registry_write_end(kv_registry_t *reg, int i)
 {
-    reg_slot_t *s = &reg->slots[i];
-    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+    kv_seqlock_write_end(&reg->slots[i].seq);
 }
 
 static void copy_words(void *dst, const void *src, size_t n)
@@ -177,21 +173,12 @@ int kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
     if (i < 0 || (uint32_t)i >= reg->max_workers)
         return -1;
     const reg_slot_t *s = &reg->slots[i];
-    for (long spins = 0;; spins++) {
-        uint64_t s1 = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
-        if (s1 & 1) {
-            /* a live writer holds a record for nanoseconds; one descheduled
-             * or killed in the middle could hold it for milliseconds or
-             * forever: give up soon (routing then goes without it) */
-            if (spins > 4096)
-                return -1;
-            continue;
-        }
+    kv_seqread_t rd = { 0, 0 };
+    do {
+        if (!kv_seqlock_read_begin(&s->seq, &rd))
+            return -1;      /* routing then goes without this record */
         copy_words(out, &s->rec, sizeof(*out));
-        __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        if (__atomic_load_n(&s->seq, __ATOMIC_RELAXED) == s1)
-            break;
-    }
+    } while (!kv_seqlock_read_end(&s->seq, &rd));
     return out->state == KV_WORKER_FREE ? -1 : 0;
 }
 
@@ -268,14 +255,6 @@ void kv_registry_remove(kv_registry_t *reg, int i)
     kv_worker_rec_t *r = kv_registry_write_begin(reg, i);
     memset(r, 0, sizeof(*r));
     kv_registry_write_end(reg, i);
-}
-
-void kv_registry_reset(kv_registry_t *reg)
-{
-    uint32_t n = scan_bound(reg);
-    for (uint32_t i = 0; i < n; i++)
-        if (reg->slots[i].rec.state != KV_WORKER_FREE)
-            kv_registry_remove(reg, (int)i);
 }
 
 /* --- status ------------------------------------------------------------- */

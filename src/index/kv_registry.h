@@ -96,6 +96,12 @@ typedef struct {
     uint64_t    last_event_lag_ms;  /* now - published (when known, else 0) */
     uint64_t    last_event_ms;      /* when the last event was applied */
     uint64_t    updated_ms;         /* last tick */
+    /* ZMQ ingestion (kv_zmq.h) */
+    uint64_t    zmq_publishers;     /* configured */
+    uint64_t    zmq_connected;      /* reachable now */
+    uint64_t    block_size_mismatch;    /* publishers whose engine block size differs */
+    uint64_t    engine_restarts;    /* sequences that went back (worker cleared) */
+    uint64_t    cleared_workers;    /* workers cleared: restarts, unrecoverable gaps */
 } kv_ingest_status_t;
 
 #define KV_REGISTRY_STATUS_FIELDS (sizeof(kv_ingest_status_t) / sizeof(uint64_t))
@@ -129,8 +135,6 @@ kv_worker_rec_t *kv_registry_write_begin(kv_registry_t *reg, int i);
 void kv_registry_write_end(kv_registry_t *reg, int i);
 /* Frees record i. */
 void kv_registry_remove(kv_registry_t *reg, int i);
-/* Drops every record (a fresh helper that cannot trust what it finds). */
-void kv_registry_reset(kv_registry_t *reg);
 
 /* Status fields are single words: add to or set one by its offset. */
 #define KV_STATUS_OFF(field) (offsetof(kv_ingest_status_t, field) / sizeof(uint64_t))

@@ -15,6 +15,11 @@
 #include <ngx_core.h>
 #include <ngx_http.h>
 
+/* the precontent phase, where prompts are read and prepared, came in 1.13.4 */
+#if (nginx_version < 1013004)
+#error "ngx_http_kvroute_module needs nginx 1.13.4 or newer"
+#endif
+
 #include "kv_body.h"
 #include "kv_chat.h"
 #include "kv_index.h"
@@ -27,6 +32,9 @@
 #define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
 #define NGX_HTTP_KVROUTE_HIST          12
+/* the decision-time histogram's bounds (µs), then +Inf: NGX_HTTP_KVROUTE_HIST */
+#define NGX_HTTP_KVROUTE_HIST_BOUNDS   5, 10, 25, 50, 100, 250, 500, 1000,    \
+                                       2500, 10000, 100000
 #define NGX_HTTP_KVROUTE_PENDING_TTL   10000      /* ms */
 
 
@@ -97,6 +105,10 @@ typedef struct {
     ngx_msec_t                      ttl;
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
+    ngx_str_t                       ref_file;       /* where it was first named */
+    ngx_uint_t                      ref_line;
+    ngx_str_t                       decl_file;      /* its kvroute_zone line */
+    ngx_uint_t                      decl_line;
 
     /* per process: event rates over the last second, for the status */
     uint64_t                        rate_ms;
@@ -125,6 +137,7 @@ typedef struct {
     ngx_int_t                       reg;        /* registry record last seen for it */
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
     ngx_int_t                       slot;       /* index slot last seen for it */
+    ngx_uint_t                      block_size_logged;  /* a mismatch, logged */
 } ngx_http_kvroute_peer_t;
 
 
@@ -139,7 +152,9 @@ typedef struct {
     ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
+#if (NGX_THREADS)
     ngx_thread_pool_t              *thread_pool;
+#endif
     ngx_http_complex_value_t       *salt;
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
     ngx_http_upstream_init_pt       original_init_upstream;
@@ -195,9 +210,13 @@ typedef struct {
 } ngx_http_kvroute_peer_data_t;
 
 
+#define NGX_HTTP_KVROUTE_STATUS_ANY         1   /* JSON, ?format=prometheus */
+#define NGX_HTTP_KVROUTE_STATUS_JSON        2
+#define NGX_HTTP_KVROUTE_STATUS_PROMETHEUS  3
+
 typedef struct {
     ngx_flag_t                      debug_headers;
-    ngx_flag_t                      status;
+    ngx_uint_t                      status;     /* kvroute_status format */
 } ngx_http_kvroute_loc_conf_t;
 
 
@@ -208,6 +227,7 @@ typedef struct {
 
 extern ngx_module_t  ngx_http_kvroute_module;
 extern const char   *ngx_http_kvroute_fallback_names[];
+extern const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1];
 
 
 /* zone */
@@ -251,6 +271,19 @@ void ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx);
 uint64_t ngx_http_kvroute_now_ns(void);
+
+/* misconfiguration checks */
+ngx_int_t ngx_http_kvroute_check_order(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *uscf);
+ngx_int_t ngx_http_kvroute_zone_undeclared(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us, ngx_http_kvroute_zone_t *zone);
+ngx_uint_t ngx_http_kvroute_worker_block_size(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_peer_t *p);
+void ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
+    uint32_t *overlap, ngx_log_t *log);
+
+/* errors in the OpenAI shape */
+ngx_int_t ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after);
 
 /* filters, variables, status */
 ngx_int_t ngx_http_kvroute_filter_init(ngx_conf_t *cf);

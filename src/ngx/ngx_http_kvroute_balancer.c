@@ -253,7 +253,9 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_int_t                            rc;
     ngx_str_t                           *value, s, tokenizer, template;
+#if (NGX_THREADS)
     ngx_str_t                            pool;
+#endif
     ngx_uint_t                           i, k, mode;
     ngx_http_kvroute_srv_conf_t        **kp;
     ngx_http_upstream_srv_conf_t        *uscf;
@@ -261,9 +263,8 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     uscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_upstream_module);
 
-    if (uscf->peer.init_upstream) {
-        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
-                           "load balancing method redefined");
+    if (ngx_http_kvroute_check_order(cf, uscf) != NGX_OK) {
+        return NGX_CONF_ERROR;
     }
 
     value = cf->args->elts;
@@ -274,7 +275,9 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_null(&tokenizer);
     ngx_str_null(&template);
+#if (NGX_THREADS)
     ngx_str_set(&pool, "default");
+#endif
 
 #define KV_PARAM(lit)                                                       \
     (value[i].len > sizeof(lit) - 1                                         \
@@ -372,8 +375,15 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         if (KV_PARAM("thread_pool=")) {
+#if (NGX_THREADS)
             pool = s;
             continue;
+#else
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"%V\" needs nginx built with --with-threads",
+                               &value[i]);
+            return NGX_CONF_ERROR;
+#endif
         }
 
         if (KV_PARAM("salt=")) {
@@ -518,11 +528,7 @@ ngx_http_kvroute_init_upstream(ngx_conf_t *cf, ngx_http_upstream_srv_conf_t *us)
     }
 
     if (kcf->zone->shm_zone == NULL) {
-        ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
-                      "kvroute: upstream \"%V\" uses zone=%V but there is no "
-                      "\"kvroute_zone %V SIZE;\" in http{}", &us->host,
-                      &kcf->zone->name, &kcf->zone->name);
-        return NGX_ERROR;
+        return ngx_http_kvroute_zone_undeclared(cf, us, kcf->zone);
     }
 
     if (kcf->mode == 0 && kcf->zone->approximate) {
@@ -844,6 +850,13 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
         ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->pending, ctx,
                                   ctx->pending);
     }
+
+    /* a worker with another block size: none of its blocks can match */
+
+    ngx_http_kvroute_block_size_check(kcf, ctx->overlap,
+                                      pd->request->connection->log);
+    ngx_http_kvroute_block_size_check(kcf, ctx->pending,
+                                      pd->request->connection->log);
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, pd->request->connection->log, 0,
                    "kvroute match: %uL tokens, %uz blocks, first server "

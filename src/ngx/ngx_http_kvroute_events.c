@@ -18,8 +18,20 @@
 
 #include "ngx_http_kvroute.h"
 #include "kv_ingest.h"
+#include "kv_zmq.h"
 
 #include <pthread.h>
+
+
+/* One "kvroute_events zmq://..." line: a publisher, or a pattern that
+ * names one per server of its upstream ($host, $port, $port+N). */
+typedef struct {
+    ngx_str_t                       endpoint;
+    ngx_str_t                       replay;
+    ngx_str_t                       server;     /* empty: the pattern form */
+    ngx_str_t                       topic;
+    ngx_http_upstream_srv_conf_t   *uscf;       /* the pattern's upstream */
+} ngx_http_kvroute_zmq_line_t;
 
 
 typedef struct {
@@ -29,6 +41,12 @@ typedef struct {
     kv_ingest_t                *ingest;
     uint32_t                    lease_gen;
     ngx_uint_t                  waiting_logged;
+
+    /* ZMQ (vLLM / SGLang publishers) instead of NATS */
+    ngx_uint_t                  zmq;
+    ngx_array_t                 zmq_lines;  /* ngx_http_kvroute_zmq_line_t */
+    ngx_msec_t                  replay_timeout;
+    kv_zmq_t                   *zmq_ingest;
 } ngx_http_kvroute_events_t;
 
 
@@ -36,6 +54,12 @@ static ngx_msec_t ngx_http_kvroute_events_manager(void *data);
 static void ngx_http_kvroute_events_drop(void *arg, uint64_t worker_id,
     const uint64_t *seq, size_t n);
 static void ngx_http_kvroute_events_single_timer(ngx_event_t *ev);
+static char *ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
+    ngx_http_kvroute_zone_t *zone, ngx_http_kvroute_events_t *ev);
+static char *ngx_http_kvroute_events_add_path(ngx_conf_t *cf,
+    ngx_http_kvroute_events_t *ev, ngx_str_t path);
+static ngx_int_t ngx_http_kvroute_events_zmq_start(
+    ngx_http_kvroute_events_t *ev, ngx_log_t *log);
 
 
 static char *
@@ -90,7 +114,7 @@ char *
 ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
-    ngx_str_t                     *value, s, name, path;
+    ngx_str_t                     *value, s, path;
     ngx_uint_t                     i;
     ngx_http_kvroute_events_t     *ev;
     ngx_http_kvroute_srv_conf_t   *kcf;
@@ -118,12 +142,20 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         zone = kcf->zone;
     }
 
+    if (ngx_strncmp(value[1].data, "zmq://", 6) == 0
+        || ngx_strncmp(value[1].data, "tcp://", 6) == 0
+        || ngx_strncmp(value[1].data, "ipc://", 6) == 0)
+    {
+        return ngx_http_kvroute_events_zmq_directive(cf, zone, ev);
+    }
+
     if (ngx_strncmp(value[1].data, "nats://", 7) != 0
         && ngx_strncmp(value[1].data, "tls://", 6) != 0)
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid NATS URL \"%V\" in \"kvroute_events\": "
-                           "expected nats://host:port[,...]", &value[1]);
+                           "expected nats://host:port[,...] (or zmq://host:port "
+                           "for vLLM / SGLang publishers)", &value[1]);
         return NGX_CONF_ERROR;
     }
 
@@ -249,7 +281,18 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     zone->events_conf = ev;
     zone->approximate = 0;
 
-    /* the cache manager process exists when some path has a manager */
+    return ngx_http_kvroute_events_add_path(cf, ev, path);
+}
+
+
+/* The cache manager process exists when some path has a manager. */
+
+static char *
+ngx_http_kvroute_events_add_path(ngx_conf_t *cf, ngx_http_kvroute_events_t *ev,
+    ngx_str_t path)
+{
+    ngx_str_t                 name;
+    ngx_http_kvroute_zone_t  *zone = ev->zone;
 
     ev->path = ngx_pcalloc(cf->pool, sizeof(ngx_path_t));
     if (ev->path == NULL) {
@@ -342,10 +385,488 @@ ngx_http_kvroute_events_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
 }
 
 
+
+
+/*
+ * kvroute_events zmq://HOST:PORT [replay=zmq://HOST:PORT] [server=HOST:PORT]
+ *     [topic=T] [replay_timeout=T] [zone=NAME] [path=DIR];
+ *
+ * One line per vLLM / SGLang publisher, naming the upstream server whose
+ * engine it is. Inside an upstream, a line without server= is a pattern:
+ * one publisher per server of that upstream, with $host and $port (or
+ * $port+N, $port-N) in the URLs replaced by that server's (these are not
+ * nginx variables: the helper substitutes them once, per server).
+ */
+
+static char *
+ngx_http_kvroute_events_zmq_url(ngx_conf_t *cf, ngx_str_t *in, ngx_str_t *out)
+{
+    u_char  *p;
+
+    /* zmq:// is the operator's spelling; libzmq wants tcp:// */
+
+    if (ngx_strncmp(in->data, "zmq://", 6) == 0) {
+        out->len = in->len;
+        out->data = ngx_pnalloc(cf->pool, in->len + 1);
+        if (out->data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+        p = ngx_cpymem(out->data, "tcp://", 6);
+        ngx_memcpy(p, in->data + 6, in->len - 6);
+        out->data[out->len] = '\0';
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(in->data, "tcp://", 6) != 0
+        && ngx_strncmp(in->data, "ipc://", 6) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid ZMQ URL \"%V\" in \"kvroute_events\": "
+                           "expected zmq://host:port", in);
+        return NGX_CONF_ERROR;
+    }
+
+    out->len = in->len;
+    out->data = ngx_pnalloc(cf->pool, in->len + 1);
+    if (out->data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+    ngx_memcpy(out->data, in->data, in->len);
+    out->data[out->len] = '\0';
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
+    ngx_http_kvroute_zone_t *zone, ngx_http_kvroute_events_t *ev)
+{
+    ngx_str_t                     *value, s, path;
+    ngx_uint_t                     i;
+    ngx_msec_t                     replay_timeout;
+    ngx_http_kvroute_events_t     *cur;
+    ngx_http_kvroute_zmq_line_t   *ln, line;
+
+    value = cf->args->elts;
+    ngx_memzero(&line, sizeof(line));
+    ngx_str_null(&path);
+    replay_timeout = 0;
+
+    if (ngx_http_kvroute_events_zmq_url(cf, &value[1], &line.endpoint)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+#define KV_PARAM(lit)                                                       \
+    (value[i].len > sizeof(lit) - 1                                         \
+     && ngx_strncmp(value[i].data, lit, sizeof(lit) - 1) == 0               \
+     && (s.data = value[i].data + sizeof(lit) - 1,                          \
+         s.len = value[i].len - (sizeof(lit) - 1), 1))
+
+    for (i = 2; i < cf->args->nelts; i++) {
+
+        if (KV_PARAM("zone=")) {
+            if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
+                return "takes no zone= inside an upstream";
+            }
+
+            zone = ngx_http_kvroute_zone_find(cf, &s);
+            if (zone == NULL) {
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        if (KV_PARAM("replay=")) {
+            if (ngx_http_kvroute_events_zmq_url(cf, &s, &line.replay)
+                != NGX_CONF_OK)
+            {
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        if (KV_PARAM("server=")) {
+            if (s.len >= KV_REGISTRY_ADDR_MAX) {
+                return "has a server= longer than 63 characters";
+            }
+            line.server = s;
+            continue;
+        }
+
+        if (KV_PARAM("topic=")) {
+            line.topic.data = ngx_pnalloc(cf->pool, s.len + 1);
+            if (line.topic.data == NULL) {
+                return NGX_CONF_ERROR;
+            }
+            ngx_memcpy(line.topic.data, s.data, s.len);
+            line.topic.data[s.len] = '\0';
+            line.topic.len = s.len;
+            continue;
+        }
+
+        if (KV_PARAM("replay_timeout=")) {
+            replay_timeout = ngx_parse_time(&s, 0);
+            if (replay_timeout == (ngx_msec_t) NGX_ERROR || replay_timeout == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\" in \"kvroute_events\"",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        if (KV_PARAM("path=")) {
+            path = s;
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"kvroute_events\" "
+                           "(zmq)", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+#undef KV_PARAM
+
+    if (zone == NULL) {
+        return "needs zone=NAME at http level";
+    }
+
+    if (line.server.len == 0) {
+        if (cf->cmd_type != NGX_HTTP_UPS_CONF) {
+            return "needs server=HOST:PORT at http level";
+        }
+
+        /* the pattern form: expanded per server when the helper starts */
+        line.uscf = ngx_http_conf_get_module_srv_conf(cf,
+                                                      ngx_http_upstream_module);
+    }
+
+    cur = zone->events_conf;
+
+    if (cur && !cur->zmq) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "zone \"%V\" already takes events from NATS",
+                           &zone->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (cur == NULL) {
+        cur = ev;
+        cur->zmq = 1;
+        cur->zone = zone;
+
+        if (ngx_array_init(&cur->zmq_lines, cf->pool, 4,
+                           sizeof(ngx_http_kvroute_zmq_line_t))
+            != NGX_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
+
+        zone->events_conf = cur;
+        zone->approximate = 0;
+
+        if (ngx_http_kvroute_events_add_path(cf, cur, path) != NGX_CONF_OK) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (replay_timeout) {
+        cur->replay_timeout = replay_timeout;
+    }
+
+    ln = ngx_array_push(&cur->zmq_lines);
+    if (ln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *ln = line;
+
+    return NGX_CONF_OK;
+}
+
+
+/* Replaces $host, $port, $port+N, $port-N in url by server's; NULL on a
+ * bad placeholder or a server that is not host:port. */
+
+static char *
+ngx_http_kvroute_events_expand(ngx_pool_t *pool, ngx_str_t *url,
+    ngx_str_t *server)
+{
+    u_char     *p, *end, *o, *out, *colon, *q;
+    ngx_int_t   port, n;
+    ngx_str_t   host;
+
+    colon = NULL;
+
+    for (p = server->data; p < server->data + server->len; p++) {
+        if (*p == ':') {
+            colon = p;      /* the last one: [::1]:8000 */
+        }
+    }
+
+    if (colon == NULL) {
+        return NULL;
+    }
+
+    host.data = server->data;
+    host.len = colon - server->data;
+    port = ngx_atoi(colon + 1, server->data + server->len - colon - 1);
+    if (port == NGX_ERROR) {
+        return NULL;
+    }
+
+    /* each placeholder ($host, $port: 5 bytes at least) grows by at most
+     * server->len + 6 bytes */
+    out = ngx_pnalloc(pool, url->len + (url->len / 5 + 1) * (server->len + 6) + 1);
+    if (out == NULL) {
+        return NULL;
+    }
+
+    o = out;
+    p = url->data;
+    end = url->data + url->len;
+
+    while (p < end) {
+        if (*p != '$') {
+            *o++ = *p++;
+            continue;
+        }
+
+        if (end - p >= 5 && ngx_strncmp(p, "$host", 5) == 0) {
+            o = ngx_cpymem(o, host.data, host.len);
+            p += 5;
+            continue;
+        }
+
+        if (end - p < 5 || ngx_strncmp(p, "$port", 5) != 0) {
+            return NULL;
+        }
+
+        p += 5;
+        n = 0;
+
+        if (p < end && (*p == '+' || *p == '-')) {
+            for (q = p + 1; q < end && *q >= '0' && *q <= '9'; q++) {
+                /* digits */
+            }
+
+            n = ngx_atoi(p + 1, q - p - 1);
+            if (n == NGX_ERROR) {
+                return NULL;
+            }
+
+            if (*p == '-') {
+                n = -n;
+            }
+
+            p = q;
+        }
+
+        if (port + n <= 0 || port + n > 65535) {
+            return NULL;
+        }
+
+        o = ngx_sprintf(o, "%i", port + n);
+    }
+
+    *o = '\0';
+
+    return (char *) out;
+}
+
+
+static const char *
+ngx_http_kvroute_events_cstr(ngx_pool_t *pool, ngx_str_t *s)
+{
+    u_char  *p;
+
+    if (s->len == 0) {
+        return NULL;
+    }
+
+    p = ngx_pnalloc(pool, s->len + 1);
+    if (p == NULL) {
+        return NULL;
+    }
+
+    ngx_memcpy(p, s->data, s->len);
+    p[s->len] = '\0';
+
+    return (const char *) p;
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
+{
+    char                            err[256];
+    sigset_t                        all, old;
+    ngx_uint_t                      i, k;
+    ngx_array_t                    *pubs;
+    kv_zmq_config_t                 zc;
+    kv_zmq_pub_config_t            *pc;
+    ngx_http_upstream_server_t     *us;
+    ngx_http_kvroute_zmq_line_t    *ln;
+    ngx_http_kvroute_srv_conf_t   **kcfs;
+    ngx_pool_t                     *pool = ngx_cycle->pool;
+    kv_registry_t                  *reg = ev->zone->sh->registry;
+
+    pubs = ngx_array_create(pool, 8, sizeof(kv_zmq_pub_config_t));
+    if (pubs == NULL) {
+        return NGX_ERROR;
+    }
+
+    ln = ev->zmq_lines.elts;
+
+    for (i = 0; i < ev->zmq_lines.nelts; i++) {
+
+        if (ln[i].uscf == NULL) {
+            pc = ngx_array_push(pubs);
+            if (pc == NULL) {
+                return NGX_ERROR;
+            }
+            pc->endpoint = (const char *) ln[i].endpoint.data;
+            pc->replay = ngx_http_kvroute_events_cstr(pool, &ln[i].replay);
+            pc->server = ngx_http_kvroute_events_cstr(pool, &ln[i].server);
+            pc->topic = ngx_http_kvroute_events_cstr(pool, &ln[i].topic);
+            continue;
+        }
+
+        us = ln[i].uscf->servers->elts;
+
+        for (k = 0; k < ln[i].uscf->servers->nelts; k++) {
+            if (us[k].backup || us[k].name.len >= KV_REGISTRY_ADDR_MAX) {
+                continue;
+            }
+
+            pc = ngx_array_push(pubs);
+            if (pc == NULL) {
+                return NGX_ERROR;
+            }
+
+            pc->endpoint = ngx_http_kvroute_events_expand(pool,
+                                                          &ln[i].endpoint,
+                                                          &us[k].name);
+            pc->replay = ln[i].replay.len
+                         ? ngx_http_kvroute_events_expand(pool, &ln[i].replay,
+                                                          &us[k].name)
+                         : NULL;
+            pc->server = ngx_http_kvroute_events_cstr(pool, &us[k].name);
+            pc->topic = ngx_http_kvroute_events_cstr(pool, &ln[i].topic);
+
+            if (pc->endpoint == NULL || (ln[i].replay.len && pc->replay == NULL)) {
+                ngx_log_error(NGX_LOG_ALERT, log, 0,
+                              "kvroute_events \"%V\": cannot expand \"%V\" "
+                              "for server \"%V\" (placeholders: $host, "
+                              "$port, $port+N, $port-N)", &ev->zone->name,
+                              &ln[i].endpoint, &us[k].name);
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    ngx_memzero(&zc, sizeof(zc));
+    zc.pubs = pubs->elts;
+    zc.n_pubs = pubs->nelts;
+    zc.replay_timeout_ms = (uint32_t) ev->replay_timeout;
+
+    /* the router's block size, to check the engines' against */
+
+    kcfs = ev->zone->upstreams.elts;
+    if (ev->zone->upstreams.nelts) {
+        zc.block_size = (uint32_t) kcfs[0]->block_size;
+    }
+
+    if (kv_registry_lease_acquire(reg, ngx_pid, &ev->lease_gen) != 0) {
+        if (!ev->waiting_logged) {
+            ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                          "kvroute_events \"%V\": waiting for the previous "
+                          "helper (pid %P) to exit", &ev->zone->name,
+                          kv_registry_lease_owner(reg, NULL));
+            ev->waiting_logged = 1;
+        }
+        return NGX_AGAIN;
+    }
+
+    ev->zmq_ingest = kv_zmq_create(&zc, ev->zone->sh->index, reg,
+                                   err, sizeof(err));
+    if (ev->zmq_ingest == NULL) {
+        ngx_log_error(NGX_LOG_ALERT, log, 0, "kvroute_events \"%V\": %s",
+                      &ev->zone->name, err);
+        kv_registry_lease_release(reg, ngx_pid, ev->lease_gen);
+        return NGX_ERROR;
+    }
+
+    /* libzmq's threads must not take nginx's signals: they inherit this */
+
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+
+    if (kv_zmq_start(ev->zmq_ingest, err, sizeof(err)) != 0) {
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        ngx_log_error(NGX_LOG_ALERT, log, 0, "kvroute_events \"%V\": %s",
+                      &ev->zone->name, err);
+        kv_zmq_destroy(ev->zmq_ingest);
+        ev->zmq_ingest = NULL;
+        kv_registry_lease_release(reg, ngx_pid, ev->lease_gen);
+        return NGX_ERROR;
+    }
+
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+
+    ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                  "kvroute_events \"%V\": helper pid %P ingesting from %ui "
+                  "ZMQ publisher(s), block size %uD", &ev->zone->name, ngx_pid,
+                  pubs->nelts, zc.block_size);
+
+    return NGX_OK;
+}
+
+
+static ngx_msec_t
+ngx_http_kvroute_events_zmq_manager(ngx_http_kvroute_events_t *ev)
+{
+    if (ev->zmq_ingest == NULL) {
+        if (ngx_http_kvroute_events_zmq_start(ev, ngx_cycle->log)
+            == NGX_ERROR)
+        {
+            return 5000;
+        }
+
+        if (ev->zmq_ingest == NULL) {
+            return 50;
+        }
+    }
+
+    if (!kv_registry_lease_held(ev->zone->sh->registry, ngx_pid,
+                                ev->lease_gen))
+    {
+        ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
+                      "kvroute_events \"%V\": lost the writer lease, "
+                      "stopping", &ev->zone->name);
+        kv_zmq_destroy(ev->zmq_ingest);
+        ev->zmq_ingest = NULL;
+        return 1000;
+    }
+
+    kv_zmq_tick(ev->zmq_ingest, kv_ingest_now_ms());
+
+    return 100;
+}
+
+
 static ngx_msec_t
 ngx_http_kvroute_events_manager(void *data)
 {
     ngx_http_kvroute_events_t  *ev = data;
+
+    if (ev->zmq) {
+        return ngx_http_kvroute_events_zmq_manager(ev);
+    }
 
     if (ev->ingest == NULL) {
         if (ngx_http_kvroute_events_start(ev, ngx_cycle->log) == NGX_ERROR) {
@@ -436,6 +957,13 @@ void
 ngx_http_kvroute_events_exit_single(ngx_http_kvroute_zone_t *zone)
 {
     ngx_http_kvroute_events_t  *ev = zone->events_conf;
+
+    if (ev && ev->zmq_ingest) {
+        kv_zmq_destroy(ev->zmq_ingest);
+        ev->zmq_ingest = NULL;
+        kv_registry_lease_release(zone->sh->registry, ngx_pid, ev->lease_gen);
+        return;
+    }
 
     if (ev == NULL || ev->ingest == NULL) {
         return;

@@ -24,14 +24,13 @@ ngx_http_kvroute_decision_time(ngx_http_kvroute_ctx_t *ctx)
     ngx_uint_t               b;
     ngx_http_kvroute_sh_t   *sh = ctx->conf->zone->sh;
 
-    static const uint64_t    bounds[NGX_HTTP_KVROUTE_HIST - 1] = {
-        5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000, 100000
-    };
-
     us = (ngx_http_kvroute_now_ns() - ctx->t0_ns) / 1000;
     ctx->decision_us = (ngx_msec_int_t) us;
 
-    for (b = 0; b < NGX_HTTP_KVROUTE_HIST - 1 && us > bounds[b]; b++) {
+    for (b = 0;
+         b < NGX_HTTP_KVROUTE_HIST - 1 && us > ngx_http_kvroute_hist_le[b];
+         b++)
+    {
         /* void */
     }
 

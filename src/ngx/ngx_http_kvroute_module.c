@@ -61,7 +61,7 @@ static ngx_command_t  ngx_http_kvroute_commands[] = {
       NULL },
 
     { ngx_string("kvroute_status"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_kvroute_status_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,

@@ -131,7 +131,6 @@ ngx_int_t
 ngx_http_kvroute_precontent(ngx_http_request_t *r)
 {
     ngx_int_t                     rc;
-    ngx_table_elt_t              *h;
     ngx_http_kvroute_ctx_t       *ctx;
     ngx_http_kvroute_srv_conf_t  *kcf;
 
@@ -153,21 +152,7 @@ ngx_http_kvroute_precontent(ngx_http_request_t *r)
 
         /* every server is over its busy threshold: ask to come back */
 
-        h = ngx_list_push(&r->headers_out.headers);
-        if (h == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        h->hash = 1;
-        ngx_str_set(&h->key, "Retry-After");
-        h->value.data = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
-        if (h->value.data == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-        h->value.len = ngx_sprintf(h->value.data, "%ui", kcf->retry_after)
-                       - h->value.data;
-
-        return NGX_HTTP_SERVICE_UNAVAILABLE;
+        return ngx_http_kvroute_busy(r, kcf->retry_after);
     }
 
     ctx = ngx_http_kvroute_get_ctx(r, kcf);

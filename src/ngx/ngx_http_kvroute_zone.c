@@ -3,10 +3,20 @@
  * Copyright (C) kvroute authors
  *
  * kvroute_zone: the shared memory all nginx worker processes route from.
- * It holds a small header of counters, the load table (src/index/kv_load.c)
- * and the prefix index (src/index/kv_index.c), the latter taking whatever
- * the zone has left. The zone is reused across reloads when its name and
- * size stay the same, so the index and in-flight load survive a reload.
+ * The slab pool holds, in the order they are carved:
+ *
+ *   ngx_http_kvroute_sh_t   counters, histogram, pointers to the rest
+ *   load table              in-flight load per server (src/index/kv_load.c)
+ *   worker registry         workers and the helper's status, written by the
+ *                           event helper (src/index/kv_registry.c)
+ *   pending index           events mode only: an eighth of what is left, the
+ *                           router's recent decisions (approximate, short TTL)
+ *   prefix index            whatever the zone has left (src/index/kv_index.c)
+ *
+ * In approximate mode (no events) there is no pending index and the prefix
+ * index itself holds the router's decisions. The zone is reused across
+ * reloads when its name and size stay the same, so the index and in-flight
+ * load survive a reload.
  */
 
 
@@ -46,8 +56,14 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     if (zone->shm_zone) {
-        return "is duplicate";
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "kvroute_zone \"%V\" is already declared in %V:%ui",
+                           &value[1], &zone->decl_file, zone->decl_line);
+        return NGX_CONF_ERROR;
     }
+
+    zone->decl_file = cf->conf_file->file.name;
+    zone->decl_line = cf->conf_file->line;
 
     size = ngx_parse_size(&value[2]);
     if (size == NGX_ERROR) {
@@ -151,6 +167,8 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
     }
 
     zone->name = *name;
+    zone->ref_file = cf->conf_file->file.name;
+    zone->ref_line = cf->conf_file->line;
     zone->row = -1;
     zone->approximate = 1;
     zone->max_workers = 256;

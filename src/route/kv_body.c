@@ -4,129 +4,14 @@
  * routing, not be half-understood) but only materialises the fields the
  * router uses. Nesting is limited so a hostile body cannot exhaust the stack.
  */
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kv_body.h"
-#include "kv_unicode.h"
+#include "kv_jscan.h"
 
-#define KV_BODY_MAX_DEPTH  64
-
-typedef struct {
-    const char *base;
-    const char *p;
-    const char *end;
-    char       *err;
-    size_t      errlen;
-    int         failed;
-} scan_t;
-
-static int fail(scan_t *s, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!s->failed && s->errlen) {
-        va_start(ap, fmt);
-        vsnprintf(s->err, s->errlen, fmt, ap);
-        va_end(ap);
-    }
-    s->failed = 1;
-    return -1;
-}
-
-static void skip_ws(scan_t *s)
-{
-    while (s->p < s->end
-           && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
-    {
-        s->p++;
-    }
-}
-
-static int expect(scan_t *s, char c)
-{
-    skip_ws(s);
-    if (s->p >= s->end || *s->p != c) {
-        return fail(s, "expected '%c' at byte %zu", c, (size_t) (s->p - s->base));
-    }
-    s->p++;
-    return 0;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-static int read_hex4(scan_t *s, unsigned *out)
-{
-    unsigned v = 0;
-    int      i, h;
-
-    if (s->end - s->p < 4) {
-        return fail(s, "truncated \\u escape");
-    }
-    for (i = 0; i < 4; i++) {
-        h = hexval(s->p[i]);
-        if (h < 0) {
-            return fail(s, "bad \\u escape");
-        }
-        v = v << 4 | (unsigned) h;
-    }
-    s->p += 4;
-    *out = v;
-    return 0;
-}
-
-/* One escape after the backslash; a lone surrogate becomes U+FFFD, as
- * Python's json (and so the engines) would not, but the engines reject
- * such text anyway and routing only needs a stable answer. */
-static int unescape_one(scan_t *s, char *dst, size_t *n)
-{
-    unsigned cp, lo;
-    char     c = *s->p++;
-
-    switch (c) {
-    case '"': case '\\': case '/': dst[0] = c; *n = 1; return 0;
-    case 'b': dst[0] = '\b'; *n = 1; return 0;
-    case 'f': dst[0] = '\f'; *n = 1; return 0;
-    case 'n': dst[0] = '\n'; *n = 1; return 0;
-    case 'r': dst[0] = '\r'; *n = 1; return 0;
-    case 't': dst[0] = '\t'; *n = 1; return 0;
-    case 'u': break;
-    default:  return fail(s, "bad escape '\\%c'", c);
-    }
-    if (read_hex4(s, &cp) != 0) {
-        return -1;
-    }
-    if (cp >= 0xd800 && cp < 0xdc00) {
-        if (s->end - s->p >= 6 && s->p[0] == '\\' && s->p[1] == 'u') {
-            s->p += 2;
-            if (read_hex4(s, &lo) != 0) {
-                return -1;
-            }
-            if (lo >= 0xdc00 && lo < 0xe000) {
-                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            } else {
-                *n = kv_utf8_put(dst, 0xfffd);
-                *n += kv_utf8_put(dst + *n, lo >= 0xd800 && lo < 0xe000 ? 0xfffd : lo);
-                return 0;
-            }
-        } else {
-            cp = 0xfffd;
-        }
-    } else if (cp >= 0xdc00 && cp < 0xe000) {
-        cp = 0xfffd;
-    }
-    *n = kv_utf8_put(dst, cp);
-    return 0;
-}
+typedef kv_jscan_t scan_t;
 
 /*
  * A string at s->p (the opening quote). With out != NULL, the unescaped
@@ -135,162 +20,49 @@ static int unescape_one(scan_t *s, char *dst, size_t *n)
  */
 static int scan_string(scan_t *s, char **out, size_t *out_len)
 {
-    const char *start;
-    char       *dst = NULL;
-    size_t      n = 0, k = 0;
+    const char *raw;
+    char       *dst;
+    size_t      len;
+    int         escaped;
 
-    if (expect(s, '"') != 0) {
+    if (kv_jscan_string_raw(s, &raw, &len, &escaped) != 0) {
         return -1;
     }
-    start = s->p;
-    while (s->p < s->end && *s->p != '"' && *s->p != '\\'
-           && (unsigned char) *s->p >= 0x20)
-    {
-        s->p++;
+    if (out == NULL) {
+        return 0;
     }
-    if (out) {
-        dst = malloc((size_t) (s->end - start) + 1);
-        if (dst == NULL) {
-            return fail(s, "out of memory");
-        }
-        n = (size_t) (s->p - start);
-        memcpy(dst, start, n);
+    dst = malloc(len + 1);
+    if (dst == NULL) {
+        return kv_jscan_fail(s, "out of memory");
     }
-    while (s->p < s->end && *s->p != '"') {
-        if ((unsigned char) *s->p < 0x20) {
-            free(dst);
-            return fail(s, "control character in string");
-        }
-        if (*s->p == '\\') {
-            char tmp[8];
-
-            s->p++;
-            if (s->p >= s->end) {
-                break;
-            }
-            if (unescape_one(s, tmp, &k) != 0) {
-                free(dst);
-                return -1;
-            }
-            if (dst) {
-                memcpy(dst + n, tmp, k);
-                n += k;
-            }
-            continue;
-        }
-        if (dst) {
-            dst[n++] = *s->p;
-        }
-        s->p++;
+    if (escaped) {
+        len = kv_json_unescape(raw, len, dst);
+    } else {
+        memcpy(dst, raw, len);
     }
-    if (s->p >= s->end) {
-        free(dst);
-        return fail(s, "unterminated string");
-    }
-    s->p++;
-    if (out) {
-        dst[n] = '\0';
-        *out = dst;
-        *out_len = n;
-    }
-    return 0;
-}
-
-static int scan_number(scan_t *s)
-{
-    const char *start = s->p;
-
-    if (s->p < s->end && *s->p == '-') s->p++;
-    while (s->p < s->end && ((*s->p >= '0' && *s->p <= '9') || *s->p == '.'
-                             || *s->p == 'e' || *s->p == 'E' || *s->p == '+'
-                             || *s->p == '-'))
-    {
-        s->p++;
-    }
-    if (s->p == start || (s->p == start + 1 && *start == '-')) {
-        return fail(s, "bad value");
-    }
-    return 0;
-}
-
-static int skip_value(scan_t *s, int depth);
-
-static int skip_container(scan_t *s, char close, int depth)
-{
-    int first = 1;
-
-    if (depth > KV_BODY_MAX_DEPTH) {
-        return fail(s, "nested deeper than %d", KV_BODY_MAX_DEPTH);
-    }
-    s->p++;
-    for ( ;; ) {
-        skip_ws(s);
-        if (s->p < s->end && *s->p == close) {
-            s->p++;
-            return 0;
-        }
-        if (!first && expect(s, ',') != 0) {
-            return -1;
-        }
-        first = 0;
-        if (close == '}') {
-            if (scan_string(s, NULL, NULL) != 0 || expect(s, ':') != 0) {
-                return -1;
-            }
-        }
-        if (skip_value(s, depth + 1) != 0) {
-            return -1;
-        }
-    }
-}
-
-static int skip_literal(scan_t *s, const char *lit)
-{
-    size_t n = strlen(lit);
-
-    if ((size_t) (s->end - s->p) < n || memcmp(s->p, lit, n) != 0) {
-        return fail(s, "bad value");
-    }
-    s->p += n;
+    dst[len] = '\0';
+    *out = dst;
+    *out_len = len;
     return 0;
 }
 
 static int skip_value(scan_t *s, int depth)
 {
-    skip_ws(s);
-    if (s->p >= s->end) {
-        return fail(s, "truncated body");
-    }
-    switch (*s->p) {
-    case '{': return skip_container(s, '}', depth);
-    case '[': return skip_container(s, ']', depth);
-    case '"': return scan_string(s, NULL, NULL);
-    case 't': return skip_literal(s, "true");
-    case 'f': return skip_literal(s, "false");
-    case 'n': return skip_literal(s, "null");
-    default:  return scan_number(s);
-    }
+    return kv_jscan_skip_at(s, depth);
 }
 
 /* A token id: a non-negative integer below 2^32. */
 static int scan_id(scan_t *s, uint32_t *id)
 {
-    uint64_t v = 0;
-    const char *start;
+    kv_jnum_t num;
+    int       c = kv_jscan_peek(s);
 
-    skip_ws(s);
-    start = s->p;
-    while (s->p < s->end && *s->p >= '0' && *s->p <= '9' && s->p - start < 11) {
-        v = v * 10 + (uint64_t) (*s->p - '0');
-        s->p++;
-    }
-    if (s->p == start || v > UINT32_MAX
-        || (s->p < s->end && (*s->p == '.' || *s->p == 'e' || *s->p == 'E'
-                              || (*s->p >= '0' && *s->p <= '9'))))
+    if (c < '0' || c > '9' || kv_jscan_number(s, &num) != 0
+        || num.kind != KV_JNUM_UINT || num.u > UINT32_MAX)
     {
-        return fail(s, "prompt token ids must be integers in [0, 2^32)");
+        return s->err ? -1 : kv_jscan_fail(s, "prompt token ids must be integers in [0, 2^32)");
     }
-    *id = (uint32_t) v;
+    *id = (uint32_t) num.u;
     return 0;
 }
 
@@ -299,108 +71,89 @@ static int scan_ids(scan_t *s, kv_body_t *b, int keep)
 {
     size_t    cap = 0;
     uint32_t  id = 0, *grown;
+    int       first = 1, more;
 
     s->p++;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == ']') {
-        s->p++;
-        return 0;
-    }
-    for ( ;; ) {
+    while ((more = kv_jscan_item(s, &first)) == 1) {
         if (scan_id(s, &id) != 0) {
             return -1;
         }
-        if (keep) {
-            if (b->n_ids == cap) {
-                cap = cap ? cap * 2 : 1024;
-                grown = realloc(b->ids, cap * sizeof(uint32_t));
-                if (grown == NULL) {
-                    return fail(s, "out of memory");
-                }
-                b->ids = grown;
+        if (!keep) {
+            continue;
+        }
+        if (b->n_ids == cap) {
+            cap = cap ? cap * 2 : 1024;
+            grown = realloc(b->ids, cap * sizeof(uint32_t));
+            if (grown == NULL) {
+                return kv_jscan_fail(s, "out of memory");
             }
-            b->ids[b->n_ids++] = id;
+            b->ids = grown;
         }
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
-            return 0;
-        }
-        if (expect(s, ',') != 0) {
-            return -1;
-        }
+        b->ids[b->n_ids++] = id;
     }
+    return more;
 }
 
 /* `prompt`: string, [string...], [id...] or [[id...]...]. */
 static int scan_prompt(scan_t *s, kv_body_t *b)
 {
     const char *save;
-    int         first = 1;
+    size_t      i;
+    int         c, first = 1, more;
 
-    skip_ws(s);
-    if (s->p < s->end && *s->p == '"') {
+    c = kv_jscan_peek(s);
+    if (c == '"') {
         b->kind = KV_BODY_TEXT;
         return scan_string(s, &b->text, &b->text_len);
     }
-    if (s->p >= s->end || *s->p != '[') {
-        return fail(s, "prompt must be a string or an array");
+    if (c != '[') {
+        return kv_jscan_fail(s, "prompt must be a string or an array");
     }
     save = s->p++;
-    skip_ws(s);
-    if (s->p < s->end && (*s->p == ']' || (*s->p >= '0' && *s->p <= '9'))) {
+    c = kv_jscan_peek(s);
+    if (c == ']' || (c >= '0' && c <= '9')) {
         s->p = save;
         b->kind = KV_BODY_IDS;
         return scan_ids(s, b, 1);
     }
-    for ( ;; ) {
-        skip_ws(s);
-        if (s->p < s->end && *s->p == '"') {
-            if (scan_string(s, first ? &b->text : NULL, &b->text_len) != 0) {
+    /* a batch: the first prompt routes the request, the rest are checked */
+    for (i = 0; (more = kv_jscan_item(s, &first)) == 1; i++) {
+        c = kv_jscan_peek(s);
+        if (c == '"') {
+            if (scan_string(s, i == 0 ? &b->text : NULL, &b->text_len) != 0) {
                 return -1;
             }
-            if (first) b->kind = KV_BODY_TEXT;
-        } else if (s->p < s->end && *s->p == '[') {
-            if (scan_ids(s, b, first) != 0) {
+            if (i == 0) {
+                b->kind = KV_BODY_TEXT;
+            }
+        } else if (c == '[') {
+            if (scan_ids(s, b, i == 0) != 0) {
                 return -1;
             }
-            if (first) b->kind = KV_BODY_IDS;
+            if (i == 0) {
+                b->kind = KV_BODY_IDS;
+            }
         } else {
-            return fail(s, "prompt array elements must be strings or id arrays");
-        }
-        first = 0;
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
-            return 0;
-        }
-        if (expect(s, ',') != 0) {
-            return -1;
+            return s->err ? -1
+                          : kv_jscan_fail(s, "prompt array elements must be strings or id arrays");
         }
     }
+    return more;
 }
 
+/* An integer field; -1 when it is not one or does not fit a long. */
 static int scan_long(scan_t *s, long *out)
 {
-    const char *start;
-    char        buf[32];
-    char       *end;
-    size_t      n;
+    kv_jnum_t num;
 
-    skip_ws(s);
-    start = s->p;
-    if (scan_number(s) != 0) {
+    if (kv_jscan_number(s, &num) != 0) {
         return -1;
     }
-    n = (size_t) (s->p - start);
-    if (n >= sizeof(buf)) {
-        return fail(s, "number too long");
-    }
-    memcpy(buf, start, n);
-    buf[n] = '\0';
-    errno = 0;
-    *out = strtol(buf, &end, 10);
-    if (errno || *end != '\0') {
+    if (num.kind == KV_JNUM_UINT && num.u <= (uint64_t) LONG_MAX) {
+        *out = (long) num.u;
+    } else if (num.kind == KV_JNUM_NEG) {
+        *out = (long) (int64_t) num.u;
+    } else {
         *out = -1;
     }
     return 0;
@@ -413,7 +166,7 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 
 #define KEY(lit) (klen == sizeof(lit) - 1 && memcmp(key, lit, klen) == 0)
 
-    skip_ws(s);
+    kv_jscan_peek(s);
     if (KEY("prompt") && b->kind == KV_BODY_NONE) {
         return scan_prompt(s, b);
     }
@@ -434,7 +187,7 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
         }
         if (n >= sizeof(b->model)) {
             free(str);
-            return fail(s, "model name longer than %zu bytes", sizeof(b->model) - 1);
+            return kv_jscan_fail(s, "model name longer than %zu bytes", sizeof(b->model) - 1);
         }
         memcpy(b->model, str, n + 1);
         free(str);
@@ -445,7 +198,7 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     }
     if (KEY("stream") && s->p < s->end && *s->p == 't') {
         b->stream = 1;
-        return skip_literal(s, "true");
+        return kv_jscan_literal(s, "true");
     }
     if ((KEY("max_tokens") || KEY("max_completion_tokens"))
         && s->p < s->end && (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')))
@@ -458,41 +211,44 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 
 int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen)
 {
-    scan_t  s = { buf, buf, buf + len, err, errlen, 0 };
-    char   *key;
-    size_t  klen;
-    int     first = 1;
+    scan_t      s;
+    const char *raw;
+    char        key[32];
+    size_t      klen;
+    int         first = 1, escaped, more;
 
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
+    kv_jscan_init_err(&s, buf, len, err, errlen);
 
-    if (expect(&s, '{') != 0) {
-        fail(&s, "body is not a JSON object");
+    if (kv_jscan_peek(&s) != '{') {
+        kv_jscan_fail(&s, "body is not a JSON object");
         goto bad;
     }
-    for ( ;; ) {
-        skip_ws(&s);
-        if (s.p < s.end && *s.p == '}') {
-            s.p++;
-            break;
-        }
-        if (!first && expect(&s, ',') != 0) {
+    s.p++;
+    while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
+        if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
             goto bad;
         }
-        first = 0;
-        skip_ws(&s);
-        if (scan_string(&s, &key, &klen) != 0) {
+        /* the keys the router reads are short and plain; a longer key
+         * cannot be one of them */
+        if (klen >= sizeof(key)) {
+            klen = 0;
+        } else if (escaped) {
+            klen = kv_json_unescape(raw, klen, key);
+        } else {
+            memcpy(key, raw, klen);
+        }
+        if (scan_field(&s, b, key, klen) != 0) {
             goto bad;
         }
-        if (expect(&s, ':') != 0 || scan_field(&s, b, key, klen) != 0) {
-            free(key);
-            goto bad;
-        }
-        free(key);
     }
-    skip_ws(&s);
+    if (more < 0) {
+        goto bad;
+    }
+    kv_jscan_peek(&s);
     if (s.p != s.end) {
-        fail(&s, "trailing data after the JSON object");
+        kv_jscan_fail(&s, "trailing data after the JSON object");
         goto bad;
     }
     return 0;

@@ -8,6 +8,7 @@
 #include "kv_body.h"
 #include "kv_hash.h"
 #include "kv_prompt.h"
+#include "kv_request.h"
 
 static kv_prompt_status_t fail(kv_prompt_t *out, kv_prompt_status_t st, const char *why)
 {
@@ -20,11 +21,10 @@ static kv_prompt_status_t fail(kv_prompt_t *out, kv_prompt_status_t st, const ch
 static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_t *b,
                                    kv_ids_t *ids, kv_prompt_t *out)
 {
-    json_error_t  jerr;
-    json_t       *msgs;
-    char         *text, err[160];
-    size_t        len;
-    long          n;
+    json_error_t         jerr;
+    json_t              *msgs;
+    char                 err[160];
+    kv_request_status_t  st;
 
     if (cfg->chat == NULL) {
         return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
@@ -33,14 +33,16 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     if (msgs == NULL) {
         return fail(out, KV_PROMPT_PARSE, jerr.text);
     }
-    text = kv_chat_render(cfg->chat, msgs, NULL, 1, &len, err, sizeof(err));
+    st = kv_request_ids(cfg->tokenizer, cfg->chat, NULL, 0, msgs, ids, err, sizeof(err));
     json_decref(msgs);
-    if (text == NULL) {
+    switch (st) {
+    case KV_REQUEST_OK:
+        return KV_PROMPT_OK;
+    case KV_REQUEST_NO_MEMORY:
+        return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
+    default:
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }
-    n = kv_tokenizer_encode(cfg->tokenizer, text, len, 0, ids);
-    free(text);
-    return n < 0 ? fail(out, KV_PROMPT_NO_MEMORY, "out of memory") : KV_PROMPT_OK;
 }
 
 static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b,
@@ -57,7 +59,9 @@ static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b
         if (cfg->tokenizer == NULL) {
             return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
         }
-        if (kv_tokenizer_encode(cfg->tokenizer, b->text, b->text_len, 1, ids) < 0) {
+        if (kv_request_ids(cfg->tokenizer, NULL, b->text, b->text_len, NULL, ids, NULL, 0)
+            != KV_REQUEST_OK)
+        {
             return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
         }
         return KV_PROMPT_OK;

@@ -22,8 +22,14 @@
 #include "kv_chat.h"
 #include "kv_jinja.h"
 
-enum { TOK_BOS, TOK_EOS, TOK_UNK, TOK_PAD, TOK_N };
-static const char *const tok_names[TOK_N] = { "bos_token", "eos_token", "unk_token", "pad_token" };
+enum {
+    TOK_BOS,
+    TOK_EOS,
+    TOK_UNK,
+    TOK_PAD,
+    TOK_N
+};
+static const char *const tok_names[TOK_N] = {"bos_token", "eos_token", "unk_token", "pad_token"};
 
 struct kv_chat_template {
     jj_template *tpl;
@@ -34,20 +40,37 @@ struct kv_chat_template {
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) { snprintf(err, errlen, "%s: cannot open", path); return NULL; }
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open", path);
+        return NULL;
+    }
     size_t cap = 65536, n = 0;
     char *buf = malloc(cap);
     while (buf) {
         n += fread(buf + n, 1, cap - n - 1, f);
-        if (n < cap - 1) break;
-        if (cap >= (64u << 20)) { free(buf); buf = NULL; snprintf(err, errlen, "%s: too large", path); fclose(f); return NULL; }
+        if (n < cap - 1)
+            break;
+        if (cap >= (64u << 20)) {
+            free(buf);
+            buf = NULL;
+            snprintf(err, errlen, "%s: too large", path);
+            fclose(f);
+            return NULL;
+        }
         char *p = realloc(buf, cap * 2);
-        if (!p) { free(buf); buf = NULL; break; }
+        if (!p) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
         buf = p;
         cap *= 2;
     }
     fclose(f);
-    if (!buf) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!buf) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     buf[n] = 0;
     *len = n;
     return buf;
@@ -56,7 +79,10 @@ static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
 static kv_chat_template_t *compile(const char *src, size_t len, char *err, size_t errlen)
 {
     kv_chat_template_t *t = calloc(1, sizeof *t);
-    if (!t) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!t) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     char perr[256];
     t->tpl = jj_parse(src, len, perr, sizeof perr);
     if (!t->tpl) {
@@ -72,12 +98,19 @@ kv_chat_template_t *kv_chat_load_string(const char *source, const char *bos_toke
                                         const char *eos_token, char *err, size_t errlen)
 {
     char dummy[8];
-    if (!err) { err = dummy; errlen = sizeof dummy; }
-    if (!source) { snprintf(err, errlen, "no template source"); return NULL; }
+    if (!err) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    if (!source) {
+        snprintf(err, errlen, "no template source");
+        return NULL;
+    }
     kv_chat_template_t *t = compile(source, strlen(source), err, errlen);
-    if (!t) return NULL;
-    if ((bos_token && !(t->tokens[TOK_BOS] = strdup(bos_token))) ||
-        (eos_token && !(t->tokens[TOK_EOS] = strdup(eos_token)))) {
+    if (!t)
+        return NULL;
+    if ((bos_token && !(t->tokens[TOK_BOS] = strdup(bos_token)))
+        || (eos_token && !(t->tokens[TOK_EOS] = strdup(eos_token)))) {
         kv_chat_free(t);
         snprintf(err, errlen, "out of memory");
         return NULL;
@@ -88,23 +121,31 @@ kv_chat_template_t *kv_chat_load_string(const char *source, const char *bos_toke
 /* A special token in tokenizer_config.json: a string or {"content": ...}. */
 static const char *token_text(const json_t *v)
 {
-    if (json_is_string(v)) return json_string_value(v);
-    if (json_is_object(v)) return json_string_value(json_object_get(v, "content"));
+    if (json_is_string(v))
+        return json_string_value(v);
+    if (json_is_object(v))
+        return json_string_value(json_object_get(v, "content"));
     return NULL;
 }
 
 static const char *pick_template(const json_t *ct, const char *name, char *err, size_t errlen)
 {
-    if (json_is_string(ct)) return json_string_value(ct);
-    if (!json_is_array(ct)) { snprintf(err, errlen, "chat_template is neither a string nor a list"); return NULL; }
+    if (json_is_string(ct))
+        return json_string_value(ct);
+    if (!json_is_array(ct)) {
+        snprintf(err, errlen, "chat_template is neither a string nor a list");
+        return NULL;
+    }
     const char *want = name ? name : "default";
     size_t i;
     json_t *e;
-    json_array_foreach(ct, i, e) {
+    json_array_foreach(ct, i, e)
+    {
         const char *n = json_string_value(json_object_get(e, "name"));
         if (n && !strcmp(n, want)) {
             const char *s = json_string_value(json_object_get(e, "template"));
-            if (s) return s;
+            if (s)
+                return s;
         }
     }
     snprintf(err, errlen, "chat_template has no template named '%s'", want);
@@ -116,7 +157,8 @@ static char *sibling(const char *path, const char *file)
     const char *slash = strrchr(path, '/');
     size_t dir = slash ? (size_t)(slash - path) + 1 : 0;
     char *p = malloc(dir + strlen(file) + 1);
-    if (!p) return NULL;
+    if (!p)
+        return NULL;
     memcpy(p, path, dir);
     strcpy(p + dir, file);
     return p;
@@ -131,11 +173,20 @@ static int ends_with(const char *s, const char *suffix)
 kv_chat_template_t *kv_chat_load(const char *path, const char *name, char *err, size_t errlen)
 {
     char dummy[8];
-    if (!err) { err = dummy; errlen = sizeof dummy; }
-    if (!path) { snprintf(err, errlen, "no path"); return NULL; }
+    if (!err) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    if (!path) {
+        snprintf(err, errlen, "no path");
+        return NULL;
+    }
     int is_jinja = ends_with(path, ".jinja");
     char *cfg_path = is_jinja ? sibling(path, "tokenizer_config.json") : strdup(path);
-    if (!cfg_path) { snprintf(err, errlen, "out of memory"); return NULL; }
+    if (!cfg_path) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
     json_error_t jerr;
     json_t *cfg = json_load_file(cfg_path, 0, &jerr);
     if (!cfg && !is_jinja) {
@@ -147,14 +198,17 @@ kv_chat_template_t *kv_chat_load(const char *path, const char *name, char *err, 
     const json_t *ct = cfg ? json_object_get(cfg, "chat_template") : NULL;
     if (!is_jinja && ct && !json_is_null(ct)) {
         const char *src = pick_template(ct, name, err, errlen);
-        if (src) t = compile(src, strlen(src), err, errlen);
+        if (src)
+            t = compile(src, strlen(src), err, errlen);
     } else {
         /* chat_template.jinja: the given file, or next to the tokenizer_config.json */
         char *jpath = is_jinja ? strdup(path) : sibling(path, "chat_template.jinja");
         size_t len;
         char *src = jpath ? read_file(jpath, &len, err, errlen) : NULL;
-        if (src) t = compile(src, len, err, errlen);
-        else if (jpath && !is_jinja) snprintf(err, errlen, "%s: no chat_template and no chat_template.jinja", cfg_path);
+        if (src)
+            t = compile(src, len, err, errlen);
+        else if (jpath && !is_jinja)
+            snprintf(err, errlen, "%s: no chat_template and no chat_template.jinja", cfg_path);
         free(src);
         free(jpath);
     }
@@ -173,30 +227,36 @@ kv_chat_template_t *kv_chat_load(const char *path, const char *name, char *err, 
 
 void kv_chat_free(kv_chat_template_t *t)
 {
-    if (!t) return;
+    if (!t)
+        return;
     jj_template_free(t->tpl);
-    for (int i = 0; i < TOK_N; i++) free(t->tokens[i]);
+    for (int i = 0; i < TOK_N; i++)
+        free(t->tokens[i]);
     free(t);
 }
 
 /* vLLM's "string" content format: text parts joined with "\n". */
-static jv join_text_parts(jj_arena *a, jv parts)
+static jj_value join_text_parts(jj_arena *a, jj_value parts)
 {
-    jj_buf b = { 0 };
+    jj_buf b = {0};
     int first = 1;
     for (size_t i = 0; i < parts.u.list->n; i++) {
-        jv p = parts.u.list->items[i];
-        if (p.kind != JV_DICT) continue;
-        const jv *type = jv_dict_get(p, "type", 4), *text = jv_dict_get(p, "text", 4);
-        if (!type || !jv_is_str(*type, "text") || !text || text->kind != JV_STR) continue;
-        if (!first) jj_buf_putc(&b, '\n');
+        jj_value p = parts.u.list->items[i];
+        if (p.kind != JV_DICT)
+            continue;
+        const jj_value *type = jv_dict_get(p, "type", 4), *text = jv_dict_get(p, "text", 4);
+        if (!type || !jv_is_str(*type, "text") || !text || text->kind != JV_STR)
+            continue;
+        if (!first)
+            jj_buf_putc(&b, '\n');
         jj_buf_put(&b, text->u.str.s, text->u.str.n);
         first = 0;
     }
     char *s = b.oom ? NULL : jj_alloc(a, b.n + 1);
-    jv r = jv_strn("", 0);
+    jj_value r = jv_strn("", 0);
     if (s) {
-        if (b.n) memcpy(s, b.p, b.n);
+        if (b.n)
+            memcpy(s, b.p, b.n);
         s[b.n] = 0;
         r = jv_strn(s, b.n);
     }
@@ -204,12 +264,14 @@ static jv join_text_parts(jj_arena *a, jv parts)
     return r;
 }
 
-static void normalise_content(jj_arena *a, jv msgs)
+static void normalise_content(jj_arena *a, jj_value msgs)
 {
-    if (msgs.kind != JV_LIST) return;
+    if (msgs.kind != JV_LIST)
+        return;
     for (size_t i = 0; i < msgs.u.list->n; i++) {
-        jv m = msgs.u.list->items[i];
-        if (m.kind != JV_DICT) continue;
+        jj_value m = msgs.u.list->items[i];
+        if (m.kind != JV_DICT)
+            continue;
         for (size_t k = 0; k < m.u.dict->n; k++)
             if (jv_is_str(m.u.dict->keys[k], "content") && m.u.dict->vals[k].kind == JV_LIST)
                 m.u.dict->vals[k] = join_text_parts(a, m.u.dict->vals[k]);
@@ -218,61 +280,80 @@ static void normalise_content(jj_arena *a, jv msgs)
 
 static int reserved(const char *k)
 {
-    return !strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "documents") ||
-           !strcmp(k, "add_generation_prompt");
+    return !strcmp(k, "messages") || !strcmp(k, "tools") || !strcmp(k, "documents")
+           || !strcmp(k, "add_generation_prompt");
 }
 
-char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages,
-                        const json_t *tools, int add_generation_prompt,
-                        const json_t *kwargs, long long now,
-                        size_t *len, char *err, size_t errlen)
+char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages, const json_t *tools,
+                        int add_generation_prompt, const json_t *kwargs, long long now, size_t *len,
+                        char *err, size_t errlen)
 {
     char dummy[8];
-    if (!err) { err = dummy; errlen = sizeof dummy; }
-    if (!t || !json_is_array(messages)) { snprintf(err, errlen, "messages must be a JSON array"); return NULL; }
-    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs)) { snprintf(err, errlen, "chat template kwargs must be a JSON object"); return NULL; }
+    if (!err) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    if (!t || !json_is_array(messages)) {
+        snprintf(err, errlen, "messages must be a JSON array");
+        return NULL;
+    }
+    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs)) {
+        snprintf(err, errlen, "chat template kwargs must be a JSON object");
+        return NULL;
+    }
     size_t nkw = kwargs && json_is_object(kwargs) ? json_object_size(kwargs) : 0;
-    jj_arena a = { 0 };
+    jj_arena a = {0};
     jj_var *vars = jj_alloc(&a, (4 + TOK_N + nkw) * sizeof *vars);
     size_t n = 0;
-    if (!vars) { snprintf(err, errlen, "out of memory"); return NULL; }
-    jv msgs = jv_from_json(&a, messages);
-    if (!t->content_parts) normalise_content(&a, msgs);
-    vars[n++] = (jj_var){ "messages", msgs };
-    vars[n++] = (jj_var){ "tools", tools && !json_is_null(tools) ? jv_from_json(&a, tools) : jv_none() };
-    vars[n++] = (jj_var){ "documents", jv_none() };
-    vars[n++] = (jj_var){ "add_generation_prompt", jv_bool(add_generation_prompt) };
+    if (!vars) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    jj_value msgs = jv_from_json(&a, messages);
+    if (!t->content_parts)
+        normalise_content(&a, msgs);
+    vars[n++] = (jj_var){"messages", msgs};
+    vars[n++] =
+        (jj_var){"tools", tools && !json_is_null(tools) ? jv_from_json(&a, tools) : jv_none()};
+    vars[n++] = (jj_var){"documents", jv_none()};
+    vars[n++] = (jj_var){"add_generation_prompt", jv_bool(add_generation_prompt)};
     for (int i = 0; i < TOK_N; i++)
-        if (t->tokens[i]) vars[n++] = (jj_var){ tok_names[i], jv_cstr(t->tokens[i]) };
+        if (t->tokens[i])
+            vars[n++] = (jj_var){tok_names[i], jv_cstr(t->tokens[i])};
     if (nkw) { /* later entries win: kwargs override special tokens, never the fixed four */
         const char *k;
         json_t *v;
-        json_object_foreach((json_t *)kwargs, k, v)
-            if (!reserved(k)) vars[n++] = (jj_var){ k, jv_from_json(&a, v) };
+        json_object_foreach((json_t *)kwargs, k, v) if (!reserved(k)) vars[n++] =
+            (jj_var){k, jv_from_json(&a, v)};
     }
-    jj_buf out = { 0 };
+    jj_buf out = {0};
     int rc = jj_render(t->tpl, &a, vars, n, now, &out, err, errlen);
     jj_arena_free(&a);
     if (rc || out.oom) {
-        if (!rc) snprintf(err, errlen, "out of memory");
+        if (!rc)
+            snprintf(err, errlen, "out of memory");
         free(out.p);
         return NULL;
     }
-    if (!out.p && !(out.p = calloc(1, 1))) { snprintf(err, errlen, "out of memory"); return NULL; }
-    if (len) *len = out.n;
+    if (!out.p && !(out.p = calloc(1, 1))) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (len)
+        *len = out.n;
     return out.p;
 }
 
-char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages,
-                        const json_t *tools, int add_generation_prompt, long long now,
-                        size_t *len, char *err, size_t errlen)
+char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages, const json_t *tools,
+                        int add_generation_prompt, long long now, size_t *len, char *err,
+                        size_t errlen)
 {
-    return kv_chat_render_ex(t, messages, tools, add_generation_prompt, NULL, now, len, err, errlen);
+    return kv_chat_render_ex(t, messages, tools, add_generation_prompt, NULL, now, len, err,
+                             errlen);
 }
 
-char *kv_chat_render(const kv_chat_template_t *t, const json_t *messages,
-                     const json_t *tools, int add_generation_prompt,
-                     size_t *len, char *err, size_t errlen)
+char *kv_chat_render(const kv_chat_template_t *t, const json_t *messages, const json_t *tools,
+                     int add_generation_prompt, size_t *len, char *err, size_t errlen)
 {
     /* KV_CHAT_NOW (seconds since the epoch) pins strftime_now, for tests. */
     const char *pin = getenv("KV_CHAT_NOW");

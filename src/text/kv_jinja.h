@@ -36,31 +36,39 @@ void jj_arena_free(jj_arena *a);
 /* ---- values --------------------------------------------------------- */
 
 typedef enum {
-    JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR,
-    JV_LIST,   /* also tuples (flag in jj_list) */
+    JV_UNDEF,
+    JV_NONE,
+    JV_BOOL,
+    JV_INT,
+    JV_FLOAT,
+    JV_STR,
+    JV_LIST, /* also tuples (flag in jj_list) */
     JV_DICT,
     JV_NS,     /* namespace(): a dict whose attributes may be set */
     JV_LOOP,   /* the `loop` variable of a for loop */
     JV_FUNC,   /* a global function (builtin id) */
     JV_METHOD, /* a bound method: self + name */
     JV_MACRO,
-} jv_kind;
+} jj_value_kind;
 
-typedef struct jv jv;
+typedef struct jj_value jj_value;
 typedef struct jj_list jj_list;
 typedef struct jj_dict jj_dict;
 typedef struct jj_loop jj_loop;
 typedef struct jj_method jj_method;
 struct jnode;
 
-struct jv {
-    jv_kind kind;
+struct jj_value {
+    jj_value_kind kind;
     union {
-        int64_t i;          /* BOOL, INT, FUNC id */
+        int64_t i; /* BOOL, INT, FUNC id */
         double f;
-        struct { const char *s; size_t n; } str; /* STR; UNDEF: its name */
+        struct {
+            const char *s;
+            size_t n;
+        } str; /* STR; UNDEF: its name */
         jj_list *list;
-        jj_dict *dict;      /* DICT, NS */
+        jj_dict *dict; /* DICT, NS */
         jj_loop *loop;
         jj_method *method;
         const struct jnode *macro;
@@ -69,44 +77,44 @@ struct jv {
 
 struct jj_list {
     size_t n, cap;
-    jv *items;
+    jj_value *items;
     int tuple;
 };
 
 struct jj_dict {
     size_t n, cap;
-    jv *keys, *vals;
+    jj_value *keys, *vals;
 };
 
 struct jj_loop {
     size_t index0, length;
-    const jv *items; /* the (filtered) sequence, for previtem/nextitem */
+    const jj_value *items; /* the (filtered) sequence, for previtem/nextitem */
 };
 
 struct jj_method {
-    jv self;
+    jj_value self;
     const char *name;
 };
 
-jv jv_undef(const char *name);
-jv jv_none(void);
-jv jv_bool(int b);
-jv jv_int(int64_t i);
-jv jv_float(double f);
-jv jv_strn(const char *s, size_t n);
-jv jv_cstr(const char *s);
-jv jv_new_list(jj_arena *a, size_t cap);
-jv jv_new_dict(jj_arena *a, size_t cap);
-void jv_list_push(jj_arena *a, jv list, jv item);
-void jv_dict_set(jj_arena *a, jv dict, jv key, jv val);
-const jv *jv_dict_get(jv dict, const char *key, size_t n);
-const jv *jv_dict_find(jv dict, jv key);
+jj_value jv_undef(const char *name);
+jj_value jv_none(void);
+jj_value jv_bool(int b);
+jj_value jv_int(int64_t i);
+jj_value jv_float(double f);
+jj_value jv_strn(const char *s, size_t n);
+jj_value jv_cstr(const char *s);
+jj_value jv_new_list(jj_arena *a, size_t cap);
+jj_value jv_new_dict(jj_arena *a, size_t cap);
+void jv_list_push(jj_arena *a, jj_value list, jj_value item);
+void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val);
+const jj_value *jv_dict_get(jj_value dict, const char *key, size_t n);
+const jj_value *jv_dict_find(jj_value dict, jj_value key);
 
-jv jv_from_json(jj_arena *a, const json_t *j);
-int jv_truthy(jv v);
-int jv_equal(jv a, jv b);
-int jv_is_str(jv v, const char *s);
-const char *jv_type_name(jv v);
+jj_value jv_from_json(jj_arena *a, const json_t *j);
+int jv_truthy(jj_value v);
+int jv_equal(jj_value a, jj_value b);
+int jv_is_str(jj_value v, const char *s);
+const char *jv_type_name(jj_value v);
 
 /* Growable output buffer (malloc'ed; not in the arena: it is returned). */
 typedef struct {
@@ -120,47 +128,87 @@ void jj_buf_putc(jj_buf *b, char c);
 void jj_buf_puts(jj_buf *b, const char *s);
 
 /* Python str(v) and repr(v) appended to b; 0, or -1 for an unsupported value. */
-int jv_write_str(jj_buf *b, jv v);
-int jv_write_repr(jj_buf *b, jv v);
+int jv_write_str(jj_buf *b, jj_value v);
+int jv_write_repr(jj_buf *b, jj_value v);
 /* json.dumps(v, ensure_ascii=False, indent, separators); -1 if not serialisable. */
-int jv_write_json(jj_buf *b, jv v, int indent, const char *item_sep,
-                  const char *key_sep, int sort_keys, int level);
+int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const char *key_sep,
+                  int sort_keys, int level);
 void jv_write_float(jj_buf *b, double f);
 /* str(v) as an arena string. */
-jv jv_to_str(jj_arena *a, jv v, int *ok);
+jj_value jv_to_str(jj_arena *a, jj_value v, int *ok);
 
 /* ---- tokens and AST ------------------------------------------------- */
 
 typedef enum {
     /* expressions */
-    N_LIT, N_NAME, N_ATTR, N_ITEM, N_SLICE, N_CALL, N_FILTER, N_TEST,
-    N_BIN, N_NOT, N_NEG, N_POS, N_AND, N_OR, N_CMP, N_COND, N_LISTLIT,
-    N_TUPLELIT, N_DICTLIT, N_CONCAT,
+    N_LIT,
+    N_NAME,
+    N_ATTR,
+    N_ITEM,
+    N_SLICE,
+    N_CALL,
+    N_FILTER,
+    N_TEST,
+    N_BIN,
+    N_NOT,
+    N_NEG,
+    N_POS,
+    N_AND,
+    N_OR,
+    N_CMP,
+    N_COND,
+    N_LISTLIT,
+    N_TUPLELIT,
+    N_DICTLIT,
+    N_CONCAT,
     /* statements */
-    N_TEXT, N_EMIT, N_BODY, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO,
-    N_BREAK, N_CONTINUE,
+    N_TEXT,
+    N_EMIT,
+    N_BODY,
+    N_IF,
+    N_FOR,
+    N_SET,
+    N_SETBLOCK,
+    N_MACRO,
+    N_BREAK,
+    N_CONTINUE,
 } jn_type;
 
 typedef struct jnode {
     jn_type type;
     int line;
-    int op;                 /* N_BIN/N_CMP operator, N_TEST negation */
-    const char *s;          /* name, attribute, filter/test name, text */
+    int op;        /* N_BIN/N_CMP operator, N_TEST negation */
+    const char *s; /* name, attribute, filter/test name, text */
     size_t slen;
-    jv lit;                 /* N_LIT */
-    struct jnode *a, *b, *c;   /* operands; N_SLICE: a[b:c:d] uses d too */
+    jj_value lit;            /* N_LIT */
+    struct jnode *a, *b, *c; /* operands; N_SLICE: a[b:c:d] uses d too */
     struct jnode *d;
-    struct jnode **kids;       /* args, body, items, list-literal elements */
+    struct jnode **kids; /* args, body, items, list-literal elements */
     int nkids;
-    struct jnode **kids2;      /* kwarg values, else body, dict values */
+    struct jnode **kids2; /* kwarg values, else body, dict values */
     int nkids2;
-    const char **names;     /* kwarg names, loop/set targets, macro params */
+    const char **names; /* kwarg names, loop/set targets, macro params */
     int nnames;
 } jnode;
 
 /* Binary operators (op field). */
-enum { OP_ADD = 1, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW,
-       OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN };
+enum {
+    OP_ADD = 1,
+    OP_SUB,
+    OP_MUL,
+    OP_DIV,
+    OP_FLOORDIV,
+    OP_MOD,
+    OP_POW,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_LE,
+    OP_GT,
+    OP_GE,
+    OP_IN,
+    OP_NOTIN
+};
 
 typedef struct jj_template jj_template;
 
@@ -173,14 +221,23 @@ int jj_template_iterates_content(const jj_template *t);
 
 /* Lexer (used by the parser). */
 typedef enum {
-    T_EOF, T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END,
-    T_NAME, T_STRING, T_INT, T_FLOAT, T_OP,
+    T_EOF,
+    T_TEXT,
+    T_VAR_BEGIN,
+    T_VAR_END,
+    T_BLOCK_BEGIN,
+    T_BLOCK_END,
+    T_NAME,
+    T_STRING,
+    T_INT,
+    T_FLOAT,
+    T_OP,
 } jt_type;
 
 typedef struct {
     jt_type type;
     int line;
-    const char *s;   /* NAME/OP: points into source; STRING/TEXT: decoded, malloc'ed */
+    const char *s; /* NAME/OP: points into source; STRING/TEXT: decoded, malloc'ed */
     size_t n;
     int64_t i;
     double f;
@@ -189,7 +246,7 @@ typedef struct {
 typedef struct {
     jt *toks;
     size_t n, cap;
-    char **owned;    /* decoded strings to free */
+    char **owned; /* decoded strings to free */
     size_t nowned, capowned;
 } jt_list;
 
@@ -200,7 +257,7 @@ void jj_lex_free(jt_list *l);
 
 typedef struct {
     const char *name;
-    jv value;
+    jj_value value;
 } jj_var;
 
 /*
@@ -208,50 +265,124 @@ typedef struct {
  * strftime_now (local time, as datetime.now()). Returns 0 and the text in
  * out, or -1 with the reason in err.
  */
-int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvars,
-              long long now, jj_buf *out, char *err, size_t errlen);
+int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvars, long long now,
+              jj_buf *out, char *err, size_t errlen);
+
+/*
+ * Builtins, each named once: X(ID, "name"). The parser refuses a name not
+ * in its table; the evaluator looks the name up and switches on the id.
+ */
+/* clang-format off */
+#define JJ_FILTERS(X) \
+    X(TOJSON, "tojson") X(TRIM, "trim") X(LENGTH, "length") X(COUNT, "count") \
+    X(UPPER, "upper") X(LOWER, "lower") X(CAPITALIZE, "capitalize") X(TITLE, "title") \
+    X(REPLACE, "replace") X(DEFAULT, "default") X(D, "d") X(FIRST, "first") X(LAST, "last") \
+    X(JOIN, "join") X(LIST, "list") X(ITEMS, "items") X(SELECTATTR, "selectattr") \
+    X(REJECTATTR, "rejectattr") X(MAP, "map") X(SELECT, "select") X(REJECT, "reject") \
+    X(STRING, "string") X(INT, "int") X(FLOAT, "float") X(ABS, "abs") X(REVERSE, "reverse") \
+    X(SAFE, "safe") X(UNIQUE, "unique") X(DICTSORT, "dictsort") X(SORT, "sort") \
+    X(INDENT, "indent") X(ESCAPE, "escape") X(E, "e") X(SUM, "sum") X(MIN, "min") \
+    X(MAX, "max")
+
+#define JJ_TESTS(X) \
+    X(DEFINED, "defined") X(UNDEFINED, "undefined") X(NONE, "none") X(BOOLEAN, "boolean") \
+    X(TRUE, "true") X(FALSE, "false") X(INTEGER, "integer") X(FLOAT, "float") \
+    X(NUMBER, "number") X(STRING, "string") X(MAPPING, "mapping") X(ITERABLE, "iterable") \
+    X(SEQUENCE, "sequence") X(CALLABLE, "callable") X(SAMEAS, "sameas") X(EQ, "eq") \
+    X(EQUALTO, "equalto") X(EQ_OP, "==") X(NE, "ne") X(NE_OP, "!=") X(LT, "lt") X(GT, "gt") \
+    X(LE, "le") X(GE, "ge") X(IN, "in") X(ODD, "odd") X(EVEN, "even") \
+    X(DIVISIBLEBY, "divisibleby") X(LOWER, "lower") X(UPPER, "upper")
+
+/* Python str/dict/list methods; the mutating ones are named so that they
+ * fail as ImmutableSandboxedEnvironment makes them fail. */
+#define JJ_METHODS(X) \
+    X(STRIP, "strip") X(LSTRIP, "lstrip") X(RSTRIP, "rstrip") X(STARTSWITH, "startswith") \
+    X(ENDSWITH, "endswith") X(SPLIT, "split") X(RSPLIT, "rsplit") X(TITLE, "title") \
+    X(UPPER, "upper") X(LOWER, "lower") X(REPLACE, "replace") X(CAPITALIZE, "capitalize") \
+    X(FIND, "find") X(RFIND, "rfind") X(COUNT, "count") X(JOIN, "join") X(GET, "get") \
+    X(ITEMS, "items") X(KEYS, "keys") X(VALUES, "values") X(APPEND, "append") \
+    X(EXTEND, "extend") X(INSERT, "insert") X(POP, "pop") X(REMOVE, "remove") \
+    X(UPDATE, "update") X(SETDEFAULT, "setdefault") X(CLEAR, "clear") X(INDEX, "index") \
+    X(ISDIGIT, "isdigit") X(ISSPACE, "isspace") X(ISALPHA, "isalpha") X(ISALNUM, "isalnum") \
+    X(CYCLE, "cycle")
+
+/* The globals transformers provides to chat templates. */
+#define JJ_FUNCS(X) \
+    X(RANGE, "range") X(NAMESPACE, "namespace") X(DICT, "dict") \
+    X(RAISE_EXCEPTION, "raise_exception") X(STRFTIME_NOW, "strftime_now")
+
+#define JJ_FILTER_ENUM(id, name) JJ_FILTER_##id,
+#define JJ_TEST_ENUM(id, name)   JJ_TEST_##id,
+#define JJ_METHOD_ENUM(id, name) JJ_METHOD_##id,
+#define JJ_FUNC_ENUM(id, name)   JJ_FUNC_##id,
+#define JJ_NAME(id, name)        name,
+
+typedef enum { JJ_FILTERS(JJ_FILTER_ENUM) JJ_FILTER_N } jj_filter_id;
+typedef enum { JJ_TESTS(JJ_TEST_ENUM) JJ_TEST_N } jj_test_id;
+typedef enum { JJ_METHODS(JJ_METHOD_ENUM) JJ_METHOD_N } jj_method_id;
+typedef enum { JJ_FUNCS(JJ_FUNC_ENUM) JJ_FUNC_N } jj_func_id_t;
+/* clang-format on */
+
+/* The id of name in a builtin table, or -1. */
+int jj_filter_lookup(const char *name);
+int jj_test_lookup(const char *name);
+int jj_method_lookup(const char *name);
+int jj_func_lookup(const char *name);
+extern const char *const jj_filter_names[JJ_FILTER_N];
+extern const char *const jj_func_names[JJ_FUNC_N];
 
 /* Builtins (kv_jinja_filter.c, kv_jinja_builtin.c). */
 typedef struct jj_ctx jj_ctx;
-int jj_filter_known(const char *name);
-int jj_test_known(const char *name);
-int jj_method_known(const char *name);
-int jj_func_id(const char *name); /* -1 if not a builtin global */
-int jj_call_filter(jj_ctx *c, const char *name, jv v, const jv *args, int nargs,
-                   const char **kwn, const jv *kwv, int nkw, jv *out);
-int jj_call_test(jj_ctx *c, const char *name, jv v, const jv *args, int nargs, int *out);
-int jj_call_method(jj_ctx *c, jj_method *m, const jv *args, int nargs,
-                   const char **kwn, const jv *kwv, int nkw, jv *out);
-int jj_call_func(jj_ctx *c, int id, const jv *args, int nargs,
-                 const char **kwn, const jv *kwv, int nkw, jv *out);
+int jj_call_filter(jj_ctx *c, const char *name, jj_value v, const jj_value *args, int nargs,
+                   const char **kwn, const jj_value *kwv, int nkw, jj_value *out);
+int jj_call_test(jj_ctx *c, const char *name, jj_value v, const jj_value *args, int nargs,
+                 int *out);
+int jj_call_method(jj_ctx *c, jj_method *m, const jj_value *args, int nargs, const char **kwn,
+                   const jj_value *kwv, int nkw, jj_value *out);
+int jj_call_func(jj_ctx *c, int id, const jj_value *args, int nargs, const char **kwn,
+                 const jj_value *kwv, int nkw, jj_value *out);
 
 /* Argument pos (positional) or name (keyword) of a call; NULL if absent. */
-const jv *jj_arg(const jv *args, int nargs, const char **kwn, const jv *kwv, int nkw, int pos, const char *name);
+const jj_value *jj_arg(const jj_value *args, int nargs, const char **kwn, const jj_value *kwv,
+                       int nkw, int pos, const char *name);
 #define ARG(pos, name) jj_arg(args, nargs, kwn, kwv, nkw, pos, name)
 
 /* Python str operations (kv_jinja_text.c); strings live in the render's arena. */
-int jj_need_str(jj_ctx *c, jv v, const char *what);
-jv jj_strdup(jj_ctx *c, const char *s, size_t n);
-int jj_str(jj_ctx *c, jv v, jv *out);                 /* str(v) */
-int jj_py_space(unsigned cp);                          /* str.isspace() */
-jv jj_map_case(jj_ctx *c, jv s, char mode);            /* 'u'pper 'l'ower 'c'apitalize 't'itle 'j'inja title */
-jv jj_strip(jv s, const jv *chars, int which);         /* which: 1 left, 2 right, 3 both */
-size_t jj_cp_len(jv s);
-jv jj_replace(jj_ctx *c, jv s, jv old, jv new, int64_t count);
-int jj_split(jj_ctx *c, jv s, const jv *sep, int64_t maxsplit, int right, jv *out);
-int jj_affix(jj_ctx *c, jv s, jv x, int end, int *res); /* startswith / endswith */
-jv jj_items(jj_ctx *c, jv dict);                       /* list of (key, value) tuples */
+int jj_need_str(jj_ctx *c, jj_value v, const char *what);
+jj_value jj_strdup(jj_ctx *c, const char *s, size_t n);
+int jj_str(jj_ctx *c, jj_value v, jj_value *out); /* str(v) */
+int jj_py_space(unsigned cp);                     /* str.isspace() */
+typedef enum {
+    JJ_CASE_UPPER,
+    JJ_CASE_LOWER,
+    JJ_CASE_CAPITALIZE, /* first character upper, the rest lower */
+    JJ_CASE_TITLE,      /* Python's str.title(): after any uncased character */
+    JJ_CASE_JINJA_TITLE /* jinja's title filter: after spaces and brackets */
+} jj_case;
+jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode);
+typedef enum {
+    JJ_STRIP_LEFT = 1,
+    JJ_STRIP_RIGHT = 2,
+    JJ_STRIP_BOTH = 3
+} jj_strip_side;
+jj_value jj_strip(jj_value s, const jj_value *chars, jj_strip_side side);
+size_t jj_cp_len(jj_value s);
+jj_value jj_replace(jj_ctx *c, jj_value s, jj_value old, jj_value new, int64_t count);
+int jj_split(jj_ctx *c, jj_value s, const jj_value *sep, int64_t maxsplit, int right,
+             jj_value *out);
+int jj_affix(jj_ctx *c, jj_value s, jj_value x, int end, int *res); /* startswith / endswith */
+jj_value jj_items(jj_ctx *c, jj_value dict); /* list of (key, value) tuples */
 
 /* Shared by eval and builtins. */
 jj_arena *jj_ctx_arena(jj_ctx *c);
 int jj_fail(jj_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 long long jj_ctx_now(jj_ctx *c);
 int jj_failed(jj_ctx *c);
-jv jj_getattr(jj_ctx *c, jv obj, const char *name, size_t n);
-jv jj_getitem(jj_ctx *c, jv obj, jv key);
+jj_value jj_getattr(jj_ctx *c, jj_value obj, const char *name, size_t n);
+jj_value jj_getitem(jj_ctx *c, jj_value obj, jj_value key);
 /* Python's ordering (<) of two values: *cmp < 0, 0, > 0; -1 if they do not compare. */
-int jj_order(jj_ctx *c, jv a, jv b, int *cmp);
+int jj_order(jj_ctx *c, jj_value a, jj_value b, int *cmp);
 /* Iterates a value as Python's iter() would: fills items/n (arena); -1 if not iterable. */
-int jj_iterate(jj_ctx *c, jv v, const jv **items, size_t *n);
+int jj_iterate(jj_ctx *c, jj_value v, const jj_value **items, size_t *n);
 
 #endif

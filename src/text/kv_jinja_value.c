@@ -26,7 +26,8 @@ void *jj_alloc(jj_arena *a, size_t n)
     if (!c || c->cap - c->used < n) {
         size_t cap = n > 16384 ? n : 16384;
         c = malloc(sizeof *c + cap);
-        if (!c) return NULL;
+        if (!c)
+            return NULL;
         c->used = 0;
         c->cap = cap;
         c->next = a->head;
@@ -48,100 +49,148 @@ void jj_arena_free(jj_arena *a)
 
 /* ---- constructors ---- */
 
-jv jv_undef(const char *name) { jv v = { .kind = JV_UNDEF }; v.u.str.s = name; v.u.str.n = name ? strlen(name) : 0; return v; }
-jv jv_none(void) { jv v = { .kind = JV_NONE }; return v; }
-jv jv_bool(int b) { jv v = { .kind = JV_BOOL }; v.u.i = b != 0; return v; }
-jv jv_int(int64_t i) { jv v = { .kind = JV_INT }; v.u.i = i; return v; }
-jv jv_float(double f) { jv v = { .kind = JV_FLOAT }; v.u.f = f; return v; }
-jv jv_strn(const char *s, size_t n) { jv v = { .kind = JV_STR }; v.u.str.s = s; v.u.str.n = n; return v; }
-jv jv_cstr(const char *s) { return jv_strn(s, strlen(s)); }
-
-jv jv_new_list(jj_arena *a, size_t cap)
+jj_value jv_undef(const char *name)
 {
-    jv v = { .kind = JV_LIST };
+    jj_value v = {.kind = JV_UNDEF};
+    v.u.str.s = name;
+    v.u.str.n = name ? strlen(name) : 0;
+    return v;
+}
+jj_value jv_none(void)
+{
+    jj_value v = {.kind = JV_NONE};
+    return v;
+}
+jj_value jv_bool(int b)
+{
+    jj_value v = {.kind = JV_BOOL};
+    v.u.i = b != 0;
+    return v;
+}
+jj_value jv_int(int64_t i)
+{
+    jj_value v = {.kind = JV_INT};
+    v.u.i = i;
+    return v;
+}
+jj_value jv_float(double f)
+{
+    jj_value v = {.kind = JV_FLOAT};
+    v.u.f = f;
+    return v;
+}
+jj_value jv_strn(const char *s, size_t n)
+{
+    jj_value v = {.kind = JV_STR};
+    v.u.str.s = s;
+    v.u.str.n = n;
+    return v;
+}
+jj_value jv_cstr(const char *s)
+{
+    return jv_strn(s, strlen(s));
+}
+
+jj_value jv_new_list(jj_arena *a, size_t cap)
+{
+    jj_value v = {.kind = JV_LIST};
     v.u.list = jj_alloc(a, sizeof(jj_list));
-    if (!v.u.list) return jv_undef(NULL);
+    if (!v.u.list)
+        return jv_undef(NULL);
     memset(v.u.list, 0, sizeof(jj_list));
     if (cap) {
-        v.u.list->items = jj_alloc(a, cap * sizeof(jv));
+        v.u.list->items = jj_alloc(a, cap * sizeof(jj_value));
         v.u.list->cap = v.u.list->items ? cap : 0;
     }
     return v;
 }
 
-jv jv_new_dict(jj_arena *a, size_t cap)
+jj_value jv_new_dict(jj_arena *a, size_t cap)
 {
-    jv v = { .kind = JV_DICT };
+    jj_value v = {.kind = JV_DICT};
     v.u.dict = jj_alloc(a, sizeof(jj_dict));
-    if (!v.u.dict) return jv_undef(NULL);
+    if (!v.u.dict)
+        return jv_undef(NULL);
     memset(v.u.dict, 0, sizeof(jj_dict));
     if (cap) {
-        v.u.dict->keys = jj_alloc(a, cap * sizeof(jv));
-        v.u.dict->vals = jj_alloc(a, cap * sizeof(jv));
+        v.u.dict->keys = jj_alloc(a, cap * sizeof(jj_value));
+        v.u.dict->vals = jj_alloc(a, cap * sizeof(jj_value));
         v.u.dict->cap = v.u.dict->keys && v.u.dict->vals ? cap : 0;
     }
     return v;
 }
 
-static int grow(jj_arena *a, jv **arr, size_t n, size_t *cap)
+static int grow(jj_arena *a, jj_value **arr, size_t n, size_t *cap)
 {
     size_t nc = *cap ? *cap * 2 : 4;
-    jv *p = jj_alloc(a, nc * sizeof(jv));
-    if (!p) return -1;
-    if (n) memcpy(p, *arr, n * sizeof(jv));
+    jj_value *p = jj_alloc(a, nc * sizeof(jj_value));
+    if (!p)
+        return -1;
+    if (n)
+        memcpy(p, *arr, n * sizeof(jj_value));
     *arr = p;
     *cap = nc;
     return 0;
 }
 
-void jv_list_push(jj_arena *a, jv list, jv item)
+void jv_list_push(jj_arena *a, jj_value list, jj_value item)
 {
     jj_list *l = list.u.list;
-    if (l->n == l->cap && grow(a, &l->items, l->n, &l->cap)) return;
+    if (l->n == l->cap && grow(a, &l->items, l->n, &l->cap))
+        return;
     l->items[l->n++] = item;
 }
 
-void jv_dict_set(jj_arena *a, jv dict, jv key, jv val)
+void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val)
 {
     jj_dict *d = dict.u.dict;
     for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->keys[i], key)) { d->vals[i] = val; return; }
+        if (jv_equal(d->keys[i], key)) {
+            d->vals[i] = val;
+            return;
+        }
     if (d->n == d->cap) {
         size_t cap = d->cap;
-        if (grow(a, &d->keys, d->n, &cap)) return;
-        if (grow(a, &d->vals, d->n, &d->cap)) return;
+        if (grow(a, &d->keys, d->n, &cap))
+            return;
+        if (grow(a, &d->vals, d->n, &d->cap))
+            return;
     }
     d->keys[d->n] = key;
     d->vals[d->n++] = val;
 }
 
-const jv *jv_dict_get(jv dict, const char *key, size_t n)
+const jj_value *jv_dict_get(jj_value dict, const char *key, size_t n)
 {
     jj_dict *d = dict.u.dict;
     for (size_t i = 0; i < d->n; i++)
-        if (d->keys[i].kind == JV_STR && d->keys[i].u.str.n == n && !memcmp(d->keys[i].u.str.s, key, n))
+        if (d->keys[i].kind == JV_STR && d->keys[i].u.str.n == n
+            && !memcmp(d->keys[i].u.str.s, key, n))
             return &d->vals[i];
     return NULL;
 }
 
-const jv *jv_dict_find(jv dict, jv key)
+const jj_value *jv_dict_find(jj_value dict, jj_value key)
 {
     jj_dict *d = dict.u.dict;
     for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->keys[i], key)) return &d->vals[i];
+        if (jv_equal(d->keys[i], key))
+            return &d->vals[i];
     return NULL;
 }
 
 /* JSON -> values; strings are borrowed from the (const, caller-owned) JSON. */
-jv jv_from_json(jj_arena *a, const json_t *j)
+jj_value jv_from_json(jj_arena *a, const json_t *j)
 {
     switch (json_typeof(j)) {
     case JSON_OBJECT: {
-        jv d = jv_new_dict(a, json_object_size(j));
-        if (d.kind != JV_DICT) return d;
+        jj_value d = jv_new_dict(a, json_object_size(j));
+        if (d.kind != JV_DICT)
+            return d;
         const char *k;
         json_t *v;
-        json_object_foreach((json_t *)j, k, v) {
+        json_object_foreach((json_t *)j, k, v)
+        {
             jj_dict *dd = d.u.dict;
             if (dd->n < dd->cap) {
                 dd->keys[dd->n] = jv_cstr(k);
@@ -151,79 +200,116 @@ jv jv_from_json(jj_arena *a, const json_t *j)
         return d;
     }
     case JSON_ARRAY: {
-        jv l = jv_new_list(a, json_array_size(j));
-        if (l.kind != JV_LIST) return l;
+        jj_value l = jv_new_list(a, json_array_size(j));
+        if (l.kind != JV_LIST)
+            return l;
         for (size_t i = 0; i < json_array_size(j) && i < l.u.list->cap; i++)
             l.u.list->items[l.u.list->n++] = jv_from_json(a, json_array_get(j, i));
         return l;
     }
-    case JSON_STRING: return jv_strn(json_string_value(j), json_string_length(j));
-    case JSON_INTEGER: return jv_int(json_integer_value(j));
-    case JSON_REAL: return jv_float(json_real_value(j));
-    case JSON_TRUE: return jv_bool(1);
-    case JSON_FALSE: return jv_bool(0);
-    default: return jv_none();
+    case JSON_STRING:
+        return jv_strn(json_string_value(j), json_string_length(j));
+    case JSON_INTEGER:
+        return jv_int(json_integer_value(j));
+    case JSON_REAL:
+        return jv_float(json_real_value(j));
+    case JSON_TRUE:
+        return jv_bool(1);
+    case JSON_FALSE:
+        return jv_bool(0);
+    default:
+        return jv_none();
     }
 }
 
-int jv_truthy(jv v)
+int jv_truthy(jj_value v)
 {
     switch (v.kind) {
-    case JV_UNDEF: case JV_NONE: return 0;
-    case JV_BOOL: case JV_INT: return v.u.i != 0;
-    case JV_FLOAT: return v.u.f != 0.0;
-    case JV_STR: return v.u.str.n != 0;
-    case JV_LIST: return v.u.list->n != 0;
-    case JV_DICT: return v.u.dict->n != 0;
-    default: return 1;
+    case JV_UNDEF:
+    case JV_NONE:
+        return 0;
+    case JV_BOOL:
+    case JV_INT:
+        return v.u.i != 0;
+    case JV_FLOAT:
+        return v.u.f != 0.0;
+    case JV_STR:
+        return v.u.str.n != 0;
+    case JV_LIST:
+        return v.u.list->n != 0;
+    case JV_DICT:
+        return v.u.dict->n != 0;
+    default:
+        return 1;
     }
 }
 
-static int is_num(jv v) { return v.kind == JV_BOOL || v.kind == JV_INT || v.kind == JV_FLOAT; }
-static double num(jv v) { return v.kind == JV_FLOAT ? v.u.f : (double)v.u.i; }
+static int is_num(jj_value v)
+{
+    return v.kind == JV_BOOL || v.kind == JV_INT || v.kind == JV_FLOAT;
+}
+static double num(jj_value v)
+{
+    return v.kind == JV_FLOAT ? v.u.f : (double)v.u.i;
+}
 
-int jv_equal(jv a, jv b)
+int jv_equal(jj_value a, jj_value b)
 {
     if (is_num(a) && is_num(b)) {
-        if (a.kind != JV_FLOAT && b.kind != JV_FLOAT) return a.u.i == b.u.i;
+        if (a.kind != JV_FLOAT && b.kind != JV_FLOAT)
+            return a.u.i == b.u.i;
         return num(a) == num(b);
     }
-    if (a.kind != b.kind) return 0;
+    if (a.kind != b.kind)
+        return 0;
     switch (a.kind) {
-    case JV_UNDEF: case JV_NONE: return 1;
-    case JV_STR: return a.u.str.n == b.u.str.n && !memcmp(a.u.str.s, b.u.str.s, a.u.str.n);
+    case JV_UNDEF:
+    case JV_NONE:
+        return 1;
+    case JV_STR:
+        return a.u.str.n == b.u.str.n && !memcmp(a.u.str.s, b.u.str.s, a.u.str.n);
     case JV_LIST:
-        if (a.u.list->n != b.u.list->n || a.u.list->tuple != b.u.list->tuple) return 0;
+        if (a.u.list->n != b.u.list->n || a.u.list->tuple != b.u.list->tuple)
+            return 0;
         for (size_t i = 0; i < a.u.list->n; i++)
-            if (!jv_equal(a.u.list->items[i], b.u.list->items[i])) return 0;
+            if (!jv_equal(a.u.list->items[i], b.u.list->items[i]))
+                return 0;
         return 1;
     case JV_DICT:
-        if (a.u.dict->n != b.u.dict->n) return 0;
+        if (a.u.dict->n != b.u.dict->n)
+            return 0;
         for (size_t i = 0; i < a.u.dict->n; i++) {
-            const jv *o = jv_dict_find(b, a.u.dict->keys[i]);
-            if (!o || !jv_equal(a.u.dict->vals[i], *o)) return 0;
+            const jj_value *o = jv_dict_find(b, a.u.dict->keys[i]);
+            if (!o || !jv_equal(a.u.dict->vals[i], *o))
+                return 0;
         }
         return 1;
-    case JV_NS: return a.u.dict == b.u.dict;
-    case JV_LOOP: return a.u.loop == b.u.loop;
-    case JV_FUNC: return a.u.i == b.u.i;
-    case JV_MACRO: return a.u.macro == b.u.macro;
-    default: return 0;
+    case JV_NS:
+        return a.u.dict == b.u.dict;
+    case JV_LOOP:
+        return a.u.loop == b.u.loop;
+    case JV_FUNC:
+        return a.u.i == b.u.i;
+    case JV_MACRO:
+        return a.u.macro == b.u.macro;
+    default:
+        return 0;
     }
 }
 
-int jv_is_str(jv v, const char *s)
+int jv_is_str(jj_value v, const char *s)
 {
     return v.kind == JV_STR && v.u.str.n == strlen(s) && !memcmp(v.u.str.s, s, v.u.str.n);
 }
 
-const char *jv_type_name(jv v)
+const char *jv_type_name(jj_value v)
 {
     static const char *const names[] = {
-        "Undefined", "NoneType", "bool", "int", "float", "str", "list", "dict",
-        "Namespace", "LoopContext", "function", "method", "Macro",
+        "Undefined", "NoneType",  "bool",        "int",      "float",  "str",   "list",
+        "dict",      "Namespace", "LoopContext", "function", "method", "Macro",
     };
-    if (v.kind == JV_LIST && v.u.list->tuple) return "tuple";
+    if (v.kind == JV_LIST && v.u.list->tuple)
+        return "tuple";
     return names[v.kind];
 }
 
@@ -231,12 +317,17 @@ const char *jv_type_name(jv v)
 
 void jj_buf_put(jj_buf *b, const char *s, size_t n)
 {
-    if (b->oom || n == 0) return;
+    if (b->oom || n == 0)
+        return;
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
+        while (cap < b->n + n + 1)
+            cap *= 2;
         char *p = realloc(b->p, cap);
-        if (!p) { b->oom = 1; return; }
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
         b->p = p;
         b->cap = cap;
     }
@@ -245,21 +336,34 @@ void jj_buf_put(jj_buf *b, const char *s, size_t n)
     b->p[b->n] = 0;
 }
 
-void jj_buf_putc(jj_buf *b, char c) { jj_buf_put(b, &c, 1); }
-void jj_buf_puts(jj_buf *b, const char *s) { jj_buf_put(b, s, strlen(s)); }
+void jj_buf_putc(jj_buf *b, char c)
+{
+    jj_buf_put(b, &c, 1);
+}
+void jj_buf_puts(jj_buf *b, const char *s)
+{
+    jj_buf_put(b, s, strlen(s));
+}
 
 /* ---- numbers ---- */
 
 /* Python's repr(float): shortest round-trip digits, positional for 1e-4 <= |x| < 1e16. */
 void jv_write_float(jj_buf *b, double f)
 {
-    if (isnan(f)) { jj_buf_puts(b, "nan"); return; }
-    if (isinf(f)) { jj_buf_puts(b, f < 0 ? "-inf" : "inf"); return; }
+    if (isnan(f)) {
+        jj_buf_puts(b, "nan");
+        return;
+    }
+    if (isinf(f)) {
+        jj_buf_puts(b, f < 0 ? "-inf" : "inf");
+        return;
+    }
     char tmp[40];
     int prec;
     for (prec = 1; prec < 17; prec++) {
         snprintf(tmp, sizeof tmp, "%.*e", prec - 1, f);
-        if (strtod(tmp, NULL) == f) break;
+        if (strtod(tmp, NULL) == f)
+            break;
     }
     snprintf(tmp, sizeof tmp, "%.*e", prec - 1, f);
     /* tmp = [-]d[.ddd]e[+-]XX: split into digits and exponent. */
@@ -267,24 +371,31 @@ void jv_write_float(jj_buf *b, double f)
     int nd = 0, neg = tmp[0] == '-';
     char *p = tmp + neg;
     for (; *p && *p != 'e'; p++)
-        if (*p != '.') digits[nd++] = *p;
+        if (*p != '.')
+            digits[nd++] = *p;
     int exp = atoi(p + 1);
-    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
     digits[nd] = 0;
     char out[64];
     int o = 0;
-    if (neg) out[o++] = '-';
+    if (neg)
+        out[o++] = '-';
     if (exp >= -4 && exp < 16) {
         if (exp < 0) {
             out[o++] = '0';
             out[o++] = '.';
-            for (int i = -1; i > exp; i--) out[o++] = '0';
-            for (int i = 0; i < nd; i++) out[o++] = digits[i];
+            for (int i = -1; i > exp; i--)
+                out[o++] = '0';
+            for (int i = 0; i < nd; i++)
+                out[o++] = digits[i];
         } else {
-            for (int i = 0; i <= exp; i++) out[o++] = i < nd ? digits[i] : '0';
+            for (int i = 0; i <= exp; i++)
+                out[o++] = i < nd ? digits[i] : '0';
             out[o++] = '.';
             if (nd > exp + 1)
-                for (int i = exp + 1; i < nd; i++) out[o++] = digits[i];
+                for (int i = exp + 1; i < nd; i++)
+                    out[o++] = digits[i];
             else
                 out[o++] = '0';
         }
@@ -293,9 +404,11 @@ void jv_write_float(jj_buf *b, double f)
         out[o++] = digits[0];
         if (nd > 1) {
             out[o++] = '.';
-            for (int i = 1; i < nd; i++) out[o++] = digits[i];
+            for (int i = 1; i < nd; i++)
+                out[o++] = digits[i];
         }
-        snprintf(out + o, sizeof out - (size_t)o, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+        snprintf(out + o, sizeof out - (size_t)o, "e%c%02d", exp < 0 ? '-' : '+',
+                 exp < 0 ? -exp : exp);
     }
     jj_buf_puts(b, out);
 }
@@ -313,9 +426,13 @@ static unsigned utf8_decode(const unsigned char *s, size_t n, size_t *len)
 {
     unsigned c = s[0];
     int k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (k == 0 || (size_t)k > n) { *len = 1; return c; }
+    if (k == 0 || (size_t)k > n) {
+        *len = 1;
+        return c;
+    }
     unsigned cp = k == 1 ? c : k == 2 ? c & 0x1F : k == 3 ? c & 0x0F : c & 0x07;
-    for (int i = 1; i < k; i++) cp = (cp << 6) | (s[i] & 0x3F);
+    for (int i = 1; i < k; i++)
+        cp = (cp << 6) | (s[i] & 0x3F);
     *len = (size_t)k;
     return cp;
 }
@@ -324,14 +441,22 @@ static unsigned utf8_decode(const unsigned char *s, size_t n, size_t *len)
  * a table of the common ones, see docs in conf/templates/SOURCES.md. */
 static int nonprintable(unsigned cp)
 {
-    if (cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD) return 1;
-    if (cp == 0x061C || cp == 0x180E || cp == 0x1680) return 1;
-    if (cp >= 0x2000 && cp <= 0x200F) return 1;
-    if (cp >= 0x2028 && cp <= 0x202F) return 1;
-    if (cp >= 0x205F && cp <= 0x206F) return 1;
-    if (cp == 0x3000 || cp == 0xFEFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 1;
-    if (cp >= 0xFFF9 && cp <= 0xFFFB) return 1;
-    if (cp >= 0xE0000 && cp <= 0xE007F) return 1;
+    if (cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD)
+        return 1;
+    if (cp == 0x061C || cp == 0x180E || cp == 0x1680)
+        return 1;
+    if (cp >= 0x2000 && cp <= 0x200F)
+        return 1;
+    if (cp >= 0x2028 && cp <= 0x202F)
+        return 1;
+    if (cp >= 0x205F && cp <= 0x206F)
+        return 1;
+    if (cp == 0x3000 || cp == 0xFEFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 1;
+    if (cp >= 0xFFF9 && cp <= 0xFFFB)
+        return 1;
+    if (cp >= 0xE0000 && cp <= 0xE007F)
+        return 1;
     return 0;
 }
 
@@ -355,9 +480,12 @@ static void write_repr_str(jj_buf *b, const char *s, size_t n)
         } else if (cp == '\t') {
             jj_buf_puts(b, "\\t");
         } else if (nonprintable(cp)) {
-            if (cp < 0x100) snprintf(tmp, sizeof tmp, "\\x%02x", cp);
-            else if (cp < 0x10000) snprintf(tmp, sizeof tmp, "\\u%04x", cp);
-            else snprintf(tmp, sizeof tmp, "\\U%08x", cp);
+            if (cp < 0x100)
+                snprintf(tmp, sizeof tmp, "\\x%02x", cp);
+            else if (cp < 0x10000)
+                snprintf(tmp, sizeof tmp, "\\u%04x", cp);
+            else
+                snprintf(tmp, sizeof tmp, "\\U%08x", cp);
             jj_buf_puts(b, tmp);
         } else {
             jj_buf_put(b, s + i, len);
@@ -367,18 +495,23 @@ static void write_repr_str(jj_buf *b, const char *s, size_t n)
     jj_buf_putc(b, q);
 }
 
-int jv_write_repr(jj_buf *b, jv v)
+int jv_write_repr(jj_buf *b, jj_value v)
 {
     switch (v.kind) {
-    case JV_STR: write_repr_str(b, v.u.str.s, v.u.str.n); return 0;
+    case JV_STR:
+        write_repr_str(b, v.u.str.s, v.u.str.n);
+        return 0;
     case JV_LIST: {
         jj_list *l = v.u.list;
         jj_buf_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
-            if (i) jj_buf_puts(b, ", ");
-            if (jv_write_repr(b, l->items[i])) return -1;
+            if (i)
+                jj_buf_puts(b, ", ");
+            if (jv_write_repr(b, l->items[i]))
+                return -1;
         }
-        if (l->tuple && l->n == 1) jj_buf_putc(b, ',');
+        if (l->tuple && l->n == 1)
+            jj_buf_putc(b, ',');
         jj_buf_putc(b, l->tuple ? ')' : ']');
         return 0;
     }
@@ -386,49 +519,78 @@ int jv_write_repr(jj_buf *b, jv v)
         jj_dict *d = v.u.dict;
         jj_buf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
-            if (i) jj_buf_puts(b, ", ");
-            if (jv_write_repr(b, d->keys[i])) return -1;
+            if (i)
+                jj_buf_puts(b, ", ");
+            if (jv_write_repr(b, d->keys[i]))
+                return -1;
             jj_buf_puts(b, ": ");
-            if (jv_write_repr(b, d->vals[i])) return -1;
+            if (jv_write_repr(b, d->vals[i]))
+                return -1;
         }
         jj_buf_putc(b, '}');
         return 0;
     }
-    default: return jv_write_str(b, v);
+    default:
+        return jv_write_str(b, v);
     }
 }
 
-int jv_write_str(jj_buf *b, jv v)
+int jv_write_str(jj_buf *b, jj_value v)
 {
     switch (v.kind) {
-    case JV_UNDEF: return 0;
-    case JV_NONE: jj_buf_puts(b, "None"); return 0;
-    case JV_BOOL: jj_buf_puts(b, v.u.i ? "True" : "False"); return 0;
-    case JV_INT: write_int(b, v.u.i); return 0;
-    case JV_FLOAT: jv_write_float(b, v.u.f); return 0;
-    case JV_STR: jj_buf_put(b, v.u.str.s, v.u.str.n); return 0;
-    case JV_LIST: case JV_DICT: return jv_write_repr(b, v);
+    case JV_UNDEF:
+        return 0;
+    case JV_NONE:
+        jj_buf_puts(b, "None");
+        return 0;
+    case JV_BOOL:
+        jj_buf_puts(b, v.u.i ? "True" : "False");
+        return 0;
+    case JV_INT:
+        write_int(b, v.u.i);
+        return 0;
+    case JV_FLOAT:
+        jv_write_float(b, v.u.f);
+        return 0;
+    case JV_STR:
+        jj_buf_put(b, v.u.str.s, v.u.str.n);
+        return 0;
+    case JV_LIST:
+    case JV_DICT:
+        return jv_write_repr(b, v);
     case JV_NS: {
-        jv d = v;
+        jj_value d = v;
         d.kind = JV_DICT;
         jj_buf_puts(b, "<Namespace ");
-        if (jv_write_repr(b, d)) return -1;
+        if (jv_write_repr(b, d))
+            return -1;
         jj_buf_putc(b, '>');
         return 0;
     }
-    default: return -1; /* functions, loops: Python prints addresses; refuse */
+    default:
+        return -1; /* functions, loops: Python prints addresses; refuse */
     }
 }
 
-jv jv_to_str(jj_arena *a, jv v, int *ok)
+jj_value jv_to_str(jj_arena *a, jj_value v, int *ok)
 {
     *ok = 1;
-    if (v.kind == JV_STR) return v;
-    jj_buf b = { 0 };
-    if (jv_write_str(&b, v) || b.oom) { free(b.p); *ok = 0; return jv_undef(NULL); }
+    if (v.kind == JV_STR)
+        return v;
+    jj_buf b = {0};
+    if (jv_write_str(&b, v) || b.oom) {
+        free(b.p);
+        *ok = 0;
+        return jv_undef(NULL);
+    }
     char *s = jj_alloc(a, b.n + 1);
-    if (!s) { free(b.p); *ok = 0; return jv_undef(NULL); }
-    if (b.n) memcpy(s, b.p, b.n);
+    if (!s) {
+        free(b.p);
+        *ok = 0;
+        return jv_undef(NULL);
+    }
+    if (b.n)
+        memcpy(s, b.p, b.n);
     s[b.n] = 0;
     free(b.p);
     return jv_strn(s, b.n);
@@ -442,19 +604,36 @@ static void write_json_str(jj_buf *b, const char *s, size_t n)
     size_t start = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        if (c >= 0x20 && c != '"' && c != '\\')
+            continue;
         jj_buf_put(b, s + start, i - start);
         start = i + 1;
         char tmp[8];
         switch (c) {
-        case '"': jj_buf_puts(b, "\\\""); break;
-        case '\\': jj_buf_puts(b, "\\\\"); break;
-        case '\n': jj_buf_puts(b, "\\n"); break;
-        case '\r': jj_buf_puts(b, "\\r"); break;
-        case '\t': jj_buf_puts(b, "\\t"); break;
-        case '\b': jj_buf_puts(b, "\\b"); break;
-        case '\f': jj_buf_puts(b, "\\f"); break;
-        default: snprintf(tmp, sizeof tmp, "\\u%04x", c); jj_buf_puts(b, tmp);
+        case '"':
+            jj_buf_puts(b, "\\\"");
+            break;
+        case '\\':
+            jj_buf_puts(b, "\\\\");
+            break;
+        case '\n':
+            jj_buf_puts(b, "\\n");
+            break;
+        case '\r':
+            jj_buf_puts(b, "\\r");
+            break;
+        case '\t':
+            jj_buf_puts(b, "\\t");
+            break;
+        case '\b':
+            jj_buf_puts(b, "\\b");
+            break;
+        case '\f':
+            jj_buf_puts(b, "\\f");
+            break;
+        default:
+            snprintf(tmp, sizeof tmp, "\\u%04x", c);
+            jj_buf_puts(b, tmp);
         }
     }
     jj_buf_put(b, s + start, n - start);
@@ -464,75 +643,116 @@ static void write_json_str(jj_buf *b, const char *s, size_t n)
 static void newline_indent(jj_buf *b, int indent, int level)
 {
     jj_buf_putc(b, '\n');
-    for (int i = 0; i < indent * level; i++) jj_buf_putc(b, ' ');
+    for (int i = 0; i < indent * level; i++)
+        jj_buf_putc(b, ' ');
 }
 
 /* A dict key as json.dumps converts it: str as is; int/float/bool/None to text. */
-static int write_json_key(jj_buf *b, jv k)
+static int write_json_key(jj_buf *b, jj_value k)
 {
-    if (k.kind == JV_STR) { write_json_str(b, k.u.str.s, k.u.str.n); return 0; }
+    if (k.kind == JV_STR) {
+        write_json_str(b, k.u.str.s, k.u.str.n);
+        return 0;
+    }
     jj_buf_putc(b, '"');
-    if (k.kind == JV_BOOL) jj_buf_puts(b, k.u.i ? "true" : "false");
-    else if (k.kind == JV_NONE) jj_buf_puts(b, "null");
-    else if (k.kind == JV_INT) write_int(b, k.u.i);
-    else if (k.kind == JV_FLOAT) jv_write_float(b, k.u.f);
-    else return -1;
+    if (k.kind == JV_BOOL)
+        jj_buf_puts(b, k.u.i ? "true" : "false");
+    else if (k.kind == JV_NONE)
+        jj_buf_puts(b, "null");
+    else if (k.kind == JV_INT)
+        write_int(b, k.u.i);
+    else if (k.kind == JV_FLOAT)
+        jv_write_float(b, k.u.f);
+    else
+        return -1;
     jj_buf_putc(b, '"');
     return 0;
 }
 
-static int key_cmp(const jv *a, const jv *b)
+static int key_cmp(const jj_value *a, const jj_value *b)
 {
     size_t n = a->u.str.n < b->u.str.n ? a->u.str.n : b->u.str.n;
     int c = memcmp(a->u.str.s, b->u.str.s, n);
     return c ? c : (a->u.str.n > b->u.str.n) - (a->u.str.n < b->u.str.n);
 }
 
-int jv_write_json(jj_buf *b, jv v, int indent, const char *item_sep, const char *key_sep,
+int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int level)
 {
     switch (v.kind) {
-    case JV_NONE: jj_buf_puts(b, "null"); return 0;
-    case JV_BOOL: jj_buf_puts(b, v.u.i ? "true" : "false"); return 0;
-    case JV_INT: write_int(b, v.u.i); return 0;
-    case JV_FLOAT:
-        if (isnan(v.u.f)) jj_buf_puts(b, "NaN");
-        else if (isinf(v.u.f)) jj_buf_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");
-        else jv_write_float(b, v.u.f);
+    case JV_NONE:
+        jj_buf_puts(b, "null");
         return 0;
-    case JV_STR: write_json_str(b, v.u.str.s, v.u.str.n); return 0;
+    case JV_BOOL:
+        jj_buf_puts(b, v.u.i ? "true" : "false");
+        return 0;
+    case JV_INT:
+        write_int(b, v.u.i);
+        return 0;
+    case JV_FLOAT:
+        if (isnan(v.u.f))
+            jj_buf_puts(b, "NaN");
+        else if (isinf(v.u.f))
+            jj_buf_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");
+        else
+            jv_write_float(b, v.u.f);
+        return 0;
+    case JV_STR:
+        write_json_str(b, v.u.str.s, v.u.str.n);
+        return 0;
     case JV_LIST: {
         jj_list *l = v.u.list;
-        if (l->n == 0) { jj_buf_puts(b, "[]"); return 0; }
+        if (l->n == 0) {
+            jj_buf_puts(b, "[]");
+            return 0;
+        }
         jj_buf_putc(b, '[');
         for (size_t i = 0; i < l->n; i++) {
-            if (i) jj_buf_puts(b, item_sep);
-            if (indent >= 0) newline_indent(b, indent, level + 1);
-            if (jv_write_json(b, l->items[i], indent, item_sep, key_sep, sort_keys, level + 1)) return -1;
+            if (i)
+                jj_buf_puts(b, item_sep);
+            if (indent >= 0)
+                newline_indent(b, indent, level + 1);
+            if (jv_write_json(b, l->items[i], indent, item_sep, key_sep, sort_keys, level + 1))
+                return -1;
         }
-        if (indent >= 0) newline_indent(b, indent, level);
+        if (indent >= 0)
+            newline_indent(b, indent, level);
         jj_buf_putc(b, ']');
         return 0;
     }
     case JV_DICT: {
         jj_dict *d = v.u.dict;
-        if (d->n == 0) { jj_buf_puts(b, "{}"); return 0; }
+        if (d->n == 0) {
+            jj_buf_puts(b, "{}");
+            return 0;
+        }
         size_t *order = malloc(d->n * sizeof *order);
-        if (!order) return -1;
-        for (size_t i = 0; i < d->n; i++) order[i] = i;
+        if (!order)
+            return -1;
+        for (size_t i = 0; i < d->n; i++)
+            order[i] = i;
         if (sort_keys) {
-            for (size_t i = 0; i < d->n; i++) if (d->keys[i].kind != JV_STR) { free(order); return -1; }
+            for (size_t i = 0; i < d->n; i++)
+                if (d->keys[i].kind != JV_STR) {
+                    free(order);
+                    return -1;
+                }
             for (size_t i = 1; i < d->n; i++) /* insertion sort: dicts here are small */
-                for (size_t j = i; j > 0 && key_cmp(&d->keys[order[j - 1]], &d->keys[order[j]]) > 0; j--) {
-                    size_t t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+                for (size_t j = i; j > 0 && key_cmp(&d->keys[order[j - 1]], &d->keys[order[j]]) > 0;
+                     j--) {
+                    size_t t = order[j];
+                    order[j] = order[j - 1];
+                    order[j - 1] = t;
                 }
         }
         jj_buf_putc(b, '{');
         int rc = 0;
         for (size_t k = 0; k < d->n && !rc; k++) {
             size_t i = order[k];
-            if (k) jj_buf_puts(b, item_sep);
-            if (indent >= 0) newline_indent(b, indent, level + 1);
+            if (k)
+                jj_buf_puts(b, item_sep);
+            if (indent >= 0)
+                newline_indent(b, indent, level + 1);
             rc = write_json_key(b, d->keys[i]);
             if (!rc) {
                 jj_buf_puts(b, key_sep);
@@ -540,11 +760,14 @@ int jv_write_json(jj_buf *b, jv v, int indent, const char *item_sep, const char 
             }
         }
         free(order);
-        if (rc) return -1;
-        if (indent >= 0) newline_indent(b, indent, level);
+        if (rc)
+            return -1;
+        if (indent >= 0)
+            newline_indent(b, indent, level);
         jj_buf_putc(b, '}');
         return 0;
     }
-    default: return -1; /* Undefined, namespace, functions: not JSON serializable */
+    default:
+        return -1; /* Undefined, namespace, functions: not JSON serializable */
     }
 }

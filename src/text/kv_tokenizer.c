@@ -551,11 +551,6 @@ long kv_tokenizer_token_bytes(const kv_tokenizer_t *t, uint32_t id, char *dst, s
     return n;
 }
 
-long kv_tokenizer_token_id(const kv_tokenizer_t *t, const char *token)
-{
-    return (long) kv_tok_map_get(t, token, strlen(token));
-}
-
 uint32_t kv_tokenizer_vocab_size(const kv_tokenizer_t *t)
 {
     return t->vocab_size;

@@ -56,8 +56,6 @@ char *kv_tokenizer_decode(const kv_tokenizer_t *t, const uint32_t *ids, size_t n
  */
 long kv_tokenizer_token_bytes(const kv_tokenizer_t *t, uint32_t id, char *buf, size_t cap);
 
-/* The id of a token's exact string (vocab or added token), or -1. */
-long kv_tokenizer_token_id(const kv_tokenizer_t *t, const char *token);
 uint32_t kv_tokenizer_vocab_size(const kv_tokenizer_t *t);
 /* Bytes of heap memory held by t. */
 size_t kv_tokenizer_memory(const kv_tokenizer_t *t);

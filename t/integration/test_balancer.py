@@ -1,4 +1,4 @@
-"""The KV-aware balancer (issue 6): real nginx + the module, real kvworker mock engines."""
+"""The KV-aware balancer: real nginx + the module, real kvworker mock engines."""
 import concurrent.futures
 import json
 import os

@@ -1,4 +1,4 @@
-"""The CPU engine (issue 10) on tiny random-weight models made by
+"""The CPU engine on tiny random-weight models made by
 kvtiny-model, against an independent numpy implementation (t/ref), and
 through kvworker's scheduler and HTTP front."""
 import json

@@ -1,4 +1,4 @@
-"""Event ingestion (issue 7): the helper process in nginx, real nats-server,
+"""Event ingestion: the helper process in nginx, real nats-server,
 real kvworker engines publishing KV events."""
 import json
 import os

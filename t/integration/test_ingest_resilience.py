@@ -8,7 +8,7 @@ import pytest
 
 import kvingest
 from kvfake import PREFIX, FakeWorker
-from natsraw import NatsRaw
+from kvnats import Nats
 
 ok, why = kvingest.available()
 pytestmark = pytest.mark.skipif(not ok, reason="kvingest unavailable: %s" % why)
@@ -64,7 +64,7 @@ def test_jetstream_durable_replays_missed_events(stack):
     nats = stack.nats(jetstream=True)
     js = ["--jetstream", "KVEVENTS", "--durable", "kvroute-test"]
     ing = kvingest.Ingest(stack, nats.url, extra=js)
-    pub = NatsRaw(nats.port)
+    pub = Nats(nats.port)
     # the stream exists once the ingester has set it up; publish after that
     time.sleep(0.2)
     ing.wait(lambda s: s["nats"] == "connected", what="connected")

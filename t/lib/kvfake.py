@@ -9,7 +9,7 @@ import random
 import threading
 import time
 
-from natsraw import NatsRaw
+from kvnats import Nats
 
 PREFIX = "namespace.dynamo.component.backend"
 
@@ -36,7 +36,7 @@ class FakeWorker:
 
     def connect(self, port):
         """(Re)connects, e.g. after nats-server restarted."""
-        self.nc = NatsRaw(port)
+        self.nc = Nats(port)
         self.nc.subscribe("%s.kvroute.dump.%d" % (self.prefix, self.worker_id), self._on_dump)
         self.nc.subscribe("%s.kvroute.discover" % self.prefix,
                           lambda s, r, p: self.heartbeat("announce"))

@@ -27,8 +27,8 @@ def start_ready(stack, nats, extra=(), log="kvingest.log"):
     """Starts kvingest and returns (ingest, raw client) once its
     subscriptions are live: it publishes discover after subscribing, on the
     same connection, so seeing discover means the server has its SUBs."""
-    from natsraw import NatsRaw
-    nc = NatsRaw(nats.port)
+    from kvnats import Nats
+    nc = Nats(nats.port)
     seen = threading.Event()
     nc.subscribe("*.*.*.*.kvroute.discover", lambda s, r, p: seen.set())
     nc.flush()

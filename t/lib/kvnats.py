@@ -1,6 +1,11 @@
-"""A small synchronous NATS client for tests (core protocol only: SUB, PUB,
-MSG, PING/PONG), so the suite needs no extra package. One reader thread
-files incoming messages per subscription."""
+"""The suite's one NATS client (core protocol only: CONNECT, SUB, PUB, MSG,
+PING/PONG) over a raw socket, so the suite needs no extra package and
+events can come from something that is not kvworker.
+
+A subscription either queues its messages (subscribe(subject) -> sid, then
+messages/wait) or hands each one to a callback on the reader thread
+(subscribe(subject, cb), cb(subject, reply, payload bytes)), which is how
+FakeWorker (kvfake.py) answers request/reply."""
 import json
 import socket
 import threading
@@ -18,18 +23,22 @@ class Msg:
 
 
 class Nats:
-    def __init__(self, port, host="127.0.0.1", timeout=5.0):
+    def __init__(self, port, host="127.0.0.1", timeout=5.0, name="kvt"):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.settimeout(None)
         self.buf = b""
-        self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
-        self.subs = {}          # sid -> list of Msg
+        self.lock = threading.Lock()            # one writer on the socket
+        self.cond = threading.Condition()       # queues, callbacks, pongs
+        self.queues = {}        # sid -> list of Msg
+        self.callbacks = {}     # sid -> cb(subject, reply, payload)
         self.next_sid = 1
         self.pongs = 0
         self.closed = False
-        self._line()            # INFO
-        self._send(b'CONNECT {"verbose":false,"pedantic":false,"name":"kvt"}\r\n')
+        info = self._line()
+        if not info.startswith(b"INFO"):
+            raise RuntimeError("not a NATS server: %r" % info[:80])
+        self._send(('CONNECT {"verbose":false,"pedantic":false,"name":"%s","protocol":1,'
+                    '"echo":true}\r\n' % name).encode())
         self.reader = threading.Thread(target=self._read_loop, daemon=True)
         self.reader.start()
         self.flush()
@@ -39,7 +48,7 @@ class Nats:
             self.sock.sendall(data)
 
     def _fill(self):
-        chunk = self.sock.recv(65536)
+        chunk = self.sock.recv(1 << 16)
         if not chunk:
             raise EOFError
         self.buf += chunk
@@ -52,7 +61,7 @@ class Nats:
 
     def _read_loop(self):
         try:
-            while True:
+            while not self.closed:
                 line = self._line()
                 if line.startswith(b"MSG "):
                     parts = line.split()
@@ -63,20 +72,28 @@ class Nats:
                         self._fill()
                     data, self.buf = self.buf[:n], self.buf[n + 2:]
                     with self.cond:
-                        self.subs.setdefault(sid, []).append(Msg(subject, reply, data))
-                        self.cond.notify_all()
+                        cb = self.callbacks.get(sid)
+                        if cb is None and sid in self.queues:
+                            self.queues[sid].append(Msg(subject, reply, data))
+                            self.cond.notify_all()
+                    if cb is not None:
+                        cb(subject, reply, data)
                 elif line.startswith(b"PING"):
                     self._send(b"PONG\r\n")
                 elif line.startswith(b"PONG"):
                     with self.cond:
                         self.pongs += 1
                         self.cond.notify_all()
+                elif line.startswith(b"-ERR"):
+                    raise EOFError(line.decode())
         except (EOFError, OSError):
-            with self.cond:
-                self.closed = True
-                self.cond.notify_all()
+            pass
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
 
     def flush(self, timeout=5.0):
+        """Round trip: every earlier SUB and PUB has reached the server."""
         with self.cond:
             want = self.pongs + 1
         self._send(b"PING\r\n")
@@ -84,18 +101,22 @@ class Nats:
             if not self.cond.wait_for(lambda: self.pongs >= want or self.closed, timeout):
                 raise TimeoutError("no PONG from nats-server")
 
-    def subscribe(self, subject):
+    def subscribe(self, subject, cb=None):
         with self.cond:
             sid = self.next_sid
             self.next_sid += 1
-            self.subs[sid] = []
+            if cb is None:
+                self.queues[sid] = []
+            else:
+                self.callbacks[sid] = cb
         self._send(("SUB %s %d\r\n" % (subject, sid)).encode())
-        self.flush()
+        if threading.current_thread() is not self.reader:     # a callback cannot wait
+            self.flush()
         return sid
 
     def publish(self, subject, data, reply=None):
         if isinstance(data, (dict, list)):
-            data = json.dumps(data)
+            data = json.dumps(data, separators=(",", ":"))
         if isinstance(data, str):
             data = data.encode()
         head = "PUB %s %s%d\r\n" % (subject, (reply + " ") if reply else "", len(data))
@@ -104,18 +125,18 @@ class Nats:
     def messages(self, sid):
         """Everything received on sid so far (the list keeps growing)."""
         with self.cond:
-            return list(self.subs[sid])
+            return list(self.queues[sid])
 
     def wait(self, sid, pred=lambda msgs: len(msgs) > 0, timeout=5.0):
         """Waits until pred(messages so far); returns them."""
         deadline = time.time() + timeout
         with self.cond:
-            while not pred(self.subs[sid]):
+            while not pred(self.queues[sid]):
                 left = deadline - time.time()
                 if left <= 0:
                     raise TimeoutError("nats: condition not met within %.1fs" % timeout)
                 self.cond.wait(left)
-            return list(self.subs[sid])
+            return list(self.queues[sid])
 
     def request_all(self, subject, data, until, timeout=5.0):
         """Request with a fresh inbox; collects replies until until(replies)."""
@@ -125,6 +146,7 @@ class Nats:
         return self.wait(sid, until, timeout)
 
     def close(self):
+        self.closed = True
         try:
             self.sock.close()
         except OSError:

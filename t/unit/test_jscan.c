@@ -1,7 +1,10 @@
-/* kv_jscan: exact u64, negatives bit-cast, bad input fails cleanly. */
+/* kv_jscan, the one JSON reader: exact u64, negatives bit-cast, bad input
+ * fails cleanly, and one nesting bound for every reader built on it. */
 #include <stdlib.h>
 
+#include "kv_body.h"
 #include "kv_jscan.h"
+#include "kv_tree.h"
 #include "kvtest.h"
 
 static int scan_u64(const char *s, uint64_t *v)
@@ -42,7 +45,7 @@ TEST(object_keys_and_skip)
     CHECK(kv_jscan_key(&j, &first, key, sizeof(key)) == 1);
     CHECK_STR(key, "b");
     CHECK(kv_jscan_string(&j, str, sizeof(str)) == 0);
-    CHECK_STR(str, "h?");
+    CHECK_STR(str, "h\xc3\xa9");
     CHECK(kv_jscan_key(&j, &first, key, sizeof(key)) == 1);
     CHECK(kv_jscan_u64(&j, &c) == 0);
     CHECK_EQ_U64(c, 7);
@@ -69,10 +72,47 @@ TEST(bad_input_fails_without_crash)
     free(deep);
 }
 
+static char *nested(int depth)
+{
+    char *s = malloc((size_t)depth * 2 + 16), *p = s;
+    p += sprintf(p, "{\"x\":");
+    for (int i = 0; i < depth - 1; i++)
+        *p++ = '[';
+    for (int i = 0; i < depth - 1; i++)
+        *p++ = ']';
+    strcpy(p, "}");
+    return s;
+}
+
+/* KV_JSON_MAX_DEPTH containers deep is read by all three users; one more is
+ * refused by all three. */
+TEST(one_depth_bound)
+{
+    for (int extra = 0; extra <= 1; extra++) {
+        char *doc = nested(KV_JSON_MAX_DEPTH + extra), err[128];
+        size_t n = strlen(doc);
+        kv_jscan_t j;
+        kv_tree_t t = {0};
+        kv_body_t b;
+        int want = extra ? -1 : 0;
+
+        kv_jscan_init(&j, doc, n);
+        CHECK((kv_jscan_skip(&j) < 0 ? -1 : 0) == want);
+        CHECK(kv_tree_json(&t, doc, n, err, sizeof(err)) == want);
+        CHECK(kv_body_parse(&b, doc, n, err, sizeof(err)) == want);
+        if (extra)
+            CHECK(strstr(err, "nested deeper") != NULL);
+        kv_body_free(&b);
+        kv_tree_free(&t);
+        free(doc);
+    }
+}
+
 int main(void)
 {
     RUN(u64_full_range_and_negative);
     RUN(object_keys_and_skip);
     RUN(bad_input_fails_without_crash);
+    RUN(one_depth_bound);
     return kvt_done();
 }

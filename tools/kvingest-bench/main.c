@@ -14,26 +14,13 @@
  * are held per worker, the oldest is removed in the same batch, so the
  * index stays bounded while it keeps changing.
  */
-#if __has_include("kv_index.c") && __has_include("kv_event.c")
-#define KVB_HAVE_INDEX 1
-#endif
-
-#include <stdio.h>
-
-#ifndef KVB_HAVE_INDEX
-int main(void)
-{
-    fprintf(stderr, "kvingest-bench: built without src/core/kv_index.c and kv_event.c; "
-                    "not available in this build\n");
-    return 3;
-}
-#else
 
 #include <dirent.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -42,8 +29,9 @@ int main(void)
 #include <nats/nats.h>
 
 #include "kv_ingest.h"
+#include "kv_proto.h"
 
-#define SUBJECT "namespace.dynamo.component.backend.kv-events"
+#define SUBJECT KV_PROTO_DEFAULT_PREFIX KV_PROTO_EVENTS
 
 static const char *url = "nats://127.0.0.1:4222";
 static int publishers = 1, blocks = 32, events_per_msg = 8, window = 64;
@@ -405,4 +393,3 @@ int main(int argc, char **argv)
     free(rmem);
     return 0;
 }
-#endif

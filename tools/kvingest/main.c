@@ -9,28 +9,13 @@
  * Used by the integration tests (t/integration/test_ingest_*.py) and by
  * operators to watch a NATS event stream without nginx.
  */
-#if __has_include("kv_index.c") && __has_include("kv_event.c")
-#define KVINGEST_HAVE_INDEX 1
-#endif
-
-#include <stdio.h>
-
-#ifndef KVINGEST_HAVE_INDEX
-/* The index and event decoder (src/core/kv_index.c, kv_event.c) are another
- * branch's work; until they are merged this tool cannot run. */
-int main(void)
-{
-    fprintf(stderr, "kvingest: built without src/core/kv_index.c and kv_event.c; "
-                    "not available in this build\n");
-    return 3;
-}
-#else
 
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -234,4 +219,3 @@ int main(int argc, char **argv)
     free(rmem);
     return 0;
 }
-#endif

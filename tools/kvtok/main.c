@@ -18,6 +18,7 @@
 
 #include "kv_chat.h"
 #include "kv_hash.h"
+#include "kv_request.h"
 #include "kv_tokenizer.h"
 
 typedef struct {
@@ -125,21 +126,24 @@ static void print_ids(const kv_ids_t *ids)
 /* One input (text, or a messages array with --chat) to ids. */
 static int encode_one(const opts_t *o, const char *text, size_t len, json_t *messages)
 {
-    kv_ids_t ids = { 0 };
-    char     err[512], *prompt;
-    size_t   plen;
+    kv_ids_t             ids = { 0 };
+    char                 err[512];
+    kv_request_status_t  st;
 
-    if (o->chat) {
-        prompt = kv_chat_render(o->tpl, messages, NULL, 1, &plen, err, sizeof(err));
-        if (prompt == NULL) {
+    if (!o->chat && o->no_special) {
+        st = kv_tokenizer_encode(o->tok, text, len, 0, &ids) < 0 ? KV_REQUEST_NO_MEMORY
+                                                                  : KV_REQUEST_OK;
+    } else {
+        /* what the router and kvworker compute (kv_request.h) */
+        st = kv_request_ids(o->tok, o->tpl, text, len, o->chat ? messages : NULL, &ids, err,
+                            sizeof(err));
+    }
+    if (st != KV_REQUEST_OK) {
+        if (st == KV_REQUEST_NO_MEMORY)
+            fprintf(stderr, "kvtok: out of memory\n");
+        else
             fprintf(stderr, "kvtok: chat template: %s\n", err);
-            return -1;
-        }
-        /* the template writes the special tokens itself, as transformers does */
-        kv_tokenizer_encode(o->tok, prompt, plen, 0, &ids);
-        free(prompt);
-    } else if (kv_tokenizer_encode(o->tok, text, len, !o->no_special, &ids) < 0) {
-        fprintf(stderr, "kvtok: out of memory\n");
+        kv_ids_free(&ids);
         return -1;
     }
     print_ids(&ids);

@@ -1,0 +1,211 @@
+"""A KV event publisher written from vLLM's published schema
+(vllm/distributed/kv_events.py, ZmqEventPublisher), over real libzmq sockets:
+
+  PUB     multipart [topic, seq (8-byte big-endian, from 0), payload]
+  ROUTER  replay: a request [identity, b"", start_seq (8 bytes BE)] gets one
+          reply [identity, b"", seq, payload] per buffered message with
+          seq >= start_seq, then [identity, b"", -1 (8 bytes BE, signed), b""]
+
+payload = msgpack KVEventBatch, array-like: [ts, events, data_parallel_rank?];
+events are tagged arrays:
+  ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
+   lora_id, medium, lora_name]
+  ["BlockRemoved", block_hashes, medium]
+  ["AllBlocksCleared"]
+
+Block hashes are bytes (newer vLLM: SHA-256 of parent + tokens) or ints
+(older vLLM: a signed 64-bit Python hash), as hash_kind says.
+
+Also a small CLI for benchmarks: python vllm_pub.py --help.
+"""
+import argparse
+import collections
+import hashlib
+import struct
+import threading
+import time
+
+import msgpack
+import zmq
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+class VllmPublisher:
+    def __init__(self, port=None, replay_port=None, topic="", block_size=16,
+                 hash_kind="bytes", buffer_steps=10000, dp_rank=None, replay=True):
+        self.ctx = zmq.Context()
+        self.topic = topic.encode()
+        self.block_size = block_size
+        self.hash_kind = hash_kind
+        self.dp_rank = dp_rank
+        self.seq = 0
+        self.buffer = collections.deque(maxlen=buffer_steps)
+        self.lock = threading.Lock()
+        self.replay_gate = threading.Event()     # clear it to hold replies back
+        self.replay_gate.set()
+        self.replay_requests = []
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.port = self._bind(self.pub, port)
+        self.router = None
+        self.replay_port = None
+        self._stop = False
+        self.thread = None
+        if replay:
+            self.router = self.ctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.setsockopt(zmq.SNDHWM, 0)
+            self.replay_port = self._bind(self.router, replay_port)
+            self.thread = threading.Thread(target=self._serve_replay, daemon=True)
+            self.thread.start()
+
+    @staticmethod
+    def _bind(sock, port):
+        if port:
+            sock.bind("tcp://127.0.0.1:%d" % port)
+            return port
+        return sock.bind_to_random_port("tcp://127.0.0.1")
+
+    @property
+    def url(self):
+        return "zmq://127.0.0.1:%d" % self.port
+
+    @property
+    def replay_url(self):
+        return "zmq://127.0.0.1:%d" % self.replay_port
+
+    # --- replay (vLLM's _service_replay) ------------------------------------
+
+    def _serve_replay(self):
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        while not self._stop:
+            if not poller.poll(50):
+                continue
+            frames = self.router.recv_multipart()
+            if len(frames) != 3:
+                continue
+            ident, _, start = frames
+            start = int.from_bytes(start, "big")
+            self.replay_requests.append(start)
+            self.replay_gate.wait()
+            with self.lock:
+                todo = [(s, p) for s, p in self.buffer if s >= start]
+            for s, p in todo:
+                self.router.send_multipart([ident, b"", s.to_bytes(8, "big"), p])
+            self.router.send_multipart([ident, b"", END_SEQ, b""])
+
+    # --- events ---------------------------------------------------------------
+
+    def block_hash(self, parent, tokens):
+        if self.hash_kind == "bytes":
+            h = hashlib.sha256()
+            h.update(parent if isinstance(parent, bytes) else b"\0" * 32)
+            h.update(struct.pack("<%dI" % len(tokens), *tokens))
+            return h.digest()
+        d = hashlib.sha256(repr((parent, tuple(tokens))).encode()).digest()
+        return int.from_bytes(d[:8], "big", signed=True)     # Python-hash-like, signed
+
+    def chain(self, tokens, parent=None):
+        """Engine hashes of tokens' full blocks, chained from parent."""
+        out, bs = [], self.block_size
+        for i in range(len(tokens) // bs):
+            parent = self.block_hash(parent, tokens[i * bs:(i + 1) * bs])
+            out.append(parent)
+        return out
+
+    def stored_event(self, tokens, parent=None, lora_id=None, medium="GPU", lora_name=None,
+                     hashes=None, block_size=None):
+        bs = block_size or self.block_size
+        n = len(tokens) // bs
+        tokens = tokens[:n * bs]
+        hashes = hashes if hashes is not None else self.chain(tokens, parent)
+        ev = ["BlockStored", hashes, parent, list(tokens), bs, lora_id, medium]
+        if lora_name is not None:
+            ev.append(lora_name)
+        return ev, hashes
+
+    @staticmethod
+    def removed_event(hashes, medium="GPU"):
+        return ["BlockRemoved", list(hashes), medium]
+
+    @staticmethod
+    def cleared_event():
+        return ["AllBlocksCleared"]
+
+    def payload(self, events, ts=None):
+        batch = [time.time() if ts is None else ts, events]
+        if self.dp_rank is not None:
+            batch.append(self.dp_rank)
+        return msgpack.packb(batch, use_bin_type=True)
+
+    def send(self, events, drop=False, ts=None):
+        """Publishes one batch; drop=True keeps it in the replay buffer only
+        (a message lost on the way). Returns its sequence number."""
+        return self.send_payload(self.payload(events, ts), drop=drop)
+
+    def send_payload(self, payload, drop=False):
+        with self.lock:
+            seq = self.seq
+            self.seq += 1
+            self.buffer.append((seq, payload))
+        if not drop:
+            self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    def send_raw(self, frames):
+        """Any frames at all (malformed input)."""
+        self.pub.send_multipart(frames)
+
+    def store(self, tokens, **kw):
+        drop = kw.pop("drop", False)
+        ev, hashes = self.stored_event(tokens, **kw)
+        self.send([ev], drop=drop)
+        return hashes
+
+    def remove(self, hashes, medium="GPU", drop=False):
+        self.send([self.removed_event(hashes, medium)], drop=drop)
+
+    def clear(self):
+        self.send([self.cleared_event()])
+
+    def close(self):
+        self._stop = True
+        self.replay_gate.set()
+        if self.thread:
+            self.thread.join(2)
+        self.pub.close(0)
+        if self.router is not None:
+            self.router.close(0)
+        self.ctx.term()
+
+
+def main():
+    ap = argparse.ArgumentParser(description="vLLM-schema KV event publisher (benchmarks)")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--replay-port", type=int)
+    ap.add_argument("--messages", type=int, default=10000)
+    ap.add_argument("--blocks", type=int, default=64, help="blocks per BlockStored")
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--wait", type=float, default=1.0, help="seconds for subscribers to join")
+    a = ap.parse_args()
+    p = VllmPublisher(port=a.port, replay_port=a.replay_port, block_size=a.block_size,
+                      replay=a.replay_port is not None)
+    time.sleep(a.wait)
+    tok = 0
+    t0 = time.time()
+    for i in range(a.messages):
+        toks = list(range(tok, tok + a.blocks * a.block_size))
+        tok += len(toks)
+        ev, _ = p.stored_event(toks, hashes=list(range(i * a.blocks + 1, (i + 1) * a.blocks + 1)))
+        p.send([ev])
+    print("published %d messages, %d blocks in %.3f s" % (a.messages, a.messages * a.blocks,
+                                                          time.time() - t0))
+    time.sleep(a.wait)
+    p.close()
+
+
+if __name__ == "__main__":
+    main()

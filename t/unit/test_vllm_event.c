@@ -1,0 +1,546 @@
+/* vLLM / SGLang KV events (kv_vllm_event.h): the decoder on messages built
+ * here by msgpack's rules (as msgspec's array_like structs encode them),
+ * malformed input, and kv_zmq's sequence and tier logic fed directly
+ * (kv_zmq_feed, no sockets). */
+#include <stdlib.h>
+
+#include "kv_hash.h"
+#include "kv_index.h"
+#include "kv_registry.h"
+#include "kv_vllm_event.h"
+#include "kv_zmq.h"
+#include "kvtest.h"
+
+/* --- a small msgpack writer ---------------------------------------------- */
+
+typedef struct {
+    uint8_t b[65536];
+    size_t  n;
+} mp_t;
+
+static void put(mp_t *m, const void *p, size_t n)
+{
+    memcpy(m->b + m->n, p, n);
+    m->n += n;
+}
+
+static void be(mp_t *m, uint64_t v, int bytes)
+{
+    int i;
+
+    for (i = bytes - 1; i >= 0; i--) {
+        m->b[m->n++] = (uint8_t) (v >> (8 * i));
+    }
+}
+
+static void mp_arr(mp_t *m, uint32_t n)
+{
+    if (n < 16) {
+        m->b[m->n++] = (uint8_t) (0x90 | n);
+    } else {
+        m->b[m->n++] = 0xdc;
+        be(m, n, 2);
+    }
+}
+
+static void mp_nil(mp_t *m) { m->b[m->n++] = 0xc0; }
+
+static void mp_uint(mp_t *m, uint64_t v)
+{
+    if (v < 128) {
+        m->b[m->n++] = (uint8_t) v;
+    } else {
+        m->b[m->n++] = 0xcf;
+        be(m, v, 8);
+    }
+}
+
+static void mp_int(mp_t *m, int64_t v)
+{
+    if (v >= 0) {
+        mp_uint(m, (uint64_t) v);
+    } else {
+        m->b[m->n++] = 0xd3;
+        be(m, (uint64_t) v, 8);
+    }
+}
+
+static void mp_str(mp_t *m, const char *s)
+{
+    size_t n = strlen(s);
+
+    m->b[m->n++] = (uint8_t) (0xa0 | n);
+    put(m, s, n);
+}
+
+static void mp_bin(mp_t *m, const void *p, size_t n)
+{
+    m->b[m->n++] = 0xc4;
+    m->b[m->n++] = (uint8_t) n;
+    put(m, p, n);
+}
+
+static void mp_f64(mp_t *m, double d)
+{
+    uint64_t v;
+
+    memcpy(&v, &d, 8);
+    m->b[m->n++] = 0xcb;
+    be(m, v, 8);
+}
+
+/* ["BlockStored", [h...], parent, tokens, bs, lora_id, medium(, lora_name)]
+ * with int hashes base, base+1, ...; tokens t0, t0+1, ... */
+static void stored(mp_t *m, uint64_t base, size_t n, int64_t parent, uint32_t t0, uint32_t bs,
+                   int64_t lora_id, const char *medium, const char *lora_name)
+{
+    size_t i;
+
+    mp_arr(m, lora_name ? 8 : 7);
+    mp_str(m, "BlockStored");
+    mp_arr(m, (uint32_t) n);
+    for (i = 0; i < n; i++) {
+        mp_uint(m, base + i);
+    }
+    if (parent < 0) mp_nil(m); else mp_uint(m, (uint64_t) parent);
+    mp_arr(m, (uint32_t) (n * bs));
+    for (i = 0; i < n * bs; i++) {
+        mp_uint(m, t0 + i);
+    }
+    mp_uint(m, bs);
+    if (lora_id < 0) mp_nil(m); else mp_int(m, lora_id);
+    if (medium) mp_str(m, medium); else mp_nil(m);
+    if (lora_name) mp_str(m, lora_name);
+}
+
+static void removed(mp_t *m, uint64_t base, size_t n, const char *medium)
+{
+    size_t i;
+
+    mp_arr(m, 3);
+    mp_str(m, "BlockRemoved");
+    mp_arr(m, (uint32_t) n);
+    for (i = 0; i < n; i++) {
+        mp_uint(m, base + i);
+    }
+    if (medium) mp_str(m, medium); else mp_nil(m);
+}
+
+/* [ts, [one event]] */
+static void batch1(mp_t *m)
+{
+    m->n = 0;
+    mp_arr(m, 2);
+    mp_f64(m, 1795362575.25);
+    mp_arr(m, 1);
+}
+
+static char err[256];
+
+static int dec(kv_vllm_batch_t *b, const mp_t *m)
+{
+    err[0] = 0;
+    return kv_vllm_decode(b, m->b, m->n, err, sizeof(err));
+}
+
+/* --- decoder ---------------------------------------------------------------- */
+
+TEST(decodes_stored_removed_cleared)
+{
+    kv_vllm_batch_t b;
+    mp_t            m;
+    uint8_t         h[32];
+
+    kv_vllm_batch_init(&b);
+    m.n = 0;
+    mp_arr(&m, 3);
+    mp_f64(&m, 1795362575.25);
+    mp_arr(&m, 4);
+    stored(&m, 100, 2, 7, 1, 4, -1, "GPU", NULL);
+    removed(&m, 100, 1, "CPU");
+    mp_arr(&m, 1);
+    mp_str(&m, "AllBlocksCleared");
+    mp_arr(&m, 2);                      /* a tag from a newer vLLM: skipped */
+    mp_str(&m, "BlockMoved");
+    mp_nil(&m);
+    mp_uint(&m, 3);                     /* data_parallel_rank */
+    CHECK(dec(&b, &m) == 0);
+    CHECK(b.ts == 1795362575.25);
+    CHECK(b.has_dp_rank && b.dp_rank == 3);
+    CHECK_EQ_U64(b.n_events, 3);
+    CHECK_EQ_U64(b.unknown, 1);
+    CHECK_EQ_U64(b.events[0].kind, KV_VLLM_STORED);
+    CHECK_EQ_U64(b.events[0].n_hashes, 2);
+    CHECK_EQ_U64(b.events[0].hashes[1], 101);
+    CHECK(b.events[0].has_parent && b.events[0].parent == 7);
+    CHECK_EQ_U64(b.events[0].n_tokens, 8);
+    CHECK_EQ_U64(b.events[0].tokens[7], 8);
+    CHECK_EQ_U64(b.events[0].block_size, 4);
+    CHECK(!b.events[0].has_lora_id && b.events[0].lora_name == NULL);
+    CHECK_EQ_U64(b.events[0].tier, KV_TIER_DEVICE);
+    CHECK_EQ_U64(b.events[1].kind, KV_VLLM_REMOVED);
+    CHECK_EQ_U64(b.events[1].tier, KV_TIER_HOST);
+    CHECK_EQ_U64(b.events[1].hashes[0], 100);
+    CHECK_EQ_U64(b.events[2].kind, KV_VLLM_CLEARED);
+
+    /* bytes and negative int hashes; lora; nil parent; no dp rank */
+    batch1(&m);
+    memset(h, 0xab, sizeof(h));
+    mp_arr(&m, 8);
+    mp_str(&m, "BlockStored");
+    mp_arr(&m, 2);
+    mp_bin(&m, h, 32);
+    mp_int(&m, -5);
+    mp_nil(&m);
+    mp_arr(&m, 2);
+    mp_uint(&m, 9);
+    mp_uint(&m, 10);
+    mp_uint(&m, 1);
+    mp_int(&m, 3);
+    mp_nil(&m);
+    mp_str(&m, "sql");
+    CHECK(dec(&b, &m) == 0);
+    CHECK(!b.has_dp_rank);
+    CHECK_EQ_U64(b.events[0].n_hashes, 2);
+    CHECK(b.events[0].hashes[0] != 0);
+    CHECK_EQ_U64(b.events[0].hashes[1], (uint64_t) -5);
+    CHECK(!b.events[0].has_parent);
+    CHECK(b.events[0].has_lora_id && b.events[0].lora_id == 3);
+    CHECK(b.events[0].lora_name_len == 3 && memcmp(b.events[0].lora_name, "sql", 3) == 0);
+    CHECK(kv_vllm_lora_seed(&b.events[0]) == kv_hash_seed("sql", 3));
+    CHECK(kv_vllm_lora_seed(&b.events[0]) != KV_HASH_SEED);
+
+    /* the same bytes give the same hash; other bytes another */
+    {
+        uint64_t first = b.events[0].hashes[0];
+
+        CHECK(dec(&b, &m) == 0);
+        CHECK_EQ_U64(b.events[0].hashes[0], first);
+        m.b[m.n - 40] ^= 1;         /* inside the 32-byte digest */
+        CHECK(dec(&b, &m) == 0);
+        CHECK(b.events[0].hashes[0] != first);
+    }
+
+    /* lora_id only: its own seed, not the base model's */
+    batch1(&m);
+    stored(&m, 1, 1, -1, 0, 2, 7, NULL, NULL);
+    CHECK(dec(&b, &m) == 0);
+    CHECK(kv_vllm_lora_seed(&b.events[0]) != KV_HASH_SEED);
+    /* offloaded blocks come without token ids */
+    batch1(&m);
+    mp_arr(&m, 7);
+    mp_str(&m, "BlockStored");
+    mp_arr(&m, 1);
+    mp_uint(&m, 5);
+    mp_nil(&m);
+    mp_arr(&m, 0);
+    mp_uint(&m, 16);
+    mp_nil(&m);
+    mp_str(&m, "CPU");
+    CHECK(dec(&b, &m) == 0);
+    CHECK_EQ_U64(b.events[0].n_tokens, 0);
+    CHECK(b.events[0].tokens == NULL);
+    kv_vllm_batch_free(&b);
+}
+
+TEST(malformed_batches_fail_whole)
+{
+    kv_vllm_batch_t b;
+    mp_t            m;
+    size_t          i, n;
+
+    kv_vllm_batch_init(&b);
+
+#define BAD(build, needle)                                              \
+    do {                                                                \
+        build;                                                          \
+        CHECK(dec(&b, &m) == -1);                                       \
+        CHECK(b.n_events == 0);                                         \
+        if (strstr(err, needle) == NULL) {                              \
+            fprintf(stderr, "  reason \"%s\" lacks \"%s\"\n", err, needle); \
+            kvt_test_failed = 1;                                        \
+        }                                                               \
+    } while (0)
+
+    BAD((m.n = 0, mp_uint(&m, 3)), "not an array");
+    BAD((m.n = 0, mp_arr(&m, 1), mp_f64(&m, 1)), "not an array");
+    BAD((m.n = 0, mp_arr(&m, 2), mp_str(&m, "x"), mp_arr(&m, 0)), "ts");
+    BAD((m.n = 0, mp_arr(&m, 2), mp_f64(&m, 1), mp_uint(&m, 1)), "events");
+    BAD((m.n = 0, mp_arr(&m, 3), mp_f64(&m, 1), mp_arr(&m, 0), mp_str(&m, "x")), "rank");
+    BAD((batch1(&m), mp_uint(&m, 1)), "tagged array");
+    BAD((batch1(&m), mp_arr(&m, 0)), "tagged array");
+    BAD((batch1(&m), mp_arr(&m, 1), mp_uint(&m, 1)), "no tag");
+    BAD((batch1(&m), mp_arr(&m, 3), mp_str(&m, "BlockStored"), mp_arr(&m, 0), mp_nil(&m)),
+        "fields");
+    BAD((batch1(&m), mp_arr(&m, 1), mp_str(&m, "BlockRemoved")), "block_hashes");
+    BAD((batch1(&m), mp_arr(&m, 3), mp_str(&m, "BlockRemoved"), mp_uint(&m, 1), mp_nil(&m)),
+        "block_hashes");
+    BAD((batch1(&m), mp_arr(&m, 3), mp_str(&m, "BlockRemoved"), mp_arr(&m, 1), mp_f64(&m, 1),
+         mp_nil(&m)), "block_hashes");
+    BAD((batch1(&m), mp_arr(&m, 3), mp_str(&m, "BlockRemoved"), mp_arr(&m, 1), mp_bin(&m, "", 0),
+         mp_nil(&m)), "block_hashes");
+    BAD((batch1(&m), mp_arr(&m, 3), mp_str(&m, "BlockRemoved"), mp_arr(&m, 0), mp_uint(&m, 1)),
+        "medium");
+    /* stored: block_size 0, token count, token too big / negative, parent, lora, medium */
+    BAD((batch1(&m), stored(&m, 1, 1, -1, 0, 4, -1, NULL, NULL), m.b[m.n - 3] = 0),
+        "block_size");
+    BAD((batch1(&m), mp_arr(&m, 7), mp_str(&m, "BlockStored"), mp_arr(&m, 1), mp_uint(&m, 1),
+         mp_nil(&m), mp_arr(&m, 3), mp_uint(&m, 1), mp_uint(&m, 2), mp_uint(&m, 3),
+         mp_uint(&m, 4), mp_nil(&m), mp_nil(&m)), "token ids");
+    BAD((batch1(&m), mp_arr(&m, 7), mp_str(&m, "BlockStored"), mp_arr(&m, 1), mp_uint(&m, 1),
+         mp_nil(&m), mp_arr(&m, 1), mp_uint(&m, 1ULL << 33), mp_uint(&m, 1), mp_nil(&m),
+         mp_nil(&m)), "u32");
+    BAD((batch1(&m), mp_arr(&m, 7), mp_str(&m, "BlockStored"), mp_arr(&m, 1), mp_uint(&m, 1),
+         mp_nil(&m), mp_arr(&m, 1), mp_int(&m, -1), mp_uint(&m, 1), mp_nil(&m),
+         mp_nil(&m)), "u32");
+    BAD((batch1(&m), mp_arr(&m, 7), mp_str(&m, "BlockStored"), mp_arr(&m, 1), mp_uint(&m, 1),
+         mp_str(&m, ""), mp_arr(&m, 0), mp_uint(&m, 1), mp_nil(&m), mp_nil(&m)), "parent");
+    BAD((batch1(&m), mp_arr(&m, 7), mp_str(&m, "BlockStored"), mp_arr(&m, 1), mp_uint(&m, 1),
+         mp_nil(&m), mp_arr(&m, 0), mp_uint(&m, 1), mp_str(&m, "x"), mp_nil(&m)), "lora_id");
+    BAD((batch1(&m), mp_arr(&m, 7), mp_str(&m, "BlockStored"), mp_arr(&m, 1), mp_uint(&m, 1),
+         mp_nil(&m), mp_arr(&m, 0), mp_uint(&m, 1), mp_nil(&m), mp_uint(&m, 1)), "medium");
+    BAD((batch1(&m), mp_arr(&m, 8), mp_str(&m, "BlockStored"), mp_arr(&m, 1), mp_uint(&m, 1),
+         mp_nil(&m), mp_arr(&m, 0), mp_uint(&m, 1), mp_nil(&m), mp_nil(&m), mp_uint(&m, 2)),
+        "lora_name");
+    BAD((batch1(&m), stored(&m, 1, 1, -1, 0, 2, -1, NULL, NULL), m.b[m.n++] = 0xc0),
+        "trailing");
+    BAD((m.n = 0, m.b[m.n++] = 0xc1), "msgpack");
+
+    /* every truncation of a good message fails cleanly */
+    m.n = 0;
+    mp_arr(&m, 3);
+    mp_f64(&m, 2.5);
+    mp_arr(&m, 2);
+    stored(&m, 10, 3, 4, 100, 4, 1, "GPU", "x");
+    removed(&m, 10, 2, NULL);
+    mp_uint(&m, 0);
+    n = m.n;
+    CHECK(dec(&b, &m) == 0);
+    CHECK_EQ_U64(b.n_events, 2);
+    for (i = 0; i < n; i++) {
+        m.n = i;
+        CHECK(dec(&b, &m) == -1);
+        CHECK(b.n_events == 0);
+    }
+    /* and every single-byte corruption decodes or fails, never crashes */
+    for (i = 0; i < n; i++) {
+        uint8_t save;
+        int     bit;
+
+        m.n = n;
+        for (bit = 0; bit < 8; bit++) {
+            save = m.b[i];
+            m.b[i] ^= (uint8_t) (1 << bit);
+            (void) dec(&b, &m);
+            m.b[i] = save;
+        }
+    }
+    kv_vllm_batch_free(&b);
+}
+
+TEST(seq_frames_and_tiers)
+{
+    uint8_t  f[8] = { 0, 0, 0, 0, 0, 0, 1, 2 };
+    uint64_t s = 0;
+
+    CHECK(kv_vllm_seq(f, 8, &s) == 0 && s == 258);
+    memset(f, 0xff, 8);
+    CHECK(kv_vllm_seq(f, 8, &s) == 0 && s == UINT64_MAX);
+    CHECK(kv_vllm_seq(f, 7, &s) == -1);
+    CHECK(kv_vllm_seq(f, 9, &s) == -1);
+    CHECK_EQ_U64(kv_vllm_tier(NULL, 0), KV_TIER_DEVICE);
+    CHECK_EQ_U64(kv_vllm_tier("GPU", 3), KV_TIER_DEVICE);
+    CHECK_EQ_U64(kv_vllm_tier("cuda", 4), KV_TIER_DEVICE);
+    CHECK_EQ_U64(kv_vllm_tier("CPU", 3), KV_TIER_HOST);
+    CHECK_EQ_U64(kv_vllm_tier("cpu", 3), KV_TIER_HOST);
+    CHECK_EQ_U64(kv_vllm_tier("DISK", 4), KV_TIER_DISK);
+    CHECK_EQ_U64(kv_vllm_tier("lmcache-remote", 14), KV_TIER_DISK);
+}
+
+/* --- kv_zmq fed directly -------------------------------------------------------- */
+
+typedef struct {
+    void           *ixmem, *regmem;
+    kv_index_t     *ix;
+    kv_registry_t  *reg;
+    kv_zmq_t       *z;
+} rig_t;
+
+static void rig_open(rig_t *r, uint32_t block_size)
+{
+    kv_index_config_t   ic = { 0 };
+    kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL };
+    kv_zmq_config_t     zc = { 0 };
+    size_t              n;
+    uint32_t            gen;
+
+    ic.max_workers = 8;
+    n = kv_index_min_size(&ic) + (4u << 20);
+    r->ixmem = calloc(1, n);
+    r->ix = kv_index_create(r->ixmem, n, &ic, err, sizeof(err));
+    n = kv_registry_min_size(8);
+    r->regmem = calloc(1, n);
+    r->reg = kv_registry_create(r->regmem, n, 8, err, sizeof(err));
+    kv_registry_lease_acquire(r->reg, 1, &gen);
+    zc.pubs = &pc;
+    zc.n_pubs = 1;
+    zc.block_size = block_size;
+    r->z = kv_zmq_create(&zc, r->ix, r->reg, err, sizeof(err));
+}
+
+static void rig_close(rig_t *r)
+{
+    kv_zmq_destroy(r->z);
+    free(r->ixmem);
+    free(r->regmem);
+}
+
+/* Blocks the index matches for tokens t0.. (n full blocks of bs), seed. */
+static uint32_t matched(rig_t *r, uint32_t t0, size_t n, uint32_t bs, uint64_t seed)
+{
+    uint32_t     tok[4096];
+    uint64_t     seq[256];
+    kv_overlap_t out[8];
+    size_t       i, k;
+
+    for (i = 0; i < n * bs; i++) {
+        tok[i] = t0 + (uint32_t) i;
+    }
+    k = kv_hash_blocks(tok, n * bs, bs, seed, NULL, seq);
+    return kv_index_match(r->ix, seq, k, out, 8) ? out[0].blocks : 0;
+}
+
+static void feed(rig_t *r, uint64_t seq, const mp_t *m)
+{
+    kv_zmq_feed(r->z, 0, seq, m->b, m->n, 1000);
+}
+
+TEST(feed_sequence_gap_restart_and_malformed)
+{
+    rig_t              r;
+    mp_t               m;
+    kv_zmq_pub_stats_t st;
+
+    rig_open(&r, 4);
+    batch1(&m);
+    stored(&m, 100, 3, -1, 0, 4, -1, "GPU", NULL);
+    feed(&r, 0, &m);
+    CHECK_EQ_U64(matched(&r, 0, 3, 4, KV_HASH_SEED), 3);
+    /* a child by its parent's engine hash */
+    batch1(&m);
+    stored(&m, 200, 1, 102, 12, 4, -1, "GPU", NULL);
+    feed(&r, 1, &m);
+    CHECK_EQ_U64(matched(&r, 0, 4, 4, KV_HASH_SEED), 4);
+    /* removal by engine hash */
+    batch1(&m);
+    removed(&m, 102, 1, NULL);
+    feed(&r, 2, &m);
+    CHECK_EQ_U64(matched(&r, 0, 4, 4, KV_HASH_SEED), 2);
+    /* a malformed payload is counted and keeps its place in the sequence */
+    m.n = 1;
+    m.b[0] = 0xc1;
+    feed(&r, 3, &m);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK_EQ_U64(st.malformed, 1);
+    CHECK_EQ_U64(st.gaps, 0);
+    /* a gap with no replay socket: the worker is cleared, then goes on */
+    batch1(&m);
+    stored(&m, 300, 1, -1, 50, 4, -1, NULL, NULL);
+    feed(&r, 9, &m);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK_EQ_U64(st.gaps, 1);
+    CHECK_EQ_U64(matched(&r, 0, 2, 4, KV_HASH_SEED), 0);
+    CHECK_EQ_U64(matched(&r, 50, 1, 4, KV_HASH_SEED), 1);
+    /* back to 0: an engine restart clears it */
+    batch1(&m);
+    stored(&m, 400, 1, -1, 70, 4, -1, NULL, NULL);
+    feed(&r, 0, &m);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK_EQ_U64(st.restarts, 1);
+    CHECK_EQ_U64(st.last_seq, 0);
+    CHECK_EQ_U64(matched(&r, 50, 1, 4, KV_HASH_SEED), 0);
+    CHECK_EQ_U64(matched(&r, 70, 1, 4, KV_HASH_SEED), 1);
+    /* AllBlocksCleared */
+    batch1(&m);
+    mp_arr(&m, 1);
+    mp_str(&m, "AllBlocksCleared");
+    feed(&r, 1, &m);
+    CHECK_EQ_U64(matched(&r, 70, 1, 4, KV_HASH_SEED), 0);
+    rig_close(&r);
+}
+
+TEST(feed_tiers_lora_and_block_size)
+{
+    rig_t              r;
+    mp_t               m;
+    kv_zmq_pub_stats_t st;
+
+    rig_open(&r, 4);
+    /* on the GPU, then offloaded to CPU (no token ids): still one block */
+    batch1(&m);
+    stored(&m, 100, 2, -1, 0, 4, -1, "GPU", NULL);
+    feed(&r, 0, &m);
+    batch1(&m);
+    mp_arr(&m, 7);
+    mp_str(&m, "BlockStored");
+    mp_arr(&m, 2);
+    mp_uint(&m, 100);
+    mp_uint(&m, 101);
+    mp_nil(&m);
+    mp_arr(&m, 0);
+    mp_uint(&m, 4);
+    mp_nil(&m);
+    mp_str(&m, "CPU");
+    feed(&r, 1, &m);
+    /* the GPU evicts it: the CPU copy still counts */
+    batch1(&m);
+    removed(&m, 100, 2, "GPU");
+    feed(&r, 2, &m);
+    CHECK_EQ_U64(matched(&r, 0, 2, 4, KV_HASH_SEED), 2);
+    /* then the CPU drops block 101 too */
+    batch1(&m);
+    removed(&m, 101, 1, "CPU");
+    feed(&r, 3, &m);
+    CHECK_EQ_U64(matched(&r, 0, 2, 4, KV_HASH_SEED), 1);
+    /* an offload of a block never indexed cannot be credited */
+    batch1(&m);
+    mp_arr(&m, 7);
+    mp_str(&m, "BlockStored");
+    mp_arr(&m, 1);
+    mp_uint(&m, 999);
+    mp_nil(&m);
+    mp_arr(&m, 0);
+    mp_uint(&m, 4);
+    mp_nil(&m);
+    mp_str(&m, "DISK");
+    feed(&r, 4, &m);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK_EQ_U64(st.unresolved, 1);
+
+    /* LoRA blocks match only the adapter's seed */
+    batch1(&m);
+    stored(&m, 500, 2, -1, 40, 4, 1, "GPU", "sql");
+    feed(&r, 5, &m);
+    CHECK_EQ_U64(matched(&r, 40, 2, 4, KV_HASH_SEED), 0);
+    CHECK_EQ_U64(matched(&r, 40, 2, 4, kv_hash_seed("sql", 3)), 2);
+
+    /* an engine with another block size: refused, flagged */
+    batch1(&m);
+    stored(&m, 600, 1, -1, 80, 8, -1, "GPU", NULL);
+    feed(&r, 6, &m);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK(st.block_size_mismatch);
+    CHECK_EQ_U64(st.engine_block_size, 8);
+    CHECK_EQ_U64(matched(&r, 80, 1, 8, KV_HASH_SEED), 0);
+    rig_close(&r);
+}
+
+int main(void)
+{
+    RUN(decodes_stored_removed_cleared);
+    RUN(malformed_batches_fail_whole);
+    RUN(seq_frames_and_tiers);
+    RUN(feed_sequence_gap_restart_and_malformed);
+    RUN(feed_tiers_lora_and_block_size);
+    return kvt_done();
+}
