@@ -94,7 +94,7 @@ CUDA_LIB   := $(B)/lib/libkvcuda.so
 endif
 endif
 
-.PHONY: all deps core module bins test unit run bench bench-e2e fuzz clean install uninstall deb
+.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults fuzz clean install uninstall deb
 .DEFAULT_GOAL := all
 
 all: deps
@@ -290,6 +290,9 @@ run: all
 
 bench: all
 	@tools/bench-all --build $(B)
+
+bench-faults: all
+	@.venv/bin/python tools/bench-faults
 
 bench-e2e: all
 	@tools/bench-e2e --build $(B) $(if $(TRACE),--trace $(TRACE)) \

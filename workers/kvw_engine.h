@@ -43,6 +43,7 @@ struct kvw_config {
     int         num_blocks;
     double      speedup;
     int         max_body;
+    int         idle_timeout_s;         /* close idle/slow connections (60); 0: never */
 
     /* scheduler, defaults as Dynamo's mocker */
     int         max_num_seqs;           /* 256 */
@@ -66,6 +67,8 @@ struct kvw_config {
     int         heartbeat_ms;           /* 1000 */
     const char *ns;                     /* "dynamo" */
     const char *component;              /* "backend" */
+    int         nats_per_worker;        /* publish on P.kv-events.<id> and
+                                           P.kvroute.heartbeat.<id> (docs/SECURITY.md) */
 };
 
 /* The scheduler over the mock backend (kvw_sched.c, kvw_mock_model.c). */

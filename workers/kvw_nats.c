@@ -29,7 +29,18 @@ typedef struct {
     struct evbuffer    *pending;        /* rendered events of this step, comma-separated */
     int                 n_pending;
     char                address[300];
+    char                subj_events[330], subj_heartbeat[330];
+    natsSubscription   *sub_dump;       /* P.kvroute.dump.<its id>: only its own */
+    uint64_t            dump_window_ms; /* rate limit: start of the current second */
+    int                 dumps_in_window;
 } pub_t;
+
+/* A dump is the whole cache (megabytes); anyone who can publish a request
+ * used to make us send it to any subject, as often as asked. Replies go
+ * only to inbox subjects, and at most DUMPS_PER_S per second per engine
+ * (several routers resyncing at once after a restart fit; a router whose
+ * request is dropped times out and asks again). */
+#define DUMPS_PER_S 8
 
 /* Work handed from cnats threads to the loop. */
 typedef struct job {
@@ -45,16 +56,17 @@ struct kvw_nats {
     const kvw_config_t *cfg;
     natsConnection     *nc;
     natsOptions        *opts;
-    natsSubscription   *sub_discover, *sub_dump;
+    natsSubscription   *sub_discover;
     pub_t              *pubs;
     int                 n;
     uint64_t            instance_id;
     char                prefix[256];
-    char                subj_events[300], subj_heartbeat[300];
     struct event       *wake, *heartbeat;
     pthread_mutex_t     lock;
     job_t              *jobs, *jobs_tail;
     uint64_t            publish_errors;
+    uint64_t            dumps_refused;
+    int                 queued_dumps;   /* under lock */
 };
 
 uint64_t kvw_worker_id_for(const char *host, int port)
@@ -63,6 +75,17 @@ uint64_t kvw_worker_id_for(const char *host, int port)
     int n = snprintf(buf, sizeof(buf), "%s:%d", host, port);
     /* the same id the router assumes for an unannounced server (kv_hash.h) */
     return kv_hash_worker_id(buf, (size_t)n);
+}
+
+void kvw_nats_redact(const char *url, char *out, size_t n)
+{
+    const char *sep = strstr(url, "://");
+    const char *host = sep ? sep + 3 : url;
+    const char *at = strrchr(host, '@');
+    if (at == NULL)
+        snprintf(out, n, "%s", url);
+    else
+        snprintf(out, n, "%.*s***%s", (int)(host - url), url, at);
 }
 
 static uint64_t random_id(void)
@@ -111,7 +134,14 @@ static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
     job_t *j = calloc(1, sizeof(*j));
     const char *reply = natsMsg_GetReply(msg);
 
-    if (j && reply) {
+    struct kvw_nats *k = arg;
+    int full;
+    pthread_mutex_lock(&k->lock);
+    full = k->queued_dumps >= 64;       /* a flood of requests must not queue without bound */
+    if (!full)
+        k->queued_dumps++;
+    pthread_mutex_unlock(&k->lock);
+    if (j && reply && !full) {
         j->kind = JOB_DUMP;
         j->subject = strdup(natsMsg_GetSubject(msg));
         j->reply = strdup(reply);
@@ -119,6 +149,11 @@ static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
                           (size_t)natsMsg_GetDataLength(msg));
         queue_job(arg, j);
     } else {
+        if (!full) {
+            pthread_mutex_lock(&k->lock);
+            k->queued_dumps--;
+            pthread_mutex_unlock(&k->lock);
+        }
         free(j);
     }
     natsMsg_Destroy(msg);
@@ -181,7 +216,7 @@ static void publish_pending(pub_t *p)
         evbuffer_prepend(p->pending, "[", 1);
         evbuffer_add(p->pending, "]", 1);
     }
-    publish(p->k, p->k->subj_events, p->pending);
+    publish(p->k, p->subj_events, p->pending);
     evbuffer_drain(p->pending, evbuffer_get_length(p->pending));
     p->n_pending = 0;
 }
@@ -219,7 +254,7 @@ static void send_heartbeat(pub_t *p, const char *type)
                         k->cfg->max_num_seqs);
     free(model_s);
     json_decref(model);
-    publish(k, k->subj_heartbeat, b);
+    publish(k, p->subj_heartbeat, b);
     evbuffer_free(b);
 }
 
@@ -255,8 +290,19 @@ static void answer_dump(struct kvw_nats *k, job_t *j)
     int ok = p != NULL && (rank == NULL || json_integer_value(rank) == 0);
 
     json_decref(req);
-    if (!ok)
+    if (!ok || strncmp(j->reply, "_INBOX.", 7) != 0)
         return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    if (now >= p->dump_window_ms + 1000) {
+        p->dump_window_ms = now;
+        p->dumps_in_window = 0;
+    }
+    if (++p->dumps_in_window > DUMPS_PER_S) {
+        k->dumps_refused++;
+        return;
+    }
     size_t n = 0;
     kvw_dump_block_t *blocks = kvw_blocks_dump(kvw_sched_blocks(p->e), &n);
     publish_pending(p);
@@ -303,6 +349,9 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
                 send_heartbeat(&k->pubs[i], KV_PROTO_ANNOUNCE);
         } else {
             answer_dump(k, j);
+            pthread_mutex_lock(&k->lock);
+            k->queued_dumps--;
+            pthread_mutex_unlock(&k->lock);
         }
         free(j->subject);
         free(j->reply);
@@ -329,12 +378,22 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
     k->instance_id = random_id();
     pthread_mutex_init(&k->lock, NULL);
     snprintf(k->prefix, sizeof(k->prefix), KV_PROTO_PREFIX_FMT, cfg->ns, cfg->component);
-    snprintf(k->subj_events, sizeof(k->subj_events), "%s" KV_PROTO_EVENTS, k->prefix);
-    snprintf(k->subj_heartbeat, sizeof(k->subj_heartbeat), "%s" KV_PROTO_HEARTBEAT, k->prefix);
     for (int i = 0; i < n; i++) {
         pub_t *p = &k->pubs[i];
         p->k = k;
         p->e = engines[i];
+        /* per-worker subjects let NATS permissions hold each worker to its
+         * own (docs/SECURITY.md); shared ones are what Dynamo's routers read */
+        if (cfg->nats_per_worker) {
+            snprintf(p->subj_events, sizeof(p->subj_events), "%s" KV_PROTO_EVENTS ".%" PRIu64,
+                     k->prefix, engines[i]->worker_id);
+            snprintf(p->subj_heartbeat, sizeof(p->subj_heartbeat),
+                     "%s" KV_PROTO_HEARTBEAT ".%" PRIu64, k->prefix, engines[i]->worker_id);
+        } else {
+            snprintf(p->subj_events, sizeof(p->subj_events), "%s" KV_PROTO_EVENTS, k->prefix);
+            snprintf(p->subj_heartbeat, sizeof(p->subj_heartbeat), "%s" KV_PROTO_HEARTBEAT,
+                     k->prefix);
+        }
         p->pending = evbuffer_new();
         snprintf(p->address, sizeof(p->address), "%s:%d", cfg->host, engines[i]->port);
         kvw_blocks_set_sink(kvw_sched_blocks(engines[i]), on_event, p);
@@ -357,15 +416,20 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
     }
     s = natsConnection_Connect(&k->nc, k->opts);
     if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) {
-        snprintf(err, errlen, "nats %s: %s", cfg->nats_url, natsStatus_GetText(s));
+        char safe[512];
+        kvw_nats_redact(cfg->nats_url, safe, sizeof(safe));
+        snprintf(err, errlen, "nats %s: %s", safe, natsStatus_GetText(s));
         kvw_nats_stop(k);
         return NULL;
     }
     snprintf(subj, sizeof(subj), "%s" KV_PROTO_DISCOVER, k->prefix);
     s = natsConnection_Subscribe(&k->sub_discover, k->nc, subj, on_discover, k);
-    if (s == NATS_OK) {
-        snprintf(subj, sizeof(subj), "%s" KV_PROTO_DUMP "*", k->prefix);
-        s = natsConnection_Subscribe(&k->sub_dump, k->nc, subj, on_dump, k);
+    /* one dump subscription per engine, on its own id: a worker whose NATS
+     * user may subscribe only to its own dump subject can do so */
+    for (int i = 0; s == NATS_OK && i < n; i++) {
+        snprintf(subj, sizeof(subj), "%s" KV_PROTO_DUMP "%" PRIu64, k->prefix,
+                 engines[i]->worker_id);
+        s = natsConnection_Subscribe(&k->pubs[i].sub_dump, k->nc, subj, on_dump, k);
     }
     if (s != NATS_OK) {
         snprintf(err, errlen, "nats subscribe: %s", natsStatus_GetText(s));
@@ -385,11 +449,15 @@ void kvw_nats_stop(kvw_nats_t *k)
         return;
     if (k->sub_discover)
         natsSubscription_Destroy(k->sub_discover);
-    if (k->sub_dump)
-        natsSubscription_Destroy(k->sub_dump);
+    for (int i = 0; i < k->n; i++)
+        if (k->pubs[i].sub_dump)
+            natsSubscription_Destroy(k->pubs[i].sub_dump);
     if (k->nc) {
+        /* "leave" lets routers free our record and index slots now rather
+         * than after the heartbeat timeout (docs/PROTOCOL.md) */
         for (int i = 0; i < k->n; i++)
-            publish_pending(&k->pubs[i]);
+            if (k->pubs[i].e)
+                send_heartbeat(&k->pubs[i], "leave");
         natsConnection_FlushTimeout(k->nc, 500);
         natsConnection_Close(k->nc);
         natsConnection_Destroy(k->nc);

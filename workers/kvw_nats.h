@@ -32,5 +32,7 @@ void kvw_nats_stop(kvw_nats_t *k);
 
 /* The default worker id: a stable 63-bit non-zero hash of "host:port". */
 uint64_t kvw_worker_id_for(const char *host, int port);
+/* A NATS URL with user:password@ or token@ replaced by ***@, for logs. */
+void kvw_nats_redact(const char *url, char *out, size_t n);
 
 #endif

@@ -33,6 +33,10 @@ static void usage(FILE *f)
         "  --namespace NS                subject prefix namespace.NS... (default dynamo)\n"
         "  --component NAME              ...component.NAME (default backend)\n"
         "  --heartbeat-ms N              heartbeat interval (default 1000)\n"
+        "  --idle-timeout SEC            close a connection idle or sending headers this long\n"
+        "                                (default 60; 0: never)\n"
+        "  --nats-subjects per-worker    publish on P.kv-events.<id>, P.kvroute.heartbeat.<id>\n"
+        "                                (NATS permissions per worker; default shared)\n"
         "  --worker-id ID                event worker id; engine i gets ID+i\n"
         "                                (default: a hash of host:port)\n"
         "  --model NAME                  model name served (default kvroute-mock)\n"
@@ -70,7 +74,7 @@ static int parse_bool(const char *v, int *out)
 
 enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
-    O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE,
+    O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
 };
 
 static int parse_args(int argc, char **argv, kvw_config_t *cfg)
@@ -86,7 +90,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"watermark", 1, 0, O_WATERMARK}, {"enable-prefix-caching", 1, 0, O_PREFIX},
         {"enable-chunked-prefill", 1, 0, O_CHUNKED}, {"decode-speedup", 1, 0, O_DECODE_SPEEDUP},
         {"perf-profile", 1, 0, O_PROFILE}, {"tokenizer", 1, 0, O_TOKENIZER},
-        {"chat-template", 1, 0, O_TEMPLATE}, {0, 0, 0, 0}
+        {"chat-template", 1, 0, O_TEMPLATE}, {"nats-subjects", 1, 0, O_SUBJECTS},
+        {"idle-timeout", 1, 0, O_IDLE}, {0, 0, 0, 0}
     };
     int c;
 
@@ -113,6 +118,14 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case O_PROFILE: cfg->perf_profile = optarg; break;
         case O_TOKENIZER: cfg->tokenizer = optarg; break;
         case O_TEMPLATE: cfg->chat_template = optarg; break;
+        case O_IDLE: cfg->idle_timeout_s = atoi(optarg); break;
+        case O_SUBJECTS:
+            if (strcmp(optarg, "per-worker") && strcmp(optarg, "shared")) {
+                fprintf(stderr, "kvworker: --nats-subjects takes per-worker or shared\n");
+                return -1;
+            }
+            cfg->nats_per_worker = !strcmp(optarg, "per-worker");
+            break;
         case O_PREFIX:
             if (parse_bool(optarg, &cfg->enable_prefix_caching))
                 return -1;
@@ -281,9 +294,12 @@ int main(int argc, char **argv)
     evsignal_add(sigint, NULL);
     evsignal_add(sigterm, NULL);
 
+    char safe_url[512] = "";
+    if (cfg.nats_url)
+        kvw_nats_redact(cfg.nats_url, safe_url, sizeof(safe_url));
     fprintf(stderr, "kvworker: %d %s engine(s) on %s:%d..%d%s%s\n", cfg.engines, cfg.engine,
             cfg.host, cfg.port, cfg.port + cfg.engines - 1, cfg.nats_url ? ", nats " : "",
-            cfg.nats_url ? cfg.nats_url : "");
+            safe_url);
     event_base_dispatch(base);
     rc = 0;
 out:

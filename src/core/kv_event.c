@@ -240,6 +240,10 @@ static int router_event(ex_t *x, uint32_t obj)
     if (!has && opt_u64(x, obj, "dp_rank", &has, &v) != 0) {
         return -1;
     }
+    if (has && v > UINT32_MAX) {
+        /* as a heartbeat's: never truncated into another rank's slot */
+        return bad(x, "dp_rank %llu is above 2^32-1", (unsigned long long) v);
+    }
     ev.dp_rank = has ? (uint32_t) v : 0;
     if (data(x, kv_tree_get(x->t, (uint32_t) inner, "data"), &ev) != 0) {
         return -1;

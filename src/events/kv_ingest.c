@@ -8,6 +8,7 @@
  * callbacks only touch atomic status words and the epoch counter, which
  * tick turns into discover + resync under the mutex.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -36,6 +37,113 @@ void kv_ingest_log(kv_ingest_t *ing, const char *fmt, ...)
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+}
+
+void kv_ingest_redact(const char *in, char *out, size_t n)
+{
+    size_t o = 0;
+    if (n == 0)
+        return;
+    for (const char *p = in; *p && o + 1 < n;) {
+        const char *sep = strstr(p, "://");
+        if (sep == NULL) {
+            o += (size_t)snprintf(out + o, n - o, "%s", p);
+            break;
+        }
+        sep += 3;
+        while (p < sep && o + 1 < n)
+            out[o++] = *p++;
+        size_t auth = strcspn(p, ",/ ");
+        const char *at = memrchr(p, '@', auth);
+        if (at != NULL && o + 4 < n) {
+            memcpy(out + o, "***", 3);  /* user:password@ or token@ */
+            o += 3;
+            p = at;
+        }
+    }
+    out[o < n ? o : n - 1] = '\0';
+}
+
+/* Connection failures (wrong credentials, untrusted certificate, a server
+ * that requires TLS) happen on cnats' threads while it retries: report
+ * each distinct one once (and again a minute later if it persists), so
+ * error.log says why we are not connected. ing->mu held. */
+static int set_servers(kv_ingest_t *ing, natsOptions *o, char *err, size_t errlen);
+static int set_auth_tls(kv_ingest_t *ing, natsOptions *o, char *err, size_t errlen);
+
+/* cnats retrying in the background only ever says "No server available":
+ * one synchronous attempt with the same options tells why (credentials,
+ * certificate, TLS required). Called without ing->mu. */
+static void diagnose(kv_ingest_t *ing, char *msg, size_t n)
+{
+    natsOptions *o = NULL;
+    natsConnection *nc = NULL;
+    char err[256];
+    snprintf(msg, n, "not connected");
+    if (natsOptions_Create(&o) != NATS_OK)
+        return;
+    if (set_servers(ing, o, err, sizeof(err)) < 0 || set_auth_tls(ing, o, err, sizeof(err)) < 0) {
+        snprintf(msg, n, "%s", err);
+    } else {
+        natsOptions_SetName(o, "kvroute-ingest-diagnosis");
+        natsOptions_SetAllowReconnect(o, false);
+        natsOptions_SetTimeout(o, 2000);
+        natsStatus s = natsConnection_Connect(&nc, o);
+        const char *detail = nats_GetLastError(NULL);
+        if (s == NATS_OK)
+            snprintf(msg, n, "a direct connection works; the background one is retrying");
+        else
+            snprintf(msg, n, "%s%s%s", natsStatus_GetText(s), detail && detail[0] ? ": " : "",
+                     detail ? detail : "");
+        natsConnection_Destroy(nc);
+    }
+    natsOptions_Destroy(o);
+}
+
+static void log_nats_error(kv_ingest_t *ing, uint64_t now_ms)
+{
+    char urls[1024];
+    if (ing->nc == NULL)
+        return;
+    if (kv_ingest_connected(ing)) {
+        if (ing->last_error[0]) {
+            kv_ingest_redact(ing->cfg.servers, urls, sizeof(urls));
+            kv_ingest_log(ing, "NATS %s: connected", urls);
+            ing->last_error[0] = '\0';
+        }
+        ing->diag_at_ms = now_ms + 2000;    /* a disconnection gets 2 s to heal */
+        return;
+    }
+    if (now_ms < ing->diag_at_ms)
+        return;
+    ing->diag_at_ms = now_ms + 30000;
+    char msg[256];
+    pthread_mutex_unlock(&ing->mu);
+    diagnose(ing, msg, sizeof(msg));
+    pthread_mutex_lock(&ing->mu);
+    if (strcmp(msg, ing->last_error) == 0 && now_ms < ing->last_error_ms + 60000)
+        return;
+    snprintf(ing->last_error, sizeof(ing->last_error), "%s", msg);
+    ing->last_error_ms = now_ms;
+    kv_ingest_redact(ing->cfg.servers, urls, sizeof(urls));
+    kv_ingest_log(ing, "NATS %s: %s (retrying)", urls, msg);
+}
+
+/* Asynchronous errors cnats reports on its threads: a permissions
+ * violation (publisher auth misconfigured), slow consumer. At most one
+ * line a second. */
+static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus err,
+                           void *closure)
+{
+    static uint64_t last_ms;
+    uint64_t now = kv_ingest_now_ms();
+    const char *txt = NULL;
+    if (now < __atomic_load_n(&last_ms, __ATOMIC_RELAXED) + 1000)
+        return;
+    __atomic_store_n(&last_ms, now, __ATOMIC_RELAXED);
+    natsConnection_GetLastError(nc, &txt);
+    kv_ingest_log(closure, "NATS error: %s%s%s", natsStatus_GetText(err),
+                  txt && txt[0] ? ": " : "", txt ? txt : "");
 }
 
 int kv_ingest_connected(kv_ingest_t *ing)
@@ -180,19 +288,40 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
 
 /* --- handlers ----------------------------------------------------------- */
 
+/* Which subject form a message came on: 0 the shared subject base, 1 the
+ * per-worker base.<id> (*id set), -1 anything else (a malformed suffix). */
+static int subject_worker(const char *subj, const char *base, uint64_t *id)
+{
+    size_t n = strlen(base);
+    if (subj == NULL || strncmp(subj, base, n) != 0)
+        return -1;
+    if (subj[n] == '\0')
+        return 0;
+    if (subj[n] != '.' || subj[n + 1] < '0' || subj[n + 1] > '9')
+        return -1;
+    char *end;
+    *id = strtoull(subj + n + 1, &end, 10);
+    return *end == '\0' ? 1 : -1;
+}
+
 /* One message of events; ing->mu held. */
 static void apply_message(kv_ingest_t *ing, natsMsg *msg)
 {
     char err[200];
-    uint64_t now = kv_ingest_now_ms();
+    uint64_t now = kv_ingest_now_ms(), wid = 0;
     kv_registry_status_add(ing->reg, ST(messages), 1);
+    int form = subject_worker(natsMsg_GetSubject(msg), ing->ev_subject, &wid);
+    if (form < 0 || (form == 0 && ing->cfg.per_worker_only)) {
+        kv_registry_status_add(ing->reg, ST(rejected), 1);
+        return;
+    }
     if (kv_event_decode(&ing->batch, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
                         err, sizeof(err)) != 0) {
         kv_registry_status_add(ing->reg, ST(decode_errors), 1);
         if (ing->cfg.verbose)
             kv_ingest_log(ing, "event dropped: %s", err);
     } else {
-        kv_sync_events(ing, &ing->batch, now);
+        kv_sync_events(ing, &ing->batch, form == 1 ? &wid : NULL, now);
     }
 }
 
@@ -252,10 +381,14 @@ static void *fetch_loop(void *arg)
 static void on_heartbeat(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
 {
     kv_ingest_t *ing = closure;
+    uint64_t wid = 0;
+    int form = subject_worker(natsMsg_GetSubject(msg), ing->hb_subject, &wid);
     pthread_mutex_lock(&ing->mu);
-    if (!ing->stopping && nc == ing->nc)
+    if (form < 0 || (form == 0 && ing->cfg.per_worker_only))
+        kv_registry_status_add(ing->reg, ST(rejected), 1);
+    else if (!ing->stopping && nc == ing->nc)
         kv_sync_heartbeat(ing, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
-                          kv_ingest_now_ms());
+                          form == 1 ? &wid : NULL, kv_ingest_now_ms());
     pthread_mutex_unlock(&ing->mu);
     natsMsg_Destroy(msg);
 }
@@ -303,7 +436,7 @@ static void on_closed(natsConnection *nc, void *closure)
 
 /* --- connection --------------------------------------------------------- */
 
-static int set_servers(kv_ingest_t *ing, char *err, size_t errlen)
+static int set_servers(kv_ingest_t *ing, natsOptions *o, char *err, size_t errlen)
 {
     char buf[1024];
     const char *urls[MAX_SERVERS];
@@ -312,34 +445,55 @@ static int set_servers(kv_ingest_t *ing, char *err, size_t errlen)
     for (char *save = NULL, *tok = strtok_r(buf, ", ", &save); tok && n < MAX_SERVERS;
          tok = strtok_r(NULL, ", ", &save))
         urls[n++] = tok;
-    if (n == 0 || natsOptions_SetServers(ing->opts, urls, n) != NATS_OK) {
-        snprintf(err, errlen, "kv_ingest: bad server list '%s'", ing->cfg.servers);
+    if (n == 0 || natsOptions_SetServers(o, urls, n) != NATS_OK) {
+        char safe[1024];
+        kv_ingest_redact(ing->cfg.servers, safe, sizeof(safe));
+        snprintf(err, errlen, "kv_ingest: bad server list '%s'", safe);
         return -1;
     }
     return 0;
 }
 
-static int set_auth_tls(kv_ingest_t *ing, char *err, size_t errlen)
+/* TLS files are read by the helper, which runs as nginx's worker user:
+ * say so plainly instead of cnats' bare "SSL Error". */
+static int readable(const char *what, const char *path, char *err, size_t errlen)
+{
+    if (path == NULL || access(path, R_OK) == 0)
+        return 0;
+    snprintf(err, errlen, "kv_ingest: cannot read %s \"%s\": %s (the event helper runs as "
+             "the nginx worker user, which must be able to read it)", what, path,
+             strerror(errno));
+    return -1;
+}
+
+static int set_auth_tls(kv_ingest_t *ing, natsOptions *o, char *err, size_t errlen)
 {
     kv_ingest_config_t *c = &ing->cfg;
     natsStatus s = NATS_OK;
+    if (readable("tls_ca", c->tls_ca, err, errlen) < 0
+        || readable("tls_cert", c->tls_cert, err, errlen) < 0
+        || readable("tls_key", c->tls_key, err, errlen) < 0
+        || readable("creds", c->creds, err, errlen) < 0)
+        return -1;
     if (c->user)
-        s = natsOptions_SetUserInfo(ing->opts, c->user, c->password ? c->password : "");
+        s = natsOptions_SetUserInfo(o, c->user, c->password ? c->password : "");
     if (s == NATS_OK && c->token)
-        s = natsOptions_SetToken(ing->opts, c->token);
+        s = natsOptions_SetToken(o, c->token);
     if (s == NATS_OK && c->creds)
-        s = natsOptions_SetUserCredentialsFromFiles(ing->opts, c->creds, NULL);
+        s = natsOptions_SetUserCredentialsFromFiles(o, c->creds, NULL);
     if (s == NATS_OK && (c->tls || c->tls_ca || c->tls_cert))
-        s = natsOptions_SetSecure(ing->opts, true);
+        s = natsOptions_SetSecure(o, true);
     if (s == NATS_OK && c->tls_ca)
-        s = natsOptions_LoadCATrustedCertificates(ing->opts, c->tls_ca);
+        s = natsOptions_LoadCATrustedCertificates(o, c->tls_ca);
     if (s == NATS_OK && c->tls_cert)
-        s = natsOptions_LoadCertificatesChain(ing->opts, c->tls_cert,
+        s = natsOptions_LoadCertificatesChain(o, c->tls_cert,
                                               c->tls_key ? c->tls_key : c->tls_cert);
     if (s == NATS_OK && c->tls_no_verify)
-        s = natsOptions_SkipServerVerification(ing->opts, true);
+        s = natsOptions_SkipServerVerification(o, true);
     if (s != NATS_OK) {
-        snprintf(err, errlen, "kv_ingest: auth/TLS options: %s", natsStatus_GetText(s));
+        const char *detail = nats_GetLastError(NULL);
+        snprintf(err, errlen, "kv_ingest: auth/TLS options: %s%s%s", natsStatus_GetText(s),
+                 detail && detail[0] ? ": " : "", detail ? detail : "");
         return -1;
     }
     return 0;
@@ -377,15 +531,22 @@ static natsStatus subscribe(kv_ingest_t *ing, natsSubscription **sub, const char
  * cnats has closed they fail, and tick replaces the connection. */
 static int subscribe_all(kv_ingest_t *ing)
 {
-    char dump_subj[160];
+    char dump_subj[160], hb_pw[330], ev_pw[330];
     natsStatus s = NATS_OK;
+    int shared = !ing->cfg.per_worker_only;
     snprintf(dump_subj, sizeof(dump_subj), "%s.*", ing->inbox);
-    if (ing->hb_sub == NULL)
+    snprintf(hb_pw, sizeof(hb_pw), "%s.*", ing->hb_subject);
+    snprintf(ev_pw, sizeof(ev_pw), "%s.*", ing->ev_subject);
+    if (shared && ing->hb_sub == NULL)
         s = subscribe(ing, &ing->hb_sub, ing->hb_subject, on_heartbeat);
+    if (s == NATS_OK && ing->hb_sub_pw == NULL)
+        s = subscribe(ing, &ing->hb_sub_pw, hb_pw, on_heartbeat);
     if (s == NATS_OK && ing->dump_sub == NULL)
         s = subscribe(ing, &ing->dump_sub, dump_subj, on_dump);
-    if (s == NATS_OK && ing->cfg.stream == NULL && ing->ev_sub == NULL)
+    if (s == NATS_OK && ing->cfg.stream == NULL && shared && ing->ev_sub == NULL)
         s = subscribe(ing, &ing->ev_sub, ing->ev_subject, on_event);
+    if (s == NATS_OK && ing->cfg.stream == NULL && ing->ev_sub_pw == NULL)
+        s = subscribe(ing, &ing->ev_sub_pw, ev_pw, on_event);
     if (s != NATS_OK) {
         if (ing->cfg.verbose)
             kv_ingest_log(ing, "subscribe: %s; retrying", natsStatus_GetText(s));
@@ -405,8 +566,11 @@ static void connect_now(kv_ingest_t *ing, uint64_t now_ms)
     kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CONNECTING);
     natsStatus s = natsConnection_Connect(&nc, ing->opts);
     if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) {
-        if (ing->cfg.verbose)
-            kv_ingest_log(ing, "connect: %s; retrying", natsStatus_GetText(s));
+        char urls[1024];
+        const char *detail = nats_GetLastError(NULL);
+        kv_ingest_redact(ing->cfg.servers, urls, sizeof(urls));
+        kv_ingest_log(ing, "NATS %s: connect: %s%s%s; retrying", urls, natsStatus_GetText(s),
+                      detail && detail[0] ? ": " : "", detail ? detail : "");
         natsConnection_Destroy(nc);
         kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_DOWN);
         ing->connect_retry_ms = now_ms + ing->backoff_ms;
@@ -427,7 +591,8 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
         snprintf(err, errlen, "kv_ingest: natsOptions_Create: %s", natsStatus_GetText(s));
         return -1;
     }
-    if (set_servers(ing, err, errlen) < 0 || set_auth_tls(ing, err, errlen) < 0)
+    if (set_servers(ing, ing->opts, err, errlen) < 0
+        || set_auth_tls(ing, ing->opts, err, errlen) < 0)
         return -1;
     natsOptions_SetName(ing->opts, "kvroute-ingest");
     natsOptions_SetRetryOnFailedConnect(ing->opts, true, on_connected, ing);
@@ -438,6 +603,7 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
     natsOptions_SetReconnectedCB(ing->opts, on_connected, ing);
     natsOptions_SetDisconnectedCB(ing->opts, on_disconnected, ing);
     natsOptions_SetClosedCB(ing->opts, on_closed, ing);
+    natsOptions_SetErrorHandler(ing->opts, on_async_error, ing);
     natsOptions_SetMaxPendingMsgs(ing->opts, 1 << 20);
 
     natsInbox *inbox = NULL;
@@ -445,6 +611,7 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
     snprintf(ing->inbox, sizeof(ing->inbox), "%s", inbox ? (const char *)inbox : "_INBOX.kvroute");
     natsInbox_Destroy(inbox);
     ing->backoff_ms = 1000;
+    ing->diag_at_ms = kv_ingest_now_ms() + 2000;
     if (ing->cfg.stream) {
         if (pthread_create(&ing->fetcher, NULL, fetch_loop, ing) != 0) {
             snprintf(err, errlen, "kv_ingest: cannot start the JetStream fetch thread");
@@ -473,11 +640,13 @@ static int jetstream_setup(kv_ingest_t *ing)
         s = js_GetStreamInfo(&si, ing->js, ing->cfg.stream, NULL, &jerr);
     if (s == NATS_NOT_FOUND) {
         jsStreamConfig sc;
-        const char *subjects[1] = {ing->ev_subject};
+        char pw[330];
+        snprintf(pw, sizeof(pw), "%s.*", ing->ev_subject);
+        const char *subjects[2] = {pw, ing->ev_subject};
         jsStreamConfig_Init(&sc);
         sc.Name = ing->cfg.stream;
         sc.Subjects = subjects;
-        sc.SubjectsLen = 1;
+        sc.SubjectsLen = ing->cfg.per_worker_only ? 1 : 2;
         sc.Storage = js_FileStorage;
         s = js_AddStream(&si, ing->js, &sc, NULL, &jerr);
     }
@@ -489,8 +658,13 @@ static int jetstream_setup(kv_ingest_t *ing)
         so.Config.AckPolicy = js_AckAll;
         so.Config.DeliverPolicy = js_DeliverAll;
         so.Config.MaxAckPending = 1 << 16;
-        s = js_PullSubscribe(&ing->ev_sub, ing->js, ing->ev_subject, ing->cfg.durable, NULL,
-                             &so, &jerr);
+        /* one filter per consumer: the per-worker subjects when only those
+         * are trusted, else the shared one (docs/SECURITY.md) */
+        char pw[330];
+        snprintf(pw, sizeof(pw), "%s.*", ing->ev_subject);
+        s = js_PullSubscribe(&ing->ev_sub, ing->js,
+                             ing->cfg.per_worker_only ? pw : ing->ev_subject,
+                             ing->cfg.durable, NULL, &so, &jerr);
     }
     if (s != NATS_OK) {
         if (ing->cfg.verbose)
@@ -522,9 +696,13 @@ void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
     }
     if (ing->nc == NULL && !ing->stopping && now_ms >= ing->connect_retry_ms)
         connect_now(ing, now_ms);
-    if (ing->nc != NULL && (ing->hb_sub == NULL || ing->dump_sub == NULL
-                            || (ing->cfg.stream == NULL && ing->ev_sub == NULL)))
+    int shared = !ing->cfg.per_worker_only;
+    if (ing->nc != NULL && ((shared && ing->hb_sub == NULL) || ing->hb_sub_pw == NULL
+                            || ing->dump_sub == NULL
+                            || (ing->cfg.stream == NULL
+                                && ((shared && ing->ev_sub == NULL) || ing->ev_sub_pw == NULL))))
         subscribe_all(ing);
+    log_nats_error(ing, now_ms);
     int connected = kv_ingest_connected(ing);
     if (connected)
         ing->backoff_ms = 1000;
@@ -561,10 +739,11 @@ static void teardown(kv_ingest_t *ing)
 {
     pthread_mutex_lock(&ing->mu);
     natsConnection *nc = ing->nc;
-    natsSubscription *subs[3] = {ing->ev_sub, ing->hb_sub, ing->dump_sub};
+    natsSubscription *subs[5] = {ing->ev_sub, ing->hb_sub, ing->dump_sub, ing->ev_sub_pw,
+                                 ing->hb_sub_pw};
     jsCtx *js = ing->js;
     ing->nc = NULL;                 /* handlers for it now return at once */
-    ing->ev_sub = ing->hb_sub = ing->dump_sub = NULL;
+    ing->ev_sub = ing->hb_sub = ing->dump_sub = ing->ev_sub_pw = ing->hb_sub_pw = NULL;
     ing->js = NULL;
     pthread_mutex_unlock(&ing->mu);
     if (nc == NULL)
@@ -579,7 +758,7 @@ static void teardown(kv_ingest_t *ing)
             break;
     pthread_mutex_unlock(&ing->mu);
     /* closed first: an unsubscribe would delete the durable consumer */
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 5; k++)
         unsubscribe(&subs[k]);
     if (js)
         jsCtx_Destroy(js);

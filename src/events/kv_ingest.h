@@ -62,6 +62,10 @@ typedef struct {
     uint32_t    reconnect_wait_ms;  /* default 250 */
     uint32_t    buffer_events;      /* per worker while resyncing; default 4096 */
     uint32_t    buffer_blocks;      /* per worker while resyncing; default 262144 */
+    int         per_worker_only;    /* accept events and heartbeats only on the per-worker
+                                       subjects P.kv-events.<id>, P.kvroute.heartbeat.<id>
+                                       (what NATS permissions can restrict to one worker;
+                                       docs/SECURITY.md); 0: on the shared ones too */
     int         verbose;            /* log to stderr */
     /* Called (under the ingest's lock) after the index dropped blocks of a
      * worker on the worker's own word: a Removed event (the sequence
@@ -82,6 +86,10 @@ void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms);
 /* Disconnects and waits for cnats threads to stop delivering. */
 void kv_ingest_stop(kv_ingest_t *ing);
 void kv_ingest_destroy(kv_ingest_t *ing);
+
+/* Copies a server list with any user:password@ or token@ replaced by
+ * ***@, for logs. */
+void kv_ingest_redact(const char *in, char *out, size_t n);
 
 /* Milliseconds since the epoch (what heartbeats and envelopes carry). */
 uint64_t kv_ingest_now_ms(void);

@@ -49,6 +49,10 @@ typedef struct {
     uint64_t    dump_seq;       /* in flight when state == RESYNCING */
     uint64_t    dump_deadline_ms;
     uint32_t    dump_next_chunk;
+    uint64_t    dump_last_event_id; /* chunk 0's: every chunk must carry it */
+    uint64_t    dump_floor;     /* last dump's last_event_id: ids up to it are old news */
+    uint64_t    hb_applied;     /* last_applied when the previous heartbeat came */
+    uint64_t    verified;       /* a dump applied whole, or events from 1: a real worker */
     kv_evbuf_t  buf;
 } kv_wstate_t;
 
@@ -79,6 +83,10 @@ struct kv_ingest {
     natsConnection     *nc;
     jsCtx              *js;
     natsSubscription   *ev_sub, *hb_sub, *dump_sub;
+    natsSubscription   *ev_sub_pw, *hb_sub_pw;  /* per-worker subjects: <subject>.<id> */
+    char                last_error[256];        /* last NATS error logged (once each) */
+    uint64_t            last_error_ms;
+    uint64_t            diag_at_ms;             /* next diagnosis while disconnected */
     uint64_t            conn_epoch;     /* bumped by (re)connect callbacks (atomic) */
     uint64_t            seen_epoch;     /* handled by tick */
     uint64_t            js_retry_ms;
@@ -88,6 +96,7 @@ struct kv_ingest {
     kv_stored_block_t  *scratch;        /* dump chunk -> stored events */
     size_t              scratch_cap;
     uint64_t            dump_counter;
+    uint64_t            reap_at_ms;     /* next kv_index_reap of removed workers */
     uint32_t            max_workers;
     kv_wstate_t        *wk;             /* by registry record index */
 };
@@ -96,9 +105,13 @@ void kv_ingest_log(kv_ingest_t *ing, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int  kv_ingest_connected(kv_ingest_t *ing);
 
-/* kv_ingest_sync.c */
-void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, uint64_t now_ms);
-void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t now_ms);
+/* kv_ingest_sync.c. A message that came on a per-worker subject carries
+ * that worker's id in *subject_worker (NULL on the shared subjects): any
+ * event or heartbeat for another id in it is rejected. */
+void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t *subject_worker,
+                    uint64_t now_ms);
+void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
+                       const uint64_t *subject_worker, uint64_t now_ms);
 void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t len,
                         uint64_t now_ms);
 /* connected: NATS is up now; reconnected: it came back since the last tick. */

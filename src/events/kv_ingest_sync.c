@@ -22,11 +22,94 @@
 
 #define RESYNC_RETRY_MS 500
 
+/*
+ * Plausibility (docs/SECURITY.md). Anyone who can publish on the events
+ * subject can send any event id; an id is believed only if it is within
+ * AHEAD_MAX of what the worker itself announced (or we applied). Farther
+ * ahead, applying it would make every later real event a "duplicate": it
+ * is dropped and the worker resynced instead.
+ */
+#define AHEAD_MAX 65536
+/* Reported load above these is a lie or a bug: clamped (tokens per worker
+ * when it reports no capacity; queue lengths). */
+#define LOAD_TOKENS_MAX (1ull << 26)
+#define LOAD_QUEUE_MAX (1ull << 20)
+
 /* --- worker table ------------------------------------------------------- */
+
+static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms);
+static void buf_free(kv_evbuf_t *b);
+
+/*
+ * Lifecycle (docs/SECURITY.md, "Worker lifecycle"). A worker's record and
+ * index slots are freed when it leaves: a "leave" heartbeat, the same
+ * address and rank announced under a new worker id, a record gone for
+ * FORGET_AFTER timeouts, or capacity pressure. A full table never refuses
+ * a newcomer: the record least likely to be a live worker goes.
+ */
+#define FORGET_TIMEOUTS 10
+
+/* Frees record i and every index slot of its worker id (the index works
+ * per worker id): the worker's other ranks lose their blocks and resync. */
+static void worker_remove(kv_ingest_t *ing, int i, uint64_t now_ms, const char *why)
+{
+    kv_wstate_t *w = &ing->wk[i];
+    uint64_t id = w->worker_id;
+    if (ing->cfg.verbose)
+        kv_ingest_log(ing, "worker %" PRIu64 " rank %u removed: %s", id, w->dp_rank, why);
+    kv_index_worker_remove(ing->ix, id);
+    buf_free(&w->buf);
+    memset(w, 0, sizeof(*w));
+    kv_registry_remove(ing->reg, i);
+    kv_registry_status_add(ing->reg, ST(removed), 1);
+    for (uint32_t k = 0; k < ing->max_workers; k++) {
+        kv_wstate_t *o = &ing->wk[k];
+        if (!o->used || o->worker_id != id || o->state == KV_WORKER_GONE)
+            continue;
+        if (o->announced) {
+            o->resync_after_ms = 0;
+            start_resync(ing, (int)k, now_ms);
+        } else {
+            o->last_applied = 0;
+            o->complete = 0;
+        }
+    }
+}
+
+/* Eviction order: gone first, then workers that never announced, then
+ * announced ones never verified by a dump, then the rest; within a class,
+ * the one heard from longest ago. A flood of invented ids (events or
+ * heartbeats nobody answers dumps for) thus evicts itself, not the live
+ * workers, and a worker restarted under a new id pushes out its old id. */
+static int evict_class(const kv_wstate_t *w)
+{
+    if (w->state == KV_WORKER_GONE)
+        return 0;
+    if (!w->announced)
+        return 1;
+    return w->verified ? 3 : 2;
+}
+
+static int worker_evict(kv_ingest_t *ing, uint64_t now_ms)
+{
+    int best = -1;
+    for (uint32_t k = 0; k < ing->max_workers; k++) {
+        const kv_wstate_t *w = &ing->wk[k];
+        if (!w->used)
+            continue;
+        if (best < 0 || evict_class(w) < evict_class(&ing->wk[best])
+            || (evict_class(w) == evict_class(&ing->wk[best])
+                && w->last_seen_ms < ing->wk[best].last_seen_ms))
+            best = (int)k;
+    }
+    if (best >= 0)
+        worker_remove(ing, best, now_ms, "table full, evicted");
+    return best;
+}
 
 /* The private table mirrors the registry index for index; looking up
  * there avoids copying shared records on every event. */
-static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
+static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank, uint64_t now_ms)
 {
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         const kv_wstate_t *o = &ing->wk[k];
@@ -34,6 +117,8 @@ static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
             return (int)k;
     }
     int i = kv_registry_add(ing->reg, worker_id, dp_rank);
+    if (i < 0 && worker_evict(ing, now_ms) >= 0)
+        i = kv_registry_add(ing->reg, worker_id, dp_rank);
     if (i < 0)
         return -1;
     kv_wstate_t *w = &ing->wk[i];
@@ -42,6 +127,7 @@ static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank)
     w->worker_id = worker_id;
     w->dp_rank = dp_rank;
     w->state = KV_WORKER_LIVE;
+    w->last_seen_ms = now_ms;
     return i;
 }
 
@@ -234,9 +320,26 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     publish(ing, i);
 }
 
+static void reject(kv_ingest_t *ing, const char *what, uint64_t worker_id, uint64_t id)
+{
+    kv_registry_status_add(ing->reg, ST(rejected), 1);
+    if (ing->cfg.verbose)
+        kv_ingest_log(ing, "worker %" PRIu64 ": %s (id %" PRIu64 ") rejected", worker_id, what,
+                      id);
+}
+
+/* The highest event id this worker can plausibly have published. */
+static uint64_t ahead_limit(const kv_wstate_t *w)
+{
+    uint64_t base = w->last_announced > w->dump_floor ? w->last_announced : w->dump_floor;
+    if (!w->announced && w->last_applied > base)
+        base = w->last_applied;
+    return base + AHEAD_MAX;
+}
+
 static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms)
 {
-    int i = worker_get(ing, ev->worker_id, ev->dp_rank);
+    int i = worker_get(ing, ev->worker_id, ev->dp_rank, now_ms);
     if (i < 0) {
         kv_registry_status_add(ing->reg, ST(apply_errors), 1);
         return;
@@ -249,6 +352,15 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
             return;                 /* its next heartbeat resyncs it */
         w->state = KV_WORKER_LIVE;
     }
+    /* An unannounced worker's first event may carry any id (it ran before
+     * we did); after that, and always for an announced one, an id far
+     * ahead is a forgery or a broken publisher. */
+    if ((w->announced || w->last_applied != 0) && ev->event_id > ahead_limit(w)) {
+        reject(ing, "event far ahead of the announced id", w->worker_id, ev->event_id);
+        if (w->announced && w->state != KV_WORKER_RESYNCING)
+            start_resync(ing, i, now_ms);
+        return;
+    }
     if (w->state == KV_WORKER_RESYNCING) {
         buf_push(ing, i, ev);
         return;
@@ -258,8 +370,22 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
             /* an unannounced worker restarted: what we held is stale */
             clear_worker(ing, w->worker_id);
             w->last_applied = 0;
+        } else if (!w->announced && w->last_applied > AHEAD_MAX
+                   && ev->event_id < w->last_applied - AHEAD_MAX) {
+            /* far behind what we applied: our id is the lie (or it restarted
+             * without event 1); follow the worker, not the liar */
+            reject(ing, "event id far behind the applied one: sequence reset", w->worker_id,
+                   ev->event_id);
+            w->last_applied = ev->event_id - 1;
+            w->complete = 0;
         } else {
             COUNT(ing, i, duplicates, duplicates, 1);
+            /* Core NATS delivers each event once, and ids up to the last
+             * dump's are old news; a second event with an id we applied
+             * from the stream means one of the two was forged: the dump
+             * tells which. */
+            if (w->announced && ev->event_id > w->dump_floor)
+                start_resync(ing, i, now_ms);
             return;
         }
     }
@@ -276,8 +402,18 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
     publish(ing, i);
 }
 
-void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, uint64_t now_ms)
+void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t *subject_worker,
+                    uint64_t now_ms)
 {
+    if (subject_worker)
+        for (size_t k = 0; k < b->n_events; k++)
+            if (b->events[k].worker_id != *subject_worker) {
+                /* published as one worker about another: with per-worker
+                 * NATS permissions, exactly what a forger would have to do */
+                reject(ing, "event for another worker on a per-worker subject",
+                       b->events[k].worker_id, *subject_worker);
+                return;
+            }
     for (size_t k = 0; k < b->n_events; k++)
         handle_event(ing, &b->events[k], now_ms);
     uint64_t lag = b->has_envelope && b->published_at && now_ms > b->published_at
@@ -304,12 +440,13 @@ static void replay_buffer(kv_ingest_t *ing, int i, uint64_t now_ms)
         if (ev.event_id <= w->last_applied)
             continue;
         if (ev.event_id > w->last_applied + 1) {
-            /* still missing some: keep the rest, ask again */
+            /* A gap the dump did not fill. Asking again would loop forever
+             * on one forged event while the worker is idle; drop the rest
+             * instead: if it was real, the next heartbeat shows us behind
+             * and that resyncs. */
             COUNT(ing, i, gaps, gaps, 1);
-            memmove(b->ev, b->ev + k, (b->n - k) * sizeof(*b->ev));
-            b->n -= k;
-            start_resync(ing, i, now_ms);
-            return;
+            reject(ing, "buffered events past a gap after a dump", w->worker_id, ev.event_id);
+            break;
         }
         apply_one(ing, i, &ev, now_ms);
     }
@@ -322,6 +459,7 @@ typedef struct {
     uint64_t            worker_id, instance_id, last_event_id, interval_ms, num_blocks;
     uint64_t            dp_rank, block_size;
     int                 has_worker;
+    char                type[16];
     char                address[KV_REGISTRY_ADDR_MAX];
     char                model[KV_REGISTRY_MODEL_MAX];
     kv_worker_load_t    load;
@@ -367,6 +505,7 @@ static int parse_heartbeat(const char *buf, size_t len, heartbeat_t *h)
         else if (!strcmp(key, "num_blocks")) rc = kv_jscan_u64(&s, &h->num_blocks);
         else if (!strcmp(key, "address")) rc = kv_jscan_string(&s, h->address, sizeof(h->address));
         else if (!strcmp(key, "model")) rc = kv_jscan_string(&s, h->model, sizeof(h->model));
+        else if (!strcmp(key, "type")) rc = kv_jscan_string(&s, h->type, sizeof(h->type));
         else if (!strcmp(key, "load")) rc = parse_load(&s, &h->load);
         else rc = kv_jscan_skip(&s);
         if (rc < 0)
@@ -377,25 +516,81 @@ static int parse_heartbeat(const char *buf, size_t len, heartbeat_t *h)
     return 0;
 }
 
-void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t now_ms)
+/* Reported load only ever adds to what nginx counts itself (the balancer
+ * takes the larger); a forged or broken report must not make a worker
+ * look infinitely busy: clamp to what its own capacity allows. */
+static uint64_t clamp(uint64_t v, uint64_t max)
+{
+    return v > max ? max : v;
+}
+
+static void sanitize_load(heartbeat_t *h)
+{
+    kv_worker_load_t *l = &h->load;
+    uint64_t blocks = h->num_blocks && h->num_blocks < LOAD_TOKENS_MAX ? h->num_blocks
+                                                                      : LOAD_TOKENS_MAX;
+    uint64_t bs = h->block_size && h->block_size <= 4096 ? h->block_size : 16;
+    uint64_t tokens = clamp(blocks * bs, LOAD_TOKENS_MAX);
+    l->active_decode_blocks = clamp(l->active_decode_blocks, blocks);
+    l->kv_used_blocks = clamp(l->kv_used_blocks, blocks);
+    /* prefill may queue beyond the KV pool, but not without bound */
+    l->active_prefill_tokens = clamp(l->active_prefill_tokens, 4 * tokens);
+    l->waiting = clamp(l->waiting, LOAD_QUEUE_MAX);
+    l->running = clamp(l->running, LOAD_QUEUE_MAX);
+}
+
+void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
+                       const uint64_t *subject_worker, uint64_t now_ms)
 {
     heartbeat_t h;
     if (parse_heartbeat(buf, len, &h) < 0) {
         kv_registry_status_add(ing->reg, ST(decode_errors), 1);
         return;
     }
+    if (subject_worker && h.worker_id != *subject_worker) {
+        reject(ing, "heartbeat for another worker on a per-worker subject", h.worker_id,
+               *subject_worker);
+        return;
+    }
     kv_registry_status_add(ing->reg, ST(heartbeats), 1);
-    int i = worker_get(ing, h.worker_id, (uint32_t)h.dp_rank);
+    if (!strcmp(h.type, "leave")) {
+        /* a worker shutting down: free its record and slots now */
+        for (uint32_t k = 0; k < ing->max_workers; k++)
+            if (ing->wk[k].used && ing->wk[k].worker_id == h.worker_id
+                && ing->wk[k].dp_rank == h.dp_rank)
+                worker_remove(ing, (int)k, now_ms, "left");
+        return;
+    }
+    int i = worker_get(ing, h.worker_id, (uint32_t)h.dp_rank, now_ms);
     if (i < 0)
         return;
     kv_wstate_t *w = &ing->wk[i];
     int first = !w->announced;
+    if (first && h.address[0]) {
+        /* the same address and rank under a new worker id: the engine
+         * restarted with a new identity (Dynamo's do); the old id is gone */
+        kv_worker_rec_t o;
+        for (uint32_t k = 0; k < ing->max_workers; k++)
+            if ((int)k != i && ing->wk[k].used && ing->wk[k].announced
+                && ing->wk[k].dp_rank == h.dp_rank && ing->wk[k].worker_id != h.worker_id
+                && kv_registry_read(ing->reg, (int)k, &o) == 0
+                && strncmp(o.address, h.address, sizeof(o.address)) == 0)
+                worker_remove(ing, (int)k, now_ms, "its address announced by a new worker id");
+    }
     int restarted = w->instance_id != 0 && h.instance_id != w->instance_id;
+    /* Applied past what the worker says it published, one heartbeat after
+     * we applied it: those events were never its own (forged). Events it
+     * published since the previous heartbeat may legitimately be ahead,
+     * hence the previous heartbeat's mark, not the current one. */
+    int forged_ahead = !first && !restarted && w->state == KV_WORKER_LIVE
+                       && h.last_event_id < w->hb_applied;
     w->announced = 1;
     w->instance_id = h.instance_id;
     w->last_seen_ms = now_ms;
     w->interval_ms = h.interval_ms;
     w->last_announced = h.last_event_id;
+    w->hb_applied = w->last_applied;
+    sanitize_load(&h);
 
     kv_worker_rec_t *r = kv_registry_write_begin(ing->reg, i);
     memcpy(r->address, h.address, sizeof(r->address));
@@ -407,8 +602,18 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len, uint64_t n
 
     if (restarted) {
         w->last_applied = 0;
+        w->hb_applied = 0;
+        w->dump_floor = 0;
         w->complete = 0;
         buf_reset(&w->buf);
+    }
+    if (forged_ahead) {
+        reject(ing, "applied events the worker never announced", w->worker_id,
+               h.last_event_id);
+        COUNT(ing, i, gaps, gaps, 1);
+        start_resync(ing, i, now_ms);
+        publish(ing, i);
+        return;
     }
     /* A first announce from a worker whose every event we applied from
      * event 1 needs no dump: the index is already exact (the usual case
@@ -524,6 +729,51 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
     }
 }
 
+/* The head fields of a chunk, "blocks" skipped: 0, or -1 if malformed. */
+static int dump_head(const char *buf, size_t len, dump_head_t *h)
+{
+    kv_jscan_t s;
+    char key[48];
+    int first = 1, r;
+    memset(h, 0, sizeof(*h));
+    kv_jscan_init(&s, buf, len);
+    if (kv_jscan_expect(&s, '{') < 0)
+        return -1;
+    while ((r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1) {
+        int rc;
+        if (!strcmp(key, "worker_id")) rc = kv_jscan_u64(&s, &h->worker_id);
+        else if (!strcmp(key, "dp_rank")) rc = kv_jscan_u64(&s, &h->dp_rank);
+        else if (!strcmp(key, "instance_id")) rc = kv_jscan_u64(&s, &h->instance_id);
+        else if (!strcmp(key, "last_event_id")) rc = kv_jscan_u64(&s, &h->last_event_id);
+        else if (!strcmp(key, "chunk")) rc = kv_jscan_u64(&s, &h->chunk);
+        else if (!strcmp(key, "chunks")) rc = kv_jscan_u64(&s, &h->chunks);
+        else {
+            h->seen_blocks |= !strcmp(key, "blocks");
+            rc = kv_jscan_skip(&s);
+        }
+        if (rc < 0)
+            return -1;
+    }
+    return r == 0 && h->seen_blocks ? 0 : -1;
+}
+
+/* Why a chunk cannot belong to the dump we asked worker i for, or NULL. */
+static const char *dump_mismatch(const kv_wstate_t *w, const dump_head_t *h)
+{
+    if (h->worker_id != w->worker_id || h->dp_rank != w->dp_rank)
+        return "chunk for another worker";
+    if (h->chunk != w->dump_next_chunk || h->chunks == 0 || h->chunk >= h->chunks
+        || h->chunks > (1u << 20))
+        return "chunk out of order";
+    if (w->instance_id && h->instance_id && h->instance_id != w->instance_id)
+        return "chunk from another instance";
+    if (h->last_event_id > w->last_announced + AHEAD_MAX)
+        return "last_event_id far ahead of the announced one";
+    if (h->chunk > 0 && h->last_event_id != w->dump_last_event_id)
+        return "last_event_id changed between chunks";
+    return NULL;
+}
+
 void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t len,
                         uint64_t now_ms)
 {
@@ -538,53 +788,46 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
         return;                     /* late reply to an abandoned dump */
     kv_wstate_t *w = &ing->wk[i];
 
+    /* Checked before anything is applied: a reply that is not the one we
+     * asked for (a forger answering first, another worker's blocks) must
+     * not touch the index. Two passes over the JSON; the first is cheap. */
     dump_head_t h;
-    memset(&h, 0, sizeof(h));
+    const char *why;
+    if (dump_head(buf, len, &h) < 0)
+        why = "malformed chunk";
+    else
+        why = dump_mismatch(w, &h);
+    if (why != NULL) {
+        /* ignored, not failed: a forger answering first must not make us
+         * drop the real reply behind it; the deadline covers a real loss */
+        reject(ing, why, w->worker_id, h.last_event_id);
+        return;
+    }
+    if (w->dump_next_chunk == 0) {
+        dump_begin(ing, i, now_ms);
+        w->dump_last_event_id = h.last_event_id;
+    }
     kv_jscan_t s;
     char key[48];
-    int first = 1, r;
+    int first = 1, r, rc = 0;
     kv_jscan_init(&s, buf, len);
-    if (kv_jscan_expect(&s, '{') < 0) {
-        dump_failed(ing, i, now_ms, "not a JSON object");
+    kv_jscan_expect(&s, '{');
+    while (rc == 0 && (r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1)
+        rc = !strcmp(key, "blocks") ? dump_blocks(ing, i, &s, now_ms) : kv_jscan_skip(&s);
+    if (rc < 0) {
+        dump_failed(ing, i, now_ms, "malformed blocks");
         return;
     }
-    /* the head fields come before "blocks" in kvworker's dumps, but do
-     * not rely on it: blocks go in as they are read, checks follow */
-    if (w->dump_next_chunk == 0)
-        dump_begin(ing, i, now_ms);
-    while ((r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1) {
-        int rc;
-        if (!strcmp(key, "worker_id")) rc = kv_jscan_u64(&s, &h.worker_id);
-        else if (!strcmp(key, "dp_rank")) rc = kv_jscan_u64(&s, &h.dp_rank);
-        else if (!strcmp(key, "instance_id")) rc = kv_jscan_u64(&s, &h.instance_id);
-        else if (!strcmp(key, "last_event_id")) rc = kv_jscan_u64(&s, &h.last_event_id);
-        else if (!strcmp(key, "chunk")) rc = kv_jscan_u64(&s, &h.chunk);
-        else if (!strcmp(key, "chunks")) rc = kv_jscan_u64(&s, &h.chunks);
-        else if (!strcmp(key, "blocks")) {
-            rc = dump_blocks(ing, i, &s, now_ms);
-            h.seen_blocks = 1;
-        } else rc = kv_jscan_skip(&s);
-        if (rc < 0)
-            break;
-    }
-    if (r != 0 || !h.seen_blocks) {
-        dump_failed(ing, i, now_ms, "malformed chunk");
-        return;
-    }
-    if (h.worker_id != w->worker_id || h.dp_rank != w->dp_rank || h.chunk != w->dump_next_chunk
-        || h.chunks == 0 || h.chunk >= h.chunks) {
-        dump_failed(ing, i, now_ms, "chunk out of order or for another worker");
-        return;
-    }
-    if (h.instance_id)
-        w->instance_id = h.instance_id;
     if (++w->dump_next_chunk < h.chunks)
         return;
     /* whole: the index now reflects exactly events <= last_event_id */
     w->dump_seq = 0;
     w->state = KV_WORKER_LIVE;
     w->complete = 1;
+    w->verified = 1;
     w->last_applied = h.last_event_id;
+    w->dump_floor = h.last_event_id;
+    w->hb_applied = h.last_event_id;
     w->behind_since_ms = 0;
     kv_registry_status_add(ing->reg, ST(dumps), 1);
     kv_worker_rec_t *rec = kv_registry_write_begin(ing->reg, i);
@@ -633,6 +876,11 @@ static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
 void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected)
 {
     mark_stale(ing, now_ms, connected);
+    if (now_ms >= ing->reap_at_ms) {
+        /* removed workers' blocks: one pass a second at most, however many */
+        kv_index_reap(ing->ix);
+        ing->reap_at_ms = now_ms + 1000;
+    }
     for (uint32_t i = 0; i < ing->max_workers; i++) {
         kv_wstate_t *w = &ing->wk[i];
         if (!w->used || !w->announced)
@@ -644,9 +892,17 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
             start_resync(ing, (int)i, now_ms);
             continue;
         }
+        if (w->state == KV_WORKER_GONE
+            && now_ms > w->last_seen_ms + FORGET_TIMEOUTS * timeout_of(ing, w)) {
+            worker_remove(ing, (int)i, now_ms, "gone for long");
+            continue;
+        }
         if (connected && w->state != KV_WORKER_GONE
             && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
-            clear_worker(ing, w->worker_id);
+            /* its blocks and index slots go now; the record stays a while
+             * (status shows it gone) unless the table needs it */
+            kv_index_worker_remove(ing->ix, w->worker_id);
+            dropped(ing, w->worker_id, NULL, 0);
             w->state = KV_WORKER_GONE;
             w->complete = 0;
             w->need_resync = 0;

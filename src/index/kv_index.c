@@ -132,6 +132,20 @@ static uint32_t words_for(uint32_t max_workers)
     return (max_workers + 63) / 64;
 }
 
+/*
+ * Slots actually laid out for max_workers: at least 16 more, rounded up to
+ * a whole bitmap word (so often free). A removed worker's slot is retired
+ * until the next reap (one pass over the table for all of them); the spare
+ * slots let new workers in meanwhile, so a churn of worker ids through a
+ * full registry costs one pass per ~16 ids, not one per id. The registry
+ * keeps max_workers records, so at most max_workers slots are ever live.
+ */
+static uint32_t slots_for(uint32_t max_workers)
+{
+    uint32_t n = (max_workers + 16 + 63) / 64 * 64;
+    return n > 4096 ? (max_workers > 4096 ? max_workers : 4096) : n;
+}
+
 static void defaults(kv_index_config_t *c, const kv_index_config_t *in)
 {
     memset(c, 0, sizeof(*c));
@@ -154,8 +168,8 @@ size_t kv_index_min_size(const kv_index_config_t *in)
     kv_index_config_t c;
 
     defaults(&c, in);
-    return sizeof(kv_index_t) + c.max_workers * sizeof(slot_t)
-           + 1024 * entry_size(words_for(c.max_workers)) + 256 * sizeof(map_t) + 64;
+    return sizeof(kv_index_t) + slots_for(c.max_workers) * sizeof(slot_t)
+           + 1024 * entry_size(words_for(slots_for(c.max_workers))) + 256 * sizeof(map_t) + 64;
 }
 
 kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *in,
@@ -175,6 +189,7 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
         snprintf(err, errlen, "max_workers %u is above 4096", c.max_workers);
         return NULL;
     }
+    c.max_workers = slots_for(c.max_workers);
     memset(ix, 0, sizeof(*ix));
     ix->words = words_for(c.max_workers);
     es = entry_size(ix->words);
@@ -569,7 +584,7 @@ int kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_r
     uint32_t i;
 
     for (i = 0; i < ix->max_workers; i++) {
-        if (__atomic_load_n(&s[i].in_use, __ATOMIC_ACQUIRE)
+        if (__atomic_load_n(&s[i].in_use, __ATOMIC_ACQUIRE) == 1
             && __atomic_load_n(&s[i].worker_id, __ATOMIC_RELAXED) == worker_id
             && __atomic_load_n(&s[i].dp_rank, __ATOMIC_RELAXED) == dp_rank)
         {
@@ -579,6 +594,20 @@ int kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_r
     return -1;
 }
 
+static int kv_index_free_slot(const kv_index_t *ix)
+{
+    slot_t  *s = slots(ix);
+    uint32_t i;
+
+    for (i = 0; i < ix->max_workers; i++) {
+        if (!__atomic_load_n(&s[i].in_use, __ATOMIC_RELAXED)) {
+            return (int) i;
+        }
+    }
+    return -1;
+}
+
+
 int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
 {
     slot_t  *s = slots(ix);
@@ -587,6 +616,9 @@ int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
 
     if (at >= 0) {
         return at;
+    }
+    if (kv_index_free_slot(ix) < 0) {
+        kv_index_reap(ix);
     }
     for (i = 0; i < ix->max_workers; i++) {
         if (!__atomic_load_n(&s[i].in_use, __ATOMIC_RELAXED)) {
@@ -601,25 +633,14 @@ int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
     return -1;
 }
 
-/* Drops every block of the slots matching worker_id: one pass over the table. */
-static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
+/* Drops every block of the slots in mask: one pass over the table and the
+ * engine map. */
+static void clear_mask(kv_index_t *ix, const uint64_t mask[64])
 {
-    slot_t  *s = slots(ix);
-    uint64_t mask[64] = { 0 }, i, b;
-    uint32_t k, w, any = 0;
     map_t   *m = map(ix);
+    uint64_t i, b;
+    uint32_t w;
 
-    for (k = 0; k < ix->max_workers; k++) {
-        if (__atomic_load_n(&s[k].in_use, __ATOMIC_SEQ_CST)
-            && __atomic_load_n(&s[k].worker_id, __ATOMIC_SEQ_CST) == worker_id)
-        {
-            mask[k / 64] |= 1ULL << (k % 64);
-            any = 1;
-        }
-    }
-    if (!any) {
-        return;
-    }
     for (i = 0; i < ix->cap; i++) {
         entry_t *e = entry(ix, i);
 
@@ -649,16 +670,74 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
         }
         i++;
     }
+}
+
+/*
+ * Cleared drops a worker's blocks at once (one pass over the table). A
+ * removal is deferred instead: the slot is retired (in_use SLOT_RETIRED:
+ * readers and lookups ignore it, its blocks count for nobody) and the
+ * pass that frees its entries is shared by every slot retired meanwhile
+ * (kv_index_reap). A churn of thousands of worker ids then costs one pass
+ * per reap, not one per id.
+ */
+#define SLOT_LIVE    1u
+#define SLOT_RETIRED 2u
+
+static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
+{
+    slot_t  *s = slots(ix);
+    uint64_t mask[64] = { 0 };
+    uint32_t k, any = 0;
+
+    for (k = 0; k < ix->max_workers; k++) {
+        if (__atomic_load_n(&s[k].in_use, __ATOMIC_SEQ_CST) == SLOT_LIVE
+            && __atomic_load_n(&s[k].worker_id, __ATOMIC_SEQ_CST) == worker_id)
+        {
+            mask[k / 64] |= 1ULL << (k % 64);
+            any = 1;
+        }
+    }
+    if (!any) {
+        return;
+    }
+    if (!release) {
+        clear_mask(ix, mask);
+    }
     for (k = 0; k < ix->max_workers; k++) {
         if (mask[k / 64] >> (k % 64) & 1) {
             __atomic_store_n(&s[k].blocks, 0, __ATOMIC_SEQ_CST);
             if (release) {
-                __atomic_store_n(&s[k].in_use, 0, __ATOMIC_RELEASE);
+                __atomic_store_n(&s[k].in_use, SLOT_RETIRED, __ATOMIC_RELEASE);
                 __atomic_fetch_sub(&ix->workers, 1, __ATOMIC_SEQ_CST);
             }
         }
     }
     __atomic_fetch_add(&ix->cleared, 1, __ATOMIC_SEQ_CST);
+}
+
+int kv_index_reap(kv_index_t *ix)
+{
+    slot_t  *s = slots(ix);
+    uint64_t mask[64] = { 0 };
+    uint32_t k;
+    int      n = 0;
+
+    for (k = 0; k < ix->max_workers; k++) {
+        if (__atomic_load_n(&s[k].in_use, __ATOMIC_SEQ_CST) == SLOT_RETIRED) {
+            mask[k / 64] |= 1ULL << (k % 64);
+            n++;
+        }
+    }
+    if (n == 0) {
+        return 0;
+    }
+    clear_mask(ix, mask);
+    for (k = 0; k < ix->max_workers; k++) {
+        if (mask[k / 64] >> (k % 64) & 1) {
+            __atomic_store_n(&s[k].in_use, 0, __ATOMIC_RELEASE);
+        }
+    }
+    return n;
 }
 
 void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
@@ -912,6 +991,14 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
             break;
         }
     }
+    /* retired slots (removed workers awaiting kv_index_reap) hold nothing */
+    for (i = 0, n = found, found = 0; i < n; i++) {
+        if (__atomic_load_n(&slots(ix)[out[i].slot].in_use, __ATOMIC_RELAXED)
+            == SLOT_LIVE)
+        {
+            out[found++] = out[i];
+        }
+    }
     return found;
 }
 
@@ -924,8 +1011,8 @@ int kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_i
         return -1;
     }
     s = &slots(ix)[slot];
-    if (!__atomic_load_n(&s->in_use, __ATOMIC_ACQUIRE)) {
-        return -1;
+    if (__atomic_load_n(&s->in_use, __ATOMIC_ACQUIRE) != SLOT_LIVE) {
+        return -1;          /* free, or retired (kv_index_reap) */
     }
     *worker_id = __atomic_load_n(&s->worker_id, __ATOMIC_RELAXED);
     *dp_rank = __atomic_load_n(&s->dp_rank, __ATOMIC_RELAXED);

@@ -76,8 +76,13 @@ kv_index_t *kv_index_open(void *region, size_t size);
 int  kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank);
 /* Cleared: drops every block of worker_id, all dp ranks; slots stay. */
 void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id);
-/* Drops worker_id's blocks and frees its slots. */
+/* Drops worker_id's blocks and frees its slots. The slots are retired at
+ * once (no reader credits them again) and their entries freed by the next
+ * kv_index_reap, which kv_index_worker_add also calls when no slot is free. */
 void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id);
+/* Frees the entries of every retired slot in one pass; returns how many
+ * slots it freed (0: nothing to do, cheap). */
+int  kv_index_reap(kv_index_t *ix);
 
 /* Applies one decoded event (adding the worker's slot if needed). Returns
  * 0, or -1 with a reason (e.g. a store whose parent is not indexed, which

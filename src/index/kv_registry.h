@@ -102,6 +102,9 @@ typedef struct {
     uint64_t    block_size_mismatch;    /* publishers whose engine block size differs */
     uint64_t    engine_restarts;    /* sequences that went back (worker cleared) */
     uint64_t    cleared_workers;    /* workers cleared: restarts, unrecoverable gaps */
+
+    uint64_t    rejected;           /* implausible events, heartbeats, dump chunks */
+    uint64_t    removed;            /* workers removed (gone, left, replaced, evicted) */
 } kv_ingest_status_t;
 
 #define KV_REGISTRY_STATUS_FIELDS (sizeof(kv_ingest_status_t) / sizeof(uint64_t))

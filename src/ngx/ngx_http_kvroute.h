@@ -57,7 +57,8 @@
     X(TOKENIZE,     "tokenize_error",   KV_PROMPT_TOKENIZE)                   \
     X(MODEL,        "unknown_model",    KV_PROMPT_MODEL)                      \
     X(NO_MEMORY,    "no_memory",        KV_PROMPT_NO_MEMORY)                  \
-    X(ALL_BUSY,     "all_busy",         -1)
+    X(ALL_BUSY,     "all_busy",         -1)                                   \
+    X(PROMPT_CAPPED, "prompt_capped",   -1)  /* routed on max_tokenize bytes */
 
 
 #define NGX_HTTP_KVROUTE_FB_ENUM(name, str, prompt)  NGX_HTTP_KVROUTE_FB_##name,
@@ -152,6 +153,7 @@ typedef struct {
     ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
+    size_t                          max_tokenize;       /* bytes; 0: no cap */
 #if (NGX_THREADS)
     ngx_thread_pool_t              *thread_pool;
 #endif

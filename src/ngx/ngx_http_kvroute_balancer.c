@@ -94,6 +94,8 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
       NGX_HTTP_KVROUTE_OFF(retry_after), 0, 86400 },
     { ngx_string("thread_threshold="), NGX_HTTP_KVROUTE_P_SIZE,
       NGX_HTTP_KVROUTE_OFF(thread_threshold), 0, 1e15 },
+    { ngx_string("max_tokenize="), NGX_HTTP_KVROUTE_P_SIZE,
+      NGX_HTTP_KVROUTE_OFF(max_tokenize), 0, 1e15 },
     { ngx_null_string, 0, 0, 0, 0 }
 };
 

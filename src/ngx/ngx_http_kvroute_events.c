@@ -104,7 +104,7 @@ ngx_http_kvroute_events_ms(ngx_conf_t *cf, ngx_str_t *v, ngx_str_t *s,
  *     [jetstream=STREAM durable=NAME] [user=U password=P | token=T |
  *     creds=FILE] [tls=on] [tls_ca=F] [tls_cert=F] [tls_key=F]
  *     [tls_verify=off] [heartbeat_timeout=T] [stale_lag=T] [dump_timeout=T]
- *     [path=DIR];
+ *     [subjects=per-worker|any] [path=DIR];
  *
  * At http level it needs zone=; inside an upstream it feeds the zone of
  * that upstream's kvroute line, which must come first.
@@ -207,6 +207,15 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
         if (KV_PARAM("tls=")) {
             c->tls = (s.len == 2 && ngx_strncmp(s.data, "on", 2) == 0);
+            continue;
+        }
+
+        if (KV_PARAM("subjects=")) {
+            if (s.len == 10 && ngx_strncmp(s.data, "per-worker", 10) == 0) {
+                c->per_worker_only = 1;
+            } else if (!(s.len == 3 && ngx_strncmp(s.data, "any", 3) == 0)) {
+                return "takes subjects=per-worker or subjects=any";
+            }
             continue;
         }
 
@@ -377,9 +386,12 @@ ngx_http_kvroute_events_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
 
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 
+    /* credentials written in the URL never reach the log */
+    kv_ingest_redact(ev->cfg.servers, err, sizeof(err));
+
     ngx_log_error(NGX_LOG_NOTICE, log, 0,
                   "kvroute_events \"%V\": helper pid %P ingesting from %s",
-                  &ev->zone->name, ngx_pid, ev->cfg.servers);
+                  &ev->zone->name, ngx_pid, err);
 
     return NGX_OK;
 }

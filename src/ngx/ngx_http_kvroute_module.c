@@ -178,6 +178,7 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
     kcf->block_size = 16;
     kcf->retry_after = 1;
     kcf->thread_threshold = 65536;
+    kcf->max_tokenize = 4 * 1024 * 1024;
     kv_route_config_init(&kcf->route);
 
     if (ngx_array_init(&kcf->worker_ids, cf->pool, 1,

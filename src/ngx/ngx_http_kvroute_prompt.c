@@ -27,6 +27,9 @@ typedef struct {
     u_char                    *salt;
     size_t                     salt_len;
     kv_prompt_t                result;
+#if (NGX_THREADS)
+    ngx_event_t                hold;    /* armed while the task is in the pool */
+#endif
 } ngx_http_kvroute_task_t;
 
 
@@ -38,6 +41,7 @@ static void ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t);
 #if (NGX_THREADS)
 static void ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log);
 static void ngx_http_kvroute_thread_event_handler(ngx_event_t *ev);
+static void ngx_http_kvroute_hold_handler(ngx_event_t *ev);
 #endif
 
 
@@ -177,7 +181,8 @@ ngx_http_kvroute_resume(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
 {
     ctx->status = NGX_DECLINED;
 
-    if (ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
+    if ((ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
+         || ctx->fallback == NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED)
         && ngx_http_kvroute_all_busy(ctx->conf))
     {
         ctx->fallback = NGX_HTTP_KVROUTE_FB_ALL_BUSY;
@@ -230,6 +235,17 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
         r->main->blocked++;
         r->aio = 1;
 
+        /*
+         * A gracefully exiting worker (reload, quit) stays while any
+         * timer that is not cancelable is pending; nothing else tells it
+         * a request waits on the pool, so the task holds one until done.
+         */
+
+        tp->hold.handler = ngx_http_kvroute_hold_handler;
+        tp->hold.data = tp;
+        tp->hold.log = r->connection->log;
+        ngx_add_timer(&tp->hold, 60000);
+
         ngx_atomic_fetch_add(&ctx->conf->zone->sh->threaded, 1);
 
         return;
@@ -269,6 +285,10 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
     r = t->request;
     c = r->connection;
 
+    if (t->hold.timer_set) {
+        ngx_del_timer(&t->hold);
+    }
+
     r->main->blocked--;
     r->aio = 0;
 
@@ -280,6 +300,19 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
 
     ngx_http_kvroute_resume(r, t->ctx);
     ngx_http_run_posted_requests(c);
+}
+
+#endif
+
+
+#if (NGX_THREADS)
+
+/* Tokenization still running after a minute: keep holding the worker. */
+
+static void
+ngx_http_kvroute_hold_handler(ngx_event_t *ev)
+{
+    ngx_add_timer(ev, 60000);
 }
 
 #endif
@@ -334,6 +367,7 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     t->cfg.chat = kcf->template;
     t->cfg.model = kcf->model.len ? (char *) kcf->model.data : NULL;
     t->cfg.block_size = kcf->block_size;
+    t->cfg.max_tokenize = kcf->max_tokenize;
 
     if (r->request_body_no_buffering
         || (r->request_body && r->request_body->rest > 0))
@@ -435,5 +469,11 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
         ngx_log_error(NGX_LOG_INFO, t->request->connection->log, 0,
                       "kvroute: routing by load only: %s",
                       t->result.err);
+
+    } else if (t->result.capped) {
+        ctx->fallback = NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED;
+        ngx_log_error(NGX_LOG_INFO, t->request->connection->log, 0,
+                      "kvroute: max_tokenize: %s, %uL tokens estimated",
+                      t->result.err, t->result.estimated_tokens);
     }
 }

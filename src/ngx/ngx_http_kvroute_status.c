@@ -121,6 +121,10 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Worker heartbeats received")                                           \
     X(timeouts, U, "kvroute_events_timeouts_total", counter,                  \
       "Workers declared gone after silence")                                  \
+    X(rejected, U, "kvroute_events_rejected_total", counter,                  \
+      "Implausible events, heartbeats and dump chunks rejected")              \
+    X(removed, U, "kvroute_events_workers_removed_total", counter,            \
+      "Workers removed (left, replaced, gone for long, evicted)")             \
     X(event_lag_ms, M, "kvroute_events_lag_seconds", gauge,                   \
       "Delay of the last event from its publication")                         \
     X(since_last_event_ms, M, "kvroute_events_last_event_age_seconds", gauge, \
@@ -639,6 +643,8 @@ ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
     e->buffer_overflows = st.buffer_overflows;
     e->heartbeats = st.heartbeats;
     e->timeouts = st.timeouts;
+    e->rejected = st.rejected;
+    e->removed = st.removed;
     e->event_lag_ms = st.last_event_lag_ms;
     e->since_last_event_ms = st.last_event_ms && now > st.last_event_ms
                              ? now - st.last_event_ms : 0;

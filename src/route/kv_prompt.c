@@ -17,14 +17,48 @@ static kv_prompt_status_t fail(kv_prompt_t *out, kv_prompt_status_t st, const ch
     return st;
 }
 
+/*
+ * Tokenizes text, or only its first cfg->max_tokenize bytes (cut back to a
+ * character boundary) so one request's cost to the router is bounded: a
+ * 16 MB body would otherwise hold a tokenizing thread for seconds. The
+ * rest's tokens are estimated at the part's bytes per token.
+ */
+static kv_prompt_status_t encode(const kv_prompt_config_t *cfg, const char *text,
+                                 size_t len, kv_request_kind_t kind, kv_ids_t *ids,
+                                 kv_prompt_t *out)
+{
+    size_t cut = len;
+
+    if (cfg->max_tokenize && len > cfg->max_tokenize) {
+        cut = cfg->max_tokenize;
+        while (cut > 0 && ((unsigned char) text[cut] & 0xc0) == 0x80) {
+            cut--;
+        }
+        out->capped = 1;
+    }
+    if (kv_request_encode(cfg->tokenizer, kind, text, cut, ids) < 0) {
+        return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
+    }
+    if (out->capped) {
+        /* 4 bytes per token when nothing was tokenized to measure by */
+        out->estimated_tokens = ids->n && cut
+                                ? (uint64_t) ((double) (len - cut) * ids->n / cut + 0.5)
+                                : (len - cut + 3) / 4;
+        snprintf(out->err, sizeof(out->err), "prompt of %zu bytes: tokenized the first %zu",
+                 len, cut);
+    }
+    return KV_PROMPT_OK;
+}
+
 /* messages -> prompt text -> ids, as the engines render chat requests. */
 static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_t *b,
                                    kv_ids_t *ids, kv_prompt_t *out)
 {
-    json_error_t         jerr;
-    json_t              *msgs;
-    char                 err[160];
-    kv_request_status_t  st;
+    json_error_t        jerr;
+    json_t             *msgs;
+    char               *text, err[160];
+    size_t              len;
+    kv_prompt_status_t  st;
 
     if (cfg->chat == NULL) {
         return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
@@ -33,16 +67,14 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     if (msgs == NULL) {
         return fail(out, KV_PROMPT_PARSE, jerr.text);
     }
-    st = kv_request_ids(cfg->tokenizer, cfg->chat, NULL, 0, msgs, ids, err, sizeof(err));
+    text = kv_request_render(cfg->chat, msgs, &len, err, sizeof(err));
     json_decref(msgs);
-    switch (st) {
-    case KV_REQUEST_OK:
-        return KV_PROMPT_OK;
-    case KV_REQUEST_NO_MEMORY:
-        return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
-    default:
+    if (text == NULL) {
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }
+    st = encode(cfg, text, len, KV_REQUEST_CHAT, ids, out);
+    free(text);
+    return st;
 }
 
 static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b,
@@ -59,12 +91,7 @@ static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b
         if (cfg->tokenizer == NULL) {
             return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
         }
-        if (kv_request_ids(cfg->tokenizer, NULL, b->text, b->text_len, NULL, ids, NULL, 0)
-            != KV_REQUEST_OK)
-        {
-            return fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
-        }
-        return KV_PROMPT_OK;
+        return encode(cfg, b->text, b->text_len, KV_REQUEST_COMPLETION, ids, out);
     case KV_BODY_MESSAGES:
         if (cfg->tokenizer == NULL) {
             return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
@@ -82,7 +109,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     kv_body_t  b;
     kv_ids_t   ids = { NULL, 0, 0 };
     uint64_t   seed;
-    size_t     bs = cfg->block_size ? cfg->block_size : 16;
+    size_t     bs = cfg->block_size ? cfg->block_size : 16, hashed;
 
     memset(out, 0, sizeof(*out));
     if (kv_body_parse(&b, body, len, out->err, sizeof(out->err)) != 0) {
@@ -103,8 +130,12 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
         salt_len = b.salt_len;
     }
     seed = kv_hash_seed(salt, salt ? salt_len : 0);
-    out->prompt_tokens = ids.n;
-    out->nseq = ids.n / bs;
+    out->prompt_tokens = ids.n + out->estimated_tokens;
+    hashed = ids.n;
+    if (out->capped) {
+        hashed = ids.n > KV_PROMPT_CAP_MARGIN ? ids.n - KV_PROMPT_CAP_MARGIN : 0;
+    }
+    out->nseq = hashed / bs;
     if (out->nseq) {
         out->seq = malloc(out->nseq * sizeof(uint64_t));
         if (out->seq == NULL) {
@@ -112,7 +143,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
             fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
             goto done;
         }
-        kv_hash_blocks(ids.ids, ids.n, bs, seed, NULL, out->seq);
+        kv_hash_blocks(ids.ids, hashed, bs, seed, NULL, out->seq);
     }
     out->status = KV_PROMPT_OK;
 done:

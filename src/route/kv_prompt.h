@@ -33,7 +33,18 @@ typedef struct {
     const kv_chat_template_t    *chat;          /* may be NULL */
     const char                  *model;         /* NULL or "": any model */
     uint32_t                     block_size;
+    /*
+     * The most text (bytes) one request may have tokenized; 0: no cap.
+     * Past it, the prompt is routed on the blocks of the part tokenized
+     * and the tokens of the rest are estimated from its bytes at the
+     * part's bytes per token (out->capped is set).
+     */
+    size_t                       max_tokenize;
 } kv_prompt_config_t;
+
+/* Tokens before the cut that may differ from the whole text's (a word cut
+ * in two): counted, not hashed into blocks. */
+#define KV_PROMPT_CAP_MARGIN  64
 
 typedef struct {
     kv_prompt_status_t  status;
@@ -42,6 +53,8 @@ typedef struct {
     size_t              nseq;
     int                 stream;
     long                max_tokens;
+    int                 capped;         /* text past max_tokenize: estimated */
+    uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
     char                err[160];
 } kv_prompt_t;
 

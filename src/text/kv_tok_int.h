@@ -57,6 +57,7 @@ struct kv_tokenizer {
 
     kv_tok_merge_t *merges;
     uint32_t        merges_mask;
+    uint32_t        n_merges;           /* ranks are 0..n_merges-1 */
 
     kv_added_t     *added;
     uint32_t        n_added;

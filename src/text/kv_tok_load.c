@@ -260,6 +260,7 @@ static int load_merges(kv_tokenizer_t *t, json_t *merges, load_t *l)
     }
     t->memory += cap * sizeof(kv_tok_merge_t);
     t->merges_mask = (uint32_t) cap - 1;
+    t->n_merges = (uint32_t) n;
     for (i = 0; i < cap; i++) {
         t->merges[i].key = UINT64_MAX;
     }

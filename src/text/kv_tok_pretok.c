@@ -42,6 +42,13 @@ static size_t run(const text_t *t, size_t i, int c, size_t max)
 {
     size_t len, k = 0;
 
+    if (c == KV_UNI_LETTER && max == SIZE_MAX) {
+        /* ASCII letters, the bulk of most text: no decoding, no lookup */
+        while (i < t->n && (uint8_t) ((t->s[i] | 0x20) - 'a') < 26) {
+            i++;
+        }
+    }
+
     while (k < max && cls_at(t, i, &len) == c) {
         i += len;
         k++;

@@ -39,11 +39,27 @@ void kv_ids_free(kv_ids_t *out)
 
 /* --- one pre-token ------------------------------------------------------- */
 
+/*
+ * Byte-level pieces wait in a small batch: their word-cache entries are
+ * prefetched as they arrive and looked up when the batch is full, so the
+ * cache misses of a batch overlap instead of stalling one after another
+ * (the 2 MB cache does not fit in L2; a lookup was most of a piece's cost).
+ */
+#define BATCH  16
+
+typedef struct {
+    const char   *p;
+    size_t        n;
+    uint32_t      slot;         /* word-cache slot; UINT32_MAX: not cacheable */
+} piece_t;
+
 typedef struct {
     const kv_tokenizer_t *t;
     kv_ids_t             *out;
     uint32_t             *syms;
     size_t                cap;
+    piece_t               batch[BATCH];
+    size_t                nbatch;
 } enc_t;
 
 static int reserve(enc_t *e, size_t n)
@@ -80,14 +96,22 @@ typedef struct {
 
 static __thread wcache_t *wcache;
 
+/* Two ways per set, the newer entry first: text has more distinct words
+ * than slots, and two ways keep a frequent word that a rare one collides
+ * with. Returns the set's first slot. */
 static uint32_t word_hash(const char *p, size_t n)
 {
     uint64_t h = XXH3_64bits(p, n);
 
-    return (uint32_t) (h ^ h >> 32) & (WCACHE_SIZE - 1);
+    return (uint32_t) (h ^ h >> 32) & (WCACHE_SIZE - 2);
 }
 
-static int byte_level_word(enc_t *e, const char *p, size_t n)
+static int wcache_hit(const wcache_t *c, const kv_tokenizer_t *t, const char *p, size_t n)
+{
+    return c->tok == t && c->len == n && memcmp(c->bytes, p, n) == 0;
+}
+
+static int byte_level_word(enc_t *e, const char *p, size_t n, uint32_t slot)
 {
     const kv_tokenizer_t *t = e->t;
     int64_t               id;
@@ -95,20 +119,15 @@ static int byte_level_word(enc_t *e, const char *p, size_t n)
     wcache_t             *c = NULL;
     int                   rc;
 
-    if (n <= WCACHE_BYTES) {
-        if (wcache == NULL) {
-            wcache = calloc(WCACHE_SIZE, sizeof(wcache_t));
-        }
-        if (wcache) {
-            c = &wcache[word_hash(p, n)];
-            if (c->tok == t && c->len == n && memcmp(c->bytes, p, n) == 0) {
-                for (i = 0; i < c->n; i++) {
-                    if (kv_ids_push(e->out, c->ids[i]) != 0) {
-                        return -1;
-                    }
+    if (slot != UINT32_MAX) {
+        c = &wcache[slot];
+        if (wcache_hit(c, t, p, n) || wcache_hit(++c, t, p, n)) {
+            for (i = 0; i < c->n; i++) {
+                if (kv_ids_push(e->out, c->ids[i]) != 0) {
+                    return -1;
                 }
-                return 0;
             }
+            return 0;
         }
     }
     /* a word that is a single token which merging would rebuild anyway, or
@@ -126,6 +145,8 @@ static int byte_level_word(enc_t *e, const char *p, size_t n)
         rc = kv_tok_bpe_word(t, e->syms, n, e->out);
     }
     if (rc == 0 && c && e->out->n - before <= WCACHE_IDS) {
+        c = &wcache[slot];
+        c[1] = c[0];                /* the older way goes */
         c->tok = t;
         c->len = (uint8_t) n;
         c->n = (uint8_t) (e->out->n - before);
@@ -189,12 +210,39 @@ static int spm_words(enc_t *e, const char *p, size_t n)
     return char_word(e, p + start, n - start);
 }
 
+static int flush_batch(enc_t *e)
+{
+    size_t i;
+
+    for (i = 0; i < e->nbatch; i++) {
+        if (byte_level_word(e, e->batch[i].p, e->batch[i].n, e->batch[i].slot) != 0) {
+            e->nbatch = 0;
+            return -1;
+        }
+    }
+    e->nbatch = 0;
+    return 0;
+}
+
 static int emit_piece(void *ctx, const char *p, size_t n)
 {
-    enc_t *e = ctx;
+    enc_t   *e = ctx;
+    piece_t *b;
 
     if (e->t->byte_level) {
-        return byte_level_word(e, p, n);
+        if (wcache == NULL) {
+            wcache = calloc(WCACHE_SIZE, sizeof(wcache_t));
+        }
+        b = &e->batch[e->nbatch++];
+        b->p = p;
+        b->n = n;
+        b->slot = UINT32_MAX;
+        if (wcache && n <= WCACHE_BYTES) {
+            b->slot = word_hash(p, n);
+            __builtin_prefetch(&wcache[b->slot]);
+            __builtin_prefetch(&wcache[b->slot + 1]);
+        }
+        return e->nbatch == BATCH ? flush_batch(e) : 0;
     }
     return e->t->spm_split ? spm_words(e, p, n) : char_word(e, p, n);
 }
@@ -251,6 +299,9 @@ static int segment(enc_t *e, const char *s, size_t n)
         n = k;
     }
     rc = kv_tok_pretokenize(t->pre, s, n, emit_piece, e);
+    if (flush_batch(e) != 0) {       /* its pieces point into norm */
+        rc = -1;
+    }
     free(norm);
     return rc;
 }
@@ -329,7 +380,7 @@ static int encode_valid(const kv_tokenizer_t *t, const char *s, size_t n, enc_t 
 long kv_tokenizer_encode(const kv_tokenizer_t *t, const char *text, size_t len,
                          int add_special, kv_ids_t *out)
 {
-    enc_t   e = { t, out, NULL, 0 };
+    enc_t   e = { .t = t, .out = out };
     size_t  before = out->n, n2, i;
     char   *clean = NULL;
     int     rc = 0;

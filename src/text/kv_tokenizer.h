@@ -60,6 +60,20 @@ uint32_t kv_tokenizer_vocab_size(const kv_tokenizer_t *t);
 /* Bytes of heap memory held by t. */
 size_t kv_tokenizer_memory(const kv_tokenizer_t *t);
 
+/*
+ * Work the calling thread's encodes have done, as counts rather than time
+ * (deterministic, so tests can check how cost grows with input): symbols
+ * BPE-merged, merges applied, and queue operations of long words
+ * (candidates pushed, taken and sorted). reset: zero them after reading.
+ */
+typedef struct {
+    uint64_t    symbols;
+    uint64_t    merges;
+    uint64_t    queue_ops;
+} kv_tok_work_t;
+
+void kv_tokenizer_work(kv_tok_work_t *out, int reset);
+
 /* Frees ids held by out and zeroes it. */
 void kv_ids_free(kv_ids_t *out);
 

@@ -3,7 +3,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import time
 import zlib
 
 import pytest
@@ -130,10 +129,11 @@ def test_load_pushes_away_from_saturated_holder(stack):
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(complete, ng.port, long_prefix + ids("t%d" % i, 32), 800)
                 for i in range(2)]
-        time.sleep(0.3)
-        st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
-        busy = {x["server"]: x["active_decode_blocks"] for x in st}
-        assert busy[holder] > 256, busy
+        def holder_busy():
+            st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
+            busy = {x["server"]: x["active_decode_blocks"] for x in st}
+            return busy[holder] > 256
+        kvt.wait_until(holder_busy, what="the holder busy with the pinned requests")
         s, h, _, _ = complete(ng.port, probe + [5] * 16)
         assert h["x-kvroute-worker"] == other
         assert h["x-kvroute-overlap"] == "0"
@@ -247,7 +247,9 @@ def test_all_busy_gives_503_with_retry_after(stack):
     ng, ports = fleet(stack, n=2, params="busy_decode_blocks=10 retry_after=7", speedup=2)
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(complete, ng.port, ids("b%d" % i, 400), 300) for i in range(2)]
-        time.sleep(0.3)
+        kvt.wait_until(lambda: all(x["active_decode_blocks"] >= 10 for x in
+                                   status(ng.port)["zones"]["kv"]["upstreams"]["llm"]),
+                       what="both workers past busy_decode_blocks")
         s, h, data = kvt.request(ng.port, "POST", "/v1/completions",
                                  {"prompt": ids("x", 32), "max_tokens": 1})
         assert s == 503
@@ -273,7 +275,7 @@ def test_client_abort_releases_load(stack):
     def idle():
         st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
         return all(x["active_requests"] == 0 and x["active_decode_blocks"] == 0 for x in st)
-    kvt.wait_until(idle, timeout=10, what="load released after client aborts")
+    kvt.wait_until(idle, what="load released after client aborts")
 
 
 def test_reload_under_load_keeps_index_and_counts(stack):
@@ -283,8 +285,10 @@ def test_reload_under_load_keeps_index_and_counts(stack):
     holder = h["x-kvroute-worker"]
     with concurrent.futures.ThreadPoolExecutor(6) as ex:
         futs = [ex.submit(complete, ng.port, ids("rl%d" % i, 200), 150) for i in range(6)]
-        time.sleep(0.2)
-        ng.reload(settle=0.2)
+        kvt.wait_until(lambda: sum(x["active_requests"] for x in
+                                   status(ng.port)["zones"]["kv"]["upstreams"]["llm"]) > 0,
+                       what="requests in flight")
+        ng.reload()
         for f in futs:
             assert f.result()[0] == 200
     s, h, _, _ = complete(ng.port, base + [1])
@@ -293,7 +297,7 @@ def test_reload_under_load_keeps_index_and_counts(stack):
         st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
         return all(x["active_requests"] == 0 and x["active_prefill_tokens"] == 0
                    and x["active_decode_blocks"] == 0 for x in st)
-    kvt.wait_until(idle, timeout=10, what="no leaked load after reload")
+    kvt.wait_until(idle, what="no leaked load after reload")
     assert ng.alerts() == []
 
 
@@ -301,9 +305,9 @@ def test_killed_worker_process_load_is_reclaimed(stack):
     ng, ports = fleet(stack, n=2, speedup=2)
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(complete, ng.port, ids("k%d" % i, 200), 400) for i in range(4)]
-        time.sleep(0.3)
-        st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
-        assert sum(x["active_requests"] for x in st) > 0
+        kvt.wait_until(lambda: sum(x["active_requests"] for x in
+                                   status(ng.port)["zones"]["kv"]["upstreams"]["llm"]) > 0,
+                       what="requests in flight")
         # SIGKILL every nginx worker process: the master starts new ones
         import subprocess
         pids = subprocess.run(["pgrep", "-P", str(ng.proc.pid)], capture_output=True,
@@ -321,7 +325,7 @@ def test_killed_worker_process_load_is_reclaimed(stack):
         except Exception:
             return False
         return all(x["active_requests"] == 0 for x in st["upstreams"]["llm"]) and st["load_rows_reaped"] >= 1
-    kvt.wait_until(idle, timeout=10, what="dead workers' load reclaimed")
+    kvt.wait_until(idle, what="dead workers' load reclaimed")
 
 
 def test_prometheus_status(stack):

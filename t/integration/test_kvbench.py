@@ -147,7 +147,8 @@ def test_arrival_times_are_scaled(fake_server, tmp_path):
                     "--speedup", 2, "--records", rec))
     rs = records(rec)
     assert rs[0]["due_ms"] == 0 and rs[1]["due_ms"] == pytest.approx(300)
-    assert 290 <= rs[1]["start_ms"] <= 600
+    # never sent early (a busy machine may only send it later: no upper bound)
+    assert rs[1]["start_ms"] >= 290
 
 
 def test_dead_url_counts_errors(tmp_path):

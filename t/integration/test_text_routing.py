@@ -4,7 +4,6 @@ is found by the router. Real nginx, nats-server, kvworker."""
 import concurrent.futures
 import json
 import os
-import time
 
 import kvt
 
@@ -16,7 +15,7 @@ CONF = """
     upstream llm {
         zone llm 64k;
         kvroute zone=kv tokenizer=%(dir)s/tokenizer.json chat_template=%(dir)s/tokenizer_config.json
-                thread_threshold=%(threshold)s;
+                thread_threshold=%(threshold)s %(extra)s;
         %(servers)s
         keepalive 8;
     }
@@ -30,6 +29,8 @@ CONF = """
             proxy_set_header Connection "";
             proxy_buffering off;
             kvroute_debug_headers on;
+            add_header X-KVRoute-Fallback $kvroute_fallback always;
+            add_header X-KVRoute-Prompt-Tokens $kvroute_prompt_tokens always;
         }
         location = /kvroute/status { kvroute_status; }
     }
@@ -38,14 +39,14 @@ CONF = """
 SYSTEM = ("You are a meticulous assistant for a large insurance company. " * 40).strip()
 
 
-def setup(stack, threshold="64k"):
+def setup(stack, threshold="64k", extra=""):
     nats = stack.nats()
     w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", nats.url, "--heartbeat-ms", "200",
                                        "--tokenizer", QWEN + "/tokenizer.json",
                                        "--chat-template", QWEN + "/tokenizer_config.json"])
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
     ng = stack.nginx(CONF % {"nats": nats.url, "dir": QWEN, "servers": servers,
-                             "threshold": threshold})
+                             "threshold": threshold, "extra": extra})
     def live():
         s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
         ws = json.loads(body)["zones"]["kv"]["events"]["workers"]
@@ -106,17 +107,53 @@ def test_large_prompt_goes_to_thread_pool_without_stalling_others(stack):
                              timeout=60)
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
         futs = [ex.submit(big_req) for _ in range(3)]
-        time.sleep(0.01)
-        lat = []
+        # small requests meanwhile are served (their latency is a benchmark
+        # figure, not asserted here)
         for i in range(10):
-            t0 = time.time()
             s, h, _, _ = kvt.post_json(ng.port, "/v1/completions",
                                        {"prompt": [1, 2, 3, i], "max_tokens": 1})
-            lat.append(time.time() - t0)
             assert s == 200
         for f in futs:
             s, h, body, _ = f.result()
             assert s == 200
     s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
     assert json.loads(body)["zones"]["kv"]["threaded"] >= 3
+    assert ng.alerts() == []
+
+
+def test_prompt_past_max_tokenize_routes_on_its_prefix(stack):
+    """max_tokenize=16k: a 48 KB prompt is routed on the blocks of its first
+    16 KB (the worker that cached the whole text wins), its other tokens are
+    estimated, the request is counted as prompt_capped, and it is served."""
+    ng, (a, b) = setup(stack, extra="max_tokenize=16k")
+    with open(os.path.join(kvt.TOP, "t", "data", "prose_en.txt"), encoding="utf-8") as f:
+        text = f.read(48000)
+    s, _, body, _ = kvt.post_json(b, "/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert s == 200
+    real = body["usage"]["prompt_tokens"]
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % b) >= real // 16 - 1,
+                   what="indexed")
+    # the index is trusted only while the worker is live (a busy machine may
+    # hold it resyncing for a while): wait for that, as routing does
+    def trusted():
+        s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
+        ws = json.loads(body)["zones"]["kv"]["events"]["workers"]
+        return (len([x for x in ws if x["state"] == "live"]) == 2
+                and indexed(ng.port, "127.0.0.1:%d" % b) >= real // 16 - 1)
+    kvt.wait_until(trusted, what="worker live with the text indexed")
+    s, h, body, _ = kvt.post_json(ng.port, "/v1/completions",
+                                  {"prompt": text + " Summarise.", "max_tokens": 1})
+    assert s == 200 and body["usage"]["completion_tokens"] == 1
+    assert h["x-kvroute-fallback"] == "prompt_capped"
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % b
+    # ~16 KB of prose is ~3.5k tokens: its blocks (less a margin at the cut)
+    assert 150 <= int(h["x-kvroute-overlap"]) < real // 16
+    est = int(h["x-kvroute-prompt-tokens"])
+    assert 0.9 * real <= est <= 1.1 * real, (est, real)
+    st = json.loads(kvt.request(ng.port, "GET", "/kvroute/status")[2])
+    assert st["zones"]["kv"]["fallbacks"]["prompt_capped"] == 1
+    # under the cap: no fallback
+    s, h, _, _ = kvt.post_json(ng.port, "/v1/completions",
+                               {"prompt": text[:1000], "max_tokens": 1})
+    assert s == 200 and h.get("x-kvroute-fallback", "") == ""    # empty: no header
     assert ng.alerts() == []

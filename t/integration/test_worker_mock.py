@@ -1,8 +1,7 @@
-"""kvworker --engine mock over HTTP: OpenAI shapes, errors, timing against
-Dynamo's perf model, client disconnects."""
+"""kvworker --engine mock over HTTP: OpenAI shapes, errors, the step schedule
+of Dynamo's perf model, client disconnects."""
 import json
 import socket
-import time
 
 import kvt
 
@@ -16,15 +15,6 @@ def metrics(port):
             name, value = line.rsplit(" ", 1)
             out[name.split("{")[0]] = float(value)
     return out
-
-
-def prefill_ms(t):
-    return 4.209989e-07 * t * t + 1.518344e-02 * t + 16.50142
-
-
-def decode_ms(kv_tokens, total):
-    p = min(1.0, kv_tokens / total)
-    return max(1.0, -25.74 * p * p + 54.01 * p + 5.74)
 
 
 def test_prompt_shapes_and_usage(stack):
@@ -124,54 +114,29 @@ def test_client_disconnect_frees_blocks(stack):
     m = metrics(port)
     assert m["kvworker_requests_running"] == 1 and m["kvworker_kv_blocks_active"] >= 32
     sock.close()
-    kvt.wait_until(lambda: metrics(port)["kvworker_kv_blocks_active"] == 0, timeout=5,
+    kvt.wait_until(lambda: metrics(port)["kvworker_kv_blocks_active"] == 0,
                    what="blocks freed after disconnect")
     m = metrics(port)
     assert m["kvworker_requests_running"] == 0 and m["kvworker_requests_cancelled_total"] == 1
     assert m["kvworker_kv_blocks_used"] >= 31       # the prompt's full blocks stay cached
 
 
-def stream_times(port, prompt_len, max_tokens, ch="q"):
-    """(ttft_ms, [inter-token ms]) of one streamed request, from the client."""
-    body = json.dumps({"prompt": ch * prompt_len, "max_tokens": max_tokens,
-                       "stream": True, "ignore_eos": True}).encode()
-    sock = socket.create_connection(("127.0.0.1", port))
-    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    t0 = time.perf_counter()
-    sock.sendall(req)
-    stamps, buf = [], b""
-    while len(stamps) < max_tokens:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        now = time.perf_counter()
-        buf += chunk
-        n = buf.count(b'"finish_reason":null')
-        stamps += [now] * (n - len(stamps))
-    sock.close()
-    return (stamps[0] - t0) * 1000, [(b - a) * 1000 for a, b in zip(stamps, stamps[1:])]
-
-
-def test_idle_engine_timing_matches_model(stack):
-    """TTFT and mean ITL within 5% of the polynomial model at speedup 1.
-    Best of three tries: on a shared machine noise only ever adds time."""
-    blocks = 512
-    total = blocks * 16
-    w = stack.worker(extra=["--num-blocks", str(blocks)])
-    prompt, n = 4096, 30
-    want_ttft = prefill_ms(prompt)
-    want_itl = sum(decode_ms(prompt + k, total) for k in range(1, n)) / (n - 1)
-    best = None
-    for i in range(3):
-        ttft, itls = stream_times(w.ports[0], prompt, n, ch="abc"[i])   # no cache hits
-        itl = sum(itls) / len(itls)
-        err = max(abs(ttft / want_ttft - 1), abs(itl / want_itl - 1))
-        if best is None or err < best[0]:
-            best = (err, ttft, itl)
-        if err < 0.05:
-            break
-        time.sleep(0.2)
-    err, ttft, itl = best
-    assert err < 0.05, "ttft %.2f vs %.2f ms, itl %.3f vs %.3f ms" % (ttft, want_ttft,
-                                                                      itl, want_itl)
+def test_idle_engine_runs_the_modeled_schedule(stack):
+    """A 4096-token prompt and 30 tokens on an idle engine: one prefill step
+    (it fits the token budget) and 29 decode steps, each timed by Dynamo's
+    polynomial model. The model's figures are unit-tested
+    (t/unit/test_kvw_mock.c); how closely wall-clock time follows them is a
+    benchmark figure (tools/bench.d/mock, docs/BENCHMARKS.md), not asserted
+    here: a shared machine only ever adds time."""
+    w = stack.worker(extra=["--num-blocks", "512", "--speedup", "100"])
+    port = w.ports[0]
+    for ch in "ab":                                 # no cache hits
+        m0 = metrics(port)
+        s, _, body, _ = kvt.post_json(port, "/v1/completions",
+                                      {"prompt": ch * 4096, "max_tokens": 30,
+                                       "ignore_eos": True})
+        m1 = metrics(port)
+        assert s == 200 and body["usage"]["completion_tokens"] == 30
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert m1["kvworker_steps_total"] - m0["kvworker_steps_total"] == 30
+        assert m1["kvworker_generation_tokens_total"] - m0["kvworker_generation_tokens_total"] == 30

@@ -68,7 +68,7 @@ def test_events_agree_with_dump(stack):
     w = stack.worker(extra=["--nats", ns.url, "--speedup", "50", "--num-blocks", "64",
                             "--worker-id", "4242"])
     port = w.ports[0]
-    nc.wait(hb, timeout=5)
+    nc.wait(hb, timeout=30)
     base = "".join(chr(97 + i % 26) for i in range(300))
     prompts = [base + str(i) for i in range(4)] + \
               ["x%d" % i * 90 for i in range(8)] + [base[:200] + "tail%d" % i for i in range(4)]
@@ -136,7 +136,7 @@ def test_nats_late_start_reconnects(stack):
     ns = stack.nats(port=port)
     nc = kvnats.Nats(ns.port)
     hb = nc.subscribe(P + ".kvroute.heartbeat")
-    msgs = nc.wait(hb, timeout=10)
+    msgs = nc.wait(hb, timeout=30)
     wid = msgs[0].json()["worker_id"]
     header, blocks = dump(nc, wid)
     assert len(blocks) == 2          # 40 prompt tokens + 1 computed output: 2 full blocks
@@ -158,7 +158,7 @@ def test_nats_restart_announces_and_resyncs(stack):
     ns2 = stack.nats(port=ns.port)
     nc = kvnats.Nats(ns2.port)
     hb = nc.subscribe(P + ".kvroute.heartbeat")
-    msgs = nc.wait(hb, lambda ms: any(m.json()["type"] == "announce" for m in ms), timeout=10)
+    msgs = nc.wait(hb, lambda ms: any(m.json()["type"] == "announce" for m in ms), timeout=30)
     ann = [m.json() for m in msgs if m.json()["type"] == "announce"][0]
     header, blocks = dump(nc, 77)
     assert header["last_event_id"] >= ann["last_event_id"] >= 3

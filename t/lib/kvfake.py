@@ -15,11 +15,13 @@ PREFIX = "namespace.dynamo.component.backend"
 
 
 class FakeWorker:
-    def __init__(self, port, worker_id, dp_rank=0, address="127.0.0.1:9", announce=True,
+    def __init__(self, port, worker_id, dp_rank=0, address=None, announce=True,
                  interval_ms=1000, prefix=PREFIX):
         self.worker_id = worker_id
         self.dp_rank = dp_rank
-        self.address = address
+        # distinct per id: a router takes a new id at a known address and
+        # rank for a restarted worker and drops the old id (docs/SECURITY.md)
+        self.address = address or "127.0.0.9:%d" % (1 + worker_id % 65535)
         self.prefix = prefix
         self.instance_id = random.getrandbits(63) | 1
         self.interval_ms = interval_ms
@@ -85,6 +87,12 @@ class FakeWorker:
             "load": {"active_prefill_tokens": 0, "active_decode_blocks": 0,
                      "kv_used_blocks": len(self.blocks), "waiting": 0, "running": 1,
                      "max_num_batched_tokens": 8192, "max_num_seqs": 256}})
+
+    def leave(self):
+        """Deregisters, as kvworker does on a graceful shutdown."""
+        self.beating = False
+        self.heartbeat("leave")
+        self.nc.flush()
 
     def start_heartbeats(self):
         if self.beating:

@@ -57,7 +57,7 @@ class Ingest:
             self.lines.put(line.decode())
         self.lines.put(None)
 
-    def _ask(self, cmd, key, timeout=5.0):
+    def _ask(self, cmd, key, timeout=30.0):
         while not self.lines.empty():
             self.lines.get_nowait()
         self.proc.stdin.write((cmd + "\n").encode())
@@ -91,7 +91,7 @@ class Ingest:
                 return w
         return None
 
-    def wait(self, pred, timeout=5.0, what="condition"):
+    def wait(self, pred, timeout=30.0, what="condition"):
         """Polls stats until pred(stats) is true; returns those stats."""
         deadline = time.time() + timeout
         st = None

@@ -23,7 +23,8 @@ class Msg:
 
 
 class Nats:
-    def __init__(self, port, host="127.0.0.1", timeout=5.0, name="kvt"):
+    def __init__(self, port, host="127.0.0.1", timeout=5.0, name="kvt", user=None,
+                 password=None):
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.settimeout(None)
         self.buf = b""
@@ -34,14 +35,20 @@ class Nats:
         self.next_sid = 1
         self.pongs = 0
         self.closed = False
+        self.errors = []        # -ERR lines (a permissions violation keeps the connection)
         info = self._line()
         if not info.startswith(b"INFO"):
             raise RuntimeError("not a NATS server: %r" % info[:80])
-        self._send(('CONNECT {"verbose":false,"pedantic":false,"name":"%s","protocol":1,'
-                    '"echo":true}\r\n' % name).encode())
+        connect = {"verbose": False, "pedantic": False, "name": name, "protocol": 1,
+                   "echo": True}
+        if user is not None:
+            connect.update(user=user, **{"pass": password})
+        self._send(b"CONNECT " + json.dumps(connect).encode() + b"\r\n")
         self.reader = threading.Thread(target=self._read_loop, daemon=True)
         self.reader.start()
         self.flush()
+        if self.closed:         # refused (e.g. authorization): no PONG came
+            raise RuntimeError("nats: %s" % ("; ".join(self.errors) or "connection closed"))
 
     def _send(self, data):
         with self.lock:
@@ -85,7 +92,10 @@ class Nats:
                         self.pongs += 1
                         self.cond.notify_all()
                 elif line.startswith(b"-ERR"):
-                    raise EOFError(line.decode())
+                    # fatal errors are followed by the server closing the socket
+                    with self.cond:
+                        self.errors.append(line.decode(errors="replace"))
+                        self.cond.notify_all()
         except (EOFError, OSError):
             pass
         with self.cond:
@@ -127,7 +137,7 @@ class Nats:
         with self.cond:
             return list(self.queues[sid])
 
-    def wait(self, sid, pred=lambda msgs: len(msgs) > 0, timeout=5.0):
+    def wait(self, sid, pred=lambda msgs: len(msgs) > 0, timeout=30.0):
         """Waits until pred(messages so far); returns them."""
         deadline = time.time() + timeout
         with self.cond:

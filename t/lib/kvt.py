@@ -84,7 +84,7 @@ def free_ports(n, consecutive=False):
     raise RuntimeError("no run of %d free ports" % n)
 
 
-def wait_port(port, timeout=10.0, proc=None, what="process"):
+def wait_port(port, timeout=30.0, proc=None, what="process"):
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -181,6 +181,7 @@ class Nginx:
         self.proc = None
 
     def write_conf(self, http_conf, main_conf="", workers=2):
+        self.workers = workers
         body = http_conf.replace("%(port)s", str(self.port))
         with open(self.conf, "w") as f:
             f.write("""load_module %(module)s;
@@ -230,11 +231,20 @@ http {
     def signal(self, sig):
         os.kill(self.proc.pid, sig)
 
-    def reload(self, http_conf=None, main_conf="", workers=2, settle=0.5):
+    def children(self):
+        """Pids of the master's child processes (workers, helpers)."""
+        r = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True)
+        return {int(p) for p in r.stdout.split()}
+
+    def reload(self, http_conf=None, main_conf="", workers=None, timeout=30.0):
+        """SIGHUP, then waits until the master has started `workers` new
+        worker processes (old ones may still finish their requests)."""
         if http_conf is not None:
-            self.write_conf(http_conf, main_conf, workers)
+            self.write_conf(http_conf, main_conf, workers or self.workers)
+        before = self.children()
         self.signal(signal.SIGHUP)
-        time.sleep(settle)
+        wait_until(lambda: len(self.children() - before) >= self.workers, timeout=timeout,
+                   what="new nginx worker processes after reload")
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -305,7 +315,9 @@ def chat(port, content, max_tokens=4, stream=False, model="kvroute-mock", **extr
     return post_json(port, "/v1/chat/completions", body)
 
 
-def wait_until(pred, timeout=10.0, interval=0.05, what="condition"):
+def wait_until(pred, timeout=30.0, interval=0.05, what="condition"):
+    """Polls pred until it returns a true value (returned); generous by
+    default: the deadline only matters when the condition never comes."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         v = pred()

@@ -305,6 +305,38 @@ TEST(stop_string_and_eos)
     event_base_free(base);
 }
 
+/* Stop strings are matched incrementally (KMP): megabyte-long stops, one
+ * sharing a prefix with the output, cost nothing per token and the held-
+ * back bytes are exactly those that could still begin a stop. */
+TEST(long_stop_strings_match_incrementally)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    size_t big = 4u << 20;
+    char *s1 = malloc(big + 1), *s2 = malloc(big + 1);
+    memcpy(s1, "hijk", 4);
+    memset(s1 + 4, 'x', big - 4);
+    s1[big] = '\0';
+    memset(s2, 'a', big);
+    s2[big] = '\0';
+    char *stops[] = { s1, s2, "klm", "hihij" };
+    tr_t a;
+
+    tr_init(&a, 0, 7, 1, 50);       /* generates "hijklmn..." */
+    a.r.stop = stops;
+    a.r.n_stop = 4;
+    e->ops->submit(e, &a.r);
+    run(base);
+    CHECK(a.done && a.why == KVW_FINISH_STOP);
+    CHECK(a.len == 3 && memcmp(a.out, "hij", 3) == 0);
+    e->ops->destroy(e);
+    event_base_free(base);
+    free(s1);
+    free(s2);
+}
+
 TEST(too_long_prompt_refused)
 {
     struct event_base *base = event_base_new();
@@ -329,6 +361,7 @@ int main(void)
     RUN(preempts_newest_when_blocks_run_out);
     RUN(cancel_frees_blocks);
     RUN(stop_string_and_eos);
+    RUN(long_stop_strings_match_incrementally);
     RUN(too_long_prompt_refused);
     return kvt_done();
 }

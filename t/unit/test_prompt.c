@@ -1,112 +1,163 @@
-/* kv_prompt: request body -> token count and block sequence hashes. */
+/*
+ * kv_prompt: the cap on text tokenized per request (max_tokenize). Past it
+ * the prompt routes on the blocks of the part tokenized, which are the
+ * whole text's first blocks, and the rest's tokens are estimated.
+ */
 #include <stdlib.h>
+
+#include <jansson.h>
+
 #include "kvtest.h"
-#include "kv_hash.h"
 #include "kv_prompt.h"
 
-static const char *ids_body(size_t n, const char *extra)
-{
-    static char buf[65536];
-    size_t      len = 0;
+static kv_tokenizer_t     *qwen;
+static kv_chat_template_t *qwen_chat;
 
-    len += snprintf(buf + len, sizeof(buf) - len, "{\"model\":\"m\",\"prompt\":[");
-    for (size_t i = 0; i < n; i++) {
-        len += snprintf(buf + len, sizeof(buf) - len, "%s%zu", i ? "," : "", 1000 + i);
+/* {"prompt": text} or {"messages": [{"role": "user", "content": text}]} */
+static char *body_of(const char *text, size_t len, int chat)
+{
+    json_t *s = json_stringn(text, len), *o;
+    char   *out;
+
+    if (chat) {
+        o = json_pack("{s:[{s:s,s:o}]}", "messages", "role", "user", "content", s);
+    } else {
+        o = json_pack("{s:o}", "prompt", s);
     }
-    snprintf(buf + len, sizeof(buf) - len, "]%s}", extra);
-    return buf;
+    out = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return out;
 }
 
-TEST(token_ids_at_several_block_sizes)
+static kv_prompt_status_t compute(const char *text, size_t len, int chat, size_t cap,
+                                  kv_prompt_t *out)
 {
-    static const uint32_t sizes[] = { 16, 32, 64 };
-    uint32_t ids[200];
-    uint64_t want[200];
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, cap };
+    char              *body = body_of(text, len, chat);
+    kv_prompt_status_t st = kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, out);
 
-    for (size_t i = 0; i < 200; i++) {
-        ids[i] = (uint32_t) (1000 + i);
-    }
-    for (size_t k = 0; k < 3; k++) {
-        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k] };
-        kv_prompt_t p;
-        const char *b = ids_body(200, ",\"max_tokens\":7,\"stream\":true");
-
-        CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_OK);
-        CHECK_EQ_U64(p.prompt_tokens, 200);
-        CHECK_EQ_U64(p.nseq, 200 / sizes[k]);
-        CHECK(p.max_tokens == 7 && p.stream == 1);
-        kv_hash_blocks(ids, 200, sizes[k], kv_hash_seed(NULL, 0), NULL, want);
-        CHECK(p.nseq && memcmp(p.seq, want, p.nseq * sizeof(uint64_t)) == 0);
-        kv_prompt_free(&p);
-    }
+    free(body);
+    return st;
 }
 
-TEST(salt_changes_every_hash)
+static char *prose(size_t *len)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16 };
-    kv_prompt_t a, b, c;
-    const char *body = ids_body(64, "");
-    char        copy[65536];
+    FILE *f = fopen("t/data/prose_en.txt", "rb");
+    char *s = malloc(1 << 20);
 
-    snprintf(copy, sizeof(copy), "%s", body);
-    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), NULL, 0, &a) == KV_PROMPT_OK);
-    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), "tenant", 6, &b) == KV_PROMPT_OK);
-    body = ids_body(64, ",\"cache_salt\":\"tenant\"");
-    CHECK(kv_prompt_compute(&cfg, body, strlen(body), "other", 5, &c) == KV_PROMPT_OK);
-    CHECK(a.nseq == 4 && b.nseq == 4 && c.nseq == 4);
-    for (size_t i = 0; i < 4; i++) {
-        CHECK(a.seq[i] != b.seq[i]);
-        CHECK(b.seq[i] == c.seq[i]);     /* the body's cache_salt wins */
+    *len = f ? fread(s, 1, 1 << 20, f) : 0;
+    if (f) fclose(f);
+    while (*len && ((unsigned char) s[*len - 1] & 0x80)) {
+        (*len)--;           /* whole characters only */
     }
-    kv_prompt_free(&a);
-    kv_prompt_free(&b);
-    kv_prompt_free(&c);
+    return s;
 }
 
-TEST(short_prompt_has_no_blocks)
+static void check_capped(const char *text, size_t len, int chat, size_t cap)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64 };
+    kv_prompt_t whole, part;
+    size_t      i, same = 0;
+
+    CHECK(compute(text, len, chat, 0, &whole) == KV_PROMPT_OK);
+    CHECK(compute(text, len, chat, cap, &part) == KV_PROMPT_OK);
+    CHECK(!whole.capped && whole.estimated_tokens == 0);
+    CHECK(part.capped);
+    /* the blocks hashed are the whole text's first blocks */
+    CHECK(part.nseq > 0 && part.nseq < whole.nseq);
+    CHECK(part.nseq * 16 + KV_PROMPT_CAP_MARGIN + 16 >= part.prompt_tokens - part.estimated_tokens);
+    for (i = 0; i < part.nseq && i < whole.nseq; i++) {
+        same += part.seq[i] == whole.seq[i];
+    }
+    CHECK_EQ_U64(same, part.nseq);
+    /* the estimate of the rest: within 10 % of the real count */
+    fprintf(stderr, "  %zu bytes, cap %zu: %llu tokens (%llu estimated), really %llu\n",
+            len, cap, (unsigned long long) part.prompt_tokens,
+            (unsigned long long) part.estimated_tokens,
+            (unsigned long long) whole.prompt_tokens);
+    CHECK(part.estimated_tokens > 0);
+    CHECK(part.prompt_tokens * 10 >= whole.prompt_tokens * 9);
+    CHECK(part.prompt_tokens * 10 <= whole.prompt_tokens * 11);
+    kv_prompt_free(&whole);
+    kv_prompt_free(&part);
+}
+
+TEST(text_prompt_past_the_cap_routes_on_its_prefix)
+{
+    size_t len;
+    char  *text = prose(&len);
+
+    CHECK(len > 500000);
+    check_capped(text, len, 0, 100000);
+    check_capped(text, len, 1, 100000);     /* chat: the rendered text is capped */
+    free(text);
+}
+
+TEST(cap_cuts_between_characters)
+{
+    size_t n = 30000, i;
+    char  *text = malloc(2 * n);
+
+    for (i = 0; i < n; i++) {               /* "é" is 2 bytes: the cap falls inside one */
+        memcpy(text + 2 * i, i % 7 == 6 ? " x" : "\xc3\xa9", 2);
+    }
+    check_capped(text, 2 * n, 0, 20001);
+    free(text);
+}
+
+TEST(under_the_cap_nothing_changes)
+{
     kv_prompt_t p;
-    const char *b = ids_body(63, "");
+    size_t      len;
+    char       *text = prose(&len);
 
-    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_OK);
-    CHECK_EQ_U64(p.prompt_tokens, 63);
-    CHECK(p.nseq == 0 && p.seq == NULL);
+    CHECK(compute(text, 4096, 0, 4096, &p) == KV_PROMPT_OK);
+    CHECK(!p.capped && p.estimated_tokens == 0 && p.nseq == p.prompt_tokens / 16);
     kv_prompt_free(&p);
+    /* an empty prompt: nothing to cap */
+    CHECK(compute("", 0, 0, 1, &p) == KV_PROMPT_OK);
+    CHECK(!p.capped);
+    kv_prompt_free(&p);
+    free(text);
 }
 
-TEST(fallbacks_say_why)
+/* The work one request costs is bounded by the cap, not by the body: a
+ * 4 MB word with a 256 KB cap merges 256 KB of symbols (counts, not time). */
+TEST(cap_bounds_the_work)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16 };
-    kv_prompt_t p;
-    const char *b;
+    size_t        n = 4 << 20, cap = 256 << 10, i;
+    char         *text = malloc(n);
+    kv_prompt_t   p;
+    kv_tok_work_t w;
 
-    b = "{\"prompt\": [1, 2";
-    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_PARSE);
-    CHECK(p.err[0] != '\0');
+    for (i = 0; i < n; i++) {
+        text[i] = "abcdefghijklmnopqrstuvwxyz"[(i * 7919 + i / 13) % 26];
+    }
+    kv_tokenizer_work(NULL, 1);
+    CHECK(compute(text, n, 0, cap, &p) == KV_PROMPT_OK);
+    kv_tokenizer_work(&w, 1);
+    CHECK(p.capped);
+    CHECK(w.symbols <= cap);
+    CHECK(p.prompt_tokens > p.estimated_tokens && p.estimated_tokens > 0);
     kv_prompt_free(&p);
-    b = "{\"model\":\"m\",\"max_tokens\":3}";
-    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_NO_PROMPT);
-    kv_prompt_free(&p);
-    b = "{\"model\":\"m\",\"prompt\":\"hello\"}";
-    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_NO_TOKENIZER);
-    kv_prompt_free(&p);
-    b = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
-    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_NO_TOKENIZER);
-    kv_prompt_free(&p);
-    b = "{\"model\":\"other\",\"prompt\":[1,2,3]}";
-    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_MODEL);
-    kv_prompt_free(&p);
-    b = "[1, 2, 3]";
-    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &p) == KV_PROMPT_PARSE);
-    kv_prompt_free(&p);
+    free(text);
 }
 
 int main(void)
 {
-    RUN(token_ids_at_several_block_sizes);
-    RUN(salt_changes_every_hash);
-    RUN(short_prompt_has_no_blocks);
-    RUN(fallbacks_say_why);
+    char err[512];
+
+    qwen = kv_tokenizer_load("conf/tokenizers/qwen2.5-instruct/tokenizer.json", err, sizeof(err));
+    qwen_chat = kv_chat_load("conf/tokenizers/qwen2.5-instruct/tokenizer_config.json", NULL,
+                             err, sizeof(err));
+    if (qwen == NULL || qwen_chat == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return 1;
+    }
+    RUN(text_prompt_past_the_cap_routes_on_its_prefix);
+    RUN(cap_cuts_between_characters);
+    RUN(under_the_cap_nothing_changes);
+    RUN(cap_bounds_the_work);
+    kv_tokenizer_free(qwen);
+    kv_chat_free(qwen_chat);
     return kvt_done();
 }

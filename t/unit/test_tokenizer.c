@@ -1,10 +1,10 @@
 /*
  * The tokenizer against HF tokenizers: every line of the fixtures made by
  * tools/gen-tokenizer-fixtures.py must match exactly (encode with and
- * without special tokens, decode). Plus refusals and a scaling check.
+ * without special tokens, decode); long words, against HF too, and the
+ * work they cost as counts. Plus refusals.
  */
 #include <stdlib.h>
-#include <time.h>
 
 #include <jansson.h>
 
@@ -162,50 +162,189 @@ TEST(refuses_what_it_does_not_support)
     CHECK(strstr(err, "merges[18917]") != NULL);
 }
 
-static double encode_seconds(const kv_tokenizer_t *t, const char *s, size_t n)
+/* --- long words ------------------------------------------------------------
+ * The generator of tools/gen-tokenizer-long-fixtures.py: a 64-bit LCG
+ * picking from an alphabet ("": the pattern of an older scaling test). */
+static char *gen_text(size_t len, const char *alphabet, uint64_t seed)
 {
-    struct timespec a, b;
-    kv_ids_t        ids = { 0 };
+    char   *s = malloc(len + 1);
+    size_t  i, k = strlen(alphabet);
+    uint64_t x = seed;
 
-    clock_gettime(CLOCK_MONOTONIC, &a);
-    kv_tokenizer_encode(t, s, n, 0, &ids);
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    kv_ids_free(&ids);
-    return (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
+    for (i = 0; i < len; i++) {
+        if (k == 0) {
+            s[i] = "abcdefghij"[(i * 7 + i / 13) % 10];
+        } else {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            s[i] = alphabet[(x >> 33) % k];
+        }
+    }
+    s[len] = '\0';
+    return s;
 }
 
-TEST(one_megabyte_is_not_quadratic)
+static uint64_t fnv_ids(const kv_ids_t *ids)
 {
-    static const char *files[] = {
-        "conf/tokenizers/phi-3-mini-4k-instruct/tokenizer.json",    /* the whole text is one word */
-        "conf/tokenizers/qwen2.5-instruct/tokenizer.json",
-    };
-    char    err[512];
-    size_t  big = 1 << 20, small = big / 10, i, f;
-    char   *s = malloc(big);
+    uint64_t h = 0xcbf29ce484222325ULL;
+    size_t   i;
+    int      b;
 
-    for (i = 0; i < big; i++) {
-        s[i] = "abcdefghij"[(i * 7 + i / 13) % 10];     /* no spaces: one huge word */
+    for (i = 0; i < ids->n; i++) {
+        for (b = 0; b < 4; b++) {
+            h = (h ^ ((ids->ids[i] >> (8 * b)) & 0xff)) * 0x100000001b3ULL;
+        }
     }
-    for (f = 0; f < 2; f++) {
-        kv_tokenizer_t *t = kv_tokenizer_load(files[f], err, sizeof(err));
-        double          ts, tb;
+    return h;
+}
 
+/* Words of 60-300 KB with no space, against HF (t/data/tokenizer/long_words.json). */
+TEST(long_words_match_hf)
+{
+    json_error_t je;
+    json_t      *fx = json_load_file("t/data/tokenizer/long_words.json", 0, &je), *c;
+    size_t       i, m, cases = 0;
+    char         path[256], err[512];
+
+    CHECK(fx != NULL);
+    if (fx == NULL) return;
+    for (m = 0; m < sizeof(models) / sizeof(models[0]); m++) {
+        kv_tokenizer_t *t;
+
+        snprintf(path, sizeof(path), "conf/tokenizers/%s/tokenizer.json", models[m]);
+        t = kv_tokenizer_load(path, err, sizeof(err));
         CHECK(t != NULL);
         if (t == NULL) continue;
-        /* best of three: the machine may be busy */
-        ts = tb = 1e9;
-        for (int r = 0; r < 3; r++) {
-            double a = encode_seconds(t, s, small), b = encode_seconds(t, s, big);
+        json_array_foreach(json_object_get(fx, "cases"), i, c) {
+            size_t      len = (size_t) json_integer_value(json_object_get(c, "length"));
+            char       *s = gen_text(len, json_string_value(json_object_get(c, "alphabet")),
+                                     (uint64_t) json_integer_value(json_object_get(c, "seed")));
+            json_t     *want = json_object_get(json_object_get(c, "want"), models[m]);
+            kv_ids_t    ids = { 0 };
+            char        got[17];
 
-            ts = a < ts ? a : ts;
-            tb = b < tb ? b : tb;
+            CHECK(kv_tokenizer_encode(t, s, len, 0, &ids) >= 0);
+            snprintf(got, sizeof(got), "%016" PRIx64, fnv_ids(&ids));
+            if (ids.n != (size_t) json_integer_value(json_object_get(want, "n"))
+                || strcmp(got, json_string_value(json_object_get(want, "fnv"))) != 0)
+            {
+                fprintf(stderr, "  %s %s: %zu ids %s, want %lld %s\n", models[m],
+                        json_string_value(json_object_get(c, "name")), ids.n, got,
+                        (long long) json_integer_value(json_object_get(want, "n")),
+                        json_string_value(json_object_get(want, "fnv")));
+                CHECK(0);
+            }
+            cases++;
+            kv_ids_free(&ids);
+            free(s);
         }
-        fprintf(stderr, "  %s: 100 KB %.3f s, 1 MB %.3f s (x%.1f)\n", files[f], ts, tb, tb / ts);
-        CHECK(tb / ts < 30);        /* linear is x10; quadratic would be x100 */
         kv_tokenizer_free(t);
     }
-    free(s);
+    CHECK(cases >= 20);
+    json_decref(fx);
+}
+
+/*
+ * Merges listed out of training order: merging "a b" makes "c ab", of a
+ * lower rank than the merge being worked, which must be applied first
+ * (HF's order is rank, then position). Short words and long ones (the
+ * bucket queue) against HF's ids for the same tokenizer.
+ */
+TEST(merges_out_of_rank_order_match_hf)
+{
+    static const char *json =
+        "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\","
+        "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"
+        "\"content\":\"\\u2581\"}]},"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"cab\":4,"
+        "\"bc\":5,\"abc\":6,\"aa\":7,\"aab\":8,\"cabab\":9,\"abab\":10,\"\\u2581\":11},"
+        "\"merges\":[\"c ab\",\"a b\",\"ab ab\",\"cab ab\",\"b c\",\"a bc\",\"a a\",\"aa b\"]}}";
+    static const struct { size_t len; size_t n; const char *fnv; } want[] = {
+        { 40, 30, "56ac97c599635cc9" },
+        { 200, 154, "701e07159c3dafd0" },
+        { 5000, 3635, "20c1869647870609" },
+    };
+    char            err[512], got[17];
+    kv_tokenizer_t *t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+    size_t          i;
+
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    for (i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        char     *s = gen_text(want[i].len, "abc", 7);
+        kv_ids_t  ids = { 0 };
+
+        kv_tokenizer_encode(t, s, want[i].len, 0, &ids);
+        snprintf(got, sizeof(got), "%016" PRIx64, fnv_ids(&ids));
+        CHECK_EQ_U64(ids.n, want[i].n);
+        CHECK_STR(got, want[i].fnv);
+        kv_ids_free(&ids);
+        free(s);
+    }
+    /* repeated "cab": every "a b" merge is followed by its "c ab" */
+    {
+        char     *s = malloc(121);
+        kv_ids_t  ids = { 0 };
+
+        for (i = 0; i < 120; i++) s[i] = "cab"[i % 3];
+        kv_tokenizer_encode(t, s, 120, 0, &ids);
+        CHECK_EQ_U64(ids.n, 41);            /* the prepended "\u2581", then 40 "cab" */
+        for (i = 1; i < ids.n; i++) CHECK_EQ_U64(ids.ids[i], 4);
+        kv_ids_free(&ids);
+        free(s);
+    }
+    kv_tokenizer_free(t);
+}
+
+/*
+ * The cost of one huge word grows linearly: the work the tokenizer reports
+ * (symbols, merges and queue operations: counts, not time, so the same on
+ * every machine) for 1 MB is at most 12x that for 100 KB. The old heap was
+ * n log n in operations and worse in time; a quadratic merge would be 100x.
+ */
+static uint64_t encode_work(const kv_tokenizer_t *t, const char *s, size_t n)
+{
+    kv_ids_t      ids = { 0 };
+    kv_tok_work_t w;
+
+    kv_tokenizer_work(NULL, 1);
+    kv_tokenizer_encode(t, s, n, 0, &ids);
+    kv_tokenizer_work(&w, 1);
+    kv_ids_free(&ids);
+    return w.symbols + w.merges + w.queue_ops;
+}
+
+TEST(one_megabyte_word_costs_linear_work)
+{
+    static const char *files[] = {
+        "conf/tokenizers/phi-3-mini-4k-instruct/tokenizer.json",
+        "conf/tokenizers/qwen2.5-instruct/tokenizer.json",
+    };
+    static const char *alphabets[] = { "", "abcdefghijklmnopqrstuvwxyz" };
+    size_t  big = 1 << 20, small = big / 10, f, a;
+    char    err[512];
+
+    for (a = 0; a < 2; a++) {
+        char *s = gen_text(big, alphabets[a], 11);
+
+        for (f = 0; f < 2; f++) {
+            kv_tokenizer_t *t = kv_tokenizer_load(files[f], err, sizeof(err));
+            uint64_t        ws, wb;
+
+            CHECK(t != NULL);
+            if (t == NULL) continue;
+            ws = encode_work(t, s, small);
+            wb = encode_work(t, s, big);
+            fprintf(stderr, "  %s, %s: work 100 KB %" PRIu64 ", 1 MB %" PRIu64 " (x%.1f)\n",
+                    files[f], a ? "random letters" : "pattern", ws, wb, (double) wb / ws);
+            CHECK(ws >= small);         /* every symbol counted */
+            CHECK(wb <= 12 * ws);
+            kv_tokenizer_free(t);
+        }
+        free(s);
+    }
 }
 
 int main(void)
@@ -215,6 +354,8 @@ int main(void)
     RUN(qwen25_matches_hf);
     RUN(smollm3_matches_hf);
     RUN(refuses_what_it_does_not_support);
-    RUN(one_megabyte_is_not_quadratic);
+    RUN(long_words_match_hf);
+    RUN(merges_out_of_rank_order_match_hf);
+    RUN(one_megabyte_word_costs_linear_work);
     return kvt_done();
 }

@@ -46,11 +46,12 @@ static void print_stats(const host_t *h, uint64_t now)
            ",\"gaps\":%" PRIu64 ",\"resyncs\":%" PRIu64 ",\"dumps\":%" PRIu64
            ",\"dump_failures\":%" PRIu64 ",\"duplicates\":%" PRIu64
            ",\"buffer_overflows\":%" PRIu64 ",\"heartbeats\":%" PRIu64 ",\"timeouts\":%" PRIu64
-           ",\"last_event_lag_ms\":%" PRIu64 ",\"index_blocks\":%" PRIu64 ",\"workers\":[",
+           ",\"last_event_lag_ms\":%" PRIu64 ",\"rejected\":%" PRIu64 ",\"removed\":%" PRIu64
+           ",\"index_blocks\":%" PRIu64 ",\"index_workers\":%" PRIu64 ",\"workers\":[",
            now, kv_nats_state_name(st.nats_state), st.connects, st.disconnects, st.messages,
            st.events, st.blocks, st.decode_errors, st.apply_errors, st.gaps, st.resyncs,
            st.dumps, st.dump_failures, st.duplicates, st.buffer_overflows, st.heartbeats,
-           st.timeouts, st.last_event_lag_ms, is.blocks);
+           st.timeouts, st.last_event_lag_ms, st.rejected, st.removed, is.blocks, is.workers);
     int first = 1;
     kv_worker_rec_t r;
     for (uint32_t i = 0; i < kv_registry_max_workers(h->reg); i++) {
@@ -61,12 +62,13 @@ static void print_stats(const host_t *h, uint64_t now)
                "\"address\":\"%s\",\"instance_id\":%" PRIu64 ",\"blocks\":%" PRIu64
                ",\"last_event_applied\":%" PRIu64 ",\"last_event_announced\":%" PRIu64
                ",\"events\":%" PRIu64 ",\"gaps\":%" PRIu64 ",\"resyncs\":%" PRIu64
-               ",\"duplicates\":%" PRIu64 ",\"running\":%" PRIu64 "}",
+               ",\"duplicates\":%" PRIu64 ",\"running\":%" PRIu64
+               ",\"active_prefill_tokens\":%" PRIu64 "}",
                first ? "" : ",", r.worker_id, r.dp_rank, kv_worker_state_name(r.state),
                r.announced, r.address, r.instance_id,
                slot >= 0 ? kv_index_worker_blocks(h->ix, (uint32_t)slot) : 0,
                r.last_event_applied, r.last_event_announced, r.events, r.gaps, r.resyncs,
-               r.duplicates, r.load.running);
+               r.duplicates, r.load.running, r.load.active_prefill_tokens);
         first = 0;
     }
     printf("]}\n");
@@ -115,7 +117,7 @@ static void usage(void)
             "                [--heartbeat-timeout MS] [--dump-timeout MS] [--stale-lag MS]\n"
             "                [--user U --password P | --token T | --creds FILE]\n"
             "                [--tls-ca F] [--tls-cert F --tls-key F] [--tls-no-verify]\n"
-            "                [--index-mb N] [--max-workers N] [-v]\n");
+            "                [--index-mb N] [--max-workers N] [--per-worker-only] [-v]\n");
 }
 
 int main(int argc, char **argv)
@@ -131,7 +133,7 @@ int main(int argc, char **argv)
         {"user", 1, 0, 'u'}, {"password", 1, 0, 'P'}, {"token", 1, 0, 't'},
         {"creds", 1, 0, 'c'}, {"tls-ca", 1, 0, 'A'}, {"tls-cert", 1, 0, 'C'},
         {"tls-key", 1, 0, 'K'}, {"tls-no-verify", 0, 0, 'N'}, {"index-mb", 1, 0, 'm'},
-        {"max-workers", 1, 0, 'w'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"max-workers", 1, 0, 'w'}, {"per-worker-only", 0, 0, 'W'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
         switch (c) {
@@ -154,6 +156,7 @@ int main(int argc, char **argv)
         case 'N': cfg.tls_no_verify = 1; break;
         case 'm': index_mb = strtoull(optarg, NULL, 10); break;
         case 'w': max_workers = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case 'W': cfg.per_worker_only = 1; break;
         case 'v': cfg.verbose++; break;
         default: usage(); return c == 'h' ? 0 : 2;
         }

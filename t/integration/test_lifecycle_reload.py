@@ -1,0 +1,87 @@
+"""Graceful reload and quit with prompts in the tokenization thread pool
+(issue 23, finding 3): `nginx -s reload` and `-s quit` used to drop every
+request whose body (>= thread_threshold) was being tokenized in the pool:
+the task held no timer, so the exiting worker thought it was idle. Real
+nginx, nats-server, kvworker."""
+import concurrent.futures
+import json
+import os
+import random
+import signal
+
+import kvt
+
+QWEN = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct")
+
+MAIN = "thread_pool kvtp threads=1;"
+
+CONF = """
+    kvroute_zone kv 16m;
+    kvroute_events %(nats)s zone=kv;
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv tokenizer=%(dir)s/tokenizer.json thread_pool=kvtp thread_threshold=64k;
+        %(servers)s
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        client_body_buffer_size 4m;
+        client_max_body_size 8m;
+        location /v1/ { proxy_pass http://llm; proxy_read_timeout 120s; }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def setup(stack):
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "1000", "--nats", nats.url,
+                                       "--tokenizer", QWEN + "/tokenizer.json",
+                                       "--num-blocks", "65536"])
+    servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
+    conf = CONF % {"nats": nats.url, "dir": QWEN, "servers": servers}
+    ng = stack.nginx(conf, main_conf=MAIN)
+    return ng, conf
+
+
+def words(seed, n):
+    """Random words: tokenization work that no cache of repeated words skips."""
+    r = random.Random(seed)
+    return " ".join("".join(r.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(r.randrange(2, 9)))
+                    for _ in range(n))
+
+
+def threaded(ng):
+    s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
+    return json.loads(body)["zones"]["kv"]["threaded"]
+
+
+def in_flight_through(stack, action):
+    """6 large prompts posted to the one-thread pool, then action(ng) while
+    most of them wait there; every request must get its response."""
+    ng, conf = setup(stack)
+    before = threaded(ng)
+    big = [words(i, 120000) for i in range(6)]     # ~0.7 MB, ~0.25 s of tokenization each
+
+    def post(text):
+        return kvt.post_json(ng.port, "/v1/completions", {"prompt": text, "max_tokens": 1},
+                             timeout=120)
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        futs = [ex.submit(post, t) for t in big]
+        # all six posted to the pool (one thread: at most one done by now)
+        kvt.wait_until(lambda: threaded(ng) >= before + 6, timeout=30, what="tasks posted")
+        action(ng, conf)
+        got = [f.result() for f in futs]
+    assert [g[0] for g in got] == [200] * 6, [g[:1] for g in got]
+    log = ng.log()
+    assert "left in connection" not in log and "aborting" not in log
+    return ng
+
+
+def test_reload_keeps_requests_in_the_thread_pool(stack):
+    ng = in_flight_through(stack, lambda ng, conf: ng.reload(conf, main_conf=MAIN, settle=0))
+    assert ng.alerts() == []
+
+
+def test_quit_keeps_requests_in_the_thread_pool(stack):
+    in_flight_through(stack, lambda ng, conf: ng.signal(signal.SIGQUIT))
