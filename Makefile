@@ -93,14 +93,24 @@ ifneq ($(CUDA_SRC),)
 CUDA_LIB   := $(B)/lib/libkvcuda.so
 endif
 endif
+# the CUDA engine on the host emulation of CUDA, wherever g++ exists (see below)
+GXX        ?= $(shell command -v g++ 2>/dev/null)
+ifneq ($(GXX),)
+ifneq ($(CUDA_SRC),)
+CUDA_EMU_LIB := $(B)/lib/libkvcuda-emu.so
+CUDA_EMU_TEST := $(B)/t/test_kvemu
+endif
+endif
 
-.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults fuzz clean install uninstall deb
+.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults fuzz clean install \
+        uninstall deb gpu-check
 .DEFAULT_GOAL := all
 
 all: deps
 	@$(MAKE) --no-print-directory build-all
 
-build-all: $(CORE_LIB) $(TRACE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) $(UNIT_BINS)
+build-all: $(CORE_LIB) $(TRACE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) \
+           $(CUDA_EMU_LIB) $(CUDA_EMU_TEST) $(UNIT_BINS)
 
 deps:
 	@tools/install-deps
@@ -191,6 +201,9 @@ $(B)/bin/%: $$(addprefix $(B)/obj/,$$(subst .c,.o,$$(wildcard tools/$$*/*.c))) $
 # binaries alike). PTX for compute_90 lets newer GPUs JIT the kernels; the
 # rpath finds cuBLAS where nvcc's toolkit lives.
 CUDA_HOST_OBJ := $(B)/obj/cuda-host/kvw_model.o $(B)/obj/cuda-host/kvw_sample.o
+# make gpu-check builds with CUDA_GENCODE=-arch=native (only the local GPU)
+CUDA_GENCODE  ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
+                 -gencode arch=compute_90,code=compute_90
 CUDA_LIBDIR   := $(abspath $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64)
 
 $(B)/obj/cuda-host/%.o: workers/%.c $(HEADERS)
@@ -201,9 +214,39 @@ $(B)/lib/libkvcuda.so: $(CUDA_SRC) $(wildcard workers/cuda/*.h workers/cuda/*.cu
                        $(CUDA_HOST_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -O3 -std=c++17 -Xcompiler -fPIC,-Wall -shared -Isrc/core -Isrc/text -Iworkers \
-	    -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=sm_80 \
-	    -gencode arch=compute_90,code=compute_90 \
-	    -o $@ $(CUDA_SRC) $(CUDA_HOST_OBJ) -lcublas -ljansson -Xlinker -rpath=$(CUDA_LIBDIR)
+	    $(CUDA_GENCODE) -o $@ $(CUDA_SRC) $(CUDA_HOST_OBJ) -lcublas -ljansson -Xlinker -rpath=$(CUDA_LIBDIR)
+
+# The same CUDA sources built a second time, for the host, against kvemu
+# (workers/cuda/emu: the CUDA runtime and cuBLAS emulated on the CPU), always
+# under ASan/UBSan, wherever g++ exists: libkvcuda-emu.so, loaded through
+# KVW_CUDA_LIB=... by kvworker/kvengine (the sanitizer runtime preloaded).
+# The CUDA tests run on it without a GPU; nvcc's build above is unchanged.
+EMU_SAN      := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+EMU_HOST_OBJ := $(B)/obj/cuda-emu/kvw_model.o $(B)/obj/cuda-emu/kvw_sample.o
+
+$(B)/obj/cuda-emu/%.o: workers/%.c $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out $(SANFLAGS),$(CFLAGS)) $(EMU_SAN) -Isrc/core -Isrc/text -Iworkers -c -o $@ $<
+
+$(B)/lib/libkvcuda-emu.so: $(CUDA_SRC) $(wildcard workers/cuda/*.cuh workers/cuda/emu/*) \
+                           $(HEADERS) $(EMU_HOST_OBJ)
+	@mkdir -p $(dir $@)
+	$(GXX) -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
+	    -Wno-unknown-pragmas $(EMU_SAN) -Iworkers/cuda/emu -Isrc/core -Isrc/text -Iworkers \
+	    -o $@ -x c++ $(CUDA_SRC) workers/cuda/emu/kvemu.cpp -x none $(EMU_HOST_OBJ) -ljansson
+
+# kvemu's own tests (t/cudaemu): a unit test binary like t/unit's
+$(B)/t/test_kvemu: t/cudaemu/test_kvemu.cu $(wildcard workers/cuda/emu/* workers/cuda/*.cuh) \
+                   t/unit/kvtest.h
+	@mkdir -p $(dir $@)
+	$(GXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas $(EMU_SAN) \
+	    -Iworkers/cuda/emu -Iworkers/cuda -It/unit -o $@ -x c++ $< workers/cuda/emu/kvemu.cpp
+
+# One command on a machine with a GPU: builds for it (into $(B)/gpu), runs
+# the CUDA tests, compares with the CPU engine, benchmarks, and writes
+# $(B)/gpu-check.json (tools/gpu-check).
+gpu-check: deps
+	@tools/gpu-check --build $(B)
 
 # --- tests ----------------------------------------------------------------
 
@@ -294,10 +337,13 @@ bench: all
 bench-faults: all
 	@.venv/bin/python tools/bench-faults
 
+# SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
 bench-e2e: all
 	@tools/bench-e2e --build $(B) $(if $(TRACE),--trace $(TRACE)) \
 	    $(if $(REQUESTS),--requests $(REQUESTS)) $(if $(ENGINES),--engines $(ENGINES)) \
-	    $(if $(SPEEDUP),--speedup $(SPEEDUP))
+	    $(if $(SPEEDUP),--speedup $(SPEEDUP)) \
+	    $(if $(filter-out 0,$(SUITE)),--suite $(if $(SUITE_RUNS),--runs $(SUITE_RUNS)) \
+	        $(if $(WORKLOADS),--workloads $(WORKLOADS)))
 
 clean:
 	rm -rf build

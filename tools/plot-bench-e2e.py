@@ -2,7 +2,9 @@
 """Plots of a bench-e2e run: TTFT CDF per policy and hit rate per policy.
 
 usage: plot-bench-e2e.py DIR     (DIR holds summary.json and <policy>.jsonl)
-writes DIR/ttft_cdf.png and DIR/hit_rate.png
+writes DIR/ttft_cdf.png and DIR/hit_rate.png; for a suite (summary.json with "runs",
+from bench-e2e --suite) DIR/suite.png: per workload and policy, mean TTFT (run 1)
+and hit rate as a share of the load-bounded oracle.
 """
 import json
 import os
@@ -45,9 +47,15 @@ def hit_rate(d, summary, names):
     fig, ax = plt.subplots(figsize=(7, 4))
     vals = [summary[p]["hit_rate"] or 0 for p in names]
     ax.bar(names, vals, color="tab:blue")
-    ideal = summary.get("ideal_reuse")
+    oracle = summary.get("oracle_hit_rate")
+    ideal = summary.get("ideal_hit_rate", summary.get("ideal_reuse"))
+    if oracle is not None:
+        ax.axhline(oracle, color="tab:green", linestyle=":",
+                   label="load-bounded oracle %.2f" % oracle)
     if ideal is not None:
-        ax.axhline(ideal, color="tab:red", linestyle="--", label="ideal reuse %.2f" % ideal)
+        ax.axhline(ideal, color="tab:red", linestyle="--",
+                   label="ideal (one infinite cache) %.2f" % ideal)
+    if oracle is not None or ideal is not None:
         ax.legend(loc="upper right", fontsize=8)
     for i, v in enumerate(vals):
         ax.text(i, v + 0.01, "%.2f" % v, ha="center", fontsize=8)
@@ -58,12 +66,39 @@ def hit_rate(d, summary, names):
     fig.savefig(os.path.join(d, "hit_rate.png"), dpi=110)
 
 
+def suite(d, s):
+    run = s["runs"][0]
+    work = list(run)
+    pols = s["policies"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    w = 0.8 / max(1, len(pols))
+    for k, p in enumerate(pols):
+        xs = [i + k * w for i in range(len(work))]
+        a1.bar(xs, [run[x].get(p, {}).get("ttft_mean_ms") or 0 for x in work], w, label=p)
+        a2.bar(xs, [run[x].get(p, {}).get("share_of_oracle") or 0 for x in work], w, label=p)
+    for ax in (a1, a2):
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(work))])
+        ax.set_xticklabels(work, fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    a1.set_yscale("log")
+    a1.set_ylabel("mean TTFT (ms, log scale)")
+    a2.set_ylabel("hit rate / load-bounded oracle's")
+    a2.axhline(0.9, color="tab:red", linestyle="--", linewidth=0.8)
+    a1.legend(fontsize=8)
+    fig.suptitle("Workload suite, run 1 of %d" % len(s["runs"]))
+    fig.tight_layout()
+    fig.savefig(os.path.join(d, "suite.png"), dpi=110)
+    print("plot: %s" % os.path.join(d, "suite.png"))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     d = sys.argv[1]
     with open(os.path.join(d, "summary.json")) as f:
         summary = json.load(f)
+    if "runs" in summary:
+        return suite(d, summary)
     names = policies(summary)
     if not names:
         print("plot-bench-e2e: no policy ran; nothing to plot")

@@ -43,11 +43,19 @@ struct kvw_backend {
     const char *name;
     uint32_t    vocab_size;
     uint32_t    eos_token_id;
+    uint32_t    eos_ids[8];     /* every id that ends a sequence (n_eos of them; 0: eos_token_id) */
+    uint32_t    n_eos;
     uint32_t    max_model_len;
     uint32_t    block_size;
     uint32_t    num_blocks;
     size_t      block_bytes;    /* one block, all layers, K and V */
     int         simulated;      /* step() only predicts: the scheduler waits step_ms */
+    /*
+     * NULL while the engine works; why not, once it never will again (a
+     * sticky CUDA error: every later step fails). kvworker then fails its
+     * health check and stops announcing itself, so routers drop it.
+     */
+    const char *unhealthy;
 
     /*
      * Runs one step over n sequences. *step_ms is the step's duration:
@@ -70,6 +78,18 @@ struct kvw_backend {
  * dlopen()s libkvcuda.so next to the binary or on the library path
  * (kvw_cuda_loader.c). NULL with a reason in err.
  */
+/* Whether tok ends a sequence: eos_token_id or any of eos_ids (Llama-3 instruct has several). */
+static inline int kvw_backend_is_eos(const kvw_backend_t *b, uint32_t tok)
+{
+    uint32_t i;
+
+    if (tok == b->eos_token_id) return 1;
+    for (i = 0; i < b->n_eos && i < 8; i++) {
+        if (tok == b->eos_ids[i]) return 1;
+    }
+    return 0;
+}
+
 typedef struct {
     const char *model_dir;      /* cpu, cuda: HF-layout directory */
     const char *profile;        /* mock: interpolated perf profile (JSON), NULL: polynomial */
@@ -77,6 +97,9 @@ typedef struct {
     uint32_t    num_blocks;     /* 0: backend picks (cpu/cuda: from memory) */
     double      speedup;        /* mock: divides predicted times */
     double      decode_speedup; /* mock: further divides decode times (0: 1) */
+    int         device;         /* cuda: the GPU's ordinal (--device) */
+    uint32_t    max_batched_tokens; /* cuda: scratch for this many tokens a step (0: grow) */
+    uint32_t    max_seqs;       /* cuda: and this many sequences a step */
 } kvw_backend_config_t;
 
 /* The mock's polynomial model (ms, before --speedup), for tests and tools. */

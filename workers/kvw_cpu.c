@@ -199,7 +199,7 @@ static int cpu_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double *
         for (t = 0; t < T; t++) {
             attention(e, &seqs[tp[t].seq], l, tp[t].pos, e->q + t * qd, e->att + t * qd);
         }
-        matmul(e->o, e->att, L->wo, NULL, T, H, qd);
+        matmul(e->o, e->att, L->wo, L->bo, T, H, qd);
         for (i = 0; i < T * H; i++) e->x[i] += e->o[i];
         for (t = 0; t < T; t++) rmsnorm(e->xn + t * H, e->x + t * H, L->mlp_norm, H, m->rms_eps);
         matmul(e->g, e->xn, L->w_gate, NULL, T, m->inter, H);
@@ -277,7 +277,9 @@ kvw_backend_t *kvw_cpu_backend_create(const kvw_backend_config_t *cfg, char *err
     }
     e->b.name = "cpu";
     e->b.vocab_size = e->m.vocab;
-    e->b.eos_token_id = (uint32_t) e->m.eos;
+    e->b.eos_token_id = e->m.eos[0];
+    memcpy(e->b.eos_ids, e->m.eos, sizeof(e->b.eos_ids));
+    e->b.n_eos = e->m.n_eos;
     e->b.block_size = cfg->block_size ? cfg->block_size : 16;
     e->b.num_blocks = cfg->num_blocks ? cfg->num_blocks : 1024;
     e->layer_floats = 2 * (size_t) e->b.block_size * e->m.kv_heads * e->m.head_dim;

@@ -3,7 +3,12 @@
  * the workers/cuda sources only where nvcc exists, and is loaded at run time so
  * that kvworker itself never needs CUDA libraries. Looked up next to the
  * binary (../lib/libkvcuda.so), then on the library path.
+ *
+ * KVW_CUDA_LIB=PATH loads that library instead: the tests point it at
+ * libkvcuda-emu.so, the same engine built against the host emulation of
+ * CUDA (workers/cuda/emu), to run it without a GPU.
  */
+#include <stdlib.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <stdio.h>
@@ -21,8 +26,16 @@ kvw_backend_t *kvw_cuda_backend_create(const kvw_backend_config_t *cfg, char *er
     void     *h = NULL;
     create_fn create;
     char     *slash;
+    const char *forced = getenv("KVW_CUDA_LIB");
 
-    if (n > 0) {
+    if (forced && *forced) {
+        h = dlopen(forced, RTLD_NOW | RTLD_LOCAL);
+        if (h == NULL) {
+            snprintf(err, errlen, "the CUDA engine is not available: KVW_CUDA_LIB=%s: %s",
+                     forced, dlerror());
+            return NULL;
+        }
+    } else if (n > 0) {
         exe[n] = '\0';
         slash = strrchr(exe, '/');
         if (slash) {
@@ -31,7 +44,7 @@ kvw_backend_t *kvw_cuda_backend_create(const kvw_backend_config_t *cfg, char *er
             h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         }
     }
-    if (h == NULL) {
+    if (h == NULL && !(forced && *forced)) {
         h = dlopen("libkvcuda.so", RTLD_NOW | RTLD_LOCAL);
     }
     if (h == NULL) {

@@ -29,6 +29,8 @@ struct kvw_engine {
     int                     index;      /* 0..engines-1 in this process */
     uint64_t                worker_id;
     int                     port;
+    /* NULL while healthy; why not once the backend is lost for good (health fails, no heartbeats) */
+    const char             *unhealthy;
 };
 
 struct kvw_config {
@@ -52,6 +54,7 @@ struct kvw_config {
     int         enable_prefix_caching;  /* 1 */
     int         enable_chunked_prefill; /* 1 */
     int         max_model_len;          /* 0: no limit beyond the KV pool */
+    int         device;                 /* cuda: --device N, the GPU to use (0) */
 
     /* mock timing */
     const char *perf_profile;           /* interpolated profile (JSON), NULL: polynomial */

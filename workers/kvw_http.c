@@ -387,6 +387,10 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
         reply_error(req, 405, "use POST", "invalid_request_error", NULL, "method_not_allowed");
         return;
     }
+    if (h->engine->unhealthy) {
+        reply_error(req, 503, h->engine->unhealthy, "server_error", NULL, "engine_unhealthy");
+        return;
+    }
     const char *body = (const char *)evbuffer_pullup(in, -1);
     if (body == NULL)
         body = "";
@@ -482,6 +486,8 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_cached_prompt_tokens_total", "counter",
            "prompt tokens served from the cache at first admission", e, (double)l.cached_tokens);
     metric(b, "kvworker_steps_total", "counter", "scheduler steps", e, (double)l.steps);
+    metric(b, "kvworker_busy_seconds_total", "counter",
+           "time spent in steps (simulated time for the mock engine)", e, l.busy_ms / 1e3);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4");
     send_reply(req, 200, "OK", b);
@@ -530,6 +536,10 @@ static void handle_request(struct evhttp_request *req, void *arg)
         handle_models(h, req, NULL);
     } else if (strncmp(path, "/v1/models/", 11) == 0 && path[11] != '\0') {
         handle_models(h, req, path + 11);
+    } else if (strcmp(path, "/health") == 0 && h->engine->unhealthy) {
+        json_t *j = json_pack("{s:s,s:s}", "status", "unhealthy", "reason", h->engine->unhealthy);
+        reply_json(req, 503, "Service Unavailable", json_dumps(j, JSON_COMPACT));
+        json_decref(j);
     } else if (strcmp(path, "/health") == 0) {
         reply_json(req, 200, "OK", strdup("{\"status\":\"ok\"}"));
     } else if (strcmp(path, "/metrics") == 0) {

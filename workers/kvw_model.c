@@ -148,11 +148,50 @@ static int cfg_int(json_t *c, const char *k, int64_t dflt, int64_t *out)
     return 1;
 }
 
+/* Adds the end-of-sequence ids of v (an integer or a list of them), without repeats. */
+static void add_eos(kvw_model_t *m, json_t *v)
+{
+    size_t i, n = json_is_array(v) ? json_array_size(v) : 1;
+
+    for (i = 0; i < n; i++) {
+        json_t  *x = json_is_array(v) ? json_array_get(v, i) : v;
+        uint32_t id, j;
+
+        if (!json_is_integer(x) || json_integer_value(x) < 0
+            || json_integer_value(x) > (json_int_t) UINT32_MAX)
+            continue;
+        id = (uint32_t) json_integer_value(x);
+        for (j = 0; j < m->n_eos && m->eos[j] != id; j++) {}
+        if (j == m->n_eos && m->n_eos < KVW_MAX_EOS) m->eos[m->n_eos++] = id;
+    }
+}
+
+/*
+ * config.json's eos_token_id, then generation_config.json's: Llama-3
+ * instruct names <|eot_id|> only in the latter (or second in a list), and
+ * generation must stop at any of them.
+ */
+static void load_eos(const char *dir, json_t *c, kvw_model_t *m)
+{
+    char          path[1024];
+    json_error_t  je;
+    json_t       *g;
+
+    add_eos(m, json_object_get(c, "eos_token_id"));
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    g = json_load_file(path, 0, &je);
+    if (g) {
+        add_eos(m, json_object_get(g, "eos_token_id"));
+        json_decref(g);
+    }
+    if (m->n_eos == 0) m->eos[m->n_eos++] = 0;
+}
+
 static int load_config(const char *dir, kvw_model_t *m, char *err, size_t errlen)
 {
     char          path[1024];
     json_error_t  je;
-    json_t       *c, *rs;
+    json_t       *c, *rs, *rp;
     const char   *mt, *act;
     int64_t       v[8];
     int           ok;
@@ -211,26 +250,38 @@ static int load_config(const char *dir, kvw_model_t *m, char *err, size_t errlen
     m->head_dim = (uint32_t) v[6]; m->max_pos = (uint32_t) v[7];
     m->rms_eps = json_is_number(json_object_get(c, "rms_norm_eps"))
                  ? (float) json_number_value(json_object_get(c, "rms_norm_eps")) : 1e-6f;
+    /* newer transformers configs keep theta and the scaling under rope_parameters */
+    rp = json_object_get(c, "rope_parameters");
+    if (!json_is_object(rp)) rp = NULL;
     m->rope_theta = json_is_number(json_object_get(c, "rope_theta"))
-                    ? json_number_value(json_object_get(c, "rope_theta")) : 10000.0;
+                    ? json_number_value(json_object_get(c, "rope_theta"))
+                    : rp && json_is_number(json_object_get(rp, "rope_theta"))
+                    ? json_number_value(json_object_get(rp, "rope_theta")) : 10000.0;
+    if (!(m->rope_theta > 0)) {
+        fail(err, errlen, "%s", "rope_theta must be positive");
+        goto bad;
+    }
     m->tied = json_is_true(json_object_get(c, "tie_word_embeddings"));
+    /* Qwen2: q/k/v biases always, none on o; Llama's attention_bias: all four (HF LlamaAttention) */
     m->qkv_bias = !strcmp(mt, "qwen2") || json_is_true(json_object_get(c, "attention_bias"));
+    m->o_bias = strcmp(mt, "qwen2") && json_is_true(json_object_get(c, "attention_bias"));
     cfg_int(c, "bos_token_id", 0, &m->bos);
-    cfg_int(c, "eos_token_id", 0, &m->eos);
+    load_eos(dir, c, m);
     rs = json_object_get(c, "rope_scaling");
+    if (rs == NULL || json_is_null(rs)) rs = rp;
     if (rs && !json_is_null(rs)) {
         const char *ty = json_string_value(json_object_get(rs, "rope_type"));
 
         if (ty == NULL) ty = json_string_value(json_object_get(rs, "type"));
         m->rope_factor = json_number_value(json_object_get(rs, "factor"));
         if (ty && !strcmp(ty, "linear") && m->rope_factor > 0) {
-            m->rope_type = 1;
+            m->rope_type = KVW_ROPE_LINEAR;
         } else if (ty && !strcmp(ty, "llama3") && m->rope_factor > 0) {
-            m->rope_type = 2;
+            m->rope_type = KVW_ROPE_LLAMA3;
             m->rope_low = json_number_value(json_object_get(rs, "low_freq_factor"));
             m->rope_high = json_number_value(json_object_get(rs, "high_freq_factor"));
             m->rope_orig_max = json_number_value(json_object_get(rs, "original_max_position_embeddings"));
-        } else if (!(ty && !strcmp(ty, "default"))) {
+        } else if (!(ty == NULL && rs == rp) && !(ty && !strcmp(ty, "default"))) {
             fail(err, errlen, "rope_scaling type %s is not supported (linear, llama3)", ty ? ty : "?");
             goto bad;
         }
@@ -252,9 +303,9 @@ static int rope_freqs(kvw_model_t *m)
     for (i = 0; i < half; i++) {
         double f = 1.0 / pow(m->rope_theta, (double) (2 * i) / m->head_dim);
 
-        if (m->rope_type == 1) {
+        if (m->rope_type == KVW_ROPE_LINEAR) {
             f /= m->rope_factor;
-        } else if (m->rope_type == 2) {
+        } else if (m->rope_type == KVW_ROPE_LLAMA3) {
             double low_wl = m->rope_orig_max / m->rope_low, high_wl = m->rope_orig_max / m->rope_high;
             double wl = 2 * M_PI / f;
 
@@ -291,6 +342,13 @@ int kvw_model_load(const char *dir, kvw_model_t *m, char *err, size_t errlen)
         if (field) m->params += (size_t) (n);                                  \
     } while (0)
     T(m->embed, "model.embed_tokens.weight", (size_t) m->vocab * m->hidden, 0);
+    {
+        const char *dt = json_string_value(json_object_get(
+            json_object_get(f.header, "model.embed_tokens.weight"), "dtype"));
+
+        m->dtype = dt && !strcmp(dt, "F16") ? KVW_DTYPE_F16
+                   : dt && !strcmp(dt, "BF16") ? KVW_DTYPE_BF16 : KVW_DTYPE_F32;
+    }
     T(m->norm, "model.norm.weight", m->hidden, 0);
     for (l = 0; l < m->layers; l++) {
         kvw_layer_t *L = &m->L[l];
@@ -300,6 +358,7 @@ int kvw_model_load(const char *dir, kvw_model_t *m, char *err, size_t errlen)
         T(L->wk, N("self_attn.k_proj.weight"), (size_t) kv * m->hidden, 0);
         T(L->wv, N("self_attn.v_proj.weight"), (size_t) kv * m->hidden, 0);
         T(L->wo, N("self_attn.o_proj.weight"), (size_t) m->hidden * q, 0);
+        T(L->bo, N("self_attn.o_proj.bias"), m->hidden, !m->o_bias);
         T(L->bq, N("self_attn.q_proj.bias"), q, !m->qkv_bias);
         T(L->bk, N("self_attn.k_proj.bias"), kv, !m->qkv_bias);
         T(L->bv, N("self_attn.v_proj.bias"), kv, !m->qkv_bias);
@@ -337,7 +396,7 @@ void kvw_model_free(kvw_model_t *m)
             kvw_layer_t *L = &m->L[l];
 
             free(L->attn_norm); free(L->wq); free(L->wk); free(L->wv); free(L->wo);
-            free(L->bq); free(L->bk); free(L->bv); free(L->mlp_norm);
+            free(L->bq); free(L->bk); free(L->bv); free(L->bo); free(L->mlp_norm);
             free(L->w_gate); free(L->w_up); free(L->w_down);
         }
     }

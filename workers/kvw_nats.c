@@ -231,8 +231,11 @@ static void send_heartbeat(pub_t *p, const char *type)
     struct kvw_nats *k = p->k;
     kvw_sched_load_t l;
     struct timespec ts;
-    struct evbuffer *b = evbuffer_new();
+    struct evbuffer *b;
 
+    if (p->e->unhealthy)
+        return;             /* a lost engine goes silent: routers expire it and stop sending */
+    b = evbuffer_new();
     publish_pending(p);     /* last_event_id must name only published events */
     kvw_sched_load(p->e, &l);
     clock_gettime(CLOCK_REALTIME, &ts);

@@ -197,7 +197,7 @@ static int deliver(sched_t *sc, sreq_t *s, uint32_t tok)
 
     s->n_out++;
     sc->st.generation_tokens++;
-    if (tok == sc->be->eos_token_id && !r->ignore_eos) {
+    if (kvw_backend_is_eos(sc->be, tok) && !r->ignore_eos) {
         kvw_req_emit(r, tok, "", 0);
         finish(sc, s, KVW_FINISH_STOP);
         return 1;
@@ -395,7 +395,10 @@ static void start_step(sched_t *sc)
     }
     if (sc->be->step(sc->be, sc->seqs, sc->n_batch, &ms) != 0)
         ms = -1;
+    sc->base.unhealthy = sc->be->unhealthy;     /* a lost device: health checks fail from now */
     sc->st.steps++;
+    if (ms > 0)
+        sc->st.busy_ms += ms;
     sc->busy = 1;
 
     /*

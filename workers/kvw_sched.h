@@ -29,6 +29,7 @@ typedef struct {
     uint64_t    requests, finished, cancelled, preemptions, steps;
     uint64_t    prompt_tokens, generation_tokens, cached_tokens;
     uint64_t    prefix_query_tokens, prefix_hit_tokens;
+    double      busy_ms;    /* sum of step times (simulated for mock): the engine's busy time */
 } kvw_sched_load_t;
 
 /* Takes ownership of backend. */

@@ -26,6 +26,7 @@ static void usage(FILE *f)
     fprintf(f,
         "usage: kvworker --engine mock --port PORT [options]\n"
         "  --engine NAME                 mock (default), cpu, cuda (--model DIR: an HF model directory)\n"
+        "  --device N                    cuda: the GPU to run on (default 0)\n"
         "  --host ADDR                   listen address (default 127.0.0.1)\n"
         "  --port PORT                   first port (default 8001)\n"
         "  --engines N                   engines in this process, on PORT..PORT+N-1 (default 1)\n"
@@ -75,6 +76,7 @@ static int parse_bool(const char *v, int *out)
 enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
+    O_DEVICE,
 };
 
 static int parse_args(int argc, char **argv, kvw_config_t *cfg)
@@ -91,7 +93,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"enable-chunked-prefill", 1, 0, O_CHUNKED}, {"decode-speedup", 1, 0, O_DECODE_SPEEDUP},
         {"perf-profile", 1, 0, O_PROFILE}, {"tokenizer", 1, 0, O_TOKENIZER},
         {"chat-template", 1, 0, O_TEMPLATE}, {"nats-subjects", 1, 0, O_SUBJECTS},
-        {"idle-timeout", 1, 0, O_IDLE}, {0, 0, 0, 0}
+        {"idle-timeout", 1, 0, O_IDLE}, {"device", 1, 0, O_DEVICE}, {0, 0, 0, 0}
     };
     int c;
 
@@ -126,6 +128,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
             }
             cfg->nats_per_worker = !strcmp(optarg, "per-worker");
             break;
+        case O_DEVICE: cfg->device = atoi(optarg); break;
         case O_PREFIX:
             if (parse_bool(optarg, &cfg->enable_prefix_caching))
                 return -1;
@@ -154,7 +157,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
     if (cfg->block_size < 1 || cfg->num_blocks < 1 || cfg->speedup <= 0
         || cfg->decode_speedup <= 0 || cfg->max_num_seqs < 1
         || cfg->max_num_batched_tokens < 1 || cfg->heartbeat_ms < 1
-        || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0) {
+        || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0
+        || cfg->device < 0) {
         fprintf(stderr, "kvworker: numeric options must be positive (--watermark in [0, 1))\n");
         return -1;
     }
@@ -177,6 +181,10 @@ static kvw_engine_t *real_engine(const kvw_config_t *cfg, struct event_base *bas
     bc.model_dir = cfg->model_dir;
     bc.block_size = (uint32_t)cfg->block_size;
     bc.num_blocks = (uint32_t)cfg->num_blocks;
+    bc.device = cfg->device;
+    /* cuda sizes its scratch (before the pool) for the scheduler's largest step */
+    bc.max_batched_tokens = (uint32_t)cfg->max_num_batched_tokens;
+    bc.max_seqs = (uint32_t)cfg->max_num_seqs;
     b = strcmp(cfg->engine, "cuda") ? kvw_cpu_backend_create(&bc, err, sizeof(err))
                                     : kvw_cuda_backend_create(&bc, err, sizeof(err));
     if (b == NULL) {

@@ -71,6 +71,13 @@ def test_round_robin_runs_clean(bench):
     assert rr["errors"] == 0 and rr["completed"] == REQUESTS, out
     assert 0.7 < s["ideal_reuse"] < 0.85
     assert "policy" in out and "round_robin" in out
+    # the honest references: the oracle on this fleet and the infinite single cache
+    assert 0 < s["oracle_hit_rate"] <= s["ideal_hit_rate"] <= 1
+    assert rr["share_of_oracle"] == pytest.approx(rr["hit_rate"] / s["oracle_hit_rate"])
+    assert rr["share_of_ideal"] == pytest.approx(rr["hit_rate"] / s["ideal_hit_rate"])
+    # load spread from every engine's kvworker_busy_seconds_total
+    assert len(rr["busy_s"]) == ENGINES and all(b > 0 for b in rr["busy_s"])
+    assert rr["load_spread"] >= 1 and "/oracle" in out and "spread" in out
 
 
 @NOT_MERGED

@@ -28,6 +28,8 @@ CONFIGS = {
                          "--rope-scaling", "llama3", "--dtype", "bf16"],
     "linear_rope_f16": ["--layers", "1", "--hidden", "32", "--heads", "2", "--kv-heads", "2",
                         "--rope-scaling", "linear", "--dtype", "f16"],
+    # 16 query heads on one KV head: more than the CUDA engine's grouped attention serves
+    "mqa_wide": ["--layers", "1", "--hidden", "64", "--heads", "16", "--kv-heads", "1"],
 }
 
 TOKENS = [17, 4, 290, 1000, 5, 5, 77, 31337, 12, 9, 100, 2, 8, 3000, 44, 45, 46, 47, 48, 49,
@@ -109,45 +111,292 @@ def test_kvworker_cpu_engine_serves_and_reuses_prefix(stack, tmp_path):
     assert text == cold["choices"][0]["text"]
 
 
-def cuda_logits(model, tokens, dtype, *extra):
-    """The CUDA engine's logits with weights in dtype; skips where there is no GPU."""
-    lib = os.path.join(kvt.BUILD, "lib", "libkvcuda.so")
-    if not os.path.exists(lib):
-        pytest.skip("no CUDA engine here: libkvcuda.so is built only where nvcc exists")
-    env = kvt.sanitizer_env()
+# --- the CUDA engine -------------------------------------------------------------
+#
+# Each CUDA test runs on three targets: "gpu", the nvcc build (libkvcuda.so,
+# skipped where there is no GPU), and "emu-forward"/"emu-reverse", the same
+# sources built for the host against workers/cuda/emu (libkvcuda-emu.so,
+# under ASan/UBSan), with the threads of each block run in forward or
+# reverse order. The emulation has no GPU's freedom of summation order, so
+# its figures are held tighter, and its chunked, cached, batched and decode
+# runs must give exactly the same logits.
+
+CUDA_LIB = os.path.join(kvt.BUILD, "lib", "libkvcuda.so")
+# (overridable to run the tests on a scratch build with a seeded bug)
+EMU_LIB = os.environ.get("KVROUTE_CUDA_EMU_LIB",
+                         os.path.join(kvt.BUILD, "lib", "libkvcuda-emu.so"))
+CUDA_TARGETS = ["gpu", "emu-forward", "emu-reverse"]
+# largest |difference| / largest |logit| against the CPU engine, by weight dtype
+TOL = {"gpu": {"f32": 1e-3, "bf16": 3e-2, "f16": 3e-2},
+       "emu": {"f32": 2e-6, "bf16": 1.5e-2, "f16": 2e-3}}
+
+
+def sanitizer_runtime():
+    """The ASan runtime libkvcuda-emu.so needs first in the process."""
+    return subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def cuda_env(target, dtype="f32", env=None):
+    env = kvt.sanitizer_env(env)
     env["KVW_CUDA_DTYPE"] = dtype
-    if kvt.SANITIZE:    # ASan's shadow gap hides the address range the CUDA driver wants
-        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":protect_shadow_gap=0"
+    if target == "gpu":
+        if not os.path.exists(CUDA_LIB):
+            pytest.skip("no CUDA engine here: libkvcuda.so is built only where nvcc exists")
+        env.pop("KVW_CUDA_LIB", None)
+        if kvt.SANITIZE:    # ASan's shadow gap hides the address range the CUDA driver wants
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":protect_shadow_gap=0"
+        return env
+    if not os.path.exists(EMU_LIB):
+        pytest.skip("no emulated CUDA engine: libkvcuda-emu.so is built only where g++ exists")
+    env["KVW_CUDA_LIB"] = EMU_LIB
+    env["KVW_CUDAEMU_ORDER"] = target.split("-")[1]
+    env["LD_PRELOAD"] = sanitizer_runtime()
+    env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0"
+    env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+    return env
+
+
+def cuda_logits(model, tokens, dtype, *extra, target="gpu"):
+    """The CUDA engine's logits with weights in dtype; skips where there is no GPU."""
     r = subprocess.run([ENGINE, "logits", "--engine", "cuda", "--model", model, "--tokens",
                         json.dumps(tokens)] + list(extra), capture_output=True, text=True,
-                       env=env)
-    if r.returncode != 0 and "no CUDA device" in r.stderr:
+                       env=cuda_env(target, dtype))
+    if target == "gpu" and r.returncode != 0 and "no CUDA device" in r.stderr:
         pytest.skip("no GPU: " + r.stderr.strip())
     assert r.returncode == 0, r.stderr
+    assert "ERROR: AddressSanitizer" not in r.stderr, r.stderr
     return np.array(json.loads(r.stdout))
 
 
-@pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "mha_tied"])
-def test_cuda_engine_matches_cpu(tmp_path, name):
-    """f32 weights: the CPU engine's numbers, up to summation order."""
+def rel(a, b):
+    return np.max(np.abs(a - b)) / np.max(np.abs(b))
+
+
+def tol(target, dtype):
+    return TOL["gpu" if target == "gpu" else "emu"][dtype]
+
+
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_cuda_engine_matches_cpu_and_reference(tmp_path, name, target):
+    """f32 weights: the CPU engine's numbers and the numpy reference's, up to
+    summation order."""
     model = make(tmp_path, "m", CONFIGS[name])
-    gpu = cuda_logits(model, TOKENS, "f32")
+    gpu = cuda_logits(model, TOKENS, "f32", target=target)
     cpu = engine_logits(model, TOKENS)
-    assert np.max(np.abs(gpu - cpu)) / np.max(np.abs(cpu)) < 1e-3
+    assert rel(gpu, cpu) < tol(target, "f32")
+    assert rel(gpu, llama_ref.logits(model, TOKENS)) < tol(target, "f32")
     assert int(np.argmax(gpu)) == int(np.argmax(cpu))
-    # paged prefill chunks and a prefix read back from the pool give the same
-    chunked = cuda_logits(model, TOKENS, "f32", "--chunk", "5", "--prefix", "16")
-    assert np.max(np.abs(chunked - gpu)) / np.max(np.abs(cpu)) < 1e-4
-    batched = cuda_logits(model, TOKENS, "f32", "--batch", "5")
-    assert np.max(np.abs(batched - gpu)) / np.max(np.abs(cpu)) < 1e-4
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
-def test_cuda_engine_half_weights_close_to_cpu(tmp_path, dtype):
-    """bf16/f16 weights and matmul inputs: within their rounding (about 1%
-    of the largest logit on this model, by a numpy simulation of the
-    rounding; 3% allowed)."""
-    model = make(tmp_path, "m", CONFIGS["gqa"])
-    gpu = cuda_logits(model, TOKENS, dtype)
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+@pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "mha_tied"])
+def test_cuda_engine_paging_chunking_batching(tmp_path, name, target):
+    """Paged prefill chunks, a prefix read back from the pool, a 5-sequence
+    batch, and decode steps (alone and batched) give the cold run's logits:
+    exactly on the emulation, within summation order on a GPU."""
+    model = make(tmp_path, "m", CONFIGS[name])
+    cold = cuda_logits(model, TOKENS, "f32", target=target)
     cpu = engine_logits(model, TOKENS)
-    assert np.max(np.abs(gpu - cpu)) / np.max(np.abs(cpu)) < 3e-2
+    for extra in (["--chunk", "5", "--prefix", "16"], ["--prefix", "32"], ["--batch", "5"],
+                  ["--decode", "3"], ["--batch", "5", "--decode", "4"]):
+        got = cuda_logits(model, TOKENS, "f32", *extra, target=target)
+        if target == "gpu":
+            assert rel(got, cpu) < 1e-4 + rel(cold, cpu), extra
+        else:
+            assert np.array_equal(got, cold), (extra, rel(got, cold))
+
+
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_cuda_engine_half_weights_close_to_cpu(tmp_path, dtype, target):
+    """bf16/f16 weights and matmul inputs: within their rounding (the
+    emulation: bf16 5.4e-3, f16 7.4e-4 of the largest logit on this model)."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    gpu = cuda_logits(model, TOKENS, dtype, target=target)
+    cpu = engine_logits(model, TOKENS)
+    assert rel(gpu, cpu) < tol(target, dtype)
+
+
+@pytest.mark.parametrize("target", CUDA_TARGETS)
+def test_cuda_blocks_move_between_engines(tmp_path, target):
+    """block_read/block_write: a prefix computed on one engine and moved
+    block by block into another engine's pool (other block ids) serves the
+    rest of the prompt as if computed there; the CPU and CUDA engines'
+    blocks are byte-compatible."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    cpu = engine_logits(model, TOKENS)
+    cold = cuda_logits(model, TOKENS, "f32", target=target)
+    for src in ("cuda", "cpu"):
+        got = cuda_logits(model, TOKENS, "f32", "--prefix", "20", "--transfer", src,
+                          target=target)
+        if src == "cuda" and target != "gpu":
+            assert np.array_equal(got, cold)
+        assert rel(got, cpu) < tol(target, "f32"), src
+    # and from the CUDA engine into the CPU engine
+    r = subprocess.run([ENGINE, "logits", "--model", model, "--tokens", json.dumps(TOKENS),
+                        "--prefix", "20", "--transfer", "cuda"], capture_output=True, text=True,
+                       env=cuda_env(target))
+    if target == "gpu" and r.returncode != 0 and "no CUDA device" in r.stderr:
+        pytest.skip("no GPU: " + r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    assert rel(np.array(json.loads(r.stdout)), cpu) < tol(target, "f32")
+
+
+def test_cpu_blocks_move_between_engines(tmp_path):
+    """block_read/block_write on the CPU engine alone: bit for bit."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    cold = engine_logits(model, TOKENS)
+    assert np.array_equal(engine_logits(model, TOKENS, "--prefix", "20", "--transfer", "cpu"),
+                          cold)
+    assert np.array_equal(engine_logits(model, TOKENS, "--batch", "5", "--decode", "4"), cold)
+
+
+# --- config.json and checkpoint conventions (issue 21) --------------------------------
+
+def add_tensors(model, tensors):
+    """Rewrites model.safetensors with these f32 tensors added (or replaced)."""
+    path = model + "/model.safetensors"
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    blobs, out = [], {}
+    off = 0
+    for name, t in header.items():
+        if name == "__metadata__" or name in tensors:
+            continue
+        a, b = t["data_offsets"]
+        blobs.append(data[a:b])
+        out[name] = dict(t, data_offsets=[off, off + b - a])
+        off += b - a
+    for name, arr in tensors.items():
+        b = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        blobs.append(b)
+        out[name] = {"dtype": "F32", "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    h = json.dumps(out).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def edit_config(model, **kv):
+    cfg = json.load(open(model + "/config.json"))
+    for k, v in kv.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    json.dump(cfg, open(model + "/config.json", "w"))
+    return cfg
+
+
+def test_llama_attention_bias_includes_o_proj(tmp_path):
+    """Llama's attention_bias: true puts a bias on q, k, v AND o_proj (HF
+    LlamaAttention); o_proj's must not be dropped, and a checkpoint that
+    lacks it is refused."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    rng = np.random.default_rng(5)
+    H, qd, kd = 64, 64, 32
+    biases = {}
+    for l in range(2):
+        p = "model.layers.%d.self_attn." % l
+        biases[p + "q_proj.bias"] = rng.normal(0, 0.3, qd)
+        biases[p + "k_proj.bias"] = rng.normal(0, 0.3, kd)
+        biases[p + "v_proj.bias"] = rng.normal(0, 0.3, kd)
+    add_tensors(model, biases)
+    edit_config(model, attention_bias=True)
+    r = subprocess.run([ENGINE, "logits", "--model", model, "--tokens", "[1,2]"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "o_proj.bias" in r.stderr, r.stderr
+    add_tensors(model, {"model.layers.%d.self_attn.o_proj.bias" % l: rng.normal(0, 0.5, H)
+                        for l in range(2)})
+    ours = engine_logits(model, TOKENS)
+    ref = llama_ref.logits(model, TOKENS)
+    assert rel(ours, ref) < 2e-6
+    # the o bias changes the result: a reference without it is far off
+    without = dict(json.load(open(model + "/config.json")))
+    assert without["attention_bias"] is True
+    add_tensors(model, {"model.layers.%d.self_attn.o_proj.bias" % l: np.zeros(H)
+                        for l in range(2)})
+    assert rel(engine_logits(model, TOKENS), ours) > 1e-3
+
+
+@pytest.mark.parametrize("target", ["emu-forward"])
+def test_cuda_attention_bias_includes_o_proj(tmp_path, target):
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    rng = np.random.default_rng(6)
+    t = {}
+    for l in range(2):
+        p = "model.layers.%d.self_attn." % l
+        for name, n in (("q", 64), ("k", 32), ("v", 32), ("o", 64)):
+            t[p + name + "_proj.bias"] = rng.normal(0, 0.4, n)
+    add_tensors(model, t)
+    edit_config(model, attention_bias=True)
+    cpu = engine_logits(model, TOKENS)
+    assert rel(cuda_logits(model, TOKENS, "f32", target=target), cpu) < tol(target, "f32")
+
+
+def test_rope_parameters_are_read(tmp_path):
+    """Newer transformers configs put rope_theta (and the scaling) under
+    rope_parameters: the same model either way, and not theta 10000."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    edit_config(model, rope_theta=500000.0)
+    top = engine_logits(model, TOKENS)
+    edit_config(model, rope_theta=None, rope_parameters={"rope_type": "default",
+                                                         "rope_theta": 500000.0})
+    nested = engine_logits(model, TOKENS)
+    assert np.array_equal(top, nested)
+    assert rel(nested, llama_ref.logits(model, TOKENS)) < 2e-6
+    edit_config(model, rope_parameters=None)
+    assert rel(engine_logits(model, TOKENS), top) > 1e-4
+    # llama3 scaling under rope_parameters
+    model = make(tmp_path, "l3", CONFIGS["llama3_rope_bf16"])
+    flat = engine_logits(model, TOKENS)
+    cfg = json.load(open(model + "/config.json"))
+    edit_config(model, rope_theta=None, rope_scaling=None,
+                rope_parameters=dict(cfg["rope_scaling"], rope_theta=cfg["rope_theta"]))
+    assert np.array_equal(engine_logits(model, TOKENS), flat)
+    assert rel(flat, llama_ref.logits(model, TOKENS)) < 2e-4
+
+
+def first_greedy_token(model, prompt):
+    return int(np.argmax(engine_logits(model, prompt)))
+
+
+@pytest.mark.parametrize("where", ["config", "generation_config"])
+def test_every_eos_token_id_stops(stack, tmp_path, where):
+    """Several eos_token_ids (Llama-3 instruct: <|end_of_text|> and
+    <|eot_id|>): generation stops at any of them, not only the first."""
+    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+    prompt = TOKENS[:20]
+    tok = first_greedy_token(model, prompt)
+    other = (tok + 1) % 1000
+    if where == "config":
+        edit_config(model, eos_token_id=[other, tok])
+    else:
+        edit_config(model, eos_token_id=other)
+        json.dump({"eos_token_id": [other, tok]}, open(model + "/generation_config.json", "w"))
+    w = stack.worker(extra=["--engine", "cpu", "--model", model, "--num-blocks", "64"])
+    s, _, out, _ = kvt.post_json(w.ports[0], "/v1/completions",
+                                 {"prompt": prompt, "max_tokens": 8, "temperature": 0})
+    assert s == 200, out
+    assert out["choices"][0]["finish_reason"] == "stop", out
+    assert out["usage"]["completion_tokens"] <= 1, out
+
+
+def test_f16_checkpoint_stays_f16(tmp_path):
+    """Without KVW_CUDA_DTYPE the CUDA engine keeps the checkpoint's type:
+    an f16 model runs in f16 (not bf16), a bf16 one in bf16."""
+    for name, want in (("linear_rope_f16", "f16"), ("llama3_rope_bf16", "bf16")):
+        model = make(tmp_path, name, CONFIGS[name])
+        env = cuda_env("emu-forward")
+        env.pop("KVW_CUDA_DTYPE")
+        r = subprocess.run([ENGINE, "logits", "--engine", "cuda", "--model", model, "--tokens",
+                            json.dumps(TOKENS)], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "weights in %s (checkpoint %s)" % (want, want) in r.stderr, r.stderr
+        got = np.array(json.loads(r.stdout))
+        assert rel(got, engine_logits(model, TOKENS)) < TOL["emu"][want]

@@ -77,6 +77,24 @@ def test_text_prompts_share_prefixes(stack, tmp_path):
     assert s["completed"] == 3 and s["prompts"] == "text"
 
 
+def test_chat_prompts_through_tokenizer_and_template(stack, tmp_path):
+    model = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct")
+    w = stack.worker(engines=1, extra=["--speedup", "20",
+                                       "--tokenizer", os.path.join(model, "tokenizer.json"),
+                                       "--chat-template", os.path.join(model,
+                                                                       "tokenizer_config.json")])
+    trace, _ = small_trace(tmp_path, n=3)
+    rec = tmp_path / "rec.jsonl"
+    s = summary(kvbench("--trace", trace, "--url", "http://127.0.0.1:%d" % w.ports[0],
+                        "--block-size", 16, "--chat", "--concurrency", 1, "--records", rec))
+    assert s["completed"] == 3 and s["errors"] == 0 and s["prompts"] == "chat"
+    # the template wraps the 32 words in the chat markup: more prompt tokens than words
+    assert all(r["prompt_tokens"] > 32 for r in records(rec))
+    _, _, body = kvt.request(w.ports[0], "GET", "/metrics")
+    busy = [l for l in body.decode().splitlines() if l.startswith("kvworker_busy_seconds_total")]
+    assert len(busy) == 1 and float(busy[0].split()[-1]) > 0, body
+
+
 class FakeOpenAI(http.server.BaseHTTPRequestHandler):
     """Streams two tokens and a usage chunk saying a quarter of the prompt was cached."""
     protocol_version = "HTTP/1.1"
@@ -84,14 +102,20 @@ class FakeOpenAI(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body["path"] = self.path
         FakeOpenAI.bodies.append(body)
-        n = len(body["prompt"])
+        chat = "messages" in body
+        n = len(body["messages"][0]["content"].split()) if chat else len(body["prompt"])
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        events = [{"choices": [{"index": 0, "text": " hi"}]},
-                  {"choices": [{"index": 0, "text": " there"}]},
+        # chat: the second piece is a NUL character, valid JSON that jansson refuses by default
+        events = [{"choices": [{"index": 0, "delta": {"content": " hi"}}]},
+                  {"choices": [{"index": 0, "delta": {"content": "\u0000"}}]}] if chat else \
+                 [{"choices": [{"index": 0, "text": " hi"}]},
+                  {"choices": [{"index": 0, "text": " there"}]}]
+        events += [
                   {"choices": [], "usage": {"prompt_tokens": n, "completion_tokens": 2,
                                             "prompt_tokens_details": {"cached_tokens": n // 4}}}]
         for e in events:
@@ -136,6 +160,19 @@ def test_hit_rate_from_usage_and_request_shape(fake_server, tmp_path):
     assert all(len(p) == 32 for p in prompts)
     assert all(p[:16] == prompts[0][:16] for p in prompts)
     assert len({tuple(p[16:]) for p in prompts}) == 4
+
+
+def test_chat_request_shape_and_nul_text(fake_server, tmp_path):
+    trace, _ = small_trace(tmp_path, n=3)
+    rec = tmp_path / "rec.jsonl"
+    s = summary(kvbench("--trace", trace, "--url", "http://127.0.0.1:%d" % fake_server.server_port,
+                        "--block-size", 16, "--chat", "--speedup", 100, "--records", rec))
+    assert s["completed"] == 3 and s["errors"] == 0 and s["prompts"] == "chat", s
+    assert all(r["chunks"] == 2 for r in records(rec))
+    for b in FakeOpenAI.bodies:
+        assert b["path"] == "/v1/chat/completions" and "prompt" not in b
+        assert [m["role"] for m in b["messages"]] == ["user"]
+        assert len(b["messages"][0]["content"].split()) == 32
 
 
 def test_arrival_times_are_scaled(fake_server, tmp_path):
@@ -196,3 +233,83 @@ def test_ideal_reuse(tmp_path):
     r = subprocess.run([KVBENCH, "ideal", "--trace", trace], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"requests": 2, "ideal_reuse": 0.25}
+
+
+def oracle(trace, *args):
+    r = subprocess.run([KVBENCH, "oracle", "--trace", trace] + [str(a) for a in args],
+                       capture_output=True, text=True, timeout=60, env=kvt.sanitizer_env())
+    return r
+
+
+def oracle_json(trace, *args):
+    r = oracle(trace, *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 1, r.stdout
+    assert "oracle:" in r.stderr and "hit rate" in r.stderr     # the human line
+    return json.loads(r.stdout)
+
+
+# Four 2-block prompts (trace block = engine block = 16 tokens), 2 engines of 2 blocks each.
+ORACLE_TRACE = [([1, 2], 32), ([1, 3], 32), ([4, 5], 32), ([1, 2], 32)]
+
+
+def oracle_trace(tmp_path, reqs=ORACLE_TRACE):
+    return write_trace(str(tmp_path / "oracle.jsonl"),
+                       [{"timestamp": i, "input_length": n, "output_length": 1, "hash_ids": ids}
+                        for i, (ids, n) in enumerate(reqs)])
+
+
+def test_oracle_load_bound_by_hand(tmp_path):
+    """Worked by hand with balance 1.5 (W = assigned uncached tokens):
+    r0 [1,2]: no engine eligible (2*32 > 1.5*32): fallback to e0. W=[32,0]
+    r1 [1,3]: e0 has [1] but 2*(32+16) > 1.5*48; e1 ok: e1, 0 cached. W=[32,32]
+    r2 [4,5]: both eligible, no prefix, equal work: e0, which evicts [1,2] and [1]. W=[64,32]
+    r3 [1,2]: e0 has nothing now, e1 has [1]: e1, 16 cached (evicts [1,3]). W=[64,48]
+    Oracle 16/128; ideal (one infinite cache) r1 16 + r3 32 = 48/128; spread 64/56."""
+    s = oracle_json(oracle_trace(tmp_path), "--engines", 2, "--cache-tokens", 32,
+                    "--block-size", 16, "--trace-block-size", 16, "--balance", 1.5)
+    assert s["requests"] == 4 and s["prompt_tokens"] == 128
+    assert s["oracle_cached_tokens"] == 16 and s["ideal_cached_tokens"] == 48
+    assert s["oracle_hit_rate"] == pytest.approx(0.125)
+    assert s["ideal_hit_rate"] == pytest.approx(0.375)
+    assert s["oracle_share_of_ideal"] == pytest.approx(1 / 3, abs=1e-5)
+    assert s["fallbacks"] == 1 and s["evictions"] == 3
+    assert s["oracle_work_spread"] == pytest.approx(64 / 56, abs=1e-5)
+
+
+def test_oracle_without_load_bound_by_hand(tmp_path):
+    """Balance 100 (no bound): r1 follows [1] to e0 (16 cached) and, touched tail first,
+    evicts [1,2]; r2 goes to the idle e1; r3 finds only [1] on e0: 32/128."""
+    s = oracle_json(oracle_trace(tmp_path), "--engines", 2, "--cache-tokens", 32,
+                    "--block-size", 16, "--trace-block-size", 16, "--balance", 100)
+    assert s["oracle_cached_tokens"] == 32 and s["fallbacks"] == 0
+    assert s["oracle_hit_rate"] == pytest.approx(0.25)
+    # a cache big enough for everything on one engine reaches the ideal
+    s = oracle_json(oracle_trace(tmp_path), "--engines", 1, "--cache-tokens", 1000,
+                    "--block-size", 16, "--trace-block-size", 16)
+    assert s["oracle_cached_tokens"] == s["ideal_cached_tokens"] == 48
+    assert s["evictions"] == 0
+
+
+def test_oracle_engine_blocks_inside_trace_blocks(tmp_path):
+    """Trace blocks of 32 tokens, engine blocks of 16: only full engine blocks count.
+    r0 [7] 20 tokens: one full block. r1 [7,8] 40 tokens: two full blocks, the first
+    is r0's (tokens 0-15 of id 7). r2 [9] 40 tokens: tokens 32-39 are its own."""
+    t = oracle_trace(tmp_path, [([7], 20), ([7, 8], 40), ([9], 40), ([7], 31)])
+    s = oracle_json(t, "--engines", 1, "--cache-tokens", 1 << 20, "--block-size", 16,
+                    "--trace-block-size", 32)
+    # r3 (31 tokens, one full block) finds block 0 of id 7
+    assert s["prompt_tokens"] == 131
+    assert s["ideal_cached_tokens"] == 32 and s["oracle_cached_tokens"] == 32
+
+
+def test_oracle_is_deterministic_and_rejects_bad_options(tmp_path):
+    t = oracle_trace(tmp_path)
+    args = ["--engines", 2, "--cache-tokens", 32, "--block-size", 16]
+    a = oracle(t, *args)
+    assert a.returncode == 0 and a.stdout == oracle(t, *args).stdout
+    # cache-tokens 8 is less than one 16-token block
+    for bad in (["--balance", "0.5"], ["--engines", "0"], ["--cache-tokens", "8"],
+                ["--block-size", "x"]):
+        r = oracle(t, *(["--block-size", 16] if bad[0] != "--block-size" else []), *bad)
+        assert r.returncode == 2 and "kvbench" in r.stderr and r.stdout == "", bad

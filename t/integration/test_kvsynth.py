@@ -134,3 +134,45 @@ def test_bad_options():
     assert run("frobnicate", SOURCE).returncode == 2
     r = run("stats", "/nonexistent/trace.jsonl")
     assert r.returncode == 1 and b"nonexistent" in r.stderr
+
+
+def sessions(*knobs):
+    r = run("sessions", *[str(k) for k in knobs])
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_sessions_shape_and_determinism():
+    out = sessions("--num-requests", 400, "--rate", 5, "--seed", 3)
+    assert out == sessions("--num-requests", 400, "--rate", 5, "--seed", 3)
+    assert out != sessions("--num-requests", 400, "--rate", 5, "--seed", 4)
+    reqs = rows(out)
+    assert len(reqs) == 400
+    ts = [q["timestamp"] for q in reqs]
+    assert ts == sorted(ts)
+    # a session is named by its first user message, the ids right after the system prompt
+    sys_blocks = 1024 // 16
+    by_session = {}
+    for q in reqs:
+        ids = q["hash_ids"]
+        assert q["input_length"] == 16 * len(ids)
+        assert 64 <= q["output_length"] <= 384
+        assert len(set(ids[:sys_blocks])) == sys_blocks and ids[0] >> 32 in range(1, 17)
+        by_session.setdefault(ids[sys_blocks], []).append(q)
+    turns = [len(v) for v in by_session.values()]
+    assert max(turns) <= 6 and max(turns) > 2
+    for v in by_session.values():
+        for a, b in zip(v, v[1:]):
+            # each turn resends the previous prompt, then the reply and a new message
+            assert b["hash_ids"][:len(a["hash_ids"])] == a["hash_ids"]
+            reply = -(-a["output_length"] // 16)
+            assert len(b["hash_ids"]) >= len(a["hash_ids"]) + reply + 4
+            # the user thinks 10-60 s between turns
+            assert 10000 <= b["timestamp"] - a["timestamp"] <= 60000
+
+
+def test_sessions_bad_knobs():
+    for bad in (["--turns", "3:2"], ["--rate", "0"], ["--think-s", "30:10:60"],
+                ["--user-tokens", "5"], ["--num-requests", "x"], ["--bogus", "1"]):
+        r = run("sessions", *bad)
+        assert r.returncode == 2 and b"kvsynth" in r.stderr and r.stdout == b"", bad

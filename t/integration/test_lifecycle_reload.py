@@ -79,7 +79,7 @@ def in_flight_through(stack, action):
 
 
 def test_reload_keeps_requests_in_the_thread_pool(stack):
-    ng = in_flight_through(stack, lambda ng, conf: ng.reload(conf, main_conf=MAIN, settle=0))
+    ng = in_flight_through(stack, lambda ng, conf: ng.reload(conf, main_conf=MAIN))
     assert ng.alerts() == []
 
 

@@ -318,7 +318,7 @@ def test_reload_keeps_index_and_catches_up(fleet):
     kvt.wait_until(f.indexed(0, 4), what="stored")
     before = ev_status(f.ng.port)["helper_pid"]
     p.replay_gate.clear()                 # the new helper's catch-up waits for us
-    f.ng.reload(settle=0)
+    f.ng.reload()
     kvt.wait_until(lambda: ev_status(f.ng.port)["helper_pid"] not in (0, before),
                    timeout=20, what="new helper")
     b = ids(87, 32)

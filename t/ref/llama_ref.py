@@ -38,9 +38,11 @@ def load_safetensors(path):
 
 
 def inv_freq(cfg, head_dim):
-    theta = cfg.get("rope_theta", 10000.0)
+    # newer transformers configs keep theta and the scaling under rope_parameters
+    rp = cfg.get("rope_parameters") or {}
+    theta = cfg.get("rope_theta", rp.get("rope_theta", 10000.0))
     f = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    rs = cfg.get("rope_scaling") or {}
+    rs = cfg.get("rope_scaling") or rp
     kind = rs.get("rope_type", rs.get("type"))
     if kind == "linear":
         f = f / rs["factor"]
@@ -97,7 +99,8 @@ def logits(model_dir, ids):
         s = np.exp(s - s.max(-1, keepdims=True))
         s = s / s.sum(-1, keepdims=True)
         o = (s @ v).transpose(1, 0, 2).reshape(T, nh * hd)
-        x = x + o @ W[p + "self_attn.o_proj.weight"].T
+        # Llama's attention_bias puts a bias on o_proj too (Qwen2 has none there)
+        x = x + o @ W[p + "self_attn.o_proj.weight"].T + W.get(p + "self_attn.o_proj.bias", 0)
         h = rms(x, W[p + "post_attention_layernorm.weight"], eps)
         g = h @ W[p + "mlp.gate_proj.weight"].T
         u = h @ W[p + "mlp.up_proj.weight"].T

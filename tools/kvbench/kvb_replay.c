@@ -58,7 +58,7 @@ static void set_error(kvb_result_t *r, const char *fmt, const char *detail)
 }
 
 /* http://host[:port][/path] */
-static int parse_url(replay_t *rp, const char *url, char *err, size_t errlen)
+static int parse_url(replay_t *rp, const char *url, int chat, char *err, size_t errlen)
 {
     const char *p = url;
     if (strncmp(p, "http://", 7) != 0) {
@@ -86,7 +86,7 @@ static int parse_url(replay_t *rp, const char *url, char *err, size_t errlen)
         p = end;
     }
     if (*p == '\0' || strcmp(p, "/") == 0)
-        p = "/v1/completions";
+        p = chat ? "/v1/chat/completions" : "/v1/completions";
     if (*p != '/' || strlen(p) >= sizeof(rp->path)) {
         snprintf(err, errlen, "--url has a bad path: '%s'", url);
         return -1;
@@ -95,14 +95,14 @@ static int parse_url(replay_t *rp, const char *url, char *err, size_t errlen)
     return 0;
 }
 
-/* The text a streamed choice carries: completions "text" or chat "delta.content". */
-static const char *choice_text(json_t *ev)
+/* Bytes of text a streamed choice carries: completions "text" or chat "delta.content". */
+static size_t choice_text_len(json_t *ev)
 {
     json_t *c = json_array_get(json_object_get(ev, "choices"), 0);
     json_t *s = json_object_get(c, "text");
     if (!json_is_string(s))
         s = json_object_get(json_object_get(c, "delta"), "content");
-    return json_is_string(s) ? json_string_value(s) : NULL;
+    return json_is_string(s) ? json_string_length(s) : 0;
 }
 
 static long get_long(json_t *o, const char *key)
@@ -117,9 +117,12 @@ static void on_event(flight_t *f, const char *data, size_t len)
     kvb_result_t *r = &f->rp->res[f->idx];
     if (len == 6 && memcmp(data, "[DONE]", 6) == 0)
         return;
-    json_t *ev = json_loadb(data, len, 0, NULL);
+    json_error_t je;
+    /* "\u0000" is valid JSON: accept it (jansson refuses it by default) */
+    json_t *ev = json_loadb(data, len, JSON_ALLOW_NUL, &je);
     if (ev == NULL) {
-        set_error(r, "stream event is not JSON%s", NULL);
+        /* jansson's reason (e.g. invalid UTF-8) says whose bug it is */
+        set_error(r, "stream event is not JSON: %s", je.text);
         return;
     }
     json_t *e = json_object_get(ev, "error");
@@ -127,8 +130,7 @@ static void on_event(flight_t *f, const char *data, size_t len)
         json_t *m = json_object_get(e, "message");
         set_error(r, "error event: %s", json_is_string(m) ? json_string_value(m) : "?");
     }
-    const char *text = choice_text(ev);
-    if (text != NULL && text[0] != '\0') {
+    if (choice_text_len(ev) > 0) {
         if (r->chunks++ == 0)
             r->first_ms = since(f->rp);
     }
@@ -271,8 +273,11 @@ static int build_body(replay_t *rp, size_t i)
     if (m == NULL)
         return -1;
     b->len = 0;
-    rc = kvb_buf_printf(b, "{\"model\":%s,\"prompt\":", m)
-         || kvb_prompt_json(b, rp->t, tr, i, o->block_size, o->vocab, o->text)
+    rc = (o->chat ? kvb_buf_printf(b, "{\"model\":%s,\"messages\":[{\"role\":\"user\","
+                                   "\"content\":", m)
+                  : kvb_buf_printf(b, "{\"model\":%s,\"prompt\":", m))
+         || kvb_prompt_json(b, rp->t, tr, i, o->block_size, o->vocab, o->text || o->chat)
+         || (o->chat && kvb_buf_add(b, "}]", 2))
          || kvb_buf_printf(b, ",\"max_tokens\":%u,\"min_tokens\":%u,\"ignore_eos\":true,"
                            "\"temperature\":0,\"stream\":true,"
                            "\"stream_options\":{\"include_usage\":true}}",
@@ -369,7 +374,7 @@ double kvb_replay(const kv_trace_t *t, const kvb_opts_t *o, kvb_result_t *res,
     replay_t rp = { .t = t, .o = o, .res = res };
     double wall = -1;
 
-    if (parse_url(&rp, o->url, err, errlen))
+    if (parse_url(&rp, o->url, o->chat, err, errlen))
         return -1;
     uint64_t ts0 = t->n ? t->reqs[0].timestamp_ms : 0;
     for (size_t i = 0; i < t->n; i++) {

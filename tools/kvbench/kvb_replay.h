@@ -15,6 +15,7 @@ typedef struct {
     const char *url;            /* http://host:port[/path]; /v1/completions by default */
     const char *model;
     int         text;           /* prompts as text instead of token ids */
+    int         chat;           /* /v1/chat/completions: the text prompt as one user message */
     double      speedup;        /* arrival times divided by this (when concurrency == 0) */
     int         concurrency;    /* > 0: keep this many in flight, ignore timestamps */
     uint32_t    block_size;     /* tokens per trace hash id */

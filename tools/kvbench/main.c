@@ -5,6 +5,11 @@
  *
  *   kvbench replay --trace FILE --url URL [options]   one JSON summary line
  *   kvbench ideal  --trace FILE [--max-requests N]    the trace's ideal reuse
+ *   kvbench oracle --trace FILE [--engines N] [--cache-tokens C] [--block-size B]
+ *                  [--balance F] [--trace-block-size TB]
+ *       the hit rate of a load-bounded longest-prefix oracle on a fleet of N
+ *       engines with C-token LRU caches, and the infinite single-cache bound
+ *       (kvb_oracle.h has the exact rule)
  *
  * Prompts: every trace hash id expands on its own into one block of
  * --block-size token ids (or, with --text, words that are one token each in
@@ -21,6 +26,7 @@
 #include <sys/resource.h>
 
 #include "kv_trace.h"
+#include "kvb_oracle.h"
 #include "kvb_replay.h"
 #include "kvb_stats.h"
 
@@ -28,8 +34,14 @@ static void usage(FILE *f)
 {
     fputs("usage: kvbench replay --trace FILE --url URL [options]\n"
           "       kvbench ideal --trace FILE [--max-requests N]\n"
+          "       kvbench oracle --trace FILE [--engines N] [--cache-tokens C] [--block-size B]\n"
+          "                      [--balance F] [--trace-block-size TB] [--max-requests N]\n"
+          "  oracle: --engines 8, --cache-tokens 2097152 (per engine), --block-size 64 (the\n"
+          "  engines' KV block), --balance 1.1 (load bound), --trace-block-size 512\n"
           "  --url URL          http://host:port[/path] (path default /v1/completions)\n"
           "  --text             text prompts (words) instead of token-id prompts\n"
+          "  --chat             chat requests (default path /v1/chat/completions): the text\n"
+          "                     prompt is one user message, so the chat template applies\n"
           "  --speedup X        divide trace arrival times by X (default 1)\n"
           "  --concurrency N    ignore arrival times, keep N requests in flight\n"
           "  --max-requests N   replay only the first N requests\n"
@@ -45,6 +57,7 @@ typedef struct {
     const char *trace, *records;
     size_t      max_requests;
     kvb_opts_t  o;
+    kvb_oracle_opts_t oracle;
 } args_t;
 
 static int parse_num(const char *name, const char *s, double lo, double hi, double *v)
@@ -62,10 +75,12 @@ static int parse_num(const char *name, const char *s, double lo, double hi, doub
 static int parse_args(int argc, char **argv, args_t *a)
 {
     static const struct option opts[] = {
-        {"trace", 1, 0, 't'}, {"url", 1, 0, 'u'}, {"text", 0, 0, 'x'},
+        {"trace", 1, 0, 't'}, {"url", 1, 0, 'u'}, {"text", 0, 0, 'x'}, {"chat", 0, 0, 'X'},
         {"speedup", 1, 0, 's'}, {"concurrency", 1, 0, 'c'}, {"max-requests", 1, 0, 'n'},
         {"model", 1, 0, 'm'}, {"block-size", 1, 0, 'b'}, {"vocab", 1, 0, 'v'},
-        {"records", 1, 0, 'r'}, {"timeout", 1, 0, 'T'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0},
+        {"records", 1, 0, 'r'}, {"timeout", 1, 0, 'T'}, {"help", 0, 0, 'h'},
+        {"engines", 1, 0, 'E'}, {"cache-tokens", 1, 0, 'C'}, {"balance", 1, 0, 'L'},
+        {"trace-block-size", 1, 0, 'B'}, {0, 0, 0, 0},
     };
     double v;
     int c;
@@ -75,11 +90,17 @@ static int parse_args(int argc, char **argv, args_t *a)
     a->o.block_size = 512;
     a->o.vocab = 30000;
     a->o.timeout_s = 300;
+    a->oracle.engines = 8;
+    a->oracle.cache_tokens = 2097152;
+    a->oracle.block_size = 64;
+    a->oracle.trace_block_size = 512;
+    a->oracle.balance = 1.1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 't': a->trace = optarg; break;
         case 'u': a->o.url = optarg; break;
         case 'x': a->o.text = 1; break;
+        case 'X': a->o.text = a->o.chat = 1; break;
         case 'm': a->o.model = optarg; break;
         case 'r': a->records = optarg; break;
         case 's':
@@ -95,7 +116,22 @@ static int parse_args(int argc, char **argv, args_t *a)
             break;
         case 'b':
             if (parse_num("--block-size", optarg, 1, 1 << 20, &v)) return -1;
-            a->o.block_size = (uint32_t)v;
+            a->o.block_size = a->oracle.block_size = (uint32_t)v;
+            break;
+        case 'E':
+            if (parse_num("--engines", optarg, 1, 4096, &v)) return -1;
+            a->oracle.engines = (uint32_t)v;
+            break;
+        case 'C':
+            if (parse_num("--cache-tokens", optarg, 1, 1e15, &v)) return -1;
+            a->oracle.cache_tokens = (uint64_t)v;
+            break;
+        case 'L':
+            if (parse_num("--balance", optarg, 1, 1e6, &a->oracle.balance)) return -1;
+            break;
+        case 'B':
+            if (parse_num("--trace-block-size", optarg, 1, 1 << 20, &v)) return -1;
+            a->oracle.trace_block_size = (uint32_t)v;
             break;
         case 'v':
             if (parse_num("--vocab", optarg, 1, 1e9, &v)) return -1;
@@ -226,7 +262,8 @@ static json_t *summarize(const kv_trace_t *t, const args_t *a, const kvb_result_
         json_object_set_new(s, "concurrency", json_integer(a->o.concurrency));
     else
         json_object_set_new(s, "speedup", json_real(a->o.speedup));
-    json_object_set_new(s, "prompts", json_string(a->o.text ? "text" : "tokens"));
+    json_object_set_new(s, "prompts", json_string(a->o.chat ? "chat" : a->o.text ? "text"
+                                                                             : "tokens"));
     json_object_set_new(s, "send_lag_ms", dist_json(lag, n));
     json_object_set_new(s, "error_kinds", error_kinds(res, n));
     free(ttft);
@@ -338,6 +375,43 @@ static int cmd_ideal(const args_t *a)
     return 0;
 }
 
+static int cmd_oracle(const args_t *a)
+{
+    kv_trace_t t = {0};
+    kvb_oracle_result_t r;
+    char err[300];
+    const kvb_oracle_opts_t *o = &a->oracle;
+
+    if (load(a, &t))
+        return 2;
+    if (kvb_oracle_run(&t, o, &r, err, sizeof(err))) {
+        fprintf(stderr, "kvbench: oracle: %s\n", err);
+        kv_trace_free(&t);
+        return 2;
+    }
+    printf("{\"requests\":%zu,\"engines\":%u,\"cache_tokens\":%llu,\"block_size\":%u,"
+           "\"trace_block_size\":%u,\"balance\":%g,\"prompt_tokens\":%llu,"
+           "\"oracle_cached_tokens\":%llu,\"ideal_cached_tokens\":%llu,"
+           "\"oracle_hit_rate\":%.6f,\"ideal_hit_rate\":%.6f,\"oracle_share_of_ideal\":%.6f,"
+           "\"oracle_work_spread\":%.6f,\"fallbacks\":%llu,\"evictions\":%llu,"
+           "\"ideal_reuse_trace_blocks\":%.6f}\n",
+           t.n, o->engines, (unsigned long long)o->cache_tokens, o->block_size,
+           o->trace_block_size, o->balance, (unsigned long long)r.prompt_tokens,
+           (unsigned long long)r.oracle_cached, (unsigned long long)r.ideal_cached,
+           r.oracle_hit_rate, r.ideal_hit_rate,
+           r.ideal_hit_rate > 0 ? r.oracle_hit_rate / r.ideal_hit_rate : 0.0,
+           r.work_spread, (unsigned long long)r.fallbacks, (unsigned long long)r.evictions,
+           kv_trace_ideal_reuse(&t));
+    fprintf(stderr, "oracle: %zu requests, %u engines x %llu tokens (block %u), balance %g: "
+            "hit rate %.3f (%.0f%% of ideal %.3f), prefill work max/mean %.2f, %llu fallbacks\n",
+            t.n, o->engines, (unsigned long long)o->cache_tokens, o->block_size, o->balance,
+            r.oracle_hit_rate, r.ideal_hit_rate > 0 ? 100 * r.oracle_hit_rate / r.ideal_hit_rate
+                                                    : 0.0,
+            r.ideal_hit_rate, r.work_spread, (unsigned long long)r.fallbacks);
+    kv_trace_free(&t);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     args_t a = {0};
@@ -347,12 +421,14 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "replay") != 0 && strcmp(cmd, "ideal") != 0) {
+    if (strcmp(cmd, "replay") != 0 && strcmp(cmd, "ideal") != 0 && strcmp(cmd, "oracle") != 0) {
         fprintf(stderr, "kvbench: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
     }
     if (parse_args(argc - 1, argv + 1, &a))
         return 2;
+    if (strcmp(cmd, "oracle") == 0)
+        return cmd_oracle(&a);
     return strcmp(cmd, "replay") == 0 ? cmd_replay(&a) : cmd_ideal(&a);
 }

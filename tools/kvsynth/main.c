@@ -4,6 +4,8 @@
  *
  *   kvsynth synthesize TRACE [knobs] [--out FILE]   Mooncake JSONL
  *   kvsynth stats TRACE [--block-size N]            one JSON object
+ *   kvsynth sessions [knobs] [--out FILE]           multi-turn chat sessions
+ *                                                   (tools/trace/kv_synth_sessions.h)
  */
 #include <errno.h>
 #include <math.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "kv_synth.h"
+#include "kv_synth_sessions.h"
 #include "kv_trace.h"
 
 static void usage(FILE *f)
@@ -22,6 +25,12 @@ static void usage(FILE *f)
         "                 [--num-requests N] [--seed S] [--block-size N] [--out FILE]\n"
         "                 [--pooled-lengths (ablation: Dynamo's global length pools)]\n"
         "       kvsynth stats TRACE [--block-size N]\n"
+        "       kvsynth sessions [--num-requests N] [--rate R] [--seed S] [--block-size N]\n"
+        "                 [--systems N] [--system-tokens N] [--turns MIN:MAX]\n"
+        "                 [--user-tokens MIN:MAX] [--output-tokens MIN:MAX]\n"
+        "                 [--think-s MIN:MEAN:MAX] [--out FILE]\n"
+        "         defaults: 1000 requests, 10/s, seed 1, block 16, 16 x 1024-token system\n"
+        "         prompts, 2:6 turns, 64:512 user and 64:384 output tokens, think 10:30:60 s\n"
         "TRACE is Mooncake JSONL ('-' for stdin); --block-size is the trace's tokens per\n"
         "hash id (default 512).\n");
 }
@@ -140,6 +149,97 @@ static int synthesize(const opts_t *o, const kv_synth_model_t *m)
     return rc ? 1 : 0;
 }
 
+/* "A:B" or "A:B:C" into v[0..n). */
+static int parse_range(const char *s, double *v, int n)
+{
+    char buf[128], *save = NULL, *tok;
+    int i = 0;
+    if (strlen(s) >= sizeof(buf))
+        return -1;
+    strcpy(buf, s);
+    for (tok = strtok_r(buf, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
+        if (i == n || parse_double(tok, &v[i]) || !(v[i] >= 0 && v[i] <= 1e9))
+            return -1;
+        i++;
+    }
+    return i == n ? 0 : -1;
+}
+
+static int sessions(int argc, char **argv)
+{
+    kv_sessions_knobs_t k;
+    const char *out = NULL;
+    char err[256];
+    kv_trace_t t = {0};
+
+    kv_sessions_knobs_default(&k);
+    for (int i = 2; i < argc; i += 2) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double r[3];
+        uint64_t u = 0;
+        int bad = v == NULL;
+        if (bad)
+            ;
+        else if (!strcmp(a, "--num-requests"))
+            bad = parse_u64(v, &k.num_requests);
+        else if (!strcmp(a, "--seed"))
+            bad = parse_u64(v, &k.seed);
+        else if (!strcmp(a, "--rate"))
+            bad = parse_double(v, &k.rate);
+        else if (!strcmp(a, "--block-size"))
+            bad = parse_u64(v, &u) || u > UINT32_MAX, k.block_size = (uint32_t)u;
+        else if (!strcmp(a, "--systems"))
+            bad = parse_u64(v, &u) || u > UINT32_MAX, k.systems = (uint32_t)u;
+        else if (!strcmp(a, "--system-tokens"))
+            bad = parse_u64(v, &u) || u > UINT32_MAX, k.system_tokens = (uint32_t)u;
+        else if (!strcmp(a, "--turns"))
+            bad = parse_range(v, r, 2), k.turns_min = (uint32_t)r[0], k.turns_max = (uint32_t)r[1];
+        else if (!strcmp(a, "--user-tokens"))
+            bad = parse_range(v, r, 2), k.user_min = (uint32_t)r[0], k.user_max = (uint32_t)r[1];
+        else if (!strcmp(a, "--output-tokens"))
+            bad = parse_range(v, r, 2), k.output_min = (uint32_t)r[0],
+            k.output_max = (uint32_t)r[1];
+        else if (!strcmp(a, "--think-s"))
+            bad = parse_range(v, r, 3), k.think_min_s = r[0], k.think_mean_s = r[1],
+            k.think_max_s = r[2];
+        else if (!strcmp(a, "--out"))
+            out = v;
+        else {
+            fprintf(stderr, "kvsynth: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "kvsynth: bad or missing value for %s\n", a);
+            return 2;
+        }
+    }
+    if (kv_sessions_knobs_check(&k, err, sizeof(err))) {
+        fprintf(stderr, "kvsynth: %s\n", err);
+        return 2;
+    }
+    if (kv_sessions_generate(&k, &t)) {
+        fprintf(stderr, "kvsynth: out of memory\n");
+        kv_trace_free(&t);
+        return 1;
+    }
+    FILE *f = out ? fopen(out, "w") : stdout;
+    if (f == NULL) {
+        fprintf(stderr, "kvsynth: %s: %s\n", out, strerror(errno));
+        kv_trace_free(&t);
+        return 1;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < t.n && rc == 0; i++)
+        rc = kv_trace_write(f, &t, &t.reqs[i]);
+    if ((f != stdout && fclose(f)) || (f == stdout && fflush(f)))
+        rc = -1;
+    if (rc)
+        fprintf(stderr, "kvsynth: writing %s failed\n", out ? out : "stdout");
+    kv_trace_free(&t);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o = {0};
@@ -151,6 +251,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
+    if (argc >= 2 && !strcmp(argv[1], "sessions"))
+        return sessions(argc, argv);
     if (parse_args(argc, argv, &o)
         || (strcmp(o.cmd, "synthesize") && strcmp(o.cmd, "stats"))) {
         usage(stderr);

@@ -151,6 +151,17 @@ void kv_trace_free(kv_trace_t *t)
     memset(t, 0, sizeof(*t));
 }
 
+int kv_trace_write(FILE *f, const kv_trace_t *t, const kv_trace_req_t *r)
+{
+    const uint64_t *ids = kv_trace_ids(t, r);
+    fprintf(f, "{\"timestamp\": %llu, \"input_length\": %u, \"output_length\": %u, "
+            "\"hash_ids\": [", (unsigned long long)r->timestamp_ms, r->input_length,
+            r->output_length);
+    for (uint32_t i = 0; i < r->n_hash; i++)
+        fprintf(f, i ? ", %llu" : "%llu", (unsigned long long)ids[i]);
+    return fputs("]}\n", f) < 0 ? -1 : 0;
+}
+
 /* An open-addressing set of 64-bit prefix keys (0 is the empty marker). */
 typedef struct {
     uint64_t   *slot;

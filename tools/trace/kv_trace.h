@@ -42,6 +42,8 @@ static inline const uint64_t *kv_trace_ids(const kv_trace_t *t, const kv_trace_r
     return t->hash_ids + r->first_hash;
 }
 
+/* Writes one request as a trace line (with the trailing newline). */
+int  kv_trace_write(FILE *f, const kv_trace_t *t, const kv_trace_req_t *r);
 
 /*
  * Ideal prefix reuse: with one worker and an unbounded cache, the share of

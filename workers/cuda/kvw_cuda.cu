@@ -8,21 +8,24 @@
  * weight is read once per step; RoPE'd K and V of the whole layer go into
  * the paged pool before that layer's attention, which reads each token's
  * own sequence through its block table (positions 0..pos, GQA). Logits are
- * computed for each sequence's last token only, copied back and sampled on
- * the host with kvw_sample().
+ * computed for each sequence's last token only; a greedy sequence's token
+ * is their argmax on the device (one int comes back), the others' rows are
+ * copied back and sampled on the host with kvw_sample().
  *
- * Weights are uploaded in bf16 (default), f16 or f32: KVW_CUDA_DTYPE=
- * bf16|f16|f32. q|k|v and gate|up are fused into one matrix each, so a
+ * Weights are uploaded in the checkpoint's type (f32, f16 or bf16) unless
+ * KVW_CUDA_DTYPE=bf16|f16|f32 says otherwise. q|k|v and gate|up are fused into one matrix each, so a
  * layer is four matmuls. The KV pool is f32 in kvw_backend.h's layout,
  * allocated once: one block of all layers is one contiguous range, so
  * block_read/block_write are one cudaMemcpy each, byte-compatible with the
  * CPU engine's blocks.
  */
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -42,11 +45,13 @@ enum { DT_F32, DT_F16, DT_BF16 };
 typedef struct {
     void  *wqkv, *wo, *wgu, *wdown;     /* weights, in the engine's dtype */
     float *attn_norm, *mlp_norm, *bqkv; /* f32; bqkv NULL without biases */
+    float *bo;                          /* f32; NULL without attention_bias */
 } dlayer_t;
 
 typedef struct {
     kvw_backend_t   b;
     uint32_t        vocab, H, layers, heads, kv_heads, hd, inter;
+    int             device;             /* --device: every thread that drives us selects it */
     float           eps;
     int             dtype;
     size_t          esz;                /* bytes of one weight element */
@@ -61,9 +66,11 @@ typedef struct {
     /* scratch, grown on demand: cap tokens, cap_out logit rows, meta_cap ints */
     size_t          cap, cap_out, meta_cap;
     float          *x, *qkv, *gu, *logits, *h_logits;
+    int            *d_best, *h_best;    /* [cap_out] each logit row's argmax (greedy tokens) */
     void           *act;
     int            *d_meta, *h_meta;
     char            err[256];
+    char            unhealthy[256];     /* b.unhealthy points here once the device is lost */
 } cuda_t;
 
 /* Records why the last call failed (printed by step, returned by create). */
@@ -99,9 +106,9 @@ static int fail(cuda_t *e, const char *fmt, ...)
 /* Calls kernel K templated on the engine's weight type. */
 #define DISPATCH(K, grid, block, ...) do {                                     \
         switch (e->dtype) {                                                    \
-        case DT_F32: K<float><<<grid, block, 0, e->st>>>(__VA_ARGS__); break;  \
-        case DT_F16: K<__half><<<grid, block, 0, e->st>>>(__VA_ARGS__); break; \
-        default: K<__nv_bfloat16><<<grid, block, 0, e->st>>>(__VA_ARGS__);     \
+        case DT_F32: KVW_LAUNCH(K<float>, grid, block, 0, e->st, __VA_ARGS__); break; \
+        case DT_F16: KVW_LAUNCH(K<__half>, grid, block, 0, e->st, __VA_ARGS__); break; \
+        default: KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);    \
         }                                                                      \
         LAUNCHED(#K);                                                          \
     } while (0)
@@ -167,6 +174,7 @@ static int upload_layer(cuda_t *e, const kvw_layer_t *l, dlayer_t *d)
         || upload_f32(e, &d->attn_norm, l->attn_norm, H)
         || upload_f32(e, &d->mlp_norm, l->mlp_norm, H))
         return -1;
+    if (l->bo && upload_f32(e, &d->bo, l->bo, H) != 0) return -1;
     if (l->bq) {
         CK(cudaMalloc((void **) &d->bqkv, (qd + 2 * kd) * sizeof(float)));
         CK(cudaMemcpy(d->bqkv, l->bq, qd * sizeof(float), cudaMemcpyHostToDevice));
@@ -220,10 +228,14 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
     }
     if (n_out > e->cap_out) {
         cudaFree(e->logits); cudaFreeHost(e->h_logits);
+        cudaFree(e->d_best); cudaFreeHost(e->h_best);
         e->logits = e->h_logits = NULL;
+        e->d_best = e->h_best = NULL;
         e->cap_out = 0;
         CK(cudaMalloc((void **) &e->logits, n_out * e->vocab * sizeof(float)));
         CK(cudaMallocHost((void **) &e->h_logits, n_out * e->vocab * sizeof(float)));
+        CK(cudaMalloc((void **) &e->d_best, n_out * sizeof(int)));
+        CK(cudaMallocHost((void **) &e->h_best, n_out * sizeof(int)));
         e->cap_out = n_out;
     }
     if (n_meta > e->meta_cap) {
@@ -301,26 +313,66 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
     const dlayer_t *L = &e->L[l];
     size_t          H = e->H, qd = (size_t) e->heads * e->hd, kd = (size_t) e->kv_heads * e->hd;
     size_t          sw = (T * e->inter + 255) / 256;
-    dim3            att_grid((unsigned) T, e->heads);
+    dim3            att_grid((unsigned) T, e->heads), gqa_grid((unsigned) T, e->kv_heads);
 
     DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
              (int) H, e->eps);
     if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
-    k_rope_store<<<(unsigned) T, 128, 0, e->st>>>(e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
-                                                  (int) e->heads, (int) e->kv_heads, (int) e->hd,
-                                                  (int) e->b.block_size, e->block_floats,
-                                                  e->layer_floats, (int) l);
+    KVW_LAUNCH(k_rope_store, (unsigned) T, 128, 0, e->st, e->qkv, L->bqkv, e->kv, *m,
+               e->inv_freq, (int) e->heads, (int) e->kv_heads, (int) e->hd,
+               (int) e->b.block_size, e->block_floats, e->layer_floats, (int) l);
     LAUNCHED("k_rope_store");
-    DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
-             (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-             e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    if (e->heads / e->kv_heads <= KVC_MAX_GROUP) {     /* a block per KV head: K/V read once */
+        DISPATCH(k_attention_gqa, gqa_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    } else {
+        DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    }
     if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
+    if (L->bo) {
+        KVW_LAUNCH(k_add_bias, (unsigned) T, 256, 0, e->st, e->x, L->bo, (int) H);
+        LAUNCHED("k_add_bias");
+    }
     DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->mlp_norm, (const int *) NULL,
              (int) H, e->eps);
     if (gemm(e, e->gu, e->act, L->wgu, T, 2 * (size_t) e->inter, H, 0.0f) != 0) return -1;
     DISPATCH(k_swiglu, (unsigned) (sw < 65535 ? sw : 65535), 256, e->act, e->gu, T,
              (int) e->inter);
     return gemm(e, e->x, e->act, L->wdown, T, H, e->inter, 1.0f);
+}
+
+/* Greedy, as kvw_sample decides it: the token is the argmax, found on the device. */
+static int greedy(const kvw_step_seq_t *sq)
+{
+    return sq->sample && !sq->logits
+           && (sq->sampling.temperature <= 1e-5f || sq->sampling.rng == NULL);
+}
+
+/*
+ * Logits to the host only for the rows that need them (logits asked for,
+ * or sampling with a temperature); greedy rows bring back one token id.
+ */
+static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_out)
+{
+    uint32_t s, r = 0;
+
+    KVW_LAUNCH(k_argmax, (unsigned) n_out, 256, 0, e->st, e->d_best, e->logits, (int) e->vocab);
+    LAUNCHED("k_argmax");
+    CK(cudaMemcpyAsync(e->h_best, e->d_best, n_out * sizeof(int), cudaMemcpyDeviceToHost,
+                       e->st));
+    for (s = 0; s < n; s++) {
+        if (!seqs[s].sample && !seqs[s].logits) continue;
+        if (!greedy(&seqs[s])) {
+            CK(cudaMemcpyAsync(e->h_logits + (size_t) r * e->vocab,
+                               e->logits + (size_t) r * e->vocab, e->vocab * sizeof(float),
+                               cudaMemcpyDeviceToHost, e->st));
+        }
+        r++;
+    }
+    return 0;
 }
 
 /* Samples (or hands out logits) for each sequence that wants them, on the host. */
@@ -332,6 +384,10 @@ static void finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
         float *lg;
 
         if (!seqs[s].sample && !seqs[s].logits) continue;
+        if (greedy(&seqs[s])) {
+            seqs[s].next_token = (uint32_t) e->h_best[r++];
+            continue;
+        }
         lg = e->h_logits + (size_t) r++ * e->vocab;
         if (seqs[s].logits) memcpy(seqs[s].logits, lg, e->vocab * sizeof(float));
         if (seqs[s].sample) seqs[s].next_token = kvw_sample(lg, e->vocab, &seqs[s].sampling);
@@ -355,12 +411,30 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
     if (n_out > 0) {
         DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m.rows, (int) e->H,
                  e->eps);
-        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0) return -1;
-        CK(cudaMemcpyAsync(e->h_logits, e->logits, n_out * e->vocab * sizeof(float),
-                           cudaMemcpyDeviceToHost, e->st));
+        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0
+            || copy_out(e, seqs, n, n_out) != 0)
+            return -1;
     }
     CK(cudaStreamSynchronize(e->st));
     return 0;
+}
+
+/*
+ * After a failed step: an error that a synchronize still reports is sticky
+ * (an illegal address, a launch failure, a lost device): the context is
+ * unusable until the process exits, so every later step would fail. Say so
+ * once; kvworker then fails health checks and stops announcing itself.
+ */
+static void check_sticky(cuda_t *e)
+{
+    cudaError_t first = cudaGetLastError(), now = cudaDeviceSynchronize();
+
+    if (now == cudaSuccess) now = cudaGetLastError();
+    if (now == cudaSuccess) return;     /* e.g. out of memory: the next step may work */
+    snprintf(e->unhealthy, sizeof(e->unhealthy), "CUDA device %d is unusable: %s (%s)",
+             e->device, cudaGetErrorString(now), cudaGetErrorName(first != cudaSuccess ? first : now));
+    e->b.unhealthy = e->unhealthy;
+    fprintf(stderr, "kvcuda: %s; this worker stops taking requests\n", e->unhealthy);
 }
 
 static int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double *step_ms)
@@ -372,9 +446,10 @@ static int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double 
 
     clock_gettime(CLOCK_MONOTONIC, &t0);
     *step_ms = 0;
+    if (b->unhealthy) return -1;        /* the device is lost: fail fast */
     /* the scheduler may run steps on another thread than create: the device is per thread */
-    if (cudaSetDevice(0) != cudaSuccess) {
-        fprintf(stderr, "kvcuda: cudaSetDevice(0) failed\n");
+    if (cudaSetDevice(e->device) != cudaSuccess) {
+        fprintf(stderr, "kvcuda: cudaSetDevice(%d) failed\n", e->device);
         return -1;
     }
     for (s = 0; s < n; s++) {
@@ -397,6 +472,7 @@ static int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double 
     if (T == 0) return 0;
     if (step_device(e, seqs, n, T, n_out, n_tables) != 0) {
         fprintf(stderr, "kvcuda: step failed: %s\n", e->err);
+        check_sticky(e);
         return -1;
     }
     finish_host(e, seqs, n);
@@ -444,7 +520,7 @@ static void cuda_destroy(kvw_backend_t *b)
             dlayer_t *d = &e->L[l];
 
             cudaFree(d->wqkv); cudaFree(d->wo); cudaFree(d->wgu); cudaFree(d->wdown);
-            cudaFree(d->attn_norm); cudaFree(d->mlp_norm); cudaFree(d->bqkv);
+            cudaFree(d->attn_norm); cudaFree(d->mlp_norm); cudaFree(d->bqkv); cudaFree(d->bo);
         }
         free(e->L);
     }
@@ -452,53 +528,99 @@ static void cuda_destroy(kvw_backend_t *b)
     cudaFree(e->embed); cudaFree(e->norm); cudaFree(e->inv_freq); cudaFree(e->kv);
     cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act); cudaFree(e->logits);
     cudaFree(e->d_meta); cudaFreeHost(e->h_logits); cudaFreeHost(e->h_meta);
+    cudaFree(e->d_best); cudaFreeHost(e->h_best);
     if (e->cb) cublasDestroy(e->cb);
     if (e->st) cudaStreamDestroy(e->st);
     free(e);
 }
 
-/* Weight dtype from KVW_CUDA_DTYPE (bf16 by default). */
-static int pick_dtype(cuda_t *e)
+static const char *dtype_name(int dt)
+{
+    return dt == DT_F32 ? "f32" : dt == DT_F16 ? "f16" : "bf16";
+}
+
+/* Weight dtype: KVW_CUDA_DTYPE, else the checkpoint's own (an f16 model stays f16). */
+static int pick_dtype(cuda_t *e, const kvw_model_t *m)
 {
     const char *v = getenv("KVW_CUDA_DTYPE");
 
-    if (v == NULL || *v == '\0' || !strcmp(v, "bf16")) {
-        e->dtype = DT_BF16; e->esz = 2; e->ctype = CUDA_R_16BF;
+    if (v == NULL || *v == '\0') {
+        e->dtype = m->dtype == KVW_DTYPE_F16 ? DT_F16 : m->dtype == KVW_DTYPE_BF16 ? DT_BF16
+                                                                              : DT_F32;
+    } else if (!strcmp(v, "bf16")) {
+        e->dtype = DT_BF16;
     } else if (!strcmp(v, "f16")) {
-        e->dtype = DT_F16; e->esz = 2; e->ctype = CUDA_R_16F;
+        e->dtype = DT_F16;
     } else if (!strcmp(v, "f32")) {
-        e->dtype = DT_F32; e->esz = 4; e->ctype = CUDA_R_32F;
+        e->dtype = DT_F32;
     } else {
         return fail(e, "KVW_CUDA_DTYPE=%s: want bf16, f16 or f32", v);
     }
+    e->esz = e->dtype == DT_F32 ? 4 : 2;
+    e->ctype = e->dtype == DT_F32 ? CUDA_R_32F : e->dtype == DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    fprintf(stderr, "kvcuda: weights in %s (checkpoint %s%s)\n", dtype_name(e->dtype),
+            m->dtype == KVW_DTYPE_F16 ? "f16" : m->dtype == KVW_DTYPE_BF16 ? "bf16" : "f32",
+            v && *v ? ", KVW_CUDA_DTYPE" : "");
     return 0;
 }
 
-/* The pool: num_blocks from the config, or most of the free device memory. */
+/* cuBLAS workspaces and the CUDA context's own needs, kept free of the pool. */
+#define KVC_RESERVE ((size_t) 256 << 20)
+
+/*
+ * The pool: num_blocks from the config, or what device memory holds once
+ * the scratch for the batched-token limit (already allocated) and a
+ * reserve for cuBLAS are set aside.
+ */
 static int alloc_pool(cuda_t *e, uint32_t want)
 {
-    size_t free_b = 0, total_b = 0, reserve = (size_t) 1 << 30, fit;
+    size_t free_b = 0, total_b = 0, fit;
 
     e->layer_floats = 2 * (size_t) e->b.block_size * e->kv_heads * e->hd;
     e->block_floats = e->layer_floats * e->layers;
     e->b.block_bytes = e->block_floats * sizeof(float);
     if (want == 0) {
         CK(cudaMemGetInfo(&free_b, &total_b));
-        /* keep 1 GiB for scratch (large prefill chunks) and cuBLAS workspaces */
-        if (free_b <= reserve + e->b.block_bytes)
-            return fail(e, "not enough device memory for a KV pool (%zu bytes free)", free_b);
+        if (free_b <= KVC_RESERVE + e->b.block_bytes)
+            return fail(e, "not enough device memory for a KV pool (%zu bytes free after "
+                        "weights and scratch)", free_b);
         /* the block manager scans its blocks: more than KVC_MAX_AUTO_BLOCKS only on request */
-        fit = (free_b - reserve) / e->b.block_bytes * 9 / 10;
+        fit = (free_b - KVC_RESERVE) / e->b.block_bytes * 9 / 10;
         want = (uint32_t) (fit < KVC_MAX_AUTO_BLOCKS ? fit : KVC_MAX_AUTO_BLOCKS);
         if (want < 1) want = 1;
     }
     e->b.num_blocks = want;
-    CK(cudaMalloc((void **) &e->kv, (size_t) want * e->b.block_bytes));
+    if (cudaMalloc((void **) &e->kv, (size_t) want * e->b.block_bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return fail(e, "cannot allocate a KV pool of %u blocks of %zu bytes", want,
+                    e->b.block_bytes);
+    }
     CK(cudaMemset(e->kv, 0, (size_t) want * e->b.block_bytes));
     return 0;
 }
 
-/* Everything after the model is on the host: device, weights, pool. */
+/*
+ * Scratch for a step of the scheduler's limits, allocated before the pool
+ * so that the pool takes only what is left and a full step cannot run out
+ * of device memory mid-serving. Without limits (kvengine) it grows on demand.
+ */
+static int alloc_scratch(cuda_t *e, const kvw_backend_config_t *cfg)
+{
+    size_t T = cfg->max_batched_tokens, seqs = cfg->max_seqs ? cfg->max_seqs : 1;
+
+    if (T == 0) return 0;
+    if (seqs > T) seqs = T;             /* every sequence in a step runs at least one token */
+    /* meta: tok|pos|bt per token, rows per sequence, and block tables sized like ensure()'s caller */
+    if (ensure(e, T, seqs, 3 * T + seqs + (size_t) seqs * (e->b.max_model_len / e->b.block_size + 2))
+        != 0) {
+        cudaGetLastError();
+        return fail(e, "no device memory for the scratch of a %zu-token, %zu-sequence step "
+                    "(--max-num-batched-tokens, --max-num-seqs): %s", T, seqs, e->err);
+    }
+    return 0;
+}
+
+/* Everything after the model is on the host: device, weights, scratch, pool. */
 static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *m)
 {
     if (m->head_dim > KVC_MAX_HEAD_DIM)
@@ -506,16 +628,20 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
                     m->head_dim, KVC_MAX_HEAD_DIM);
     e->vocab = m->vocab; e->H = m->hidden; e->layers = m->layers; e->heads = m->heads;
     e->kv_heads = m->kv_heads; e->hd = m->head_dim; e->inter = m->inter; e->eps = m->rms_eps;
+    if (pick_dtype(e, m) != 0) return -1;
+    CK(cudaSetDevice(e->device));
     CK(cudaStreamCreateWithFlags(&e->st, cudaStreamDefault));
     CB(cublasCreate(&e->cb));
     CB(cublasSetStream(e->cb, e->st));
     if (upload_model(e, m) != 0) return -1;
     e->b.name = "cuda";
     e->b.vocab_size = m->vocab;
-    e->b.eos_token_id = (uint32_t) m->eos;
+    e->b.eos_token_id = m->eos[0];
+    memcpy(e->b.eos_ids, m->eos, sizeof(e->b.eos_ids));
+    e->b.n_eos = m->n_eos;
     e->b.max_model_len = m->max_pos;
     e->b.block_size = cfg->block_size ? cfg->block_size : 16;
-    if (alloc_pool(e, cfg->num_blocks) != 0) return -1;
+    if (alloc_scratch(e, cfg) != 0 || alloc_pool(e, cfg->num_blocks) != 0) return -1;
     e->b.step = cuda_step;
     e->b.block_read = cuda_block_read;
     e->b.block_write = cuda_block_write;
@@ -523,19 +649,70 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     return 0;
 }
 
+/*
+ * Whether an NVIDIA driver is installed: its library loads, or its device
+ * node exists. KVW_CUDA_DRIVER_LIB names another library to look for
+ * (tests stand in a present driver with it).
+ */
+static int driver_installed(void)
+{
+    const char *lib = getenv("KVW_CUDA_DRIVER_LIB");
+    void       *h;
+
+    if (lib == NULL || *lib == '\0') {
+        lib = "libcuda.so.1";
+        if (access("/dev/nvidiactl", F_OK) == 0) return 1;
+    }
+    h = dlopen(lib, RTLD_LAZY | RTLD_LOCAL);
+    if (h) dlclose(h);
+    return h != NULL;
+}
+
+/*
+ * "no CUDA device" (tests skip, kvworker refuses --engine cuda plainly)
+ * only when there is none: no device, or no driver at all. A device that
+ * is there but cannot be used (a driver older than the CUDA this library
+ * was built with, busy or prohibited devices, a driver/library mismatch)
+ * is a loud failure with the reason: it is a broken machine, not a
+ * GPU-less one.
+ */
+static int check_device(int device, char *err, size_t errlen)
+{
+    int         ndev = 0;
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+
+    if (ce == cudaErrorNoDevice || (ce == cudaSuccess && ndev == 0)) {
+        snprintf(err, errlen, "no CUDA device: %s",
+                 ce != cudaSuccess ? cudaGetErrorString(ce) : "cudaGetDeviceCount found none");
+        return -1;
+    }
+    if (ce == cudaErrorInsufficientDriver && !driver_installed()) {
+        snprintf(err, errlen, "no CUDA device: no NVIDIA driver is installed (%s)",
+                 cudaGetErrorString(ce));
+        return -1;
+    }
+    if (ce != cudaSuccess) {
+        snprintf(err, errlen, "a CUDA device is present but unusable: %s (%s); this engine is "
+                 "built with CUDA %d.%d and needs a driver that supports it",
+                 cudaGetErrorString(ce), cudaGetErrorName(ce), CUDART_VERSION / 1000,
+                 CUDART_VERSION % 1000 / 10);
+        return -1;
+    }
+    if (device < 0 || device >= ndev) {
+        snprintf(err, errlen, "--device %d: this machine has %d CUDA device%s (0..%d)", device,
+                 ndev, ndev == 1 ? "" : "s", ndev - 1);
+        return -1;
+    }
+    return 0;
+}
+
 extern "C" kvw_backend_t *kvw_cuda_backend_create_impl(const kvw_backend_config_t *cfg,
                                                        char *err, size_t errlen)
 {
-    int          ndev = 0;
-    cudaError_t  ce = cudaGetDeviceCount(&ndev);
     cuda_t      *e;
     kvw_model_t  m;
 
-    if (ce != cudaSuccess || ndev == 0) {
-        snprintf(err, errlen, "no CUDA device: %s",
-                 ce != cudaSuccess ? cudaGetErrorString(ce) : "cudaGetDeviceCount found none");
-        return NULL;
-    }
+    if (check_device(cfg->device, err, errlen) != 0) return NULL;
     if (cfg->model_dir == NULL) {
         snprintf(err, errlen, "--engine cuda needs --model DIR");
         return NULL;
@@ -545,11 +722,7 @@ extern "C" kvw_backend_t *kvw_cuda_backend_create_impl(const kvw_backend_config_
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    if (pick_dtype(e) != 0) {
-        snprintf(err, errlen, "%s", e->err);
-        free(e);
-        return NULL;
-    }
+    e->device = cfg->device;
     if (kvw_model_load(cfg->model_dir, &m, err, errlen) != 0) {
         free(e);
         return NULL;

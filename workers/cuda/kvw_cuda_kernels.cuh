@@ -14,11 +14,21 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 
+/*
+ * Every launch goes through KVW_LAUNCH so that the same text builds with
+ * nvcc and, against the host emulation in emu/ (which defines it), with g++.
+ */
+#ifndef KVW_LAUNCH
+#define KVW_LAUNCH(K, grid, block, smem, stream, ...) K<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
+
 #define KVC_MAX_HEAD_DIM 256    /* attention keeps a head's accumulator in registers */
 #define KVC_ATT_WARPS    4
+#define KVC_MAX_GROUP    8      /* query heads per KV head that k_attention_gqa serves */
 
 static __device__ __forceinline__ float to_f(float v) { return v; }
 static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
@@ -199,6 +209,154 @@ __global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_me
             }
             o[d] = from_f<T>(r / total);
         }
+    }
+}
+
+/* x[t][:] += bias (o_proj's bias with Llama's attention_bias), one thread block per token. */
+__global__ void k_add_bias(float *x, const float *bias, int H)
+{
+    float *row = x + (size_t) blockIdx.x * H;
+
+    for (int i = threadIdx.x; i < H; i += blockDim.x) row[i] += bias[i];
+}
+
+/*
+ * best[r] = the index of row r's largest logit, the first one on ties (as
+ * kvw_sample's greedy scan: a later equal value does not replace it); 0
+ * when no value beats -inf. One thread block (a multiple of 32 threads,
+ * at most 1024) per row.
+ */
+__global__ void k_argmax(int *best, const float *logits, int vocab)
+{
+    __shared__ float w_val[32];
+    __shared__ int   w_idx[32];
+    const float     *row = logits + (size_t) blockIdx.x * vocab;
+    float            v = -INFINITY;
+    int              idx = vocab, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        if (row[i] > v) {
+            v = row[i];
+            idx = i;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int   oi = __shfl_xor_sync(0xffffffffu, idx, o);
+
+        if (ov > v || (ov == v && oi < idx)) {
+            v = ov;
+            idx = oi;
+        }
+    }
+    if (lane == 0) {
+        w_val[warp] = v;
+        w_idx[warp] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int) (blockDim.x >> 5); w++) {
+            if (w_val[w] > v || (w_val[w] == v && w_idx[w] < idx)) {
+                v = w_val[w];
+                idx = w_idx[w];
+            }
+        }
+        best[blockIdx.x] = idx < vocab ? idx : 0;
+    }
+}
+
+/*
+ * The same attention with one thread block per (token, KV head) serving
+ * all heads / kv_heads (at most KVC_MAX_GROUP) query heads of the group:
+ * each K and V row is read once per group instead of once per query head
+ * (the GQA saving; decode is bound by these reads). A lane holds its slice
+ * of the K and V row in registers and uses it for every head of the group.
+ * Sums run in k_attention's order, so the results are the same bits.
+ */
+template <class T>
+__global__ void k_attention_gqa(void *out, const float *qkv, const float *kv, kvc_meta m,
+                                int heads, int kv_heads, int hd, int block_size,
+                                size_t block_floats, size_t layer_floats, int layer, float scale)
+{
+    __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
+    __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
+    __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
+    const int    NJ = KVC_MAX_HEAD_DIM / 32;
+    int          t = blockIdx.x, kvh = blockIdx.y, G = heads / kv_heads;
+    int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int          qd = heads * hd, kd = kv_heads * hd, pos = m.pos[t];
+    const int   *table = m.tables + m.bt[t];
+    const float *qg = qkv + (size_t) t * (qd + 2 * kd) + (size_t) kvh * G * hd;
+    float        acc[KVC_MAX_GROUP][NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
+
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q[i / hd][i % hd] = qg[i] * scale;
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {
+        mx[g] = -INFINITY;
+        sum[g] = 0;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) acc[g][j] = 0;
+    }
+    __syncthreads();
+    for (int p = warp; p <= pos; p += KVC_ATT_WARPS) {
+        const float *k = kv + (size_t) table[p / block_size] * block_floats
+                         + (size_t) layer * layer_floats + (size_t) (p % block_size) * kd
+                         + (size_t) kvh * hd;
+        const float *v = k + layer_floats / 2;
+        float        kr[NJ], vr[NJ];
+
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int d = lane + 32 * j;
+
+            kr[j] = d < hd ? k[d] : 0.0f;
+            vr[j] = d < hd ? v[d] : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < KVC_MAX_GROUP; g++) {
+            float s = 0, nmx, corr, e;
+
+            if (g >= G) break;          /* the same for the whole warp */
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                if (lane + 32 * j < hd) s += q[g][lane + 32 * j] * kr[j];
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            nmx = fmaxf(mx[g], s);
+            corr = expf(mx[g] - nmx);   /* 0 on a warp's first position */
+            e = expf(s - nmx);
+            sum[g] = sum[g] * corr + e;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) acc[g][j] = acc[g][j] * corr + e * vr[j];
+            mx[g] = nmx;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {  /* unrolled: acc stays in registers */
+        if (g >= G) break;
+        if (lane == 0) {
+            w_max[warp][g] = mx[g];
+            w_sum[warp][g] = sum[g];
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            if (lane + 32 * j < hd) w_acc[warp][g][lane + 32 * j] = acc[g][j];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        int   g = i / hd, d = i % hd;
+        float gmx = -INFINITY, total = 0, r = 0;
+        T    *o = (T *) out + (size_t) t * qd + (size_t) (kvh * G + g) * hd;
+
+        for (int w = 0; w < KVC_ATT_WARPS; w++) gmx = fmaxf(gmx, w_max[w][g]);
+        for (int w = 0; w < KVC_ATT_WARPS; w++) {
+            total += w_max[w][g] == -INFINITY ? 0.0f : w_sum[w][g] * expf(w_max[w][g] - gmx);
+        }
+        for (int w = 0; w < KVC_ATT_WARPS; w++) {
+            if (w_max[w][g] != -INFINITY) r += w_acc[w][g][d] * expf(w_max[w][g] - gmx);
+        }
+        o[d] = from_f<T>(r / total);
     }
 }
 

@@ -1,0 +1,319 @@
+/*
+ * kvemu itself (workers/cuda/emu): that the emulation catches what it
+ * claims to (docs/CUDA.md): barriers and shuffles that behave as on a GPU,
+ * a missing barrier that shows as a difference between thread orders, a
+ * barrier in divergent code reported, launches queued until a sync point,
+ * copies and cuBLAS arguments checked, sticky faults, half/bfloat16
+ * rounding. Built with g++ against the emulation headers, under ASan.
+ */
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "kvtest.h"
+#include "kvw_cuda_kernels.cuh"
+
+static void order(const char *o) { setenv("KVW_CUDAEMU_ORDER", o, 1); }
+
+/* --- kernels ----------------------------------------------------------------- */
+
+__global__ void k_warp_sum(float *out, const float *in)
+{
+    float v = in[threadIdx.x];
+
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    out[threadIdx.x] = v;
+}
+
+__global__ void k_shfl_moves(int *bcast, int *down)
+{
+    int lane = threadIdx.x & 31;
+
+    bcast[threadIdx.x] = __shfl_sync(0xffffffffu, lane * 10, 3);
+    down[threadIdx.x] = __shfl_down_sync(0xffffffffu, lane, 1);
+}
+
+/* reads the neighbour's write: right only with the barrier */
+__global__ void k_neighbour(int *out, int with_barrier)
+{
+    __shared__ int s[256];
+
+    s[threadIdx.x] = (int) (threadIdx.x * 3 + blockIdx.x);
+    if (with_barrier) __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+__global__ void k_divergent(int *out)
+{
+    if (threadIdx.x < 16) return;
+    __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
+__global__ void k_fill(float *p, float v) { p[threadIdx.x] = v; }
+
+/* --- tests ------------------------------------------------------------------- */
+
+TEST(warp_shuffles_reduce_and_move_values)
+{
+    float *in, *out, h[64];
+    int   *b, *d, hb[64], hd[64];
+
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        CHECK(cudaMalloc((void **) &in, sizeof(h)) == cudaSuccess);
+        CHECK(cudaMalloc((void **) &out, sizeof(h)) == cudaSuccess);
+        for (int i = 0; i < 64; i++) h[i] = (float) i;
+        cudaMemcpy(in, h, sizeof(h), cudaMemcpyHostToDevice);
+        KVW_LAUNCH(k_warp_sum, 1, 64, 0, (cudaStream_t) 0, out, in);
+        CHECK(cudaGetLastError() == cudaSuccess);
+        CHECK(cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost) == cudaSuccess);
+        for (int i = 0; i < 64; i++) CHECK(h[i] == (i < 32 ? 496.0f : 1520.0f));
+        CHECK(cudaMalloc((void **) &b, sizeof(hb)) == cudaSuccess);
+        CHECK(cudaMalloc((void **) &d, sizeof(hd)) == cudaSuccess);
+        KVW_LAUNCH(k_shfl_moves, 1, 64, 0, (cudaStream_t) 0, b, d);
+        cudaMemcpy(hb, b, sizeof(hb), cudaMemcpyDeviceToHost);
+        cudaMemcpy(hd, d, sizeof(hd), cudaMemcpyDeviceToHost);
+        for (int i = 0; i < 64; i++) {
+            CHECK(hb[i] == 30);
+            CHECK(hd[i] == ((i & 31) == 31 ? 31 : (i & 31) + 1));  /* the last lane keeps its own */
+        }
+        cudaFree(in); cudaFree(out); cudaFree(b); cudaFree(d);
+    }
+}
+
+/* a missing __syncthreads: one of the two orders reads a value not yet written */
+TEST(a_missing_barrier_shows_in_one_order)
+{
+    int *out, fwd[512], rev[512], good = 1;
+
+    CHECK(cudaMalloc((void **) &out, sizeof(fwd)) == cudaSuccess);
+    for (int with = 1; with >= 0; with--) {
+        order("forward");
+        KVW_LAUNCH(k_neighbour, 2, 256, 0, (cudaStream_t) 0, out, with);
+        cudaMemcpy(fwd, out, sizeof(fwd), cudaMemcpyDeviceToHost);
+        order("reverse");
+        KVW_LAUNCH(k_neighbour, 2, 256, 0, (cudaStream_t) 0, out, with);
+        cudaMemcpy(rev, out, sizeof(rev), cudaMemcpyDeviceToHost);
+        good = 1;
+        for (int i = 0; i < 512; i++) {
+            int want = ((i % 256 + 1) % 256) * 3 + i / 256;
+
+            good &= fwd[i] == want && rev[i] == want;
+        }
+        CHECK(good == with);        /* right with the barrier, wrong in some order without */
+    }
+    order("forward");
+    cudaFree(out);
+}
+
+TEST(launches_wait_for_a_sync_point)
+{
+    cudaStream_t st;
+    float       *d, *h;
+
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamDefault) == cudaSuccess);
+    CHECK(cudaMalloc((void **) &d, 32 * sizeof(float)) == cudaSuccess);
+    CHECK(cudaMallocHost((void **) &h, 32 * sizeof(float)) == cudaSuccess);
+    for (int i = 0; i < 32; i++) h[i] = -1;
+    KVW_LAUNCH(k_fill, 1, 32, 0, st, d, 7.0f);
+    CHECK(cudaMemcpyAsync(h, d, 32 * sizeof(float), cudaMemcpyDeviceToHost, st) == cudaSuccess);
+    CHECK(h[0] == -1);              /* nothing has run yet */
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    CHECK(h[0] == 7 && h[31] == 7);
+    cudaFreeHost(h); cudaFree(d); cudaStreamDestroy(st);
+}
+
+TEST(copies_and_configurations_are_checked)
+{
+    float *d, h[8];
+
+    CHECK(cudaMalloc((void **) &d, 4 * sizeof(float)) == cudaSuccess);
+    CHECK(cudaMemcpy(d, h, 8 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+    CHECK(cudaMemcpy(h, d, 4 * sizeof(float), cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaSuccess);   /* not sticky */
+    KVW_LAUNCH(k_fill, 1, 2048, 0, (cudaStream_t) 0, d, 1.0f);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    CHECK(cudaFree(h) == cudaErrorInvalidValue);
+    cudaGetLastError();
+    cudaFree(d);
+}
+
+TEST(gemm_matches_a_reference_and_checks_arguments)
+{
+    cublasHandle_t cb;
+    const int      m = 3, n = 2, k = 4;
+    float          A[k * m], B[k * n], C[m * n], ref[m * n], one = 1, zero = 0;
+    float         *dA, *dB, *dC;
+
+    for (int i = 0; i < k * m; i++) A[i] = (float) (i % 5) - 2;
+    for (int i = 0; i < k * n; i++) B[i] = (float) (i % 3) + 0.5f;
+    /* C = A^T B with A stored k x m (lda k), B k x n (ldb k): column-major */
+    for (int j = 0; j < n; j++) {
+        for (int i = 0; i < m; i++) {
+            float s = 0;
+
+            for (int l = 0; l < k; l++) s += A[i * k + l] * B[j * k + l];
+            ref[j * m + i] = s;
+        }
+    }
+    CHECK(cublasCreate(&cb) == CUBLAS_STATUS_SUCCESS);
+    cudaMalloc((void **) &dA, sizeof(A));
+    cudaMalloc((void **) &dB, sizeof(B));
+    cudaMalloc((void **) &dC, sizeof(C));
+    cudaMemcpy(dA, A, sizeof(A), cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B, sizeof(B), cudaMemcpyHostToDevice);
+    CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_32F, k, dB,
+                       CUDA_R_32F, k, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+    cudaMemcpy(C, dC, sizeof(C), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < m * n; i++) CHECK(C[i] == ref[i]);
+    /* the mistakes a caller makes */
+    CHECK(cublasGemmEx(cb, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_32F, k - 2, dB,
+                       CUDA_R_32F, k, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);   /* lda < m */
+    CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, m, n + 1, k, &one, dA, CUDA_R_32F, k, dB,
+                       CUDA_R_32F, k, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);   /* B, C too small */
+    CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, A, CUDA_R_32F, k, dB,
+                       CUDA_R_32F, k, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);   /* host A */
+    CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_32F, k, dB,
+                       CUDA_R_16BF, k, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED);   /* mixed types */
+    CHECK(cublasGemmEx(cb, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, dC, dA, CUDA_R_32F, k, dB,
+                       CUDA_R_32F, k, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE);   /* device alpha */
+    cublasDestroy(cb);
+    cudaFree(dA); cudaFree(dB); cudaFree(dC);
+}
+
+TEST(half_and_bfloat16_round_to_nearest_even)
+{
+    CHECK(__half2float(__float2half(1.0f + 1.0f / 2048)) == 1.0f);             /* tie: even */
+    CHECK(__half2float(__float2half(1.0f + 3.0f / 2048)) == 1.0f + 2.0f / 1024);
+    CHECK(__half2float(__float2half(65504.0f)) == 65504.0f);
+    CHECK(isinf(__half2float(__float2half(70000.0f))));
+    CHECK(__half2float(__float2half(5.9604645e-08f)) == 5.9604645e-08f);       /* smallest subnormal */
+    CHECK(__bfloat162float(__float2bfloat16(1.0f + 1.0f / 256)) == 1.0f);      /* tie: even */
+    CHECK(__bfloat162float(__float2bfloat16(1.0f + 3.0f / 256)) == 1.0f + 2.0f / 128);
+    CHECK(isnan(__bfloat162float(__float2bfloat16(nanf("")))));
+}
+
+/* The engine's device argmax (greedy sampling) against kvw_sample's host scan. */
+TEST(argmax_kernel_matches_the_host_scan)
+{
+    const int rows = 5, vocab = 1000;
+    float    *h = (float *) malloc(sizeof(float) * rows * vocab), *d;
+    int       got[rows], *db;
+    uint64_t  x = 42;
+
+    for (int i = 0; i < rows * vocab; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        h[i] = (float) ((x >> 40) % 50) - 25;       /* many ties */
+    }
+    for (int i = 0; i < vocab; i++) h[3 * vocab + i] = -INFINITY;   /* nothing beats -inf: 0 */
+    h[4 * vocab + 999] = 1e9f;                                      /* the last index */
+    cudaMalloc((void **) &d, sizeof(float) * rows * vocab);
+    cudaMalloc((void **) &db, sizeof(got));
+    cudaMemcpy(d, h, sizeof(float) * rows * vocab, cudaMemcpyHostToDevice);
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        KVW_LAUNCH(k_argmax, rows, 256, 0, (cudaStream_t) 0, db, d, vocab);
+        CHECK(cudaMemcpy(got, db, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess);
+        for (int r = 0; r < rows; r++) {
+            int best = 0;
+
+            for (int i = 1; i < vocab; i++) {
+                if (h[r * vocab + i] > h[r * vocab + best]) best = i;
+            }
+            CHECK_EQ_U64(got[r], best);
+        }
+    }
+    order("forward");
+    cudaFree(d); cudaFree(db); free(h);
+}
+
+/* Runs fn in a child (a fault is sticky for the whole process); its exit code. */
+static int in_child(void (*fn)(void))
+{
+    pid_t pid = fork();
+    int   st = 0;
+
+    if (pid == 0) {
+        fn();
+        _exit(100);
+    }
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void divergent(void)
+{
+    int *d;
+
+    cudaMalloc((void **) &d, 64 * sizeof(int));
+    KVW_LAUNCH(k_divergent, 1, 64, 0, (cudaStream_t) 0, d);
+    /* reported at the sync point, and sticky from then on */
+    _exit(cudaDeviceSynchronize() == cudaErrorLaunchFailure
+          && cudaMalloc((void **) &d, 4) == cudaErrorLaunchFailure ? 0 : 1);
+}
+
+static void injected_fault(void)
+{
+    float *d;
+
+    setenv("KVW_CUDAEMU_FAIL_LAUNCH", "2", 1);
+    cudaMalloc((void **) &d, 32 * sizeof(float));
+    KVW_LAUNCH(k_fill, 1, 32, 0, (cudaStream_t) 0, d, 1.0f);
+    KVW_LAUNCH(k_fill, 1, 32, 0, (cudaStream_t) 0, d, 2.0f);
+    _exit(cudaDeviceSynchronize() == cudaErrorIllegalAddress
+          && cudaGetLastError() == cudaErrorIllegalAddress       /* reading it does not clear it */
+          && cudaDeviceSynchronize() == cudaErrorIllegalAddress ? 0 : 1);
+}
+
+static void device_errors(void)
+{
+    int n = 5;
+
+    setenv("KVW_CUDAEMU_DEVICE_ERROR", "35", 1);
+    if (cudaGetDeviceCount(&n) != cudaErrorInsufficientDriver || n != 0) _exit(1);
+    unsetenv("KVW_CUDAEMU_DEVICE_ERROR");
+    setenv("KVW_CUDAEMU_DEVICES", "2", 1);
+    _exit(cudaGetDeviceCount(&n) == cudaSuccess && n == 2 && cudaSetDevice(1) == cudaSuccess
+          && cudaSetDevice(2) == cudaErrorInvalidDevice ? 0 : 1);
+}
+
+TEST(barrier_in_divergent_code_is_reported)
+{
+    CHECK(in_child(divergent) == 0);
+}
+
+TEST(injected_fault_is_sticky)
+{
+    CHECK(in_child(injected_fault) == 0);
+}
+
+TEST(device_count_errors_and_devices_can_be_faked)
+{
+    CHECK(in_child(device_errors) == 0);
+}
+
+int main(void)
+{
+    RUN(injected_fault_is_sticky);      /* first: KVW_CUDAEMU_FAIL_LAUNCH counts from the start */
+    RUN(warp_shuffles_reduce_and_move_values);
+    RUN(a_missing_barrier_shows_in_one_order);
+    RUN(launches_wait_for_a_sync_point);
+    RUN(copies_and_configurations_are_checked);
+    RUN(gemm_matches_a_reference_and_checks_arguments);
+    RUN(half_and_bfloat16_round_to_nearest_even);
+    RUN(argmax_kernel_matches_the_host_scan);
+    RUN(barrier_in_divergent_code_is_reported);
+    RUN(device_count_errors_and_devices_can_be_faked);
+    return kvt_done();
+}

@@ -1,0 +1,989 @@
+/*
+ * kvemu: the host emulation of the CUDA runtime and cuBLAS declared in this
+ * folder's headers (cuda_runtime.h says what is emulated and what is not).
+ *
+ * One lock serializes every call: the engine drives one stream from one
+ * thread at a time, and the emulation runs queued work on the thread that
+ * synchronizes. Threads of a block are fibers with their own stacks,
+ * switched by a few lines of assembly (x86-64) or by ucontext elsewhere; a
+ * fiber runs until it reaches a barrier (__syncthreads, a shuffle,
+ * __syncwarp) or ends, then the next one runs.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "cublas_v2.h"
+#include "cuda_runtime.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define KVEMU_ASAN 1
+#else
+#define KVEMU_ASAN 0
+#endif
+
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+/* --- state -------------------------------------------------------------------- */
+
+typedef std::function<cudaError_t()> op_t;
+
+struct kvemu_stream {
+    std::deque<op_t> q;
+};
+
+struct kvemu_event {
+    int recorded;
+};
+
+struct kvemu_cublas {
+    cudaStream_t st;
+};
+
+namespace {
+
+std::recursive_mutex             lock_;
+std::map<uintptr_t, size_t>      dev_;          /* device allocations: base -> size */
+std::map<uintptr_t, size_t>      pinned_;       /* cudaMallocHost */
+std::set<kvemu_stream *>         streams_;
+std::set<kvemu_cublas *>         handles_;
+std::set<kvemu_event *>          events_;
+size_t                           dev_used_;
+cudaError_t                      sticky_;       /* a fault: every later call returns it */
+cudaError_t                      last_;         /* cudaGetLastError (per process here, not per thread) */
+long                             launches_;     /* kernels enqueued, for FAIL_LAUNCH */
+kvemu_stream                     legacy_;       /* the NULL stream */
+
+long env_long(const char *name, long dflt)
+{
+    const char *v = getenv(name);
+
+    return v && *v ? strtol(v, NULL, 10) : dflt;
+}
+
+int reverse_order(void)
+{
+    const char *v = getenv("KVW_CUDAEMU_ORDER");
+
+    return v && !strcmp(v, "reverse");
+}
+
+size_t total_mem(void)
+{
+    return (size_t) env_long("KVW_CUDAEMU_MEM_MB", 4096) << 20;
+}
+
+cudaError_t set(cudaError_t e)
+{
+    if (e != cudaSuccess) last_ = e;
+    return e;
+}
+
+void complain(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void complain(const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    fputs("kvemu: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+/* The allocation of table t that holds [p, p + n), or NULL. */
+const std::pair<const uintptr_t, size_t> *inside(const std::map<uintptr_t, size_t> &t,
+                                                 const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t) p;
+    auto      it = t.upper_bound(a);
+
+    if (it == t.begin()) return NULL;
+    --it;
+    if (a < it->first || a - it->first > it->second || n > it->second - (a - it->first))
+        return NULL;
+    return &*it;
+}
+
+int is_device(const void *p) { return inside(dev_, p, 1) != NULL; }
+
+/* Runs a stream's queue; a failure drops the rest (as a faulted context does). */
+cudaError_t drain(kvemu_stream *s)
+{
+    while (!s->q.empty()) {
+        op_t        op = std::move(s->q.front());
+        cudaError_t e;
+
+        s->q.pop_front();
+        if (sticky_ != cudaSuccess) continue;
+        e = op();
+        if (e != cudaSuccess) {
+            sticky_ = e;
+            last_ = e;
+        }
+    }
+    return sticky_;
+}
+
+/* The legacy default stream waits for every blocking stream: all queues run. */
+cudaError_t drain_all(void)
+{
+    drain(&legacy_);
+    for (kvemu_stream *s : streams_) drain(s);
+    return sticky_;
+}
+
+kvemu_stream *stream_of(cudaStream_t st)
+{
+    if (st == NULL) return &legacy_;
+    return streams_.count(st) ? st : NULL;
+}
+
+/* Queues op on st, or runs it after everything else when st is the NULL stream. */
+cudaError_t submit(cudaStream_t st, op_t op)
+{
+    kvemu_stream *s = stream_of(st);
+
+    if (s == NULL) return set(cudaErrorInvalidResourceHandle);
+    if (sticky_ != cudaSuccess) return set(sticky_);
+    s->q.push_back(std::move(op));
+    return cudaSuccess;
+}
+
+}  // namespace
+
+/* --- fibers ---------------------------------------------------------------------- */
+
+namespace {
+
+enum { F_RUN, F_BLOCK_BAR, F_WARP_BAR, F_DONE };
+
+struct fiber {
+    void     *sp;                   /* saved stack pointer (x86-64) */
+#if !defined(__x86_64__)
+    ucontext_t uc;
+#endif
+    char     *stack;
+    size_t    size;
+    int       state, parity;
+    unsigned  mask;                 /* of the warp barrier it waits at */
+    uint3     tid;
+    int       linear;
+    void     *fake;                 /* ASan's fake stack while switched out */
+};
+
+struct warp_slots {
+    uint64_t v[2][32];
+};
+
+const size_t STACK = 256 << 10;
+
+std::vector<fiber>      fibers_;
+std::vector<warp_slots> warps_;
+fiber                  *cur_;
+void                   *sched_sp_;
+#if !defined(__x86_64__)
+ucontext_t              sched_uc_;
+#endif
+const void             *sched_bottom_;
+size_t                  sched_size_;
+uint3                   block_;
+dim3                    bdim_, gdim_;
+kvemu::body            *body_;
+const char             *kname_;
+char                    kerr_[256];     /* a device-side error of this launch */
+
+#if defined(__x86_64__)
+extern "C" void kvemu_switch(void **save_sp, void *to_sp);
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type kvemu_switch,@function\n"
+        ".hidden kvemu_switch\n"
+        "kvemu_switch:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size kvemu_switch, .-kvemu_switch\n");
+#endif
+
+void to_scheduler(int finished)
+{
+    fiber *f = cur_;
+
+#if KVEMU_ASAN
+    __sanitizer_start_switch_fiber(finished ? NULL : &f->fake, sched_bottom_, sched_size_);
+#endif
+#if defined(__x86_64__)
+    kvemu_switch(&f->sp, sched_sp_);
+#else
+    swapcontext(&f->uc, &sched_uc_);
+#endif
+#if KVEMU_ASAN
+    __sanitizer_finish_switch_fiber(f->fake, &sched_bottom_, &sched_size_);
+#endif
+    (void) finished;
+}
+
+extern "C" void kvemu_fiber_main(void)
+{
+#if KVEMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, &sched_bottom_, &sched_size_);
+#endif
+    body_->run();
+    cur_->state = F_DONE;
+    to_scheduler(1);
+    abort();                        /* a finished fiber is never resumed */
+}
+
+void start_fiber(fiber *f)
+{
+    if (f->stack == NULL) {
+        f->size = STACK;
+        f->stack = (char *) mmap(NULL, f->size, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (f->stack == MAP_FAILED) {
+            complain("cannot map a fiber stack: %s", strerror(errno));
+            abort();
+        }
+    }
+#if KVEMU_ASAN
+    /* the previous fiber on this stack never returned: its frames are still poisoned */
+    __asan_unpoison_memory_region(f->stack, f->size);
+#endif
+#if defined(__x86_64__)
+    {
+        uintptr_t *top = (uintptr_t *) ((uintptr_t) (f->stack + f->size) & ~(uintptr_t) 15);
+
+        *--top = 0;                             /* kvemu_fiber_main's return address */
+        *--top = (uintptr_t) kvemu_fiber_main;  /* where kvemu_switch returns to */
+        for (int i = 0; i < 6; i++) *--top = 0; /* rbp rbx r12..r15 */
+        f->sp = top;
+    }
+#else
+    getcontext(&f->uc);
+    f->uc.uc_stack.ss_sp = f->stack;
+    f->uc.uc_stack.ss_size = f->size;
+    f->uc.uc_link = NULL;
+    makecontext(&f->uc, kvemu_fiber_main, 0);
+#endif
+    f->state = F_RUN;
+    f->parity = 0;
+    f->fake = NULL;
+}
+
+void resume(fiber *f)
+{
+    void *fake = NULL;
+
+    cur_ = f;
+#if KVEMU_ASAN
+    __sanitizer_start_switch_fiber(&fake, f->stack, f->size);
+#endif
+#if defined(__x86_64__)
+    kvemu_switch(&sched_sp_, f->sp);
+#else
+    swapcontext(&sched_uc_, &f->uc);
+#endif
+#if KVEMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+#endif
+    cur_ = NULL;
+}
+
+void device_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void device_error(const char *fmt, ...)
+{
+    va_list ap;
+
+    if (kerr_[0]) return;           /* the first one is the cause */
+    va_start(ap, fmt);
+    vsnprintf(kerr_, sizeof(kerr_), fmt, ap);
+    va_end(ap);
+}
+
+extern "C" char __start_kvemu_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_kvemu_shared[] __attribute__((weak, visibility("hidden")));
+
+/* Shared memory starts as NaN bytes: a read before a write shows in the results. */
+__attribute__((no_sanitize_address)) void poison_shared(void)
+{
+    volatile char *p = __start_kvemu_shared;
+
+    if (p == NULL) return;
+    for (; p < (volatile char *) __stop_kvemu_shared; p++) *p = (char) 0xff;
+}
+
+/*
+ * One block: every fiber runs until it waits or ends; a barrier opens when
+ * every thread it concerns has reached it. Nothing runnable and not all
+ * done is a deadlock: a barrier in divergent code.
+ */
+void run_block(int n)
+{
+    int rev = reverse_order(), done = 0;
+
+    for (int i = 0; i < n; i++) start_fiber(&fibers_[i]);
+    poison_shared();
+    while (done < n) {
+        int ran = 0, at_block = 0;
+
+        for (int j = 0; j < n; j++) {
+            fiber *f = &fibers_[rev ? n - 1 - j : j];
+
+            if (f->state != F_RUN) continue;
+            resume(f);
+            ran++;
+            if (kerr_[0]) return;
+        }
+        done = 0;
+        for (int i = 0; i < n; i++) {
+            done += fibers_[i].state == F_DONE;
+            at_block += fibers_[i].state == F_BLOCK_BAR;
+        }
+        /* warps: open when every lane of the warp waits at a warp barrier */
+        for (int w = 0; w * 32 < n; w++) {
+            int lanes = n - w * 32 < 32 ? n - w * 32 : 32, waiting = 0;
+
+            for (int l = 0; l < lanes; l++) waiting += fibers_[w * 32 + l].state == F_WARP_BAR;
+            if (waiting == 0) continue;
+            if (waiting == lanes) {
+                for (int l = 0; l < lanes; l++) fibers_[w * 32 + l].state = F_RUN;
+                ran++;
+            }
+        }
+        if (at_block > 0 && at_block + done == n) {
+            if (done > 0) {
+                device_error("__syncthreads reached by %d threads while %d had returned",
+                             at_block, done);
+                return;
+            }
+            for (int i = 0; i < n; i++) fibers_[i].state = F_RUN;
+            ran++;
+        }
+        if (!ran && done < n) {
+            device_error("deadlock: %d threads at __syncthreads, %d at a warp barrier, %d "
+                         "returned (a barrier in divergent code)", at_block,
+                         n - at_block - done, done);
+            return;
+        }
+    }
+}
+
+cudaError_t run_grid(const char *name, dim3 g, dim3 b, kvemu::body *bd)
+{
+    int      n = (int) (b.x * b.y * b.z), rev = reverse_order();
+    unsigned nb = g.x * g.y * g.z;
+
+    if ((int) fibers_.size() < n) fibers_.resize((size_t) n);
+    warps_.resize((size_t) (n + 31) / 32);
+    for (int i = 0; i < n; i++) {
+        fiber *f = &fibers_[i];
+
+        f->linear = i;
+        f->tid.x = (unsigned) i % b.x;
+        f->tid.y = (unsigned) i / b.x % b.y;
+        f->tid.z = (unsigned) i / (b.x * b.y);
+    }
+    bdim_ = b;
+    gdim_ = g;
+    body_ = bd;
+    kname_ = name;
+    kerr_[0] = '\0';
+    for (unsigned j = 0; j < nb; j++) {
+        unsigned i = rev ? nb - 1 - j : j;
+
+        block_.x = i % g.x;
+        block_.y = i / g.x % g.y;
+        block_.z = i / (g.x * g.y);
+        run_block(n);
+        if (kerr_[0]) {
+            complain("kernel %s, block (%u,%u,%u): %s", name, block_.x, block_.y, block_.z,
+                     kerr_);
+            return cudaErrorLaunchFailure;
+        }
+    }
+    return cudaSuccess;
+}
+
+}  // namespace
+
+uint3 kvemu::thread_idx(void) { return cur_->tid; }
+uint3 kvemu::block_idx(void) { return block_; }
+dim3  kvemu::block_dim(void) { return bdim_; }
+dim3  kvemu::grid_dim(void) { return gdim_; }
+
+void kvemu::sync_threads(void)
+{
+    cur_->state = F_BLOCK_BAR;
+    to_scheduler(0);
+}
+
+uint64_t kvemu::warp_exchange(unsigned mask, uint64_t mine, int src)
+{
+    fiber      *f = cur_;
+    int         lane = f->linear & 31, w = f->linear >> 5, p = f->parity;
+    int         lanes = (int) (bdim_.x * bdim_.y * bdim_.z) - w * 32;
+    warp_slots *s = &warps_[(size_t) w];
+
+    if (lanes > 32) lanes = 32;
+    if (mask != 0xffffffffu || lanes != 32) {
+        /* partial warps and masks are not emulated: the engine has neither */
+        device_error("warp operation with mask %#x in a warp of %d lanes (only full warps "
+                     "are emulated)", mask, lanes);
+        f->state = F_DONE;
+        to_scheduler(1);
+        abort();                    /* never resumed */
+    }
+    f->parity ^= 1;
+    s->v[p][lane] = mine;
+    f->state = F_WARP_BAR;
+    to_scheduler(0);
+    return src >= 0 && src < 32 ? s->v[p][src] : mine;
+}
+
+cudaError_t kvemu::enqueue(const char *name, dim3 grid, dim3 block, size_t smem,
+                           cudaStream_t st, kvemu::body *b)
+{
+    std::lock_guard<std::recursive_mutex> g(lock_);
+    unsigned long threads = (unsigned long) block.x * block.y * block.z;
+    long          nth;
+
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 0x7fffffffu || grid.y > 65535
+        || grid.z > 65535 || threads == 0 || threads > 1024 || block.z > 64 || smem > 0) {
+        complain("launch of %s: grid (%u,%u,%u), block (%u,%u,%u), %zu bytes of dynamic shared "
+                 "memory is an invalid configuration", name, grid.x, grid.y, grid.z, block.x,
+                 block.y, block.z, smem);
+        delete b;
+        return set(cudaErrorInvalidConfiguration);
+    }
+    nth = ++launches_;
+    std::shared_ptr<kvemu::body> own(b);    /* freed with the queue entry, run or dropped */
+    return submit(st, [name, grid, block, own, nth]() {
+        if (nth == env_long("KVW_CUDAEMU_FAIL_LAUNCH", 0)) {
+            complain("kernel %s: injected fault (KVW_CUDAEMU_FAIL_LAUNCH=%ld)", name, nth);
+            return cudaErrorIllegalAddress;
+        }
+        return run_grid(name, grid, block, own.get());
+    });
+}
+
+/* --- runtime API ------------------------------------------------------------------- */
+
+#define LOCK std::lock_guard<std::recursive_mutex> guard_(lock_)
+#define STICKY do { if (sticky_ != cudaSuccess) return set(sticky_); } while (0)
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    long e = env_long("KVW_CUDAEMU_DEVICE_ERROR", 0);
+
+    *count = 0;
+    if (e != 0) return set((cudaError_t) e);
+    *count = (int) env_long("KVW_CUDAEMU_DEVICES", 1);
+    return *count > 0 ? cudaSuccess : set(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    int n = 0;
+
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return last_;
+    return device >= 0 && device < n ? cudaSuccess : set(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaGetDevice(int *device) { *device = 0; return cudaSuccess; }
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device)
+{
+    int n = 0;
+
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return last_;
+    if (device < 0 || device >= n) return set(cudaErrorInvalidDevice);
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "kvemu host emulation");
+    prop->totalGlobalMem = total_mem();
+    prop->major = 9;
+    prop->multiProcessorCount = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *v) { *v = 13000; return cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    LOCK;
+    return set(drain_all());
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_;
+
+    if (sticky_ != cudaSuccess) return sticky_;     /* a fault is not cleared by reading it */
+    last_ = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return sticky_ != cudaSuccess ? sticky_ : last_; }
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+    switch (e) {
+#define N(x) case x: return #x
+    N(cudaSuccess); N(cudaErrorInvalidValue); N(cudaErrorMemoryAllocation);
+    N(cudaErrorInitializationError); N(cudaErrorInvalidConfiguration);
+    N(cudaErrorInvalidMemcpyDirection); N(cudaErrorInsufficientDriver);
+    N(cudaErrorDevicesUnavailable); N(cudaErrorNoDevice); N(cudaErrorInvalidDevice);
+    N(cudaErrorNoKernelImageForDevice); N(cudaErrorUnsupportedPtxVersion);
+    N(cudaErrorInvalidResourceHandle); N(cudaErrorNotReady); N(cudaErrorIllegalAddress);
+    N(cudaErrorLaunchTimeout); N(cudaErrorAssert); N(cudaErrorHardwareStackError);
+    N(cudaErrorIllegalInstruction); N(cudaErrorMisalignedAddress);
+    N(cudaErrorInvalidAddressSpace); N(cudaErrorInvalidPc); N(cudaErrorLaunchFailure);
+    N(cudaErrorSystemDriverMismatch); N(cudaErrorCompatNotSupportedOnDevice);
+    N(cudaErrorUnknown);
+#undef N
+    }
+    return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInsufficientDriver:
+        return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorSystemDriverMismatch:
+        return "system has unsupported display driver / cuda driver combination";
+    case cudaErrorCompatNotSupportedOnDevice:
+        return "forward compatibility was attempted on non supported HW";
+    default: return cudaGetErrorName(e);
+    }
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+    LOCK;
+    STICKY;
+    *p = NULL;
+    if (n > total_mem() - dev_used_) return set(cudaErrorMemoryAllocation);
+    *p = malloc(n ? n : 1);
+    if (*p == NULL) return set(cudaErrorMemoryAllocation);
+    memset(*p, 0xff, n);            /* NaN: a read of memory never written shows */
+    dev_[(uintptr_t) *p] = n;
+    dev_used_ += n;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+    LOCK;
+    if (p == NULL) return cudaSuccess;
+    drain_all();                    /* cudaFree waits for the device */
+    auto it = dev_.find((uintptr_t) p);
+    if (it == dev_.end()) {
+        complain("cudaFree(%p): not a device allocation", p);
+        return set(cudaErrorInvalidValue);
+    }
+    dev_used_ -= it->second;
+    dev_.erase(it);
+    free(p);
+    return sticky_ != cudaSuccess ? set(sticky_) : cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n)
+{
+    LOCK;
+    STICKY;
+    *p = malloc(n ? n : 1);
+    if (*p == NULL) return set(cudaErrorMemoryAllocation);
+    pinned_[(uintptr_t) *p] = n;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+    LOCK;
+    if (p == NULL) return cudaSuccess;
+    drain_all();
+    auto it = pinned_.find((uintptr_t) p);
+    if (it == pinned_.end()) {
+        complain("cudaFreeHost(%p): not from cudaMallocHost", p);
+        return set(cudaErrorInvalidValue);
+    }
+    pinned_.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+    LOCK;
+    STICKY;
+    *total_b = total_mem();
+    *free_b = *total_b - dev_used_;
+    return cudaSuccess;
+}
+
+namespace {
+
+/* The direction must match where the pointers are, and device ranges fit their allocations. */
+cudaError_t check_copy(const char *what, void *dst, const void *src, size_t n, cudaMemcpyKind k)
+{
+    int dd = is_device(dst), sd = is_device(src);
+
+    if (n == 0) return cudaSuccess;
+    if (k == cudaMemcpyDefault) {
+        k = (cudaMemcpyKind) ((sd ? 2 : 0) + (dd ? 1 : 0));
+        if (k == cudaMemcpyDeviceToDevice + 0 && !(dd && sd)) k = cudaMemcpyHostToHost;
+    }
+    if ((k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice) && !inside(dev_, dst, n)) {
+        complain("%s: destination %p + %zu is not inside one device allocation", what, dst, n);
+        return cudaErrorInvalidValue;
+    }
+    if ((k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice) && !inside(dev_, src, n)) {
+        complain("%s: source %p + %zu is not inside one device allocation", what, src, n);
+        return cudaErrorInvalidValue;
+    }
+    if ((k == cudaMemcpyHostToDevice || k == cudaMemcpyHostToHost) && sd) {
+        complain("%s: host source %p is device memory", what, src);
+        return cudaErrorInvalidValue;
+    }
+    if ((k == cudaMemcpyDeviceToHost || k == cudaMemcpyHostToHost) && dd) {
+        complain("%s: host destination %p is device memory", what, dst);
+        return cudaErrorInvalidValue;
+    }
+    if (k < cudaMemcpyHostToHost || k > cudaMemcpyDefault) return cudaErrorInvalidMemcpyDirection;
+    return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
+{
+    LOCK;
+    cudaError_t e;
+
+    STICKY;
+    if ((e = check_copy("cudaMemcpy", dst, src, n, kind)) != cudaSuccess) return set(e);
+    if (drain_all() != cudaSuccess) return set(sticky_);
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t st)
+{
+    LOCK;
+    cudaError_t e;
+
+    STICKY;
+    if ((e = check_copy("cudaMemcpyAsync", dst, src, n, kind)) != cudaSuccess) return set(e);
+    return submit(st, [dst, src, n]() { memmove(dst, src, n); return cudaSuccess; });
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    LOCK;
+    STICKY;
+    if (n && !inside(dev_, p, n)) {
+        complain("cudaMemset: %p + %zu is not inside one device allocation", p, n);
+        return set(cudaErrorInvalidValue);
+    }
+    if (drain_all() != cudaSuccess) return set(sticky_);
+    memset(p, v, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st)
+{
+    LOCK;
+    STICKY;
+    if (n && !inside(dev_, p, n)) {
+        complain("cudaMemsetAsync: %p + %zu is not inside one device allocation", p, n);
+        return set(cudaErrorInvalidValue);
+    }
+    return submit(st, [p, v, n]() { memset(p, v, n); return cudaSuccess; });
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *st) { return cudaStreamCreateWithFlags(st, 0); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags)
+{
+    LOCK;
+    STICKY;
+    if (flags > cudaStreamNonBlocking) return set(cudaErrorInvalidValue);
+    *st = new kvemu_stream();
+    streams_.insert(*st);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t st)
+{
+    LOCK;
+    if (!streams_.count(st)) return set(cudaErrorInvalidResourceHandle);
+    drain(st);                      /* queued work still completes */
+    streams_.erase(st);
+    delete st;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t st)
+{
+    LOCK;
+    kvemu_stream *s = stream_of(st);
+
+    if (s == NULL) return set(cudaErrorInvalidResourceHandle);
+    if (s == &legacy_) return set(drain_all());
+    drain(&legacy_);
+    return set(drain(s));
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *ev) { return cudaEventCreateWithFlags(ev, 0); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags)
+{
+    LOCK;
+    STICKY;
+    *ev = new kvemu_event();
+    events_.insert(*ev);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st)
+{
+    LOCK;
+    if (!events_.count(ev)) return set(cudaErrorInvalidResourceHandle);
+    ev->recorded = 0;
+    return submit(st, [ev]() { ev->recorded = 1; return cudaSuccess; });
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t ev)
+{
+    LOCK;
+    if (!events_.count(ev)) return set(cudaErrorInvalidResourceHandle);
+    return set(drain_all());
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    LOCK;
+    if (!events_.count(a) || !events_.count(b)) return set(cudaErrorInvalidResourceHandle);
+    if (!a->recorded || !b->recorded) return set(cudaErrorNotReady);
+    *ms = 0;                        /* no time passes on an emulated device */
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t ev)
+{
+    LOCK;
+    if (!events_.erase(ev)) return set(cudaErrorInvalidResourceHandle);
+    delete ev;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned flags)
+{
+    LOCK;
+    if (!events_.count(ev) || stream_of(st) == NULL) return set(cudaErrorInvalidResourceHandle);
+    drain_all();                    /* streams run in order here: waiting is finishing */
+    return sticky_;
+}
+
+/* --- cuBLAS ------------------------------------------------------------------------- */
+
+cublasStatus_t cublasCreate(cublasHandle_t *h)
+{
+    LOCK;
+    if (sticky_ != cudaSuccess) return CUBLAS_STATUS_NOT_INITIALIZED;
+    *h = new kvemu_cublas();
+    (*h)->st = NULL;
+    handles_.insert(*h);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t h)
+{
+    LOCK;
+    if (!handles_.erase(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t st)
+{
+    LOCK;
+    if (!handles_.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (stream_of(st) == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    h->st = st;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
+{
+    LOCK;
+    return handles_.count(h) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+const char *cublasGetStatusString(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+
+namespace {
+
+size_t dtype_size(cudaDataType_t t)
+{
+    return t == CUDA_R_32F ? 4 : t == CUDA_R_16F || t == CUDA_R_16BF ? 2 : t == CUDA_R_64F ? 8 : 0;
+}
+
+float load(const void *p, cudaDataType_t t, size_t i)
+{
+    switch (t) {
+    case CUDA_R_16F: return __half2float(((const __half *) p)[i]);
+    case CUDA_R_16BF: return __bfloat162float(((const __nv_bfloat16 *) p)[i]);
+    case CUDA_R_64F: return (float) ((const double *) p)[i];
+    default: return ((const float *) p)[i];
+    }
+}
+
+void store(void *p, cudaDataType_t t, size_t i, float v)
+{
+    switch (t) {
+    case CUDA_R_16F: ((__half *) p)[i] = __float2half(v); break;
+    case CUDA_R_16BF: ((__nv_bfloat16 *) p)[i] = __float2bfloat16(v); break;
+    case CUDA_R_64F: ((double *) p)[i] = v; break;
+    default: ((float *) p)[i] = v;
+    }
+}
+
+/* A column-major rows x cols matrix with leading dimension ld must fit in one device allocation. */
+int fits(const char *name, const void *p, cudaDataType_t t, int rows, int cols, int ld)
+{
+    size_t need = ((size_t) (cols - 1) * (size_t) ld + (size_t) rows) * dtype_size(t);
+
+    if (p == NULL || !inside(dev_, p, need)) {
+        complain("cublasGemmEx: %s (%d x %d, ld %d, %zu bytes from %p) is not inside one device "
+                 "allocation", name, rows, cols, ld, need, p);
+        return 0;
+    }
+    return 1;
+}
+
+}  // namespace
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                            int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType_t at, int lda,
+                            const void *B, cudaDataType_t bt, int ldb, const void *beta,
+                            void *C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo)
+{
+    LOCK;
+    int   ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+    int   br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+    float al, be;
+
+    if (!handles_.count(h)) {
+        complain("cublasGemmEx: not a live handle");
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    }
+    if (sticky_ != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+    if ((ta != CUBLAS_OP_N && ta != CUBLAS_OP_T && ta != CUBLAS_OP_C)
+        || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T && tb != CUBLAS_OP_C)
+        || m < 0 || n < 0 || k < 0 || lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1)
+        || ldc < (m > 1 ? m : 1)) {
+        complain("cublasGemmEx: invalid value (op %d/%d, m %d n %d k %d, lda %d ldb %d ldc %d)",
+                 ta, tb, m, n, k, lda, ldb, ldc);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    /* the CUBLAS_COMPUTE_32F rows of cublasGemmEx's table of supported types */
+    if (compute != CUBLAS_COMPUTE_32F || at != bt
+        || !((at == CUDA_R_32F && ct == CUDA_R_32F)
+             || ((at == CUDA_R_16F || at == CUDA_R_16BF) && (ct == at || ct == CUDA_R_32F)))) {
+        complain("cublasGemmEx: types A %d B %d C %d with compute %d are not supported", at, bt,
+                 ct, compute);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (algo != CUBLAS_GEMM_DEFAULT && algo != CUBLAS_GEMM_DEFAULT_TENSOR_OP) {
+        complain("cublasGemmEx: algo %d", algo);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (alpha == NULL || beta == NULL || is_device(alpha) || is_device(beta)) {
+        complain("cublasGemmEx: alpha and beta must be host pointers (the default pointer mode)");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    if ((k > 0 && (!fits("A", A, at, ar, ac, lda) || !fits("B", B, bt, br, bc, ldb)))
+        || !fits("C", C, ct, m, n, ldc))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    {
+        uintptr_t c0 = (uintptr_t) C, c1 = c0 + ((size_t) (n - 1) * ldc + m) * dtype_size(ct);
+        uintptr_t a0 = (uintptr_t) A, a1 = a0 + ((size_t) (ac - 1) * lda + ar) * dtype_size(at);
+        uintptr_t b0 = (uintptr_t) B, b1 = b0 + ((size_t) (bc - 1) * ldb + br) * dtype_size(bt);
+
+        if (k > 0 && ((c0 < a1 && a0 < c1) || (c0 < b1 && b0 < c1))) {
+            complain("cublasGemmEx: C overlaps A or B");
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+    }
+    al = *(const float *) alpha;    /* read at the call, as in host pointer mode */
+    be = *(const float *) beta;
+    if (submit(h->st, [=]() {
+            for (int j = 0; j < n; j++) {
+                for (int i = 0; i < m; i++) {
+                    float  s = 0;
+                    size_t ci = (size_t) j * ldc + i;
+
+                    for (int l = 0; l < k; l++) {
+                        size_t ai = ta == CUBLAS_OP_N ? (size_t) l * lda + i : (size_t) i * lda + l;
+                        size_t bi = tb == CUBLAS_OP_N ? (size_t) j * ldb + l : (size_t) l * ldb + j;
+
+                        s += load(A, at, ai) * load(B, bt, bi);
+                    }
+                    /* beta 0: C is not read (it may hold anything, NaN included) */
+                    store(C, ct, ci, al * s + (be != 0.0f ? be * load(C, ct, ci) : 0.0f));
+                }
+            }
+            return cudaSuccess;
+        }) != cudaSuccess)
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    return CUBLAS_STATUS_SUCCESS;
+}
