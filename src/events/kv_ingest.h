@@ -67,6 +67,13 @@ typedef struct {
                                        (what NATS permissions can restrict to one worker;
                                        docs/SECURITY.md); 0: on the shared ones too */
     int         verbose;            /* log to stderr */
+    /* Called (under the ingest's lock) after the index dropped blocks of a
+     * worker on the worker's own word: a Removed event (the sequence
+     * hashes), or n == 0 for all of them (Cleared, a resync, a worker
+     * gone), so that guesses kept elsewhere (nginx's pending index) give
+     * way to the worker's events. NULL: nobody is told. */
+    void      (*on_drop)(void *arg, uint64_t worker_id, const uint64_t *seq, size_t n);
+    void       *on_drop_arg;
 } kv_ingest_config_t;
 
 kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,

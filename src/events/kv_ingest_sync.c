@@ -225,12 +225,43 @@ static void buf_push(kv_ingest_t *ing, int i, const kv_event_t *ev)
 
 /* --- applying ----------------------------------------------------------- */
 
+/* The index dropped blocks of worker_id on its word: tell cfg.on_drop. */
+static void dropped(kv_ingest_t *ing, uint64_t worker_id, const uint64_t *seq, size_t n)
+{
+    if (ing->cfg.on_drop)
+        ing->cfg.on_drop(ing->cfg.on_drop_arg, worker_id, seq, n);
+}
+
+static void clear_worker(kv_ingest_t *ing, uint64_t worker_id)
+{
+    kv_index_worker_clear(ing->ix, worker_id);
+    dropped(ing, worker_id, NULL, 0);
+}
+
+/* A Removed event's sequence hashes, read before the index forgets the
+ * engine's; NULL (tell "all") when nobody listens or memory is short. */
+static uint64_t *removed_seqs(kv_ingest_t *ing, const kv_event_t *ev)
+{
+    if (ev->kind != KV_EVENT_REMOVED || !ing->cfg.on_drop || ev->n_hashes == 0)
+        return NULL;
+    uint64_t *seq = malloc(ev->n_hashes * sizeof(*seq));
+    for (size_t k = 0; seq && k < ev->n_hashes; k++)
+        seq[k] = kv_index_seq_of(ing->ix, ev->worker_id, ev->dp_rank, ev->hashes[k]);
+    return seq;
+}
+
 static void apply_one(kv_ingest_t *ing, int i, const kv_event_t *ev, uint64_t now_ms)
 {
     kv_wstate_t *w = &ing->wk[i];
     char err[160];
+    uint64_t *rm = removed_seqs(ing, ev);
     if (ev->event_id == 1 && w->last_applied == 0)
         w->complete = 1;            /* seen from its very first event */
+    if (ev->kind == KV_EVENT_CLEARED || (ev->kind == KV_EVENT_REMOVED && rm == NULL))
+        dropped(ing, ev->worker_id, NULL, 0);
+    else if (rm)
+        dropped(ing, ev->worker_id, rm, ev->n_hashes);
+    free(rm);
     if (kv_index_apply(ing->ix, ev, now_ms, err, sizeof(err)) != 0) {
         w->complete = 0;
         COUNT(ing, i, apply_errors, apply_errors, 1);
@@ -337,7 +368,7 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
     if (ev->event_id <= w->last_applied) {
         if (ev->event_id == 1 && !w->announced) {
             /* an unannounced worker restarted: what we held is stale */
-            kv_index_worker_clear(ing->ix, w->worker_id);
+            clear_worker(ing, w->worker_id);
             w->last_applied = 0;
         } else if (!w->announced && w->last_applied > AHEAD_MAX
                    && ev->event_id < w->last_applied - AHEAD_MAX) {
@@ -683,7 +714,7 @@ static void dump_failed(kv_ingest_t *ing, int i, uint64_t now_ms, const char *wh
 static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
 {
     kv_wstate_t *w = &ing->wk[i];
-    kv_index_worker_clear(ing->ix, w->worker_id);
+    clear_worker(ing, w->worker_id);
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         kv_wstate_t *o = &ing->wk[k];
         if ((int)k != i && o->used && o->worker_id == w->worker_id
@@ -871,6 +902,7 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
             /* its blocks and index slots go now; the record stays a while
              * (status shows it gone) unless the table needs it */
             kv_index_worker_remove(ing->ix, w->worker_id);
+            dropped(ing, w->worker_id, NULL, 0);
             w->state = KV_WORKER_GONE;
             w->complete = 0;
             w->need_resync = 0;

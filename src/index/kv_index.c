@@ -837,7 +837,31 @@ int kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
     return -1;
 }
 
-/* --- approximate mode ---------------------------------------------------- */
+uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
+                         uint64_t engine_hash)
+{
+    int slot = kv_index_worker_find(ix, worker_id, dp_rank);
+
+    return slot < 0 ? engine_hash : map_seq(ix, (uint32_t) slot, engine_hash, 0);
+}
+
+/* --- approximate mode and the pending index ------------------------------ */
+
+void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n)
+{
+    int64_t at;
+    size_t  i;
+
+    if (slot >= ix->max_workers) {
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        at = find(ix, norm_key(seq[i]));
+        if (at >= 0) {
+            clear_holder(ix, (uint64_t) at, slot);
+        }
+    }
+}
 
 void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
                      uint64_t now_ms)

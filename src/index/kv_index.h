@@ -90,6 +90,15 @@ int  kv_index_reap(kv_index_t *ix);
 int  kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
                     char *err, size_t errlen);
 
+/* The sequence hash that worker's engine hash names (the hash itself when
+ * the index keeps no mapping for it). Writer only: the map is the writer's. */
+uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
+                         uint64_t engine_hash);
+
+/* Pending index: slot no longer holds these sequence hashes (its worker
+ * said so in its own events, which win over the router's guesses). */
+void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n);
+
 /* Approximate mode: slot now holds the blocks with these sequence hashes
  * (the request it was just sent); they expire after ttl_ms. */
 void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,

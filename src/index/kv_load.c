@@ -12,7 +12,8 @@
 
 #include "kv_load.h"
 
-#define KV_LOAD_MAGIC  0x6b766c6f61643031ULL   /* "kvload01" */
+#define KV_LOAD_MAGIC  0x6b766c6f61643032ULL   /* "kvload02": decode tokens, learned rates */
+#define LEARN_WEIGHT   (1.0 / 16)
 #define ROW_REAPING    ((int64_t) -1)
 
 typedef struct {
@@ -23,6 +24,8 @@ typedef struct {
     uint64_t            overlap_hits;
     uint64_t            overlap_blocks;
     uint64_t            prompt_blocks;
+    double              prefill_tokens, prefill_ms;     /* learned means */
+    double              decode_tokens, decode_ms;
 } server_t;
 
 struct kv_load {
@@ -33,6 +36,19 @@ struct kv_load {
     uint64_t            reaped;
     /* followed by servers, then row owners, then row counters */
 };
+
+static double ratio(double num, double den)
+{
+    return num > 0 && den > 0 ? num / den : 0;
+}
+
+static double load_double(const double *x)
+{
+    double v;
+
+    __atomic_load(x, &v, __ATOMIC_RELAXED);
+    return v;
+}
 
 static server_t *servers_of(const kv_load_t *ld)
 {
@@ -209,6 +225,46 @@ void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
     out->overlap_hits = __atomic_load_n(&s->overlap_hits, __ATOMIC_RELAXED);
     out->overlap_blocks = __atomic_load_n(&s->overlap_blocks, __ATOMIC_RELAXED);
     out->prompt_blocks = __atomic_load_n(&s->prompt_blocks, __ATOMIC_RELAXED);
+    out->prefill_rate = ratio(load_double(&s->prefill_tokens), load_double(&s->prefill_ms));
+    out->decode_pace = ratio(load_double(&s->decode_ms), load_double(&s->decode_tokens));
+}
+
+/* the first sample is the mean; later ones move it by LEARN_WEIGHT */
+static void learn(double *num, double *den, double n, double d)
+{
+    double m = load_double(num), e = load_double(den);
+
+    if (e <= 0) {
+        m = n;
+        e = d;
+    } else {
+        m += (n - m) * LEARN_WEIGHT;
+        e += (d - e) * LEARN_WEIGHT;
+    }
+    __atomic_store(num, &m, __ATOMIC_RELAXED);
+    __atomic_store(den, &e, __ATOMIC_RELAXED);
+}
+
+void kv_load_learn_prefill(kv_load_t *ld, uint32_t server, double tokens, double ms)
+{
+    server_t *s;
+
+    if (server >= ld->max_servers || !(tokens > 0) || !(ms > 0)) {
+        return;
+    }
+    s = &servers_of(ld)[server];
+    learn(&s->prefill_tokens, &s->prefill_ms, tokens, ms);
+}
+
+void kv_load_learn_decode(kv_load_t *ld, uint32_t server, double tokens, double ms)
+{
+    server_t *s;
+
+    if (server >= ld->max_servers || !(tokens > 0) || !(ms > 0)) {
+        return;
+    }
+    s = &servers_of(ld)[server];
+    learn(&s->decode_ms, &s->decode_tokens, ms, tokens);
 }
 
 int kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid))

@@ -28,6 +28,7 @@ typedef enum {
     KV_LOAD_PREFILL_TOKENS = 0,     /* prompt tokens not yet past their first byte */
     KV_LOAD_DECODE_BLOCKS,          /* KV blocks held by requests in flight */
     KV_LOAD_REQUESTS,               /* requests in flight */
+    KV_LOAD_DECODE_TOKENS,          /* output tokens requested by requests in flight */
     KV_LOAD_ACTIVE                  /* number of released-on-end counters */
 } kv_load_counter_t;
 
@@ -37,6 +38,8 @@ typedef struct {
     uint64_t    overlap_hits;       /* requests routed with overlap > 0 */
     uint64_t    overlap_blocks;     /* sum of overlaps */
     uint64_t    prompt_blocks;      /* sum of prompt blocks */
+    double      prefill_rate;       /* learned prompt tokens per ms; 0: no sample yet */
+    double      decode_pace;        /* learned ms per output token; 0: no sample yet */
 } kv_load_server_t;
 
 size_t     kv_load_size(uint32_t max_servers, uint32_t max_rows);
@@ -60,6 +63,19 @@ void kv_load_add(kv_load_t *ld, int row, uint32_t server, kv_load_counter_t c,
 /* Counts a routing decision (cumulative, never reclaimed). */
 void kv_load_count(kv_load_t *ld, uint32_t server, uint32_t overlap, uint32_t prompt_blocks);
 void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out);
+
+/*
+ * What the traffic teaches about a server, as exponentially weighted means
+ * (weight 1/16 per sample) of the sample's numerator and denominator, so a
+ * rate is a ratio of sums rather than a mean of noisy ratios:
+ *   prefill: tokens = prompt tokens it had to prefill, queued ahead of the
+ *            request and its own uncached ones; ms = time to first byte;
+ *   decode:  tokens = output tokens; ms = first byte to the end.
+ * Concurrent updates from several processes may lose a sample, never
+ * corrupt one (each mean is one atomic word).
+ */
+void kv_load_learn_prefill(kv_load_t *ld, uint32_t server, double tokens, double ms);
+void kv_load_learn_decode(kv_load_t *ld, uint32_t server, double tokens, double ms);
 
 /* Frees the rows of dead processes, returning their load; the count reaped. */
 int  kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid));

@@ -25,7 +25,7 @@
 #include "kv_index.h"
 #include "kv_load.h"
 #include "kv_registry.h"
-#include "kv_score.h"
+#include "kv_route.h"
 #include "kv_tokenizer.h"
 
 
@@ -38,22 +38,33 @@
 #define NGX_HTTP_KVROUTE_PENDING_TTL   10000      /* ms */
 
 
+/*
+ * Why a request was routed by load alone, in one table: the enum's name,
+ * the name $kvroute_fallback and the status show, and the kv_prompt status
+ * it comes from (-1: not from kv_prompt).
+ */
+#define NGX_HTTP_KVROUTE_FALLBACKS(X)                                         \
+    X(NONE,         "",                 KV_PROMPT_OK)                         \
+    X(NO_ZONE,      "no_zone",          -1)  /* kvroute without zone= */      \
+    X(NO_BODY,      "no_body",          -1)                                   \
+    X(UNBUFFERED,   "unbuffered_body",  -1)                                   \
+    X(BODY_READ,    "body_read_error",  -1)                                   \
+    X(PARSE,        "parse_error",      KV_PROMPT_PARSE)                      \
+    X(NO_PROMPT,    "no_prompt",        KV_PROMPT_NO_PROMPT)                  \
+    X(NO_TOKENIZER, "no_tokenizer",     KV_PROMPT_NO_TOKENIZER)               \
+    X(NO_TEMPLATE,  "no_chat_template", KV_PROMPT_NO_TEMPLATE)                \
+    X(TEMPLATE,     "template_error",   KV_PROMPT_TEMPLATE)                   \
+    X(TOKENIZE,     "tokenize_error",   KV_PROMPT_TOKENIZE)                   \
+    X(MODEL,        "unknown_model",    KV_PROMPT_MODEL)                      \
+    X(NO_MEMORY,    "no_memory",        KV_PROMPT_NO_MEMORY)                  \
+    X(ALL_BUSY,     "all_busy",         -1)                                   \
+    X(PROMPT_CAPPED, "prompt_capped",   -1)  /* routed on max_tokenize bytes */
+
+
+#define NGX_HTTP_KVROUTE_FB_ENUM(name, str, prompt)  NGX_HTTP_KVROUTE_FB_##name,
+
 typedef enum {
-    NGX_HTTP_KVROUTE_FB_NONE = 0,
-    NGX_HTTP_KVROUTE_FB_NO_ZONE,        /* kvroute without zone=: load only */
-    NGX_HTTP_KVROUTE_FB_NO_BODY,
-    NGX_HTTP_KVROUTE_FB_UNBUFFERED,
-    NGX_HTTP_KVROUTE_FB_BODY_READ,
-    NGX_HTTP_KVROUTE_FB_PARSE,
-    NGX_HTTP_KVROUTE_FB_NO_PROMPT,
-    NGX_HTTP_KVROUTE_FB_NO_TOKENIZER,
-    NGX_HTTP_KVROUTE_FB_NO_TEMPLATE,
-    NGX_HTTP_KVROUTE_FB_TEMPLATE,
-    NGX_HTTP_KVROUTE_FB_TOKENIZE,
-    NGX_HTTP_KVROUTE_FB_MODEL,
-    NGX_HTTP_KVROUTE_FB_NO_MEMORY,
-    NGX_HTTP_KVROUTE_FB_ALL_BUSY,
-    NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED,  /* routed on the first max_tokenize bytes */
+    NGX_HTTP_KVROUTE_FALLBACKS(NGX_HTTP_KVROUTE_FB_ENUM)
     NGX_HTTP_KVROUTE_FB_N
 } ngx_http_kvroute_fallback_e;
 
@@ -126,6 +137,7 @@ typedef struct {
     ngx_int_t                       load;       /* kv_load server index, -1 if none */
     ngx_int_t                       reg;        /* registry record last seen for it */
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
+    ngx_int_t                       slot;       /* index slot last seen for it */
     ngx_uint_t                      block_size_logged;  /* a mismatch, logged */
 } ngx_http_kvroute_peer_t;
 
@@ -137,7 +149,7 @@ typedef struct {
     kv_tokenizer_t                 *tokenizer;
     kv_chat_template_t             *template;
     ngx_str_t                       model;
-    kv_score_config_t               score;
+    kv_route_config_t               route;
     ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
@@ -170,7 +182,9 @@ typedef struct {
     uint64_t                       *seq;        /* sequence hashes (malloc) */
     size_t                          nseq;
     uint64_t                        prompt_tokens;
-    uint32_t                       *overlap;    /* per peer */
+    uint64_t                        max_tokens;     /* 0: the body names none */
+    uint32_t                       *overlap;    /* per primary: the index */
+    uint32_t                       *pending;    /* per primary: recent decisions */
     ngx_msec_int_t                  decision_us;
     uint64_t                        t0_ns;
 
@@ -178,9 +192,15 @@ typedef struct {
     ngx_int_t                       load;
     int64_t                         prefill_tokens;
     int64_t                         decode_blocks;
+    int64_t                         decode_tokens;
+    uint64_t                        queued_tokens;  /* prefill ahead of it */
+    uint64_t                        open_ns;        /* sent to the server */
+    uint64_t                        first_ns;       /* its first byte, 0: none yet */
+    kv_route_why_t                  why;
 
     ngx_http_kvroute_peer_t        *chosen;
     uint32_t                        chosen_overlap;
+    double                          chosen_cost;    /* the decision's estimate */
 } ngx_http_kvroute_ctx_t;
 
 
@@ -237,6 +257,7 @@ ngx_int_t ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
     ngx_http_kvroute_srv_conf_t *kcf);
 ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_of(
     ngx_http_request_t *r);
+ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf);
 
 /* prompt: body -> tokens -> block hashes */
 ngx_int_t ngx_http_kvroute_precontent(ngx_http_request_t *r);
@@ -244,11 +265,11 @@ void ngx_http_kvroute_prepare(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
 ngx_http_kvroute_ctx_t *ngx_http_kvroute_get_ctx(ngx_http_request_t *r,
     ngx_http_kvroute_srv_conf_t *kcf);
-ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf);
 
 /* accounting */
 void ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
-    ngx_http_kvroute_peer_t *p, uint32_t overlap);
+    ngx_http_kvroute_peer_t *p, const kv_route_result_t *res);
+void ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx);
 uint64_t ngx_http_kvroute_now_ns(void);

@@ -5,8 +5,8 @@
  * The kvroute balancer: the "kvroute" and "kvroute_worker_id" directives
  * and the upstream peer hooks. A request's prompt (prepared by
  * ngx_http_kvroute_prompt.c) is matched once against the shared prefix
- * index; every attempt then scores the untried servers with Dynamo's cost
- * (src/route/kv_score.c) over the current shared load and takes the best.
+ * index; every attempt then asks the routing decision
+ * (src/route/kv_route.c) over the current shared load and takes its choice.
  * Servers keep their nginx meaning of weight, max_fails, fail_timeout,
  * max_conns, down and backup; backups are used, round-robin, only when no
  * primary is usable.
@@ -29,11 +29,12 @@ static ngx_int_t ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
     ngx_http_upstream_rr_peer_data_t *rrp);
 static void ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd);
 static void ngx_http_kvroute_overlaps(ngx_http_kvroute_srv_conf_t *kcf,
-    kv_index_t *ix, ngx_http_kvroute_ctx_t *ctx);
+    kv_index_t *ix, ngx_http_kvroute_ctx_t *ctx, uint32_t *out);
 static ngx_uint_t ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
     ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now);
 static void ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
-    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p);
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
+    const kv_route_server_t *s);
 static void ngx_http_kvroute_cleanup_conf(void *data);
 
 
@@ -44,37 +45,142 @@ static ngx_conf_enum_t  ngx_http_kvroute_modes[] = {
 };
 
 
-static char *
-ngx_http_kvroute_parse_double(ngx_conf_t *cf, ngx_str_t *v, size_t skip,
-    double min, double max, double *out)
+/*
+ * The numeric parameters of "kvroute", one table: name (with its "="), the
+ * field it sets in the srv conf, its type and range. Defaults are set in
+ * create_srv_conf (ngx_http_kvroute_module.c).
+ */
+
+typedef enum {
+    NGX_HTTP_KVROUTE_P_DOUBLE = 0,
+    NGX_HTTP_KVROUTE_P_UINT,            /* ngx_uint_t */
+    NGX_HTTP_KVROUTE_P_U64,             /* uint64_t */
+    NGX_HTTP_KVROUTE_P_SIZE             /* size_t, with k/m suffixes */
+} ngx_http_kvroute_param_type_e;
+
+
+typedef struct {
+    ngx_str_t                       name;
+    ngx_http_kvroute_param_type_e   type;
+    size_t                          offset;
+    double                          min;
+    double                          max;
+} ngx_http_kvroute_param_t;
+
+
+#define NGX_HTTP_KVROUTE_OFF(field)                                           \
+    offsetof(ngx_http_kvroute_srv_conf_t, field)
+
+static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
+    { ngx_string("block_size="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_OFF(block_size), 1, 65536 },
+    { ngx_string("slack="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.slack), 0, 100 },
+    { ngx_string("prefill_rate="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.prefill_rate), 0.001, 1e9 },
+    { ngx_string("decode_pace="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.decode_pace), 0, 1e6 },
+    { ngx_string("max_tokens="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(route.max_tokens), 1, 1e9 },
+    { ngx_string("overlap_weight="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.overlap_weight), 0, 1000 },
+    { ngx_string("temperature="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(route.temperature), 0, 100 },
+    { ngx_string("busy_prefill_tokens="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(route.busy_prefill_tokens), 0, 1e15 },
+    { ngx_string("busy_decode_blocks="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(route.busy_decode_blocks), 0, 1e15 },
+    { ngx_string("retry_after="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_OFF(retry_after), 0, 86400 },
+    { ngx_string("thread_threshold="), NGX_HTTP_KVROUTE_P_SIZE,
+      NGX_HTTP_KVROUTE_OFF(thread_threshold), 0, 1e15 },
+    { ngx_string("max_tokenize="), NGX_HTTP_KVROUTE_P_SIZE,
+      NGX_HTTP_KVROUTE_OFF(max_tokenize), 0, 1e15 },
+    { ngx_null_string, 0, 0, 0, 0 }
+};
+
+
+/* NGX_OK: v was one of the table's and is set; NGX_DECLINED: it is not
+ * one of them; NGX_ERROR: it is, with a bad value (logged). */
+
+static ngx_int_t
+ngx_http_kvroute_param(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_str_t *v)
 {
-    u_char   buf[64];
-    char    *end;
-    size_t   len;
+    char                      *end;
+    u_char                     buf[64], *field;
+    double                     d;
+    ssize_t                    size;
+    ngx_int_t                  n;
+    ngx_str_t                  s;
+    ngx_http_kvroute_param_t  *p;
 
-    len = v->len - skip;
-
-    if (len == 0 || len >= sizeof(buf)) {
-        goto invalid;
+    for (p = ngx_http_kvroute_params; p->name.len; p++) {
+        if (v->len > p->name.len
+            && ngx_strncmp(v->data, p->name.data, p->name.len) == 0)
+        {
+            break;
+        }
     }
 
-    ngx_memcpy(buf, v->data + skip, len);
-    buf[len] = '\0';
-
-    *out = strtod((char *) buf, &end);
-
-    if (*end != '\0' || !(*out >= min && *out <= max)) {
-        goto invalid;
+    if (p->name.len == 0) {
+        return NGX_DECLINED;
     }
 
-    return NGX_CONF_OK;
+    s.data = v->data + p->name.len;
+    s.len = v->len - p->name.len;
+    field = (u_char *) kcf + p->offset;
+
+    switch (p->type) {
+
+    case NGX_HTTP_KVROUTE_P_DOUBLE:
+        if (s.len >= sizeof(buf)) {
+            goto invalid;
+        }
+
+        ngx_memcpy(buf, s.data, s.len);
+        buf[s.len] = '\0';
+
+        d = strtod((char *) buf, &end);
+
+        if (*end != '\0' || !(d >= p->min && d <= p->max)) {
+            goto invalid;
+        }
+
+        *(double *) field = d;
+        break;
+
+    case NGX_HTTP_KVROUTE_P_SIZE:
+        size = ngx_parse_size(&s);
+        if (size == NGX_ERROR || size < p->min || size > p->max) {
+            goto invalid;
+        }
+
+        *(size_t *) field = size;
+        break;
+
+    default:
+        n = ngx_atoi(s.data, s.len);
+        if (n == NGX_ERROR || n < p->min || n > p->max) {
+            goto invalid;
+        }
+
+        if (p->type == NGX_HTTP_KVROUTE_P_UINT) {
+            *(ngx_uint_t *) field = n;
+
+        } else {
+            *(uint64_t *) field = n;
+        }
+    }
+
+    return NGX_OK;
 
 invalid:
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "invalid \"%V\": expected a number in [%.1f, %.1f]",
-                       v, min, max);
-    return NGX_CONF_ERROR;
+                       "invalid parameter \"%V\" in \"kvroute\": expected a "
+                       "number in [%.3f, %.0f]", v, p->min, p->max);
+    return NGX_ERROR;
 }
 
 
@@ -147,9 +253,7 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_kvroute_srv_conf_t *kcf = conf;
 
-    double                               d;
-    ssize_t                              size;
-    ngx_int_t                            n;
+    ngx_int_t                            rc;
     ngx_str_t                           *value, s, tokenizer, template;
 #if (NGX_THREADS)
     ngx_str_t                            pool;
@@ -169,12 +273,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     kcf->uscf = uscf;
     kcf->upstream_name = uscf->host;
-    kcf->block_size = 16;
-    kcf->score.overlap_weight = 1.0;
-    kcf->score.temperature = 0.0;
-    kcf->retry_after = 1;
-    kcf->thread_threshold = 65536;
-    kcf->max_tokenize = 4 * 1024 * 1024;
     mode = (ngx_uint_t) -1;
 
     ngx_str_null(&tokenizer);
@@ -191,20 +289,21 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     for (i = 1; i < cf->args->nelts; i++) {
 
+        rc = ngx_http_kvroute_param(cf, kcf, &value[i]);
+
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc == NGX_OK) {
+            continue;
+        }
+
         if (KV_PARAM("zone=")) {
             kcf->zone = ngx_http_kvroute_zone_find(cf, &s);
             if (kcf->zone == NULL) {
                 return NGX_CONF_ERROR;
             }
-            continue;
-        }
-
-        if (KV_PARAM("block_size=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n < 1 || n > 65536) {
-                goto invalid;
-            }
-            kcf->block_size = n;
             continue;
         }
 
@@ -232,41 +331,29 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (KV_PARAM("overlap_weight=")) {
-            if (ngx_http_kvroute_parse_double(cf, &value[i], 15, 0, 1000, &d)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            kcf->score.overlap_weight = d;
-            continue;
-        }
+        if (KV_PARAM("policy=")) {
+            if (s.len == 4 && ngx_strncmp(s.data, "ttft", 4) == 0) {
+                kcf->route.policy = KV_ROUTE_TTFT;
 
-        if (KV_PARAM("temperature=")) {
-            if (ngx_http_kvroute_parse_double(cf, &value[i], 12, 0, 100, &d)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            kcf->score.temperature = d;
-            continue;
-        }
+            } else if (s.len == 6 && ngx_strncmp(s.data, "dynamo", 6) == 0) {
+                kcf->route.policy = KV_ROUTE_DYNAMO;
 
-        if (KV_PARAM("busy_prefill_tokens=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n == NGX_ERROR) {
+            } else {
                 goto invalid;
             }
-            kcf->score.busy_prefill_tokens = n;
             continue;
         }
 
-        if (KV_PARAM("busy_decode_blocks=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n == NGX_ERROR) {
+        if (KV_PARAM("worker_load=")) {
+            if (s.len == 5 && ngx_strncmp(s.data, "local", 5) == 0) {
+                kcf->route.worker_load = KV_ROUTE_LOAD_LOCAL;
+
+            } else if (s.len == 3 && ngx_strncmp(s.data, "max", 3) == 0) {
+                kcf->route.worker_load = KV_ROUTE_LOAD_MAX;
+
+            } else {
                 goto invalid;
             }
-            kcf->score.busy_decode_blocks = n;
             continue;
         }
 
@@ -286,33 +373,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                                    "mode=approximate", &value[i]);
                 return NGX_CONF_ERROR;
             }
-            continue;
-        }
-
-        if (KV_PARAM("retry_after=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n == NGX_ERROR || n > 86400) {
-                goto invalid;
-            }
-            kcf->retry_after = n;
-            continue;
-        }
-
-        if (KV_PARAM("thread_threshold=")) {
-            size = ngx_parse_size(&s);
-            if (size == NGX_ERROR) {
-                goto invalid;
-            }
-            kcf->thread_threshold = size;
-            continue;
-        }
-
-        if (KV_PARAM("max_tokenize=")) {
-            size = ngx_parse_size(&s);
-            if (size == NGX_ERROR) {
-                goto invalid;
-            }
-            kcf->max_tokenize = size;
             continue;
         }
 
@@ -349,6 +409,8 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
 #undef KV_PARAM
+
+    kcf->route.block_size = kcf->block_size;
 
     if (kcf->zone == NULL
         && (tokenizer.len || template.len || mode != (ngx_uint_t) -1))
@@ -587,6 +649,7 @@ ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
             p->worker_id = ngx_http_kvroute_peer_worker_id(kcf, peer,
                                                            &p->explicit_id);
             p->reg = -1;
+            p->slot = -1;
 
             len = ngx_snprintf(name, sizeof(name), "%V/%V",
                                &kcf->upstream_name, &peer->server) - name;
@@ -722,37 +785,36 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
 }
 
 
-/* Raises ctx->overlap per primary server to what index ix says. */
+/* Raises out[k] per primary server to what index ix says. */
 
 static void
 ngx_http_kvroute_overlaps(ngx_http_kvroute_srv_conf_t *kcf, kv_index_t *ix,
-    ngx_http_kvroute_ctx_t *ctx)
+    ngx_http_kvroute_ctx_t *ctx, uint32_t *out)
 {
     size_t        i, n;
     uint32_t      dp;
     uint64_t      wid;
     ngx_uint_t    k;
-    kv_overlap_t  out[64];
+    kv_overlap_t  ov[64];
 
-    n = kv_index_match(ix, ctx->seq, ctx->nseq, out, 64);
+    n = kv_index_match(ix, ctx->seq, ctx->nseq, ov, 64);
 
     for (i = 0; i < n; i++) {
-        if (kv_index_worker_info(ix, out[i].slot, &wid, &dp) != 0) {
+        if (kv_index_worker_info(ix, ov[i].slot, &wid, &dp) != 0) {
             continue;
         }
 
         for (k = 0; k < kcf->nprimary; k++) {
-            if (kcf->peers[k].worker_id == wid
-                && out[i].blocks > ctx->overlap[k])
-            {
-                ctx->overlap[k] = out[i].blocks;
+            if (kcf->peers[k].worker_id == wid && ov[i].blocks > out[k]) {
+                out[k] = ov[i].blocks;
             }
         }
     }
 }
 
 
-/* Overlap per primary server: the index, then the pending decisions. */
+/* Overlap per primary server, once per request: the index's and the
+ * pending decisions' (trust in the index is judged per attempt). */
 
 static void
 ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
@@ -765,8 +827,14 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
     ctx->matched = 1;
 
     ctx->overlap = ngx_pcalloc(pd->request->pool,
-                               kcf->nprimary * sizeof(uint32_t));
-    if (ctx->overlap == NULL || ctx->nseq == 0) {
+                               2 * kcf->nprimary * sizeof(uint32_t));
+    if (ctx->overlap == NULL) {
+        return;
+    }
+
+    ctx->pending = ctx->overlap + kcf->nprimary;
+
+    if (ctx->nseq == 0) {
         return;
     }
 
@@ -776,33 +844,164 @@ ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
         (void) ngx_http_kvroute_peer_record(kcf->zone, &kcf->peers[k], &rec);
     }
 
-    ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->index, ctx);
-
-    /*
-     * a worker whose index state cannot be trusted (events lost, resync
-     * under way, silent, NATS down) gets no credit for overlap: load only
-     */
-
-    for (k = 0; k < kcf->nprimary; k++) {
-        if (ctx->overlap[k]
-            && ngx_http_kvroute_peer_record(kcf->zone, &kcf->peers[k], &rec)
-               == NGX_OK
-            && rec.state != KV_WORKER_LIVE)
-        {
-            ctx->overlap[k] = 0;
-        }
-    }
+    ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->index, ctx, ctx->overlap);
 
     /* the router's own recent decisions count too (events mode) */
 
     if (kcf->zone->sh->pending) {
-        ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->pending, ctx);
+        ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->pending, ctx,
+                                  ctx->pending);
     }
 
     /* a worker with another block size: none of its blocks can match */
 
     ngx_http_kvroute_block_size_check(kcf, ctx->overlap,
                                       pd->request->connection->log);
+    ngx_http_kvroute_block_size_check(kcf, ctx->pending,
+                                      pd->request->connection->log);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, pd->request->connection->log, 0,
+                   "kvroute match: %uL tokens, %uz blocks, first server "
+                   "overlap %uD", ctx->prompt_tokens, ctx->nseq,
+                   kcf->nprimary ? ctx->overlap[0] : 0);
+}
+
+
+/* Blocks the index holds for server p (the tie-break), by a cached slot. */
+
+static uint64_t
+ngx_http_kvroute_tree_blocks(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
+{
+    uint32_t  dp;
+    uint64_t  wid;
+
+    if (p->slot < 0
+        || kv_index_worker_info(ix, (uint32_t) p->slot, &wid, &dp) != 0
+        || wid != p->worker_id)
+    {
+        p->slot = kv_index_worker_find(ix, p->worker_id, 0);
+        if (p->slot < 0) {
+            return 0;
+        }
+    }
+
+    return kv_index_worker_blocks(ix, (uint32_t) p->slot);
+}
+
+
+/*
+ * The decision's inputs for every primary server, read from shared memory
+ * before the peers lock is taken (the registry's seqlock may spin); usable
+ * and weight are filled under the lock.
+ */
+
+static void
+ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_ctx_t *ctx, kv_route_server_t *s)
+{
+    ngx_uint_t                i;
+    kv_worker_rec_t           rec;
+    kv_load_server_t          ls;
+    ngx_http_kvroute_peer_t  *p;
+    ngx_http_kvroute_sh_t    *sh = kcf->zone->sh;
+
+    for (i = 0; i < kcf->nprimary; i++) {
+        p = &kcf->peers[i];
+
+        ngx_memzero(&s[i], sizeof(kv_route_server_t));
+
+        s[i].id = p->worker_id;
+        s[i].trusted = 1;
+
+        if (ctx && ctx->overlap) {
+            s[i].overlap_index = ctx->overlap[i];
+            s[i].overlap_pending = ctx->pending[i];
+        }
+
+        if (p->load >= 0) {
+            kv_load_get(sh->load, p->load, &ls);
+            s[i].prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
+            s[i].decode_blocks = ls.active[KV_LOAD_DECODE_BLOCKS];
+            s[i].decode_tokens = ls.active[KV_LOAD_DECODE_TOKENS];
+            s[i].requests = ls.active[KV_LOAD_REQUESTS];
+            s[i].prefill_rate = ls.prefill_rate;
+            s[i].decode_pace = ls.decode_pace;
+        }
+
+        /*
+         * a worker whose index state cannot be trusted (events lost, resync
+         * under way, silent, NATS down) gets no credit for the index's
+         * overlap; what it reports covers every router in front of it
+         */
+
+        if (ngx_http_kvroute_peer_record(kcf->zone, p, &rec) == NGX_OK) {
+            s[i].trusted = rec.state == KV_WORKER_LIVE;
+            s[i].reported = 1;
+            s[i].reported_prefill_tokens = rec.load.active_prefill_tokens;
+            s[i].reported_decode_blocks = rec.load.active_decode_blocks;
+        }
+
+        if (s[i].overlap_index || s[i].overlap_pending) {
+            s[i].tree_blocks = ngx_http_kvroute_tree_blocks(sh->index, p);
+        }
+    }
+}
+
+
+static void
+ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
+{
+    rq->prompt_tokens = ctx ? ctx->prompt_tokens : 0;
+    rq->seq = ctx ? ctx->seq : NULL;
+    rq->nseq = ctx ? ctx->nseq : 0;
+    rq->max_tokens = ctx ? ctx->max_tokens : 0;
+}
+
+
+/*
+ * True when every primary server that is up is over a busy threshold: the
+ * precontent phase answers 503 then. The same decision as get_peer's, on
+ * the same inputs; get_peer never fails for busy servers, so a request let
+ * through here is served.
+ */
+
+ngx_int_t
+ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf)
+{
+    ngx_uint_t            i;
+    kv_route_server_t     s[64], *sp;
+    kv_route_request_t    rq;
+    kv_route_result_t     res;
+
+    if (kcf->route.busy_prefill_tokens == 0
+        && kcf->route.busy_decode_blocks == 0)
+    {
+        return 0;
+    }
+
+    sp = kcf->nprimary <= 64 ? s
+         : ngx_alloc(kcf->nprimary * sizeof(kv_route_server_t),
+                     ngx_cycle->log);
+    if (sp == NULL) {
+        return 0;
+    }
+
+    ngx_http_kvroute_gather(kcf, NULL, sp);
+
+    for (i = 0; i < kcf->nprimary; i++) {
+        sp[i].usable = !kcf->peers[i].peer->down && kcf->peers[i].load >= 0;
+        sp[i].weight = kcf->peers[i].peer->weight;
+    }
+
+    ngx_http_kvroute_request(NULL, &rq);
+
+    (void) kv_route_pick(sp, kcf->nprimary, &rq, &kcf->route, 0, &res);
+
+    if (sp != s) {
+        ngx_free(sp);
+    }
+
+    return res.pick == KV_ROUTE_BUSY;
 }
 
 
@@ -844,14 +1043,13 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
 {
     ngx_http_kvroute_peer_data_t  *pd = data;
 
-    int                             pick;
     time_t                          now;
     ngx_int_t                       rc;
-    ngx_uint_t                      i, n;
-    kv_candidate_t                 *c;
-    kv_score_config_t               cfg;
-    kv_load_server_t                ls;
-    kv_worker_rec_t                 rec;
+    ngx_uint_t                      i;
+    kv_route_server_t              *s;
+    kv_route_config_t               cfg;
+    kv_route_request_t              rq;
+    kv_route_result_t               res;
     ngx_http_kvroute_ctx_t         *ctx = pd->ctx;
     ngx_http_kvroute_peer_t        *p;
     ngx_http_kvroute_srv_conf_t    *kcf = pd->conf;
@@ -865,12 +1063,6 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
     pc->cached = 0;
     pc->connection = NULL;
 
-    c = ngx_palloc(pd->request->pool, kcf->nprimary * sizeof(kv_candidate_t));
-    if (c == NULL) {
-        return NGX_ERROR;
-    }
-
-    now = ngx_time();
     peers = pd->rrp.peers;
 
     if (peers != kcf->uscf->peer.data) {
@@ -878,57 +1070,52 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
         goto backup;
     }
 
+    s = ngx_palloc(pd->request->pool,
+                   kcf->nprimary * sizeof(kv_route_server_t));
+    if (s == NULL) {
+        return NGX_ERROR;
+    }
+
+    /* everything from shared memory first, outside the peers lock */
+
+    ngx_http_kvroute_gather(kcf, ctx, s);
+    ngx_http_kvroute_request(ctx, &rq);
+
+    now = ngx_time();
+
     ngx_http_upstream_rr_peers_wlock(peers);
 
     for (peer = peers->peer, i = 0; peer && i < kcf->nprimary;
          peer = peer->next, i++)
     {
-        p = &kcf->peers[i];
-
-        ngx_memzero(&c[i], sizeof(kv_candidate_t));
-        c[i].usable = ngx_http_kvroute_usable(&pd->rrp, peer, i, now);
-        c[i].weight = peer->weight;
-        c[i].overlap = ctx->overlap ? ctx->overlap[i] : 0;
-
-        if (p->load >= 0) {
-            kv_load_get(kcf->zone->sh->load, p->load, &ls);
-            c[i].active_prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
-            c[i].active_decode_blocks = ls.active[KV_LOAD_DECODE_BLOCKS];
-        }
-
-        /*
-         * what the worker reports covers every router in front of it; what
-         * we count is fresher for our own requests: take the larger
-         */
-
-        if (ngx_http_kvroute_peer_record(kcf->zone, p, &rec) == NGX_OK) {
-            c[i].active_prefill_tokens = ngx_max(c[i].active_prefill_tokens,
-                                            rec.load.active_prefill_tokens);
-            c[i].active_decode_blocks = ngx_max(c[i].active_decode_blocks,
-                                            rec.load.active_decode_blocks);
-            c[i].tree_blocks = 0;
-        }
+        s[i].usable = ngx_http_kvroute_usable(&pd->rrp, peer, i, now);
+        s[i].weight = peer->weight;
     }
 
-    n = i;
-    cfg = kcf->score;
+    cfg = kcf->route;
 
-    pick = kv_score_pick(c, n, ctx->prompt_tokens, &cfg,
-                         (uint64_t) ngx_random() << 32 ^ ngx_random());
+    (void) kv_route_pick(s, i, &rq, &cfg,
+                         (uint64_t) ngx_random() << 32 ^ ngx_random(), &res);
 
-    if (pick == KV_SCORE_BUSY) {
+    if (res.pick == KV_ROUTE_BUSY) {
         /* the precontent check let it through: never fail for that */
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                       "kvroute get peer: all busy, ignoring thresholds");
+
         cfg.busy_prefill_tokens = 0;
         cfg.busy_decode_blocks = 0;
-        pick = kv_score_pick(c, n, ctx->prompt_tokens, &cfg, ngx_random());
+        (void) kv_route_pick(s, i, &rq, &cfg, ngx_random(), &res);
     }
 
-    if (pick < 0) {
+    if (res.pick < 0) {
         ngx_http_upstream_rr_peers_unlock(peers);
+
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                       "kvroute get peer: no usable primary, backups");
         goto backup;
     }
 
-    p = &kcf->peers[pick];
+    p = &kcf->peers[res.pick];
     peer = p->peer;
 
     if (now - peer->checked > peer->fail_timeout) {
@@ -941,13 +1128,19 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
 
     peer->conns++;
     pd->rrp.current = peer;
-    pd->rrp.tried[pick / (8 * sizeof(uintptr_t))]
-        |= (uintptr_t) 1 << pick % (8 * sizeof(uintptr_t));
+    pd->rrp.tried[res.pick / (8 * sizeof(uintptr_t))]
+        |= (uintptr_t) 1 << res.pick % (8 * sizeof(uintptr_t));
 
     ngx_http_upstream_rr_peers_unlock(peers);
 
-    ngx_http_kvroute_acct_open(ctx, p, c[pick].overlap);
-    ngx_http_kvroute_record(kcf, ctx, p);
+    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                   "kvroute get peer: %V (%s), overlap %uD, estimate %.3f, "
+                   "queued %uL, adds %uL prefill tokens",
+                   &p->server, kv_route_why_name(res.why), res.overlap,
+                   res.estimate, res.queued_tokens, res.prefill_tokens);
+
+    ngx_http_kvroute_acct_open(ctx, p, &res);
+    ngx_http_kvroute_record(kcf, ctx, p, &s[res.pick]);
 
     return NGX_OK;
 
@@ -958,7 +1151,7 @@ backup:
     if (rc == NGX_OK || rc == NGX_DONE) {
         for (i = kcf->nprimary; i < kcf->npeers; i++) {
             if (kcf->peers[i].peer == pd->rrp.current) {
-                ngx_http_kvroute_acct_open(ctx, &kcf->peers[i], 0);
+                ngx_http_kvroute_acct_open(ctx, &kcf->peers[i], NULL);
                 break;
             }
         }
@@ -975,6 +1168,10 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
     ngx_http_kvroute_peer_data_t  *pd = data;
 
     if (pd->ctx) {
+        if (!(state & NGX_PEER_FAILED)) {
+            ngx_http_kvroute_acct_learn_decode(pd->ctx);
+        }
+
         ngx_http_kvroute_acct_close(pd->ctx);
     }
 
@@ -982,14 +1179,20 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
 }
 
 
-/* The chosen server will hold this prompt's blocks: the index itself in
- * approximate mode, the pending index in events mode. */
+/*
+ * The chosen server will hold this prompt's blocks: the index itself in
+ * approximate mode, the pending index in events mode, where only the
+ * blocks past what its events already confirm are guesses (those its
+ * events confirm are theirs to keep or remove).
+ */
 
 static void
 ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
-    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p)
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
+    const kv_route_server_t *s)
 {
     int                      slot;
+    size_t                   from;
     kv_index_t              *ix;
     ngx_http_kvroute_zone_t *zone = kcf->zone;
 
@@ -999,11 +1202,22 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
         return;
     }
 
+    from = 0;
+
+    if (!zone->sh->approximate && s->trusted) {
+        from = s->overlap_index < ctx->nseq ? s->overlap_index : ctx->nseq;
+    }
+
+    if (from == ctx->nseq) {
+        return;
+    }
+
     ngx_shmtx_lock(&zone->shpool->mutex);
 
     slot = kv_index_worker_add(ix, p->worker_id, 0);
     if (slot >= 0) {
-        kv_index_record(ix, slot, ctx->seq, ctx->nseq, (uint64_t) ngx_current_msec);
+        kv_index_record(ix, slot, ctx->seq + from, ctx->nseq - from,
+                        (uint64_t) ngx_current_msec);
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);

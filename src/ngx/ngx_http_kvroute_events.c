@@ -51,6 +51,8 @@ typedef struct {
 
 
 static ngx_msec_t ngx_http_kvroute_events_manager(void *data);
+static void ngx_http_kvroute_events_drop(void *arg, uint64_t worker_id,
+    const uint64_t *seq, size_t n);
 static void ngx_http_kvroute_events_single_timer(ngx_event_t *ev);
 static char *ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
     ngx_http_kvroute_zone_t *zone, ngx_http_kvroute_events_t *ev);
@@ -354,6 +356,9 @@ ngx_http_kvroute_events_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
         }
         return NGX_AGAIN;
     }
+
+    ev->cfg.on_drop = ngx_http_kvroute_events_drop;
+    ev->cfg.on_drop_arg = ev->zone;
 
     ev->ingest = kv_ingest_create(&ev->cfg, ev->zone->sh->index, reg,
                                   err, sizeof(err));
@@ -980,4 +985,43 @@ ngx_http_kvroute_events_exit_single(ngx_http_kvroute_zone_t *zone)
     kv_ingest_destroy(ev->ingest);
     ev->ingest = NULL;
     kv_registry_lease_release(zone->sh->registry, ngx_pid, ev->lease_gen);
+}
+
+
+/*
+ * A worker's own events win over the router's guesses: blocks it reports
+ * Removed (or all of them: Cleared, a resync, gone) leave the pending index
+ * too, instead of being credited to it until the pending TTL. Runs in the
+ * helper, on a cnats thread; the slab mutex serialises it with the nginx
+ * workers recording decisions.
+ */
+
+static void
+ngx_http_kvroute_events_drop(void *arg, uint64_t worker_id,
+    const uint64_t *seq, size_t n)
+{
+    int                       slot;
+    kv_index_t               *ix;
+    ngx_http_kvroute_zone_t  *zone = arg;
+
+    ix = zone->sh->pending;
+
+    if (ix == NULL) {
+        return;
+    }
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    if (n == 0) {
+        kv_index_worker_clear(ix, worker_id);
+
+    } else {
+        slot = kv_index_worker_find(ix, worker_id, 0);
+
+        if (slot >= 0) {
+            kv_index_forget(ix, (uint32_t) slot, seq, n);
+        }
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
 }

@@ -4,11 +4,13 @@
  *
  * Load accounting for one request attempt, in the zone's shared load
  * table: at selection the attempt adds its uncached prompt tokens (active
- * prefill), the KV blocks it will hold (active decode) and one request;
+ * prefill), the KV blocks it will hold and the output tokens it asks for
+ * (active decode) and one request;
  * the first response body byte releases the prefill tokens; the end of the
  * attempt (free_peer: success, upstream error, client abort, or at worst
  * the request pool's cleanup) releases the rest. The ctx flags make each
- * release happen exactly once per attempt.
+ * release happen exactly once per attempt. The first byte and a good end
+ * also teach the table the server's prefill rate and decode pace.
  */
 
 
@@ -41,9 +43,9 @@ ngx_http_kvroute_decision_time(ngx_http_kvroute_ctx_t *ctx)
 
 void
 ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
-    ngx_http_kvroute_peer_t *p, uint32_t overlap)
+    ngx_http_kvroute_peer_t *p, const kv_route_result_t *res)
 {
-    int64_t                       cached, blocks, bs;
+    int64_t                       bs;
     ngx_http_kvroute_zone_t      *zone = ctx->conf->zone;
 
     if (ctx->chosen == NULL) {
@@ -51,33 +53,55 @@ ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
     }
 
     ctx->chosen = p;
-    ctx->chosen_overlap = overlap;
+    ctx->chosen_overlap = res ? res->overlap : 0;
+    ctx->chosen_cost = res ? res->estimate : 0;
+    ctx->why = res ? res->why : KV_ROUTE_WHY_NONE;
 
     if (p->load < 0) {
         return;
     }
 
     bs = ctx->conf->block_size;
-    cached = (int64_t) overlap * bs;
-    /* the request holds all its blocks while it runs, cached or not */
-    blocks = ((int64_t) ctx->prompt_tokens + bs - 1) / bs;
 
     ctx->load = p->load;
-    ctx->prefill_tokens = (int64_t) ctx->prompt_tokens > cached
-                          ? (int64_t) ctx->prompt_tokens - cached : 0;
-    ctx->decode_blocks = blocks > 0 ? blocks : 0;
+
+    if (res) {
+        ctx->prefill_tokens = res->prefill_tokens;
+        ctx->decode_blocks = res->decode_blocks;
+        ctx->decode_tokens = res->decode_tokens;
+        ctx->queued_tokens = res->queued_tokens;
+
+    } else {
+        /* a backup server: nothing cached is known there */
+        ctx->prefill_tokens = ctx->prompt_tokens;
+        ctx->decode_blocks = (ctx->prompt_tokens + bs - 1) / bs;
+        ctx->decode_tokens = ctx->max_tokens ? ctx->max_tokens
+                                             : ctx->conf->route.max_tokens;
+        ctx->queued_tokens = 0;
+    }
+
     ctx->active = 1;
     ctx->prefill_open = 1;
+    ctx->open_ns = ngx_http_kvroute_now_ns();
+    ctx->first_ns = 0;
 
     kv_load_add(zone->sh->load, zone->row, p->load, KV_LOAD_PREFILL_TOKENS,
                 ctx->prefill_tokens);
     kv_load_add(zone->sh->load, zone->row, p->load, KV_LOAD_DECODE_BLOCKS,
                 ctx->decode_blocks);
+    kv_load_add(zone->sh->load, zone->row, p->load, KV_LOAD_DECODE_TOKENS,
+                ctx->decode_tokens);
     kv_load_add(zone->sh->load, zone->row, p->load, KV_LOAD_REQUESTS, 1);
-    kv_load_count(zone->sh->load, p->load, overlap,
+    kv_load_count(zone->sh->load, p->load, ctx->chosen_overlap,
                   (uint32_t) (ctx->prompt_tokens / bs));
 }
 
+
+/*
+ * The first byte: the prompt is prefilled. What the server prefilled since
+ * the request was sent (its uncached tokens and what was queued ahead of
+ * them), over that time, is one sample of its prefill rate.
+ */
 
 void
 ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
@@ -89,9 +113,34 @@ ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
     }
 
     ctx->prefill_open = 0;
+    ctx->first_ns = ngx_http_kvroute_now_ns();
 
     kv_load_add(zone->sh->load, zone->row, ctx->load, KV_LOAD_PREFILL_TOKENS,
                 -ctx->prefill_tokens);
+
+    kv_load_learn_prefill(zone->sh->load, ctx->load,
+                          (double) (ctx->queued_tokens + ctx->prefill_tokens),
+                          (double) (ctx->first_ns - ctx->open_ns) / 1e6);
+}
+
+
+/* A response that ended well: its output tokens over its time after the
+ * first byte are one sample of the server's decode pace. */
+
+void
+ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx)
+{
+    ngx_http_kvroute_zone_t  *zone = ctx->conf->zone;
+
+    if (!ctx->active || ctx->first_ns == 0 || ctx->decode_tokens <= 1) {
+        return;
+    }
+
+    /* the first token came with the first byte */
+    kv_load_learn_decode(zone->sh->load, ctx->load,
+                         (double) (ctx->decode_tokens - 1),
+                         (double) (ngx_http_kvroute_now_ns() - ctx->first_ns)
+                         / 1e6);
 }
 
 
@@ -104,11 +153,18 @@ ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx)
         return;
     }
 
-    ngx_http_kvroute_acct_prefill_done(ctx);
-
     ctx->active = 0;
+
+    if (ctx->prefill_open) {
+        /* no first byte: an error or an abort, nothing to learn */
+        ctx->prefill_open = 0;
+        kv_load_add(zone->sh->load, zone->row, ctx->load,
+                    KV_LOAD_PREFILL_TOKENS, -ctx->prefill_tokens);
+    }
 
     kv_load_add(zone->sh->load, zone->row, ctx->load, KV_LOAD_DECODE_BLOCKS,
                 -ctx->decode_blocks);
+    kv_load_add(zone->sh->load, zone->row, ctx->load, KV_LOAD_DECODE_TOKENS,
+                -ctx->decode_tokens);
     kv_load_add(zone->sh->load, zone->row, ctx->load, KV_LOAD_REQUESTS, -1);
 }

@@ -102,22 +102,10 @@ ngx_module_t  ngx_http_kvroute_module = {
 };
 
 
+#define NGX_HTTP_KVROUTE_FB_NAME(name, str, prompt)  str,
+
 const char  *ngx_http_kvroute_fallback_names[] = {
-    "",
-    "no_zone",
-    "no_body",
-    "unbuffered_body",
-    "body_read_error",
-    "parse_error",
-    "no_prompt",
-    "no_tokenizer",
-    "no_chat_template",
-    "template_error",
-    "tokenize_error",
-    "unknown_model",
-    "no_memory",
-    "all_busy",
-    "prompt_capped",
+    NGX_HTTP_KVROUTE_FALLBACKS(NGX_HTTP_KVROUTE_FB_NAME)
 };
 
 
@@ -186,6 +174,12 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
      *     kcf->template = NULL;
      *     kcf->peers = NULL;
      */
+
+    kcf->block_size = 16;
+    kcf->retry_after = 1;
+    kcf->thread_threshold = 65536;
+    kcf->max_tokenize = 4 * 1024 * 1024;
+    kv_route_config_init(&kcf->route);
 
     if (ngx_array_init(&kcf->worker_ids, cf->pool, 1,
                        sizeof(ngx_http_kvroute_worker_map_t))

@@ -442,22 +442,26 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
 static void
 ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
 {
+    ngx_uint_t               i;
     ngx_http_kvroute_ctx_t  *ctx = t->ctx;
 
-    static const ngx_http_kvroute_fallback_e  map[] = {
-        NGX_HTTP_KVROUTE_FB_NONE,           /* KV_PROMPT_OK */
-        NGX_HTTP_KVROUTE_FB_PARSE,
-        NGX_HTTP_KVROUTE_FB_NO_PROMPT,
-        NGX_HTTP_KVROUTE_FB_NO_TOKENIZER,
-        NGX_HTTP_KVROUTE_FB_NO_TEMPLATE,
-        NGX_HTTP_KVROUTE_FB_TEMPLATE,
-        NGX_HTTP_KVROUTE_FB_TOKENIZE,
-        NGX_HTTP_KVROUTE_FB_MODEL,
-        NGX_HTTP_KVROUTE_FB_NO_MEMORY,
+#define NGX_HTTP_KVROUTE_FB_FROM(name, str, prompt)  (int) (prompt),
+
+    static const int  from[] = {
+        NGX_HTTP_KVROUTE_FALLBACKS(NGX_HTTP_KVROUTE_FB_FROM)
     };
 
-    ctx->fallback = map[t->result.status];
+    ctx->fallback = NGX_HTTP_KVROUTE_FB_NO_PROMPT;
+
+    for (i = 0; i < NGX_HTTP_KVROUTE_FB_N; i++) {
+        if (from[i] == (int) t->result.status) {
+            ctx->fallback = i;
+            break;
+        }
+    }
+
     ctx->prompt_tokens = t->result.prompt_tokens;
+    ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
     ctx->seq = t->result.seq;
     ctx->nseq = t->result.nseq;
 
@@ -472,47 +476,4 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
                       "kvroute: max_tokenize: %s, %uL tokens estimated",
                       t->result.err, t->result.estimated_tokens);
     }
-}
-
-
-/* True when every usable primary server is over a busy threshold. */
-
-ngx_int_t
-ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf)
-{
-    ngx_uint_t                i, usable;
-    kv_load_server_t          ls;
-    ngx_http_kvroute_peer_t  *p;
-
-    if (kcf->score.busy_prefill_tokens == 0
-        && kcf->score.busy_decode_blocks == 0)
-    {
-        return 0;
-    }
-
-    usable = 0;
-
-    for (i = 0; i < kcf->nprimary; i++) {
-        p = &kcf->peers[i];
-
-        if (p->peer->down || p->load < 0) {
-            continue;
-        }
-
-        usable++;
-
-        kv_load_get(kcf->zone->sh->load, p->load, &ls);
-
-        if ((kcf->score.busy_prefill_tokens == 0
-             || (uint64_t) ls.active[KV_LOAD_PREFILL_TOKENS]
-                < kcf->score.busy_prefill_tokens)
-            && (kcf->score.busy_decode_blocks == 0
-                || (uint64_t) ls.active[KV_LOAD_DECODE_BLOCKS]
-                   < kcf->score.busy_decode_blocks))
-        {
-            return 0;
-        }
-    }
-
-    return usable > 0;
 }

@@ -15,6 +15,7 @@ typedef enum {
     NGX_HTTP_KVROUTE_VAR_PROMPT_BLOCKS,
     NGX_HTTP_KVROUTE_VAR_PROMPT_TOKENS,
     NGX_HTTP_KVROUTE_VAR_DECISION_US,
+    NGX_HTTP_KVROUTE_VAR_COST,
     NGX_HTTP_KVROUTE_VAR_FALLBACK
 } ngx_http_kvroute_var_e;
 
@@ -39,6 +40,9 @@ static ngx_http_variable_t  ngx_http_kvroute_vars[] = {
 
     { ngx_string("kvroute_decision_us"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_DECISION_US, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_cost"), NULL, ngx_http_kvroute_variable,
+      NGX_HTTP_KVROUTE_VAR_COST, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
     { ngx_string("kvroute_fallback"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_FALLBACK, NGX_HTTP_VAR_NOCACHEABLE, 0 },
@@ -81,7 +85,7 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    p = ngx_pnalloc(r->pool, NGX_INT64_LEN);
+    p = ngx_pnalloc(r->pool, NGX_INT64_LEN + 8);    /* "%.3f" too */
     if (p == NULL) {
         return NGX_ERROR;
     }
@@ -113,6 +117,14 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
 
     case NGX_HTTP_KVROUTE_VAR_DECISION_US:
         v->len = ngx_sprintf(p, "%M", ctx->decision_us) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_COST:
+        if (ctx->chosen == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        v->len = ngx_sprintf(p, "%.3f", ctx->chosen_cost) - p;
         break;
 
     default: /* NGX_HTTP_KVROUTE_VAR_FALLBACK */

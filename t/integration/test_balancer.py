@@ -111,8 +111,10 @@ def test_fresh_prompts_spread_by_load(stack):
 
 
 def test_load_pushes_away_from_saturated_holder(stack):
-    """A prefix holder made busy loses the prefix's next request."""
-    ng, ports = fleet(stack, n=2)
+    """A prefix holder made busy loses the prefix's next request (Dynamo's
+    cost, where the blocks held by decoding requests weigh against overlap;
+    the TTFT policy's saturation rules are in t/unit/test_route.c)."""
+    ng, ports = fleet(stack, n=2, params="policy=dynamo")
     long_prefix = ids("long", 4096)              # 256 blocks
     s, h, _, _ = complete(ng.port, long_prefix)
     holder = h["x-kvroute-worker"]
@@ -343,7 +345,7 @@ def test_prometheus_status(stack):
 
 @pytest.mark.parametrize("params,needle", [
     ("zone=nope", 'uses zone=nope but there is no "kvroute_zone nope SIZE;"'),
-    ("temperature=-1", 'invalid "temperature=-1"'),
+    ("temperature=-1", 'invalid parameter "temperature=-1"'),
     ("block_size=0", 'invalid parameter "block_size=0"'),
     ("mode=fast", 'invalid "mode=fast"'),
     ("mode=events", "has mode=events but no kvroute_events"),
@@ -372,7 +374,8 @@ def test_zone_too_small_and_worker_id_mismatch(stack):
 
 
 def test_temperature_spreads_and_zero_does_not(stack):
-    for params, expect_spread in (("temperature=0", False), ("temperature=50", True)):
+    for params, expect_spread in (("policy=dynamo temperature=0", False),
+                                  ("policy=dynamo temperature=50", True)):
         w = stack.worker(engines=3, extra=["--speedup", "50"])
         ng = stack.nginx(conf(stack, w.ports, params))
         base = ids("temp" + params, 160)

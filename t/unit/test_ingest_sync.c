@@ -53,6 +53,12 @@ void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
     last_clear = worker_id;
 }
 
+uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
+                         uint64_t engine_hash)
+{
+    return engine_hash;
+}
+
 void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
 {
     n_clears++;

@@ -77,10 +77,39 @@ TEST(full_tables)
     free(mem);
 }
 
+/* Learned rates: the first sample is the mean, later ones move it by 1/16
+ * of the way on numerator and denominator alike. */
+TEST(learned_rates)
+{
+    size_t     sz = kv_load_size(4, 2);
+    void      *mem = calloc(1, sz);
+    kv_load_t *ld = kv_load_init(mem, sz, 4, 2, 0);
+    kv_load_server_t s;
+    int        a = kv_load_server(ld, "u/a", 3);
+
+    kv_load_get(ld, a, &s);
+    CHECK(s.prefill_rate == 0 && s.decode_pace == 0);
+    kv_load_learn_prefill(ld, a, 1000, 10);
+    kv_load_learn_decode(ld, a, 100, 2000);
+    kv_load_learn_prefill(ld, a, 0, 10);        /* ignored */
+    kv_load_learn_decode(ld, a, 10, -1);        /* ignored */
+    kv_load_get(ld, a, &s);
+    CHECK(s.prefill_rate == 100.0);
+    CHECK(s.decode_pace == 20.0);
+    kv_load_learn_prefill(ld, a, 1000 + 16 * 1000, 10);    /* tokens mean 2000 */
+    kv_load_get(ld, a, &s);
+    CHECK(s.prefill_rate == 200.0);
+    kv_load_add(ld, -1, a, KV_LOAD_DECODE_TOKENS, 256);
+    kv_load_get(ld, a, &s);
+    CHECK(s.active[KV_LOAD_DECODE_TOKENS] == 256);
+    free(mem);
+}
+
 int main(void)
 {
     RUN(names_and_counts);
     RUN(dead_process_reaped);
     RUN(full_tables);
+    RUN(learned_rates);
     return kvt_done();
 }

@@ -1,0 +1,295 @@
+/* The routing decision (see kv_route.h for the policy). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kv_route.h"
+#include "kv_score.h"
+
+void kv_route_config_init(kv_route_config_t *cfg)
+{
+    cfg->policy = KV_ROUTE_TTFT;
+    cfg->block_size = 16;
+    cfg->busy_prefill_tokens = 0;
+    cfg->busy_decode_blocks = 0;
+    cfg->worker_load = KV_ROUTE_LOAD_LOCAL;
+    cfg->slack = 0.25;
+    cfg->prefill_rate = 8;
+    cfg->decode_pace = 20;
+    cfg->max_tokens = 256;
+    cfg->overlap_weight = 1.0;
+    cfg->temperature = 0;
+}
+
+uint32_t kv_route_overlap(const kv_route_server_t *s)
+{
+    uint32_t ix = s->trusted ? s->overlap_index : 0;
+
+    return ix > s->overlap_pending ? ix : s->overlap_pending;
+}
+
+const char *kv_route_why_name(kv_route_why_t why)
+{
+    static const char *names[] = { "", "sticky", "spill", "cold", "cost" };
+
+    return (unsigned) why < sizeof(names) / sizeof(names[0]) ? names[why] : "";
+}
+
+static uint64_t prefill_load(const kv_route_server_t *s, const kv_route_config_t *cfg)
+{
+    if (cfg->worker_load == KV_ROUTE_LOAD_MAX && s->reported
+        && s->reported_prefill_tokens > s->prefill_tokens)
+    {
+        return s->reported_prefill_tokens;
+    }
+    return s->prefill_tokens;
+}
+
+static uint64_t decode_load(const kv_route_server_t *s, const kv_route_config_t *cfg)
+{
+    if (cfg->worker_load == KV_ROUTE_LOAD_MAX && s->reported
+        && s->reported_decode_blocks > s->decode_blocks)
+    {
+        return s->reported_decode_blocks;
+    }
+    return s->decode_blocks;
+}
+
+static uint32_t weight_of(const kv_route_server_t *s)
+{
+    return s->weight ? s->weight : 1;
+}
+
+static uint64_t uncached(const kv_route_server_t *s, const kv_route_request_t *rq, uint32_t bs)
+{
+    uint64_t cached = (uint64_t) kv_route_overlap(s) * bs;
+
+    return rq->prompt_tokens > cached ? rq->prompt_tokens - cached : 0;
+}
+
+/* splitmix64's finaliser */
+static uint64_t mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* Weighted rendezvous: the server with the lowest -ln(u)/weight for
+ * u = hash(key, id) in (0, 1) ranks first for key. */
+static double rendezvous(uint64_t key, const kv_route_server_t *s)
+{
+    double u = ((double) (mix(key ^ mix(s->id)) >> 11) + 0.5) / 9007199254740992.0;
+
+    return -log(u) / weight_of(s);
+}
+
+static int busy(const kv_route_server_t *s, const kv_route_config_t *cfg)
+{
+    return (cfg->busy_prefill_tokens && prefill_load(s, cfg) >= cfg->busy_prefill_tokens)
+           || (cfg->busy_decode_blocks && decode_load(s, cfg) >= cfg->busy_decode_blocks);
+}
+
+static int candidate(const kv_route_server_t *s)
+{
+    return s->usable && !s->busy;
+}
+
+/* --- ttft ---------------------------------------------------------------- */
+
+static double load_of(const kv_route_server_t *s)
+{
+    return (double) s->requests / weight_of(s);
+}
+
+/* a before b in the sticky order */
+static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
+{
+    uint32_t oa = kv_route_overlap(a), ob = kv_route_overlap(b);
+
+    if (oa != ob) {
+        return oa > ob;
+    }
+    if (a->ttft + a->decode_ms != b->ttft + b->decode_ms) {
+        return a->ttft + a->decode_ms < b->ttft + b->decode_ms;
+    }
+    if (a->tree_blocks != b->tree_blocks) {
+        return a->tree_blocks < b->tree_blocks;
+    }
+    return rendezvous(key, a) < rendezvous(key, b);
+}
+
+static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
+                     const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
+{
+    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+    uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
+    uint64_t key = rq->nseq ? rq->seq[0] : rnd;
+    double   best = INFINITY, loads = 0, mean, rate, pace, least = INFINITY;
+    size_t   i, m = 0;
+    int      pick = -1, held_outside = 0;
+    uint32_t longest = 0;
+
+    for (i = 0; i < n; i++) {
+        if (!candidate(&s[i])) {
+            continue;
+        }
+        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : cfg->prefill_rate * weight_of(&s[i]);
+        pace = s[i].decode_pace > 0 ? s[i].decode_pace : cfg->decode_pace;
+        s[i].ttft = (double) (prefill_load(&s[i], cfg) + uncached(&s[i], rq, bs)) / rate;
+        s[i].decode_ms = (double) out * pace;
+        loads += load_of(&s[i]);
+        m++;
+    }
+    if (m == 0) {
+        return -1;
+    }
+    mean = loads / (double) m;
+
+    /* E: not far above the mean load (the least loaded always is not), and
+     * within the slack of the best estimate among those */
+    for (i = 0; i < n; i++) {
+        if (candidate(&s[i]) && load_of(&s[i]) <= mean * (1 + cfg->slack) + 1) {
+            s[i].eligible = 1;
+            best = fmin(best, s[i].ttft);
+        }
+    }
+    /* estimates closer than one output token's time apart are equal:
+     * for short prompts that leaves the choice to load, as least_conn */
+    for (i = 0; i < n; i++) {
+        if (s[i].eligible
+            && s[i].ttft > best * (1 + cfg->slack) + s[i].decode_ms / (double) out)
+        {
+            s[i].eligible = 0;
+        }
+    }
+
+    for (i = 0; i < n; i++) {
+        if (s[i].eligible) {
+            longest = kv_route_overlap(&s[i]) > longest ? kv_route_overlap(&s[i]) : longest;
+            least = fmin(least, load_of(&s[i]));
+        } else if (s[i].usable && kv_route_overlap(&s[i]) > 0) {
+            held_outside = 1;
+        }
+    }
+
+    for (i = 0; i < n; i++) {
+        if (!s[i].eligible) {
+            continue;
+        }
+        if (longest > 0) {
+            *why = KV_ROUTE_WHY_STICKY;
+            if (pick < 0 || stickier(&s[i], &s[pick], key)) {
+                pick = (int) i;
+            }
+        } else if (held_outside) {
+            *why = KV_ROUTE_WHY_SPILL;
+            if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
+                pick = (int) i;
+            }
+        } else if (load_of(&s[i]) <= least) {
+            *why = KV_ROUTE_WHY_COLD;
+            if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
+                pick = (int) i;
+            }
+        }
+    }
+    return pick;
+}
+
+/* --- dynamo -------------------------------------------------------------- */
+
+static int pick_dynamo(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
+                       const kv_route_config_t *cfg, uint64_t rnd)
+{
+    kv_candidate_t     small[64], *c = n <= 64 ? small : malloc(n * sizeof(*c));
+    kv_score_config_t  sc;
+    size_t             i;
+    int                pick;
+
+    if (c == NULL) {
+        return -1;
+    }
+    sc.overlap_weight = cfg->overlap_weight;
+    sc.temperature = cfg->temperature;
+    sc.block_size = cfg->block_size ? cfg->block_size : 16;
+    sc.busy_prefill_tokens = 0;             /* kv_route_pick judged busy */
+    sc.busy_decode_blocks = 0;
+    for (i = 0; i < n; i++) {
+        c[i].usable = candidate(&s[i]);
+        c[i].weight = weight_of(&s[i]);
+        c[i].overlap = kv_route_overlap(&s[i]);
+        c[i].tree_blocks = s[i].tree_blocks;
+        c[i].active_prefill_tokens = prefill_load(&s[i], cfg);
+        c[i].active_decode_blocks = decode_load(&s[i], cfg);
+    }
+    pick = kv_score_pick(c, n, rq->prompt_tokens, &sc, rnd);
+    for (i = 0; i < n; i++) {
+        s[i].ttft = c[i].cost;
+        s[i].decode_ms = 0;
+        s[i].eligible = c[i].usable;
+    }
+    if (c != small) {
+        free(c);
+    }
+    return pick;
+}
+
+/* --- the decision -------------------------------------------------------- */
+
+int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
+                  const kv_route_config_t *cfg, uint64_t rnd, kv_route_result_t *out)
+{
+    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+    size_t   i, usable = 0, busy_n = 0;
+    int      pick;
+
+    out->pick = KV_ROUTE_NONE;
+    out->why = KV_ROUTE_WHY_NONE;
+    out->overlap = 0;
+    out->estimate = 0;
+    out->prefill_tokens = 0;
+    out->decode_blocks = 0;
+    out->decode_tokens = 0;
+    out->queued_tokens = 0;
+
+    for (i = 0; i < n; i++) {
+        s[i].busy = busy(&s[i], cfg);
+        s[i].eligible = 0;
+        s[i].ttft = 0;
+        s[i].decode_ms = 0;
+        if (s[i].usable) {
+            usable++;
+            busy_n += s[i].busy != 0;
+        }
+    }
+    if (usable == 0) {
+        return out->pick;
+    }
+    if (busy_n == usable) {
+        out->pick = KV_ROUTE_BUSY;
+        return out->pick;
+    }
+
+    if (cfg->policy == KV_ROUTE_DYNAMO) {
+        pick = pick_dynamo(s, n, rq, cfg, rnd);
+        out->why = KV_ROUTE_WHY_COST;
+    } else {
+        pick = pick_ttft(s, n, rq, cfg, rnd, &out->why);
+    }
+    if (pick < 0) {
+        out->why = KV_ROUTE_WHY_NONE;
+        return out->pick;
+    }
+
+    out->pick = pick;
+    out->overlap = kv_route_overlap(&s[pick]);
+    out->estimate = s[pick].ttft;
+    out->prefill_tokens = uncached(&s[pick], rq, bs);
+    /* the request holds all its blocks while it runs, cached or not */
+    out->decode_blocks = (rq->prompt_tokens + bs - 1) / bs;
+    out->decode_tokens = rq->max_tokens ? rq->max_tokens : cfg->max_tokens;
+    out->queued_tokens = prefill_load(&s[pick], cfg);
+    return pick;
+}

@@ -1,0 +1,327 @@
+/* The routing decision (kv_route.c), driven with recorded overlap and load
+ * at block sizes 16, 32 and 64. */
+#include <math.h>
+#include "kvtest.h"
+#include "kv_route.h"
+
+static const uint32_t sizes[] = { 16, 32, 64 };
+static const uint64_t seq[12] = { 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112 };
+
+static kv_route_config_t config(kv_route_policy_t policy, uint32_t bs)
+{
+    kv_route_config_t cfg;
+
+    kv_route_config_init(&cfg);
+    cfg.policy = policy;
+    cfg.block_size = bs;
+    cfg.decode_pace = 1e-9;     /* no floor under the slack unless a test sets one */
+    return cfg;
+}
+
+static void idle(kv_route_server_t *s, size_t n)
+{
+    memset(s, 0, n * sizeof(*s));
+    for (size_t i = 0; i < n; i++) {
+        s[i].usable = 1;
+        s[i].weight = 1;
+        s[i].trusted = 1;
+        s[i].id = 7000 + i;
+    }
+}
+
+static kv_route_request_t request(uint64_t blocks, uint32_t bs)
+{
+    kv_route_request_t rq = { blocks * bs, seq, blocks, 0 };
+
+    return rq;
+}
+
+/* Dynamo: holder of 10 of 12 blocks with X queued prefill tokens costs
+ * X/bs + 2 + 2, an idle server 12 + 12: the holder wins below 20 blocks
+ * of queue, whatever the block size. */
+TEST(dynamo_threshold_scales_with_block_size)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_DYNAMO, bs);
+        kv_route_request_t rq = request(12, bs);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+
+        idle(s, 2);
+        s[0].overlap_index = 10;
+        s[0].prefill_tokens = 19 * bs;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.estimate == 19 + 4);
+        CHECK_EQ_U64(r.prefill_tokens, 2 * bs);
+        CHECK_EQ_U64(r.decode_blocks, 12);
+        s[0].prefill_tokens = 21 * bs;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+        CHECK(r.estimate == 24);
+        CHECK(r.why == KV_ROUTE_WHY_COST);
+    }
+}
+
+TEST(dynamo_ties_go_to_the_smaller_tree)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_DYNAMO, 16);
+    kv_route_request_t rq = request(4, 16);
+    kv_route_server_t s[2];
+    kv_route_result_t r;
+
+    for (uint64_t rnd = 0; rnd < 8; rnd++) {
+        idle(s, 2);
+        s[0].tree_blocks = 900;
+        s[1].tree_blocks = 30;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, rnd, &r) == 1);
+    }
+}
+
+/* TTFT: holder of 10 of 12 blocks with Q queued tokens estimates
+ * (Q + 2 bs) / rate, an idle server 12 bs / rate; the holder stays while
+ * within the slack (1.25: Q <= 13 bs), then the prefix spills. */
+TEST(ttft_sticky_until_saturated)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(12, bs);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+
+        idle(s, 2);
+        s[0].overlap_index = 10;
+        s[0].requests = 1;
+        s[0].prefill_tokens = 12 * bs;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+        CHECK(fabs(r.estimate - 14.0 * bs / cfg.prefill_rate) < 1e-9);
+        CHECK_EQ_U64(r.prefill_tokens, 2 * bs);
+        CHECK_EQ_U64(r.queued_tokens, 12 * bs);
+        s[0].prefill_tokens = 14 * bs;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+        CHECK(r.why == KV_ROUTE_WHY_SPILL);
+        CHECK_EQ_U64(r.prefill_tokens, 12 * bs);
+    }
+}
+
+TEST(ttft_longest_prefix_within_the_slack)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
+    kv_route_request_t rq = request(12, 32);
+    kv_route_server_t s[3];
+    kv_route_result_t r;
+
+    idle(s, 3);
+    s[0].overlap_index = 6;
+    s[1].overlap_index = 8;
+    s[1].prefill_tokens = 3 * 32;       /* (3 + 4) vs (0 + 6) blocks: within 1.25 */
+    CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 1);
+    CHECK(r.overlap == 8);
+}
+
+TEST(ttft_learned_rate_counts)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 64);
+    kv_route_request_t rq = request(10, 64);
+    kv_route_server_t s[2];
+    kv_route_result_t r;
+
+    idle(s, 2);
+    s[0].overlap_index = 10;            /* fully cached, but a slow queue */
+    s[0].prefill_tokens = 6400;
+    s[0].prefill_rate = 10;             /* 640 ms */
+    s[1].prefill_rate = 100;            /* 640 tokens at 100/ms: 6.4 ms */
+    CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+    CHECK(fabs(r.estimate - 6.4) < 1e-9);
+    s[0].prefill_rate = 1000;           /* 6.4 ms too: the cache wins */
+    CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+    CHECK_EQ_U64(r.prefill_tokens, 0);
+}
+
+/* Nobody holds the prefix: the fewest requests, then the rendezvous order
+ * of its first block, the same whatever the order of the servers or the
+ * random draw (independent routers agree). */
+TEST(ttft_cold_rendezvous_agrees)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 16);
+    kv_route_server_t s[4], t[4];
+    kv_route_result_t r;
+    int seen[4] = { 0, 0, 0, 0 };
+
+    for (uint64_t first = 1; first <= 64; first++) {
+        uint64_t q[2] = { first * 7919, 5 };
+        kv_route_request_t rq = { 32, q, 2, 0 };
+        int a, b;
+
+        idle(s, 4);
+        a = kv_route_pick(s, 4, &rq, &cfg, first, &r);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        for (int i = 0; i < 4; i++) {
+            t[i] = s[3 - i];
+        }
+        b = kv_route_pick(t, 4, &rq, &cfg, first * 3, &r);
+        CHECK(a >= 0 && b >= 0 && s[a].id == t[b].id);
+        seen[a]++;
+    }
+    for (int i = 0; i < 4; i++) {
+        CHECK(seen[i] > 4);             /* spread, not pinned */
+    }
+
+    {
+        kv_route_request_t rq = request(2, 16);
+
+        idle(s, 4);
+        s[0].requests = s[1].requests = s[2].requests = 1;
+        CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == 3);
+    }
+}
+
+/* A hot prefix whose holder saturated goes to the same next server every
+ * time (rendezvous among the eligible), so its set stays small and warm. */
+TEST(ttft_hot_prefix_spills_to_one_next_server)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 64);
+    kv_route_request_t rq = request(12, 64);
+    kv_route_server_t s[6];
+    kv_route_result_t r;
+    int first = -1;
+
+    for (uint64_t rnd = 0; rnd < 16; rnd++) {
+        idle(s, 6);
+        s[2].overlap_index = 12;
+        s[2].prefill_tokens = 100000;
+        kv_route_pick(s, 6, &rq, &cfg, rnd, &r);
+        CHECK(r.why == KV_ROUTE_WHY_SPILL && r.pick != 2);
+        if (first < 0) {
+            first = r.pick;
+        }
+        CHECK(r.pick == first);
+    }
+    /* once that one holds it too, it is sticky there */
+    idle(s, 6);
+    s[2].overlap_index = 12;
+    s[2].prefill_tokens = 100000;
+    s[first].overlap_pending = 12;
+    CHECK(kv_route_pick(s, 6, &rq, &cfg, 0, &r) == first);
+    CHECK(r.why == KV_ROUTE_WHY_STICKY);
+}
+
+TEST(requests_bound_spreads_decode)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 16);
+    kv_route_request_t rq = request(4, 16);
+    kv_route_server_t s[4];
+    kv_route_result_t r;
+
+    idle(s, 4);
+    s[0].overlap_index = 4;             /* fully cached, but 12 requests decoding */
+    s[0].requests = 12;
+    s[1].requests = s[2].requests = s[3].requests = 2;
+    CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) != 0);
+    s[0].requests = 4;                  /* mean 2.5: 4 <= 1.25 * 2.5 + 1 */
+    CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == 0);
+}
+
+/* Estimates less than one output token's time apart are equal: a short
+ * prompt goes to the server with fewer requests even if another has a
+ * slightly shorter prefill queue. */
+TEST(short_prompts_placed_by_load)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 64);
+    kv_route_request_t rq = request(4, 64);
+    kv_route_server_t s[2];
+    kv_route_result_t r;
+
+    cfg.decode_pace = 20;               /* 160 tokens' worth at 8 tokens/ms */
+    idle(s, 2);
+    s[0].requests = 6;
+    s[1].requests = 4;
+    s[1].prefill_tokens = 128;          /* 384 vs 256 tokens: 16 ms apart */
+    CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+    CHECK(r.why == KV_ROUTE_WHY_COLD);
+    s[1].prefill_tokens = 4096;         /* 544 ms apart: the queue counts */
+    CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+}
+
+TEST(untrusted_index_pending_still_counts)
+{
+    for (int policy = 0; policy < 2; policy++) {
+        kv_route_config_t cfg = config((kv_route_policy_t) policy, 16);
+        kv_route_request_t rq = request(8, 16);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+
+        idle(s, 2);
+        s[0].overlap_index = 8;
+        s[0].trusted = 0;
+        s[1].overlap_index = 3;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+        CHECK(r.overlap == 3);
+        s[0].overlap_pending = 6;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.overlap == 6);
+    }
+}
+
+TEST(busy_and_none)
+{
+    for (int policy = 0; policy < 2; policy++) {
+        kv_route_config_t cfg = config((kv_route_policy_t) policy, 16);
+        kv_route_request_t rq = request(4, 16);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+
+        cfg.busy_prefill_tokens = 1000;
+        idle(s, 2);
+        s[0].prefill_tokens = 1000;
+        s[1].prefill_tokens = 5000;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == KV_ROUTE_BUSY);
+        s[1].prefill_tokens = 999;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+        /* the worker's report counts only with worker_load=max */
+        s[1].reported = 1;
+        s[1].reported_prefill_tokens = 4000;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+        cfg.worker_load = KV_ROUTE_LOAD_MAX;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == KV_ROUTE_BUSY);
+        s[0].usable = s[1].usable = 0;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == KV_ROUTE_NONE);
+    }
+}
+
+TEST(the_attempt_adds)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
+    kv_route_request_t rq = { 100, seq, 3, 0 };
+    kv_route_server_t s[1];
+    kv_route_result_t r;
+
+    idle(s, 1);
+    s[0].overlap_index = 2;
+    CHECK(kv_route_pick(s, 1, &rq, &cfg, 0, &r) == 0);
+    CHECK_EQ_U64(r.prefill_tokens, 36);
+    CHECK_EQ_U64(r.decode_blocks, 4);              /* 100 tokens: 4 blocks of 32 held */
+    CHECK_EQ_U64(r.decode_tokens, cfg.max_tokens); /* none asked: the default */
+    rq.max_tokens = 17;
+    kv_route_pick(s, 1, &rq, &cfg, 0, &r);
+    CHECK_EQ_U64(r.decode_tokens, 17);
+    CHECK_STR(kv_route_why_name(r.why), "sticky");
+}
+
+int main(void)
+{
+    RUN(dynamo_threshold_scales_with_block_size);
+    RUN(dynamo_ties_go_to_the_smaller_tree);
+    RUN(ttft_sticky_until_saturated);
+    RUN(ttft_longest_prefix_within_the_slack);
+    RUN(ttft_learned_rate_counts);
+    RUN(ttft_cold_rendezvous_agrees);
+    RUN(ttft_hot_prefix_spills_to_one_next_server);
+    RUN(requests_bound_spreads_decode);
+    RUN(short_prompts_placed_by_load);
+    RUN(untrusted_index_pending_still_counts);
+    RUN(busy_and_none);
+    RUN(the_attempt_adds);
+    return kvt_done();
+}
