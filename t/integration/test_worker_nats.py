@@ -147,9 +147,15 @@ def test_nats_restart_announces_and_resyncs(stack):
     """NATS goes away and comes back: HTTP keeps serving, the worker
     announces again, and a dump reflects every event it has numbered."""
     ns = stack.nats()
+    nc0 = kvnats.Nats(ns.port)
+    hb0 = nc0.subscribe(P + ".kvroute.heartbeat")
     w = stack.worker(extra=["--nats", ns.url, "--heartbeat-ms", "200", "--speedup", "50",
                             "--worker-id", "77"])
     port = w.ports[0]
+    # a restart of a server the worker is connected to (a server dying during
+    # the worker's first handshake is another case: docs/PROTOCOL.md)
+    nc0.wait(hb0, lambda ms: any(m.json()["worker_id"] == 77 for m in ms), timeout=30)
+    nc0.close()
     kvt._kill(ns)
     for i in range(3):
         status, _, _, _ = kvt.post_json(port, "/v1/completions",
@@ -158,6 +164,11 @@ def test_nats_restart_announces_and_resyncs(stack):
     ns2 = stack.nats(port=ns.port)
     nc = kvnats.Nats(ns2.port)
     hb = nc.subscribe(P + ".kvroute.heartbeat")
+    # the worker is back once its heartbeats are; the announce it sends on
+    # reconnecting may have gone before this subscription existed, so ask
+    # as routers do after every reconnect (discover -> announce)
+    nc.wait(hb, lambda ms: any(m.json()["worker_id"] == 77 for m in ms), timeout=30)
+    nc.publish(P + ".kvroute.discover", {})
     msgs = nc.wait(hb, lambda ms: any(m.json()["type"] == "announce" for m in ms), timeout=30)
     ann = [m.json() for m in msgs if m.json()["type"] == "announce"][0]
     header, blocks = dump(nc, 77)
