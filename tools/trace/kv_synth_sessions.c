@@ -8,34 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { uint64_t s[4]; } rng_t;    /* xoshiro256** */
-
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void rng_seed(rng_t *r, uint64_t seed, uint64_t stream)
-{
-    uint64_t x = seed ^ (stream * 0xd1b54a32d192ed03ull);
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix(&x);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t rng_next(rng_t *r)
-{
-    uint64_t *s = r->s, out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
-    return out;
-}
+#include "kv_rng.h"
 
 static double rng_unit(rng_t *r)       /* (0, 1] */
 {
@@ -44,7 +17,7 @@ static double rng_unit(rng_t *r)       /* (0, 1] */
 
 static uint32_t rng_between(rng_t *r, uint32_t lo, uint32_t hi)
 {
-    return lo + (uint32_t)(((unsigned __int128)rng_next(r) * (hi - lo + 1ull)) >> 64);
+    return lo + (uint32_t)rng_below(r, hi - lo + 1ull);
 }
 
 static double rng_exp(rng_t *r, double mean)
