@@ -9,6 +9,7 @@
 
 #include <zmq.h>
 
+#include "kv_buf.h"
 #include "kv_hash.h"
 #include "kv_vllm_event.h"
 #include "kv_zmq.h"
@@ -237,26 +238,6 @@ static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
     zlog("%s (%s): blocks cleared: %s", p->cfg.server, p->cfg.endpoint, why);
 }
 
-static int grow(void **a, size_t *cap, size_t need, size_t size)
-{
-    void   *q;
-    size_t  n = *cap ? *cap : 256;
-
-    if (need <= *cap) {
-        return 0;
-    }
-    while (n < need) {
-        n *= 2;
-    }
-    q = realloc(*a, n * size);
-    if (q == NULL) {
-        return -1;
-    }
-    *a = q;
-    *cap = n;
-    return 0;
-}
-
 static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint32_t dp,
                          uint64_t now)
 {
@@ -295,7 +276,7 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
         return;
     }
 
-    if (grow((void **) &z->blocks, &z->cap_blocks, e->n_hashes, sizeof(kv_stored_block_t)) != 0) {
+    if (kv_grow((void **) &z->blocks, &z->cap_blocks, e->n_hashes, sizeof(kv_stored_block_t)) != 0) {
         p->st.apply_errors++;
         return;
     }
@@ -333,7 +314,7 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
     size_t      i, n = 0;
     char        err[128];
 
-    if (grow((void **) &z->rm, &z->cap_rm, e->n_hashes, sizeof(uint64_t)) != 0) {
+    if (kv_grow((void **) &z->rm, &z->cap_rm, e->n_hashes, sizeof(uint64_t)) != 0) {
         p->st.apply_errors++;
         return;
     }
@@ -421,7 +402,7 @@ static int hold(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t le
     held_t *h;
 
     if (p->n_held >= z->cfg.hold_messages || p->held_bytes + len > HOLD_BYTES_MAX
-        || grow((void **) &p->held, &p->cap_held, p->n_held + 1, sizeof(held_t)) != 0)
+        || kv_grow((void **) &p->held, &p->cap_held, p->n_held + 1, sizeof(held_t)) != 0)
     {
         return -1;
     }
