@@ -12,6 +12,7 @@
  * Every function here runs with ing->mu held.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -465,54 +466,50 @@ typedef struct {
     kv_worker_load_t    load;
 } heartbeat_t;
 
-static int parse_load(kv_jscan_t *s, kv_worker_load_t *l)
-{
-    char key[48];
-    int first = 1, r;
-    if (kv_jscan_expect(s, '{') < 0)
-        return -1;
-    while ((r = kv_jscan_key(s, &first, key, sizeof(key))) == 1) {
-        uint64_t *f = !strcmp(key, "active_prefill_tokens") ? &l->active_prefill_tokens
-                    : !strcmp(key, "active_decode_blocks")  ? &l->active_decode_blocks
-                    : !strcmp(key, "kv_used_blocks")        ? &l->kv_used_blocks
-                    : !strcmp(key, "waiting")               ? &l->waiting
-                    : !strcmp(key, "running")               ? &l->running : NULL;
-        if ((f ? kv_jscan_u64(s, f) : kv_jscan_skip(s)) < 0)
-            return -1;
-    }
-    return r;
-}
+#define LOAD_U64(f)  { #f, KV_JF_U64, offsetof(kv_worker_load_t, f), 0, NULL }
+#define HB_U64(f)    { #f, KV_JF_U64, offsetof(heartbeat_t, f), 0, NULL }
+#define HB_STR(f)    { #f, KV_JF_STRING, offsetof(heartbeat_t, f), \
+                       sizeof(((heartbeat_t *) 0)->f), NULL }
+
+static const kv_jfield_t load_fields[] = {
+    LOAD_U64(active_prefill_tokens),
+    LOAD_U64(active_decode_blocks),
+    LOAD_U64(kv_used_blocks),
+    LOAD_U64(waiting),
+    LOAD_U64(running),
+    { NULL, 0, 0, 0, NULL }
+};
+
+/* worker_id first: bit 0 of the seen mask says it was there. */
+static const kv_jfield_t heartbeat_fields[] = {
+    HB_U64(worker_id),
+    HB_U64(dp_rank),
+    HB_U64(instance_id),
+    HB_U64(last_event_id),
+    HB_U64(interval_ms),
+    HB_U64(block_size),
+    HB_U64(num_blocks),
+    HB_STR(address),
+    HB_STR(model),
+    HB_STR(type),
+    { "load", KV_JF_OBJECT, offsetof(heartbeat_t, load), 0, load_fields },
+    { NULL, 0, 0, 0, NULL }
+};
 
 static int parse_heartbeat(const char *buf, size_t len, heartbeat_t *h)
 {
-    kv_jscan_t s;
-    char key[48];
-    int first = 1, r;
+    kv_jscan_t  s;
+    uint32_t    seen = 0;
+
     memset(h, 0, sizeof(*h));
     kv_jscan_init(&s, buf, len);
-    if (kv_jscan_expect(&s, '{') < 0)
+    if (kv_jscan_fields(&s, heartbeat_fields, h, &seen) < 0) {
         return -1;
-    while ((r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1) {
-        int rc;
-        if (!strcmp(key, "worker_id")) {
-            rc = kv_jscan_u64(&s, &h->worker_id);
-            h->has_worker = 1;
-        } else if (!strcmp(key, "dp_rank")) rc = kv_jscan_u64(&s, &h->dp_rank);
-        else if (!strcmp(key, "instance_id")) rc = kv_jscan_u64(&s, &h->instance_id);
-        else if (!strcmp(key, "last_event_id")) rc = kv_jscan_u64(&s, &h->last_event_id);
-        else if (!strcmp(key, "interval_ms")) rc = kv_jscan_u64(&s, &h->interval_ms);
-        else if (!strcmp(key, "block_size")) rc = kv_jscan_u64(&s, &h->block_size);
-        else if (!strcmp(key, "num_blocks")) rc = kv_jscan_u64(&s, &h->num_blocks);
-        else if (!strcmp(key, "address")) rc = kv_jscan_string(&s, h->address, sizeof(h->address));
-        else if (!strcmp(key, "model")) rc = kv_jscan_string(&s, h->model, sizeof(h->model));
-        else if (!strcmp(key, "type")) rc = kv_jscan_string(&s, h->type, sizeof(h->type));
-        else if (!strcmp(key, "load")) rc = parse_load(&s, &h->load);
-        else rc = kv_jscan_skip(&s);
-        if (rc < 0)
-            return -1;
     }
-    if (r < 0 || !h->has_worker || h->dp_rank > UINT32_MAX)
+    h->has_worker = seen & 1;
+    if (!h->has_worker || h->dp_rank > UINT32_MAX) {
         return -1;
+    }
     return 0;
 }
 
@@ -729,32 +726,33 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
     }
 }
 
+#define DUMP_U64(f)  { #f, KV_JF_U64, offsetof(dump_head_t, f), 0, NULL }
+
+/* "blocks" last: its bit in the seen mask says the chunk has blocks. */
+static const kv_jfield_t dump_head_fields[] = {
+    DUMP_U64(worker_id),
+    DUMP_U64(dp_rank),
+    DUMP_U64(instance_id),
+    DUMP_U64(last_event_id),
+    DUMP_U64(chunk),
+    DUMP_U64(chunks),
+    { "blocks", KV_JF_SKIP, 0, 0, NULL },
+    { NULL, 0, 0, 0, NULL }
+};
+
 /* The head fields of a chunk, "blocks" skipped: 0, or -1 if malformed. */
 static int dump_head(const char *buf, size_t len, dump_head_t *h)
 {
-    kv_jscan_t s;
-    char key[48];
-    int first = 1, r;
+    kv_jscan_t  s;
+    uint32_t    seen = 0;
+
     memset(h, 0, sizeof(*h));
     kv_jscan_init(&s, buf, len);
-    if (kv_jscan_expect(&s, '{') < 0)
+    if (kv_jscan_fields(&s, dump_head_fields, h, &seen) < 0) {
         return -1;
-    while ((r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1) {
-        int rc;
-        if (!strcmp(key, "worker_id")) rc = kv_jscan_u64(&s, &h->worker_id);
-        else if (!strcmp(key, "dp_rank")) rc = kv_jscan_u64(&s, &h->dp_rank);
-        else if (!strcmp(key, "instance_id")) rc = kv_jscan_u64(&s, &h->instance_id);
-        else if (!strcmp(key, "last_event_id")) rc = kv_jscan_u64(&s, &h->last_event_id);
-        else if (!strcmp(key, "chunk")) rc = kv_jscan_u64(&s, &h->chunk);
-        else if (!strcmp(key, "chunks")) rc = kv_jscan_u64(&s, &h->chunks);
-        else {
-            h->seen_blocks |= !strcmp(key, "blocks");
-            rc = kv_jscan_skip(&s);
-        }
-        if (rc < 0)
-            return -1;
     }
-    return r == 0 && h->seen_blocks ? 0 : -1;
+    h->seen_blocks = (seen >> 6) & 1;
+    return h->seen_blocks ? 0 : -1;
 }
 
 /* Why a chunk cannot belong to the dump we asked worker i for, or NULL. */
