@@ -62,7 +62,7 @@ static void worker_remove(kv_ingest_t *ing, int i, uint64_t now_ms, const char *
     buf_free(&w->buf);
     memset(w, 0, sizeof(*w));
     kv_registry_remove(ing->reg, i);
-    kv_registry_status_add(ing->reg, ST(removed), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(removed), 1);
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         kv_wstate_t *o = &ing->wk[k];
         if (!o->used || o->worker_id != id || o->state == KV_WORKER_GONE)
@@ -156,7 +156,7 @@ static void count(kv_ingest_t *ing, int i, size_t rec_off, size_t status_field, 
         kv_registry_status_add(ing->reg, status_field, n);
 }
 
-#define COUNT(ing, i, rf, sf, n) count(ing, i, offsetof(kv_worker_rec_t, rf), ST(sf), n)
+#define COUNT(ing, i, rf, sf, n) count(ing, i, offsetof(kv_worker_rec_t, rf), KV_STATUS_OFF(sf), n)
 
 /* --- buffer ------------------------------------------------------------- */
 
@@ -206,7 +206,7 @@ static void buf_push(kv_ingest_t *ing, int i, const kv_event_t *ev)
                 lim_bl) < 0) {
         buf_reset(b);
         b->overflow = 1;
-        kv_registry_status_add(ing->reg, ST(buffer_overflows), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(buffer_overflows), 1);
         return;
     }
     kv_buf_event_t *be = &b->ev[b->n++];
@@ -278,9 +278,9 @@ static void apply_one(kv_ingest_t *ing, int i, const kv_event_t *ev, uint64_t no
         else
             r->blocks_removed += nb;
         kv_registry_write_end(ing->reg, i);
-        kv_registry_status_add(ing->reg, ST(events), 1);
-        kv_registry_status_add(ing->reg, ST(blocks), nb);
-        kv_registry_status_set(ing->reg, ST(last_event_ms), now_ms);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(events), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(blocks), nb);
+        kv_registry_status_set(ing->reg, KV_STATUS_OFF(last_event_ms), now_ms);
     }
     if (ev->event_id > w->last_applied || ev->event_id == 1)
         w->last_applied = ev->event_id;
@@ -314,7 +314,7 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     w->need_resync = 0;
     w->dump_next_chunk = 0;
     w->dump_deadline_ms = now_ms + ing->cfg.dump_timeout_ms;
-    kv_registry_status_add(ing->reg, ST(resyncs), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(resyncs), 1);
     if (ing->cfg.verbose)
         kv_ingest_log(ing, "resync worker %" PRIu64 " rank %u (dump %" PRIu64 ")", w->worker_id,
                       w->dp_rank, w->dump_seq);
@@ -323,7 +323,7 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
 
 static void reject(kv_ingest_t *ing, const char *what, uint64_t worker_id, uint64_t id)
 {
-    kv_registry_status_add(ing->reg, ST(rejected), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(rejected), 1);
     if (ing->cfg.verbose)
         kv_ingest_log(ing, "worker %" PRIu64 ": %s (id %" PRIu64 ") rejected", worker_id, what,
                       id);
@@ -342,7 +342,7 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
 {
     int i = worker_get(ing, ev->worker_id, ev->dp_rank, now_ms);
     if (i < 0) {
-        kv_registry_status_add(ing->reg, ST(apply_errors), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(apply_errors), 1);
         return;
     }
     kv_wstate_t *w = &ing->wk[i];
@@ -419,7 +419,7 @@ void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t 
         handle_event(ing, &b->events[k], now_ms);
     uint64_t lag = b->has_envelope && b->published_at && now_ms > b->published_at
                        ? now_ms - b->published_at : 0;
-    kv_registry_status_set(ing->reg, ST(last_event_lag_ms), lag);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(last_event_lag_ms), lag);
 }
 
 /* After a whole dump: events buffered meanwhile, in order, past its id. */
@@ -541,7 +541,7 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
 {
     heartbeat_t h;
     if (parse_heartbeat(buf, len, &h) < 0) {
-        kv_registry_status_add(ing->reg, ST(decode_errors), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(decode_errors), 1);
         return;
     }
     if (subject_worker && h.worker_id != *subject_worker) {
@@ -549,7 +549,7 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
                *subject_worker);
         return;
     }
-    kv_registry_status_add(ing->reg, ST(heartbeats), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(heartbeats), 1);
     if (!strcmp(h.type, "leave")) {
         /* a worker shutting down: free its record and slots now */
         for (uint32_t k = 0; k < ing->max_workers; k++)
@@ -697,7 +697,7 @@ static int dump_blocks(kv_ingest_t *ing, int i, kv_jscan_t *s, uint64_t now_ms)
 static void dump_failed(kv_ingest_t *ing, int i, uint64_t now_ms, const char *why)
 {
     kv_wstate_t *w = &ing->wk[i];
-    kv_registry_status_add(ing->reg, ST(dump_failures), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(dump_failures), 1);
     if (ing->cfg.verbose)
         kv_ingest_log(ing, "dump from worker %" PRIu64 " failed: %s", w->worker_id, why);
     w->dump_seq = 0;
@@ -827,7 +827,7 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
     w->dump_floor = h.last_event_id;
     w->hb_applied = h.last_event_id;
     w->behind_since_ms = 0;
-    kv_registry_status_add(ing->reg, ST(dumps), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(dumps), 1);
     kv_worker_rec_t *rec = kv_registry_write_begin(ing->reg, i);
     rec->resyncs++;
     kv_registry_write_end(ing->reg, i);
@@ -906,7 +906,7 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
             w->need_resync = 0;
             w->dump_seq = 0;
             buf_reset(&w->buf);
-            kv_registry_status_add(ing->reg, ST(timeouts), 1);
+            kv_registry_status_add(ing->reg, KV_STATUS_OFF(timeouts), 1);
             if (ing->cfg.verbose)
                 kv_ingest_log(ing, "worker %" PRIu64 " silent: blocks dropped", w->worker_id);
             publish(ing, (int)i);
