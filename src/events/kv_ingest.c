@@ -19,6 +19,7 @@
 
 #include "kv_ingest_int.h"
 #include "kv_proto.h"
+#include "kv_signals.h"
 
 #define MAX_SERVERS 16
 
@@ -584,7 +585,7 @@ static void connect_now(kv_ingest_t *ing, uint64_t now_ms)
     subscribe_all(ing);
 }
 
-int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
+static int start(kv_ingest_t *ing, char *err, size_t errlen)
 {
     natsStatus s = natsOptions_Create(&ing->opts);
     if (s != NATS_OK) {
@@ -624,6 +625,18 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
     connect_now(ing, kv_ingest_now_ms());
     pthread_mutex_unlock(&ing->mu);
     return 0;
+}
+
+/* cnats's threads must not take the host's signals. */
+int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
+{
+    sigset_t  old;
+    int       rc;
+
+    kv_signals_block(&old);
+    rc = start(ing, err, errlen);
+    kv_signals_restore(&old);
+    return rc;
 }
 
 /* Durable push consumer on the stream (created if absent, with the stream

@@ -11,6 +11,7 @@
 
 #include "kv_buf.h"
 #include "kv_hash.h"
+#include "kv_signals.h"
 #include "kv_vllm_event.h"
 #include "kv_zmq.h"
 
@@ -953,7 +954,7 @@ kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_
     return z;
 }
 
-int kv_zmq_start(kv_zmq_t *z, char *err, size_t errlen)
+static int start(kv_zmq_t *z, char *err, size_t errlen)
 {
     size_t i;
 
@@ -974,6 +975,18 @@ int kv_zmq_start(kv_zmq_t *z, char *err, size_t errlen)
     pthread_setname_np(z->thread, "kvroute-zmq");     /* top -H, benchmarks */
     z->running = 1;
     return 0;
+}
+
+/* libzmq's threads (and ours) must not take the host's signals. */
+int kv_zmq_start(kv_zmq_t *z, char *err, size_t errlen)
+{
+    sigset_t  old;
+    int       rc;
+
+    kv_signals_block(&old);
+    rc = start(z, err, errlen);
+    kv_signals_restore(&old);
+    return rc;
 }
 
 void kv_zmq_tick(kv_zmq_t *z, uint64_t now)
