@@ -153,19 +153,29 @@ static void parse(kvw_pull_t *p)
             p->st->pulled_bytes += p->rx.block_bytes;
         }
         evbuffer_drain(p->in, used);
-        if (ev == KVX_DONE) {
-            double link_s = 0;
-            if (p->be->simulated) {
-                /* the mock's manifest: charge what its KV would take on the link */
-                double bytes = (double)p->rx.count * kvw_xfer_block_bytes(p->e);
-                link_s = bytes * 8 / (p->e->cfg->link_gbps * 1e9);
-                p->st->link_s += link_s;
-                p->st->pulled_bytes += (uint64_t)bytes;
-            }
-            conclude(p, 1, link_s, NULL);
-            return;
-        }
     }
+}
+
+/* The reply is complete: a whole, verified stream and nothing after it is a success. */
+static void complete(kvw_pull_t *p)
+{
+    double link_s = 0;
+
+    parse(p);
+    if (p->over)
+        return;
+    if (kvx_rx_need(&p->rx) != 0) {
+        fail(p, "%s", "the transfer stream ended early (truncated)");
+        return;
+    }
+    if (p->be->simulated) {
+        /* the mock's manifest: charge what its KV would take on the link */
+        double bytes = (double)p->rx.count * kvw_xfer_block_bytes(p->e);
+        link_s = bytes * 8 / (p->e->cfg->link_gbps * 1e9);
+        p->st->link_s += link_s;
+        p->st->pulled_bytes += (uint64_t)bytes;
+    }
+    conclude(p, 1, link_s, NULL);
 }
 
 static void on_chunk(struct evhttp_request *req, void *arg)
@@ -217,9 +227,7 @@ static void on_done(struct evhttp_request *req, void *arg)
         conclude(p, 0, 0, msg);
         return;
     }
-    parse(p);
-    if (!p->over)
-        fail(p, "%s", "the transfer stream ended early (truncated)");
+    complete(p);
 }
 
 static void on_error(enum evhttp_request_error err, void *arg)
