@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -51,7 +52,15 @@ struct kvw_pull {
     char                        why[320];
     kvw_pull_done_fn            done;
     void                       *arg;
+    struct timespec             t0;
 };
+
+static double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
 
 static void pull_free(kvw_pull_t *p)
 {
@@ -100,6 +109,7 @@ static void on_fin(evutil_socket_t fd, short what, void *arg)
                           (size_t)p->n_full * kvw_blocks_block_size(p->bm));
         kvw_blocks_flush(p->bm);
         p->st->pulled++;
+        p->st->pull_s += since(&p->t0);
         kvw_seq_blocks_t pin = p->pin;
         memset(&p->pin, 0, sizeof(p->pin));
         pull_free(p);
@@ -327,6 +337,7 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
     p->r = r;
     p->done = done;
     p->arg = arg;
+    clock_gettime(CLOCK_MONOTONIC, &p->t0);
     p->n_full = (uint32_t)((r->n_prompt - 1) / bs);
     p->seq = malloc((p->n_full + 1) * sizeof(uint64_t));
     p->local = malloc((p->n_full + 1) * sizeof(uint64_t));
