@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -45,6 +46,7 @@ struct kvw_pull {
     uint32_t                    have, n_full;
     kvx_rx_t                    rx;
     struct evbuffer            *in;         /* received, not yet parsed */
+    uint8_t                    *stage;      /* the frame being checked */
     struct event               *deadline;
     struct event               *fin;        /* the end, run outside libevent's callbacks */
     int                         over;       /* result decided: ignore further callbacks */
@@ -76,6 +78,7 @@ static void pull_free(kvw_pull_t *p)
         evbuffer_free(p->in);
     free(p->seq);
     free(p->local);
+    free(p->stage);
     free(p);
 }
 
@@ -145,7 +148,12 @@ static void parse(kvw_pull_t *p)
         }
         if (evbuffer_get_length(p->in) < need)
             return;
-        const uint8_t *buf = evbuffer_pullup(p->in, (ev_ssize_t)need), *payload = NULL;
+        /* one copy, into a staging buffer reused for every frame */
+        if (evbuffer_copyout(p->in, p->stage, need) != (ev_ssize_t)need) {
+            fail(p, "%s", "cannot read the receive buffer");
+            return;
+        }
+        const uint8_t *buf = p->stage, *payload = NULL;
         kvx_block_t blk;
         kvx_rx_ev_t ev = kvx_rx_feed(&p->rx, buf, need, &used, &blk, &payload, why, sizeof(why));
 
@@ -364,6 +372,12 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
         pull_free(p);
         return NULL;
     }
+    p->stage = malloc(KVX_HDR_LEN + KVX_BLK_LEN + p->be->block_bytes);
+    if (p->stage == NULL) {
+        *why = "out of memory";
+        pull_free(p);
+        return NULL;
+    }
     p->rx.model_fp = kvw_xfer_model_fp(e);
     p->rx.layout_fp = kvw_xfer_layout_fp(e);
     p->rx.block_bytes = p->be->block_bytes;
@@ -387,6 +401,8 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
     int secs = (e->cfg->xfer_timeout_ms + 999) / 1000;
     evhttp_connection_set_timeout(p->conn, secs);
     evhttp_connection_set_retries(p->conn, 0);
+    /* libevent reads 16 KB per callback by default: a transfer is MBs */
+    bufferevent_set_max_single_read(evhttp_connection_get_bufferevent(p->conn), 1 << 20);
     evhttp_request_set_chunked_cb(p->req, on_chunk);
     evhttp_request_set_error_cb(p->req, on_error);
     struct evkeyvalq *hd = evhttp_request_get_output_headers(p->req);
