@@ -422,3 +422,16 @@ def test_both_pools_publish_events(stack):
         assert ids[1001] >= 24 and ids[2002] >= 24, ids
     finally:
         nc.close()
+
+
+def test_kvxfer_bench_smoke():
+    """tools/kvxfer-bench, trimmed: it runs and reports a whole transfer."""
+    r = subprocess.run([os.path.join(kvt.TOP, ".venv", "bin", "python"),
+                        os.path.join(kvt.TOP, "tools", "kvxfer-bench"), "--tokens", "81",
+                        "--trials", "1", "--build", os.path.relpath(kvt.BUILD, kvt.TOP)],
+                       capture_output=True, text=True, cwd=kvt.TOP, env=kvt.sanitizer_env(),
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [json.loads(l) for l in r.stdout.splitlines() if l.startswith("{")]
+    assert lines[0]["blocks"] == 5 and lines[0]["bytes"] == 5 * 524288
+    assert lines[-1]["summary"] and lines[-1]["GB_per_s_median"] > 0
