@@ -68,15 +68,23 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     size_t              len;
     kv_prompt_status_t  st;
 
+    int                 unsupported;
+
     if (cfg->chat == NULL) {
         return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
     }
-    msgs = json_loadb(b->messages, b->messages_len, 0, &jerr);
-    if (msgs == NULL) {
-        return fail(out, KV_PROMPT_PARSE, jerr.text);
+    /* what kv_request_render renders, without jansson's slow parse when
+     * the JSON allows (a long conversation parses in a tenth of the time) */
+    text = kv_chat_render_json(cfg->chat, b->messages, b->messages_len, 1, kv_chat_now(), &len,
+                               err, sizeof(err), &unsupported);
+    if (text == NULL && unsupported) {
+        msgs = json_loadb(b->messages, b->messages_len, 0, &jerr);
+        if (msgs == NULL) {
+            return fail(out, KV_PROMPT_PARSE, jerr.text);
+        }
+        text = kv_request_render(cfg->chat, msgs, &len, err, sizeof(err));
+        json_decref(msgs);
     }
-    text = kv_request_render(cfg->chat, msgs, &len, err, sizeof(err));
-    json_decref(msgs);
     if (text == NULL) {
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }
