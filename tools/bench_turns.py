@@ -25,6 +25,7 @@ CONVS = int(os.environ.get("CONVS", "30"))
 TURNS = int(os.environ.get("TURNS", "10"))
 KIND = os.environ.get("KIND", "chat")
 WORKERS = int(os.environ.get("NGINX_WORKERS", "2"))
+SIDES = os.environ.get("SIDES", "on,off").split(",")     # SIDES=on: for a profile
 QWEN = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct")
 
 UPSTREAM = """
@@ -112,7 +113,7 @@ def main():
             for t, msgs in enumerate(turns):
                 path, obj = body(msgs)
                 data = json.dumps(obj)
-                order = ("on", "off") if n % 2 == 0 else ("off", "on")
+                order = SIDES if n % 2 == 0 else SIDES[::-1]
                 n += 1
                 for side in order:
                     conn.request("POST", "/%s%s" % (side, path), data,
@@ -123,7 +124,7 @@ def main():
         conn.close()
         time.sleep(0.5)     # the access log is written after the response
         res = {}
-        for side in ("on", "off"):
+        for side in SIDES:
             rows = [l.split() for l in open(os.path.join(st.dir, side + ".log"))]
             first = [int(r[0]) for r in rows if r[3] == "1"]
             follow = [int(r[0]) for r in rows if r[3] != "1"]
@@ -135,8 +136,11 @@ def main():
                          "n_follow": len(follow),
                          "follow_cached_tokens_p50": pct(cached, .5),
                          "follow_tokens_max": max(int(r[1]) for r in rows)}
-        res["ratio_follow_p50"] = round(res["on"]["follow_p50_us"] / res["off"]["follow_p50_us"], 3)
-        res["ratio_follow_p99"] = round(res["on"]["follow_p99_us"] / res["off"]["follow_p99_us"], 3)
+        if len(SIDES) == 2:
+            res["ratio_follow_p50"] = round(res["on"]["follow_p50_us"] / res["off"]["follow_p50_us"],
+                                            3)
+            res["ratio_follow_p99"] = round(res["on"]["follow_p99_us"] / res["off"]["follow_p99_us"],
+                                            3)
         res["kind"] = KIND
         res["loadavg"] = open("/proc/loadavg").read().split()[:3]
         print(json.dumps(res))
