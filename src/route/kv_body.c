@@ -96,7 +96,21 @@ static int scan_ids_fast(scan_t *s, kv_body_t *b, int keep, size_t *cap, int *fi
 {
     const char *p = s->p, *end = s->end, *q, *at;
     uint64_t    v;
+    size_t      most = (size_t) (end - p) / 2 + 1;
+    uint32_t   *grown;
 
+    /* an id takes 2 bytes at least ("7,"): room for all the rest at once
+     * (at most 64k more at a time), so the loop stores without growing */
+    most = b->n_ids + (most < 65536 ? most : 65536);
+    if (keep && *cap < most) {
+        most = most > 2 * *cap ? most : 2 * *cap;
+        grown = realloc(b->ids, most * sizeof(uint32_t));
+        if (grown == NULL) {
+            return kv_jscan_fail(s, "out of memory");
+        }
+        b->ids = grown;
+        *cap = most;
+    }
     for (;;) {
         at = p;
         if (!*first) {
@@ -111,11 +125,13 @@ static int scan_ids_fast(scan_t *s, kv_body_t *b, int keep, size_t *cap, int *fi
         for (q = p, v = 0; q < end && q - p < 10 && (unsigned char) (*q - '0') < 10; q++) {
             v = v * 10 + (uint64_t) (*q - '0');
         }
-        if (q == p || q >= end || (*q != ',' && *q != ']') || v > UINT32_MAX) {
+        if (q == p || q >= end || (*q != ',' && *q != ']') || v > UINT32_MAX
+            || (keep && b->n_ids == *cap))
+        {
             break;
         }
-        if (keep && push_id(s, b, cap, (uint32_t) v) != 0) {
-            return -1;
+        if (keep) {
+            b->ids[b->n_ids++] = (uint32_t) v;
         }
         *first = 0;
         if (*q == ']') {
