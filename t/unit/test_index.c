@@ -442,7 +442,7 @@ TEST(open_on_reuse)
  */
 #define CW        8         /* workers */
 #define CCHAINS   256
-#define CLEN      24
+#define CLEN      72        /* over 32: the reader takes the jump path */
 
 typedef struct {
     _Atomic int         done;
@@ -527,6 +527,12 @@ static void writer(kv_index_t *ix, shared_t *sh)
         } else {
             int cut = (int) (r >> 12) % held[c][w];
 
+            if ((r >> 20) % 4 == 0) {
+                /* one block from the middle: a hole, the rest stays held */
+                remove_hashes(ix, (uint64_t) w, 0, &seq[cut], 1);
+                held[c][w] = (uint8_t) cut;
+                continue;
+            }
             /* tail first, as engines evict */
             for (int i = held[c][w] - 1; i >= cut; i--) {
                 remove_hashes(ix, (uint64_t) w, 0, &seq[i], 1);
