@@ -155,8 +155,8 @@ static uint16_t *counts(const kv_index_t *ix)
     return (uint16_t *) (void *) ((char *) ix + ix->off_counts);
 }
 
-/* The filter counter of a key: keys are hashes already, one multiply
- * spreads the odd ones tests use. */
+/* The filter bit of a key: keys are hashes already, one multiply spreads
+ * the odd ones tests use. */
 static uint64_t filter_slot(const kv_index_t *ix, uint64_t key)
 {
     return (key * 0x9e3779b97f4a7c15ULL) >> (64 - ix->filter_bits);
@@ -423,8 +423,9 @@ static int bits_empty(const kv_index_t *ix, const entry_t *e)
  * A hole of slot s is a key s does not hold while s holds a child of it
  * (the key chained one block further). The table maps such keys to the
  * slots that may have a hole there (a superset: a listed slot may have
- * none), and the filter counts table keys per filter slot, so a reader can
- * tell from one u16 that a key is surely no hole of anyone. */
+ * none). The filter has one bit per bucket of keys, set while the table
+ * holds a key of that bucket (the writer counts them), so a reader can tell
+ * from one bit that a key is surely no hole of anyone. */
 
 static int64_t hole_find(const kv_index_t *ix, uint64_t key)
 {
