@@ -1224,8 +1224,8 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
 
     slot = kv_index_worker_add(ix, p->worker_id, 0);
     if (slot >= 0) {
-        kv_index_record(ix, slot, ctx->seq + from, ctx->nseq - from,
-                        (uint64_t) ngx_current_msec);
+        kv_index_record_at(ix, slot, ctx->seq, from, ctx->nseq,
+                           (uint64_t) ngx_current_msec);
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
