@@ -925,6 +925,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].decode_tokens = ls.active[KV_LOAD_DECODE_TOKENS];
             s[i].requests = ls.active[KV_LOAD_REQUESTS];
             s[i].prefill_rate = ls.prefill_rate;
+            s[i].prefill_base = ls.prefill_base;
             s[i].decode_pace = ls.decode_pace;
         }
 

@@ -29,7 +29,7 @@ uint32_t kv_route_overlap(const kv_route_server_t *s)
 
 const char *kv_route_why_name(kv_route_why_t why)
 {
-    static const char *names[] = { "", "sticky", "spill", "cold", "cost" };
+    static const char *names[] = { "", "sticky", "spill", "cold", "cost", "session" };
 
     return (unsigned) why < sizeof(names) / sizeof(names[0]) ? names[why] : "";
 }
@@ -103,13 +103,17 @@ static double load_of(const kv_route_server_t *s)
     return (double) s->requests / weight_of(s);
 }
 
-/* a before b in the sticky order */
-static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
+/* a before b in the sticky order; home: the session's home or -1 */
+static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key,
+                    const kv_route_server_t *home)
 {
     uint32_t oa = kv_route_overlap(a), ob = kv_route_overlap(b);
 
     if (oa != ob) {
         return oa > ob;
+    }
+    if (home && (a == home || b == home)) {
+        return a == home;
     }
     if (a->ttft + a->decode_ms != b->ttft + b->decode_ms) {
         return a->ttft + a->decode_ms < b->ttft + b->decode_ms;
@@ -128,7 +132,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
     double   best = INFINITY, loads = 0, mean, rate, pace, least = INFINITY;
     size_t   i, m = 0;
-    int      pick = -1, held_outside = 0;
+    int      pick = -1, held_outside = 0, home = -1;
     uint32_t longest = 0;
 
     for (i = 0; i < n; i++) {
@@ -137,7 +141,8 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         }
         rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : cfg->prefill_rate * weight_of(&s[i]);
         pace = s[i].decode_pace > 0 ? s[i].decode_pace : cfg->decode_pace;
-        s[i].ttft = (double) (prefill_load(&s[i], cfg) + uncached(&s[i], rq, bs)) / rate;
+        s[i].ttft = s[i].prefill_base
+                    + (double) (prefill_load(&s[i], cfg) + uncached(&s[i], rq, bs)) / rate;
         s[i].decode_ms = (double) out * pace;
         loads += load_of(&s[i]);
         m++;
@@ -169,9 +174,20 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         if (s[i].eligible) {
             longest = kv_route_overlap(&s[i]) > longest ? kv_route_overlap(&s[i]) : longest;
             least = fmin(least, load_of(&s[i]));
+            if (rq->session
+                && (home < 0 || rendezvous(rq->session, &s[i])
+                                < rendezvous(rq->session, &s[home])))
+            {
+                home = (int) i;
+            }
         } else if (s[i].usable && kv_route_overlap(&s[i]) > 0) {
             held_outside = 1;
         }
+    }
+
+    if (longest == 0 && !held_outside && home >= 0) {
+        *why = KV_ROUTE_WHY_SESSION;
+        return home;
     }
 
     for (i = 0; i < n; i++) {
@@ -180,7 +196,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         }
         if (longest > 0) {
             *why = KV_ROUTE_WHY_STICKY;
-            if (pick < 0 || stickier(&s[i], &s[pick], key)) {
+            if (pick < 0 || stickier(&s[i], &s[pick], key, home >= 0 ? &s[home] : NULL)) {
                 pick = (int) i;
             }
         } else if (held_outside) {

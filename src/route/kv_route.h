@@ -14,7 +14,7 @@
  * Conductor style, with "sticky until saturated" prefix affinity.
  *
  *   uncached(s) = prompt_tokens - min(prompt_tokens, overlap(s) * block_size)
- *   ttft(s)     = (queued_prefill_tokens(s) + uncached(s)) / prefill_rate(s)   [ms]
+ *   ttft(s)     = prefill_base(s) + (queued_prefill_tokens(s) + uncached(s)) / prefill_rate(s)   [ms]
  *   decode(s)   = output_tokens * decode_pace(s)                             [ms]
  *
  *   prefill_rate is learned per server from traffic (prompt tokens it had to
@@ -38,6 +38,21 @@
  *   4. Cold: nobody holds it: among the servers of E with the fewest requests
  *      per weight, the first in rendezvous order, so that independent routers
  *      place a new prefix alike.
+ *
+ *   Sessions (rq->session, a hash of the request's session key: an operator's
+ *   header, OpenAI's prompt_cache_key or user): the session's home is the
+ *   first server of E in the session's rendezvous order (stateless, so every
+ *   router agrees and a restart forgets nothing). It breaks ties of step 2
+ *   (equal longest prefix: the home wins) and replaces step 4 (nobody is
+ *   known to hold the prompt: the home takes it, warm from the session's
+ *   earlier turns when the index lost them, or never knew, as in approximate
+ *   mode after an eviction or after an event gap). The prefix index always
+ *   comes first; a saturated home (outside E) is passed over for the next
+ *   server in the session's order, which stays the same while it lasts.
+ *
+ *   ttft's prefill part is base(s) + tokens / rate(s): the learned line of
+ *   time to first byte against tokens (kv_load.h), so a fixed per-request
+ *   latency is not charged to every queued token.
  *
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *
@@ -100,6 +115,7 @@ typedef struct {
     uint64_t    reported_decode_blocks;
     /* learned from traffic; 0: no sample yet */
     double      prefill_rate;       /* tokens/ms */
+    double      prefill_base;       /* ms that no token adds (0 until learned) */
     double      decode_pace;        /* ms/token */
     /* out: what the decision saw */
     int         busy;
@@ -113,6 +129,7 @@ typedef struct {
     const uint64_t     *seq;            /* block hashes, nseq of them */
     size_t              nseq;
     uint64_t            max_tokens;     /* 0: not given */
+    uint64_t            session;        /* hash of the session key; 0: none */
 } kv_route_request_t;
 
 #define KV_ROUTE_NONE  -1               /* no usable server */
@@ -123,7 +140,8 @@ typedef enum {
     KV_ROUTE_WHY_STICKY,                /* the longest cached prefix within the slack */
     KV_ROUTE_WHY_SPILL,                 /* its holders saturated: rendezvous in E */
     KV_ROUTE_WHY_COLD,                  /* nobody holds it: least requests, rendezvous */
-    KV_ROUTE_WHY_COST                   /* dynamo: the lowest cost */
+    KV_ROUTE_WHY_COST,                  /* dynamo: the lowest cost */
+    KV_ROUTE_WHY_SESSION                /* nobody known to hold it: the session's home */
 } kv_route_why_t;
 
 typedef struct {
@@ -149,7 +167,7 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
  * router's recent decisions in any case. */
 uint32_t kv_route_overlap(const kv_route_server_t *s);
 
-/* "sticky", "spill", "cold", "cost" or "" */
+/* "sticky", "spill", "cold", "cost", "session" or "" */
 const char *kv_route_why_name(kv_route_why_t why);
 
 #endif

@@ -31,7 +31,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)
 {
-    kv_route_request_t rq = { blocks * bs, seq, blocks, 0 };
+    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0 };
 
     return rq;
 }
@@ -151,7 +151,7 @@ TEST(ttft_cold_rendezvous_agrees)
 
     for (uint64_t first = 1; first <= 64; first++) {
         uint64_t q[2] = { first * 7919, 5 };
-        kv_route_request_t rq = { 32, q, 2, 0 };
+        kv_route_request_t rq = { 32, q, 2, 0, 0 };
         int a, b;
 
         idle(s, 4);
@@ -293,7 +293,7 @@ TEST(busy_and_none)
 TEST(the_attempt_adds)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
-    kv_route_request_t rq = { 100, seq, 3, 0 };
+    kv_route_request_t rq = { 100, seq, 3, 0, 0 };
     kv_route_server_t s[1];
     kv_route_result_t r;
 
@@ -307,6 +307,157 @@ TEST(the_attempt_adds)
     kv_route_pick(s, 1, &rq, &cfg, 0, &r);
     CHECK_EQ_U64(r.decode_tokens, 17);
     CHECK_STR(kv_route_why_name(r.why), "sticky");
+}
+
+/* With the learned fixed part of time to first byte, one short prompt
+ * queued ahead costs only its tokens: a short prompt with no reuse goes
+ * to the server with the fewest requests, as least_conn's, where a rate
+ * through the origin (base 0: 256 tokens in 200 ms) would double the
+ * queued server's estimate and send it elsewhere. Block sizes 16-64. */
+TEST(no_reuse_degrades_to_least_requests)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(256 / bs, bs);
+        kv_route_server_t s[3];
+        kv_route_result_t r;
+
+        cfg.decode_pace = 30;
+        idle(s, 3);
+        for (int i = 0; i < 3; i++) {
+            s[i].prefill_rate = 256.0 / 40;     /* 40 ms per 256 tokens */
+            s[i].prefill_base = 160;
+            s[i].decode_pace = 30;
+        }
+        s[0].requests = 9;
+        s[1].requests = 10;
+        s[2].requests = 6;
+        s[2].prefill_tokens = 256;              /* one short prompt queued */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        CHECK(fabs(r.estimate - (160 + 80)) < 1e-9);
+        for (int i = 0; i < 3; i++) {
+            s[i].prefill_rate = 256.0 / 200;    /* the same times, no base */
+            s[i].prefill_base = 0;
+        }
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+        /* a long queue still counts with a base */
+        for (int i = 0; i < 3; i++) {
+            s[i].prefill_rate = 256.0 / 40;
+            s[i].prefill_base = 160;
+        }
+        s[2].prefill_tokens = 8 * 256;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+    }
+}
+
+static int home_of(uint64_t session, kv_route_server_t *s, size_t n, uint32_t bs)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+    kv_route_request_t rq = request(4, bs);
+    kv_route_result_t r;
+
+    rq.session = session;
+    kv_route_pick(s, n, &rq, &cfg, 0, &r);
+    return r.why == KV_ROUTE_WHY_SESSION ? r.pick : -1;
+}
+
+/* A session with no known prefix goes to its home, the same whatever the
+ * first block, the server order or the router; sessions spread. */
+TEST(session_home_is_stable_and_spread)
+{
+    kv_route_server_t s[5], t[5];
+    int seen[5] = { 0 };
+
+    for (uint64_t session = 1; session <= 100; session++) {
+        int a, b, c;
+
+        idle(s, 5);
+        a = home_of(session * 0x9e3779b97f4a7c15ULL, s, 5, 64);
+        CHECK(a >= 0);
+        for (int i = 0; i < 5; i++) {
+            t[i] = s[4 - i];
+        }
+        b = home_of(session * 0x9e3779b97f4a7c15ULL, t, 5, 16);
+        CHECK(b >= 0 && s[a].id == t[b].id);
+        /* other load below saturation leaves it home */
+        idle(s, 5);
+        s[(a + 1) % 5].requests = 3;
+        s[a].requests = 2;
+        c = home_of(session * 0x9e3779b97f4a7c15ULL, s, 5, 32);
+        CHECK(c == a);
+        seen[a]++;
+    }
+    for (int i = 0; i < 5; i++) {
+        CHECK(seen[i] >= 8);
+    }
+}
+
+/* Saturated home: the next server in the session's order, the same every
+ * time; back home once it is not saturated. */
+TEST(session_saturated_home_passes_to_next)
+{
+    kv_route_server_t s[6];
+    uint64_t session = 0xfeedULL;
+    int home, next = -1;
+
+    idle(s, 6);
+    home = home_of(session, s, 6, 64);
+    for (int k = 0; k < 8; k++) {
+        idle(s, 6);
+        s[home].requests = 20;          /* mean 3.3: above 1.25 x mean + 1 */
+        int p = home_of(session, s, 6, 64);
+        CHECK(p >= 0 && p != home);
+        if (next < 0) {
+            next = p;
+        }
+        CHECK(p == next);
+    }
+    idle(s, 6);
+    for (int i = 0; i < 6; i++) {
+        s[i].requests = 2;
+    }
+    s[home].requests = 3;               /* mean 2.2: 3 <= 1.25 x 2.2 + 1 */
+    CHECK(home_of(session, s, 6, 64) == home);
+}
+
+/* The prefix index comes first: a longer cached prefix elsewhere beats the
+ * home; an equal one goes home; a known prefix spill beats the session. */
+TEST(session_after_the_prefix_index)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(8, bs);
+        kv_route_server_t s[4];
+        kv_route_result_t r;
+        int home, other;
+
+        rq.session = 77;
+        idle(s, 4);
+        home = home_of(77, s, 4, bs);
+        other = (home + 1) % 4;
+
+        idle(s, 4);
+        s[other].overlap_index = 3;
+        s[home].overlap_index = 2;
+        CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == other);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+
+        s[home].overlap_index = 3;
+        s[(home + 2) % 4].overlap_index = 3;
+        CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == home);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+
+        /* only a saturated server holds it: spill by the prefix, not home */
+        idle(s, 4);
+        s[other].overlap_index = 8;
+        s[other].requests = 40;
+        kv_route_pick(s, 4, &rq, &cfg, 0, &r);
+        CHECK(r.why == KV_ROUTE_WHY_SPILL);
+        CHECK_STR(kv_route_why_name(KV_ROUTE_WHY_SESSION), "session");
+    }
 }
 
 int main(void)
@@ -323,5 +474,9 @@ int main(void)
     RUN(untrusted_index_pending_still_counts);
     RUN(busy_and_none);
     RUN(the_attempt_adds);
+    RUN(no_reuse_degrades_to_least_requests);
+    RUN(session_home_is_stable_and_spread);
+    RUN(session_saturated_home_passes_to_next);
+    RUN(session_after_the_prefix_index);
     return kvt_done();
 }
