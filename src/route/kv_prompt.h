@@ -55,6 +55,7 @@ typedef struct {
     long                max_tokens;
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
+    uint64_t            session;        /* prompt_cache_key's key, else user's; 0: none */
     char                err[160];
 } kv_prompt_t;
 

@@ -124,25 +124,67 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
     return rendezvous(key, a) < rendezvous(key, b);
 }
 
+#define IN_L  1                         /* load bound */
+#define IN_E  2                         /* ... and the estimate within the slack */
+#define IN_C  4                         /* ... and the queue within the slack */
+
+/* The first server with a flag in mask in key's rendezvous order; -1 if
+ * none. */
+static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, int mask)
+{
+    size_t i;
+    int    first = -1;
+
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & mask)
+            && (first < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[first])))
+        {
+            first = (int) i;
+        }
+    }
+    return first;
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
     uint32_t bs = cfg->block_size ? cfg->block_size : 16;
     uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
-    double   best = INFINITY, loads = 0, mean, rate, pace, least = INFINITY;
-    size_t   i, m = 0;
+    double   best = INFINITY, loads = 0, mean, rate, base, pace, least = INFINITY;
+    double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
+    size_t   i, m = 0, nrate = 0, npace = 0;
     int      pick = -1, held_outside = 0, home = -1;
     uint32_t longest = 0;
+
+    /* a server the traffic has not measured yet is taken to be like those
+     * it has (per unit of weight); the configured defaults stand in only
+     * before any sample, so a new server neither looks faster than its
+     * measured peers (and draws every request) nor slower */
+    for (i = 0; i < n; i++) {
+        if (candidate(&s[i]) && s[i].prefill_rate > 0) {
+            lrate += s[i].prefill_rate / weight_of(&s[i]);
+            lbase += s[i].prefill_base;
+            nrate++;
+        }
+        if (candidate(&s[i]) && s[i].decode_pace > 0) {
+            lpace += s[i].decode_pace;
+            npace++;
+        }
+    }
+    lrate = nrate ? lrate / nrate : cfg->prefill_rate;
+    lbase = nrate ? lbase / nrate : 0;
+    lpace = npace ? lpace / npace : cfg->decode_pace;
 
     for (i = 0; i < n; i++) {
         if (!candidate(&s[i])) {
             continue;
         }
-        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : cfg->prefill_rate * weight_of(&s[i]);
-        pace = s[i].decode_pace > 0 ? s[i].decode_pace : cfg->decode_pace;
-        s[i].ttft = s[i].prefill_base
-                    + (double) (prefill_load(&s[i], cfg) + uncached(&s[i], rq, bs)) / rate;
+        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : lrate * weight_of(&s[i]);
+        base = s[i].prefill_rate > 0 ? s[i].prefill_base : lbase;
+        pace = s[i].decode_pace > 0 ? s[i].decode_pace : lpace;
+        s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
+        s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
         s[i].decode_ms = (double) out * pace;
         loads += load_of(&s[i]);
         m++;
@@ -152,64 +194,77 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     }
     mean = loads / (double) m;
 
-    /* E: not far above the mean load (the least loaded always is not), and
-     * within the slack of the best estimate among those */
+    /* L: not far above the mean load (the least loaded never is) */
     for (i = 0; i < n; i++) {
         if (candidate(&s[i]) && load_of(&s[i]) <= mean * (1 + cfg->slack) + 1) {
             s[i].eligible = 1;
             best = fmin(best, s[i].ttft);
+            minwait = fmin(minwait, s[i].wait);
         }
     }
-    /* estimates closer than one output token's time apart are equal:
-     * for short prompts that leaves the choice to load, as least_conn */
+
+    /*
+     * E (in L): within the slack of the best estimate; estimates closer
+     * than one output token's time apart are equal. C (in L), for a prompt
+     * nobody is known to hold, where the request's own prefill is the same
+     * work everywhere: the prefill queued ahead of it waits no longer than
+     * the least queue's by the slack of its own service time. On an idle
+     * fleet every server is in C, and cold placement is by requests alone
+     * (least_conn's), whatever the noise in each server's learned rate.
+     */
     for (i = 0; i < n; i++) {
+        grain = s[i].decode_ms / (double) out;
         if (s[i].eligible
-            && s[i].ttft > best * (1 + cfg->slack) + s[i].decode_ms / (double) out)
+            && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
-            s[i].eligible = 0;
+            s[i].eligible |= IN_C;
+        }
+        if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
+            s[i].eligible |= IN_E;
         }
     }
 
     for (i = 0; i < n; i++) {
-        if (s[i].eligible) {
+        if (s[i].eligible & IN_E) {
             longest = kv_route_overlap(&s[i]) > longest ? kv_route_overlap(&s[i]) : longest;
-            least = fmin(least, load_of(&s[i]));
-            if (rq->session
-                && (home < 0 || rendezvous(rq->session, &s[i])
-                                < rendezvous(rq->session, &s[home])))
-            {
-                home = (int) i;
-            }
         } else if (s[i].usable && kv_route_overlap(&s[i]) > 0) {
             held_outside = 1;
         }
+        if (s[i].eligible & IN_C) {
+            least = fmin(least, load_of(&s[i]));
+        }
     }
+    home = rq->session ? first_in_order(s, n, rq->session, longest > 0 ? IN_E : IN_C) : -1;
 
     if (longest == 0 && !held_outside && home >= 0) {
         *why = KV_ROUTE_WHY_SESSION;
-        return home;
+        pick = home;
+    } else if (longest > 0) {
+        *why = KV_ROUTE_WHY_STICKY;
+        for (i = 0; i < n; i++) {
+            if ((s[i].eligible & IN_E)
+                && (pick < 0 || stickier(&s[i], &s[pick], key, home >= 0 ? &s[home] : NULL)))
+            {
+                pick = (int) i;
+            }
+        }
+    } else if (held_outside) {
+        *why = KV_ROUTE_WHY_SPILL;
+        pick = first_in_order(s, n, key, IN_E);
+    } else {
+        *why = KV_ROUTE_WHY_COLD;
+        for (i = 0; i < n; i++) {
+            if ((s[i].eligible & IN_C) && load_of(&s[i]) <= least
+                && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+            {
+                pick = (int) i;
+            }
+        }
     }
 
+    /* report E membership */
     for (i = 0; i < n; i++) {
-        if (!s[i].eligible) {
-            continue;
-        }
-        if (longest > 0) {
-            *why = KV_ROUTE_WHY_STICKY;
-            if (pick < 0 || stickier(&s[i], &s[pick], key, home >= 0 ? &s[home] : NULL)) {
-                pick = (int) i;
-            }
-        } else if (held_outside) {
-            *why = KV_ROUTE_WHY_SPILL;
-            if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
-                pick = (int) i;
-            }
-        } else if (load_of(&s[i]) <= least) {
-            *why = KV_ROUTE_WHY_COLD;
-            if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
-                pick = (int) i;
-            }
-        }
+        s[i].eligible = (s[i].eligible & IN_E) != 0;
     }
     return pick;
 }
@@ -274,6 +329,7 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
         s[i].busy = busy(&s[i], cfg);
         s[i].eligible = 0;
         s[i].ttft = 0;
+        s[i].wait = 0;
         s[i].decode_ms = 0;
         if (s[i].usable) {
             usable++;

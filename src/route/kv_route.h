@@ -121,6 +121,7 @@ typedef struct {
     int         busy;
     int         eligible;           /* in E (ttft) */
     double      ttft;               /* ms (ttft) or cost (dynamo) */
+    double      wait;               /* ms of prefill queued ahead (ttft) */
     double      decode_ms;
 } kv_route_server_t;
 
