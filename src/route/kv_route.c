@@ -145,13 +145,55 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
     return first;
 }
 
+/*
+ * Cold: nobody holds the prompt, so its prefill is the same work anywhere;
+ * what differs is what it costs everyone. On server s, with r requests in
+ * flight, it waits for the prefill queued there and then stalls each of
+ * those r decoding streams while it prefills: for its tokens, and for the
+ * fixed part of a prefill step (the learned base) unless a prefill is
+ * already queued there, which it joins (engines batch queued prefills into
+ * one step). So, in ms of everyone's latency:
+ *
+ *   cost(s) = ttft(s) + r(s) x (tokens / rate(s) + (queued(s) ? 0 : base(s)))
+ *
+ * The lowest cost among the servers of C (load-bounded, and the queue it
+ * would wait behind within the slack of its own prefill, which bounds what
+ * its time to first token pays for the others' gain) wins; costs within one
+ * output token's time are equal, and among those the first in the prefix's
+ * rendezvous order (so independent routers agree on an idle fleet).
+ */
+static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
+{
+    double  cost, best = INFINITY, own;
+    size_t  i;
+    int     pick = -1;
+
+    for (i = 0; i < n; i++) {
+        if (!(s[i].eligible & IN_C)) {
+            continue;
+        }
+        own = s[i].ttft - s[i].wait - s[i].base;
+        cost = s[i].ttft + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
+        s[i].cold = cost;
+        best = fmin(best, cost);
+    }
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
+            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+        {
+            pick = (int) i;
+        }
+    }
+    return pick;
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
     uint32_t bs = cfg->block_size ? cfg->block_size : 16;
     uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
-    double   best = INFINITY, loads = 0, mean, rate, base, pace, least = INFINITY;
+    double   best = INFINITY, loads = 0, mean, rate, base, pace;
     double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
     size_t   i, m = 0, nrate = 0, npace = 0;
     int      pick = -1, held_outside = 0, home = -1;
@@ -184,6 +226,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         base = s[i].prefill_rate > 0 ? s[i].prefill_base : lbase;
         pace = s[i].decode_pace > 0 ? s[i].decode_pace : lpace;
         s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
+        s[i].base = base;
         s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
         s[i].decode_ms = (double) out * pace;
         loads += load_of(&s[i]);
@@ -205,12 +248,11 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
 
     /*
      * E (in L): within the slack of the best estimate; estimates closer
-     * than one output token's time apart are equal. C (in L), for a prompt
-     * nobody is known to hold, where the request's own prefill is the same
-     * work everywhere: the prefill queued ahead of it waits no longer than
-     * the least queue's by the slack of its own service time. On an idle
-     * fleet every server is in C, and cold placement is by requests alone
-     * (least_conn's), whatever the noise in each server's learned rate.
+     * than one output token's time apart are equal. C (in L), where a
+     * session's home may be: the prefill queued ahead waits no longer than
+     * the least queue's by the slack of the request's own service time (on
+     * an idle fleet every server, whatever the noise in each one's learned
+     * rate).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
@@ -229,9 +271,6 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             longest = kv_route_overlap(&s[i]) > longest ? kv_route_overlap(&s[i]) : longest;
         } else if (s[i].usable && kv_route_overlap(&s[i]) > 0) {
             held_outside = 1;
-        }
-        if (s[i].eligible & IN_C) {
-            least = fmin(least, load_of(&s[i]));
         }
     }
     home = rq->session ? first_in_order(s, n, rq->session, longest > 0 ? IN_E : IN_C) : -1;
@@ -253,13 +292,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         pick = first_in_order(s, n, key, IN_E);
     } else {
         *why = KV_ROUTE_WHY_COLD;
-        for (i = 0; i < n; i++) {
-            if ((s[i].eligible & IN_C) && load_of(&s[i]) <= least
-                && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
-            {
-                pick = (int) i;
-            }
-        }
+        pick = pick_cold(s, n, key, out);
     }
 
     /* report E membership */
@@ -330,6 +363,8 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
         s[i].eligible = 0;
         s[i].ttft = 0;
         s[i].wait = 0;
+        s[i].base = 0;
+        s[i].cold = 0;
         s[i].decode_ms = 0;
         if (s[i].usable) {
             usable++;

@@ -122,6 +122,8 @@ typedef struct {
     int         eligible;           /* in E (ttft) */
     double      ttft;               /* ms (ttft) or cost (dynamo) */
     double      wait;               /* ms of prefill queued ahead (ttft) */
+    double      base;               /* ms of the base used (ttft) */
+    double      cold;               /* cold cost, ms of everyone's latency (ttft) */
     double      decode_ms;
 } kv_route_server_t;
 

@@ -309,12 +309,13 @@ TEST(the_attempt_adds)
     CHECK_STR(kv_route_why_name(r.why), "sticky");
 }
 
-/* With the learned fixed part of time to first byte, one short prompt
- * queued ahead costs only its tokens: a short prompt with no reuse goes
- * to the server with the fewest requests, as least_conn's, where a rate
- * through the origin (base 0: 256 tokens in 200 ms) would double the
- * queued server's estimate and send it elsewhere. Block sizes 16-64. */
-TEST(no_reuse_degrades_to_least_requests)
+/* No reuse anywhere: the cold cost. With the learned fixed part of a
+ * prefill (base 160 ms, 40 ms per 256 tokens), a short prompt joins the
+ * prefill queued on a server (no new fixed stall for its streams) rather
+ * than start a new one on a server with as many streams; with equal queues
+ * the fewest requests win (least_conn's choice); a long queue is avoided.
+ * Block sizes 16-64. */
+TEST(no_reuse_cold_cost)
 {
     for (size_t k = 0; k < 3; k++) {
         uint32_t bs = sizes[k];
@@ -326,29 +327,26 @@ TEST(no_reuse_degrades_to_least_requests)
         cfg.decode_pace = 30;
         idle(s, 3);
         for (int i = 0; i < 3; i++) {
-            s[i].prefill_rate = 256.0 / 40;     /* 40 ms per 256 tokens */
-            s[i].prefill_base = 160;
-            s[i].decode_pace = 30;
-        }
-        s[0].requests = 9;
-        s[1].requests = 10;
-        s[2].requests = 6;
-        s[2].prefill_tokens = 256;              /* one short prompt queued */
-        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
-        CHECK(r.why == KV_ROUTE_WHY_COLD);
-        CHECK(fabs(r.estimate - (160 + 80)) < 1e-9);
-        for (int i = 0; i < 3; i++) {
-            s[i].prefill_rate = 256.0 / 200;    /* the same times, no base */
-            s[i].prefill_base = 0;
-        }
-        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
-        /* a long queue still counts with a base */
-        for (int i = 0; i < 3; i++) {
             s[i].prefill_rate = 256.0 / 40;
             s[i].prefill_base = 160;
+            s[i].decode_pace = 30;
+            s[i].requests = 8;
         }
-        s[2].prefill_tokens = 8 * 256;
-        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+        s[0].requests = 9;
+        s[2].prefill_tokens = 256;              /* one short prompt queued */
+        /* 2: 160 + 80 + 8 x 40 = 560; 1: 200 + 8 x 200 = 1800 */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        CHECK(fabs(s[2].cold - 560) < 1e-9 && fabs(s[1].cold - 1800) < 1e-9);
+        CHECK(fabs(r.estimate - (160 + 80)) < 1e-9);
+        /* nothing queued anywhere: the fewest requests */
+        s[2].prefill_tokens = 0;
+        s[2].requests = 9;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 1);
+        /* a long queue: 160 + 40 x 41 + 9 x 40 = 2160 > 1800 */
+        s[2].requests = 8;
+        s[2].prefill_tokens = 40 * 256;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 1);
     }
 }
 
@@ -474,7 +472,7 @@ int main(void)
     RUN(untrusted_index_pending_still_counts);
     RUN(busy_and_none);
     RUN(the_attempt_adds);
-    RUN(no_reuse_degrades_to_least_requests);
+    RUN(no_reuse_cold_cost);
     RUN(session_home_is_stable_and_spread);
     RUN(session_saturated_home_passes_to_next);
     RUN(session_after_the_prefix_index);
