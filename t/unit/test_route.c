@@ -458,8 +458,35 @@ TEST(session_after_the_prefix_index)
     }
 }
 
+/* Events mode after an event gap: the worker's index state is not trusted,
+ * so nobody is known to hold the session's history; its home takes the
+ * turn (warm there), not a cold placement elsewhere. */
+TEST(session_warm_start_after_an_event_gap)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
+    kv_route_request_t rq = request(8, 32);
+    kv_route_server_t s[4];
+    kv_route_result_t r;
+    int home;
+
+    idle(s, 4);
+    home = home_of(4242, s, 4, 32);
+    idle(s, 4);
+    s[home].overlap_index = 8;
+    s[home].trusted = 0;
+    s[(home + 1) % 4].requests = 0;
+    s[home].requests = 1;
+    rq.session = 4242;
+    CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == home);
+    CHECK(r.why == KV_ROUTE_WHY_SESSION && r.overlap == 0);
+    rq.session = 0;
+    kv_route_pick(s, 4, &rq, &cfg, 0, &r);
+    CHECK(r.why == KV_ROUTE_WHY_COLD && r.pick != home);
+}
+
 int main(void)
 {
+    RUN(session_warm_start_after_an_event_gap);
     RUN(dynamo_threshold_scales_with_block_size);
     RUN(dynamo_ties_go_to_the_smaller_tree);
     RUN(ttft_sticky_until_saturated);
