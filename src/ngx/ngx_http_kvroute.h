@@ -166,6 +166,8 @@ typedef struct {
     ngx_thread_pool_t              *thread_pool;
 #endif
     ngx_http_complex_value_t       *salt;
+    ngx_http_complex_value_t       *session;    /* session=VALUE, or NULL */
+    ngx_uint_t                      session_off;    /* session=off */
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
     ngx_http_upstream_init_pt       original_init_upstream;
 
@@ -185,6 +187,7 @@ typedef struct {
     unsigned                        matched:1;
     unsigned                        prefill_open:1;
     unsigned                        active:1;   /* an attempt holds load */
+    unsigned                        stream:1;   /* the body asks for a stream */
 
     ngx_http_kvroute_fallback_e     fallback;
     uint64_t                       *seq;        /* sequence hashes (malloc) */
@@ -192,6 +195,7 @@ typedef struct {
     uint64_t                        prompt_tokens;
     uint64_t                        turn_cached_tokens;     /* from the turn cache */
     uint64_t                        max_tokens;     /* 0: the body names none */
+    uint64_t                        session;        /* session key; 0: none */
     uint32_t                       *overlap;    /* per primary: the index */
     uint32_t                       *pending;    /* per primary: recent decisions */
     ngx_msec_int_t                  decision_us;

@@ -396,6 +396,29 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 #endif
         }
 
+        if (KV_PARAM("session=")) {
+            if (s.len == 3 && ngx_strncmp(s.data, "off", 3) == 0) {
+                kcf->session_off = 1;
+                continue;
+            }
+
+            kcf->session = ngx_palloc(cf->pool,
+                                      sizeof(ngx_http_complex_value_t));
+            if (kcf->session == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+            ccv.cf = cf;
+            ccv.value = &s;
+            ccv.complex_value = kcf->session;
+
+            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
         if (KV_PARAM("salt=")) {
             kcf->salt = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
             if (kcf->salt == NULL) {
@@ -933,6 +956,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].decode_tokens = ls.active[KV_LOAD_DECODE_TOKENS];
             s[i].requests = ls.active[KV_LOAD_REQUESTS];
             s[i].prefill_rate = ls.prefill_rate;
+            s[i].prefill_base = ls.prefill_base;
             s[i].decode_pace = ls.decode_pace;
         }
 
@@ -963,6 +987,7 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
     rq->seq = ctx ? ctx->seq : NULL;
     rq->nseq = ctx ? ctx->nseq : 0;
     rq->max_tokens = ctx ? ctx->max_tokens : 0;
+    rq->session = ctx ? ctx->session : 0;
 }
 
 

@@ -206,6 +206,12 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Prompt tokens sent to the server and not yet prefilled")               \
     X(active_decode_blocks, I, "kvroute_server_active_decode_blocks", gauge,  \
       "KV blocks held by requests in flight to the server")                   \
+    X(prefill_rate, D, "kvroute_server_prefill_rate", gauge,                  \
+      "Learned prompt tokens prefilled per ms (0: no sample yet)")            \
+    X(prefill_base, D, "kvroute_server_prefill_base_ms", gauge,               \
+      "Learned ms of time to first token that no token adds")                 \
+    X(decode_pace, D, "kvroute_server_decode_pace_ms", gauge,                 \
+      "Learned ms per output token (0: no sample yet)")                       \
     X(requests, U, "kvroute_server_requests_total", counter,                  \
       "Requests sent to the server")                                          \
     X(overlap_hits, U, "kvroute_server_overlap_hits_total", counter,          \
@@ -793,6 +799,9 @@ ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
             ss->active_requests = ls.active[KV_LOAD_REQUESTS];
             ss->active_prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
             ss->active_decode_blocks = ls.active[KV_LOAD_DECODE_BLOCKS];
+            ss->prefill_rate = ls.prefill_rate;
+            ss->prefill_base = ls.prefill_base;
+            ss->decode_pace = ls.decode_pace;
             ss->requests = ls.requests_total;
             ss->overlap_hits = ls.overlap_hits;
             ss->overlap_blocks = ls.overlap_blocks;

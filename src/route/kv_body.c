@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_body.h"
+#include "kv_hash.h"
 #include "kv_jscan.h"
 
 typedef kv_jscan_t scan_t;
@@ -272,6 +273,16 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     if (KEY("cache_salt") && s->p < s->end && *s->p == '"' && b->salt == NULL) {
         return scan_string(s, &b->salt, &b->salt_len);
     }
+    if ((KEY("prompt_cache_key") || KEY("user")) && s->p < s->end && *s->p == '"') {
+        uint64_t *hint = KEY("user") ? &b->user : &b->cache_key;
+
+        if (scan_string(s, &str, &n) != 0) {
+            return -1;
+        }
+        *hint = kv_body_session_key(str, n);
+        free(str);
+        return 0;
+    }
     if (KEY("stream") && s->p < s->end && *s->p == 't') {
         b->stream = 1;
         return kv_jscan_literal(s, "true");
@@ -346,4 +357,15 @@ void kv_body_free(kv_body_t *b)
     b->n_ids = 0;
     b->text_len = 0;
     b->kind = KV_BODY_NONE;
+}
+
+uint64_t kv_body_session_key(const char *s, size_t len)
+{
+    uint64_t h;
+
+    if (s == NULL || len == 0) {
+        return 0;
+    }
+    h = kv_hash_seed(s, len);
+    return h ? h : 1;
 }

@@ -134,6 +134,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     }
     out->stream = b.stream;
     out->max_tokens = b.max_tokens;
+    out->session = b.cache_key ? b.cache_key : b.user;
     if (cfg->model && cfg->model[0] && b.model[0] && strcmp(cfg->model, b.model) != 0) {
         fail(out, KV_PROMPT_MODEL, "unknown model");
         goto done;

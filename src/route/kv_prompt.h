@@ -59,6 +59,8 @@ typedef struct {
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
     uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */
+
+    uint64_t            session;        /* prompt_cache_key's key, else user's; 0: none */
     char                err[160];
 } kv_prompt_t;
 

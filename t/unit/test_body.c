@@ -177,8 +177,33 @@ TEST(no_prompt)
     kv_body_free(&b);
 }
 
+/* Session hints: strings hashed (escapes undone first), other types and
+ * empty strings ignored, both fields kept apart. */
+TEST(session_hints)
+{
+    kv_body_t b;
+
+    CHECK(parse(&b, "{\"prompt\":\"x\",\"user\":\"alice\","
+                    "\"prompt_cache_key\":\"conv-\\u0031\"}") == 0);
+    CHECK(b.user == kv_body_session_key("alice", 5));
+    CHECK(b.cache_key == kv_body_session_key("conv-1", 6));
+    CHECK(b.user != 0 && b.cache_key != 0 && b.user != b.cache_key);
+    kv_body_free(&b);
+
+    CHECK(parse(&b, "{\"user\":42,\"prompt_cache_key\":null,\"prompt\":[1]}") == 0);
+    CHECK(b.user == 0 && b.cache_key == 0);
+    kv_body_free(&b);
+
+    CHECK(parse(&b, "{\"user\":\"\"}") == 0);
+    CHECK(b.user == 0);
+    kv_body_free(&b);
+    CHECK(kv_body_session_key(NULL, 0) == 0);
+    CHECK(kv_body_session_key("a", 1) == kv_body_session_key("ab", 1));
+}
+
 int main(void)
 {
+    RUN(session_hints);
     RUN(text_prompt_and_fields);
     RUN(unicode_escapes);
     RUN(id_prompts);
