@@ -8,6 +8,8 @@ p50/p90/p99 of $kvroute_decision_us (body in hand -> choice: parse, hash,
 match, score). PERF=FILE records the nginx worker with perf meanwhile.
 The module comes from KVROUTE_BUILD (default build/), so two builds can be
 compared in alternation:  .venv/bin/python tools/bench_decision_ids.py
+ROUNDS=N first runs N alternating rounds of kvroute vs least_conn throughput
+(64-id prompts, wrk -c32 on CPU 1, the nginx worker alone on CPU 0).
 """
 import json
 import os
@@ -23,6 +25,7 @@ import bench_balancer as bb  # noqa: E402
 
 SECS = int(os.environ.get("SECS", "5"))
 PERF = os.environ.get("PERF")
+ROUNDS = int(os.environ.get("ROUNDS", "0"))   # > 0: also kvroute vs least_conn, alternating
 
 
 def pin(pid, cpu):
@@ -46,6 +49,24 @@ def main():
         script = os.path.join(st.dir, "big.lua")
         with open(script, "w") as f:
             f.write(bb.LUA % 1024)
+        if ROUNDS:
+            small = os.path.join(st.dir, "small.lua")
+            with open(small, "w") as f:
+                f.write(bb.LUA % 64)
+            rps = {"kv": [], "lc": []}
+            for _ in range(ROUNDS):
+                for loc in ("kv", "lc"):
+                    o = subprocess.run(["taskset", "-c", "1", "wrk", "-t1", "-c32",
+                                        "-d%ds" % SECS, "-s", small,
+                                        "http://127.0.0.1:%d/%s/v1/completions" % (front.port, loc)],
+                                       capture_output=True, text=True, check=True).stdout
+                    rps[loc].append(float([l for l in o.splitlines()
+                                           if l.startswith("Requests/sec")][0].split()[1]))
+            ratios = sorted(k / l for k, l in zip(rps["kv"], rps["lc"]))
+            print(json.dumps({"figure": "throughput_vs_least_conn", "prompt": "64 token ids",
+                              "kvroute_rps": rps["kv"], "least_conn_rps": rps["lc"],
+                              "ratio_median": round(ratios[len(ratios) // 2], 3),
+                              "load": round(os.getloadavg()[0], 2)}))
         url = "http://127.0.0.1:%d/kvlog/v1/completions" % front.port
         log = os.path.join(st.dir, "kv.log")
         wrk = ["taskset", "-c", "1", "wrk", "-t1", "-c4", "-s", script, url]
