@@ -27,6 +27,7 @@
 #include "kv_registry.h"
 #include "kv_route.h"
 #include "kv_tokenizer.h"
+#include "kv_usage.h"
 
 
 #define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
@@ -177,6 +178,7 @@ typedef struct {
     unsigned                        matched:1;
     unsigned                        prefill_open:1;
     unsigned                        active:1;   /* an attempt holds load */
+    unsigned                        usage_on:1; /* self-check: scanning the response */
 
     ngx_http_kvroute_fallback_e     fallback;
     uint64_t                       *seq;        /* sequence hashes (malloc) */
@@ -201,6 +203,8 @@ typedef struct {
     ngx_http_kvroute_peer_t        *chosen;
     uint32_t                        chosen_overlap;
     double                          chosen_cost;    /* the decision's estimate */
+
+    kv_usage_scan_t                 usage;      /* the response's reported usage */
 } ngx_http_kvroute_ctx_t;
 
 
