@@ -181,6 +181,7 @@ typedef struct {
     unsigned                        usage_on:1; /* self-check: scanning the response */
 
     ngx_http_kvroute_fallback_e     fallback;
+    ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */
     uint64_t                       *seq;        /* sequence hashes (malloc) */
     size_t                          nseq;
     uint64_t                        prompt_tokens;
@@ -249,6 +250,7 @@ char *ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 ngx_int_t ngx_http_kvroute_events_init_single(ngx_cycle_t *cycle,
     ngx_http_kvroute_zone_t *zone);
 void ngx_http_kvroute_events_exit_single(ngx_http_kvroute_zone_t *zone);
+ngx_uint_t ngx_http_kvroute_events_zmq(void *events_conf);
 ngx_int_t ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     ngx_http_kvroute_peer_t *p, kv_worker_rec_t *rec);
 
