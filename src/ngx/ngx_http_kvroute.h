@@ -77,6 +77,7 @@ typedef struct {
     ngx_atomic_t                    decisions;
     ngx_atomic_t                    busy_rejects;
     ngx_atomic_t                    threaded;   /* prompts prepared in the thread pool */
+    ngx_atomic_t                    threaded_cancelled; /* dropped: the client went away */
     ngx_atomic_t                    fallbacks[NGX_HTTP_KVROUTE_FB_N];
     ngx_atomic_t                    hist[NGX_HTTP_KVROUTE_HIST];
     ngx_atomic_t                    decision_us_sum;
@@ -206,6 +207,7 @@ typedef struct {
     double                          chosen_cost;    /* the decision's estimate */
 
     kv_usage_scan_t                 usage;      /* the response's reported usage */
+    void                           *task;       /* its prompt, while in the thread pool */
 } ngx_http_kvroute_ctx_t;
 
 

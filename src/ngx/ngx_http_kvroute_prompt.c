@@ -29,6 +29,8 @@ typedef struct {
     kv_prompt_t                result;
 #if (NGX_THREADS)
     ngx_event_t                hold;    /* armed while the task is in the pool */
+    int                        cancelled;   /* the client went (atomic) */
+    int                        skipped;     /* so the thread did nothing */
 #endif
 } ngx_http_kvroute_task_t;
 
@@ -43,6 +45,7 @@ static ngx_int_t ngx_http_kvroute_salt_rewrite(ngx_http_kvroute_task_t *t);
 static void ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log);
 static void ngx_http_kvroute_thread_event_handler(ngx_event_t *ev);
 static void ngx_http_kvroute_hold_handler(ngx_event_t *ev);
+static void ngx_http_kvroute_pool_reading(ngx_http_request_t *r);
 #endif
 
 
@@ -266,6 +269,16 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
         tp->hold.log = r->connection->log;
         ngx_add_timer(&tp->hold, 60000);
 
+        /*
+         * A client that goes away while its prompt waits in the pool: the
+         * request is terminated (nginx waits for the task before freeing
+         * it) and a task not yet started does nothing; it is never routed,
+         * so it leaves nothing in the pending index.
+         */
+
+        ctx->task = tp;
+        r->read_event_handler = ngx_http_kvroute_pool_reading;
+
         ngx_atomic_fetch_add(&ctx->conf->zone->sh->threaded, 1);
 
         return;
@@ -290,8 +303,32 @@ ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log)
 {
     ngx_http_kvroute_task_t  *t = data;
 
+    if (__atomic_load_n(&t->cancelled, __ATOMIC_ACQUIRE)) {
+        t->skipped = 1;
+        return;
+    }
+
     kv_prompt_compute(&t->cfg, (char *) t->body, t->len, (char *) t->salt,
                       t->salt_len, &t->result);
+}
+
+
+/* While the task is in the pool: notice a client that closes. */
+
+static void
+ngx_http_kvroute_pool_reading(ngx_http_request_t *r)
+{
+    ngx_http_kvroute_ctx_t   *ctx;
+    ngx_http_kvroute_task_t  *t;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvroute_module);
+    t = ctx ? ctx->task : NULL;
+
+    ngx_http_test_reading(r);
+
+    if (t && r->connection->error) {
+        __atomic_store_n(&t->cancelled, 1, __ATOMIC_RELEASE);
+    }
 }
 
 
@@ -311,13 +348,34 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
 
     r->main->blocked--;
     r->aio = 0;
+    t->ctx->task = NULL;
 
-    ngx_http_kvroute_finish(t);
+    if (c->error || r->done) {
 
-    if (r->done || c->destroyed) {
+        /* terminated meanwhile (the client went): finish as nginx's own
+         * thread handlers do, with nothing routed */
+
+        if (t->skipped) {
+            ngx_atomic_fetch_add(&t->ctx->conf->zone->sh->threaded_cancelled,
+                                 1);
+        }
+
+        kv_prompt_free(&t->result);
+
+        if (r->done) {
+            c->write->handler(c->write);
+
+        } else {
+            r->write_event_handler(r);
+            ngx_http_run_posted_requests(c);
+        }
+
         return;
     }
 
+    r->read_event_handler = ngx_http_block_reading;
+
+    ngx_http_kvroute_finish(t);
     ngx_http_kvroute_resume(r, t->ctx);
     ngx_http_run_posted_requests(c);
 }

@@ -44,6 +44,8 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Requests answered 503 because every server was busy")                  \
     X(threaded, U, "kvroute_threaded_total", counter,                         \
       "Prompts prepared in the thread pool")                                  \
+    X(threaded_cancelled, U, "kvroute_threaded_cancelled_total", counter,     \
+      "Prompts dropped from the thread pool unprepared: the client had gone") \
     X(load_rows_reaped, U, "kvroute_load_rows_reaped_total", counter,         \
       "Load rows of exited nginx processes reclaimed")
 
@@ -850,6 +852,7 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
     s->z.decisions = sh->decisions;
     s->z.busy_rejects = sh->busy_rejects;
     s->z.threaded = sh->threaded;
+    s->z.threaded_cancelled = sh->threaded_cancelled;
     s->z.load_rows_reaped = kv_load_reaped(sh->load);
 
     kv_index_stats(sh->index, &st);
