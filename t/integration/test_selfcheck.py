@@ -228,7 +228,7 @@ def test_lying_publisher_is_routed_by_load_until_it_agrees(stack):
             liar.store([(h, th)], parent=parent)
         liar.nc.flush()
 
-    prompts = [prompt("lie-%d" % i) for i in range(40)]
+    prompts = [prompt("lie-%d" % i) for i in range(64)]
     claim(oracle.blocks(prompts))
     kvt.wait_until(lambda: indexed(ng.port, server_d) >= len(prompts) * BLOCKS, what="claimed")
     sent = 0
