@@ -9,6 +9,7 @@ dump gives the block hashes of any prompt, which the forgers then claim for
 a worker that does not hold them."""
 import json
 import os
+import random
 import signal
 import time
 import zlib
@@ -50,8 +51,8 @@ def conf(nats_url, ports, extra=""):
 def prompt(name):
     """BLOCKS x 16 token ids of its own, then a short tail (the engine always
     computes the last token, so BLOCKS whole blocks is the most it can hit)."""
-    h = zlib.crc32(name.encode()) % 10000
-    return [1000 + (h * 31 + i) % 30000 for i in range(BLOCKS * 16)] + [7, 8, 9]
+    r = random.Random(zlib.crc32(name.encode()))    # distinct prompts, distinct blocks
+    return [r.randrange(1000, 30000) for _ in range(BLOCKS * 16)] + [7, 8, 9]
 
 
 def complete(port, ids, **extra):
@@ -109,7 +110,10 @@ class Oracle:
             chunks = [m.json() for m in msgs]
             return chunks and len(chunks) >= chunks[0]["chunks"]
         for _ in range(50):
-            msgs = self.nc.request_all(PREFIX + ".kvroute.dump.900", {"dp_rank": 0}, whole)
+            try:
+                msgs = self.nc.request_all(PREFIX + ".kvroute.dump.900", {"dp_rank": 0}, whole)
+            except TimeoutError:
+                continue                # kvworker answers 8 dumps a second: ask again
             out = [b for m in msgs for b in m.json()["blocks"] if b[1] not in self.seen]
             known = {b[1] for b in out}
             if len(known) >= len(prompts) * BLOCKS:
