@@ -967,7 +967,8 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
          */
 
         if (ngx_http_kvroute_peer_record(kcf->zone, p, &rec) == NGX_OK) {
-            s[i].trusted = rec.state == KV_WORKER_LIVE;
+            s[i].trusted = rec.state == KV_WORKER_LIVE
+                           && !kv_selfcheck_load_only(sh->registry, p->reg);
             s[i].reported = 1;
             s[i].reported_prefill_tokens = rec.load.active_prefill_tokens;
             s[i].reported_decode_blocks = rec.load.active_decode_blocks;

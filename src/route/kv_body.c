@@ -300,7 +300,8 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
 {
     scan_t      s;
     const char *raw;
-    char        key[32];
+    char        key[256];
+    const char *val;
     size_t      klen;
     int         first = 1, escaped, more;
 
@@ -313,12 +314,15 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         goto bad;
     }
     s.p++;
+    b->obj_open = (size_t) (s.p - buf);
     while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
         if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
             goto bad;
         }
-        /* the keys the router reads are short and plain; a longer key
-         * cannot be one of them */
+        /* the keys the router reads are short; escaped, each of their
+         * characters takes at most 12 bytes (a surrogate pair), so a key
+         * longer than this cannot be one of them (and "c\u0061che_salt"
+         * must be seen: engines unescape keys too) */
         if (klen >= sizeof(key)) {
             klen = 0;
         } else if (escaped) {
@@ -326,8 +330,18 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         } else {
             memcpy(key, raw, klen);
         }
+        kv_jscan_peek(&s);
+        val = s.p;
         if (scan_field(&s, b, key, klen) != 0) {
             goto bad;
+        }
+        if (klen == sizeof("cache_salt") - 1 && memcmp(key, "cache_salt", klen) == 0) {
+            if (b->n_salts == KV_BODY_SALTS_MAX) {
+                kv_jscan_fail(&s, "more than %d cache_salt members", KV_BODY_SALTS_MAX);
+                goto bad;
+            }
+            b->salt_off[b->n_salts] = (size_t) (val - buf);
+            b->salt_len_raw[b->n_salts++] = (size_t) (s.p - val);
         }
     }
     if (more < 0) {

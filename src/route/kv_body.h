@@ -23,6 +23,9 @@ typedef enum {
     KV_BODY_MESSAGES        /* raw JSON of `messages` in messages/messages_len */
 } kv_body_kind_t;
 
+/* top-level `cache_salt` members recorded for a rewrite (more: a parse error) */
+#define KV_BODY_SALTS_MAX 16
+
 typedef struct {
     kv_body_kind_t  kind;
     char           *text;           /* unescaped UTF-8, NUL-terminated (owned) */
@@ -38,6 +41,15 @@ typedef struct {
     long            max_tokens;     /* `max_tokens` / `max_completion_tokens`, -1 if absent */
     uint64_t        cache_key;      /* kv_body_session_key of `prompt_cache_key`; 0: absent */
     uint64_t        user;           /* ... of `user`; 0: absent */
+
+    /* where to rewrite the salt (kv_prompt's operator salt): just past the
+     * top-level '{', and the value (offset, length) of every top-level
+     * `cache_salt` member, whatever its type: an engine may honour any
+     * duplicate (Python's json keeps the last), so each is rewritten */
+    size_t          obj_open;
+    size_t          n_salts;
+    size_t          salt_off[KV_BODY_SALTS_MAX];
+    size_t          salt_len_raw[KV_BODY_SALTS_MAX];
 } kv_body_t;
 
 /*
