@@ -244,7 +244,9 @@ static int cmd_info(const opts_t *o)
     for (i = 0; i < b->n_eos && i < 8; i++) {
         if (b->eos_ids[i] != b->eos_token_id) printf(",%u", b->eos_ids[i]);
     }
-    printf("]}\n");
+    printf("]");
+    if (b->kv_layout) printf(",\"kv_layout\":\"%s\"", b->kv_layout);  /* no quotes in it */
+    printf("}\n");
     b->destroy(b);
     return 0;
 }

@@ -39,6 +39,12 @@ extern "C" {
 #include "kvw_cuda_kernels.cuh"
 
 enum { DT_F32, DT_F16, DT_BF16 };
+enum { KV_F32, KV_BF16 };
+enum { ATT_SPLIT, ATT_GQA, ATT_HEAD };
+
+/* Split-K partials beyond this (prefill of long prompts) take the one-pass kernel instead. */
+#define KVC_PART_MAX_BYTES ((size_t) 64 << 20)
+#define KVC_SPLIT_LEN      128      /* default positions per split */
 
 #define KVC_MAX_AUTO_BLOCKS 65536u
 
@@ -61,8 +67,15 @@ typedef struct {
     void           *embed, *lm_head;    /* lm_head == embed when tied */
     float          *norm, *inv_freq;
     dlayer_t       *L;
-    float          *kv;                 /* the pool: num_blocks * block_floats */
-    size_t          block_floats, layer_floats;
+    void           *kv;                 /* the pool: num_blocks * block_elems of kvdt */
+    size_t          block_elems, layer_elems;
+    int             kvdt;               /* KV_F32 or KV_BF16 (KVW_CUDA_KV_DTYPE) */
+    size_t          kvsz;               /* bytes of one KV element */
+    char            kv_layout[160];     /* b.kv_layout: what block_read/block_write move */
+    int             att;                /* ATT_SPLIT, ATT_GQA or ATT_HEAD (KVW_CUDA_ATTENTION) */
+    int             split_len;          /* positions per split (KVW_CUDA_ATT_SPLIT) */
+    float          *part;               /* split-K partials, part_cap floats */
+    size_t          part_cap;
     /* scratch, grown on demand: cap tokens, cap_out logit rows, meta_cap ints */
     size_t          cap, cap_out, meta_cap;
     float          *x, *qkv, *gu, *logits, *h_logits;
@@ -110,6 +123,32 @@ static int fail(cuda_t *e, const char *fmt, ...)
         case DT_F16: KVW_LAUNCH(K<__half>, grid, block, 0, e->st, __VA_ARGS__); break; \
         default: KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);    \
         }                                                                      \
+        LAUNCHED(#K);                                                          \
+    } while (0)
+
+/* Calls kernel K templated on the weight type and the KV pool's type (KVC_COMMA: one macro argument). */
+#define KVC_COMMA ,
+#define DISPATCH_KV(K, grid, block, ...) do {                                  \
+        if (e->kvdt == KV_F32) {                                               \
+            switch (e->dtype) {                                                \
+            case DT_F32: KVW_LAUNCH(K<float KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            case DT_F16: KVW_LAUNCH(K<__half KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            default: KVW_LAUNCH(K<__nv_bfloat16 KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); \
+            }                                                                  \
+        } else {                                                               \
+            switch (e->dtype) {                                                \
+            case DT_F32: KVW_LAUNCH(K<float KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            case DT_F16: KVW_LAUNCH(K<__half KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            default: KVW_LAUNCH(K<__nv_bfloat16 KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); \
+            }                                                                  \
+        }                                                                      \
+        LAUNCHED(#K);                                                          \
+    } while (0)
+
+/* Calls kernel K templated on the KV pool's type only. */
+#define LAUNCH_KV(K, grid, block, ...) do {                                    \
+        if (e->kvdt == KV_F32) KVW_LAUNCH(K<float>, grid, block, 0, e->st, __VA_ARGS__); \
+        else KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);  \
         LAUNCHED(#K);                                                          \
     } while (0)
 
@@ -307,9 +346,10 @@ static int build_meta(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
     return 0;
 }
 
-/* One transformer layer over the step's T tokens; x is updated in place. */
-static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
+/* One transformer layer over the step's T tokens; x is updated in place. nsplit 0: no split-K. */
+static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsplit)
 {
+    float           scale = 1.0f / sqrtf((float) e->hd);
     const dlayer_t *L = &e->L[l];
     size_t          H = e->H, qd = (size_t) e->heads * e->hd, kd = (size_t) e->kv_heads * e->hd;
     size_t          sw = (T * e->inter + 255) / 256;
@@ -318,18 +358,26 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
     DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
              (int) H, e->eps);
     if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
-    KVW_LAUNCH(k_rope_store, (unsigned) T, 128, 0, e->st, e->qkv, L->bqkv, e->kv, *m,
-               e->inv_freq, (int) e->heads, (int) e->kv_heads, (int) e->hd,
-               (int) e->b.block_size, e->block_floats, e->layer_floats, (int) l);
-    LAUNCHED("k_rope_store");
-    if (e->heads / e->kv_heads <= KVC_MAX_GROUP) {     /* a block per KV head: K/V read once */
-        DISPATCH(k_attention_gqa, gqa_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
-                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    LAUNCH_KV(k_rope_store, (unsigned) T, 128, e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
+              (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+              e->block_elems, e->layer_elems, (int) l);
+    if (nsplit > 0) {                   /* split-K: K/V read once per group, many blocks */
+        dim3 split_grid((unsigned) T, e->kv_heads, (unsigned) nsplit);
+
+        LAUNCH_KV(k_attn_split, split_grid, 32 * KVC_ATT_WARPS, e->part, e->qkv, e->kv, *m,
+                  (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                  e->block_elems, e->layer_elems, (int) l, scale, e->split_len);
+        DISPATCH(k_attn_merge, att_grid, 64, e->act, e->part, *m, (int) e->heads, (int) e->hd,
+                 e->split_len, nsplit);
+    } else if (e->att != ATT_HEAD && e->heads / e->kv_heads <= KVC_MAX_GROUP) {
+        /* a block per (token, KV head): K/V read once per group */
+        DISPATCH_KV(k_attention_gqa, gqa_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                    (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                    e->block_elems, e->layer_elems, (int) l, scale);
     } else {
-        DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
-                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+        DISPATCH_KV(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                    (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                    e->block_elems, e->layer_elems, (int) l, scale);
     }
     if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
     if (L->bo) {
@@ -342,6 +390,37 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
     DISPATCH(k_swiglu, (unsigned) (sw < 65535 ? sw : 65535), 256, e->act, e->gu, T,
              (int) e->inter);
     return gemm(e, e->x, e->act, L->wdown, T, H, e->inter, 1.0f);
+}
+
+/*
+ * How many splits the split-K attention runs this step (grid z): enough for
+ * the step's longest sequence. 0 when it does not run: another kernel was
+ * asked for, a group too wide for it, or partials too large for
+ * KVC_PART_MAX_BYTES (long prefill chunks, which have blocks enough).
+ * -1: no memory for the partials.
+ */
+static int splits_for(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t T)
+{
+    uint32_t s, last = 0;
+    size_t   need;
+    int      nsplit;
+
+    if (e->att != ATT_SPLIT || e->heads / e->kv_heads > KVC_MAX_GROUP) return 0;
+    for (s = 0; s < n; s++) {
+        if (seqs[s].n_tokens > 0 && seqs[s].pos + seqs[s].n_tokens - 1 > last)
+            last = seqs[s].pos + seqs[s].n_tokens - 1;
+    }
+    nsplit = (int) (last / (uint32_t) e->split_len) + 1;
+    need = T * e->heads * (size_t) nsplit * (e->hd + 2) * sizeof(float);
+    if (nsplit > 65535 || need > KVC_PART_MAX_BYTES) return 0;
+    if (need > e->part_cap * sizeof(float)) {
+        cudaFree(e->part);
+        e->part = NULL;
+        e->part_cap = 0;
+        CK(cudaMalloc((void **) &e->part, need));
+        e->part_cap = need / sizeof(float);
+    }
+    return nsplit;
 }
 
 /* Greedy, as kvw_sample decides it: the token is the argmax, found on the device. */
@@ -401,12 +480,16 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
     kvc_meta m;
     uint32_t l;
 
+    int      nsplit;
+
     if (ensure(e, T, n_out, 3 * T + n_out + n_tables) != 0
         || build_meta(e, seqs, n, T, n_out, n_tables, &m) != 0)
         return -1;
+    nsplit = splits_for(e, seqs, n, T);
+    if (nsplit < 0) return -1;
     DISPATCH(k_embed, (unsigned) T, 256, e->x, e->embed, m.tok, (int) e->H);
     for (l = 0; l < e->layers; l++) {
-        if (run_layer(e, l, T, &m) != 0) return -1;
+        if (run_layer(e, l, T, &m, nsplit) != 0) return -1;
     }
     if (n_out > 0) {
         DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m.rows, (int) e->H,
@@ -489,7 +572,7 @@ static int cuda_block_read(kvw_backend_t *b, uint32_t block, void *dst)
 
     if (block >= b->num_blocks) return -1;
     /* the default stream waits for our stream's work (legacy default-stream semantics) */
-    if (cudaMemcpy(dst, e->kv + block * e->block_floats, b->block_bytes,
+    if (cudaMemcpy(dst, (char *) e->kv + (size_t) block * b->block_bytes, b->block_bytes,
                    cudaMemcpyDeviceToHost) != cudaSuccess) {
         fprintf(stderr, "kvcuda: block_read %u failed\n", block);
         return -1;
@@ -502,7 +585,7 @@ static int cuda_block_write(kvw_backend_t *b, uint32_t block, const void *src)
     cuda_t *e = (cuda_t *) b;
 
     if (block >= b->num_blocks) return -1;
-    if (cudaMemcpy(e->kv + block * e->block_floats, src, b->block_bytes,
+    if (cudaMemcpy((char *) e->kv + (size_t) block * b->block_bytes, src, b->block_bytes,
                    cudaMemcpyHostToDevice) != cudaSuccess) {
         fprintf(stderr, "kvcuda: block_write %u failed\n", block);
         return -1;
@@ -528,7 +611,7 @@ static void cuda_destroy(kvw_backend_t *b)
     cudaFree(e->embed); cudaFree(e->norm); cudaFree(e->inv_freq); cudaFree(e->kv);
     cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act); cudaFree(e->logits);
     cudaFree(e->d_meta); cudaFreeHost(e->h_logits); cudaFreeHost(e->h_meta);
-    cudaFree(e->d_best); cudaFreeHost(e->h_best);
+    cudaFree(e->d_best); cudaFreeHost(e->h_best); cudaFree(e->part);
     if (e->cb) cublasDestroy(e->cb);
     if (e->st) cudaStreamDestroy(e->st);
     free(e);
@@ -537,6 +620,37 @@ static void cuda_destroy(kvw_backend_t *b)
 static const char *dtype_name(int dt)
 {
     return dt == DT_F32 ? "f32" : dt == DT_F16 ? "f16" : "bf16";
+}
+
+/*
+ * The KV pool's type (KVW_CUDA_KV_DTYPE=f32, the default, or bf16) and the
+ * attention kernel (KVW_CUDA_ATTENTION=split, the default, gqa or head:
+ * the earlier one-pass kernels, kept to compare against), with
+ * KVW_CUDA_ATT_SPLIT positions per split.
+ */
+static int pick_kernels(cuda_t *e)
+{
+    const char *kv = getenv("KVW_CUDA_KV_DTYPE"), *att = getenv("KVW_CUDA_ATTENTION");
+    const char *sl = getenv("KVW_CUDA_ATT_SPLIT");
+    char       *end;
+    long        n;
+
+    if (kv == NULL || *kv == '\0' || !strcmp(kv, "f32")) e->kvdt = KV_F32;
+    else if (!strcmp(kv, "bf16")) e->kvdt = KV_BF16;
+    else return fail(e, "KVW_CUDA_KV_DTYPE=%s: want f32 or bf16", kv);
+    e->kvsz = e->kvdt == KV_F32 ? 4 : 2;
+    if (att == NULL || *att == '\0' || !strcmp(att, "split")) e->att = ATT_SPLIT;
+    else if (!strcmp(att, "gqa")) e->att = ATT_GQA;
+    else if (!strcmp(att, "head")) e->att = ATT_HEAD;
+    else return fail(e, "KVW_CUDA_ATTENTION=%s: want split, gqa or head", att);
+    e->split_len = KVC_SPLIT_LEN;
+    if (sl != NULL && *sl != '\0') {
+        n = strtol(sl, &end, 10);
+        if (*end != '\0' || n < 1 || n > 1 << 20)
+            return fail(e, "KVW_CUDA_ATT_SPLIT=%s: want positions per split, 1..1048576", sl);
+        e->split_len = (int) n;
+    }
+    return 0;
 }
 
 /* Weight dtype: KVW_CUDA_DTYPE, else the checkpoint's own (an f16 model stays f16). */
@@ -557,10 +671,13 @@ static int pick_dtype(cuda_t *e, const kvw_model_t *m)
         return fail(e, "KVW_CUDA_DTYPE=%s: want bf16, f16 or f32", v);
     }
     e->esz = e->dtype == DT_F32 ? 4 : 2;
+    if (pick_kernels(e) != 0) return -1;
     e->ctype = e->dtype == DT_F32 ? CUDA_R_32F : e->dtype == DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
-    fprintf(stderr, "kvcuda: weights in %s (checkpoint %s%s)\n", dtype_name(e->dtype),
+    fprintf(stderr, "kvcuda: weights in %s (checkpoint %s%s), KV cache %s, %s attention\n",
+            dtype_name(e->dtype),
             m->dtype == KVW_DTYPE_F16 ? "f16" : m->dtype == KVW_DTYPE_BF16 ? "bf16" : "f32",
-            v && *v ? ", KVW_CUDA_DTYPE" : "");
+            v && *v ? ", KVW_CUDA_DTYPE" : "", e->kvdt == KV_F32 ? "f32" : "bf16",
+            e->att == ATT_SPLIT ? "split-K" : e->att == ATT_GQA ? "grouped" : "per-head");
     return 0;
 }
 
@@ -576,9 +693,14 @@ static int alloc_pool(cuda_t *e, uint32_t want)
 {
     size_t free_b = 0, total_b = 0, fit;
 
-    e->layer_floats = 2 * (size_t) e->b.block_size * e->kv_heads * e->hd;
-    e->block_floats = e->layer_floats * e->layers;
-    e->b.block_bytes = e->block_floats * sizeof(float);
+    e->layer_elems = 2 * (size_t) e->b.block_size * e->kv_heads * e->hd;
+    e->block_elems = e->layer_elems * e->layers;
+    e->b.block_bytes = e->block_elems * e->kvsz;
+    snprintf(e->kv_layout, sizeof(e->kv_layout),
+             "kvw-kv/1 %s [block][layer=%u][K|V][slot=%u][kv_head=%u][dim=%u] %zu bytes",
+             e->kvdt == KV_F32 ? "f32" : "bf16", e->layers, e->b.block_size, e->kv_heads, e->hd,
+             e->b.block_bytes);
+    e->b.kv_layout = e->kv_layout;
     if (want == 0) {
         CK(cudaMemGetInfo(&free_b, &total_b));
         if (free_b <= KVC_RESERVE + e->b.block_bytes)
@@ -595,6 +717,7 @@ static int alloc_pool(cuda_t *e, uint32_t want)
         return fail(e, "cannot allocate a KV pool of %u blocks of %zu bytes", want,
                     e->b.block_bytes);
     }
+    /* zero bits are 0.0 in f32 and bf16 alike */
     CK(cudaMemset(e->kv, 0, (size_t) want * e->b.block_bytes));
     return 0;
 }

@@ -4,10 +4,13 @@
  *
  * Types: weights and matmul inputs ("act") are T: float, __half or
  * __nv_bfloat16, the type the weights were uploaded in. Everything a matmul
- * writes (residual stream x, q/k/v, gate/up, logits), norms, biases and the
- * KV pool are f32, so the KV pool has the CPU engine's layout and bytes.
+ * writes (residual stream x, q/k/v, gate/up, logits), norms and biases are
+ * f32. The KV pool is KV: float (the default: the CPU engine's layout and
+ * bytes) or __nv_bfloat16 (KVW_CUDA_KV_DTYPE=bf16: half the bytes to read
+ * per decode step, same element order).
  *
- * KV pool: [block][layer][K|V][block_size][kv_heads][head_dim] (kvw_backend.h).
+ * KV pool: [block][layer][K|V][block_size][kv_heads][head_dim] (kvw_backend.h);
+ * block_elems and layer_elems count elements of type KV.
  */
 #ifndef KVW_CUDA_KERNELS_CUH
 #define KVW_CUDA_KERNELS_CUH
@@ -102,17 +105,19 @@ __global__ void k_rmsnorm(void *out, const float *x, const float *w, const int *
  * rotate_half RoPE, and copies v into the pool. One thread block per token;
  * each element is touched by one thread, so no synchronisation is needed.
  */
-__global__ void k_rope_store(float *qkv, const float *bias, float *kv, kvc_meta m,
+template <class KV>
+__global__ void k_rope_store(float *qkv, const float *bias, void *kvp, kvc_meta m,
                              const float *inv_freq, int heads, int kv_heads, int hd,
-                             int block_size, size_t block_floats, size_t layer_floats, int layer)
+                             int block_size, size_t block_elems, size_t layer_elems, int layer)
 {
+    KV     *kv = (KV *) kvp;
     int     t = blockIdx.x, half = hd / 2, qd = heads * hd, kd = kv_heads * hd;
     int     p = m.pos[t];
     float  *row = qkv + (size_t) t * (qd + 2 * kd);
     int     blk = m.tables[m.bt[t] + p / block_size];
-    float  *k_dst = kv + (size_t) blk * block_floats + (size_t) layer * layer_floats
+    KV     *k_dst = kv + (size_t) blk * block_elems + (size_t) layer * layer_elems
                     + (size_t) (p % block_size) * kd;
-    float  *v_dst = k_dst + layer_floats / 2;
+    KV     *v_dst = k_dst + layer_elems / 2;
 
     for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
         int    h = i / half, d = i % half, base = h * hd;   /* k heads follow q heads in row */
@@ -127,12 +132,12 @@ __global__ void k_rope_store(float *qkv, const float *bias, float *kv, kvc_meta 
             row[base + d] = x1 * c - x2 * s;
             row[base + d + half] = x2 * c + x1 * s;
         } else {
-            k_dst[base - qd + d] = x1 * c - x2 * s;
-            k_dst[base - qd + d + half] = x2 * c + x1 * s;
+            k_dst[base - qd + d] = from_f<KV>(x1 * c - x2 * s);
+            k_dst[base - qd + d + half] = from_f<KV>(x2 * c + x1 * s);
         }
     }
     for (int i = threadIdx.x; i < kd; i += blockDim.x) {
-        v_dst[i] = row[qd + kd + i] + (bias ? bias[qd + kd + i] : 0.0f);
+        v_dst[i] = from_f<KV>(row[qd + kd + i] + (bias ? bias[qd + kd + i] : 0.0f));
     }
 }
 
@@ -145,14 +150,15 @@ __global__ void k_rope_store(float *qkv, const float *bias, float *kv, kvc_meta 
  * partial results are merged at the end. GQA: query head h reads KV head
  * h / (heads / kv_heads).
  */
-template <class T>
-__global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_meta m,
+template <class T, class KV>
+__global__ void k_attention(void *out, const float *qkv, const void *kvp, kvc_meta m,
                             int heads, int kv_heads, int hd, int block_size,
-                            size_t block_floats, size_t layer_floats, int layer, float scale)
+                            size_t block_elems, size_t layer_elems, int layer, float scale)
 {
     __shared__ float q[KVC_MAX_HEAD_DIM];
     __shared__ float w_max[KVC_ATT_WARPS], w_sum[KVC_ATT_WARPS];
     __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_HEAD_DIM];
+    const KV    *kv = (const KV *) kvp;
     int          t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int          qd = heads * hd, kd = kv_heads * hd, kvh = h / (heads / kv_heads);
     int          pos = m.pos[t];
@@ -164,13 +170,13 @@ __global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_me
     for (int j = 0; j < KVC_MAX_HEAD_DIM / 32; j++) acc[j] = 0;
     __syncthreads();
     for (int p = warp; p <= pos; p += KVC_ATT_WARPS) {
-        const float *k = kv + (size_t) table[p / block_size] * block_floats
-                         + (size_t) layer * layer_floats + (size_t) (p % block_size) * kd
+        const KV    *k = kv + (size_t) table[p / block_size] * block_elems
+                         + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
                          + (size_t) kvh * hd;
-        const float *v = k + layer_floats / 2;
+        const KV    *v = k + layer_elems / 2;
         float        s = 0, nmx, corr, e;
 
-        for (int d = lane; d < hd; d += 32) s += q[d] * k[d];
+        for (int d = lane; d < hd; d += 32) s += q[d] * to_f(k[d]);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         nmx = fmaxf(mx, s);
         corr = expf(mx - nmx);          /* 0 on a warp's first position */
@@ -180,7 +186,7 @@ __global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_me
         for (int j = 0; j < KVC_MAX_HEAD_DIM / 32; j++) {   /* unrolled: acc stays in registers */
             int d = lane + 32 * j;
 
-            if (d < hd) acc[j] = acc[j] * corr + e * v[d];
+            if (d < hd) acc[j] = acc[j] * corr + e * to_f(v[d]);
         }
         mx = nmx;
     }
@@ -273,15 +279,16 @@ __global__ void k_argmax(int *best, const float *logits, int vocab)
  * of the K and V row in registers and uses it for every head of the group.
  * Sums run in k_attention's order, so the results are the same bits.
  */
-template <class T>
-__global__ void k_attention_gqa(void *out, const float *qkv, const float *kv, kvc_meta m,
+template <class T, class KV>
+__global__ void k_attention_gqa(void *out, const float *qkv, const void *kvp, kvc_meta m,
                                 int heads, int kv_heads, int hd, int block_size,
-                                size_t block_floats, size_t layer_floats, int layer, float scale)
+                                size_t block_elems, size_t layer_elems, int layer, float scale)
 {
     __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
     __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
     __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
     const int    NJ = KVC_MAX_HEAD_DIM / 32;
+    const KV    *kv = (const KV *) kvp;
     int          t = blockIdx.x, kvh = blockIdx.y, G = heads / kv_heads;
     int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int          qd = heads * hd, kd = kv_heads * hd, pos = m.pos[t];
@@ -299,18 +306,18 @@ __global__ void k_attention_gqa(void *out, const float *qkv, const float *kv, kv
     }
     __syncthreads();
     for (int p = warp; p <= pos; p += KVC_ATT_WARPS) {
-        const float *k = kv + (size_t) table[p / block_size] * block_floats
-                         + (size_t) layer * layer_floats + (size_t) (p % block_size) * kd
+        const KV    *k = kv + (size_t) table[p / block_size] * block_elems
+                         + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
                          + (size_t) kvh * hd;
-        const float *v = k + layer_floats / 2;
+        const KV    *v = k + layer_elems / 2;
         float        kr[NJ], vr[NJ];
 
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             int d = lane + 32 * j;
 
-            kr[j] = d < hd ? k[d] : 0.0f;
-            vr[j] = d < hd ? v[d] : 0.0f;
+            kr[j] = d < hd ? to_f(k[d]) : 0.0f;
+            vr[j] = d < hd ? to_f(v[d]) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < KVC_MAX_GROUP; g++) {
@@ -355,6 +362,151 @@ __global__ void k_attention_gqa(void *out, const float *qkv, const float *kv, kv
         }
         for (int w = 0; w < KVC_ATT_WARPS; w++) {
             if (w_max[w][g] != -INFINITY) r += w_acc[w][g][d] * expf(w_max[w][g] - gmx);
+        }
+        o[d] = from_f<T>(r / total);
+    }
+}
+
+/*
+ * Split-K ("flash-decoding") attention, pass 1: one thread block per
+ * (token, KV head, split). Split s covers positions [s * split_len,
+ * min((s + 1) * split_len, pos + 1)) of the token's sequence, so a decode
+ * step of one long sequence still spreads over many blocks (one block per
+ * head walked the whole sequence alone). All query heads of the GQA group
+ * (at most KVC_MAX_GROUP) share each K and V row read: a lane holds its
+ * slice of the row in registers and uses it for every head of the group.
+ * Within the block, warps take every KVC_ATT_WARPS-th position with an
+ * online softmax and are merged in shared memory; the block writes, per
+ * query head, its split's running max, sum of exp and unnormalised
+ * weighted V to part[t][h][s] = {m, l, acc[hd]} (f32). Splits past the
+ * token's position (the grid is sized for the step's longest sequence)
+ * write nothing: k_attn_merge reads only the token's own splits, so a
+ * token's result does not depend on what else is in the step.
+ */
+template <class KV>
+__global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc_meta m,
+                             int heads, int kv_heads, int hd, int block_size,
+                             size_t block_elems, size_t layer_elems, int layer, float scale,
+                             int split_len)
+{
+    __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
+    __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
+    __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
+    const int    NJ = KVC_MAX_HEAD_DIM / 32;
+    const KV    *kv = (const KV *) kvp;
+    int          t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, G = heads / kv_heads;
+    int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nsplit = gridDim.z;
+    int          qd = heads * hd, kd = kv_heads * hd, pos = m.pos[t];
+    int          start = split * split_len, end = start + split_len;
+    const int   *table = m.tables + m.bt[t];
+    const float *qg = qkv + (size_t) t * (qd + 2 * kd) + (size_t) kvh * G * hd;
+    float        acc[KVC_MAX_GROUP][NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
+
+    if (start > pos) return;            /* the whole block: before any barrier */
+    if (end > pos + 1) end = pos + 1;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q[i / hd][i % hd] = qg[i] * scale;
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {
+        mx[g] = -INFINITY;
+        sum[g] = 0;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) acc[g][j] = 0;
+    }
+    __syncthreads();
+    for (int p = start + warp; p < end; p += KVC_ATT_WARPS) {
+        const KV *k = kv + (size_t) table[p / block_size] * block_elems
+                      + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
+                      + (size_t) kvh * hd;
+        const KV *v = k + layer_elems / 2;
+        float     kr[NJ], vr[NJ];
+
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {  /* every load of the row issued before the first use */
+            int d = lane + 32 * j;
+
+            kr[j] = d < hd ? to_f(k[d]) : 0.0f;
+            vr[j] = d < hd ? to_f(v[d]) : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < KVC_MAX_GROUP; g++) {
+            float s = 0, nmx, corr, e;
+
+            if (g >= G) break;          /* the same for the whole warp */
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                if (lane + 32 * j < hd) s += q[g][lane + 32 * j] * kr[j];
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            nmx = fmaxf(mx[g], s);
+            corr = expf(mx[g] - nmx);   /* 0 on a warp's first position */
+            e = expf(s - nmx);
+            sum[g] = sum[g] * corr + e;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) acc[g][j] = acc[g][j] * corr + e * vr[j];
+            mx[g] = nmx;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {
+        if (g >= G) break;
+        if (lane == 0) {
+            w_max[warp][g] = mx[g];
+            w_sum[warp][g] = sum[g];
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            if (lane + 32 * j < hd) w_acc[warp][g][lane + 32 * j] = acc[g][j];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        int    g = i / hd, d = i % hd;
+        float  gmx = -INFINITY, total = 0, r = 0;
+        float *o = part + (((size_t) t * heads + kvh * G + g) * nsplit + split) * (hd + 2);
+
+        for (int w = 0; w < KVC_ATT_WARPS; w++) gmx = fmaxf(gmx, w_max[w][g]);
+        for (int w = 0; w < KVC_ATT_WARPS; w++) {
+            if (w_max[w][g] != -INFINITY) {
+                float c = expf(w_max[w][g] - gmx);
+
+                total += w_sum[w][g] * c;
+                r += w_acc[w][g][d] * c;
+            }
+        }
+        if (d == 0) {
+            o[0] = gmx;
+            o[1] = total;
+        }
+        o[2 + d] = r;
+    }
+}
+
+/*
+ * Split-K attention, pass 2: one thread block per (token, query head)
+ * merges the token's pos / split_len + 1 splits by log-sum-exp: out =
+ * sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M the largest m_s. Every
+ * split it reads has at least one position, so every m_s is finite.
+ */
+template <class T>
+__global__ void k_attn_merge(void *out, const float *part, kvc_meta m, int heads, int hd,
+                             int split_len, int nsplit)
+{
+    int          t = blockIdx.x, h = blockIdx.y, n = m.pos[t] / split_len + 1;
+    const float *pp = part + ((size_t) t * heads + h) * nsplit * (hd + 2);
+    T           *o = (T *) out + (size_t) t * heads * hd + (size_t) h * hd;
+    float        gmx = -INFINITY, total = 0;
+
+    for (int s = 0; s < n; s++) gmx = fmaxf(gmx, pp[(size_t) s * (hd + 2)]);
+    for (int s = 0; s < n; s++) {
+        total += pp[(size_t) s * (hd + 2) + 1] * expf(pp[(size_t) s * (hd + 2)] - gmx);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float r = 0;
+
+        for (int s = 0; s < n; s++) {
+            const float *ps = pp + (size_t) s * (hd + 2);
+
+            r += ps[2 + d] * expf(ps[0] - gmx);
         }
         o[d] = from_f<T>(r / total);
     }
