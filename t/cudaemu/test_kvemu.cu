@@ -16,6 +16,8 @@
 #include "kvtest.h"
 #include "kvw_cuda_kernels.cuh"
 
+#define KVC_COMMA ,
+
 static void order(const char *o) { setenv("KVW_CUDAEMU_ORDER", o, 1); }
 
 /* --- kernels ----------------------------------------------------------------- */
@@ -238,6 +240,150 @@ TEST(argmax_kernel_matches_the_host_scan)
     cudaFree(d); cudaFree(db); free(h);
 }
 
+/* --- the engine's attention kernels against a CPU reference ------------------------ */
+
+/* A small paged step: 4 tokens (one decode token at position 13, a 3-token chunk at 3..5). */
+enum { AH = 8, AKV = 2, AHD = 40, ABS = 4, ALAYERS = 2, ANB = 12, AT = 4 };
+
+static uint64_t lcg(uint64_t *x)
+{
+    *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *x >> 33;
+}
+
+static float frand(uint64_t *x) { return (float) lcg(x) / (float) (1u << 31) * 2.0f - 1.0f; }
+
+struct att_case {
+    int    pos[AT], bt[AT], tables[6];
+    float  qkv[AT * (AH + 2 * AKV) * AHD];
+    float  pool[ANB * ALAYERS * 2 * ABS * AKV * AHD];   /* as the kernels see it (KV rounded) */
+    double ref[AT * AH * AHD];
+};
+
+template <class KV> static void att_setup(att_case *c, KV *host_pool)
+{
+    const int tables[6] = {7, 2, 9, 4, 11, 0}, pos[AT] = {13, 3, 4, 5}, bt[AT] = {0, 4, 4, 4};
+    size_t    n = sizeof(c->pool) / sizeof(float);
+    uint64_t  x = 7;
+    int       qd = AH * AHD, kd = AKV * AHD, ld = qd + 2 * kd, G = AH / AKV;
+    size_t    layer_e = 2 * (size_t) ABS * kd, block_e = layer_e * ALAYERS;
+
+    memcpy(c->tables, tables, sizeof(tables));
+    memcpy(c->pos, pos, sizeof(pos));
+    memcpy(c->bt, bt, sizeof(bt));
+    for (size_t i = 0; i < sizeof(c->qkv) / sizeof(float); i++) c->qkv[i] = frand(&x);
+    for (size_t i = 0; i < n; i++) {
+        host_pool[i] = from_f<KV>(frand(&x) * 2.0f);
+        c->pool[i] = to_f(host_pool[i]);
+    }
+    /* layer 1, in double: softmax(q k / sqrt(hd)) v over positions 0..pos */
+    for (int t = 0; t < AT; t++) {
+        for (int h = 0; h < AH; h++) {
+            double s[16], mx = -1e300, sum = 0;
+            int    kvh = h / G;
+
+            for (int p = 0; p <= c->pos[t]; p++) {
+                const float *k = c->pool + (size_t) c->tables[c->bt[t] + p / ABS] * block_e
+                                 + layer_e + (size_t) (p % ABS) * kd + (size_t) kvh * AHD;
+
+                s[p] = 0;
+                for (int d = 0; d < AHD; d++)
+                    s[p] += (double) c->qkv[t * ld + h * AHD + d] * k[d] / sqrt((double) AHD);
+                mx = s[p] > mx ? s[p] : mx;
+            }
+            for (int p = 0; p <= c->pos[t]; p++) sum += exp(s[p] - mx);
+            for (int d = 0; d < AHD; d++) {
+                double r = 0;
+
+                for (int p = 0; p <= c->pos[t]; p++) {
+                    const float *v = c->pool + (size_t) c->tables[c->bt[t] + p / ABS] * block_e
+                                     + layer_e + layer_e / 2 + (size_t) (p % ABS) * kd
+                                     + (size_t) kvh * AHD;
+
+                    r += exp(s[p] - mx) / sum * v[d];
+                }
+                c->ref[(t * AH + h) * AHD + d] = r;
+            }
+        }
+    }
+}
+
+/* Largest |kernel - reference| of each attention kernel, the split one at several split lengths. */
+template <class KV> static void attention_kernels_match(const char *what)
+{
+    att_case *c = (att_case *) calloc(1, sizeof(att_case));
+    KV       *hp = (KV *) malloc(sizeof(c->pool) / sizeof(float) * sizeof(KV));
+    int      *dm;
+    float    *dq, *dpart, *dout, out[AT * AH * AHD];
+    void     *dpool;
+    kvc_meta  m;
+    size_t    kd = AKV * AHD, layer_e = 2 * (size_t) ABS * kd, block_e = layer_e * ALAYERS;
+    float     scale = 1.0f / sqrtf((float) AHD);
+
+    att_setup<KV>(c, hp);
+    cudaMalloc((void **) &dm, 64 * sizeof(int));
+    cudaMalloc((void **) &dq, sizeof(c->qkv));
+    cudaMalloc(&dpool, sizeof(c->pool) / sizeof(float) * sizeof(KV));
+    cudaMalloc((void **) &dpart, (size_t) AT * AH * 16 * (AHD + 2) * sizeof(float));
+    cudaMalloc((void **) &dout, sizeof(out));
+    cudaMemcpy(dm, c->pos, sizeof(c->pos), cudaMemcpyHostToDevice);
+    cudaMemcpy(dm + AT, c->bt, sizeof(c->bt), cudaMemcpyHostToDevice);
+    cudaMemcpy(dm + 2 * AT, c->tables, sizeof(c->tables), cudaMemcpyHostToDevice);
+    cudaMemcpy(dq, c->qkv, sizeof(c->qkv), cudaMemcpyHostToDevice);
+    cudaMemcpy(dpool, hp, sizeof(c->pool) / sizeof(float) * sizeof(KV), cudaMemcpyHostToDevice);
+    m.tok = NULL;
+    m.rows = NULL;
+    m.pos = dm;
+    m.bt = dm + AT;
+    m.tables = dm + 2 * AT;
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        for (int kernel = 0; kernel < 6; kernel++) {
+            const int lens[4] = {1, 3, 4, 16};
+            double    worst = 0;
+
+            cudaMemset(dout, 0xff, sizeof(out));
+            if (kernel < 4) {
+                int L = lens[kernel], nsplit = 13 / L + 1;
+
+                KVW_LAUNCH(k_attn_split<KV>, dim3(AT, AKV, nsplit), 32 * KVC_ATT_WARPS, 0,
+                           (cudaStream_t) 0, dpart, dq, dpool, m, AH, AKV, AHD, ABS, block_e,
+                           layer_e, 1, scale, L);
+                KVW_LAUNCH(k_attn_merge<float>, dim3(AT, AH), 64, 0, (cudaStream_t) 0, dout,
+                           dpart, m, AH, AHD, L, nsplit);
+            } else if (kernel == 4) {
+                KVW_LAUNCH(k_attention_gqa<float KVC_COMMA KV>, dim3(AT, AKV),
+                           32 * KVC_ATT_WARPS, 0, (cudaStream_t) 0, dout, dq, dpool, m, AH, AKV,
+                           AHD, ABS, block_e, layer_e, 1, scale);
+            } else {
+                KVW_LAUNCH(k_attention<float KVC_COMMA KV>, dim3(AT, AH), 32 * KVC_ATT_WARPS, 0,
+                           (cudaStream_t) 0, dout, dq, dpool, m, AH, AKV, AHD, ABS, block_e,
+                           layer_e, 1, scale);
+            }
+            CHECK(cudaMemcpy(out, dout, sizeof(out), cudaMemcpyDeviceToHost) == cudaSuccess);
+            for (int i = 0; i < AT * AH * AHD; i++) {
+                double d = fabs(out[i] - c->ref[i]);
+
+                worst = d > worst || d != d ? (d != d ? 1e9 : d) : worst;
+            }
+            if (worst > 2e-6) {
+                fprintf(stderr, "  %s, %s order, kernel %d (%s): off by %g\n", what, o, kernel,
+                        kernel < 4 ? "split" : kernel == 4 ? "gqa" : "head", worst);
+            }
+            CHECK(worst <= 2e-6);
+        }
+    }
+    order("forward");
+    cudaFree(dm); cudaFree(dq); cudaFree(dpool); cudaFree(dpart); cudaFree(dout);
+    free(hp); free(c);
+}
+
+TEST(split_attention_matches_a_cpu_reference)
+{
+    attention_kernels_match<float>("f32 KV");
+    attention_kernels_match<__nv_bfloat16>("bf16 KV");
+}
+
 /* Runs fn in a child (a fault is sticky for the whole process); its exit code. */
 static int in_child(void (*fn)(void))
 {
@@ -313,6 +459,7 @@ int main(void)
     RUN(gemm_matches_a_reference_and_checks_arguments);
     RUN(half_and_bfloat16_round_to_nearest_even);
     RUN(argmax_kernel_matches_the_host_scan);
+    RUN(split_attention_matches_a_cpu_reference);
     RUN(barrier_in_divergent_code_is_reported);
     RUN(device_count_errors_and_devices_can_be_faked);
     return kvt_done();

@@ -8,11 +8,12 @@ import os
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import kvnats
 import kvt
-from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, cuda_env, make
+from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, TOKENS, cuda_env, engine_logits, make, rel
 
 P = "namespace.dynamo.component.backend"
 
@@ -159,3 +160,80 @@ def test_greedy_tokens_from_the_device_argmax_match_the_cpu_engine(stack, tmp_pa
                                         "temperature": 0.8, "seed": 1, "ignore_eos": True})
         assert s == 200 and out["usage"]["completion_tokens"] == 4, raw
     assert texts["cuda"] == texts["cpu"]
+
+
+# --- the kernels of issue 21 item 3 (split-K attention, bf16 KV cache, device sampling,
+# --- CUDA graphs, fused kernels), against the CPU engine on the emulation
+
+def cuda_run(model, *extra, env_extra=None, target="emu-forward", dtype="f32", cmd="logits",
+             ok=True):
+    env = cuda_env(target, dtype)
+    env.update(env_extra or {})
+    args = [ENGINE, cmd, "--engine", "cuda", "--model", model]
+    if cmd == "logits":
+        args += ["--tokens", json.dumps(TOKENS)]
+    r = subprocess.run(args + list(extra), capture_output=True, text=True, env=env)
+    if ok:
+        assert r.returncode == 0, r.stderr
+        assert "ERROR: AddressSanitizer" not in r.stderr, r.stderr
+    return r
+
+
+def lg(r):
+    return np.array(json.loads(r.stdout))
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+@pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "llama3_rope_bf16"])
+def test_split_attention_matches_cpu_and_one_pass_kernels(tmp_path, name, target):
+    """Split-K attention (the default) at split lengths that cut KV blocks
+    anywhere (1, 5 and 16 positions with 16-slot blocks): the CPU engine's
+    logits, the one-pass kernels' (KVW_CUDA_ATTENTION=gqa|head) up to
+    summation order, and a token's result does not depend on the rest of
+    its step (batched decode = the cold prefill, bit for bit)."""
+    model = make(tmp_path, "m", CONFIGS[name])
+    cpu = engine_logits(model, TOKENS)
+    gqa = lg(cuda_run(model, env_extra={"KVW_CUDA_ATTENTION": "gqa"}, target=target))
+    head = lg(cuda_run(model, env_extra={"KVW_CUDA_ATTENTION": "head"}, target=target))
+    assert rel(gqa, cpu) < 2e-6 and rel(head, cpu) < 2e-6
+    for split in ("1", "5", "16"):
+        env = {"KVW_CUDA_ATT_SPLIT": split}
+        cold = lg(cuda_run(model, env_extra=env, target=target))
+        assert rel(cold, cpu) < 2e-6, split
+        assert rel(cold, gqa) < 2e-6, split
+        assert int(np.argmax(cold)) == int(np.argmax(cpu))
+        if split == "5":
+            for extra in (["--batch", "5", "--decode", "4"], ["--chunk", "7", "--prefix", "16"]):
+                got = lg(cuda_run(model, *extra, env_extra=env, target=target))
+                assert np.array_equal(got, cold), (extra, rel(got, cold))
+
+
+def test_attention_and_kv_options_are_checked(model):
+    for var, val in (("KVW_CUDA_ATTENTION", "fast"), ("KVW_CUDA_ATT_SPLIT", "0"),
+                     ("KVW_CUDA_ATT_SPLIT", "12x"), ("KVW_CUDA_KV_DTYPE", "f16")):
+        r = cuda_run(model, env_extra={var: val}, ok=False)
+        assert r.returncode == 1 and var in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+def test_bf16_kv_cache(tmp_path, target):
+    """KVW_CUDA_KV_DTYPE=bf16: half the block bytes, a layout string that
+    says so, logits within bf16 rounding of the CPU engine's, the same
+    logits for batched decode and for blocks moved between two bf16
+    engines, and blocks of the f32 CPU engine refused, not misread."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    bf = {"KVW_CUDA_KV_DTYPE": "bf16"}
+    f32_info = json.loads(cuda_run(model, "--num-blocks", "8", cmd="info").stdout)
+    bf_info = json.loads(cuda_run(model, "--num-blocks", "8", cmd="info", env_extra=bf).stdout)
+    assert bf_info["block_bytes"] * 2 == f32_info["block_bytes"]
+    assert f32_info["kv_layout"].startswith("kvw-kv/1 f32 [block][layer=2][K|V][slot=16]")
+    assert bf_info["kv_layout"].startswith("kvw-kv/1 bf16 ")
+    assert bf_info["kv_layout"] != f32_info["kv_layout"]
+    cpu = engine_logits(model, TOKENS)
+    cold = lg(cuda_run(model, env_extra=bf, target=target))
+    assert rel(cold, cpu) < 1e-2
+    assert rel(cold, cpu) > 0       # it is rounded: the option took effect
+    for extra in (["--batch", "5", "--decode", "4"], ["--prefix", "20", "--transfer", "cuda"]):
+        assert np.array_equal(lg(cuda_run(model, *extra, env_extra=bf, target=target)), cold)
+    r = cuda_run(model, "--prefix", "20", "--transfer", "cpu", env_extra=bf, ok=False)
+    assert r.returncode != 0 and "bytes" in r.stderr, r.stderr
