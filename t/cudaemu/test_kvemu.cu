@@ -384,6 +384,55 @@ TEST(split_attention_matches_a_cpu_reference)
     attention_kernels_match<__nv_bfloat16>("bf16 KV");
 }
 
+__global__ void k_axpy(float *y, const float *x, float a) { y[threadIdx.x] += a * x[threadIdx.x]; }
+
+/* A captured graph replays the recorded work with the arguments of the capture. */
+TEST(graphs_replay_what_was_captured)
+{
+    cudaStream_t            st;
+    cudaGraph_t             g;
+    cudaGraphExec_t         ex;
+    cudaStreamCaptureStatus cs;
+    float                  *x, *y, *z, hy[32], hz[32], direct[32];
+
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamDefault) == cudaSuccess);
+    cudaMalloc((void **) &x, 32 * sizeof(float));
+    cudaMalloc((void **) &y, 32 * sizeof(float));
+    cudaMalloc((void **) &z, 32 * sizeof(float));
+    KVW_LAUNCH(k_fill, 1, 32, 0, st, x, 2.0f);
+    KVW_LAUNCH(k_fill, 1, 32, 0, st, y, 1.0f);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    /* the same work done directly, for comparison: y += 3x, then z = y, three times */
+    for (int i = 0; i < 32; i++) direct[i] = 1.0f + 3 * 3 * 2.0f;
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive);
+    KVW_LAUNCH(k_axpy, 1, 32, 0, st, y, x, 3.0f);
+    CHECK(cudaMemcpyAsync(z, y, 32 * sizeof(float), cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+    CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess && g != NULL);
+    cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost);
+    CHECK(hy[0] == 1.0f);                       /* captured, not run */
+    CHECK(cudaGraphInstantiate(&ex, g, 0) == cudaSuccess);
+    CHECK(cudaGraphDestroy(g) == cudaSuccess);  /* the instance keeps its copy */
+    for (int r = 0; r < 3; r++) CHECK(cudaGraphLaunch(ex, st) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hz, z, sizeof(hz), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 32; i++) CHECK(hy[i] == direct[i] && hz[i] == direct[i]);
+    CHECK(cudaGraphExecDestroy(ex) == cudaSuccess);
+    /* a synchronizing call while capturing is refused and the capture is void */
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    KVW_LAUNCH(k_axpy, 1, 32, 0, st, y, x, 3.0f);
+    CHECK(cudaStreamSynchronize(st) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaStreamEndCapture(st, &g) == cudaErrorStreamCaptureInvalidated && g == NULL);
+    CHECK(cudaStreamBeginCapture((cudaStream_t) 0, cudaStreamCaptureModeGlobal)
+          == cudaErrorStreamCaptureUnsupported);
+    cudaGetLastError();
+    cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost);
+    CHECK(hy[0] == direct[0]);                  /* the void capture ran nothing */
+    cudaFree(x); cudaFree(y); cudaFree(z); cudaStreamDestroy(st);
+}
+
 /* Runs fn in a child (a fault is sticky for the whole process); its exit code. */
 static int in_child(void (*fn)(void))
 {
@@ -460,6 +509,7 @@ int main(void)
     RUN(half_and_bfloat16_round_to_nearest_even);
     RUN(argmax_kernel_matches_the_host_scan);
     RUN(split_attention_matches_a_cpu_reference);
+    RUN(graphs_replay_what_was_captured);
     RUN(barrier_in_divergent_code_is_reported);
     RUN(device_count_errors_and_devices_can_be_faked);
     return kvt_done();

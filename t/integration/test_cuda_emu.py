@@ -5,6 +5,7 @@ several devices, a sticky fault in the middle of serving, a small device
 memory. Skipped where g++ (and so the emulated build) is missing."""
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -237,3 +238,22 @@ def test_bf16_kv_cache(tmp_path, target):
         assert np.array_equal(lg(cuda_run(model, *extra, env_extra=bf, target=target)), cold)
     r = cuda_run(model, "--prefix", "20", "--transfer", "cpu", env_extra=bf, ok=False)
     assert r.returncode != 0 and "bytes" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+def test_graph_replay_equals_direct_launches(tmp_path, target):
+    """Decode steps run through CUDA graphs (captured once per batch shape,
+    replayed after): the same logits as direct launches (KVW_CUDA_GRAPHS=0),
+    bit for bit, also across split-K grid changes (a split every 3
+    positions: a new shape every third step)."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    for split in ("128", "3"):
+        env = {"KVW_CUDA_ATT_SPLIT": split, "KVW_CUDA_STATS": "1"}
+        direct = cuda_run(model, "--batch", "5", "--decode", "6", target=target,
+                          env_extra=dict(env, KVW_CUDA_GRAPHS="0"))
+        graphs = cuda_run(model, "--batch", "5", "--decode", "6", target=target, env_extra=env)
+        assert np.array_equal(lg(graphs), lg(direct))
+        assert "graphs captured 0, replayed 0" in direct.stderr
+        cap, rep = map(int, re.search(r"graphs captured (\d+), replayed (\d+)",
+                                      graphs.stderr).groups())
+        assert cap + rep == 6 and rep >= (4 if split == "128" else 2), graphs.stderr

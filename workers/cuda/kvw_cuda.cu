@@ -54,6 +54,22 @@ typedef struct {
     float *bo;                          /* f32; NULL without attention_bias */
 } dlayer_t;
 
+/*
+ * A decode step's launches captured as a CUDA graph, replayed for every
+ * later step of the same shape: the same token count, logit rows and
+ * split-K grid (every pointer and launch argument is then the same; the
+ * per-step facts are in the meta uploaded before the replay).
+ */
+typedef struct {
+    size_t          T, n_out;
+    int             nsplit;
+    unsigned long   used;
+    cudaGraphExec_t exec;
+} kvc_graph;
+
+#define KVC_MAX_GRAPHS   16
+#define KVC_CUBLAS_WS    ((size_t) 32 << 20)
+
 typedef struct {
     kvw_backend_t   b;
     uint32_t        vocab, H, layers, heads, kv_heads, hd, inter;
@@ -76,6 +92,12 @@ typedef struct {
     int             split_len;          /* positions per split (KVW_CUDA_ATT_SPLIT) */
     float          *part;               /* split-K partials, part_cap floats */
     size_t          part_cap;
+    void           *cublas_ws;          /* cuBLAS's workspace: none allocated while capturing */
+    int             use_graphs;         /* KVW_CUDA_GRAPHS (1 unless "0") */
+    kvc_graph       graphs[KVC_MAX_GRAPHS];
+    unsigned        n_graphs;
+    unsigned long   clock;              /* orders the graphs' last uses */
+    long            captured, replayed; /* graphs, for KVW_CUDA_STATS */
     /* scratch, grown on demand: cap tokens, cap_out logit rows, meta_cap ints */
     size_t          cap, cap_out, meta_cap;
     float          *x, *qkv, *gu, *logits, *h_logits;
@@ -151,6 +173,15 @@ static int fail(cuda_t *e, const char *fmt, ...)
         else KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);  \
         LAUNCHED(#K);                                                          \
     } while (0)
+
+/* Forgets every captured graph: a buffer they point into moved. */
+static void drop_graphs(cuda_t *e)
+{
+    unsigned i;
+
+    for (i = 0; i < e->n_graphs; i++) cudaGraphExecDestroy(e->graphs[i].exec);
+    e->n_graphs = 0;
+}
 
 /* --- weights ------------------------------------------------------------ */
 
@@ -254,6 +285,7 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
     size_t widest = e->H > qd ? e->H : qd;
 
     if (widest < e->inter) widest = e->inter;
+    if (T > e->cap || n_out > e->cap_out || n_meta > e->meta_cap) drop_graphs(e);
     if (T > e->cap) {
         cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act);
         e->x = e->qkv = e->gu = NULL;
@@ -414,6 +446,7 @@ static int splits_for(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
     need = T * e->heads * (size_t) nsplit * (e->hd + 2) * sizeof(float);
     if (nsplit > 65535 || need > KVC_PART_MAX_BYTES) return 0;
     if (need > e->part_cap * sizeof(float)) {
+        drop_graphs(e);
         cudaFree(e->part);
         e->part = NULL;
         e->part_cap = 0;
@@ -473,13 +506,92 @@ static void finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
     }
 }
 
+/* The forward pass on the device, from token ids to the logit rows (queued, not waited for). */
+static int forward(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit)
+{
+    uint32_t l;
+
+    DISPATCH(k_embed, (unsigned) T, 256, e->x, e->embed, m->tok, (int) e->H);
+    for (l = 0; l < e->layers; l++) {
+        if (run_layer(e, l, T, m, nsplit) != 0) return -1;
+    }
+    if (n_out > 0) {
+        DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m->rows, (int) e->H,
+                 e->eps);
+        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0) return -1;
+    }
+    return 0;
+}
+
+/* A decode step: one token for every sequence that runs (graphs are kept for these). */
+static int decode_only(const kvw_step_seq_t *seqs, uint32_t n, size_t T)
+{
+    uint32_t s, running = 0;
+
+    for (s = 0; s < n; s++) running += seqs[s].n_tokens > 0;
+    return running == T;
+}
+
+/*
+ * forward() through a CUDA graph: replayed when a step of this shape was
+ * captured, else captured now (the oldest graph makes room) and launched.
+ * What changes from step to step (tokens, positions, block tables) is in
+ * the meta buffer, uploaded before the launch.
+ */
+static int replay(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit)
+{
+    kvc_graph  *g = NULL;
+    cudaGraph_t graph = NULL;
+    unsigned    i;
+    int         rc;
+
+    for (i = 0; i < e->n_graphs; i++) {
+        if (e->graphs[i].T == T && e->graphs[i].n_out == n_out && e->graphs[i].nsplit == nsplit) {
+            g = &e->graphs[i];
+            break;
+        }
+    }
+    if (g == NULL) {
+        if (e->n_graphs == KVC_MAX_GRAPHS) {
+            for (g = &e->graphs[0], i = 1; i < e->n_graphs; i++) {
+                if (e->graphs[i].used < g->used) g = &e->graphs[i];
+            }
+            cudaGraphExecDestroy(g->exec);
+        } else {
+            g = &e->graphs[e->n_graphs++];
+        }
+        CK(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeGlobal));
+        rc = forward(e, T, n_out, m, nsplit);
+        if (cudaStreamEndCapture(e->st, &graph) != cudaSuccess || rc != 0) {
+            if (graph) cudaGraphDestroy(graph);
+            *g = e->graphs[--e->n_graphs];
+            return rc != 0 ? -1 : fail(e, "capturing a decode step: %s",
+                                       cudaGetErrorString(cudaGetLastError()));
+        }
+        rc = cudaGraphInstantiate(&g->exec, graph, 0) != cudaSuccess;
+        cudaGraphDestroy(graph);
+        if (rc) {
+            *g = e->graphs[--e->n_graphs];
+            return fail(e, "instantiating a decode step's graph: %s",
+                        cudaGetErrorString(cudaGetLastError()));
+        }
+        g->T = T;
+        g->n_out = n_out;
+        g->nsplit = nsplit;
+        e->captured++;
+    } else {
+        e->replayed++;
+    }
+    g->used = ++e->clock;
+    CK(cudaGraphLaunch(g->exec, e->st));
+    return 0;
+}
+
 /* The step on the device, up to the logits in host memory. */
 static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, size_t n_out,
                        size_t n_tables)
 {
     kvc_meta m;
-    uint32_t l;
-
     int      nsplit;
 
     if (ensure(e, T, n_out, 3 * T + n_out + n_tables) != 0
@@ -487,17 +599,10 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
         return -1;
     nsplit = splits_for(e, seqs, n, T);
     if (nsplit < 0) return -1;
-    DISPATCH(k_embed, (unsigned) T, 256, e->x, e->embed, m.tok, (int) e->H);
-    for (l = 0; l < e->layers; l++) {
-        if (run_layer(e, l, T, &m, nsplit) != 0) return -1;
-    }
-    if (n_out > 0) {
-        DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m.rows, (int) e->H,
-                 e->eps);
-        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0
-            || copy_out(e, seqs, n, n_out) != 0)
-            return -1;
-    }
+    if (e->use_graphs && decode_only(seqs, n, T) ? replay(e, T, n_out, &m, nsplit)
+                                                 : forward(e, T, n_out, &m, nsplit))
+        return -1;
+    if (n_out > 0 && copy_out(e, seqs, n, n_out) != 0) return -1;
     CK(cudaStreamSynchronize(e->st));
     return 0;
 }
@@ -598,6 +703,11 @@ static void cuda_destroy(kvw_backend_t *b)
     cuda_t  *e = (cuda_t *) b;
     uint32_t l;
 
+    if (getenv("KVW_CUDA_STATS")) {
+        fprintf(stderr, "kvcuda: graphs captured %ld, replayed %ld\n", e->captured,
+                e->replayed);
+    }
+    drop_graphs(e);
     if (e->L) {
         for (l = 0; l < e->layers; l++) {
             dlayer_t *d = &e->L[l];
@@ -611,7 +721,7 @@ static void cuda_destroy(kvw_backend_t *b)
     cudaFree(e->embed); cudaFree(e->norm); cudaFree(e->inv_freq); cudaFree(e->kv);
     cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act); cudaFree(e->logits);
     cudaFree(e->d_meta); cudaFreeHost(e->h_logits); cudaFreeHost(e->h_meta);
-    cudaFree(e->d_best); cudaFreeHost(e->h_best); cudaFree(e->part);
+    cudaFree(e->d_best); cudaFreeHost(e->h_best); cudaFree(e->part); cudaFree(e->cublas_ws);
     if (e->cb) cublasDestroy(e->cb);
     if (e->st) cudaStreamDestroy(e->st);
     free(e);
@@ -756,6 +866,10 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     CK(cudaStreamCreateWithFlags(&e->st, cudaStreamDefault));
     CB(cublasCreate(&e->cb));
     CB(cublasSetStream(e->cb, e->st));
+    /* a workspace of our own: cuBLAS then allocates nothing while a graph captures */
+    CK(cudaMalloc(&e->cublas_ws, KVC_CUBLAS_WS));
+    CB(cublasSetWorkspace(e->cb, e->cublas_ws, KVC_CUBLAS_WS));
+    e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
     if (upload_model(e, m) != 0) return -1;
     e->b.name = "cuda";
     e->b.vocab_size = m->vocab;
