@@ -16,6 +16,11 @@
 #include "kvtest.h"
 #include "kvw_cuda_kernels.cuh"
 
+extern "C" {
+#include "kvw_sample.h"
+}
+#include "kvw_cuda_sample.h"
+
 #define KVC_COMMA ,
 
 static void order(const char *o) { setenv("KVW_CUDAEMU_ORDER", o, 1); }
@@ -433,6 +438,98 @@ TEST(graphs_replay_what_was_captured)
     cudaFree(x); cudaFree(y); cudaFree(z); cudaStreamDestroy(st);
 }
 
+/*
+ * Sampling on the device (k_sample_cand, then kvc_sample_pick on the host)
+ * against kvw_sample on the full row, with the same RNG state: the same
+ * token and the same RNG state after, whenever the candidates decide it
+ * (else kvc_sample_pick says so and leaves the RNG alone). Peaked, flat
+ * and tied rows; a vocabulary of several chunks (the last one partial) and
+ * one shorter than the candidates; greedy, temperature, top-k, top-p.
+ */
+TEST(device_sampling_picks_what_kvw_sample_picks)
+{
+    const int      vocabs[2] = {9000, 20}, rows = 6;
+    const float    temps[6] = {0.7f, 1.0f, 0.8f, 1.3f, 1.0f, 0.5f};
+    const float    top_ps[6] = {1.0f, 0.9f, 1.0f, 0.5f, 1.0f, 0.95f};
+    const int      top_ks[6] = {0, 0, 40, 10, 5000, 3};
+    uint64_t       x = 99;
+    long           decided = 0, undecided = 0, wrong = 0;
+
+    for (int vi = 0; vi < 2; vi++) {
+        int       vocab = vocabs[vi], nchunk = (vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK;
+        size_t    nc = (size_t) rows * nchunk * KVC_SAMPLE_CANDS;
+        float    *h = (float *) malloc(sizeof(float) * rows * vocab), *row = (float *) malloc(sizeof(float) * vocab);
+        float    *d, *dt, *dcp, *hcp = (float *) malloc(nc * sizeof(float)), temp[rows];
+        int      *db, *dci, *hci = (int *) malloc(nc * sizeof(int));
+        double   *dcs, *hcs = (double *) malloc(rows * nchunk * sizeof(double));
+        kvc_cand *buf = (kvc_cand *) malloc(nc * sizeof(kvc_cand));
+
+        for (int r = 0; r < rows; r++) {
+            for (int i = 0; i < vocab; i++) {
+                float v = frand(&x);
+
+                h[r * vocab + i] = r % 3 == 0 ? v * 12.0f                    /* peaked */
+                                   : r % 3 == 1 ? v * 0.2f                   /* flat */
+                                   : (float) (lcg(&x) % 7);                  /* many ties */
+            }
+        }
+        cudaMalloc((void **) &d, sizeof(float) * rows * vocab);
+        cudaMalloc((void **) &db, rows * sizeof(int));
+        cudaMalloc((void **) &dt, rows * sizeof(float));
+        cudaMalloc((void **) &dcp, nc * sizeof(float));
+        cudaMalloc((void **) &dci, nc * sizeof(int));
+        cudaMalloc((void **) &dcs, rows * nchunk * sizeof(double));
+        cudaMemcpy(d, h, sizeof(float) * rows * vocab, cudaMemcpyHostToDevice);
+        for (int set = 0; set < 6; set++) {
+            for (int r = 0; r < rows; r++) temp[r] = temps[set];
+            order(set % 2 ? "reverse" : "forward");
+            cudaMemcpy(dt, temp, sizeof(temp), cudaMemcpyHostToDevice);
+            KVW_LAUNCH(k_argmax, rows, 256, 0, (cudaStream_t) 0, db, d, vocab);
+            KVW_LAUNCH(k_sample_cand, dim3(rows, nchunk), 256, 0, (cudaStream_t) 0, dcp, dci, dcs,
+                       d, db, dt, vocab);
+            CHECK(cudaMemcpy(hcp, dcp, nc * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+            cudaMemcpy(hci, dci, nc * sizeof(int), cudaMemcpyDeviceToHost);
+            cudaMemcpy(hcs, dcs, rows * nchunk * sizeof(double), cudaMemcpyDeviceToHost);
+            for (int r = 0; r < rows; r++) {
+                for (int draw = 0; draw < 20; draw++) {
+                    uint64_t       st_dev = x + (uint64_t) draw * 7919, st_host = st_dev;
+                    kvw_sampling_t sd = {temps[set], top_ps[set], top_ks[set], &st_dev};
+                    kvw_sampling_t sh = {temps[set], top_ps[set], top_ks[set], &st_host};
+                    size_t         c0 = (size_t) r * nchunk;
+                    int            got = kvc_sample_pick(hcp + c0 * KVC_SAMPLE_CANDS,
+                                                         hci + c0 * KVC_SAMPLE_CANDS, hcs + c0,
+                                                         nchunk, KVC_SAMPLE_CANDS,
+                                                         KVC_SAMPLE_CHUNK, (uint32_t) vocab, &sd,
+                                                         buf);
+                    uint32_t       want;
+
+                    memcpy(row, h + r * vocab, sizeof(float) * vocab);
+                    if (got < 0) {
+                        CHECK(st_dev == x + (uint64_t) draw * 7919);   /* untouched */
+                        undecided++;
+                        continue;
+                    }
+                    want = kvw_sample(row, (uint32_t) vocab, &sh);
+                    decided++;
+                    if ((uint32_t) got != want || st_dev != st_host) {
+                        if (wrong++ < 5)
+                            fprintf(stderr, "  vocab %d row %d setting %d draw %d: %d, kvw_sample "
+                                    "%u\n", vocab, r, set, draw, got, want);
+                    }
+                }
+            }
+        }
+        order("forward");
+        cudaFree(d); cudaFree(db); cudaFree(dt); cudaFree(dcp); cudaFree(dci); cudaFree(dcs);
+        free(h); free(row); free(hcp); free(hci); free(hcs); free(buf);
+    }
+    fprintf(stderr, "  device sampling: %ld decided on the candidates, %ld left to the host\n",
+            decided, undecided);
+    CHECK(wrong == 0);
+    CHECK(decided > undecided);     /* the peaked and tied rows, top-k and top-p settle there */
+    CHECK(undecided > 0);           /* flat rows without top-k, and top_k 5000, do not */
+}
+
 /* Runs fn in a child (a fault is sticky for the whole process); its exit code. */
 static int in_child(void (*fn)(void))
 {
@@ -510,6 +607,7 @@ int main(void)
     RUN(argmax_kernel_matches_the_host_scan);
     RUN(split_attention_matches_a_cpu_reference);
     RUN(graphs_replay_what_was_captured);
+    RUN(device_sampling_picks_what_kvw_sample_picks);
     RUN(barrier_in_divergent_code_is_reported);
     RUN(device_count_errors_and_devices_can_be_faked);
     return kvt_done();

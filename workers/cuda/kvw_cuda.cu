@@ -37,6 +37,7 @@ extern "C" {
 }
 
 #include "kvw_cuda_kernels.cuh"
+#include "kvw_cuda_sample.h"
 
 enum { DT_F32, DT_F16, DT_BF16 };
 enum { KV_F32, KV_BF16 };
@@ -98,6 +99,13 @@ typedef struct {
     unsigned        n_graphs;
     unsigned long   clock;              /* orders the graphs' last uses */
     long            captured, replayed; /* graphs, for KVW_CUDA_STATS */
+    /* sampling on the device: per logit row, temperature in, candidates and chunk sums out */
+    int             nchunk;             /* vocabulary chunks of KVC_SAMPLE_CHUNK */
+    float          *d_temp, *h_temp, *d_cp, *h_cp;
+    int            *d_ci, *h_ci;
+    double         *d_cs, *h_cs;
+    kvc_cand       *cands;              /* kvc_sample_pick's merge buffer */
+    long            dev_sampled, host_sampled;  /* for KVW_CUDA_STATS */
     /* scratch, grown on demand: cap tokens, cap_out logit rows, meta_cap ints */
     size_t          cap, cap_out, meta_cap;
     float          *x, *qkv, *gu, *logits, *h_logits;
@@ -298,15 +306,28 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
         e->cap = T;
     }
     if (n_out > e->cap_out) {
+        size_t nc = n_out * e->nchunk * KVC_SAMPLE_CANDS;
+
         cudaFree(e->logits); cudaFreeHost(e->h_logits);
         cudaFree(e->d_best); cudaFreeHost(e->h_best);
-        e->logits = e->h_logits = NULL;
-        e->d_best = e->h_best = NULL;
+        cudaFree(e->d_temp); cudaFreeHost(e->h_temp); cudaFree(e->d_cp); cudaFreeHost(e->h_cp);
+        cudaFree(e->d_ci); cudaFreeHost(e->h_ci); cudaFree(e->d_cs); cudaFreeHost(e->h_cs);
+        e->logits = e->h_logits = e->d_temp = e->h_temp = e->d_cp = e->h_cp = NULL;
+        e->d_best = e->h_best = e->d_ci = e->h_ci = NULL;
+        e->d_cs = e->h_cs = NULL;
         e->cap_out = 0;
         CK(cudaMalloc((void **) &e->logits, n_out * e->vocab * sizeof(float)));
         CK(cudaMallocHost((void **) &e->h_logits, n_out * e->vocab * sizeof(float)));
         CK(cudaMalloc((void **) &e->d_best, n_out * sizeof(int)));
         CK(cudaMallocHost((void **) &e->h_best, n_out * sizeof(int)));
+        CK(cudaMalloc((void **) &e->d_temp, n_out * sizeof(float)));
+        CK(cudaMallocHost((void **) &e->h_temp, n_out * sizeof(float)));
+        CK(cudaMalloc((void **) &e->d_cp, nc * sizeof(float)));
+        CK(cudaMallocHost((void **) &e->h_cp, nc * sizeof(float)));
+        CK(cudaMalloc((void **) &e->d_ci, nc * sizeof(int)));
+        CK(cudaMallocHost((void **) &e->h_ci, nc * sizeof(int)));
+        CK(cudaMalloc((void **) &e->d_cs, n_out * e->nchunk * sizeof(double)));
+        CK(cudaMallocHost((void **) &e->h_cs, n_out * e->nchunk * sizeof(double)));
         e->cap_out = n_out;
     }
     if (n_meta > e->meta_cap) {
@@ -463,13 +484,21 @@ static int greedy(const kvw_step_seq_t *sq)
            && (sq->sampling.temperature <= 1e-5f || sq->sampling.rng == NULL);
 }
 
+/* Sampled on the device: a temperature, and no logits asked for (those copy the row anyway). */
+static int device_sampled(const kvw_step_seq_t *sq)
+{
+    return sq->sample && !sq->logits && !greedy(sq) && getenv("KVW_CUDA_HOST_SAMPLING") == NULL;
+}
+
 /*
- * Logits to the host only for the rows that need them (logits asked for,
- * or sampling with a temperature); greedy rows bring back one token id.
+ * Logits to the host only for the rows that need them (logits asked for);
+ * greedy rows bring back one token id, rows sampled with a temperature
+ * their candidates (k_sample_cand: KVC_SAMPLE_CANDS per vocabulary chunk).
  */
 static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_out)
 {
     uint32_t s, r = 0;
+    int      any = 0;
 
     KVW_LAUNCH(k_argmax, (unsigned) n_out, 256, 0, e->st, e->d_best, e->logits, (int) e->vocab);
     LAUNCHED("k_argmax");
@@ -477,33 +506,71 @@ static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_
                        e->st));
     for (s = 0; s < n; s++) {
         if (!seqs[s].sample && !seqs[s].logits) continue;
-        if (!greedy(&seqs[s])) {
+        e->h_temp[r] = 1.0f;
+        if (device_sampled(&seqs[s])) {
+            e->h_temp[r] = seqs[s].sampling.temperature;
+            any = 1;
+        } else if (!greedy(&seqs[s])) {
             CK(cudaMemcpyAsync(e->h_logits + (size_t) r * e->vocab,
                                e->logits + (size_t) r * e->vocab, e->vocab * sizeof(float),
                                cudaMemcpyDeviceToHost, e->st));
         }
         r++;
     }
+    if (any) {
+        size_t nc = n_out * e->nchunk * KVC_SAMPLE_CANDS;
+        dim3   grid((unsigned) n_out, (unsigned) e->nchunk);
+
+        CK(cudaMemcpyAsync(e->d_temp, e->h_temp, n_out * sizeof(float), cudaMemcpyHostToDevice,
+                           e->st));
+        KVW_LAUNCH(k_sample_cand, grid, 256, 0, e->st, e->d_cp, e->d_ci, e->d_cs, e->logits,
+                   e->d_best, e->d_temp, (int) e->vocab);
+        LAUNCHED("k_sample_cand");
+        CK(cudaMemcpyAsync(e->h_cp, e->d_cp, nc * sizeof(float), cudaMemcpyDeviceToHost, e->st));
+        CK(cudaMemcpyAsync(e->h_ci, e->d_ci, nc * sizeof(int), cudaMemcpyDeviceToHost, e->st));
+        CK(cudaMemcpyAsync(e->h_cs, e->d_cs, n_out * e->nchunk * sizeof(double),
+                           cudaMemcpyDeviceToHost, e->st));
+    }
     return 0;
 }
 
-/* Samples (or hands out logits) for each sequence that wants them, on the host. */
-static void finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
+/* Picks each sampled sequence's token (or hands out logits), after the step. */
+static int finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
 {
     uint32_t s, r = 0;
 
     for (s = 0; s < n; s++) {
         float *lg;
+        size_t c0;
+        int    tok;
 
         if (!seqs[s].sample && !seqs[s].logits) continue;
+        lg = e->h_logits + (size_t) r * e->vocab;
         if (greedy(&seqs[s])) {
             seqs[s].next_token = (uint32_t) e->h_best[r++];
             continue;
         }
-        lg = e->h_logits + (size_t) r++ * e->vocab;
+        if (device_sampled(&seqs[s])) {
+            c0 = (size_t) r * e->nchunk;
+            tok = kvc_sample_pick(e->h_cp + c0 * KVC_SAMPLE_CANDS, e->h_ci + c0 * KVC_SAMPLE_CANDS,
+                                  e->h_cs + c0, e->nchunk, KVC_SAMPLE_CANDS, KVC_SAMPLE_CHUNK,
+                                  e->vocab, &seqs[s].sampling, e->cands);
+            if (tok >= 0) {
+                seqs[s].next_token = (uint32_t) tok;
+                e->dev_sampled++;
+                r++;
+                continue;
+            }
+            /* the candidates cannot decide it (a flat distribution): the row, and kvw_sample */
+            CK(cudaMemcpy(lg, e->logits + (size_t) r * e->vocab, e->vocab * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+            e->host_sampled++;
+        }
+        r++;
         if (seqs[s].logits) memcpy(seqs[s].logits, lg, e->vocab * sizeof(float));
         if (seqs[s].sample) seqs[s].next_token = kvw_sample(lg, e->vocab, &seqs[s].sampling);
     }
+    return 0;
 }
 
 /* The forward pass on the device, from token ids to the logit rows (queued, not waited for). */
@@ -663,7 +730,11 @@ static int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double 
         check_sticky(e);
         return -1;
     }
-    finish_host(e, seqs, n);
+    if (finish_host(e, seqs, n) != 0) {
+        fprintf(stderr, "kvcuda: step failed: %s\n", e->err);
+        check_sticky(e);
+        return -1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     *step_ms = (double) (t1.tv_sec - t0.tv_sec) * 1e3 + (double) (t1.tv_nsec - t0.tv_nsec) / 1e6;
     return 0;
@@ -704,8 +775,8 @@ static void cuda_destroy(kvw_backend_t *b)
     uint32_t l;
 
     if (getenv("KVW_CUDA_STATS")) {
-        fprintf(stderr, "kvcuda: graphs captured %ld, replayed %ld\n", e->captured,
-                e->replayed);
+        fprintf(stderr, "kvcuda: graphs captured %ld, replayed %ld; sampled on the device %ld, "
+                "on the host %ld\n", e->captured, e->replayed, e->dev_sampled, e->host_sampled);
     }
     drop_graphs(e);
     if (e->L) {
@@ -722,6 +793,9 @@ static void cuda_destroy(kvw_backend_t *b)
     cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act); cudaFree(e->logits);
     cudaFree(e->d_meta); cudaFreeHost(e->h_logits); cudaFreeHost(e->h_meta);
     cudaFree(e->d_best); cudaFreeHost(e->h_best); cudaFree(e->part); cudaFree(e->cublas_ws);
+    cudaFree(e->d_temp); cudaFreeHost(e->h_temp); cudaFree(e->d_cp); cudaFreeHost(e->h_cp);
+    cudaFree(e->d_ci); cudaFreeHost(e->h_ci); cudaFree(e->d_cs); cudaFreeHost(e->h_cs);
+    free(e->cands);
     if (e->cb) cublasDestroy(e->cb);
     if (e->st) cudaStreamDestroy(e->st);
     free(e);
@@ -871,6 +945,9 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     CB(cublasSetWorkspace(e->cb, e->cublas_ws, KVC_CUBLAS_WS));
     e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
     if (upload_model(e, m) != 0) return -1;
+    e->nchunk = (int) ((m->vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK);
+    e->cands = (kvc_cand *) malloc((size_t) e->nchunk * KVC_SAMPLE_CANDS * sizeof(kvc_cand));
+    if (e->cands == NULL) return fail(e, "out of host memory");
     e->b.name = "cuda";
     e->b.vocab_size = m->vocab;
     e->b.eos_token_id = m->eos[0];

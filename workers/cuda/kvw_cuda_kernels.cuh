@@ -512,6 +512,95 @@ __global__ void k_attn_merge(void *out, const float *part, kvc_meta m, int heads
     }
 }
 
+/*
+ * Sampling on the device, pass 1 (kvw_cuda_sample.h has pass 2, on the
+ * host): one thread block per (logit row, chunk of KVC_SAMPLE_CHUNK
+ * vocabulary entries). p = expf((logit - max) / temperature), exactly as
+ * kvw_sample computes it (max from k_argmax's best[row]); the block writes
+ * its chunk's sum of p (double) and its KVC_SAMPLE_CANDS largest p in
+ * kvw_sample's order (p descending, then id ascending), found by that many
+ * rounds of a block-wide arg-max over the chunk staged in shared memory:
+ * no sort of the vocabulary, and 8 bytes back per candidate instead of the
+ * row. Rounds past the chunk's length write p = -1, id = -1.
+ */
+#define KVC_SAMPLE_CHUNK 4096
+#define KVC_SAMPLE_CANDS 32
+
+static __device__ __forceinline__ int kvc_before(float p, int i, float q, int j)
+{
+    return p > q || (p == q && i < j);
+}
+
+__global__ void k_sample_cand(float *cand_p, int *cand_id, double *chunk_sum,
+                              const float *logits, const int *best, const float *temp, int vocab)
+{
+    __shared__ float  sp[KVC_SAMPLE_CHUNK];
+    __shared__ float  w_p[32];
+    __shared__ int    w_i[32];
+    __shared__ double w_s[32];
+    int          r = blockIdx.x, c = blockIdx.y, nchunk = gridDim.y;
+    int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int          base = c * KVC_SAMPLE_CHUNK;
+    int          n = vocab - base < KVC_SAMPLE_CHUNK ? vocab - base : KVC_SAMPLE_CHUNK;
+    const float *row = logits + (size_t) r * vocab;
+    float        mx = row[best[r]], t = temp[r];
+    double       sum = 0;
+    size_t       out = ((size_t) r * nchunk + c) * KVC_SAMPLE_CANDS;
+
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float p = expf((row[base + i] - mx) / t);
+
+        sp[i] = p;
+        sum += p;
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) w_s[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0;
+
+        for (int w = 0; w < nw; w++) total += w_s[w];
+        chunk_sum[(size_t) r * nchunk + c] = total;
+    }
+    for (int k = 0; k < KVC_SAMPLE_CANDS; k++) {
+        float bp = -1;
+        int   bi = -1;
+
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            if (sp[i] >= 0 && (bi < 0 || kvc_before(sp[i], i, bp, bi))) {   /* -1: taken */
+                bp = sp[i];
+                bi = i;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            int   oi = __shfl_xor_sync(0xffffffffu, bi, o);
+
+            if (oi >= 0 && (bi < 0 || kvc_before(op, oi, bp, bi))) {
+                bp = op;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            w_p[warp] = bp;
+            w_i[warp] = bi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < nw; w++) {
+                if (w_i[w] >= 0 && (bi < 0 || kvc_before(w_p[w], w_i[w], bp, bi))) {
+                    bp = w_p[w];
+                    bi = w_i[w];
+                }
+            }
+            cand_p[out + k] = bi >= 0 ? bp : -1.0f;
+            cand_id[out + k] = bi >= 0 ? base + bi : -1;
+            if (bi >= 0) sp[bi] = -1;
+        }
+        __syncthreads();                /* sp[] and w_*[] are read again next round */
+    }
+}
+
 /* act[t][i] = silu(gate) * up, from the fused gate|up matmul (rows of 2 * inter). */
 template <class T>
 __global__ void k_swiglu(void *act, const float *gu, size_t T_tokens, int inter)
