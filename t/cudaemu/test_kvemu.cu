@@ -353,7 +353,7 @@ template <class KV> static void attention_kernels_match(const char *what)
 
                 KVW_LAUNCH(k_attn_split<KV>, dim3(AT, AKV, nsplit), 32 * KVC_ATT_WARPS, 0,
                            (cudaStream_t) 0, dpart, dq, dpool, m, AH, AKV, AHD, ABS, block_e,
-                           layer_e, 1, scale, L);
+                           layer_e, 1, scale, L, (const float *) NULL, (const float *) NULL);
                 KVW_LAUNCH(k_attn_merge<float>, dim3(AT, AH), 64, 0, (cudaStream_t) 0, dout,
                            dpart, m, AH, AHD, L, nsplit);
             } else if (kernel == 4) {
@@ -530,6 +530,157 @@ TEST(device_sampling_picks_what_kvw_sample_picks)
     CHECK(undecided > 0);           /* flat rows without top-k, and top_k 5000, do not */
 }
 
+/*
+ * RoPE and the KV write fused into k_attn_split (decode steps) against
+ * k_rope_store then k_attn_split: the same pool bytes and the same output,
+ * bit for bit, with and without q/k/v biases, f32 and bf16 KV. Two decode
+ * tokens of two sequences, at positions 13 and 5.
+ */
+template <class KV> static void fused_rope_matches(void)
+{
+    att_case *c = (att_case *) calloc(1, sizeof(att_case));
+    size_t    npool = sizeof(c->pool) / sizeof(float), kd = AKV * AHD;
+    size_t    layer_e = 2 * (size_t) ABS * kd, block_e = layer_e * ALAYERS;
+    KV       *hp = (KV *) malloc(npool * sizeof(KV)), *pa = (KV *) malloc(npool * sizeof(KV));
+    KV       *pb = (KV *) malloc(npool * sizeof(KV));
+    int       meta[2 + 2 + 6] = {13, 5, 0, 4, 7, 2, 9, 4, 11, 0}, *dm, ld = (AH + 2 * AKV) * AHD;
+    float     inv[AHD / 2], bias[(AH + 2 * AKV) * AHD], oa[2 * AH * AHD], ob[2 * AH * AHD];
+    float    *dq, *dq2, *dpart, *dout, *dinv, *dbias;
+    void     *dpool;
+    uint64_t  x = 11;
+    kvc_meta  m;
+    float     scale = 1.0f / sqrtf((float) AHD);
+
+    att_setup<KV>(c, hp);
+    for (int i = 0; i < AHD / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / AHD);
+    for (int i = 0; i < ld; i++) bias[i] = frand(&x) * 0.5f;
+    cudaMalloc((void **) &dm, sizeof(meta));
+    cudaMalloc((void **) &dq, 2 * ld * sizeof(float));
+    cudaMalloc((void **) &dq2, 2 * ld * sizeof(float));
+    cudaMalloc(&dpool, npool * sizeof(KV));
+    cudaMalloc((void **) &dpart, (size_t) 2 * AH * 16 * (AHD + 2) * sizeof(float));
+    cudaMalloc((void **) &dout, sizeof(oa));
+    cudaMalloc((void **) &dinv, sizeof(inv));
+    cudaMalloc((void **) &dbias, sizeof(bias));
+    cudaMemcpy(dm, meta, sizeof(meta), cudaMemcpyHostToDevice);
+    cudaMemcpy(dinv, inv, sizeof(inv), cudaMemcpyHostToDevice);
+    cudaMemcpy(dbias, bias, sizeof(bias), cudaMemcpyHostToDevice);
+    m.tok = NULL;
+    m.rows = NULL;
+    m.pos = dm;
+    m.bt = dm + 2;
+    m.tables = dm + 4;
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        for (const char *o : {"forward", "reverse"}) {
+            const float *b = with_bias ? dbias : NULL;
+            int          L = 3, nsplit = 13 / L + 1;
+
+            order(o);
+            /* unfused: k_rope_store, then the split kernel on the rotated q */
+            cudaMemcpy(dpool, hp, npool * sizeof(KV), cudaMemcpyHostToDevice);
+            cudaMemcpy(dq, c->qkv, 2 * ld * sizeof(float), cudaMemcpyHostToDevice);
+            KVW_LAUNCH(k_rope_store<KV>, 2, 128, 0, (cudaStream_t) 0, dq, b, dpool, m, dinv, AH,
+                       AKV, AHD, ABS, block_e, layer_e, 1);
+            KVW_LAUNCH(k_attn_split<KV>, dim3(2, AKV, nsplit), 32 * KVC_ATT_WARPS, 0,
+                       (cudaStream_t) 0, dpart, dq, dpool, m, AH, AKV, AHD, ABS, block_e, layer_e,
+                       1, scale, L, (const float *) NULL, (const float *) NULL);
+            KVW_LAUNCH(k_attn_merge<float>, dim3(2, AH), 64, 0, (cudaStream_t) 0, dout, dpart, m,
+                       AH, AHD, L, nsplit);
+            cudaMemcpy(oa, dout, sizeof(oa), cudaMemcpyDeviceToHost);
+            cudaMemcpy(pa, dpool, npool * sizeof(KV), cudaMemcpyDeviceToHost);
+            /* fused */
+            cudaMemcpy(dpool, hp, npool * sizeof(KV), cudaMemcpyHostToDevice);
+            cudaMemcpy(dq2, c->qkv, 2 * ld * sizeof(float), cudaMemcpyHostToDevice);
+            cudaMemset(dout, 0xff, sizeof(ob));
+            KVW_LAUNCH(k_attn_split<KV>, dim3(2, AKV, nsplit), 32 * KVC_ATT_WARPS, 0,
+                       (cudaStream_t) 0, dpart, dq2, dpool, m, AH, AKV, AHD, ABS, block_e, layer_e,
+                       1, scale, L, b, (const float *) dinv);
+            KVW_LAUNCH(k_attn_merge<float>, dim3(2, AH), 64, 0, (cudaStream_t) 0, dout, dpart, m,
+                       AH, AHD, L, nsplit);
+            CHECK(cudaMemcpy(ob, dout, sizeof(ob), cudaMemcpyDeviceToHost) == cudaSuccess);
+            cudaMemcpy(pb, dpool, npool * sizeof(KV), cudaMemcpyDeviceToHost);
+            CHECK(memcmp(oa, ob, sizeof(oa)) == 0);
+            CHECK(memcmp(pa, pb, npool * sizeof(KV)) == 0);
+            CHECK(memcmp(pa, hp, npool * sizeof(KV)) != 0);     /* K/V were written */
+        }
+    }
+    order("forward");
+    cudaFree(dm); cudaFree(dq); cudaFree(dq2); cudaFree(dpool); cudaFree(dpart); cudaFree(dout);
+    cudaFree(dinv); cudaFree(dbias);
+    free(hp); free(pa); free(pb); free(c);
+}
+
+TEST(fused_rope_attention_matches_the_two_kernels)
+{
+    fused_rope_matches<float>();
+    fused_rope_matches<__nv_bfloat16>();
+}
+
+/* k_embed_rmsnorm = k_embed then k_rmsnorm; k_rmsnorm's add = k_add_bias first: the same bits. */
+TEST(fused_norms_match_the_kernels_they_replace)
+{
+    const int H = 200, T = 3, V = 10;
+    float     emb[V * H], w[H], add[H], xa[T * H], xb[T * H], aa[T * H], ab[T * H];
+    float    *de, *dw, *dadd, *dx, *dact;
+    int       tok[T] = {7, 0, 7}, *dt;
+    uint64_t  x = 5;
+
+    for (int i = 0; i < V * H; i++) emb[i] = frand(&x);
+    for (int i = 0; i < H; i++) {
+        w[i] = 1.0f + frand(&x) * 0.3f;
+        add[i] = frand(&x);
+    }
+    cudaMalloc((void **) &de, sizeof(emb));
+    cudaMalloc((void **) &dw, sizeof(w));
+    cudaMalloc((void **) &dadd, sizeof(add));
+    cudaMalloc((void **) &dx, sizeof(xa));
+    cudaMalloc((void **) &dact, sizeof(aa));
+    cudaMalloc((void **) &dt, sizeof(tok));
+    cudaMemcpy(de, emb, sizeof(emb), cudaMemcpyHostToDevice);
+    cudaMemcpy(dw, w, sizeof(w), cudaMemcpyHostToDevice);
+    cudaMemcpy(dadd, add, sizeof(add), cudaMemcpyHostToDevice);
+    cudaMemcpy(dt, tok, sizeof(tok), cudaMemcpyHostToDevice);
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        KVW_LAUNCH(k_embed<float>, T, 256, 0, (cudaStream_t) 0, dx, (const void *) de, dt, H);
+        KVW_LAUNCH(k_add_bias, T, 256, 0, (cudaStream_t) 0, dx, dadd, H);
+        KVW_LAUNCH(k_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, (void *) dact, dx, dw,
+                   (const int *) NULL, H, 1e-5f, (const float *) NULL);
+        cudaMemcpy(xa, dx, sizeof(xa), cudaMemcpyDeviceToHost);
+        cudaMemcpy(aa, dact, sizeof(aa), cudaMemcpyDeviceToHost);
+        KVW_LAUNCH(k_embed<float>, T, 256, 0, (cudaStream_t) 0, dx, (const void *) de, dt, H);
+        KVW_LAUNCH(k_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, (void *) dact, dx, dw,
+                   (const int *) NULL, H, 1e-5f, (const float *) dadd);
+        cudaMemcpy(xb, dx, sizeof(xb), cudaMemcpyDeviceToHost);
+        cudaMemcpy(ab, dact, sizeof(ab), cudaMemcpyDeviceToHost);
+        CHECK(memcmp(xa, xb, sizeof(xa)) == 0 && memcmp(aa, ab, sizeof(aa)) == 0);
+        KVW_LAUNCH(k_embed<float>, T, 256, 0, (cudaStream_t) 0, dx, (const void *) de, dt, H);
+        KVW_LAUNCH(k_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, (void *) dact, dx, dw,
+                   (const int *) NULL, H, 1e-5f, (const float *) NULL);
+        cudaMemcpy(xa, dx, sizeof(xa), cudaMemcpyDeviceToHost);
+        cudaMemcpy(aa, dact, sizeof(aa), cudaMemcpyDeviceToHost);
+        cudaMemset(dx, 0xff, sizeof(xb));
+        KVW_LAUNCH(k_embed_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, dx, (void *) dact,
+                   (const void *) de, dt, dw, H, 1e-5f);
+        cudaMemcpy(xb, dx, sizeof(xb), cudaMemcpyDeviceToHost);
+        cudaMemcpy(ab, dact, sizeof(ab), cudaMemcpyDeviceToHost);
+        CHECK(memcmp(xa, xb, sizeof(xa)) == 0 && memcmp(aa, ab, sizeof(aa)) == 0);
+        /* and against a plain CPU rmsnorm, within float rounding */
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+
+            for (int i = 0; i < H; i++) ss += (double) emb[tok[t] * H + i] * emb[tok[t] * H + i];
+            for (int i = 0; i < H; i++) {
+                double want = emb[tok[t] * H + i] / sqrt(ss / H + 1e-5) * w[i];
+
+                CHECK(fabs(ab[t * H + i] - want) < 1e-5);
+            }
+        }
+    }
+    order("forward");
+    cudaFree(de); cudaFree(dw); cudaFree(dadd); cudaFree(dx); cudaFree(dact); cudaFree(dt);
+}
+
 /* Runs fn in a child (a fault is sticky for the whole process); its exit code. */
 static int in_child(void (*fn)(void))
 {
@@ -606,6 +757,8 @@ int main(void)
     RUN(half_and_bfloat16_round_to_nearest_even);
     RUN(argmax_kernel_matches_the_host_scan);
     RUN(split_attention_matches_a_cpu_reference);
+    RUN(fused_rope_attention_matches_the_two_kernels);
+    RUN(fused_norms_match_the_kernels_they_replace);
     RUN(graphs_replay_what_was_captured);
     RUN(device_sampling_picks_what_kvw_sample_picks);
     RUN(barrier_in_divergent_code_is_reported);

@@ -287,3 +287,30 @@ def test_sampling_on_the_device_follows_the_cpu_sampler(stack, tmp_path):
     assert texts["cuda"] == texts["cpu"]
     assert texts["cuda-host"] == texts["cpu"]
     assert len(set(texts["cpu"])) > 1
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+def test_fused_kernels_change_no_bit(tmp_path, target):
+    """Decode steps with RoPE and the KV write inside the split-K attention,
+    the embedding fused with the first norm and o_proj's bias with the MLP
+    norm: the logits of the unfused kernels (KVW_CUDA_FUSE=0 leaves RoPE in
+    its own kernel) and of the cold prefill, bit for bit, with q/k/v biases
+    and o_proj biases (Llama's attention_bias)."""
+    from test_cpu_engine import add_tensors, edit_config
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    rng = np.random.default_rng(8)
+    add_tensors(model, {"model.layers.%d.self_attn.%s_proj.bias" % (l, n): rng.normal(0, 0.4, d)
+                        for l in range(2)
+                        for n, d in (("q", 64), ("k", 32), ("v", 32), ("o", 64))})
+    edit_config(model, attention_bias=True)
+    cpu = engine_logits(model, TOKENS)
+    cold = lg(cuda_run(model, target=target))
+    assert rel(cold, cpu) < 2e-6
+    for split in ("128", "4"):
+        env = {"KVW_CUDA_ATT_SPLIT": split}
+        fused = lg(cuda_run(model, "--batch", "3", "--decode", "5", target=target, env_extra=env))
+        plain = lg(cuda_run(model, "--batch", "3", "--decode", "5", target=target,
+                            env_extra=dict(env, KVW_CUDA_FUSE="0")))
+        assert np.array_equal(fused, plain)
+        if split == "128":
+            assert np.array_equal(fused, cold)

@@ -95,6 +95,7 @@ typedef struct {
     size_t          part_cap;
     void           *cublas_ws;          /* cuBLAS's workspace: none allocated while capturing */
     int             use_graphs;         /* KVW_CUDA_GRAPHS (1 unless "0") */
+    int             fuse;               /* RoPE inside split-K attention (KVW_CUDA_FUSE, 1 unless "0") */
     kvc_graph       graphs[KVC_MAX_GRAPHS];
     unsigned        n_graphs;
     unsigned long   clock;              /* orders the graphs' last uses */
@@ -399,8 +400,13 @@ static int build_meta(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
     return 0;
 }
 
-/* One transformer layer over the step's T tokens; x is updated in place. nsplit 0: no split-K. */
-static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsplit)
+/*
+ * One transformer layer over the step's T tokens; x is updated in place.
+ * nsplit 0: no split-K. fuse_rope (decode steps with split-K): RoPE and the
+ * KV write happen inside k_attn_split, one launch less.
+ */
+static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsplit,
+                     int fuse_rope)
 {
     float           scale = 1.0f / sqrtf((float) e->hd);
     const dlayer_t *L = &e->L[l];
@@ -408,18 +414,24 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
     size_t          sw = (T * e->inter + 255) / 256;
     dim3            att_grid((unsigned) T, e->heads), gqa_grid((unsigned) T, e->kv_heads);
 
-    DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
-             (int) H, e->eps);
+    if (l > 0) {                        /* layer 0's norm ran with the embedding */
+        DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
+                 (int) H, e->eps, (const float *) NULL);
+    }
     if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
-    LAUNCH_KV(k_rope_store, (unsigned) T, 128, e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
-              (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-              e->block_elems, e->layer_elems, (int) l);
+    if (!fuse_rope) {
+        LAUNCH_KV(k_rope_store, (unsigned) T, 128, e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
+                  (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                  e->block_elems, e->layer_elems, (int) l);
+    }
     if (nsplit > 0) {                   /* split-K: K/V read once per group, many blocks */
         dim3 split_grid((unsigned) T, e->kv_heads, (unsigned) nsplit);
 
         LAUNCH_KV(k_attn_split, split_grid, 32 * KVC_ATT_WARPS, e->part, e->qkv, e->kv, *m,
                   (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-                  e->block_elems, e->layer_elems, (int) l, scale, e->split_len);
+                  e->block_elems, e->layer_elems, (int) l, scale, e->split_len,
+                  fuse_rope ? (const float *) L->bqkv : (const float *) NULL,
+                  fuse_rope ? (const float *) e->inv_freq : (const float *) NULL);
         DISPATCH(k_attn_merge, att_grid, 64, e->act, e->part, *m, (int) e->heads, (int) e->hd,
                  e->split_len, nsplit);
     } else if (e->att != ATT_HEAD && e->heads / e->kv_heads <= KVC_MAX_GROUP) {
@@ -433,12 +445,9 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
                     e->block_elems, e->layer_elems, (int) l, scale);
     }
     if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
-    if (L->bo) {
-        KVW_LAUNCH(k_add_bias, (unsigned) T, 256, 0, e->st, e->x, L->bo, (int) H);
-        LAUNCHED("k_add_bias");
-    }
+    /* o_proj's bias (attention_bias) is added to x by the norm */
     DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->mlp_norm, (const int *) NULL,
-             (int) H, e->eps);
+             (int) H, e->eps, (const float *) L->bo);
     if (gemm(e, e->gu, e->act, L->wgu, T, 2 * (size_t) e->inter, H, 0.0f) != 0) return -1;
     DISPATCH(k_swiglu, (unsigned) (sw < 65535 ? sw : 65535), 256, e->act, e->gu, T,
              (int) e->inter);
@@ -574,17 +583,20 @@ static int finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
 }
 
 /* The forward pass on the device, from token ids to the logit rows (queued, not waited for). */
-static int forward(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit)
+static int forward(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit,
+                   int decode)
 {
     uint32_t l;
+    int      fuse_rope = decode && nsplit > 0 && e->fuse;
 
-    DISPATCH(k_embed, (unsigned) T, 256, e->x, e->embed, m->tok, (int) e->H);
+    DISPATCH(k_embed_rmsnorm, (unsigned) T, 256, e->x, e->act, e->embed, m->tok,
+             e->L[0].attn_norm, (int) e->H, e->eps);
     for (l = 0; l < e->layers; l++) {
-        if (run_layer(e, l, T, m, nsplit) != 0) return -1;
+        if (run_layer(e, l, T, m, nsplit, fuse_rope) != 0) return -1;
     }
     if (n_out > 0) {
         DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m->rows, (int) e->H,
-                 e->eps);
+                 e->eps, (const float *) NULL);
         if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0) return -1;
     }
     return 0;
@@ -628,7 +640,7 @@ static int replay(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nspl
             g = &e->graphs[e->n_graphs++];
         }
         CK(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeGlobal));
-        rc = forward(e, T, n_out, m, nsplit);
+        rc = forward(e, T, n_out, m, nsplit, 1);
         if (cudaStreamEndCapture(e->st, &graph) != cudaSuccess || rc != 0) {
             if (graph) cudaGraphDestroy(graph);
             *g = e->graphs[--e->n_graphs];
@@ -659,15 +671,16 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
                        size_t n_tables)
 {
     kvc_meta m;
-    int      nsplit;
+    int      nsplit, decode;
 
     if (ensure(e, T, n_out, 3 * T + n_out + n_tables) != 0
         || build_meta(e, seqs, n, T, n_out, n_tables, &m) != 0)
         return -1;
     nsplit = splits_for(e, seqs, n, T);
     if (nsplit < 0) return -1;
-    if (e->use_graphs && decode_only(seqs, n, T) ? replay(e, T, n_out, &m, nsplit)
-                                                 : forward(e, T, n_out, &m, nsplit))
+    decode = decode_only(seqs, n, T);
+    if (e->use_graphs && decode ? replay(e, T, n_out, &m, nsplit)
+                                : forward(e, T, n_out, &m, nsplit, decode))
         return -1;
     if (n_out > 0 && copy_out(e, seqs, n, n_out) != 0) return -1;
     CK(cudaStreamSynchronize(e->st));
@@ -944,6 +957,7 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     CK(cudaMalloc(&e->cublas_ws, KVC_CUBLAS_WS));
     CB(cublasSetWorkspace(e->cb, e->cublas_ws, KVC_CUBLAS_WS));
     e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
+    e->fuse = !(getenv("KVW_CUDA_FUSE") && !strcmp(getenv("KVW_CUDA_FUSE"), "0"));
     if (upload_model(e, m) != 0) return -1;
     e->nchunk = (int) ((m->vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK);
     e->cands = (kvc_cand *) malloc((size_t) e->nchunk * KVC_SAMPLE_CANDS * sizeof(kvc_cand));

@@ -67,6 +67,29 @@ __global__ void k_embed(float *x, const void *embed, const int *tok, int H)
 }
 
 /* Sum of a float over the thread block (blockDim a multiple of 32, <= 1024). */
+static __device__ float block_sum(float v);
+
+/*
+ * k_embed and the first layer's attention norm in one launch: x[t][:] =
+ * embed[tok[t]][:], act[t][:] = rmsnorm(x[t][:]) * w. The same arithmetic
+ * as the two kernels (each thread norms the elements it copied).
+ */
+template <class T>
+__global__ void k_embed_rmsnorm(float *x, void *act, const void *embed, const int *tok,
+                                const float *w, int H, float eps)
+{
+    const T *row = (const T *) embed + (size_t) tok[blockIdx.x] * H;
+    float   *xr = x + (size_t) blockIdx.x * H, ss = 0, inv;
+    T       *o = (T *) act + (size_t) blockIdx.x * H;
+
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = to_f(row[i]);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    inv = rsqrtf(ss / (float) H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = from_f<T>(xr[i] * inv * w[i]);
+}
+
+/* Sum of a float over the thread block (blockDim a multiple of 32, <= 1024). */
 static __device__ float block_sum(float v)
 {
     __shared__ float part[32];
@@ -83,16 +106,23 @@ static __device__ float block_sum(float v)
 
 /*
  * out[r][:] = rmsnorm(x[rows ? rows[r] : r][:]) * w, one thread block per
- * output row; rows picks the last tokens for the final norm.
+ * output row; rows picks the last tokens for the final norm. add (with
+ * rows NULL): x[r][:] += add first, written back (o_proj's bias with
+ * Llama's attention_bias, fused here: one launch and one pass over x less).
+ * Each thread touches only its own elements of x, so no barrier is needed
+ * between the add and the norm.
  */
 template <class T>
-__global__ void k_rmsnorm(void *out, const float *x, const float *w, const int *rows, int H,
-                          float eps)
+__global__ void k_rmsnorm(void *out, float *x, const float *w, const int *rows, int H,
+                          float eps, const float *add)
 {
-    const float *in = x + (size_t) (rows ? rows[blockIdx.x] : (int) blockIdx.x) * H;
-    T           *o = (T *) out + (size_t) blockIdx.x * H;
-    float        ss = 0, inv;
+    float *in = x + (size_t) (rows ? rows[blockIdx.x] : (int) blockIdx.x) * H;
+    T     *o = (T *) out + (size_t) blockIdx.x * H;
+    float  ss = 0, inv;
 
+    if (add) {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) in[i] += add[i];
+    }
     for (int i = threadIdx.x; i < H; i += blockDim.x) ss += in[i] * in[i];
     ss = block_sum(ss);
     inv = rsqrtf(ss / (float) H + eps);
@@ -387,7 +417,7 @@ template <class KV>
 __global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc_meta m,
                              int heads, int kv_heads, int hd, int block_size,
                              size_t block_elems, size_t layer_elems, int layer, float scale,
-                             int split_len)
+                             int split_len, const float *bias, const float *inv_freq)
 {
     __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
     __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
@@ -404,7 +434,52 @@ __global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc
 
     if (start > pos) return;            /* the whole block: before any barrier */
     if (end > pos + 1) end = pos + 1;
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q[i / hd][i % hd] = qg[i] * scale;
+    if (inv_freq == NULL) {             /* k_rope_store ran: q is rotated, K/V are in the pool */
+        for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q[i / hd][i % hd] = qg[i] * scale;
+    } else {
+        /*
+         * RoPE fused in (decode steps: one token per sequence, so no block
+         * reads another token's new K/V): q of the group rotated here, and
+         * the block whose split holds the token writes its K and V rows to
+         * the pool before its warps read them (the barrier below). The
+         * arithmetic is k_rope_store's, so the results are the same bits.
+         */
+        const float *row = qkv + (size_t) t * (qd + 2 * kd);
+        int          half = hd / 2, kb = qd + kvh * hd;
+        KV          *k_dst = (KV *) kvp + (size_t) table[pos / block_size] * block_elems
+                             + (size_t) layer * layer_elems + (size_t) (pos % block_size) * kd
+                             + (size_t) kvh * hd;
+
+        for (int i = threadIdx.x; i < G * half; i += blockDim.x) {
+            int   g = i / half, d = i % half, b = (kvh * G + g) * hd;
+            float a = (float) pos * inv_freq[d], c = cosf(a), sn = sinf(a);
+            float x1 = row[b + d], x2 = row[b + d + half];
+
+            if (bias) {
+                x1 += bias[b + d];
+                x2 += bias[b + d + half];
+            }
+            q[g][d] = (x1 * c - x2 * sn) * scale;
+            q[g][d + half] = (x2 * c + x1 * sn) * scale;
+        }
+        if (pos < end) {
+            for (int d = threadIdx.x; d < half; d += blockDim.x) {
+                float a = (float) pos * inv_freq[d], c = cosf(a), sn = sinf(a);
+                float x1 = row[kb + d], x2 = row[kb + d + half];
+
+                if (bias) {
+                    x1 += bias[kb + d];
+                    x2 += bias[kb + d + half];
+                }
+                k_dst[d] = from_f<KV>(x1 * c - x2 * sn);
+                k_dst[d + half] = from_f<KV>(x2 * c + x1 * sn);
+            }
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                k_dst[layer_elems / 2 + d] = from_f<KV>(row[kb + kd + d]
+                                                        + (bias ? bias[kb + kd + d] : 0.0f));
+            }
+        }
+    }
 #pragma unroll
     for (int g = 0; g < KVC_MAX_GROUP; g++) {
         mx[g] = -INFINITY;
