@@ -154,6 +154,11 @@ static int transfer_prefix(kvw_backend_t *b, const opts_t *o, const uint32_t *to
                 src->block_bytes, b->name, b->block_bytes);
         goto out;
     }
+    if (src->kv_layout && b->kv_layout && strcmp(src->kv_layout, b->kv_layout) != 0) {
+        fprintf(stderr, "kvengine: %s blocks are \"%s\", %s blocks \"%s\"\n", src->name,
+                src->kv_layout, b->name, b->kv_layout);
+        goto out;
+    }
     for (i = 0; i < nb; i++) src_table[i] = i + 2;
     if (run(src, tok, 0, (uint32_t) o->prefix, o->chunk, src_table, nb, NULL) != 0) goto out;
     /* the prefix's blocks, the last one partial: the receiver recomputes nothing of it */
