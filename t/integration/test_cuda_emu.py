@@ -257,6 +257,11 @@ def test_graph_replay_equals_direct_launches(tmp_path, target):
         cap, rep = map(int, re.search(r"graphs captured (\d+), replayed (\d+)",
                                       graphs.stderr).groups())
         assert cap + rep == 6 and rep >= (4 if split == "128" else 2), graphs.stderr
+    # a driver that cannot capture: said once, and the steps run directly
+    r = cuda_run(model, "--batch", "5", "--decode", "6", target=target,
+                 env_extra=dict(env, KVW_CUDAEMU_NO_CAPTURE="1"))
+    assert np.array_equal(lg(r), lg(graphs))
+    assert r.stderr.count("decode steps run without CUDA graphs") == 1, r.stderr
 
 
 def test_sampling_on_the_device_follows_the_cpu_sampler(stack, tmp_path):

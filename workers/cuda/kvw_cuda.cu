@@ -612,6 +612,24 @@ static int decode_only(const kvw_step_seq_t *seqs, uint32_t n, size_t T)
 }
 
 /*
+ * A capture the driver refused (not an error of the step: a device or
+ * driver without what capture needs): say so once, launch directly from
+ * now on, and run this step that way. g is the slot the graph would take.
+ */
+static int no_graphs(cuda_t *e, kvc_graph *g, size_t T, size_t n_out, const kvc_meta *m,
+                     int nsplit, const char *what)
+{
+    cudaError_t ce = cudaGetLastError();
+
+    *g = e->graphs[--e->n_graphs];
+    fprintf(stderr, "kvcuda: %s failed (%s): decode steps run without CUDA graphs\n", what,
+            cudaGetErrorString(ce));
+    e->use_graphs = 0;
+    if (cudaStreamSynchronize(e->st) != cudaSuccess) return fail(e, "%s", what);
+    return forward(e, T, n_out, m, nsplit, 1);
+}
+
+/*
  * forward() through a CUDA graph: replayed when a step of this shape was
  * captured, else captured now (the oldest graph makes room) and launched.
  * What changes from step to step (tokens, positions, block tables) is in
@@ -639,21 +657,20 @@ static int replay(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nspl
         } else {
             g = &e->graphs[e->n_graphs++];
         }
-        CK(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeGlobal));
+        if (cudaStreamBeginCapture(e->st, cudaStreamCaptureModeGlobal) != cudaSuccess)
+            return no_graphs(e, g, T, n_out, m, nsplit, "cudaStreamBeginCapture");
         rc = forward(e, T, n_out, m, nsplit, 1);
         if (cudaStreamEndCapture(e->st, &graph) != cudaSuccess || rc != 0) {
             if (graph) cudaGraphDestroy(graph);
-            *g = e->graphs[--e->n_graphs];
-            return rc != 0 ? -1 : fail(e, "capturing a decode step: %s",
-                                       cudaGetErrorString(cudaGetLastError()));
+            if (rc != 0) {              /* the step itself is wrong: no retry */
+                *g = e->graphs[--e->n_graphs];
+                return -1;
+            }
+            return no_graphs(e, g, T, n_out, m, nsplit, "capturing a decode step");
         }
         rc = cudaGraphInstantiate(&g->exec, graph, 0) != cudaSuccess;
         cudaGraphDestroy(graph);
-        if (rc) {
-            *g = e->graphs[--e->n_graphs];
-            return fail(e, "instantiating a decode step's graph: %s",
-                        cudaGetErrorString(cudaGetLastError()));
-        }
+        if (rc) return no_graphs(e, g, T, n_out, m, nsplit, "cudaGraphInstantiate");
         g->T = T;
         g->n_out = n_out;
         g->nsplit = nsplit;
@@ -926,7 +943,7 @@ static int alloc_pool(cuda_t *e, uint32_t want)
  */
 static int alloc_scratch(cuda_t *e, const kvw_backend_config_t *cfg)
 {
-    size_t T = cfg->max_batched_tokens, seqs = cfg->max_seqs ? cfg->max_seqs : 1;
+    size_t T = cfg->max_batched_tokens, seqs = cfg->max_seqs ? cfg->max_seqs : 1, part;
 
     if (T == 0) return 0;
     if (seqs > T) seqs = T;             /* every sequence in a step runs at least one token */
@@ -937,6 +954,15 @@ static int alloc_scratch(cuda_t *e, const kvw_backend_config_t *cfg)
         return fail(e, "no device memory for the scratch of a %zu-token, %zu-sequence step "
                     "(--max-num-batched-tokens, --max-num-seqs): %s", T, seqs, e->err);
     }
+    /* split-K partials for decode steps of every sequence at the longest length (capped) */
+    part = seqs * e->heads * ((size_t) e->b.max_model_len / (size_t) e->split_len + 1)
+           * (e->hd + 2) * sizeof(float);
+    if (part > KVC_PART_MAX_BYTES) part = KVC_PART_MAX_BYTES;
+    if (e->att == ATT_SPLIT && cudaMalloc((void **) &e->part, part) != cudaSuccess) {
+        cudaGetLastError();
+        return fail(e, "no device memory for %zu bytes of split-K attention partials", part);
+    }
+    if (e->part) e->part_cap = part / sizeof(float);
     return 0;
 }
 

@@ -22,6 +22,8 @@
  *    of a grid) in reverse order: code that relies on an order the
  *    hardware does not promise gives different results in the two orders;
  *  - cublasGemmEx is a reference matmul that checks every argument;
+ *  - KVW_CUDAEMU_NO_CAPTURE=1 makes cudaStreamBeginCapture fail (a driver
+ *    that cannot capture);
  *  - errors: KVW_CUDAEMU_DEVICE_ERROR=<code> makes cudaGetDeviceCount fail
  *    with that cudaError_t; KVW_CUDAEMU_FAIL_LAUNCH=N makes the Nth kernel
  *    launch fault (cudaErrorIllegalAddress, sticky, as on a GPU).

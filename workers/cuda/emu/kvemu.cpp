@@ -876,6 +876,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode)
     }
     if (!streams_.count(st)) return set(cudaErrorInvalidResourceHandle);
     if (st->capture) return set(cudaErrorIllegalState);
+    if (env_long("KVW_CUDAEMU_NO_CAPTURE", 0)) return set(cudaErrorStreamCaptureUnsupported);
     if (mode > cudaStreamCaptureModeRelaxed) return set(cudaErrorInvalidValue);
     st->capture = new kvemu_graph();
     st->capture->exec = 0;
