@@ -14,7 +14,7 @@ import pytest
 
 import kvnats
 import kvt
-from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, TOKENS, cuda_env, engine_logits, make, rel
+from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, cuda_env, make
 
 P = "namespace.dynamo.component.backend"
 
@@ -165,6 +165,8 @@ def test_greedy_tokens_from_the_device_argmax_match_the_cpu_engine(stack, tmp_pa
 
 # --- the kernels of issue 21 item 3 (split-K attention, bf16 KV cache, device sampling,
 # --- CUDA graphs, fused kernels), against the CPU engine on the emulation
+
+from test_cpu_engine import TOKENS, engine_logits, rel  # noqa: E402
 
 def cuda_run(model, *extra, env_extra=None, target="emu-forward", dtype="f32", cmd="logits",
              ok=True):
