@@ -228,7 +228,7 @@ $(B)/obj/cuda-emu/%.o: workers/%.c $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(filter-out $(SANFLAGS),$(CFLAGS)) $(EMU_SAN) -Isrc/core -Isrc/text -Iworkers -c -o $@ $<
 
-$(B)/lib/libkvcuda-emu.so: $(CUDA_SRC) $(wildcard workers/cuda/*.cuh workers/cuda/emu/*) \
+$(B)/lib/libkvcuda-emu.so: $(CUDA_SRC) $(wildcard workers/cuda/*.cuh workers/cuda/*.h workers/cuda/emu/*) \
                            $(HEADERS) $(EMU_HOST_OBJ)
 	@mkdir -p $(dir $@)
 	$(GXX) -std=c++17 -O1 -g -fPIC -shared -Wall -Wextra -Werror -Wno-unused-parameter \
@@ -236,11 +236,12 @@ $(B)/lib/libkvcuda-emu.so: $(CUDA_SRC) $(wildcard workers/cuda/*.cuh workers/cud
 	    -o $@ -x c++ $(CUDA_SRC) workers/cuda/emu/kvemu.cpp -x none $(EMU_HOST_OBJ) -ljansson
 
 # kvemu's own tests (t/cudaemu): a unit test binary like t/unit's
-$(B)/t/test_kvemu: t/cudaemu/test_kvemu.cu $(wildcard workers/cuda/emu/* workers/cuda/*.cuh) \
-                   t/unit/kvtest.h
+$(B)/t/test_kvemu: t/cudaemu/test_kvemu.cu $(wildcard workers/cuda/emu/* workers/cuda/*.cuh \
+                   workers/cuda/*.h) t/unit/kvtest.h $(B)/obj/cuda-emu/kvw_sample.o
 	@mkdir -p $(dir $@)
 	$(GXX) -std=c++17 -O1 -g -Wall -Wextra -Werror -Wno-unused-parameter -Wno-unknown-pragmas $(EMU_SAN) \
-	    -Iworkers/cuda/emu -Iworkers/cuda -It/unit -o $@ -x c++ $< workers/cuda/emu/kvemu.cpp
+	    -Iworkers/cuda/emu -Iworkers/cuda -Iworkers -Isrc/core -It/unit -o $@ -x c++ $< \
+	    workers/cuda/emu/kvemu.cpp -x none $(B)/obj/cuda-emu/kvw_sample.o
 
 # One command on a machine with a GPU: builds for it (into $(B)/gpu), runs
 # the CUDA tests, compares with the CPU engine, benchmarks, and writes

@@ -56,6 +56,12 @@ struct kvw_backend {
      * health check and stops announcing itself, so routers drop it.
      */
     const char *unhealthy;
+    /*
+     * What block_read/block_write move, as a string two engines must agree on
+     * before blocks go from one to the other (element type, order, sizes);
+     * NULL: not stated (the cpu engine: f32 in the layout above).
+     */
+    const char *kv_layout;
 
     /*
      * Runs one step over n sequences. *step_ms is the step's duration:

@@ -16,6 +16,13 @@
 #include "kvtest.h"
 #include "kvw_cuda_kernels.cuh"
 
+extern "C" {
+#include "kvw_sample.h"
+}
+#include "kvw_cuda_sample.h"
+
+#define KVC_COMMA ,
+
 static void order(const char *o) { setenv("KVW_CUDAEMU_ORDER", o, 1); }
 
 /* --- kernels ----------------------------------------------------------------- */
@@ -238,6 +245,442 @@ TEST(argmax_kernel_matches_the_host_scan)
     cudaFree(d); cudaFree(db); free(h);
 }
 
+/* --- the engine's attention kernels against a CPU reference ------------------------ */
+
+/* A small paged step: 4 tokens (one decode token at position 13, a 3-token chunk at 3..5). */
+enum { AH = 8, AKV = 2, AHD = 40, ABS = 4, ALAYERS = 2, ANB = 12, AT = 4 };
+
+static uint64_t lcg(uint64_t *x)
+{
+    *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *x >> 33;
+}
+
+static float frand(uint64_t *x) { return (float) lcg(x) / (float) (1u << 31) * 2.0f - 1.0f; }
+
+struct att_case {
+    int    pos[AT], bt[AT], tables[6];
+    float  qkv[AT * (AH + 2 * AKV) * AHD];
+    float  pool[ANB * ALAYERS * 2 * ABS * AKV * AHD];   /* as the kernels see it (KV rounded) */
+    double ref[AT * AH * AHD];
+};
+
+template <class KV> static void att_setup(att_case *c, KV *host_pool)
+{
+    const int tables[6] = {7, 2, 9, 4, 11, 0}, pos[AT] = {13, 3, 4, 5}, bt[AT] = {0, 4, 4, 4};
+    size_t    n = sizeof(c->pool) / sizeof(float);
+    uint64_t  x = 7;
+    int       qd = AH * AHD, kd = AKV * AHD, ld = qd + 2 * kd, G = AH / AKV;
+    size_t    layer_e = 2 * (size_t) ABS * kd, block_e = layer_e * ALAYERS;
+
+    memcpy(c->tables, tables, sizeof(tables));
+    memcpy(c->pos, pos, sizeof(pos));
+    memcpy(c->bt, bt, sizeof(bt));
+    for (size_t i = 0; i < sizeof(c->qkv) / sizeof(float); i++) c->qkv[i] = frand(&x);
+    for (size_t i = 0; i < n; i++) {
+        host_pool[i] = from_f<KV>(frand(&x) * 2.0f);
+        c->pool[i] = to_f(host_pool[i]);
+    }
+    /* layer 1, in double: softmax(q k / sqrt(hd)) v over positions 0..pos */
+    for (int t = 0; t < AT; t++) {
+        for (int h = 0; h < AH; h++) {
+            double s[16], mx = -1e300, sum = 0;
+            int    kvh = h / G;
+
+            for (int p = 0; p <= c->pos[t]; p++) {
+                const float *k = c->pool + (size_t) c->tables[c->bt[t] + p / ABS] * block_e
+                                 + layer_e + (size_t) (p % ABS) * kd + (size_t) kvh * AHD;
+
+                s[p] = 0;
+                for (int d = 0; d < AHD; d++)
+                    s[p] += (double) c->qkv[t * ld + h * AHD + d] * k[d] / sqrt((double) AHD);
+                mx = s[p] > mx ? s[p] : mx;
+            }
+            for (int p = 0; p <= c->pos[t]; p++) sum += exp(s[p] - mx);
+            for (int d = 0; d < AHD; d++) {
+                double r = 0;
+
+                for (int p = 0; p <= c->pos[t]; p++) {
+                    const float *v = c->pool + (size_t) c->tables[c->bt[t] + p / ABS] * block_e
+                                     + layer_e + layer_e / 2 + (size_t) (p % ABS) * kd
+                                     + (size_t) kvh * AHD;
+
+                    r += exp(s[p] - mx) / sum * v[d];
+                }
+                c->ref[(t * AH + h) * AHD + d] = r;
+            }
+        }
+    }
+}
+
+/* Largest |kernel - reference| of each attention kernel, the split one at several split lengths. */
+template <class KV> static void attention_kernels_match(const char *what)
+{
+    att_case *c = (att_case *) calloc(1, sizeof(att_case));
+    KV       *hp = (KV *) malloc(sizeof(c->pool) / sizeof(float) * sizeof(KV));
+    int      *dm;
+    float    *dq, *dpart, *dout, out[AT * AH * AHD];
+    void     *dpool;
+    kvc_meta  m;
+    size_t    kd = AKV * AHD, layer_e = 2 * (size_t) ABS * kd, block_e = layer_e * ALAYERS;
+    float     scale = 1.0f / sqrtf((float) AHD);
+
+    att_setup<KV>(c, hp);
+    cudaMalloc((void **) &dm, 64 * sizeof(int));
+    cudaMalloc((void **) &dq, sizeof(c->qkv));
+    cudaMalloc(&dpool, sizeof(c->pool) / sizeof(float) * sizeof(KV));
+    cudaMalloc((void **) &dpart, (size_t) AT * AH * 16 * (AHD + 2) * sizeof(float));
+    cudaMalloc((void **) &dout, sizeof(out));
+    cudaMemcpy(dm, c->pos, sizeof(c->pos), cudaMemcpyHostToDevice);
+    cudaMemcpy(dm + AT, c->bt, sizeof(c->bt), cudaMemcpyHostToDevice);
+    cudaMemcpy(dm + 2 * AT, c->tables, sizeof(c->tables), cudaMemcpyHostToDevice);
+    cudaMemcpy(dq, c->qkv, sizeof(c->qkv), cudaMemcpyHostToDevice);
+    cudaMemcpy(dpool, hp, sizeof(c->pool) / sizeof(float) * sizeof(KV), cudaMemcpyHostToDevice);
+    m.tok = NULL;
+    m.rows = NULL;
+    m.pos = dm;
+    m.bt = dm + AT;
+    m.tables = dm + 2 * AT;
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        for (int kernel = 0; kernel < 6; kernel++) {
+            const int lens[4] = {1, 3, 4, 16};
+            double    worst = 0;
+
+            cudaMemset(dout, 0xff, sizeof(out));
+            if (kernel < 4) {
+                int L = lens[kernel], nsplit = 13 / L + 1;
+
+                KVW_LAUNCH(k_attn_split<KV>, dim3(AT, AKV, nsplit), 32 * KVC_ATT_WARPS, 0,
+                           (cudaStream_t) 0, dpart, dq, dpool, m, AH, AKV, AHD, ABS, block_e,
+                           layer_e, 1, scale, L, (const float *) NULL, (const float *) NULL);
+                KVW_LAUNCH(k_attn_merge<float>, dim3(AT, AH), 64, 0, (cudaStream_t) 0, dout,
+                           dpart, m, AH, AHD, L, nsplit);
+            } else if (kernel == 4) {
+                KVW_LAUNCH(k_attention_gqa<float KVC_COMMA KV>, dim3(AT, AKV),
+                           32 * KVC_ATT_WARPS, 0, (cudaStream_t) 0, dout, dq, dpool, m, AH, AKV,
+                           AHD, ABS, block_e, layer_e, 1, scale);
+            } else {
+                KVW_LAUNCH(k_attention<float KVC_COMMA KV>, dim3(AT, AH), 32 * KVC_ATT_WARPS, 0,
+                           (cudaStream_t) 0, dout, dq, dpool, m, AH, AKV, AHD, ABS, block_e,
+                           layer_e, 1, scale);
+            }
+            CHECK(cudaMemcpy(out, dout, sizeof(out), cudaMemcpyDeviceToHost) == cudaSuccess);
+            for (int i = 0; i < AT * AH * AHD; i++) {
+                double d = fabs(out[i] - c->ref[i]);
+
+                worst = d > worst || d != d ? (d != d ? 1e9 : d) : worst;
+            }
+            if (worst > 2e-6) {
+                fprintf(stderr, "  %s, %s order, kernel %d (%s): off by %g\n", what, o, kernel,
+                        kernel < 4 ? "split" : kernel == 4 ? "gqa" : "head", worst);
+            }
+            CHECK(worst <= 2e-6);
+        }
+    }
+    order("forward");
+    cudaFree(dm); cudaFree(dq); cudaFree(dpool); cudaFree(dpart); cudaFree(dout);
+    free(hp); free(c);
+}
+
+TEST(split_attention_matches_a_cpu_reference)
+{
+    attention_kernels_match<float>("f32 KV");
+    attention_kernels_match<__nv_bfloat16>("bf16 KV");
+}
+
+__global__ void k_axpy(float *y, const float *x, float a) { y[threadIdx.x] += a * x[threadIdx.x]; }
+
+/* A captured graph replays the recorded work with the arguments of the capture. */
+TEST(graphs_replay_what_was_captured)
+{
+    cudaStream_t            st;
+    cudaGraph_t             g;
+    cudaGraphExec_t         ex;
+    cudaStreamCaptureStatus cs;
+    float                  *x, *y, *z, hy[32], hz[32], direct[32];
+
+    CHECK(cudaStreamCreateWithFlags(&st, cudaStreamDefault) == cudaSuccess);
+    cudaMalloc((void **) &x, 32 * sizeof(float));
+    cudaMalloc((void **) &y, 32 * sizeof(float));
+    cudaMalloc((void **) &z, 32 * sizeof(float));
+    KVW_LAUNCH(k_fill, 1, 32, 0, st, x, 2.0f);
+    KVW_LAUNCH(k_fill, 1, 32, 0, st, y, 1.0f);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    /* the same work done directly, for comparison: y += 3x, then z = y, three times */
+    for (int i = 0; i < 32; i++) direct[i] = 1.0f + 3 * 3 * 2.0f;
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    CHECK(cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusActive);
+    KVW_LAUNCH(k_axpy, 1, 32, 0, st, y, x, 3.0f);
+    CHECK(cudaMemcpyAsync(z, y, 32 * sizeof(float), cudaMemcpyDeviceToDevice, st) == cudaSuccess);
+    CHECK(cudaStreamEndCapture(st, &g) == cudaSuccess && g != NULL);
+    cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost);
+    CHECK(hy[0] == 1.0f);                       /* captured, not run */
+    CHECK(cudaGraphInstantiate(&ex, g, 0) == cudaSuccess);
+    CHECK(cudaGraphDestroy(g) == cudaSuccess);  /* the instance keeps its copy */
+    for (int r = 0; r < 3; r++) CHECK(cudaGraphLaunch(ex, st) == cudaSuccess);
+    CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+    cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost);
+    cudaMemcpy(hz, z, sizeof(hz), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 32; i++) CHECK(hy[i] == direct[i] && hz[i] == direct[i]);
+    CHECK(cudaGraphExecDestroy(ex) == cudaSuccess);
+    /* a synchronizing call while capturing is refused and the capture is void */
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    KVW_LAUNCH(k_axpy, 1, 32, 0, st, y, x, 3.0f);
+    CHECK(cudaStreamSynchronize(st) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost) == cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaStreamEndCapture(st, &g) == cudaErrorStreamCaptureInvalidated && g == NULL);
+    CHECK(cudaStreamBeginCapture((cudaStream_t) 0, cudaStreamCaptureModeGlobal)
+          == cudaErrorStreamCaptureUnsupported);
+    cudaGetLastError();
+    cudaMemcpy(hy, y, sizeof(hy), cudaMemcpyDeviceToHost);
+    CHECK(hy[0] == direct[0]);                  /* the void capture ran nothing */
+    cudaFree(x); cudaFree(y); cudaFree(z); cudaStreamDestroy(st);
+}
+
+/*
+ * Sampling on the device (k_sample_cand, then kvc_sample_pick on the host)
+ * against kvw_sample on the full row, with the same RNG state: the same
+ * token and the same RNG state after, whenever the candidates decide it
+ * (else kvc_sample_pick says so and leaves the RNG alone). Peaked, flat
+ * and tied rows; a vocabulary of several chunks (the last one partial) and
+ * one shorter than the candidates; greedy, temperature, top-k, top-p.
+ */
+TEST(device_sampling_picks_what_kvw_sample_picks)
+{
+    const int      vocabs[2] = {9000, 20}, rows = 6;
+    const float    temps[6] = {0.7f, 1.0f, 0.8f, 1.3f, 1.0f, 0.5f};
+    const float    top_ps[6] = {1.0f, 0.9f, 1.0f, 0.5f, 1.0f, 0.95f};
+    const int      top_ks[6] = {0, 0, 40, 10, 5000, 3};
+    uint64_t       x = 99;
+    long           decided = 0, undecided = 0, wrong = 0;
+
+    for (int vi = 0; vi < 2; vi++) {
+        int       vocab = vocabs[vi], nchunk = (vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK;
+        size_t    nc = (size_t) rows * nchunk * KVC_SAMPLE_CANDS;
+        float    *h = (float *) malloc(sizeof(float) * rows * vocab), *row = (float *) malloc(sizeof(float) * vocab);
+        float    *d, *dt, *dcp, *hcp = (float *) malloc(nc * sizeof(float)), temp[rows];
+        int      *db, *dci, *hci = (int *) malloc(nc * sizeof(int));
+        double   *dcs, *hcs = (double *) malloc(rows * nchunk * sizeof(double));
+        kvc_cand *buf = (kvc_cand *) malloc(nc * sizeof(kvc_cand));
+
+        for (int r = 0; r < rows; r++) {
+            for (int i = 0; i < vocab; i++) {
+                float v = frand(&x);
+
+                h[r * vocab + i] = r % 3 == 0 ? v * 12.0f                    /* peaked */
+                                   : r % 3 == 1 ? v * 0.2f                   /* flat */
+                                   : (float) (lcg(&x) % 7);                  /* many ties */
+            }
+        }
+        cudaMalloc((void **) &d, sizeof(float) * rows * vocab);
+        cudaMalloc((void **) &db, rows * sizeof(int));
+        cudaMalloc((void **) &dt, rows * sizeof(float));
+        cudaMalloc((void **) &dcp, nc * sizeof(float));
+        cudaMalloc((void **) &dci, nc * sizeof(int));
+        cudaMalloc((void **) &dcs, rows * nchunk * sizeof(double));
+        cudaMemcpy(d, h, sizeof(float) * rows * vocab, cudaMemcpyHostToDevice);
+        for (int set = 0; set < 6; set++) {
+            for (int r = 0; r < rows; r++) temp[r] = temps[set];
+            order(set % 2 ? "reverse" : "forward");
+            cudaMemcpy(dt, temp, sizeof(temp), cudaMemcpyHostToDevice);
+            KVW_LAUNCH(k_argmax, rows, 256, 0, (cudaStream_t) 0, db, d, vocab);
+            KVW_LAUNCH(k_sample_cand, dim3(rows, nchunk), 256, 0, (cudaStream_t) 0, dcp, dci, dcs,
+                       d, db, dt, vocab);
+            CHECK(cudaMemcpy(hcp, dcp, nc * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+            cudaMemcpy(hci, dci, nc * sizeof(int), cudaMemcpyDeviceToHost);
+            cudaMemcpy(hcs, dcs, rows * nchunk * sizeof(double), cudaMemcpyDeviceToHost);
+            for (int r = 0; r < rows; r++) {
+                for (int draw = 0; draw < 20; draw++) {
+                    uint64_t       st_dev = x + (uint64_t) draw * 7919, st_host = st_dev;
+                    kvw_sampling_t sd = {temps[set], top_ps[set], top_ks[set], &st_dev};
+                    kvw_sampling_t sh = {temps[set], top_ps[set], top_ks[set], &st_host};
+                    size_t         c0 = (size_t) r * nchunk;
+                    int            got = kvc_sample_pick(hcp + c0 * KVC_SAMPLE_CANDS,
+                                                         hci + c0 * KVC_SAMPLE_CANDS, hcs + c0,
+                                                         nchunk, KVC_SAMPLE_CANDS,
+                                                         KVC_SAMPLE_CHUNK, (uint32_t) vocab, &sd,
+                                                         buf);
+                    uint32_t       want;
+
+                    memcpy(row, h + r * vocab, sizeof(float) * vocab);
+                    if (got < 0) {
+                        CHECK(st_dev == x + (uint64_t) draw * 7919);   /* untouched */
+                        undecided++;
+                        continue;
+                    }
+                    want = kvw_sample(row, (uint32_t) vocab, &sh);
+                    decided++;
+                    if ((uint32_t) got != want || st_dev != st_host) {
+                        if (wrong++ < 5)
+                            fprintf(stderr, "  vocab %d row %d setting %d draw %d: %d, kvw_sample "
+                                    "%u\n", vocab, r, set, draw, got, want);
+                    }
+                }
+            }
+        }
+        order("forward");
+        cudaFree(d); cudaFree(db); cudaFree(dt); cudaFree(dcp); cudaFree(dci); cudaFree(dcs);
+        free(h); free(row); free(hcp); free(hci); free(hcs); free(buf);
+    }
+    fprintf(stderr, "  device sampling: %ld decided on the candidates, %ld left to the host\n",
+            decided, undecided);
+    CHECK(wrong == 0);
+    CHECK(decided > undecided);     /* the peaked and tied rows, top-k and top-p settle there */
+    CHECK(undecided > 0);           /* flat rows without top-k, and top_k 5000, do not */
+}
+
+/*
+ * RoPE and the KV write fused into k_attn_split (decode steps) against
+ * k_rope_store then k_attn_split: the same pool bytes and the same output,
+ * bit for bit, with and without q/k/v biases, f32 and bf16 KV. Two decode
+ * tokens of two sequences, at positions 13 and 5.
+ */
+template <class KV> static void fused_rope_matches(void)
+{
+    att_case *c = (att_case *) calloc(1, sizeof(att_case));
+    size_t    npool = sizeof(c->pool) / sizeof(float), kd = AKV * AHD;
+    size_t    layer_e = 2 * (size_t) ABS * kd, block_e = layer_e * ALAYERS;
+    KV       *hp = (KV *) malloc(npool * sizeof(KV)), *pa = (KV *) malloc(npool * sizeof(KV));
+    KV       *pb = (KV *) malloc(npool * sizeof(KV));
+    int       meta[2 + 2 + 6] = {13, 5, 0, 4, 7, 2, 9, 4, 11, 0}, *dm, ld = (AH + 2 * AKV) * AHD;
+    float     inv[AHD / 2], bias[(AH + 2 * AKV) * AHD], oa[2 * AH * AHD], ob[2 * AH * AHD];
+    float    *dq, *dq2, *dpart, *dout, *dinv, *dbias;
+    void     *dpool;
+    uint64_t  x = 11;
+    kvc_meta  m;
+    float     scale = 1.0f / sqrtf((float) AHD);
+
+    att_setup<KV>(c, hp);
+    for (int i = 0; i < AHD / 2; i++) inv[i] = powf(10000.0f, -2.0f * i / AHD);
+    for (int i = 0; i < ld; i++) bias[i] = frand(&x) * 0.5f;
+    cudaMalloc((void **) &dm, sizeof(meta));
+    cudaMalloc((void **) &dq, 2 * ld * sizeof(float));
+    cudaMalloc((void **) &dq2, 2 * ld * sizeof(float));
+    cudaMalloc(&dpool, npool * sizeof(KV));
+    cudaMalloc((void **) &dpart, (size_t) 2 * AH * 16 * (AHD + 2) * sizeof(float));
+    cudaMalloc((void **) &dout, sizeof(oa));
+    cudaMalloc((void **) &dinv, sizeof(inv));
+    cudaMalloc((void **) &dbias, sizeof(bias));
+    cudaMemcpy(dm, meta, sizeof(meta), cudaMemcpyHostToDevice);
+    cudaMemcpy(dinv, inv, sizeof(inv), cudaMemcpyHostToDevice);
+    cudaMemcpy(dbias, bias, sizeof(bias), cudaMemcpyHostToDevice);
+    m.tok = NULL;
+    m.rows = NULL;
+    m.pos = dm;
+    m.bt = dm + 2;
+    m.tables = dm + 4;
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        for (const char *o : {"forward", "reverse"}) {
+            const float *b = with_bias ? dbias : NULL;
+            int          L = 3, nsplit = 13 / L + 1;
+
+            order(o);
+            /* unfused: k_rope_store, then the split kernel on the rotated q */
+            cudaMemcpy(dpool, hp, npool * sizeof(KV), cudaMemcpyHostToDevice);
+            cudaMemcpy(dq, c->qkv, 2 * ld * sizeof(float), cudaMemcpyHostToDevice);
+            KVW_LAUNCH(k_rope_store<KV>, 2, 128, 0, (cudaStream_t) 0, dq, b, dpool, m, dinv, AH,
+                       AKV, AHD, ABS, block_e, layer_e, 1);
+            KVW_LAUNCH(k_attn_split<KV>, dim3(2, AKV, nsplit), 32 * KVC_ATT_WARPS, 0,
+                       (cudaStream_t) 0, dpart, dq, dpool, m, AH, AKV, AHD, ABS, block_e, layer_e,
+                       1, scale, L, (const float *) NULL, (const float *) NULL);
+            KVW_LAUNCH(k_attn_merge<float>, dim3(2, AH), 64, 0, (cudaStream_t) 0, dout, dpart, m,
+                       AH, AHD, L, nsplit);
+            cudaMemcpy(oa, dout, sizeof(oa), cudaMemcpyDeviceToHost);
+            cudaMemcpy(pa, dpool, npool * sizeof(KV), cudaMemcpyDeviceToHost);
+            /* fused */
+            cudaMemcpy(dpool, hp, npool * sizeof(KV), cudaMemcpyHostToDevice);
+            cudaMemcpy(dq2, c->qkv, 2 * ld * sizeof(float), cudaMemcpyHostToDevice);
+            cudaMemset(dout, 0xff, sizeof(ob));
+            KVW_LAUNCH(k_attn_split<KV>, dim3(2, AKV, nsplit), 32 * KVC_ATT_WARPS, 0,
+                       (cudaStream_t) 0, dpart, dq2, dpool, m, AH, AKV, AHD, ABS, block_e, layer_e,
+                       1, scale, L, b, (const float *) dinv);
+            KVW_LAUNCH(k_attn_merge<float>, dim3(2, AH), 64, 0, (cudaStream_t) 0, dout, dpart, m,
+                       AH, AHD, L, nsplit);
+            CHECK(cudaMemcpy(ob, dout, sizeof(ob), cudaMemcpyDeviceToHost) == cudaSuccess);
+            cudaMemcpy(pb, dpool, npool * sizeof(KV), cudaMemcpyDeviceToHost);
+            CHECK(memcmp(oa, ob, sizeof(oa)) == 0);
+            CHECK(memcmp(pa, pb, npool * sizeof(KV)) == 0);
+            CHECK(memcmp(pa, hp, npool * sizeof(KV)) != 0);     /* K/V were written */
+        }
+    }
+    order("forward");
+    cudaFree(dm); cudaFree(dq); cudaFree(dq2); cudaFree(dpool); cudaFree(dpart); cudaFree(dout);
+    cudaFree(dinv); cudaFree(dbias);
+    free(hp); free(pa); free(pb); free(c);
+}
+
+TEST(fused_rope_attention_matches_the_two_kernels)
+{
+    fused_rope_matches<float>();
+    fused_rope_matches<__nv_bfloat16>();
+}
+
+/* k_embed_rmsnorm = k_embed then k_rmsnorm; k_rmsnorm's add = k_add_bias first: the same bits. */
+TEST(fused_norms_match_the_kernels_they_replace)
+{
+    const int H = 200, T = 3, V = 10;
+    float     emb[V * H], w[H], add[H], xa[T * H], xb[T * H], aa[T * H], ab[T * H];
+    float    *de, *dw, *dadd, *dx, *dact;
+    int       tok[T] = {7, 0, 7}, *dt;
+    uint64_t  x = 5;
+
+    for (int i = 0; i < V * H; i++) emb[i] = frand(&x);
+    for (int i = 0; i < H; i++) {
+        w[i] = 1.0f + frand(&x) * 0.3f;
+        add[i] = frand(&x);
+    }
+    cudaMalloc((void **) &de, sizeof(emb));
+    cudaMalloc((void **) &dw, sizeof(w));
+    cudaMalloc((void **) &dadd, sizeof(add));
+    cudaMalloc((void **) &dx, sizeof(xa));
+    cudaMalloc((void **) &dact, sizeof(aa));
+    cudaMalloc((void **) &dt, sizeof(tok));
+    cudaMemcpy(de, emb, sizeof(emb), cudaMemcpyHostToDevice);
+    cudaMemcpy(dw, w, sizeof(w), cudaMemcpyHostToDevice);
+    cudaMemcpy(dadd, add, sizeof(add), cudaMemcpyHostToDevice);
+    cudaMemcpy(dt, tok, sizeof(tok), cudaMemcpyHostToDevice);
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        KVW_LAUNCH(k_embed<float>, T, 256, 0, (cudaStream_t) 0, dx, (const void *) de, dt, H);
+        KVW_LAUNCH(k_add_bias, T, 256, 0, (cudaStream_t) 0, dx, dadd, H);
+        KVW_LAUNCH(k_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, (void *) dact, dx, dw,
+                   (const int *) NULL, H, 1e-5f, (const float *) NULL);
+        cudaMemcpy(xa, dx, sizeof(xa), cudaMemcpyDeviceToHost);
+        cudaMemcpy(aa, dact, sizeof(aa), cudaMemcpyDeviceToHost);
+        KVW_LAUNCH(k_embed<float>, T, 256, 0, (cudaStream_t) 0, dx, (const void *) de, dt, H);
+        KVW_LAUNCH(k_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, (void *) dact, dx, dw,
+                   (const int *) NULL, H, 1e-5f, (const float *) dadd);
+        cudaMemcpy(xb, dx, sizeof(xb), cudaMemcpyDeviceToHost);
+        cudaMemcpy(ab, dact, sizeof(ab), cudaMemcpyDeviceToHost);
+        CHECK(memcmp(xa, xb, sizeof(xa)) == 0 && memcmp(aa, ab, sizeof(aa)) == 0);
+        KVW_LAUNCH(k_embed<float>, T, 256, 0, (cudaStream_t) 0, dx, (const void *) de, dt, H);
+        KVW_LAUNCH(k_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, (void *) dact, dx, dw,
+                   (const int *) NULL, H, 1e-5f, (const float *) NULL);
+        cudaMemcpy(xa, dx, sizeof(xa), cudaMemcpyDeviceToHost);
+        cudaMemcpy(aa, dact, sizeof(aa), cudaMemcpyDeviceToHost);
+        cudaMemset(dx, 0xff, sizeof(xb));
+        KVW_LAUNCH(k_embed_rmsnorm<float>, T, 256, 0, (cudaStream_t) 0, dx, (void *) dact,
+                   (const void *) de, dt, dw, H, 1e-5f);
+        cudaMemcpy(xb, dx, sizeof(xb), cudaMemcpyDeviceToHost);
+        cudaMemcpy(ab, dact, sizeof(ab), cudaMemcpyDeviceToHost);
+        CHECK(memcmp(xa, xb, sizeof(xa)) == 0 && memcmp(aa, ab, sizeof(aa)) == 0);
+        /* and against a plain CPU rmsnorm, within float rounding */
+        for (int t = 0; t < T; t++) {
+            double ss = 0;
+
+            for (int i = 0; i < H; i++) ss += (double) emb[tok[t] * H + i] * emb[tok[t] * H + i];
+            for (int i = 0; i < H; i++) {
+                double want = emb[tok[t] * H + i] / sqrt(ss / H + 1e-5) * w[i];
+
+                CHECK(fabs(ab[t * H + i] - want) < 1e-5);
+            }
+        }
+    }
+    order("forward");
+    cudaFree(de); cudaFree(dw); cudaFree(dadd); cudaFree(dx); cudaFree(dact); cudaFree(dt);
+}
+
 /* Runs fn in a child (a fault is sticky for the whole process); its exit code. */
 static int in_child(void (*fn)(void))
 {
@@ -313,6 +756,11 @@ int main(void)
     RUN(gemm_matches_a_reference_and_checks_arguments);
     RUN(half_and_bfloat16_round_to_nearest_even);
     RUN(argmax_kernel_matches_the_host_scan);
+    RUN(split_attention_matches_a_cpu_reference);
+    RUN(fused_rope_attention_matches_the_two_kernels);
+    RUN(fused_norms_match_the_kernels_they_replace);
+    RUN(graphs_replay_what_was_captured);
+    RUN(device_sampling_picks_what_kvw_sample_picks);
     RUN(barrier_in_divergent_code_is_reported);
     RUN(device_count_errors_and_devices_can_be_faked);
     return kvt_done();

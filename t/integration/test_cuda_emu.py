@@ -5,9 +5,11 @@ several devices, a sticky fault in the middle of serving, a small device
 memory. Skipped where g++ (and so the emulated build) is missing."""
 import json
 import os
+import re
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import kvnats
@@ -160,3 +162,163 @@ def test_greedy_tokens_from_the_device_argmax_match_the_cpu_engine(stack, tmp_pa
                                         "temperature": 0.8, "seed": 1, "ignore_eos": True})
         assert s == 200 and out["usage"]["completion_tokens"] == 4, raw
     assert texts["cuda"] == texts["cpu"]
+
+
+# --- the kernels of issue 21 item 3 (split-K attention, bf16 KV cache, device sampling,
+# --- CUDA graphs, fused kernels), against the CPU engine on the emulation
+
+from test_cpu_engine import TOKENS, engine_logits, rel  # noqa: E402
+
+def cuda_run(model, *extra, env_extra=None, target="emu-forward", dtype="f32", cmd="logits",
+             ok=True):
+    env = cuda_env(target, dtype)
+    env.update(env_extra or {})
+    args = [ENGINE, cmd, "--engine", "cuda", "--model", model]
+    if cmd == "logits":
+        args += ["--tokens", json.dumps(TOKENS)]
+    r = subprocess.run(args + list(extra), capture_output=True, text=True, env=env)
+    if ok:
+        assert r.returncode == 0, r.stderr
+        assert "ERROR: AddressSanitizer" not in r.stderr, r.stderr
+    return r
+
+
+def lg(r):
+    return np.array(json.loads(r.stdout))
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+@pytest.mark.parametrize("name", ["gqa", "qwen2_bias", "llama3_rope_bf16"])
+def test_split_attention_matches_cpu_and_one_pass_kernels(tmp_path, name, target):
+    """Split-K attention (the default) at split lengths that cut KV blocks
+    anywhere (1, 5 and 16 positions with 16-slot blocks): the CPU engine's
+    logits, the one-pass kernels' (KVW_CUDA_ATTENTION=gqa|head) up to
+    summation order, and a token's result does not depend on the rest of
+    its step (batched decode = the cold prefill, bit for bit)."""
+    model = make(tmp_path, "m", CONFIGS[name])
+    cpu = engine_logits(model, TOKENS)
+    gqa = lg(cuda_run(model, env_extra={"KVW_CUDA_ATTENTION": "gqa"}, target=target))
+    head = lg(cuda_run(model, env_extra={"KVW_CUDA_ATTENTION": "head"}, target=target))
+    assert rel(gqa, cpu) < 2e-6 and rel(head, cpu) < 2e-6
+    for split in ("1", "5", "16"):
+        env = {"KVW_CUDA_ATT_SPLIT": split}
+        cold = lg(cuda_run(model, env_extra=env, target=target))
+        assert rel(cold, cpu) < 2e-6, split
+        assert rel(cold, gqa) < 2e-6, split
+        assert int(np.argmax(cold)) == int(np.argmax(cpu))
+        if split == "5":
+            for extra in (["--batch", "5", "--decode", "4"], ["--chunk", "7", "--prefix", "16"]):
+                got = lg(cuda_run(model, *extra, env_extra=env, target=target))
+                assert np.array_equal(got, cold), (extra, rel(got, cold))
+
+
+def test_attention_and_kv_options_are_checked(model):
+    for var, val in (("KVW_CUDA_ATTENTION", "fast"), ("KVW_CUDA_ATT_SPLIT", "0"),
+                     ("KVW_CUDA_ATT_SPLIT", "12x"), ("KVW_CUDA_KV_DTYPE", "f16")):
+        r = cuda_run(model, env_extra={var: val}, ok=False)
+        assert r.returncode == 1 and var in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+def test_bf16_kv_cache(tmp_path, target):
+    """KVW_CUDA_KV_DTYPE=bf16: half the block bytes, a layout string that
+    says so, logits within bf16 rounding of the CPU engine's, the same
+    logits for batched decode and for blocks moved between two bf16
+    engines, and blocks of the f32 CPU engine refused, not misread."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    bf = {"KVW_CUDA_KV_DTYPE": "bf16"}
+    f32_info = json.loads(cuda_run(model, "--num-blocks", "8", cmd="info").stdout)
+    bf_info = json.loads(cuda_run(model, "--num-blocks", "8", cmd="info", env_extra=bf).stdout)
+    assert bf_info["block_bytes"] * 2 == f32_info["block_bytes"]
+    assert f32_info["kv_layout"].startswith("kvw-kv/1 f32 [block][layer=2][K|V][slot=16]")
+    assert bf_info["kv_layout"].startswith("kvw-kv/1 bf16 ")
+    assert bf_info["kv_layout"] != f32_info["kv_layout"]
+    cpu = engine_logits(model, TOKENS)
+    cold = lg(cuda_run(model, env_extra=bf, target=target))
+    assert rel(cold, cpu) < 1e-2
+    assert rel(cold, cpu) > 0       # it is rounded: the option took effect
+    for extra in (["--batch", "5", "--decode", "4"], ["--prefix", "20", "--transfer", "cuda"]):
+        assert np.array_equal(lg(cuda_run(model, *extra, env_extra=bf, target=target)), cold)
+    r = cuda_run(model, "--prefix", "20", "--transfer", "cpu", env_extra=bf, ok=False)
+    assert r.returncode != 0 and "bytes" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+def test_graph_replay_equals_direct_launches(tmp_path, target):
+    """Decode steps run through CUDA graphs (captured once per batch shape,
+    replayed after): the same logits as direct launches (KVW_CUDA_GRAPHS=0),
+    bit for bit, also across split-K grid changes (a split every 3
+    positions: a new shape every third step)."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    for split in ("128", "3"):
+        env = {"KVW_CUDA_ATT_SPLIT": split, "KVW_CUDA_STATS": "1"}
+        direct = cuda_run(model, "--batch", "5", "--decode", "6", target=target,
+                          env_extra=dict(env, KVW_CUDA_GRAPHS="0"))
+        graphs = cuda_run(model, "--batch", "5", "--decode", "6", target=target, env_extra=env)
+        assert np.array_equal(lg(graphs), lg(direct))
+        assert "graphs captured 0, replayed 0" in direct.stderr
+        cap, rep = map(int, re.search(r"graphs captured (\d+), replayed (\d+)",
+                                      graphs.stderr).groups())
+        assert cap + rep == 6 and rep >= (4 if split == "128" else 2), graphs.stderr
+    # a driver that cannot capture: said once, and the steps run directly
+    r = cuda_run(model, "--batch", "5", "--decode", "6", target=target,
+                 env_extra=dict(env, KVW_CUDAEMU_NO_CAPTURE="1"))
+    assert np.array_equal(lg(r), lg(graphs))
+    assert r.stderr.count("decode steps run without CUDA graphs") == 1, r.stderr
+
+
+def test_sampling_on_the_device_follows_the_cpu_sampler(stack, tmp_path):
+    """Requests with a temperature (and top-k / top-p) sample on the device:
+    per-chunk candidates instead of the logits row, then kvw_sample's walk
+    with the request's RNG stream. Same seed, same completion as the CPU
+    engine, token for token; with KVW_CUDA_HOST_SAMPLING (full rows to the
+    host, kvw_sample) the same again."""
+    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+    reqs = [{"temperature": 0.9, "top_k": 5, "seed": 3}, {"temperature": 0.7, "top_p": 0.6,
+                                                            "top_k": 20, "seed": 4},
+            {"temperature": 1.2, "seed": 5}, {"temperature": 0.8, "top_p": 0.9, "seed": 6}]
+    texts = {}
+    for eng, extra in (("cpu", {}), ("cuda", {}), ("cuda-host", {"KVW_CUDA_HOST_SAMPLING": "1"})):
+        env = cuda_env("emu-forward")
+        env.update(extra)
+        port = kvt.free_port()
+        p = stack.spawn([os.path.join(kvt.BIN, "kvworker"), "--engine", eng.split("-")[0],
+                         "--model", model, "--port", str(port), "--num-blocks", "64"],
+                        "worker-%s.log" % eng, env=env)
+        kvt.wait_port(port, proc=p, what="kvworker")
+        texts[eng] = []
+        for req in reqs:
+            body = dict(req, prompt=list(range(100, 130)), max_tokens=6, ignore_eos=True)
+            s, _, out, raw = kvt.post_json(port, "/v1/completions", body)
+            assert s == 200 and out["usage"]["completion_tokens"] == 6, raw
+            texts[eng].append(out["choices"][0]["text"])
+    assert texts["cuda"] == texts["cpu"]
+    assert texts["cuda-host"] == texts["cpu"]
+    assert len(set(texts["cpu"])) > 1
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "emu-reverse"])
+def test_fused_kernels_change_no_bit(tmp_path, target):
+    """Decode steps with RoPE and the KV write inside the split-K attention,
+    the embedding fused with the first norm and o_proj's bias with the MLP
+    norm: the logits of the unfused kernels (KVW_CUDA_FUSE=0 leaves RoPE in
+    its own kernel) and of the cold prefill, bit for bit, with q/k/v biases
+    and o_proj biases (Llama's attention_bias)."""
+    from test_cpu_engine import add_tensors, edit_config
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    rng = np.random.default_rng(8)
+    add_tensors(model, {"model.layers.%d.self_attn.%s_proj.bias" % (l, n): rng.normal(0, 0.4, d)
+                        for l in range(2)
+                        for n, d in (("q", 64), ("k", 32), ("v", 32), ("o", 64))})
+    edit_config(model, attention_bias=True)
+    cpu = engine_logits(model, TOKENS)
+    cold = lg(cuda_run(model, target=target))
+    assert rel(cold, cpu) < 2e-6
+    for split in ("128", "4"):
+        env = {"KVW_CUDA_ATT_SPLIT": split}
+        fused = lg(cuda_run(model, "--batch", "3", "--decode", "5", target=target, env_extra=env))
+        plain = lg(cuda_run(model, "--batch", "3", "--decode", "5", target=target,
+                            env_extra=dict(env, KVW_CUDA_FUSE="0")))
+        assert np.array_equal(fused, plain)
+        if split == "128":
+            assert np.array_equal(fused, cold)

@@ -154,6 +154,11 @@ static int transfer_prefix(kvw_backend_t *b, const opts_t *o, const uint32_t *to
                 src->block_bytes, b->name, b->block_bytes);
         goto out;
     }
+    if (src->kv_layout && b->kv_layout && strcmp(src->kv_layout, b->kv_layout) != 0) {
+        fprintf(stderr, "kvengine: %s blocks are \"%s\", %s blocks \"%s\"\n", src->name,
+                src->kv_layout, b->name, b->kv_layout);
+        goto out;
+    }
     for (i = 0; i < nb; i++) src_table[i] = i + 2;
     if (run(src, tok, 0, (uint32_t) o->prefix, o->chunk, src_table, nb, NULL) != 0) goto out;
     /* the prefix's blocks, the last one partial: the receiver recomputes nothing of it */
@@ -244,7 +249,9 @@ static int cmd_info(const opts_t *o)
     for (i = 0; i < b->n_eos && i < 8; i++) {
         if (b->eos_ids[i] != b->eos_token_id) printf(",%u", b->eos_ids[i]);
     }
-    printf("]}\n");
+    printf("]");
+    if (b->kv_layout) printf(",\"kv_layout\":\"%s\"", b->kv_layout);  /* no quotes in it */
+    printf("}\n");
     b->destroy(b);
     return 0;
 }

@@ -37,8 +37,15 @@ extern "C" {
 }
 
 #include "kvw_cuda_kernels.cuh"
+#include "kvw_cuda_sample.h"
 
 enum { DT_F32, DT_F16, DT_BF16 };
+enum { KV_F32, KV_BF16 };
+enum { ATT_SPLIT, ATT_GQA, ATT_HEAD };
+
+/* Split-K partials beyond this (prefill of long prompts) take the one-pass kernel instead. */
+#define KVC_PART_MAX_BYTES ((size_t) 64 << 20)
+#define KVC_SPLIT_LEN      128      /* default positions per split */
 
 #define KVC_MAX_AUTO_BLOCKS 65536u
 
@@ -47,6 +54,22 @@ typedef struct {
     float *attn_norm, *mlp_norm, *bqkv; /* f32; bqkv NULL without biases */
     float *bo;                          /* f32; NULL without attention_bias */
 } dlayer_t;
+
+/*
+ * A decode step's launches captured as a CUDA graph, replayed for every
+ * later step of the same shape: the same token count, logit rows and
+ * split-K grid (every pointer and launch argument is then the same; the
+ * per-step facts are in the meta uploaded before the replay).
+ */
+typedef struct {
+    size_t          T, n_out;
+    int             nsplit;
+    unsigned long   used;
+    cudaGraphExec_t exec;
+} kvc_graph;
+
+#define KVC_MAX_GRAPHS   16
+#define KVC_CUBLAS_WS    ((size_t) 32 << 20)
 
 typedef struct {
     kvw_backend_t   b;
@@ -61,8 +84,29 @@ typedef struct {
     void           *embed, *lm_head;    /* lm_head == embed when tied */
     float          *norm, *inv_freq;
     dlayer_t       *L;
-    float          *kv;                 /* the pool: num_blocks * block_floats */
-    size_t          block_floats, layer_floats;
+    void           *kv;                 /* the pool: num_blocks * block_elems of kvdt */
+    size_t          block_elems, layer_elems;
+    int             kvdt;               /* KV_F32 or KV_BF16 (KVW_CUDA_KV_DTYPE) */
+    size_t          kvsz;               /* bytes of one KV element */
+    char            kv_layout[160];     /* b.kv_layout: what block_read/block_write move */
+    int             att;                /* ATT_SPLIT, ATT_GQA or ATT_HEAD (KVW_CUDA_ATTENTION) */
+    int             split_len;          /* positions per split (KVW_CUDA_ATT_SPLIT) */
+    float          *part;               /* split-K partials, part_cap floats */
+    size_t          part_cap;
+    void           *cublas_ws;          /* cuBLAS's workspace: none allocated while capturing */
+    int             use_graphs;         /* KVW_CUDA_GRAPHS (1 unless "0") */
+    int             fuse;               /* RoPE inside split-K attention (KVW_CUDA_FUSE, 1 unless "0") */
+    kvc_graph       graphs[KVC_MAX_GRAPHS];
+    unsigned        n_graphs;
+    unsigned long   clock;              /* orders the graphs' last uses */
+    long            captured, replayed; /* graphs, for KVW_CUDA_STATS */
+    /* sampling on the device: per logit row, temperature in, candidates and chunk sums out */
+    int             nchunk;             /* vocabulary chunks of KVC_SAMPLE_CHUNK */
+    float          *d_temp, *h_temp, *d_cp, *h_cp;
+    int            *d_ci, *h_ci;
+    double         *d_cs, *h_cs;
+    kvc_cand       *cands;              /* kvc_sample_pick's merge buffer */
+    long            dev_sampled, host_sampled;  /* for KVW_CUDA_STATS */
     /* scratch, grown on demand: cap tokens, cap_out logit rows, meta_cap ints */
     size_t          cap, cap_out, meta_cap;
     float          *x, *qkv, *gu, *logits, *h_logits;
@@ -112,6 +156,41 @@ static int fail(cuda_t *e, const char *fmt, ...)
         }                                                                      \
         LAUNCHED(#K);                                                          \
     } while (0)
+
+/* Calls kernel K templated on the weight type and the KV pool's type (KVC_COMMA: one macro argument). */
+#define KVC_COMMA ,
+#define DISPATCH_KV(K, grid, block, ...) do {                                  \
+        if (e->kvdt == KV_F32) {                                               \
+            switch (e->dtype) {                                                \
+            case DT_F32: KVW_LAUNCH(K<float KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            case DT_F16: KVW_LAUNCH(K<__half KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            default: KVW_LAUNCH(K<__nv_bfloat16 KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); \
+            }                                                                  \
+        } else {                                                               \
+            switch (e->dtype) {                                                \
+            case DT_F32: KVW_LAUNCH(K<float KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            case DT_F16: KVW_LAUNCH(K<__half KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); break; \
+            default: KVW_LAUNCH(K<__nv_bfloat16 KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); \
+            }                                                                  \
+        }                                                                      \
+        LAUNCHED(#K);                                                          \
+    } while (0)
+
+/* Calls kernel K templated on the KV pool's type only. */
+#define LAUNCH_KV(K, grid, block, ...) do {                                    \
+        if (e->kvdt == KV_F32) KVW_LAUNCH(K<float>, grid, block, 0, e->st, __VA_ARGS__); \
+        else KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);  \
+        LAUNCHED(#K);                                                          \
+    } while (0)
+
+/* Forgets every captured graph: a buffer they point into moved. */
+static void drop_graphs(cuda_t *e)
+{
+    unsigned i;
+
+    for (i = 0; i < e->n_graphs; i++) cudaGraphExecDestroy(e->graphs[i].exec);
+    e->n_graphs = 0;
+}
 
 /* --- weights ------------------------------------------------------------ */
 
@@ -215,6 +294,7 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
     size_t widest = e->H > qd ? e->H : qd;
 
     if (widest < e->inter) widest = e->inter;
+    if (T > e->cap || n_out > e->cap_out || n_meta > e->meta_cap) drop_graphs(e);
     if (T > e->cap) {
         cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act);
         e->x = e->qkv = e->gu = NULL;
@@ -227,15 +307,28 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
         e->cap = T;
     }
     if (n_out > e->cap_out) {
+        size_t nc = n_out * e->nchunk * KVC_SAMPLE_CANDS;
+
         cudaFree(e->logits); cudaFreeHost(e->h_logits);
         cudaFree(e->d_best); cudaFreeHost(e->h_best);
-        e->logits = e->h_logits = NULL;
-        e->d_best = e->h_best = NULL;
+        cudaFree(e->d_temp); cudaFreeHost(e->h_temp); cudaFree(e->d_cp); cudaFreeHost(e->h_cp);
+        cudaFree(e->d_ci); cudaFreeHost(e->h_ci); cudaFree(e->d_cs); cudaFreeHost(e->h_cs);
+        e->logits = e->h_logits = e->d_temp = e->h_temp = e->d_cp = e->h_cp = NULL;
+        e->d_best = e->h_best = e->d_ci = e->h_ci = NULL;
+        e->d_cs = e->h_cs = NULL;
         e->cap_out = 0;
         CK(cudaMalloc((void **) &e->logits, n_out * e->vocab * sizeof(float)));
         CK(cudaMallocHost((void **) &e->h_logits, n_out * e->vocab * sizeof(float)));
         CK(cudaMalloc((void **) &e->d_best, n_out * sizeof(int)));
         CK(cudaMallocHost((void **) &e->h_best, n_out * sizeof(int)));
+        CK(cudaMalloc((void **) &e->d_temp, n_out * sizeof(float)));
+        CK(cudaMallocHost((void **) &e->h_temp, n_out * sizeof(float)));
+        CK(cudaMalloc((void **) &e->d_cp, nc * sizeof(float)));
+        CK(cudaMallocHost((void **) &e->h_cp, nc * sizeof(float)));
+        CK(cudaMalloc((void **) &e->d_ci, nc * sizeof(int)));
+        CK(cudaMallocHost((void **) &e->h_ci, nc * sizeof(int)));
+        CK(cudaMalloc((void **) &e->d_cs, n_out * e->nchunk * sizeof(double)));
+        CK(cudaMallocHost((void **) &e->h_cs, n_out * e->nchunk * sizeof(double)));
         e->cap_out = n_out;
     }
     if (n_meta > e->meta_cap) {
@@ -307,41 +400,90 @@ static int build_meta(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
     return 0;
 }
 
-/* One transformer layer over the step's T tokens; x is updated in place. */
-static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m)
+/*
+ * One transformer layer over the step's T tokens; x is updated in place.
+ * nsplit 0: no split-K. fuse_rope (decode steps with split-K): RoPE and the
+ * KV write happen inside k_attn_split, one launch less.
+ */
+static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsplit,
+                     int fuse_rope)
 {
+    float           scale = 1.0f / sqrtf((float) e->hd);
     const dlayer_t *L = &e->L[l];
     size_t          H = e->H, qd = (size_t) e->heads * e->hd, kd = (size_t) e->kv_heads * e->hd;
     size_t          sw = (T * e->inter + 255) / 256;
     dim3            att_grid((unsigned) T, e->heads), gqa_grid((unsigned) T, e->kv_heads);
 
-    DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
-             (int) H, e->eps);
+    if (l > 0) {                        /* layer 0's norm ran with the embedding */
+        DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
+                 (int) H, e->eps, (const float *) NULL);
+    }
     if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
-    KVW_LAUNCH(k_rope_store, (unsigned) T, 128, 0, e->st, e->qkv, L->bqkv, e->kv, *m,
-               e->inv_freq, (int) e->heads, (int) e->kv_heads, (int) e->hd,
-               (int) e->b.block_size, e->block_floats, e->layer_floats, (int) l);
-    LAUNCHED("k_rope_store");
-    if (e->heads / e->kv_heads <= KVC_MAX_GROUP) {     /* a block per KV head: K/V read once */
-        DISPATCH(k_attention_gqa, gqa_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
-                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+    if (!fuse_rope) {
+        LAUNCH_KV(k_rope_store, (unsigned) T, 128, e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
+                  (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                  e->block_elems, e->layer_elems, (int) l);
+    }
+    if (nsplit > 0) {                   /* split-K: K/V read once per group, many blocks */
+        dim3 split_grid((unsigned) T, e->kv_heads, (unsigned) nsplit);
+
+        LAUNCH_KV(k_attn_split, split_grid, 32 * KVC_ATT_WARPS, e->part, e->qkv, e->kv, *m,
+                  (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                  e->block_elems, e->layer_elems, (int) l, scale, e->split_len,
+                  fuse_rope ? (const float *) L->bqkv : (const float *) NULL,
+                  fuse_rope ? (const float *) e->inv_freq : (const float *) NULL);
+        DISPATCH(k_attn_merge, att_grid, 64, e->act, e->part, *m, (int) e->heads, (int) e->hd,
+                 e->split_len, nsplit);
+    } else if (e->att != ATT_HEAD && e->heads / e->kv_heads <= KVC_MAX_GROUP) {
+        /* a block per (token, KV head): K/V read once per group */
+        DISPATCH_KV(k_attention_gqa, gqa_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                    (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                    e->block_elems, e->layer_elems, (int) l, scale);
     } else {
-        DISPATCH(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
-                 (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-                 e->block_floats, e->layer_floats, (int) l, 1.0f / sqrtf((float) e->hd));
+        DISPATCH_KV(k_attention, att_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
+                    (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                    e->block_elems, e->layer_elems, (int) l, scale);
     }
     if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
-    if (L->bo) {
-        KVW_LAUNCH(k_add_bias, (unsigned) T, 256, 0, e->st, e->x, L->bo, (int) H);
-        LAUNCHED("k_add_bias");
-    }
+    /* o_proj's bias (attention_bias) is added to x by the norm */
     DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->mlp_norm, (const int *) NULL,
-             (int) H, e->eps);
+             (int) H, e->eps, (const float *) L->bo);
     if (gemm(e, e->gu, e->act, L->wgu, T, 2 * (size_t) e->inter, H, 0.0f) != 0) return -1;
     DISPATCH(k_swiglu, (unsigned) (sw < 65535 ? sw : 65535), 256, e->act, e->gu, T,
              (int) e->inter);
     return gemm(e, e->x, e->act, L->wdown, T, H, e->inter, 1.0f);
+}
+
+/*
+ * How many splits the split-K attention runs this step (grid z): enough for
+ * the step's longest sequence. 0 when it does not run: another kernel was
+ * asked for, a group too wide for it, or partials too large for
+ * KVC_PART_MAX_BYTES (long prefill chunks, which have blocks enough).
+ * -1: no memory for the partials.
+ */
+static int splits_for(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t T)
+{
+    uint32_t s, last = 0;
+    size_t   need;
+    int      nsplit;
+
+    if (e->att != ATT_SPLIT || e->heads / e->kv_heads > KVC_MAX_GROUP) return 0;
+    for (s = 0; s < n; s++) {
+        if (seqs[s].n_tokens > 0 && seqs[s].pos + seqs[s].n_tokens - 1 > last)
+            last = seqs[s].pos + seqs[s].n_tokens - 1;
+    }
+    nsplit = (int) (last / (uint32_t) e->split_len) + 1;
+    need = T * e->heads * (size_t) nsplit * (e->hd + 2) * sizeof(float);
+    if (nsplit > 65535 || need > KVC_PART_MAX_BYTES) return 0;
+    if (need > e->part_cap * sizeof(float)) {
+        drop_graphs(e);
+        cudaFree(e->part);
+        e->part = NULL;
+        e->part_cap = 0;
+        CK(cudaMalloc((void **) &e->part, need));
+        e->part_cap = need / sizeof(float);
+    }
+    return nsplit;
 }
 
 /* Greedy, as kvw_sample decides it: the token is the argmax, found on the device. */
@@ -351,13 +493,21 @@ static int greedy(const kvw_step_seq_t *sq)
            && (sq->sampling.temperature <= 1e-5f || sq->sampling.rng == NULL);
 }
 
+/* Sampled on the device: a temperature, and no logits asked for (those copy the row anyway). */
+static int device_sampled(const kvw_step_seq_t *sq)
+{
+    return sq->sample && !sq->logits && !greedy(sq) && getenv("KVW_CUDA_HOST_SAMPLING") == NULL;
+}
+
 /*
- * Logits to the host only for the rows that need them (logits asked for,
- * or sampling with a temperature); greedy rows bring back one token id.
+ * Logits to the host only for the rows that need them (logits asked for);
+ * greedy rows bring back one token id, rows sampled with a temperature
+ * their candidates (k_sample_cand: KVC_SAMPLE_CANDS per vocabulary chunk).
  */
 static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_out)
 {
     uint32_t s, r = 0;
+    int      any = 0;
 
     KVW_LAUNCH(k_argmax, (unsigned) n_out, 256, 0, e->st, e->d_best, e->logits, (int) e->vocab);
     LAUNCHED("k_argmax");
@@ -365,33 +515,172 @@ static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_
                        e->st));
     for (s = 0; s < n; s++) {
         if (!seqs[s].sample && !seqs[s].logits) continue;
-        if (!greedy(&seqs[s])) {
+        e->h_temp[r] = 1.0f;
+        if (device_sampled(&seqs[s])) {
+            e->h_temp[r] = seqs[s].sampling.temperature;
+            any = 1;
+        } else if (!greedy(&seqs[s])) {
             CK(cudaMemcpyAsync(e->h_logits + (size_t) r * e->vocab,
                                e->logits + (size_t) r * e->vocab, e->vocab * sizeof(float),
                                cudaMemcpyDeviceToHost, e->st));
         }
         r++;
     }
+    if (any) {
+        size_t nc = n_out * e->nchunk * KVC_SAMPLE_CANDS;
+        dim3   grid((unsigned) n_out, (unsigned) e->nchunk);
+
+        CK(cudaMemcpyAsync(e->d_temp, e->h_temp, n_out * sizeof(float), cudaMemcpyHostToDevice,
+                           e->st));
+        KVW_LAUNCH(k_sample_cand, grid, 256, 0, e->st, e->d_cp, e->d_ci, e->d_cs, e->logits,
+                   e->d_best, e->d_temp, (int) e->vocab);
+        LAUNCHED("k_sample_cand");
+        CK(cudaMemcpyAsync(e->h_cp, e->d_cp, nc * sizeof(float), cudaMemcpyDeviceToHost, e->st));
+        CK(cudaMemcpyAsync(e->h_ci, e->d_ci, nc * sizeof(int), cudaMemcpyDeviceToHost, e->st));
+        CK(cudaMemcpyAsync(e->h_cs, e->d_cs, n_out * e->nchunk * sizeof(double),
+                           cudaMemcpyDeviceToHost, e->st));
+    }
     return 0;
 }
 
-/* Samples (or hands out logits) for each sequence that wants them, on the host. */
-static void finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
+/* Picks each sampled sequence's token (or hands out logits), after the step. */
+static int finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
 {
     uint32_t s, r = 0;
 
     for (s = 0; s < n; s++) {
         float *lg;
+        size_t c0;
+        int    tok;
 
         if (!seqs[s].sample && !seqs[s].logits) continue;
+        lg = e->h_logits + (size_t) r * e->vocab;
         if (greedy(&seqs[s])) {
             seqs[s].next_token = (uint32_t) e->h_best[r++];
             continue;
         }
-        lg = e->h_logits + (size_t) r++ * e->vocab;
+        if (device_sampled(&seqs[s])) {
+            c0 = (size_t) r * e->nchunk;
+            tok = kvc_sample_pick(e->h_cp + c0 * KVC_SAMPLE_CANDS, e->h_ci + c0 * KVC_SAMPLE_CANDS,
+                                  e->h_cs + c0, e->nchunk, KVC_SAMPLE_CANDS, KVC_SAMPLE_CHUNK,
+                                  e->vocab, &seqs[s].sampling, e->cands);
+            if (tok >= 0) {
+                seqs[s].next_token = (uint32_t) tok;
+                e->dev_sampled++;
+                r++;
+                continue;
+            }
+            /* the candidates cannot decide it (a flat distribution): the row, and kvw_sample */
+            CK(cudaMemcpy(lg, e->logits + (size_t) r * e->vocab, e->vocab * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+            e->host_sampled++;
+        }
+        r++;
         if (seqs[s].logits) memcpy(seqs[s].logits, lg, e->vocab * sizeof(float));
         if (seqs[s].sample) seqs[s].next_token = kvw_sample(lg, e->vocab, &seqs[s].sampling);
     }
+    return 0;
+}
+
+/* The forward pass on the device, from token ids to the logit rows (queued, not waited for). */
+static int forward(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit,
+                   int decode)
+{
+    uint32_t l;
+    int      fuse_rope = decode && nsplit > 0 && e->fuse;
+
+    DISPATCH(k_embed_rmsnorm, (unsigned) T, 256, e->x, e->act, e->embed, m->tok,
+             e->L[0].attn_norm, (int) e->H, e->eps);
+    for (l = 0; l < e->layers; l++) {
+        if (run_layer(e, l, T, m, nsplit, fuse_rope) != 0) return -1;
+    }
+    if (n_out > 0) {
+        DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m->rows, (int) e->H,
+                 e->eps, (const float *) NULL);
+        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0) return -1;
+    }
+    return 0;
+}
+
+/* A decode step: one token for every sequence that runs (graphs are kept for these). */
+static int decode_only(const kvw_step_seq_t *seqs, uint32_t n, size_t T)
+{
+    uint32_t s, running = 0;
+
+    for (s = 0; s < n; s++) running += seqs[s].n_tokens > 0;
+    return running == T;
+}
+
+/*
+ * A capture the driver refused (not an error of the step: a device or
+ * driver without what capture needs): say so once, launch directly from
+ * now on, and run this step that way. g is the slot the graph would take.
+ */
+static int no_graphs(cuda_t *e, kvc_graph *g, size_t T, size_t n_out, const kvc_meta *m,
+                     int nsplit, const char *what)
+{
+    cudaError_t ce = cudaGetLastError();
+
+    *g = e->graphs[--e->n_graphs];
+    fprintf(stderr, "kvcuda: %s failed (%s): decode steps run without CUDA graphs\n", what,
+            cudaGetErrorString(ce));
+    e->use_graphs = 0;
+    if (cudaStreamSynchronize(e->st) != cudaSuccess) return fail(e, "%s", what);
+    return forward(e, T, n_out, m, nsplit, 1);
+}
+
+/*
+ * forward() through a CUDA graph: replayed when a step of this shape was
+ * captured, else captured now (the oldest graph makes room) and launched.
+ * What changes from step to step (tokens, positions, block tables) is in
+ * the meta buffer, uploaded before the launch.
+ */
+static int replay(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit)
+{
+    kvc_graph  *g = NULL;
+    cudaGraph_t graph = NULL;
+    unsigned    i;
+    int         rc;
+
+    for (i = 0; i < e->n_graphs; i++) {
+        if (e->graphs[i].T == T && e->graphs[i].n_out == n_out && e->graphs[i].nsplit == nsplit) {
+            g = &e->graphs[i];
+            break;
+        }
+    }
+    if (g == NULL) {
+        if (e->n_graphs == KVC_MAX_GRAPHS) {
+            for (g = &e->graphs[0], i = 1; i < e->n_graphs; i++) {
+                if (e->graphs[i].used < g->used) g = &e->graphs[i];
+            }
+            cudaGraphExecDestroy(g->exec);
+        } else {
+            g = &e->graphs[e->n_graphs++];
+        }
+        if (cudaStreamBeginCapture(e->st, cudaStreamCaptureModeGlobal) != cudaSuccess)
+            return no_graphs(e, g, T, n_out, m, nsplit, "cudaStreamBeginCapture");
+        rc = forward(e, T, n_out, m, nsplit, 1);
+        if (cudaStreamEndCapture(e->st, &graph) != cudaSuccess || rc != 0) {
+            if (graph) cudaGraphDestroy(graph);
+            if (rc != 0) {              /* the step itself is wrong: no retry */
+                *g = e->graphs[--e->n_graphs];
+                return -1;
+            }
+            return no_graphs(e, g, T, n_out, m, nsplit, "capturing a decode step");
+        }
+        rc = cudaGraphInstantiate(&g->exec, graph, 0) != cudaSuccess;
+        cudaGraphDestroy(graph);
+        if (rc) return no_graphs(e, g, T, n_out, m, nsplit, "cudaGraphInstantiate");
+        g->T = T;
+        g->n_out = n_out;
+        g->nsplit = nsplit;
+        e->captured++;
+    } else {
+        e->replayed++;
+    }
+    g->used = ++e->clock;
+    CK(cudaGraphLaunch(g->exec, e->st));
+    return 0;
 }
 
 /* The step on the device, up to the logits in host memory. */
@@ -399,22 +688,18 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
                        size_t n_tables)
 {
     kvc_meta m;
-    uint32_t l;
+    int      nsplit, decode;
 
     if (ensure(e, T, n_out, 3 * T + n_out + n_tables) != 0
         || build_meta(e, seqs, n, T, n_out, n_tables, &m) != 0)
         return -1;
-    DISPATCH(k_embed, (unsigned) T, 256, e->x, e->embed, m.tok, (int) e->H);
-    for (l = 0; l < e->layers; l++) {
-        if (run_layer(e, l, T, &m) != 0) return -1;
-    }
-    if (n_out > 0) {
-        DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m.rows, (int) e->H,
-                 e->eps);
-        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0
-            || copy_out(e, seqs, n, n_out) != 0)
-            return -1;
-    }
+    nsplit = splits_for(e, seqs, n, T);
+    if (nsplit < 0) return -1;
+    decode = decode_only(seqs, n, T);
+    if (e->use_graphs && decode ? replay(e, T, n_out, &m, nsplit)
+                                : forward(e, T, n_out, &m, nsplit, decode))
+        return -1;
+    if (n_out > 0 && copy_out(e, seqs, n, n_out) != 0) return -1;
     CK(cudaStreamSynchronize(e->st));
     return 0;
 }
@@ -475,7 +760,11 @@ static int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double 
         check_sticky(e);
         return -1;
     }
-    finish_host(e, seqs, n);
+    if (finish_host(e, seqs, n) != 0) {
+        fprintf(stderr, "kvcuda: step failed: %s\n", e->err);
+        check_sticky(e);
+        return -1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     *step_ms = (double) (t1.tv_sec - t0.tv_sec) * 1e3 + (double) (t1.tv_nsec - t0.tv_nsec) / 1e6;
     return 0;
@@ -489,7 +778,7 @@ static int cuda_block_read(kvw_backend_t *b, uint32_t block, void *dst)
 
     if (block >= b->num_blocks) return -1;
     /* the default stream waits for our stream's work (legacy default-stream semantics) */
-    if (cudaMemcpy(dst, e->kv + block * e->block_floats, b->block_bytes,
+    if (cudaMemcpy(dst, (char *) e->kv + (size_t) block * b->block_bytes, b->block_bytes,
                    cudaMemcpyDeviceToHost) != cudaSuccess) {
         fprintf(stderr, "kvcuda: block_read %u failed\n", block);
         return -1;
@@ -502,7 +791,7 @@ static int cuda_block_write(kvw_backend_t *b, uint32_t block, const void *src)
     cuda_t *e = (cuda_t *) b;
 
     if (block >= b->num_blocks) return -1;
-    if (cudaMemcpy(e->kv + block * e->block_floats, src, b->block_bytes,
+    if (cudaMemcpy((char *) e->kv + (size_t) block * b->block_bytes, src, b->block_bytes,
                    cudaMemcpyHostToDevice) != cudaSuccess) {
         fprintf(stderr, "kvcuda: block_write %u failed\n", block);
         return -1;
@@ -515,6 +804,11 @@ static void cuda_destroy(kvw_backend_t *b)
     cuda_t  *e = (cuda_t *) b;
     uint32_t l;
 
+    if (getenv("KVW_CUDA_STATS")) {
+        fprintf(stderr, "kvcuda: graphs captured %ld, replayed %ld; sampled on the device %ld, "
+                "on the host %ld\n", e->captured, e->replayed, e->dev_sampled, e->host_sampled);
+    }
+    drop_graphs(e);
     if (e->L) {
         for (l = 0; l < e->layers; l++) {
             dlayer_t *d = &e->L[l];
@@ -528,7 +822,10 @@ static void cuda_destroy(kvw_backend_t *b)
     cudaFree(e->embed); cudaFree(e->norm); cudaFree(e->inv_freq); cudaFree(e->kv);
     cudaFree(e->x); cudaFree(e->qkv); cudaFree(e->gu); cudaFree(e->act); cudaFree(e->logits);
     cudaFree(e->d_meta); cudaFreeHost(e->h_logits); cudaFreeHost(e->h_meta);
-    cudaFree(e->d_best); cudaFreeHost(e->h_best);
+    cudaFree(e->d_best); cudaFreeHost(e->h_best); cudaFree(e->part); cudaFree(e->cublas_ws);
+    cudaFree(e->d_temp); cudaFreeHost(e->h_temp); cudaFree(e->d_cp); cudaFreeHost(e->h_cp);
+    cudaFree(e->d_ci); cudaFreeHost(e->h_ci); cudaFree(e->d_cs); cudaFreeHost(e->h_cs);
+    free(e->cands);
     if (e->cb) cublasDestroy(e->cb);
     if (e->st) cudaStreamDestroy(e->st);
     free(e);
@@ -537,6 +834,37 @@ static void cuda_destroy(kvw_backend_t *b)
 static const char *dtype_name(int dt)
 {
     return dt == DT_F32 ? "f32" : dt == DT_F16 ? "f16" : "bf16";
+}
+
+/*
+ * The KV pool's type (KVW_CUDA_KV_DTYPE=f32, the default, or bf16) and the
+ * attention kernel (KVW_CUDA_ATTENTION=split, the default, gqa or head:
+ * the earlier one-pass kernels, kept to compare against), with
+ * KVW_CUDA_ATT_SPLIT positions per split.
+ */
+static int pick_kernels(cuda_t *e)
+{
+    const char *kv = getenv("KVW_CUDA_KV_DTYPE"), *att = getenv("KVW_CUDA_ATTENTION");
+    const char *sl = getenv("KVW_CUDA_ATT_SPLIT");
+    char       *end;
+    long        n;
+
+    if (kv == NULL || *kv == '\0' || !strcmp(kv, "f32")) e->kvdt = KV_F32;
+    else if (!strcmp(kv, "bf16")) e->kvdt = KV_BF16;
+    else return fail(e, "KVW_CUDA_KV_DTYPE=%s: want f32 or bf16", kv);
+    e->kvsz = e->kvdt == KV_F32 ? 4 : 2;
+    if (att == NULL || *att == '\0' || !strcmp(att, "split")) e->att = ATT_SPLIT;
+    else if (!strcmp(att, "gqa")) e->att = ATT_GQA;
+    else if (!strcmp(att, "head")) e->att = ATT_HEAD;
+    else return fail(e, "KVW_CUDA_ATTENTION=%s: want split, gqa or head", att);
+    e->split_len = KVC_SPLIT_LEN;
+    if (sl != NULL && *sl != '\0') {
+        n = strtol(sl, &end, 10);
+        if (*end != '\0' || n < 1 || n > 1 << 20)
+            return fail(e, "KVW_CUDA_ATT_SPLIT=%s: want positions per split, 1..1048576", sl);
+        e->split_len = (int) n;
+    }
+    return 0;
 }
 
 /* Weight dtype: KVW_CUDA_DTYPE, else the checkpoint's own (an f16 model stays f16). */
@@ -557,10 +885,13 @@ static int pick_dtype(cuda_t *e, const kvw_model_t *m)
         return fail(e, "KVW_CUDA_DTYPE=%s: want bf16, f16 or f32", v);
     }
     e->esz = e->dtype == DT_F32 ? 4 : 2;
+    if (pick_kernels(e) != 0) return -1;
     e->ctype = e->dtype == DT_F32 ? CUDA_R_32F : e->dtype == DT_F16 ? CUDA_R_16F : CUDA_R_16BF;
-    fprintf(stderr, "kvcuda: weights in %s (checkpoint %s%s)\n", dtype_name(e->dtype),
+    fprintf(stderr, "kvcuda: weights in %s (checkpoint %s%s), KV cache %s, %s attention\n",
+            dtype_name(e->dtype),
             m->dtype == KVW_DTYPE_F16 ? "f16" : m->dtype == KVW_DTYPE_BF16 ? "bf16" : "f32",
-            v && *v ? ", KVW_CUDA_DTYPE" : "");
+            v && *v ? ", KVW_CUDA_DTYPE" : "", e->kvdt == KV_F32 ? "f32" : "bf16",
+            e->att == ATT_SPLIT ? "split-K" : e->att == ATT_GQA ? "grouped" : "per-head");
     return 0;
 }
 
@@ -576,9 +907,14 @@ static int alloc_pool(cuda_t *e, uint32_t want)
 {
     size_t free_b = 0, total_b = 0, fit;
 
-    e->layer_floats = 2 * (size_t) e->b.block_size * e->kv_heads * e->hd;
-    e->block_floats = e->layer_floats * e->layers;
-    e->b.block_bytes = e->block_floats * sizeof(float);
+    e->layer_elems = 2 * (size_t) e->b.block_size * e->kv_heads * e->hd;
+    e->block_elems = e->layer_elems * e->layers;
+    e->b.block_bytes = e->block_elems * e->kvsz;
+    snprintf(e->kv_layout, sizeof(e->kv_layout),
+             "kvw-kv/1 %s [block][layer=%u][K|V][slot=%u][kv_head=%u][dim=%u] %zu bytes",
+             e->kvdt == KV_F32 ? "f32" : "bf16", e->layers, e->b.block_size, e->kv_heads, e->hd,
+             e->b.block_bytes);
+    e->b.kv_layout = e->kv_layout;
     if (want == 0) {
         CK(cudaMemGetInfo(&free_b, &total_b));
         if (free_b <= KVC_RESERVE + e->b.block_bytes)
@@ -595,6 +931,7 @@ static int alloc_pool(cuda_t *e, uint32_t want)
         return fail(e, "cannot allocate a KV pool of %u blocks of %zu bytes", want,
                     e->b.block_bytes);
     }
+    /* zero bits are 0.0 in f32 and bf16 alike */
     CK(cudaMemset(e->kv, 0, (size_t) want * e->b.block_bytes));
     return 0;
 }
@@ -606,7 +943,7 @@ static int alloc_pool(cuda_t *e, uint32_t want)
  */
 static int alloc_scratch(cuda_t *e, const kvw_backend_config_t *cfg)
 {
-    size_t T = cfg->max_batched_tokens, seqs = cfg->max_seqs ? cfg->max_seqs : 1;
+    size_t T = cfg->max_batched_tokens, seqs = cfg->max_seqs ? cfg->max_seqs : 1, part;
 
     if (T == 0) return 0;
     if (seqs > T) seqs = T;             /* every sequence in a step runs at least one token */
@@ -617,6 +954,15 @@ static int alloc_scratch(cuda_t *e, const kvw_backend_config_t *cfg)
         return fail(e, "no device memory for the scratch of a %zu-token, %zu-sequence step "
                     "(--max-num-batched-tokens, --max-num-seqs): %s", T, seqs, e->err);
     }
+    /* split-K partials for decode steps of every sequence at the longest length (capped) */
+    part = seqs * e->heads * ((size_t) e->b.max_model_len / (size_t) e->split_len + 1)
+           * (e->hd + 2) * sizeof(float);
+    if (part > KVC_PART_MAX_BYTES) part = KVC_PART_MAX_BYTES;
+    if (e->att == ATT_SPLIT && cudaMalloc((void **) &e->part, part) != cudaSuccess) {
+        cudaGetLastError();
+        return fail(e, "no device memory for %zu bytes of split-K attention partials", part);
+    }
+    if (e->part) e->part_cap = part / sizeof(float);
     return 0;
 }
 
@@ -633,7 +979,15 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     CK(cudaStreamCreateWithFlags(&e->st, cudaStreamDefault));
     CB(cublasCreate(&e->cb));
     CB(cublasSetStream(e->cb, e->st));
+    /* a workspace of our own: cuBLAS then allocates nothing while a graph captures */
+    CK(cudaMalloc(&e->cublas_ws, KVC_CUBLAS_WS));
+    CB(cublasSetWorkspace(e->cb, e->cublas_ws, KVC_CUBLAS_WS));
+    e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
+    e->fuse = !(getenv("KVW_CUDA_FUSE") && !strcmp(getenv("KVW_CUDA_FUSE"), "0"));
     if (upload_model(e, m) != 0) return -1;
+    e->nchunk = (int) ((m->vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK);
+    e->cands = (kvc_cand *) malloc((size_t) e->nchunk * KVC_SAMPLE_CANDS * sizeof(kvc_cand));
+    if (e->cands == NULL) return fail(e, "out of host memory");
     e->b.name = "cuda";
     e->b.vocab_size = m->vocab;
     e->b.eos_token_id = m->eos[0];

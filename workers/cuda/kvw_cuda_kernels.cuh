@@ -4,10 +4,13 @@
  *
  * Types: weights and matmul inputs ("act") are T: float, __half or
  * __nv_bfloat16, the type the weights were uploaded in. Everything a matmul
- * writes (residual stream x, q/k/v, gate/up, logits), norms, biases and the
- * KV pool are f32, so the KV pool has the CPU engine's layout and bytes.
+ * writes (residual stream x, q/k/v, gate/up, logits), norms and biases are
+ * f32. The KV pool is KV: float (the default: the CPU engine's layout and
+ * bytes) or __nv_bfloat16 (KVW_CUDA_KV_DTYPE=bf16: half the bytes to read
+ * per decode step, same element order).
  *
- * KV pool: [block][layer][K|V][block_size][kv_heads][head_dim] (kvw_backend.h).
+ * KV pool: [block][layer][K|V][block_size][kv_heads][head_dim] (kvw_backend.h);
+ * block_elems and layer_elems count elements of type KV.
  */
 #ifndef KVW_CUDA_KERNELS_CUH
 #define KVW_CUDA_KERNELS_CUH
@@ -64,6 +67,29 @@ __global__ void k_embed(float *x, const void *embed, const int *tok, int H)
 }
 
 /* Sum of a float over the thread block (blockDim a multiple of 32, <= 1024). */
+static __device__ float block_sum(float v);
+
+/*
+ * k_embed and the first layer's attention norm in one launch: x[t][:] =
+ * embed[tok[t]][:], act[t][:] = rmsnorm(x[t][:]) * w. The same arithmetic
+ * as the two kernels (each thread norms the elements it copied).
+ */
+template <class T>
+__global__ void k_embed_rmsnorm(float *x, void *act, const void *embed, const int *tok,
+                                const float *w, int H, float eps)
+{
+    const T *row = (const T *) embed + (size_t) tok[blockIdx.x] * H;
+    float   *xr = x + (size_t) blockIdx.x * H, ss = 0, inv;
+    T       *o = (T *) act + (size_t) blockIdx.x * H;
+
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xr[i] = to_f(row[i]);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss);
+    inv = rsqrtf(ss / (float) H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = from_f<T>(xr[i] * inv * w[i]);
+}
+
+/* Sum of a float over the thread block (blockDim a multiple of 32, <= 1024). */
 static __device__ float block_sum(float v)
 {
     __shared__ float part[32];
@@ -80,16 +106,23 @@ static __device__ float block_sum(float v)
 
 /*
  * out[r][:] = rmsnorm(x[rows ? rows[r] : r][:]) * w, one thread block per
- * output row; rows picks the last tokens for the final norm.
+ * output row; rows picks the last tokens for the final norm. add (with
+ * rows NULL): x[r][:] += add first, written back (o_proj's bias with
+ * Llama's attention_bias, fused here: one launch and one pass over x less).
+ * Each thread touches only its own elements of x, so no barrier is needed
+ * between the add and the norm.
  */
 template <class T>
-__global__ void k_rmsnorm(void *out, const float *x, const float *w, const int *rows, int H,
-                          float eps)
+__global__ void k_rmsnorm(void *out, float *x, const float *w, const int *rows, int H,
+                          float eps, const float *add)
 {
-    const float *in = x + (size_t) (rows ? rows[blockIdx.x] : (int) blockIdx.x) * H;
-    T           *o = (T *) out + (size_t) blockIdx.x * H;
-    float        ss = 0, inv;
+    float *in = x + (size_t) (rows ? rows[blockIdx.x] : (int) blockIdx.x) * H;
+    T     *o = (T *) out + (size_t) blockIdx.x * H;
+    float  ss = 0, inv;
 
+    if (add) {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) in[i] += add[i];
+    }
     for (int i = threadIdx.x; i < H; i += blockDim.x) ss += in[i] * in[i];
     ss = block_sum(ss);
     inv = rsqrtf(ss / (float) H + eps);
@@ -102,17 +135,19 @@ __global__ void k_rmsnorm(void *out, const float *x, const float *w, const int *
  * rotate_half RoPE, and copies v into the pool. One thread block per token;
  * each element is touched by one thread, so no synchronisation is needed.
  */
-__global__ void k_rope_store(float *qkv, const float *bias, float *kv, kvc_meta m,
+template <class KV>
+__global__ void k_rope_store(float *qkv, const float *bias, void *kvp, kvc_meta m,
                              const float *inv_freq, int heads, int kv_heads, int hd,
-                             int block_size, size_t block_floats, size_t layer_floats, int layer)
+                             int block_size, size_t block_elems, size_t layer_elems, int layer)
 {
+    KV     *kv = (KV *) kvp;
     int     t = blockIdx.x, half = hd / 2, qd = heads * hd, kd = kv_heads * hd;
     int     p = m.pos[t];
     float  *row = qkv + (size_t) t * (qd + 2 * kd);
     int     blk = m.tables[m.bt[t] + p / block_size];
-    float  *k_dst = kv + (size_t) blk * block_floats + (size_t) layer * layer_floats
+    KV     *k_dst = kv + (size_t) blk * block_elems + (size_t) layer * layer_elems
                     + (size_t) (p % block_size) * kd;
-    float  *v_dst = k_dst + layer_floats / 2;
+    KV     *v_dst = k_dst + layer_elems / 2;
 
     for (int i = threadIdx.x; i < (heads + kv_heads) * half; i += blockDim.x) {
         int    h = i / half, d = i % half, base = h * hd;   /* k heads follow q heads in row */
@@ -127,12 +162,12 @@ __global__ void k_rope_store(float *qkv, const float *bias, float *kv, kvc_meta 
             row[base + d] = x1 * c - x2 * s;
             row[base + d + half] = x2 * c + x1 * s;
         } else {
-            k_dst[base - qd + d] = x1 * c - x2 * s;
-            k_dst[base - qd + d + half] = x2 * c + x1 * s;
+            k_dst[base - qd + d] = from_f<KV>(x1 * c - x2 * s);
+            k_dst[base - qd + d + half] = from_f<KV>(x2 * c + x1 * s);
         }
     }
     for (int i = threadIdx.x; i < kd; i += blockDim.x) {
-        v_dst[i] = row[qd + kd + i] + (bias ? bias[qd + kd + i] : 0.0f);
+        v_dst[i] = from_f<KV>(row[qd + kd + i] + (bias ? bias[qd + kd + i] : 0.0f));
     }
 }
 
@@ -145,14 +180,15 @@ __global__ void k_rope_store(float *qkv, const float *bias, float *kv, kvc_meta 
  * partial results are merged at the end. GQA: query head h reads KV head
  * h / (heads / kv_heads).
  */
-template <class T>
-__global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_meta m,
+template <class T, class KV>
+__global__ void k_attention(void *out, const float *qkv, const void *kvp, kvc_meta m,
                             int heads, int kv_heads, int hd, int block_size,
-                            size_t block_floats, size_t layer_floats, int layer, float scale)
+                            size_t block_elems, size_t layer_elems, int layer, float scale)
 {
     __shared__ float q[KVC_MAX_HEAD_DIM];
     __shared__ float w_max[KVC_ATT_WARPS], w_sum[KVC_ATT_WARPS];
     __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_HEAD_DIM];
+    const KV    *kv = (const KV *) kvp;
     int          t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int          qd = heads * hd, kd = kv_heads * hd, kvh = h / (heads / kv_heads);
     int          pos = m.pos[t];
@@ -164,13 +200,13 @@ __global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_me
     for (int j = 0; j < KVC_MAX_HEAD_DIM / 32; j++) acc[j] = 0;
     __syncthreads();
     for (int p = warp; p <= pos; p += KVC_ATT_WARPS) {
-        const float *k = kv + (size_t) table[p / block_size] * block_floats
-                         + (size_t) layer * layer_floats + (size_t) (p % block_size) * kd
+        const KV    *k = kv + (size_t) table[p / block_size] * block_elems
+                         + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
                          + (size_t) kvh * hd;
-        const float *v = k + layer_floats / 2;
+        const KV    *v = k + layer_elems / 2;
         float        s = 0, nmx, corr, e;
 
-        for (int d = lane; d < hd; d += 32) s += q[d] * k[d];
+        for (int d = lane; d < hd; d += 32) s += q[d] * to_f(k[d]);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         nmx = fmaxf(mx, s);
         corr = expf(mx - nmx);          /* 0 on a warp's first position */
@@ -180,7 +216,7 @@ __global__ void k_attention(void *out, const float *qkv, const float *kv, kvc_me
         for (int j = 0; j < KVC_MAX_HEAD_DIM / 32; j++) {   /* unrolled: acc stays in registers */
             int d = lane + 32 * j;
 
-            if (d < hd) acc[j] = acc[j] * corr + e * v[d];
+            if (d < hd) acc[j] = acc[j] * corr + e * to_f(v[d]);
         }
         mx = nmx;
     }
@@ -273,15 +309,16 @@ __global__ void k_argmax(int *best, const float *logits, int vocab)
  * of the K and V row in registers and uses it for every head of the group.
  * Sums run in k_attention's order, so the results are the same bits.
  */
-template <class T>
-__global__ void k_attention_gqa(void *out, const float *qkv, const float *kv, kvc_meta m,
+template <class T, class KV>
+__global__ void k_attention_gqa(void *out, const float *qkv, const void *kvp, kvc_meta m,
                                 int heads, int kv_heads, int hd, int block_size,
-                                size_t block_floats, size_t layer_floats, int layer, float scale)
+                                size_t block_elems, size_t layer_elems, int layer, float scale)
 {
     __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
     __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
     __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
     const int    NJ = KVC_MAX_HEAD_DIM / 32;
+    const KV    *kv = (const KV *) kvp;
     int          t = blockIdx.x, kvh = blockIdx.y, G = heads / kv_heads;
     int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int          qd = heads * hd, kd = kv_heads * hd, pos = m.pos[t];
@@ -299,18 +336,18 @@ __global__ void k_attention_gqa(void *out, const float *qkv, const float *kv, kv
     }
     __syncthreads();
     for (int p = warp; p <= pos; p += KVC_ATT_WARPS) {
-        const float *k = kv + (size_t) table[p / block_size] * block_floats
-                         + (size_t) layer * layer_floats + (size_t) (p % block_size) * kd
+        const KV    *k = kv + (size_t) table[p / block_size] * block_elems
+                         + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
                          + (size_t) kvh * hd;
-        const float *v = k + layer_floats / 2;
+        const KV    *v = k + layer_elems / 2;
         float        kr[NJ], vr[NJ];
 
 #pragma unroll
         for (int j = 0; j < NJ; j++) {
             int d = lane + 32 * j;
 
-            kr[j] = d < hd ? k[d] : 0.0f;
-            vr[j] = d < hd ? v[d] : 0.0f;
+            kr[j] = d < hd ? to_f(k[d]) : 0.0f;
+            vr[j] = d < hd ? to_f(v[d]) : 0.0f;
         }
 #pragma unroll
         for (int g = 0; g < KVC_MAX_GROUP; g++) {
@@ -357,6 +394,285 @@ __global__ void k_attention_gqa(void *out, const float *qkv, const float *kv, kv
             if (w_max[w][g] != -INFINITY) r += w_acc[w][g][d] * expf(w_max[w][g] - gmx);
         }
         o[d] = from_f<T>(r / total);
+    }
+}
+
+/*
+ * Split-K ("flash-decoding") attention, pass 1: one thread block per
+ * (token, KV head, split). Split s covers positions [s * split_len,
+ * min((s + 1) * split_len, pos + 1)) of the token's sequence, so a decode
+ * step of one long sequence still spreads over many blocks (one block per
+ * head walked the whole sequence alone). All query heads of the GQA group
+ * (at most KVC_MAX_GROUP) share each K and V row read: a lane holds its
+ * slice of the row in registers and uses it for every head of the group.
+ * Within the block, warps take every KVC_ATT_WARPS-th position with an
+ * online softmax and are merged in shared memory; the block writes, per
+ * query head, its split's running max, sum of exp and unnormalised
+ * weighted V to part[t][h][s] = {m, l, acc[hd]} (f32). Splits past the
+ * token's position (the grid is sized for the step's longest sequence)
+ * write nothing: k_attn_merge reads only the token's own splits, so a
+ * token's result does not depend on what else is in the step.
+ */
+template <class KV>
+__global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc_meta m,
+                             int heads, int kv_heads, int hd, int block_size,
+                             size_t block_elems, size_t layer_elems, int layer, float scale,
+                             int split_len, const float *bias, const float *inv_freq)
+{
+    __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
+    __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
+    __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
+    const int    NJ = KVC_MAX_HEAD_DIM / 32;
+    const KV    *kv = (const KV *) kvp;
+    int          t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, G = heads / kv_heads;
+    int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nsplit = gridDim.z;
+    int          qd = heads * hd, kd = kv_heads * hd, pos = m.pos[t];
+    int          start = split * split_len, end = start + split_len;
+    const int   *table = m.tables + m.bt[t];
+    const float *qg = qkv + (size_t) t * (qd + 2 * kd) + (size_t) kvh * G * hd;
+    float        acc[KVC_MAX_GROUP][NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
+
+    if (start > pos) return;            /* the whole block: before any barrier */
+    if (end > pos + 1) end = pos + 1;
+    if (inv_freq == NULL) {             /* k_rope_store ran: q is rotated, K/V are in the pool */
+        for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q[i / hd][i % hd] = qg[i] * scale;
+    } else {
+        /*
+         * RoPE fused in (decode steps: one token per sequence, so no block
+         * reads another token's new K/V): q of the group rotated here, and
+         * the block whose split holds the token writes its K and V rows to
+         * the pool before its warps read them (the barrier below). The
+         * arithmetic is k_rope_store's, so the results are the same bits.
+         */
+        const float *row = qkv + (size_t) t * (qd + 2 * kd);
+        int          half = hd / 2, kb = qd + kvh * hd;
+        KV          *k_dst = (KV *) kvp + (size_t) table[pos / block_size] * block_elems
+                             + (size_t) layer * layer_elems + (size_t) (pos % block_size) * kd
+                             + (size_t) kvh * hd;
+
+        for (int i = threadIdx.x; i < G * half; i += blockDim.x) {
+            int   g = i / half, d = i % half, b = (kvh * G + g) * hd;
+            float a = (float) pos * inv_freq[d], c = cosf(a), sn = sinf(a);
+            float x1 = row[b + d], x2 = row[b + d + half];
+
+            if (bias) {
+                x1 += bias[b + d];
+                x2 += bias[b + d + half];
+            }
+            q[g][d] = (x1 * c - x2 * sn) * scale;
+            q[g][d + half] = (x2 * c + x1 * sn) * scale;
+        }
+        if (pos < end) {
+            for (int d = threadIdx.x; d < half; d += blockDim.x) {
+                float a = (float) pos * inv_freq[d], c = cosf(a), sn = sinf(a);
+                float x1 = row[kb + d], x2 = row[kb + d + half];
+
+                if (bias) {
+                    x1 += bias[kb + d];
+                    x2 += bias[kb + d + half];
+                }
+                k_dst[d] = from_f<KV>(x1 * c - x2 * sn);
+                k_dst[d + half] = from_f<KV>(x2 * c + x1 * sn);
+            }
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+                k_dst[layer_elems / 2 + d] = from_f<KV>(row[kb + kd + d]
+                                                        + (bias ? bias[kb + kd + d] : 0.0f));
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {
+        mx[g] = -INFINITY;
+        sum[g] = 0;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) acc[g][j] = 0;
+    }
+    __syncthreads();
+    for (int p = start + warp; p < end; p += KVC_ATT_WARPS) {
+        const KV *k = kv + (size_t) table[p / block_size] * block_elems
+                      + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
+                      + (size_t) kvh * hd;
+        const KV *v = k + layer_elems / 2;
+        float     kr[NJ], vr[NJ];
+
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {  /* every load of the row issued before the first use */
+            int d = lane + 32 * j;
+
+            kr[j] = d < hd ? to_f(k[d]) : 0.0f;
+            vr[j] = d < hd ? to_f(v[d]) : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < KVC_MAX_GROUP; g++) {
+            float s = 0, nmx, corr, e;
+
+            if (g >= G) break;          /* the same for the whole warp */
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                if (lane + 32 * j < hd) s += q[g][lane + 32 * j] * kr[j];
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            nmx = fmaxf(mx[g], s);
+            corr = expf(mx[g] - nmx);   /* 0 on a warp's first position */
+            e = expf(s - nmx);
+            sum[g] = sum[g] * corr + e;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) acc[g][j] = acc[g][j] * corr + e * vr[j];
+            mx[g] = nmx;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {
+        if (g >= G) break;
+        if (lane == 0) {
+            w_max[warp][g] = mx[g];
+            w_sum[warp][g] = sum[g];
+        }
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            if (lane + 32 * j < hd) w_acc[warp][g][lane + 32 * j] = acc[g][j];
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
+        int    g = i / hd, d = i % hd;
+        float  gmx = -INFINITY, total = 0, r = 0;
+        float *o = part + (((size_t) t * heads + kvh * G + g) * nsplit + split) * (hd + 2);
+
+        for (int w = 0; w < KVC_ATT_WARPS; w++) gmx = fmaxf(gmx, w_max[w][g]);
+        for (int w = 0; w < KVC_ATT_WARPS; w++) {
+            if (w_max[w][g] != -INFINITY) {
+                float c = expf(w_max[w][g] - gmx);
+
+                total += w_sum[w][g] * c;
+                r += w_acc[w][g][d] * c;
+            }
+        }
+        if (d == 0) {
+            o[0] = gmx;
+            o[1] = total;
+        }
+        o[2 + d] = r;
+    }
+}
+
+/*
+ * Split-K attention, pass 2: one thread block per (token, query head)
+ * merges the token's pos / split_len + 1 splits by log-sum-exp: out =
+ * sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M the largest m_s. Every
+ * split it reads has at least one position, so every m_s is finite.
+ */
+template <class T>
+__global__ void k_attn_merge(void *out, const float *part, kvc_meta m, int heads, int hd,
+                             int split_len, int nsplit)
+{
+    int          t = blockIdx.x, h = blockIdx.y, n = m.pos[t] / split_len + 1;
+    const float *pp = part + ((size_t) t * heads + h) * nsplit * (hd + 2);
+    T           *o = (T *) out + (size_t) t * heads * hd + (size_t) h * hd;
+    float        gmx = -INFINITY, total = 0;
+
+    for (int s = 0; s < n; s++) gmx = fmaxf(gmx, pp[(size_t) s * (hd + 2)]);
+    for (int s = 0; s < n; s++) {
+        total += pp[(size_t) s * (hd + 2) + 1] * expf(pp[(size_t) s * (hd + 2)] - gmx);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float r = 0;
+
+        for (int s = 0; s < n; s++) {
+            const float *ps = pp + (size_t) s * (hd + 2);
+
+            r += ps[2 + d] * expf(ps[0] - gmx);
+        }
+        o[d] = from_f<T>(r / total);
+    }
+}
+
+/*
+ * Sampling on the device, pass 1 (kvw_cuda_sample.h has pass 2, on the
+ * host): one thread block per (logit row, chunk of KVC_SAMPLE_CHUNK
+ * vocabulary entries). p = expf((logit - max) / temperature), exactly as
+ * kvw_sample computes it (max from k_argmax's best[row]); the block writes
+ * its chunk's sum of p (double) and its KVC_SAMPLE_CANDS largest p in
+ * kvw_sample's order (p descending, then id ascending), found by that many
+ * rounds of a block-wide arg-max over the chunk staged in shared memory:
+ * no sort of the vocabulary, and 8 bytes back per candidate instead of the
+ * row. Rounds past the chunk's length write p = -1, id = -1.
+ */
+#define KVC_SAMPLE_CHUNK 4096
+#define KVC_SAMPLE_CANDS 32
+
+static __device__ __forceinline__ int kvc_before(float p, int i, float q, int j)
+{
+    return p > q || (p == q && i < j);
+}
+
+__global__ void k_sample_cand(float *cand_p, int *cand_id, double *chunk_sum,
+                              const float *logits, const int *best, const float *temp, int vocab)
+{
+    __shared__ float  sp[KVC_SAMPLE_CHUNK];
+    __shared__ float  w_p[32];
+    __shared__ int    w_i[32];
+    __shared__ double w_s[32];
+    int          r = blockIdx.x, c = blockIdx.y, nchunk = gridDim.y;
+    int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int          base = c * KVC_SAMPLE_CHUNK;
+    int          n = vocab - base < KVC_SAMPLE_CHUNK ? vocab - base : KVC_SAMPLE_CHUNK;
+    const float *row = logits + (size_t) r * vocab;
+    float        mx = row[best[r]], t = temp[r];
+    double       sum = 0;
+    size_t       out = ((size_t) r * nchunk + c) * KVC_SAMPLE_CANDS;
+
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float p = expf((row[base + i] - mx) / t);
+
+        sp[i] = p;
+        sum += p;
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) w_s[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0;
+
+        for (int w = 0; w < nw; w++) total += w_s[w];
+        chunk_sum[(size_t) r * nchunk + c] = total;
+    }
+    for (int k = 0; k < KVC_SAMPLE_CANDS; k++) {
+        float bp = -1;
+        int   bi = -1;
+
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            if (sp[i] >= 0 && (bi < 0 || kvc_before(sp[i], i, bp, bi))) {   /* -1: taken */
+                bp = sp[i];
+                bi = i;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float op = __shfl_xor_sync(0xffffffffu, bp, o);
+            int   oi = __shfl_xor_sync(0xffffffffu, bi, o);
+
+            if (oi >= 0 && (bi < 0 || kvc_before(op, oi, bp, bi))) {
+                bp = op;
+                bi = oi;
+            }
+        }
+        if (lane == 0) {
+            w_p[warp] = bp;
+            w_i[warp] = bi;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < nw; w++) {
+                if (w_i[w] >= 0 && (bi < 0 || kvc_before(w_p[w], w_i[w], bp, bi))) {
+                    bp = w_p[w];
+                    bi = w_i[w];
+                }
+            }
+            cand_p[out + k] = bi >= 0 ? bp : -1.0f;
+            cand_id[out + k] = bi >= 0 ? base + bi : -1;
+            if (bi >= 0) sp[bi] = -1;
+        }
+        __syncthreads();                /* sp[] and w_*[] are read again next round */
     }
 }
 

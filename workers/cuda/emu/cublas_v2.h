@@ -42,6 +42,7 @@ typedef struct kvemu_cublas *cublasHandle_t;
 cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t st);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
 const char    *cublasGetStatusString(cublasStatus_t s);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,

@@ -22,6 +22,8 @@
  *    of a grid) in reverse order: code that relies on an order the
  *    hardware does not promise gives different results in the two orders;
  *  - cublasGemmEx is a reference matmul that checks every argument;
+ *  - KVW_CUDAEMU_NO_CAPTURE=1 makes cudaStreamBeginCapture fail (a driver
+ *    that cannot capture);
  *  - errors: KVW_CUDAEMU_DEVICE_ERROR=<code> makes cudaGetDeviceCount fail
  *    with that cudaError_t; KVW_CUDAEMU_FAIL_LAUNCH=N makes the Nth kernel
  *    launch fault (cudaErrorIllegalAddress, sticky, as on a GPU).
@@ -90,6 +92,7 @@ typedef enum cudaError {
     cudaErrorNoKernelImageForDevice = 209,
     cudaErrorUnsupportedPtxVersion = 222,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorIllegalAddress = 700,
     cudaErrorLaunchTimeout = 702,
@@ -102,6 +105,9 @@ typedef enum cudaError {
     cudaErrorLaunchFailure = 719,
     cudaErrorSystemDriverMismatch = 803,
     cudaErrorCompatNotSupportedOnDevice = 804,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
     cudaErrorUnknown = 999
 } cudaError_t;
 
@@ -122,6 +128,20 @@ typedef enum cudaDataType_t {
 
 typedef struct kvemu_stream *cudaStream_t;
 typedef struct kvemu_event  *cudaEvent_t;
+typedef struct kvemu_graph  *cudaGraph_t;
+typedef struct kvemu_graph  *cudaGraphExec_t;    /* an instantiated graph: its own copy */
+
+typedef enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+} cudaStreamCaptureMode;
+
+typedef enum cudaStreamCaptureStatus {
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1,
+    cudaStreamCaptureStatusInvalidated = 2
+} cudaStreamCaptureStatus;
 
 #define cudaStreamDefault     0x00
 #define cudaStreamNonBlocking 0x01
@@ -168,6 +188,23 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaEventDestroy(cudaEvent_t ev);
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned flags = 0);
+
+/*
+ * CUDA graphs by stream capture: while a stream captures, what is queued on
+ * it (launches, async copies and memsets, cuBLAS calls) is recorded instead
+ * of queued, with its arguments as they were at the call; a launched graph
+ * queues the recorded work again, in order. A synchronizing call (or work
+ * on the legacy stream) during a capture fails and invalidates it, as the
+ * driver does in the global and thread-local modes.
+ */
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t st, cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 
 /* --- device side ------------------------------------------------------------ */
 

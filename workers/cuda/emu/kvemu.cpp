@@ -43,8 +43,15 @@
 
 typedef std::function<cudaError_t()> op_t;
 
+struct kvemu_graph {
+    std::vector<op_t> ops;
+    int               exec;         /* instantiated (cudaGraphExec_t) */
+};
+
 struct kvemu_stream {
     std::deque<op_t> q;
+    kvemu_graph     *capture;       /* recording into this graph, or NULL */
+    int              invalidated;   /* the capture met a call it does not allow */
 };
 
 struct kvemu_event {
@@ -63,6 +70,8 @@ std::map<uintptr_t, size_t>      pinned_;       /* cudaMallocHost */
 std::set<kvemu_stream *>         streams_;
 std::set<kvemu_cublas *>         handles_;
 std::set<kvemu_event *>          events_;
+std::set<kvemu_graph *>          graphs_;       /* graphs and instantiated graphs */
+int                              capturing_;    /* streams capturing now */
 size_t                           dev_used_;
 cudaError_t                      sticky_;       /* a fault: every later call returns it */
 cudaError_t                      last_;         /* cudaGetLastError (per process here, not per thread) */
@@ -154,13 +163,32 @@ kvemu_stream *stream_of(cudaStream_t st)
     return streams_.count(st) ? st : NULL;
 }
 
-/* Queues op on st, or runs it after everything else when st is the NULL stream. */
+/* A call that would wait for the device, while streams capture: refused, and the captures end invalid. */
+cudaError_t capture_refuses(const char *what)
+{
+    if (capturing_ == 0) return cudaSuccess;
+    complain("%s during a stream capture: not allowed (the capture is invalidated)", what);
+    for (kvemu_stream *s : streams_) {
+        if (s->capture) s->invalidated = 1;
+    }
+    return cudaErrorStreamCaptureUnsupported;
+}
+
+/* Queues op on st (records it, while st captures), or runs it after everything else on the NULL stream. */
 cudaError_t submit(cudaStream_t st, op_t op)
 {
     kvemu_stream *s = stream_of(st);
 
     if (s == NULL) return set(cudaErrorInvalidResourceHandle);
     if (sticky_ != cudaSuccess) return set(sticky_);
+    if (s == &legacy_ && capturing_) {
+        capture_refuses("work on the legacy default stream");
+        return set(cudaErrorStreamCaptureImplicit);
+    }
+    if (s->capture) {
+        s->capture->ops.push_back(std::move(op));
+        return cudaSuccess;
+    }
     s->q.push_back(std::move(op));
     return cudaSuccess;
 }
@@ -488,6 +516,11 @@ cudaError_t kvemu::enqueue(const char *name, dim3 grid, dim3 block, size_t smem,
 
 #define LOCK std::lock_guard<std::recursive_mutex> guard_(lock_)
 #define STICKY do { if (sticky_ != cudaSuccess) return set(sticky_); } while (0)
+/* calls that synchronize (or may) are refused during a capture */
+#define NO_CAPTURE(what) do {                                                    \
+        cudaError_t ce_ = capture_refuses(what);                                 \
+        if (ce_ != cudaSuccess) return set(ce_);                                 \
+    } while (0)
 
 cudaError_t cudaGetDeviceCount(int *count)
 {
@@ -529,6 +562,7 @@ cudaError_t cudaRuntimeGetVersion(int *v) { *v = 13000; return cudaSuccess; }
 cudaError_t cudaDeviceSynchronize(void)
 {
     LOCK;
+    NO_CAPTURE("cudaDeviceSynchronize");
     return set(drain_all());
 }
 
@@ -557,6 +591,8 @@ const char *cudaGetErrorName(cudaError_t e)
     N(cudaErrorIllegalInstruction); N(cudaErrorMisalignedAddress);
     N(cudaErrorInvalidAddressSpace); N(cudaErrorInvalidPc); N(cudaErrorLaunchFailure);
     N(cudaErrorSystemDriverMismatch); N(cudaErrorCompatNotSupportedOnDevice);
+    N(cudaErrorIllegalState); N(cudaErrorStreamCaptureUnsupported);
+    N(cudaErrorStreamCaptureInvalidated); N(cudaErrorStreamCaptureImplicit);
     N(cudaErrorUnknown);
 #undef N
     }
@@ -591,6 +627,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 {
     LOCK;
     STICKY;
+    NO_CAPTURE("cudaMalloc");
     *p = NULL;
     if (n > total_mem() - dev_used_) return set(cudaErrorMemoryAllocation);
     *p = malloc(n ? n : 1);
@@ -605,6 +642,7 @@ cudaError_t cudaFree(void *p)
 {
     LOCK;
     if (p == NULL) return cudaSuccess;
+    NO_CAPTURE("cudaFree");
     drain_all();                    /* cudaFree waits for the device */
     auto it = dev_.find((uintptr_t) p);
     if (it == dev_.end()) {
@@ -621,6 +659,7 @@ cudaError_t cudaMallocHost(void **p, size_t n)
 {
     LOCK;
     STICKY;
+    NO_CAPTURE("cudaMallocHost");
     *p = malloc(n ? n : 1);
     if (*p == NULL) return set(cudaErrorMemoryAllocation);
     pinned_[(uintptr_t) *p] = n;
@@ -631,6 +670,7 @@ cudaError_t cudaFreeHost(void *p)
 {
     LOCK;
     if (p == NULL) return cudaSuccess;
+    NO_CAPTURE("cudaFreeHost");
     drain_all();
     auto it = pinned_.find((uintptr_t) p);
     if (it == pinned_.end()) {
@@ -691,6 +731,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     cudaError_t e;
 
     STICKY;
+    NO_CAPTURE("cudaMemcpy");
     if ((e = check_copy("cudaMemcpy", dst, src, n, kind)) != cudaSuccess) return set(e);
     if (drain_all() != cudaSuccess) return set(sticky_);
     memmove(dst, src, n);
@@ -712,6 +753,7 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
 {
     LOCK;
     STICKY;
+    NO_CAPTURE("cudaMemset");
     if (n && !inside(dev_, p, n)) {
         complain("cudaMemset: %p + %zu is not inside one device allocation", p, n);
         return set(cudaErrorInvalidValue);
@@ -748,6 +790,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t st)
 {
     LOCK;
     if (!streams_.count(st)) return set(cudaErrorInvalidResourceHandle);
+    if (st->capture) {
+        complain("cudaStreamDestroy of a capturing stream");
+        return set(cudaErrorIllegalState);
+    }
     drain(st);                      /* queued work still completes */
     streams_.erase(st);
     delete st;
@@ -760,6 +806,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st)
     kvemu_stream *s = stream_of(st);
 
     if (s == NULL) return set(cudaErrorInvalidResourceHandle);
+    NO_CAPTURE("cudaStreamSynchronize");
     if (s == &legacy_) return set(drain_all());
     drain(&legacy_);
     return set(drain(s));
@@ -788,6 +835,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev)
 {
     LOCK;
     if (!events_.count(ev)) return set(cudaErrorInvalidResourceHandle);
+    NO_CAPTURE("cudaEventSynchronize");
     return set(drain_all());
 }
 
@@ -816,6 +864,98 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned flags)
     return sticky_;
 }
 
+/* --- graphs ------------------------------------------------------------------------- */
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode)
+{
+    LOCK;
+    STICKY;
+    if (st == NULL) {
+        complain("cudaStreamBeginCapture: the legacy default stream cannot capture");
+        return set(cudaErrorStreamCaptureUnsupported);
+    }
+    if (!streams_.count(st)) return set(cudaErrorInvalidResourceHandle);
+    if (st->capture) return set(cudaErrorIllegalState);
+    if (env_long("KVW_CUDAEMU_NO_CAPTURE", 0)) return set(cudaErrorStreamCaptureUnsupported);
+    if (mode > cudaStreamCaptureModeRelaxed) return set(cudaErrorInvalidValue);
+    st->capture = new kvemu_graph();
+    st->capture->exec = 0;
+    st->invalidated = 0;
+    graphs_.insert(st->capture);
+    capturing_++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *graph)
+{
+    LOCK;
+    *graph = NULL;
+    if (st == NULL || !streams_.count(st)) return set(cudaErrorInvalidResourceHandle);
+    if (st->capture == NULL) return set(cudaErrorIllegalState);
+    kvemu_graph *g = st->capture;
+    st->capture = NULL;
+    capturing_--;
+    if (st->invalidated) {
+        graphs_.erase(g);
+        delete g;
+        return set(cudaErrorStreamCaptureInvalidated);
+    }
+    *graph = g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t st, cudaStreamCaptureStatus *status)
+{
+    LOCK;
+    kvemu_stream *s = stream_of(st);
+
+    if (s == NULL) return set(cudaErrorInvalidResourceHandle);
+    *status = s->capture == NULL ? cudaStreamCaptureStatusNone
+              : s->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
+{
+    LOCK;
+    STICKY;
+    if (!graphs_.count(graph) || graph->exec) return set(cudaErrorInvalidValue);
+    *exec = new kvemu_graph(*graph);     /* later changes to the graph do not reach it */
+    (*exec)->exec = 1;
+    graphs_.insert(*exec);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st)
+{
+    LOCK;
+    cudaError_t e;
+
+    if (!graphs_.count(exec) || !exec->exec) return set(cudaErrorInvalidValue);
+    for (const op_t &op : exec->ops) {
+        if ((e = submit(st, op)) != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    LOCK;
+    if (!graphs_.count(exec) || !exec->exec) return set(cudaErrorInvalidValue);
+    graphs_.erase(exec);
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    LOCK;
+    if (!graphs_.count(graph) || graph->exec) return set(cudaErrorInvalidValue);
+    graphs_.erase(graph);
+    delete graph;
+    return cudaSuccess;
+}
+
 /* --- cuBLAS ------------------------------------------------------------------------- */
 
 cublasStatus_t cublasCreate(cublasHandle_t *h)
@@ -842,6 +982,17 @@ cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t st)
     if (!handles_.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (stream_of(st) == NULL) return CUBLAS_STATUS_INVALID_VALUE;
     h->st = st;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
+{
+    LOCK;
+    if (!handles_.count(h)) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (bytes > 0 && !inside(dev_, ws, bytes)) {
+        complain("cublasSetWorkspace: %p + %zu is not inside one device allocation", ws, bytes);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 

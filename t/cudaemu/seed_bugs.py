@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Seeds one bug at a time into a scratch copy of workers/cuda (docs/CUDA.md,
+"Seeded bugs"), builds its libkvcuda-emu.so and test_kvemu, and runs
+test_kvemu and the emulated engine tests on it (KVROUTE_CUDA_EMU_LIB).
+Needs `make` first (build/obj/cuda-emu). Usage: t/cudaemu/seed_bugs.py [NAME...]
+Not part of `make test` (minutes per bug)."""
+import os, re, shutil, subprocess, sys, tempfile
+WT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+K = "workers/cuda/kvw_cuda_kernels.cuh"
+C = "workers/cuda/kvw_cuda.cu"
+S = "workers/cuda/kvw_cuda_sample.h"
+BUGS = [
+ ("merge", "split merge: the sums of exp merged without rescaling to the common max (k_attn_merge)", K,
+  "        total += pp[(size_t) s * (hd + 2) + 1] * expf(pp[(size_t) s * (hd + 2)] - gmx);",
+  "        total += pp[(size_t) s * (hd + 2) + 1];"),
+ ("boundary", "split boundary off by one: a split that starts at the token's position is skipped (`start >= pos`, k_attn_split)", K,
+  "    if (start > pos) return;            /* the whole block: before any barrier */",
+  "    if (start >= pos) return;           /* the whole block: before any barrier */"),
+ ("sync", "removed the __syncthreads() after q (and, fused, the token's K/V) is staged (k_attn_split)", K,
+  """    }
+    __syncthreads();
+    for (int p = start + warp; p < end; p += KVC_ATT_WARPS) {""",
+  """    }
+    for (int p = start + warp; p < end; p += KVC_ATT_WARPS) {"""),
+ ("gqa", "GQA group index: partials of query head kvh*G+g written to slot g*kv_heads+kvh (k_attn_split)", K,
+  "        float *o = part + (((size_t) t * heads + kvh * G + g) * nsplit + split) * (hd + 2);",
+  "        float *o = part + (((size_t) t * heads + g * kv_heads + kvh) * nsplit + split) * (hd + 2);"),
+ ("cutoff", "device sampling: the merged candidates trusted past the first chunk cut-off (V = n, kvc_sample_pick)", S,
+  "    if (cut_c >= 0) {\n        for (i = 0; i < n; i++) {",
+  "    if (cut_c < -1) {\n        for (i = 0; i < n; i++) {"),
+ ("graphkey", "CUDA graphs: the split-K grid left out of a graph's shape (replay)", C,
+  "e->graphs[i].n_out == n_out && e->graphs[i].nsplit == nsplit) {",
+  "e->graphs[i].n_out == n_out) {"),
+]
+only = sys.argv[1:]
+SEL = {"gqa": "split_attention or (emu and matches_cpu and gqa)", "cutoff": "sampling_on", "graphkey": "graph_replay"}
+for name, what, f, a, b in BUGS:
+    if only and name not in only:
+        continue
+    d = os.path.join(tempfile.gettempdir(), "kvroute-seed", name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    shutil.copytree(WT + "/workers/cuda", d + "/workers/cuda")
+    p = d + "/" + f
+    s = open(p).read()
+    assert s.count(a) == 1, (name, a)
+    open(p, "w").write(s.replace(a, b))
+    san = "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined".split()
+    base = ["g++", "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+            "-Wno-unknown-pragmas"] + san
+    lib = d + "/libkvcuda-emu.so"
+    r1 = subprocess.run(base + ["-fPIC", "-shared", "-I" + d + "/workers/cuda/emu", "-I" + WT + "/src/core",
+                                "-I" + WT + "/src/text", "-I" + WT + "/workers", "-o", lib, "-x", "c++",
+                                d + "/" + C, d + "/workers/cuda/emu/kvemu.cpp", "-x", "none",
+                                WT + "/build/obj/cuda-emu/kvw_model.o", WT + "/build/obj/cuda-emu/kvw_sample.o",
+                                "-ljansson"], capture_output=True, text=True)
+    r2 = subprocess.run(base + ["-I" + d + "/workers/cuda/emu", "-I" + d + "/workers/cuda", "-I" + WT + "/workers",
+                                "-I" + WT + "/src/core", "-I" + WT + "/t/unit", "-o", d + "/test_kvemu", "-x", "c++",
+                                WT + "/t/cudaemu/test_kvemu.cu", d + "/workers/cuda/emu/kvemu.cpp", "-x", "none",
+                                WT + "/build/obj/cuda-emu/kvw_sample.o"], capture_output=True, text=True)
+    if r1.returncode or r2.returncode:
+        print(name, "BUILD FAILED", r1.stderr[-2000:], r2.stderr[-2000:], flush=True)
+        continue
+    u = subprocess.run([d + "/test_kvemu"], capture_output=True, text=True)
+    unit_failed = re.findall(r"^not ok (\S+)", u.stdout, re.M)
+    env = dict(os.environ, KVROUTE_CUDA_EMU_LIB=lib)
+    t = subprocess.run([WT + "/.venv/bin/python", "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
+                        "t/integration/test_cuda_emu.py", "t/integration/test_cpu_engine.py", "-k",
+                        SEL.get(name, "(split_attention or bf16_kv or graph_replay or fused or sampling_on) or (emu and (paging or matches_cpu))")],
+                       capture_output=True, text=True, cwd=WT, env=env)
+    failed = re.findall(r"^FAILED (\S+)", t.stdout, re.M)
+    summ = t.stdout.strip().splitlines()[-1] if t.stdout.strip() else t.stderr[-300:]
+    print("BUG", name, "|", what, flush=True)
+    print("  unit failing:", unit_failed, flush=True)
+    print("  pytest:", summ, flush=True)
+    for x in failed:
+        print("   ", x.split("::")[-1], flush=True)
