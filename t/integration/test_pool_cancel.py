@@ -60,6 +60,9 @@ def test_client_gone_while_queued_is_dropped(stack):
     ng, _ = setup(stack)
     before = zone(ng)
     ahead = [words(i, 120000) for i in range(6)]    # ~0.25 s of tokenization each, one thread
+    # the seventh body is built before any prompt is sent: building it while
+    # the six are queued gave the pool time to drain on a loaded machine
+    body = json.dumps({"prompt": words(99, 120000), "max_tokens": 1}).encode()
 
     def post(text):
         return kvt.post_json(ng.port, "/v1/completions", {"prompt": text, "max_tokens": 1},
@@ -68,7 +71,6 @@ def test_client_gone_while_queued_is_dropped(stack):
         futs = [ex.submit(post, t) for t in ahead]
         kvt.wait_until(lambda: zone(ng)["threaded"] >= before["threaded"] + 6, timeout=30,
                        what="six prompts in the pool")
-        body = json.dumps({"prompt": words(99, 120000), "max_tokens": 1}).encode()
         c = socket.create_connection(("127.0.0.1", ng.port))
         c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
