@@ -118,9 +118,13 @@ ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
     kv_load_add(zone->sh->load, zone->row, ctx->load, KV_LOAD_PREFILL_TOKENS,
                 -ctx->prefill_tokens);
 
-    kv_load_learn_prefill(zone->sh->load, ctx->load,
-                          (double) (ctx->queued_tokens + ctx->prefill_tokens),
-                          (double) (ctx->first_ns - ctx->open_ns) / 1e6);
+    /* a remote prefill's first byte says nothing of this server's rate */
+    if (!ctx->prefill_remote) {
+        kv_load_learn_prefill(zone->sh->load, ctx->load,
+                              (double) (ctx->queued_tokens
+                                        + ctx->prefill_tokens),
+                              (double) (ctx->first_ns - ctx->open_ns) / 1e6);
+    }
 }
 
 
@@ -148,6 +152,9 @@ void
 ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx)
 {
     ngx_http_kvroute_zone_t  *zone = ctx->conf->zone;
+
+    /* the prefill server's part, if the decode header never came */
+    ngx_http_kvroute_prefill_close(ctx);
 
     if (!ctx->active) {
         return;

@@ -16,7 +16,10 @@ typedef enum {
     NGX_HTTP_KVROUTE_VAR_PROMPT_TOKENS,
     NGX_HTTP_KVROUTE_VAR_DECISION_US,
     NGX_HTTP_KVROUTE_VAR_COST,
-    NGX_HTTP_KVROUTE_VAR_FALLBACK
+    NGX_HTTP_KVROUTE_VAR_FALLBACK,
+    NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER,
+    NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP,
+    NGX_HTTP_KVROUTE_VAR_PREFILL_REASON
 } ngx_http_kvroute_var_e;
 
 
@@ -46,6 +49,17 @@ static ngx_http_variable_t  ngx_http_kvroute_vars[] = {
 
     { ngx_string("kvroute_fallback"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_FALLBACK, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    /* prefill= (disaggregated): the prefill server, or "local" */
+    { ngx_string("kvroute_prefill_worker"), NULL, ngx_http_kvroute_variable,
+      NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_prefill_overlap_blocks"), NULL,
+      ngx_http_kvroute_variable, NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_prefill_reason"), NULL, ngx_http_kvroute_variable,
+      NGX_HTTP_KVROUTE_VAR_PREFILL_REASON, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };
@@ -125,6 +139,38 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
             return NGX_OK;
         }
         v->len = ngx_sprintf(p, "%.3f", ctx->chosen_cost) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER:
+        if (ctx->conf->prefill == NULL || ctx->chosen == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        if (ctx->prefill_peer) {
+            v->data = ctx->prefill_peer->server.data;
+            v->len = ctx->prefill_peer->server.len;
+        } else {
+            v->data = (u_char *) "local";
+            v->len = sizeof("local") - 1;
+        }
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP:
+        if (ctx->prefill_peer == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        v->len = ngx_sprintf(p, "%uD", ctx->prefill_chosen_overlap) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_REASON:
+        if (ctx->conf->prefill == NULL || ctx->chosen == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        s = kv_prefill_why_name(ctx->prefill_why);
+        v->data = (u_char *) s;
+        v->len = ngx_strlen(s);
         break;
 
     default: /* NGX_HTTP_KVROUTE_VAR_FALLBACK */
