@@ -10,10 +10,11 @@
  *
  *   1. Local, "short": uncached_local <= cfg.min_tokens. The decode worker
  *      holds (almost) the whole prompt, or what is left is short enough
- *      that prefilling it in place costs less than a transfer; this is
- *      Dynamo's conditional disaggregation (max_local_prefill_length, 1000
- *      tokens by default there and here) and the rule the decode worker
- *      applies itself.
+ *      that prefilling it in place costs less than a transfer. This is
+ *      Dynamo's conditional disaggregation (max_local_prefill_length) and
+ *      the rule a decode kvworker applies itself (--disagg-min-tokens, 512
+ *      by default there and here: nginx never names a prefill worker for a
+ *      request the decode worker would prefill itself anyway).
  *   2. Otherwise the prefill servers are scored by kv_route_pick (the same
  *      core) with no decode term: a prefill worker decodes nothing, so its
  *      estimate is its time to first token alone, (queued prefill + its own
@@ -29,7 +30,7 @@
 
 #include "kv_route.h"
 
-#define KV_PREFILL_MIN_TOKENS   1000    /* default cfg.min_tokens */
+#define KV_PREFILL_MIN_TOKENS   512     /* default cfg.min_tokens */
 
 typedef struct {
     uint64_t    min_tokens;     /* uncached tokens at the decode worker up to

@@ -33,8 +33,9 @@ static kv_route_request_t request(uint64_t blocks, uint32_t bs)
     return rq;
 }
 
-/* 128 blocks of 16 = 2048 tokens; the decode worker holds 70: 928 left,
- * under the 1000-token default -> local; holding 60: 1088 left -> remote. */
+/* 128 blocks of 16 = 2048 tokens; the decode worker holds 100: 448 left,
+ * under the 512-token default -> local; holding 90: 608 left -> remote;
+ * holding 96: exactly 512 left -> local. */
 TEST(short_uncached_part_stays_local)
 {
     kv_route_server_t s[2];
@@ -44,14 +45,15 @@ TEST(short_uncached_part_stays_local)
     kv_prefill_result_t r;
 
     kv_prefill_config_init(&pc);
-    CHECK_EQ_U64(pc.min_tokens, 1000);
+    CHECK_EQ_U64(pc.min_tokens, 512);
     idle(s, 2);
-    CHECK(kv_prefill_pick(s, 2, &rq, 70, &pc, &cfg, 0, &r) == -1);
+    CHECK(kv_prefill_pick(s, 2, &rq, 100, &pc, &cfg, 0, &r) == -1);
     CHECK(r.why == KV_PREFILL_LOCAL_SHORT);
-    CHECK_EQ_U64(r.uncached_local, 2048 - 70 * 16);
+    CHECK_EQ_U64(r.uncached_local, 2048 - 100 * 16);
+    CHECK(kv_prefill_pick(s, 2, &rq, 96, &pc, &cfg, 0, &r) == -1);
     CHECK_STR(kv_prefill_why_name(r.why), "short");
 
-    CHECK(kv_prefill_pick(s, 2, &rq, 60, &pc, &cfg, 0, &r) >= 0);
+    CHECK(kv_prefill_pick(s, 2, &rq, 90, &pc, &cfg, 0, &r) >= 0);
     CHECK(r.why == KV_PREFILL_REMOTE);
     CHECK_STR(kv_prefill_why_name(r.why), "remote");
 
