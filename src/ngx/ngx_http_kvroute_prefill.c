@@ -118,13 +118,18 @@ ngx_http_kvroute_prefill_resolve(ngx_conf_t *cf,
 
 
 /* A prefill server that can take work: up, not failed (if anything proxies
- * to it directly), counted in the load table, and not gone from the
- * registry (silent past the heartbeat timeout). */
+ * to it directly), counted in the load table, and, in events mode, known to
+ * the registry and not gone: a decode worker pulls over the kvroute
+ * transfer protocol, which only kvworkers speak, and kvworkers announce
+ * themselves; one silent past the heartbeat timeout is dropped from the
+ * registry, and requests then prefill locally instead of each paying a
+ * failed connection. */
 
 static ngx_uint_t
 ngx_http_kvroute_prefill_usable(ngx_http_kvroute_srv_conf_t *pkcf,
     ngx_http_kvroute_peer_t *p, kv_route_server_t *s, time_t now)
 {
+    int                           i;
     kv_worker_rec_t               rec;
     ngx_http_upstream_rr_peer_t  *peer = p->peer;
 
@@ -139,16 +144,33 @@ ngx_http_kvroute_prefill_usable(ngx_http_kvroute_srv_conf_t *pkcf,
         return 0;
     }
 
-    if (ngx_http_kvroute_peer_record(pkcf->zone, p, &rec) == NGX_OK) {
-        if (rec.state == KV_WORKER_GONE) {
+    if (pkcf->zone->events_conf == NULL) {
+        return 1;
+    }
+
+    if (ngx_http_kvroute_peer_record(pkcf->zone, p, &rec) != NGX_OK) {
+
+        /* peer_record skips the scan for a second after a miss; a prefill
+         * server that just announced itself must not wait that long */
+
+        i = kv_registry_find(pkcf->zone->sh->registry, p->worker_id, 0);
+
+        if (i < 0 || kv_registry_read(pkcf->zone->sh->registry, i, &rec) != 0) {
             return 0;
         }
 
-        s->trusted = rec.state == KV_WORKER_LIVE;
-        s->reported = 1;
-        s->reported_prefill_tokens = rec.load.active_prefill_tokens;
-        s->reported_decode_blocks = rec.load.active_decode_blocks;
+        p->reg = i;
+        p->reg_miss = 0;
     }
+
+    if (rec.state == KV_WORKER_GONE) {
+        return 0;
+    }
+
+    s->trusted = rec.state == KV_WORKER_LIVE;
+    s->reported = 1;
+    s->reported_prefill_tokens = rec.load.active_prefill_tokens;
+    s->reported_decode_blocks = rec.load.active_decode_blocks;
 
     return 1;
 }

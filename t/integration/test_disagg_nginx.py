@@ -338,3 +338,150 @@ def test_prefill_misconfigured(stack, bad, why):
     ok, out = n.check()
     assert not ok
     assert why in out
+
+
+# --- end to end: real prefill and decode kvworkers (CPU engine) ------------------
+#
+# A tiny random-weight model (kvtiny-model), prefill and decode pools of two
+# CPU engines each publishing KV events, and an aggregated worker of the
+# same model as the reference: greedy output through the split pools is the
+# aggregated worker's, and the decode worker says it pulled the KV from the
+# prefill worker nginx chose.
+
+QWEN_TOK = kvt.os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct",
+                            "tokenizer.json")
+
+E2E = """
+    kvroute_zone kv 16m;
+    kvroute_events %(nats)s zone=kv heartbeat_timeout=%(hb)s;
+    upstream prefill {
+        zone prefill 64k;
+        kvroute zone=kv mode=events tokenizer=%(tok)s;
+        %(prefill)s
+    }
+    upstream decode {
+        zone decode 64k;
+        kvroute zone=kv mode=events tokenizer=%(tok)s prefill=prefill
+                prefill_min_tokens=%(min)d;
+        %(decode)s
+        keepalive 8;
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        location /v1/ {
+            proxy_pass http://decode;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_read_timeout 120s;
+            kvroute_debug_headers on;
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def tiny_model(tmp_path):
+    out = str(tmp_path / "m")
+    r = kvt.subprocess.run([kvt.os.path.join(kvt.BIN, "kvtiny-model"), "--out", out,
+                            "--tokenizer", QWEN_TOK, "--seed", "3", "--layers", "2",
+                            "--hidden", "64", "--heads", "4", "--kv-heads", "2"],
+                           capture_output=True, text=True, cwd=kvt.TOP)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def e2e(stack, tmp_path, min_tokens=64, hb="3s"):
+    model = tiny_model(tmp_path)
+    nats = stack.nats()
+    cpu = ["--engine", "cpu", "--model", model, "--tokenizer", model + "/tokenizer.json",
+           "--num-blocks", "512"]
+    ev = ["--nats", nats.url, "--heartbeat-ms", "200"]
+    pre = stack.worker(engines=2, extra=cpu + ev + ["--role", "prefill"])
+    dec = stack.worker(engines=2, extra=cpu + ev + ["--role", "decode",
+                                                    "--disagg-min-tokens", str(min_tokens)])
+    agg = stack.worker(engines=1, extra=cpu)
+    ng = stack.nginx(E2E % {
+        "nats": nats.url, "hb": hb, "tok": QWEN_TOK, "min": min_tokens,
+        "prefill": "\n".join("server 127.0.0.1:%d max_fails=0;" % p for p in pre.ports),
+        "decode": "\n".join("server 127.0.0.1:%d max_fails=0;" % p for p in dec.ports)})
+    kvt.wait_until(lambda: len([x for x in status(ng.port)["events"]["workers"]
+                                if x["state"] == "live"]) == 4, what="4 workers announced")
+    return ng, pre, dec, agg
+
+
+def generate(port, prompt, stream=False):
+    body = {"model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0,
+            "stream": stream}
+    s, h, data = kvt.request(port, "POST", "/v1/completions", body, timeout=120)
+    assert s == 200, data
+    if stream:
+        text = "".join(json.loads(e)["choices"][0]["text"] for e in kvt.sse_events(data)
+                       if e != "[DONE]" and json.loads(e).get("choices"))
+    else:
+        text = json.loads(data)["choices"][0]["text"]
+    return h, text
+
+
+STORY = ("The lighthouse keeper counted the ships that passed the rocky point each night, "
+         "writing their names in a worn leather book beside the lamp. ")
+
+
+def test_e2e_split_output_equals_aggregated(stack, tmp_path):
+    ng, pre, dec, agg = e2e(stack, tmp_path)
+    prefill = ["127.0.0.1:%d" % p for p in pre.ports]
+    prompt = STORY * 8
+    _, ref = generate(agg.ports[0], prompt)
+    h, text = generate(ng.port, prompt)
+    assert h["x-kvroute-prefill-reason"] == "remote"
+    assert h["x-kvroute-prefill-worker"] in prefill
+    # the decode worker pulled the KV from the prefill worker nginx named
+    assert h["x-kvroute-prefilled-by"] == h["x-kvroute-prefill-worker"]
+    assert text == ref
+    # streamed, a new prompt: the same
+    prompt2 = "Then the fog came. " + STORY * 7
+    _, ref2 = generate(agg.ports[0], prompt2, stream=True)
+    h, text2 = generate(ng.port, prompt2, stream=True)
+    assert h["x-kvroute-prefilled-by"] == h["x-kvroute-prefill-worker"] != "local"
+    assert text2 == ref2
+    # the next turn: its decode worker holds the prompt, little is left:
+    # prefilled in place, the same text as the aggregated worker's
+    prompt3 = prompt + "Tonight the sea was calm."
+    _, ref3 = generate(agg.ports[0], prompt3)
+    h, text3 = generate(ng.port, prompt3)
+    assert h["x-kvroute-prefill-reason"] == "short"
+    assert h["x-kvroute-prefilled-by"] == "local"
+    assert text3 == ref3
+    # both pools' events reached the index
+    st = status(ng.port)["upstreams"]
+    assert sum(x["indexed_blocks"] for x in st["prefill"]) > 0
+    assert sum(x["indexed_blocks"] for x in st["decode"]) > 0
+    kvt.wait_until(lambda: all_idle(ng.port), what="load released")
+    assert ng.alerts() == []
+
+
+def test_e2e_dead_prefill_pool_prefills_locally(stack, tmp_path):
+    """The prefill workers killed: at once the decode worker cannot pull and
+    prefills itself; once the registry has them gone, nginx names none. The
+    client sees the aggregated output every time, never an error."""
+    ng, pre, dec, agg = e2e(stack, tmp_path, hb="1s")
+    kvt._kill(pre)
+    prompt = STORY * 8
+    _, ref = generate(agg.ports[0], prompt)
+    h, text = generate(ng.port, prompt)
+    assert h["x-kvroute-prefilled-by"] == "local"
+    assert text == ref
+    # silent past heartbeat_timeout: dropped from the registry
+    known = lambda: [x for x in status(ng.port)["events"]["workers"]    # noqa: E731
+                     if x["address"] in ["127.0.0.1:%d" % p for p in pre.ports]
+                     and x["state"] != "gone"]
+    kvt.wait_until(lambda: not known(), what="prefill workers gone")
+    prompt = "Another night. " + STORY * 6
+    _, ref = generate(agg.ports[0], prompt)
+    h, text = generate(ng.port, prompt)
+    assert h["x-kvroute-prefill-reason"] == "none"
+    assert h["x-kvroute-prefill-worker"] == "local"
+    assert h["x-kvroute-prefilled-by"] == "local"
+    assert text == ref
+    kvt.wait_until(lambda: all_idle(ng.port), what="load released")
+    assert ng.alerts() == []
