@@ -4,6 +4,7 @@
 #   make test            build, run every test, end with "N passed, N failed"
 #   make test SANITIZE=1 the same under ASan+UBSan, built into build/san/
 #   make run [PORT=8080] demo stack: nats-server, 4 mock workers, nginx
+#   make run DISAGG=1    the same, disaggregated: 2 prefill + 2 decode mock workers
 #   make bench           benchmarks (minutes); results go to docs/BENCHMARKS.md by hand
 #   make CUDA=0          skip the CUDA engine even where nvcc exists
 #   make install         module, load snippet, kvworker and tools (DESTDIR, PREFIX; docs/INSTALL.md)
@@ -329,7 +330,7 @@ deb:
 # --- running --------------------------------------------------------------
 
 run: all
-	@tools/demo --build $(B) --port $(PORT)
+	@tools/demo --build $(B) --port $(PORT) $(if $(filter-out 0,$(DISAGG)),--disagg)
 
 bench: all
 	@tools/bench-all --build $(B)
