@@ -104,7 +104,7 @@ CUDA_EMU_TEST := $(B)/t/test_kvemu
 endif
 endif
 
-.PHONY: all deps core module bins test unit run bench bench-e2e bench-disagg bench-faults fuzz clean install \
+.PHONY: all deps core module bins test unit run bench bench-e2e bench-disagg bench-faults bench-xfer fuzz clean install \
         uninstall deb gpu-check
 .DEFAULT_GOAL := all
 
@@ -338,6 +338,10 @@ bench: all
 
 bench-faults: all
 	@.venv/bin/python tools/bench-faults
+
+# the KV transfer between two CPU-engine kvworkers on loopback (docs/BENCHMARKS.md)
+bench-xfer: all
+	@$(PY) tools/kvxfer-bench --build $(B)
 
 # SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
 bench-e2e: all

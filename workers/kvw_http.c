@@ -611,6 +611,9 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
            "KV bytes received (modelled for the mock)", e, (double)x->pulled_bytes);
     metric(b, "kvworker_xfer_link_seconds_total", "counter",
            "modelled link time charged for transfers (mock: bytes at --link-gbps)", e, x->link_s);
+    metric(b, "kvworker_xfer_pull_seconds_total", "counter",
+           "wall time of successful transfers, request to verified (mock: with link time)", e,
+           x->pull_s);
     metric(b, "kvworker_xfer_fallbacks_total", "counter",
            "transfers that failed and were prefilled locally", e, (double)x->fallbacks);
     metric(b, "kvworker_local_prefills_total", "counter",

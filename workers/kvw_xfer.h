@@ -29,6 +29,7 @@ typedef struct {
     /* decode side */
     uint64_t    pulled, pulled_blocks, pulled_bytes, fallbacks, local;
     double      link_s;             /* mock: modelled link time charged */
+    double      pull_s;             /* wall time of successful pulls, request to verified */
 } kvw_xfer_stats_t;
 
 /* Answers POST /kvroute/v1/prefill on engine e. */

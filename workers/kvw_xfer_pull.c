@@ -19,8 +19,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -44,6 +46,7 @@ struct kvw_pull {
     uint32_t                    have, n_full;
     kvx_rx_t                    rx;
     struct evbuffer            *in;         /* received, not yet parsed */
+    uint8_t                    *stage;      /* the frame being checked */
     struct event               *deadline;
     struct event               *fin;        /* the end, run outside libevent's callbacks */
     int                         over;       /* result decided: ignore further callbacks */
@@ -51,7 +54,15 @@ struct kvw_pull {
     char                        why[320];
     kvw_pull_done_fn            done;
     void                       *arg;
+    struct timespec             t0;
 };
+
+static double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
 
 static void pull_free(kvw_pull_t *p)
 {
@@ -67,6 +78,7 @@ static void pull_free(kvw_pull_t *p)
         evbuffer_free(p->in);
     free(p->seq);
     free(p->local);
+    free(p->stage);
     free(p);
 }
 
@@ -100,6 +112,7 @@ static void on_fin(evutil_socket_t fd, short what, void *arg)
                           (size_t)p->n_full * kvw_blocks_block_size(p->bm));
         kvw_blocks_flush(p->bm);
         p->st->pulled++;
+        p->st->pull_s += since(&p->t0);
         kvw_seq_blocks_t pin = p->pin;
         memset(&p->pin, 0, sizeof(p->pin));
         pull_free(p);
@@ -135,7 +148,12 @@ static void parse(kvw_pull_t *p)
         }
         if (evbuffer_get_length(p->in) < need)
             return;
-        const uint8_t *buf = evbuffer_pullup(p->in, (ev_ssize_t)need), *payload = NULL;
+        /* one copy, into a staging buffer reused for every frame */
+        if (evbuffer_copyout(p->in, p->stage, need) != (ev_ssize_t)need) {
+            fail(p, "%s", "cannot read the receive buffer");
+            return;
+        }
+        const uint8_t *buf = p->stage, *payload = NULL;
         kvx_block_t blk;
         kvx_rx_ev_t ev = kvx_rx_feed(&p->rx, buf, need, &used, &blk, &payload, why, sizeof(why));
 
@@ -153,19 +171,29 @@ static void parse(kvw_pull_t *p)
             p->st->pulled_bytes += p->rx.block_bytes;
         }
         evbuffer_drain(p->in, used);
-        if (ev == KVX_DONE) {
-            double link_s = 0;
-            if (p->be->simulated) {
-                /* the mock's manifest: charge what its KV would take on the link */
-                double bytes = (double)p->rx.count * kvw_xfer_block_bytes(p->e);
-                link_s = bytes * 8 / (p->e->cfg->link_gbps * 1e9);
-                p->st->link_s += link_s;
-                p->st->pulled_bytes += (uint64_t)bytes;
-            }
-            conclude(p, 1, link_s, NULL);
-            return;
-        }
     }
+}
+
+/* The reply is complete: a whole, verified stream and nothing after it is a success. */
+static void complete(kvw_pull_t *p)
+{
+    double link_s = 0;
+
+    parse(p);
+    if (p->over)
+        return;
+    if (kvx_rx_need(&p->rx) != 0) {
+        fail(p, "%s", "the transfer stream ended early (truncated)");
+        return;
+    }
+    if (p->be->simulated) {
+        /* the mock's manifest: charge what its KV would take on the link */
+        double bytes = (double)p->rx.count * kvw_xfer_block_bytes(p->e);
+        link_s = bytes * 8 / (p->e->cfg->link_gbps * 1e9);
+        p->st->link_s += link_s;
+        p->st->pulled_bytes += (uint64_t)bytes;
+    }
+    conclude(p, 1, link_s, NULL);
 }
 
 static void on_chunk(struct evhttp_request *req, void *arg)
@@ -217,9 +245,7 @@ static void on_done(struct evhttp_request *req, void *arg)
         conclude(p, 0, 0, msg);
         return;
     }
-    parse(p);
-    if (!p->over)
-        fail(p, "%s", "the transfer stream ended early (truncated)");
+    complete(p);
 }
 
 static void on_error(enum evhttp_request_error err, void *arg)
@@ -319,6 +345,7 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
     p->r = r;
     p->done = done;
     p->arg = arg;
+    clock_gettime(CLOCK_MONOTONIC, &p->t0);
     p->n_full = (uint32_t)((r->n_prompt - 1) / bs);
     p->seq = malloc((p->n_full + 1) * sizeof(uint64_t));
     p->local = malloc((p->n_full + 1) * sizeof(uint64_t));
@@ -345,6 +372,12 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
         pull_free(p);
         return NULL;
     }
+    p->stage = malloc(KVX_HDR_LEN + KVX_BLK_LEN + p->be->block_bytes);
+    if (p->stage == NULL) {
+        *why = "out of memory";
+        pull_free(p);
+        return NULL;
+    }
     p->rx.model_fp = kvw_xfer_model_fp(e);
     p->rx.layout_fp = kvw_xfer_layout_fp(e);
     p->rx.block_bytes = p->be->block_bytes;
@@ -368,6 +401,8 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
     int secs = (e->cfg->xfer_timeout_ms + 999) / 1000;
     evhttp_connection_set_timeout(p->conn, secs);
     evhttp_connection_set_retries(p->conn, 0);
+    /* libevent reads 16 KB per callback by default: a transfer is MBs */
+    bufferevent_set_max_single_read(evhttp_connection_get_bufferevent(p->conn), 1 << 20);
     evhttp_request_set_chunked_cb(p->req, on_chunk);
     evhttp_request_set_error_cb(p->req, on_error);
     struct evkeyvalq *hd = evhttp_request_get_output_headers(p->req);

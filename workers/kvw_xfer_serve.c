@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -31,6 +32,25 @@
 
 #define SEND_WINDOW (4u << 20)      /* bytes queued on the socket at once */
 
+/*
+ * The window: shared by this transfer and the socket's output buffer, which
+ * may still hold it when the transfer ends early (a timeout); the last one
+ * to let go frees it.
+ */
+typedef struct {
+    int         refs;
+    size_t      len;
+    uint8_t     data[];
+} win_t;
+
+static void win_unref(const void *data, size_t len, void *arg)
+{
+    win_t *w = arg;
+
+    if (--w->refs == 0)
+        free(w);
+}
+
 typedef struct {
     kvw_engine_t               *e;
     kvw_xfer_stats_t           *st;
@@ -41,7 +61,7 @@ typedef struct {
     kvw_seq_blocks_t            pin;
     struct event               *timer;
     int                         computing, streaming;
-    uint8_t                    *payload;    /* one block, read from the pool */
+    win_t                      *win;        /* frames being sent, read from the pool */
     uint64_t                   *seq, *local; /* the prompt's block hashes */
 } serve_t;
 
@@ -100,7 +120,8 @@ static void serve_free(serve_t *s)
     if (s->timer)
         event_free(s->timer);
     kvw_req_clear(&s->req);
-    free(s->payload);
+    if (s->win)
+        win_unref(NULL, 0, s->win);
     free(s->seq);
     free(s->local);
     free(s);
@@ -125,49 +146,52 @@ static void on_last_written(struct evhttp_connection *conn, void *arg)
     serve_free(s);
 }
 
-/* Queues block frames up to the window, then waits for the socket to drain. */
+/*
+ * Fills the window with block frames, read from the pool straight into it,
+ * and hands it to the socket by reference; the callback comes when it has
+ * all been written, so the same window serves the next round (no
+ * allocation, one copy out of the pool).
+ */
 static void send_more(struct evhttp_connection *conn, void *arg)
 {
     serve_t *s = arg;
     kvw_backend_t *be = kvw_sched_backend(s->e);
     struct evbuffer *b = evbuffer_new();
-    size_t bytes = be->block_bytes;
-    uint8_t fr[KVX_BLK_LEN];
+    size_t bytes = be->block_bytes, used = 0;
 
     if (b == NULL) {
         evhttp_send_reply_end(s->http);   /* no end frame: the decode side refuses it */
         serve_free(s);
         return;
     }
-    while (s->next < s->n_full && evbuffer_get_length(b) < SEND_WINDOW) {
+    while (s->next < s->n_full && used + KVX_BLK_LEN + bytes + KVX_END_LEN <= s->win->len) {
         uint32_t i = s->next++;
         kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i] };
+        uint8_t *payload = s->win->data + used + KVX_BLK_LEN;
 
-        if (bytes && be->block_read(be, s->pin.table[i], s->payload) != 0) {
+        if (bytes && be->block_read(be, s->pin.table[i], payload) != 0) {
             fprintf(stderr, "kvworker: transfer: block_read %u failed\n", s->pin.table[i]);
             evbuffer_free(b);
             evhttp_send_reply_end(s->http);
             serve_free(s);
             return;
         }
-        blk.checksum = kvx_checksum(s->payload, bytes);
-        kvx_block_encode(&blk, fr);
-        evbuffer_add(b, fr, sizeof(fr));
-        if (bytes)
-            evbuffer_add(b, s->payload, bytes);
+        blk.checksum = kvx_checksum(payload, bytes);
+        kvx_block_encode(&blk, s->win->data + used);
+        used += KVX_BLK_LEN + bytes;
         s->st->served_blocks++;
         s->st->served_bytes += bytes;
     }
-    if (s->next < s->n_full) {
-        evhttp_send_reply_chunk_with_cb(s->http, b, send_more, s);
-        evbuffer_free(b);
-        return;
+    if (s->next == s->n_full) {
+        kvx_end_encode(s->n_full - s->first, s->win->data + used);
+        used += KVX_END_LEN;
+        s->st->served++;
     }
-    uint8_t end[KVX_END_LEN];
-    kvx_end_encode(s->n_full - s->first, end);
-    evbuffer_add(b, end, sizeof(end));
-    s->st->served++;
-    evhttp_send_reply_chunk_with_cb(s->http, b, on_last_written, s);
+    s->win->refs++;
+    if (evbuffer_add_reference(b, s->win->data, used, win_unref, s->win) != 0)
+        s->win->refs--;
+    evhttp_send_reply_chunk_with_cb(s->http, b, s->next < s->n_full ? send_more : on_last_written,
+                                    s);
     evbuffer_free(b);
 }
 
@@ -190,7 +214,13 @@ static void start_stream(serve_t *s)
 
     s->next = s->first;
     s->streaming = 1;
-    if (be->block_bytes && (s->payload = malloc(be->block_bytes)) == NULL) {
+    /* a window of whole frames: SEND_WINDOW, or one block if blocks are larger */
+    size_t frame = KVX_BLK_LEN + be->block_bytes;
+    size_t len = (frame < SEND_WINDOW ? SEND_WINDOW - SEND_WINDOW % frame : frame) + KVX_END_LEN;
+    if ((s->win = malloc(sizeof(win_t) + len)) != NULL) {
+        s->win->refs = 1;
+        s->win->len = len;
+    } else {
         refuse(s->http, 503, "Service Unavailable", "out_of_memory", "out of memory");
         evbuffer_free(b);
         serve_free(s);
@@ -420,6 +450,8 @@ void kvw_xfer_serve(kvw_engine_t *e, kvw_xfer_stats_t *st, struct evhttp_request
     }
     s->conn = evhttp_request_get_connection(req);
     evhttp_connection_set_closecb(s->conn, on_close, s);
+    /* libevent writes 16 KB per callback by default: a transfer is MBs */
+    bufferevent_set_max_single_write(evhttp_connection_get_bufferevent(s->conn), 1 << 20);
     s->timer = evtimer_new(e->base, on_timeout, s);
     if (s->timer) {
         struct timeval tv = { e->cfg->xfer_timeout_ms / 1000, (e->cfg->xfer_timeout_ms % 1000) * 1000 };
