@@ -28,6 +28,7 @@
 #include "kv_registry.h"
 #include "kv_route.h"
 #include "kv_tokenizer.h"
+#include "kv_turn.h"
 
 
 #define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
@@ -93,6 +94,9 @@ typedef struct {
     kv_load_t                      *load;
     kv_index_t                     *index;
     kv_registry_t                  *registry;   /* workers and helper status */
+    void                           *turn_region;
+    size_t                          turn_size;
+    kv_tcache_t                    *turns;      /* turn-delta tokenization, or NULL */
 } ngx_http_kvroute_sh_t;
 
 
@@ -105,6 +109,8 @@ typedef struct {
     ngx_uint_t                      approximate;    /* no kvroute_events feeds it */
     ngx_uint_t                      max_workers;
     ngx_msec_t                      ttl;
+    ssize_t                         turn_size;      /* turn_cache=, -1: default */
+    ngx_msec_t                      turn_ttl;       /* turn_cache_ttl= */
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
     ngx_str_t                       ref_file;       /* where it was first named */
@@ -150,6 +156,8 @@ struct ngx_http_kvroute_srv_conf_s {
     ngx_str_t                       upstream_name;
     ngx_uint_t                      block_size;
     kv_tokenizer_t                 *tokenizer;
+    kv_tok_bounds_t                *bounds;     /* the tokenizer's cut tokens */
+    kv_turn_t                       turn;       /* set in the worker, on first use */
     kv_chat_template_t             *template;
     ngx_str_t                       model;
     kv_route_config_t               route;
@@ -161,6 +169,8 @@ struct ngx_http_kvroute_srv_conf_s {
     ngx_thread_pool_t              *thread_pool;
 #endif
     ngx_http_complex_value_t       *salt;
+    ngx_http_complex_value_t       *session;    /* session=VALUE, or NULL */
+    ngx_uint_t                      session_off;    /* session=off */
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
     ngx_http_upstream_init_pt       original_init_upstream;
 
@@ -186,6 +196,7 @@ typedef struct {
     unsigned                        matched:1;
     unsigned                        prefill_open:1;
     unsigned                        active:1;   /* an attempt holds load */
+    unsigned                        stream:1;   /* the body asks for a stream */
     unsigned                        prefill_active:1;   /* the prefill peer's load held */
     unsigned                        prefill_remote:1;   /* this attempt prefills remotely */
 
@@ -193,7 +204,9 @@ typedef struct {
     uint64_t                       *seq;        /* sequence hashes (malloc) */
     size_t                          nseq;
     uint64_t                        prompt_tokens;
+    uint64_t                        turn_cached_tokens;     /* from the turn cache */
     uint64_t                        max_tokens;     /* 0: the body names none */
+    uint64_t                        session;        /* session key; 0: none */
     uint32_t                       *overlap;    /* per primary: the index */
     uint32_t                       *pending;    /* per primary: recent decisions */
     ngx_msec_int_t                  decision_us;

@@ -215,6 +215,9 @@ ngx_http_kvroute_load_files(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
                                "kvroute: tokenizer=%V: %s", tokenizer, err);
             return NGX_CONF_ERROR;
         }
+
+        /* where a prompt may be cut for the zone's turn cache */
+        kcf->bounds = kv_tok_bounds_new(kcf->tokenizer);
     }
 
     if (template->len) {
@@ -239,6 +242,11 @@ static void
 ngx_http_kvroute_cleanup_conf(void *data)
 {
     ngx_http_kvroute_srv_conf_t  *kcf = data;
+
+    if (kcf->bounds) {
+        kv_tok_bounds_free(kcf->bounds);
+        kcf->bounds = NULL;
+    }
 
     if (kcf->tokenizer) {
         kv_tokenizer_free(kcf->tokenizer);
@@ -395,6 +403,29 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                                &value[i]);
             return NGX_CONF_ERROR;
 #endif
+        }
+
+        if (KV_PARAM("session=")) {
+            if (s.len == 3 && ngx_strncmp(s.data, "off", 3) == 0) {
+                kcf->session_off = 1;
+                continue;
+            }
+
+            kcf->session = ngx_palloc(cf->pool,
+                                      sizeof(ngx_http_complex_value_t));
+            if (kcf->session == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+            ccv.cf = cf;
+            ccv.value = &s;
+            ccv.complex_value = kcf->session;
+
+            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
+            continue;
         }
 
         if (KV_PARAM("salt=")) {
@@ -939,6 +970,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].decode_tokens = ls.active[KV_LOAD_DECODE_TOKENS];
             s[i].requests = ls.active[KV_LOAD_REQUESTS];
             s[i].prefill_rate = ls.prefill_rate;
+            s[i].prefill_base = ls.prefill_base;
             s[i].decode_pace = ls.decode_pace;
         }
 
@@ -969,6 +1001,7 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
     rq->seq = ctx ? ctx->seq : NULL;
     rq->nseq = ctx ? ctx->nseq : 0;
     rq->max_tokens = ctx ? ctx->max_tokens : 0;
+    rq->session = ctx ? ctx->session : 0;
 }
 
 
@@ -1260,8 +1293,8 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
 
     slot = kv_index_worker_add(ix, p->worker_id, 0);
     if (slot >= 0) {
-        kv_index_record(ix, slot, ctx->seq + from, ctx->nseq - from,
-                        (uint64_t) ngx_current_msec);
+        kv_index_record_at(ix, slot, ctx->seq, from, ctx->nseq,
+                           (uint64_t) ngx_current_msec);
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);

@@ -254,6 +254,7 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
 
     ngx_http_upstream_rr_peers_unlock(peers);
 
+    ngx_memzero(&rq, sizeof(kv_route_request_t));   /* no session: prefill has none */
     rq.prompt_tokens = ctx->prompt_tokens;
     rq.seq = ctx->seq;
     rq.nseq = ctx->nseq;

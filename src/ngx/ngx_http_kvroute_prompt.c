@@ -337,6 +337,30 @@ ngx_http_kvroute_prepare(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
 
 
 /*
+ * The operator's session key (kvroute session=VALUE, e.g. a header), when
+ * it is set and not empty; the body's prompt_cache_key and user come after
+ * it (ngx_http_kvroute_finish). Read even when the body cannot be, so a
+ * request routed by load alone still goes to its session's home.
+ */
+
+static void
+ngx_http_kvroute_session_header(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    ngx_str_t                     v;
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+
+    if (kcf->session == NULL || kcf->session_off) {
+        return;
+    }
+
+    if (ngx_http_complex_value(r, kcf->session, &v) == NGX_OK && v.len) {
+        ctx->session = kv_body_session_key((char *) v.data, v.len);
+    }
+}
+
+
+/*
  * Collects the body into one buffer (pointing into nginx's own when it is
  * one memory buffer) and the salt; on NGX_DECLINED the request falls back
  * with ctx->fallback set.
@@ -368,6 +392,16 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     t->cfg.model = kcf->model.len ? (char *) kcf->model.data : NULL;
     t->cfg.block_size = kcf->block_size;
     t->cfg.max_tokenize = kcf->max_tokenize;
+
+    /* the zone's turn cache: set before any task of this worker can use it */
+    if (kcf->turn.cache == NULL && kcf->bounds && kcf->zone->sh->turns) {
+        kcf->turn.bounds = kcf->bounds;
+        kcf->turn.cache = kcf->zone->sh->turns;
+    }
+
+    t->cfg.turns = kcf->turn.cache ? &kcf->turn : NULL;
+
+    ngx_http_kvroute_session_header(r, ctx);
 
     if (r->request_body_no_buffering
         || (r->request_body && r->request_body->rest > 0))
@@ -461,7 +495,14 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     }
 
     ctx->prompt_tokens = t->result.prompt_tokens;
+    ctx->turn_cached_tokens = t->result.turn_cached_tokens;
     ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
+    ctx->stream = t->result.stream ? 1 : 0;
+
+    /* the operator's session= value, when it has one, comes first */
+    if (ctx->session == 0 && !ctx->conf->session_off) {
+        ctx->session = t->result.session;
+    }
     ctx->seq = t->result.seq;
     ctx->nseq = t->result.nseq;
 

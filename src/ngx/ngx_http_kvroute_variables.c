@@ -16,7 +16,9 @@ typedef enum {
     NGX_HTTP_KVROUTE_VAR_PROMPT_TOKENS,
     NGX_HTTP_KVROUTE_VAR_DECISION_US,
     NGX_HTTP_KVROUTE_VAR_COST,
+    NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
     NGX_HTTP_KVROUTE_VAR_FALLBACK,
+    NGX_HTTP_KVROUTE_VAR_WHY,
     NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER,
     NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP,
     NGX_HTTP_KVROUTE_VAR_PREFILL_REASON
@@ -47,8 +49,15 @@ static ngx_http_variable_t  ngx_http_kvroute_vars[] = {
     { ngx_string("kvroute_cost"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_COST, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
+    { ngx_string("kvroute_turn_cached_tokens"), NULL,
+      ngx_http_kvroute_variable, NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
     { ngx_string("kvroute_fallback"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_FALLBACK, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_why"), NULL, ngx_http_kvroute_variable,
+      NGX_HTTP_KVROUTE_VAR_WHY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
     /* prefill= (disaggregated): the prefill server, or "local" */
     { ngx_string("kvroute_prefill_worker"), NULL, ngx_http_kvroute_variable,
@@ -139,6 +148,16 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
             return NGX_OK;
         }
         v->len = ngx_sprintf(p, "%.3f", ctx->chosen_cost) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_TURN_CACHED:
+        v->len = ngx_sprintf(p, "%uL", ctx->turn_cached_tokens) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_WHY:
+        s = kv_route_why_name(ctx->why);
+        v->data = (u_char *) s;
+        v->len = ngx_strlen(s);
         break;
 
     case NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER:

@@ -28,8 +28,13 @@ static kv_route_config_t config(uint32_t bs)
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)
 {
-    kv_route_request_t rq = { blocks * bs, seq, blocks, 512 };
+    kv_route_request_t rq;
 
+    memset(&rq, 0, sizeof(rq));
+    rq.prompt_tokens = blocks * bs;
+    rq.seq = seq;
+    rq.nseq = blocks;
+    rq.max_tokens = 512;
     return rq;
 }
 

@@ -2,6 +2,7 @@
  * several block sizes; salt; the fallbacks (test_prompt.c: max_tokenize). */
 #include <stdlib.h>
 #include "kvtest.h"
+#include "kv_body.h"
 #include "kv_hash.h"
 #include "kv_prompt.h"
 
@@ -28,7 +29,7 @@ TEST(token_ids_at_several_block_sizes)
         ids[i] = (uint32_t) (1000 + i);
     }
     for (size_t k = 0; k < 3; k++) {
-        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0 };
+        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL };
         kv_prompt_t p;
         const char *b = ids_body(200, ",\"max_tokens\":7,\"stream\":true");
 
@@ -44,7 +45,7 @@ TEST(token_ids_at_several_block_sizes)
 
 TEST(salt_changes_every_hash)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0 };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL };
     kv_prompt_t a, b, c;
     const char *body = ids_body(64, "");
     char        copy[65536];
@@ -66,7 +67,7 @@ TEST(salt_changes_every_hash)
 
 TEST(short_prompt_has_no_blocks)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0 };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL };
     kv_prompt_t p;
     const char *b = ids_body(63, "");
 
@@ -78,7 +79,7 @@ TEST(short_prompt_has_no_blocks)
 
 TEST(fallbacks_say_why)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0 };
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL };
     kv_prompt_t p;
     const char *b;
 
@@ -103,8 +104,31 @@ TEST(fallbacks_say_why)
     kv_prompt_free(&p);
 }
 
+/* The session: prompt_cache_key before user; neither: 0. The blocks do
+ * not depend on it. */
+TEST(session_precedence)
+{
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL };
+    kv_prompt_t p;
+    char        copy[65536];
+
+    snprintf(copy, sizeof(copy), "%s", ids_body(32, ",\"user\":\"u1\",\"prompt_cache_key\":\"k1\""));
+    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK(p.session == kv_body_session_key("k1", 2));
+    kv_prompt_free(&p);
+    snprintf(copy, sizeof(copy), "%s", ids_body(32, ",\"user\":\"u1\""));
+    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK(p.session == kv_body_session_key("u1", 2));
+    kv_prompt_free(&p);
+    snprintf(copy, sizeof(copy), "%s", ids_body(32, ""));
+    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK(p.session == 0);
+    kv_prompt_free(&p);
+}
+
 int main(void)
 {
+    RUN(session_precedence);
     RUN(token_ids_at_several_block_sizes);
     RUN(salt_changes_every_hash);
     RUN(short_prompt_has_no_blocks);
