@@ -4,7 +4,9 @@
 #   make test            build, run every test, end with "N passed, N failed"
 #   make test SANITIZE=1 the same under ASan+UBSan, built into build/san/
 #   make run [PORT=8080] demo stack: nats-server, 4 mock workers, nginx
+#   make run DISAGG=1    the same, disaggregated: 2 prefill + 2 decode mock workers
 #   make bench           benchmarks (minutes); results go to docs/BENCHMARKS.md by hand
+#   make bench-disagg    8 mock engines aggregated vs 4+4 and 2+6 prefill/decode (minutes)
 #   make CUDA=0          skip the CUDA engine even where nvcc exists
 #   make install         module, load snippet, kvworker and tools (DESTDIR, PREFIX; docs/INSTALL.md)
 #   make deb             Debian packages into build/deb/ (debian/)
@@ -102,7 +104,7 @@ CUDA_EMU_TEST := $(B)/t/test_kvemu
 endif
 endif
 
-.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults bench-xfer fuzz clean install \
+.PHONY: all deps core module bins test unit run bench bench-e2e bench-disagg bench-faults bench-xfer fuzz clean install \
         uninstall deb gpu-check
 .DEFAULT_GOAL := all
 
@@ -330,7 +332,7 @@ deb:
 # --- running --------------------------------------------------------------
 
 run: all
-	@tools/demo --build $(B) --port $(PORT)
+	@tools/demo --build $(B) --port $(PORT) $(if $(filter-out 0,$(DISAGG)),--disagg)
 
 bench: all
 	@tools/bench-all --build $(B)
@@ -349,6 +351,11 @@ bench-e2e: all
 	    $(if $(SPEEDUP),--speedup $(SPEEDUP)) \
 	    $(if $(filter-out 0,$(SUITE)),--suite $(if $(SUITE_RUNS),--runs $(SUITE_RUNS)) \
 	        $(if $(WORKLOADS),--workloads $(WORKLOADS)))
+
+# disaggregation: 8 mock engines as 8 aggregated, 4 prefill + 4 decode, 2 + 6 (docs/BENCHMARKS.md)
+bench-disagg: all
+	@tools/bench-disagg --build $(B) $(if $(REQUESTS),--requests $(REQUESTS)) \
+	    $(if $(RATE),--rate $(RATE)) $(if $(FLEETS),--fleets $(FLEETS))
 
 clean:
 	rm -rf build

@@ -24,6 +24,7 @@
 #include "kv_chat.h"
 #include "kv_index.h"
 #include "kv_load.h"
+#include "kv_prefill.h"
 #include "kv_registry.h"
 #include "kv_route.h"
 #include "kv_tokenizer.h"
@@ -150,7 +151,9 @@ typedef struct {
 } ngx_http_kvroute_peer_t;
 
 
-typedef struct {
+typedef struct ngx_http_kvroute_srv_conf_s  ngx_http_kvroute_srv_conf_t;
+
+struct ngx_http_kvroute_srv_conf_s {
     ngx_http_kvroute_zone_t        *zone;
     ngx_str_t                       upstream_name;
     ngx_uint_t                      block_size;
@@ -173,12 +176,18 @@ typedef struct {
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
     ngx_http_upstream_init_pt       original_init_upstream;
 
+    /* disaggregated serving (prefill=): this upstream's servers decode, the
+     * named upstream's prefill (ngx_http_kvroute_prefill.c) */
+    ngx_str_t                       prefill_name;
+    ngx_http_kvroute_srv_conf_t    *prefill;
+    kv_prefill_config_t             prefill_cfg;
+
     /* resolved in each worker process (the upstream zone moves peers) */
     ngx_http_upstream_srv_conf_t   *uscf;
     ngx_http_kvroute_peer_t        *peers;      /* primaries, then backups */
     ngx_uint_t                      npeers;
     ngx_uint_t                      nprimary;
-} ngx_http_kvroute_srv_conf_t;
+};
 
 
 /* A request's routing state; lives in r->pool. */
@@ -191,6 +200,8 @@ typedef struct {
     unsigned                        active:1;   /* an attempt holds load */
     unsigned                        stream:1;   /* the body asks for a stream */
     unsigned                        usage_on:1; /* self-check: scanning the response */
+    unsigned                        prefill_active:1;   /* the prefill peer's load held */
+    unsigned                        prefill_remote:1;   /* this attempt prefills remotely */
 
     ngx_http_kvroute_fallback_e     fallback;
     ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */
@@ -221,6 +232,16 @@ typedef struct {
 
     kv_usage_scan_t                 usage;      /* the response's reported usage */
     void                           *task;       /* its prompt, while in the thread pool */
+    /* disaggregated: the current attempt's prefill decision */
+    kv_prefill_why_t                prefill_why;
+    uint32_t                       *prefill_overlap;    /* per prefill primary: index, */
+    uint32_t                       *prefill_pending;    /* ... recent decisions */
+    ngx_http_kvroute_peer_t        *prefill_peer;       /* NULL: local prefill */
+    ngx_int_t                       prefill_load;
+    uint32_t                        prefill_chosen_overlap;
+    int64_t                         prefill_held;       /* its prefill tokens */
+    uint64_t                        prefill_queued;
+    uint64_t                        prefill_open_ns;
 } ngx_http_kvroute_ctx_t;
 
 
@@ -229,6 +250,8 @@ typedef struct {
     ngx_http_request_t                *request;
     ngx_http_kvroute_srv_conf_t       *conf;
     ngx_http_kvroute_ctx_t            *ctx;
+    ngx_buf_t                         *request_head;    /* the proxied request's head as
+                                                           the proxy built it */
 } ngx_http_kvroute_peer_data_t;
 
 
@@ -294,6 +317,15 @@ void ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx);
 uint64_t ngx_http_kvroute_now_ns(void);
+
+/* disaggregated serving: the prefill decision and X-KVRoute-Prefill */
+ngx_int_t ngx_http_kvroute_prefill_resolve(ngx_conf_t *cf,
+    ngx_http_upstream_srv_conf_t *us, ngx_http_kvroute_srv_conf_t *kcf);
+void ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx, kv_route_result_t *res);
+ngx_int_t ngx_http_kvroute_prefill_header(ngx_http_kvroute_peer_data_t *pd);
+void ngx_http_kvroute_prefill_done(ngx_http_kvroute_ctx_t *ctx);
+void ngx_http_kvroute_prefill_close(ngx_http_kvroute_ctx_t *ctx);
 
 /* misconfiguration checks */
 ngx_int_t ngx_http_kvroute_check_order(ngx_conf_t *cf,

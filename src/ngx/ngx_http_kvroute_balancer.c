@@ -23,6 +23,8 @@ static ngx_int_t ngx_http_kvroute_init_peer(ngx_http_request_t *r,
     ngx_http_upstream_srv_conf_t *us);
 static ngx_int_t ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc,
     void *data);
+static ngx_int_t ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc,
+    void *data);
 static void ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc,
     void *data, ngx_uint_t state);
 static ngx_int_t ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
@@ -96,6 +98,8 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
       NGX_HTTP_KVROUTE_OFF(thread_threshold), 0, 1e15 },
     { ngx_string("max_tokenize="), NGX_HTTP_KVROUTE_P_SIZE,
       NGX_HTTP_KVROUTE_OFF(max_tokenize), 0, 1e15 },
+    { ngx_string("prefill_min_tokens="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(prefill_cfg.min_tokens), 0, 1e15 },
     { ngx_null_string, 0, 0, 0, 0 }
 };
 
@@ -312,6 +316,11 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             if (kcf->zone == NULL) {
                 return NGX_CONF_ERROR;
             }
+            continue;
+        }
+
+        if (KV_PARAM("prefill=")) {
+            kcf->prefill_name = s;      /* resolved in init_upstream */
             continue;
         }
 
@@ -580,6 +589,10 @@ ngx_http_kvroute_init_upstream(ngx_conf_t *cf, ngx_http_upstream_srv_conf_t *us)
         return NGX_ERROR;
     }
 
+    if (ngx_http_kvroute_prefill_resolve(cf, us, kcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     /* every kvroute_worker_id must name a server of this upstream */
 
     m = kcf->worker_ids.elts;
@@ -720,6 +733,7 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
     pd->request = r;
     pd->conf = kcf;
     pd->ctx = NULL;
+    pd->request_head = NULL;
 
     if (kcf->zone == NULL || kcf->peers == NULL) {
         return NGX_OK;
@@ -1072,8 +1086,29 @@ ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
 }
 
 
+/* Every attempt: choose, then set (or strip) X-KVRoute-Prefill on the
+ * request it sends (ngx_http_kvroute_prefill.c). */
+
 static ngx_int_t
 ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
+{
+    ngx_int_t                      rc;
+    ngx_http_kvroute_peer_data_t  *pd = data;
+
+    rc = ngx_http_kvroute_choose_peer(pc, data);
+
+    if (rc == NGX_OK || rc == NGX_DONE) {
+        if (ngx_http_kvroute_prefill_header(pd) != NGX_OK) {
+            return NGX_ERROR;
+        }
+    }
+
+    return rc;
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
 {
     ngx_http_kvroute_peer_data_t  *pd = data;
 
@@ -1173,6 +1208,10 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
                    &p->server, kv_route_why_name(res.why), res.overlap,
                    res.estimate, res.queued_tokens, res.prefill_tokens);
 
+    if (kcf->prefill) {
+        ngx_http_kvroute_prefill_choose(pd->request, ctx, &res);
+    }
+
     ngx_http_kvroute_acct_open(ctx, p, &res);
     ngx_http_kvroute_record(kcf, ctx, p, &s[res.pick]);
 
@@ -1183,6 +1222,11 @@ backup:
     rc = ngx_http_upstream_get_round_robin_peer(pc, &pd->rrp);
 
     if (rc == NGX_OK || rc == NGX_DONE) {
+        if (kcf->prefill) {
+            /* a backup decode server prefills itself */
+            ngx_http_kvroute_prefill_choose(pd->request, ctx, NULL);
+        }
+
         for (i = kcf->nprimary; i < kcf->npeers; i++) {
             if (kcf->peers[i].peer == pd->rrp.current) {
                 ngx_http_kvroute_acct_open(ctx, &kcf->peers[i], NULL);

@@ -14,6 +14,11 @@
  * the cached tokens the engine reported with those the index predicted for
  * the worker chosen, one sample in the registry (kv_selfcheck_sample); the
  * helper acts on a drift.
+ *
+ * With prefill= the header filter releases the prefill server's load: a
+ * decode worker sends its header once the KV is in place; debug headers
+ * then add X-KVRoute-Prefill-Worker (host:port or "local") and
+ * X-KVRoute-Prefill-Reason (remote, short, none, busy).
  */
 
 
@@ -182,8 +187,12 @@ ngx_http_kvroute_header_filter(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvroute_module);
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvroute_module);
 
-    if (ctx && ctx->chosen) {
-        ngx_http_kvroute_selfcheck_start(r, ctx);
+    if (ctx) {
+        ngx_http_kvroute_prefill_done(ctx);
+
+        if (ctx->chosen) {
+            ngx_http_kvroute_selfcheck_start(r, ctx);
+        }
     }
 
     if (ctx == NULL || ctx->chosen == NULL || !klcf->debug_headers) {
@@ -206,6 +215,30 @@ ngx_http_kvroute_header_filter(ngx_http_request_t *r)
 
     if (ngx_http_kvroute_add_header(r, "X-KVRoute-Overlap", &v) != NGX_OK) {
         return NGX_ERROR;
+    }
+
+    if (ctx->conf->prefill) {
+        if (ctx->prefill_peer) {
+            v = ctx->prefill_peer->server;
+
+        } else {
+            ngx_str_set(&v, "local");
+        }
+
+        if (ngx_http_kvroute_add_header(r, "X-KVRoute-Prefill-Worker", &v)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        v.data = (u_char *) kv_prefill_why_name(ctx->prefill_why);
+        v.len = ngx_strlen(v.data);
+
+        if (ngx_http_kvroute_add_header(r, "X-KVRoute-Prefill-Reason", &v)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
     }
 
     return ngx_http_next_header_filter(r);

@@ -121,8 +121,9 @@ ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
                 -ctx->prefill_tokens);
 
     /* a response that is not streamed has its first byte with its last:
-     * that time is no sample of the prefill rate */
-    if (!ctx->stream) {
+     * that time is no sample of the prefill rate; nor is a remote
+     * prefill's first byte a sample of this server's */
+    if (!ctx->stream || ctx->prefill_remote) {
         return;
     }
 
@@ -156,6 +157,9 @@ void
 ngx_http_kvroute_acct_close(ngx_http_kvroute_ctx_t *ctx)
 {
     ngx_http_kvroute_zone_t  *zone = ctx->conf->zone;
+
+    /* the prefill server's part, if the decode header never came */
+    ngx_http_kvroute_prefill_close(ctx);
 
     if (!ctx->active) {
         return;

@@ -180,6 +180,7 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
     kcf->thread_threshold = 65536;
     kcf->max_tokenize = 4 * 1024 * 1024;
     kv_route_config_init(&kcf->route);
+    kv_prefill_config_init(&kcf->prefill_cfg);
 
     if (ngx_array_init(&kcf->worker_ids, cf->pool, 1,
                        sizeof(ngx_http_kvroute_worker_map_t))

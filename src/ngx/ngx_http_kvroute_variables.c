@@ -18,7 +18,10 @@ typedef enum {
     NGX_HTTP_KVROUTE_VAR_COST,
     NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
     NGX_HTTP_KVROUTE_VAR_FALLBACK,
-    NGX_HTTP_KVROUTE_VAR_WHY
+    NGX_HTTP_KVROUTE_VAR_WHY,
+    NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER,
+    NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP,
+    NGX_HTTP_KVROUTE_VAR_PREFILL_REASON
 } ngx_http_kvroute_var_e;
 
 
@@ -55,6 +58,17 @@ static ngx_http_variable_t  ngx_http_kvroute_vars[] = {
 
     { ngx_string("kvroute_why"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_WHY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    /* prefill= (disaggregated): the prefill server, or "local" */
+    { ngx_string("kvroute_prefill_worker"), NULL, ngx_http_kvroute_variable,
+      NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_prefill_overlap_blocks"), NULL,
+      ngx_http_kvroute_variable, NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_prefill_reason"), NULL, ngx_http_kvroute_variable,
+      NGX_HTTP_KVROUTE_VAR_PREFILL_REASON, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };
@@ -142,6 +156,38 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
 
     case NGX_HTTP_KVROUTE_VAR_WHY:
         s = kv_route_why_name(ctx->why);
+        v->data = (u_char *) s;
+        v->len = ngx_strlen(s);
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER:
+        if (ctx->conf->prefill == NULL || ctx->chosen == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        if (ctx->prefill_peer) {
+            v->data = ctx->prefill_peer->server.data;
+            v->len = ctx->prefill_peer->server.len;
+        } else {
+            v->data = (u_char *) "local";
+            v->len = sizeof("local") - 1;
+        }
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP:
+        if (ctx->prefill_peer == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        v->len = ngx_sprintf(p, "%uD", ctx->prefill_chosen_overlap) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_REASON:
+        if (ctx->conf->prefill == NULL || ctx->chosen == NULL) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        s = kv_prefill_why_name(ctx->prefill_why);
         v->data = (u_char *) s;
         v->len = ngx_strlen(s);
         break;

@@ -54,7 +54,7 @@ def test_summary_fields_against_kvworker(stack, tmp_path):
     s = summary(kvbench("--trace", trace, "--url", "http://127.0.0.1:%d" % w.ports[0],
                         "--block-size", 16, "--concurrency", 2, "--records", rec))
     assert s["requests"] == 6 and s["completed"] == 6 and s["errors"] == 0
-    for k in ("ttft_ms", "itl_ms", "e2e_ms"):
+    for k in ("ttft_ms", "itl_ms", "e2e_ms", "itl_token_ms"):
         for f in ("mean", "p50", "p90", "p99"):
             assert s[k][f] >= 0, (k, f)
     assert s["ttft_ms"]["mean"] <= s["e2e_ms"]["mean"]

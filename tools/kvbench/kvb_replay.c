@@ -131,8 +131,24 @@ static void on_event(flight_t *f, const char *data, size_t len)
         set_error(r, "error event: %s", json_is_string(m) ? json_string_value(m) : "?");
     }
     if (choice_text_len(ev) > 0) {
-        if (r->chunks++ == 0)
-            r->first_ms = since(f->rp);
+        double now = since(f->rp);
+        if (r->chunks++ == 0) {
+            r->first_ms = now;
+        } else {
+            /* every inter-token gap, for the token-level ITL (a decode stall
+             * shows there, averaged away in the request's mean) */
+            if (r->ngaps == r->capgaps) {
+                uint32_t cap = r->capgaps ? 2 * r->capgaps : 64;
+                float *g = realloc(r->gaps, cap * sizeof(*g));
+                if (g != NULL) {
+                    r->gaps = g;
+                    r->capgaps = cap;
+                }
+            }
+            if (r->ngaps < r->capgaps)
+                r->gaps[r->ngaps++] = (float)(now - r->last_ms);
+        }
+        r->last_ms = now;
     }
     json_t *u = json_object_get(ev, "usage");
     if (json_is_object(u)) {

@@ -28,6 +28,9 @@ typedef struct {
     double      due_ms, start_ms, first_ms, end_ms;
     uint32_t    input_length, max_tokens;
     uint32_t    chunks;             /* SSE events that carried output text */
+    double      last_ms;            /* the latest such event */
+    float      *gaps;               /* ms between consecutive such events (malloc) */
+    uint32_t    ngaps, capgaps;
     long        prompt_tokens, completion_tokens, cached_tokens;  /* usage; -1 = absent */
     int         status;             /* HTTP status, 0 = no response */
     char       *error;              /* NULL on success */

@@ -248,6 +248,20 @@ static json_t *summarize(const kv_trace_t *t, const args_t *a, const kvb_result_
                           "output_throughput_tok_s", secs > 0 ? (double)out_tokens / secs : 0.0);
     json_object_set_new(s, "ttft_ms", dist_json(ttft, nt));
     json_object_set_new(s, "itl_ms", dist_json(itl, ni));
+    /* every gap between consecutive output chunks of completed requests */
+    size_t ng = 0, k = 0;
+    for (size_t i = 0; i < n; i++)
+        ng += res[i].error ? 0 : res[i].ngaps;
+    double *gaps = malloc((ng ? ng : 1) * sizeof(double));
+    if (gaps == NULL) {
+        fprintf(stderr, "kvbench: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t j = 0; !res[i].error && j < res[i].ngaps; j++)
+            gaps[k++] = res[i].gaps[j];
+    json_object_set_new(s, "itl_token_ms", dist_json(gaps, k));
+    free(gaps);
     json_object_set_new(s, "e2e_ms", dist_json(e2e, ne));
     json_object_set_new(s, "input_tokens", json_integer(input));
     json_object_set_new(s, "output_tokens", json_integer(out_tokens));
@@ -357,9 +371,12 @@ static int cmd_replay(const args_t *a)
     if (a->records && write_records(a->records, res, t.n))
         rc = 1;
 out:
-    if (res)
-        for (size_t i = 0; i < t.n; i++)
+    if (res) {
+        for (size_t i = 0; i < t.n; i++) {
             free(res[i].error);
+            free(res[i].gaps);
+        }
+    }
     free(res);
     kv_trace_free(&t);
     return rc;
