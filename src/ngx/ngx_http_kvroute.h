@@ -25,12 +25,16 @@
 #include "kv_index.h"
 #include "kv_load.h"
 #include "kv_registry.h"
+#include "kv_ring.h"
 #include "kv_route.h"
 #include "kv_tokenizer.h"
 
 
-#define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
+/* upstreams with more primaries score candidates (candidates.c), not all */
+#define NGX_HTTP_KVROUTE_SCAN_ALL      64
+#define NGX_HTTP_KVROUTE_LEAST         8          /* least-loaded candidates */
+#define NGX_HTTP_KVROUTE_RING          4          /* cold-placement candidates */
 #define NGX_HTTP_KVROUTE_HIST          12
 /* the decision-time histogram's bounds (µs), then +Inf: NGX_HTTP_KVROUTE_HIST */
 #define NGX_HTTP_KVROUTE_HIST_BOUNDS   5, 10, 25, 50, 100, 250, 500, 1000,    \
@@ -104,6 +108,10 @@ typedef struct {
     ngx_uint_t                      approximate;    /* no kvroute_events feeds it */
     ngx_uint_t                      max_workers;
     ngx_msec_t                      ttl;
+    size_t                          size;           /* declared */
+    ngx_uint_t                      load_servers;   /* the load table's shape, */
+    ngx_uint_t                      load_rows;      /* from the configuration */
+    ngx_uint_t                      load_groups;
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
     ngx_str_t                       ref_file;       /* where it was first named */
@@ -161,12 +169,32 @@ typedef struct {
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
     ngx_http_upstream_init_pt       original_init_upstream;
 
+    ngx_uint_t                      group;      /* its primaries' in the load order */
+
     /* resolved in each worker process (the upstream zone moves peers) */
     ngx_http_upstream_srv_conf_t   *uscf;
     ngx_http_kvroute_peer_t        *peers;      /* primaries, then backups */
     ngx_uint_t                      npeers;
     ngx_uint_t                      nprimary;
+
+    /* candidates.c: primaries by load table index and by worker id, and
+     * the cold-placement ring */
+    ngx_int_t                      *by_load;    /* kv_load index -> primary, -1 */
+    ngx_uint_t                      nby_load;
+    ngx_int_t                      *by_id;      /* open addressing: primary + 1 */
+    ngx_uint_t                      id_mask;
+    kv_ring_point_t                *ring;
+    size_t                          nring;
 } ngx_http_kvroute_srv_conf_t;
+
+
+/* A primary server the decision considers, with what it holds of the
+ * prompt (candidates.c). */
+typedef struct {
+    ngx_uint_t                      k;          /* index in kcf->peers */
+    uint32_t                        overlap;    /* the index's */
+    uint32_t                        pending;    /* the recent decisions' */
+} ngx_http_kvroute_cand_t;
 
 
 /* A request's routing state; lives in r->pool. */
@@ -183,8 +211,9 @@ typedef struct {
     size_t                          nseq;
     uint64_t                        prompt_tokens;
     uint64_t                        max_tokens;     /* 0: the body names none */
-    uint32_t                       *overlap;    /* per primary: the index */
-    uint32_t                       *pending;    /* per primary: recent decisions */
+    ngx_http_kvroute_cand_t        *cand;       /* primaries holding part of the
+                                                   prompt (all, in small upstreams) */
+    ngx_uint_t                      ncand;
     ngx_msec_int_t                  decision_us;
     uint64_t                        t0_ns;
 
@@ -237,6 +266,8 @@ char *ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_http_kvroute_zone_t *ngx_http_kvroute_zone_find(ngx_conf_t *cf,
     ngx_str_t *name);
+ngx_int_t ngx_http_kvroute_zone_size(ngx_conf_t *cf,
+    ngx_http_kvroute_zone_t *zone);
 void ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone);
 
 /* events helper */
@@ -257,7 +288,8 @@ ngx_int_t ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
     ngx_http_kvroute_srv_conf_t *kcf);
 ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_of(
     ngx_http_request_t *r);
-ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf);
+ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_pool_t *pool);
 
 /* prompt: body -> tokens -> block hashes */
 ngx_int_t ngx_http_kvroute_precontent(ngx_http_request_t *r);
@@ -282,7 +314,18 @@ ngx_int_t ngx_http_kvroute_zone_undeclared(ngx_conf_t *cf,
 ngx_uint_t ngx_http_kvroute_worker_block_size(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_peer_t *p);
 void ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
-    uint32_t *overlap, ngx_log_t *log);
+    ngx_http_kvroute_cand_t *cand, ngx_uint_t n, ngx_log_t *log);
+
+/* candidates */
+ngx_int_t ngx_http_kvroute_candidates_init(ngx_cycle_t *cycle,
+    ngx_http_kvroute_srv_conf_t *kcf);
+void ngx_http_kvroute_candidates_refresh(ngx_http_kvroute_srv_conf_t *kcf);
+void ngx_http_kvroute_candidates_match(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_ctx_t *ctx, ngx_pool_t *pool, ngx_log_t *log);
+ngx_http_kvroute_cand_t *ngx_http_kvroute_candidates(
+    ngx_http_kvroute_srv_conf_t *kcf, ngx_http_kvroute_ctx_t *ctx,
+    ngx_http_upstream_rr_peer_data_t *rrp, ngx_pool_t *pool,
+    ngx_uint_t all, ngx_uint_t *n);
 
 /* errors in the OpenAI shape */
 ngx_int_t ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after);

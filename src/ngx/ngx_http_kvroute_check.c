@@ -104,17 +104,17 @@ ngx_http_kvroute_worker_block_size(ngx_http_kvroute_srv_conf_t *kcf,
 
 void
 ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
-    uint32_t *overlap, ngx_log_t *log)
+    ngx_http_kvroute_cand_t *cand, ngx_uint_t n, ngx_log_t *log)
 {
-    ngx_uint_t                k, bs;
+    ngx_uint_t                j, bs;
     ngx_http_kvroute_peer_t  *p;
 
     if (kcf->zone == NULL || kcf->zone->events_conf == NULL) {
         return;
     }
 
-    for (k = 0; k < kcf->nprimary; k++) {
-        p = &kcf->peers[k];
+    for (j = 0; j < n; j++) {
+        p = &kcf->peers[cand[j].k];
 
         bs = ngx_http_kvroute_worker_block_size(kcf, p);
 
@@ -122,9 +122,8 @@ ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
             continue;
         }
 
-        if (overlap) {
-            overlap[k] = 0;
-        }
+        cand[j].overlap = 0;
+        cand[j].pending = 0;
 
         if (p->block_size_logged != bs) {
             p->block_size_logged = bs;
