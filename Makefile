@@ -5,6 +5,7 @@
 #   make test SANITIZE=1 the same under ASan+UBSan, built into build/san/
 #   make run [PORT=8080] demo stack: nats-server, 4 mock workers, nginx
 #   make bench           benchmarks (minutes); results go to docs/BENCHMARKS.md by hand
+#   make bench-scale     issue 18: decision time vs fleet size, many nginx instances
 #   make CUDA=0          skip the CUDA engine even where nvcc exists
 #   make install         module, load snippet, kvworker and tools (DESTDIR, PREFIX; docs/INSTALL.md)
 #   make deb             Debian packages into build/deb/ (debian/)
@@ -102,7 +103,7 @@ CUDA_EMU_TEST := $(B)/t/test_kvemu
 endif
 endif
 
-.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults fuzz clean install \
+.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults bench-scale fuzz clean install \
         uninstall deb gpu-check
 .DEFAULT_GOAL := all
 
@@ -336,6 +337,10 @@ bench: all
 
 bench-faults: all
 	@.venv/bin/python tools/bench-faults
+
+# issue 18: decision time at 8..4,096 servers, 1..8 nginx instances, convergence
+bench-scale: all
+	@tools/bench-scale --build $(B)
 
 # SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
 bench-e2e: all

@@ -156,6 +156,11 @@ uint32_t kv_load_capacity(const kv_load_t *ld)
     return ld->max_servers;
 }
 
+uint32_t kv_load_groups(const kv_load_t *ld)
+{
+    return ld->max_groups;
+}
+
 uint32_t kv_load_servers(const kv_load_t *ld)
 {
     return __atomic_load_n(&((kv_load_t *) ld)->servers, __ATOMIC_ACQUIRE);

@@ -59,6 +59,7 @@ kv_load_t *kv_load_init(void *region, size_t size, uint32_t max_servers,
                         uint32_t max_rows, uint32_t max_groups, int reuse);
 uint32_t   kv_load_capacity(const kv_load_t *ld);     /* max_servers */
 uint32_t   kv_load_servers(const kv_load_t *ld);      /* names added so far */
+uint32_t   kv_load_groups(const kv_load_t *ld);       /* max_groups */
 
 /* The index of server name, adding it; -1 when the table is full. Writers
  * of names must be serialised by the caller (the nginx master at config). */

@@ -145,6 +145,7 @@ typedef struct {
     ngx_int_t                       load;       /* kv_load server index, -1 if none */
     ngx_int_t                       reg;        /* registry record last seen for it */
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
+    uint32_t                        reg_records;    /* the registry's records then */
     ngx_int_t                       slot;       /* index slot last seen for it */
     ngx_uint_t                      block_size_logged;  /* a mismatch, logged */
 } ngx_http_kvroute_peer_t;

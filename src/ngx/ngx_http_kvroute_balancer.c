@@ -743,7 +743,9 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     /* a worker that never announced costs one scan a second, not one
      * per request */
 
-    if (p->reg_miss && ngx_current_msec - p->reg_miss < 1000) {
+    if (p->reg_miss && ngx_current_msec - p->reg_miss < 1000
+        && kv_registry_records(reg) == p->reg_records)
+    {
         return NGX_DECLINED;
     }
 
@@ -756,6 +758,7 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
 
     if (p->explicit_id || p->server.len >= sizeof(addr)) {
         p->reg_miss = ngx_current_msec;
+        p->reg_records = kv_registry_records(reg);
         return NGX_DECLINED;
     }
 
@@ -772,6 +775,7 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
 
     if (i < 0) {
         p->reg_miss = ngx_current_msec;
+        p->reg_records = kv_registry_records(reg);
         return NGX_DECLINED;
     }
 
@@ -852,6 +856,18 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].reported = 1;
             s[i].reported_prefill_tokens = rec.load.active_prefill_tokens;
             s[i].reported_decode_blocks = rec.load.active_decode_blocks;
+
+            /*
+             * requests in flight too, for the bounded-load and cold rules:
+             * what other nginx instances sent is in the worker's report
+             * (a heartbeat old), not in this zone
+             */
+
+            if (kcf->route.worker_load == KV_ROUTE_LOAD_MAX
+                && rec.load.running + rec.load.waiting > s[i].requests)
+            {
+                s[i].requests = rec.load.running + rec.load.waiting;
+            }
         }
 
         if (s[i].overlap_index || s[i].overlap_pending) {
@@ -1048,6 +1064,7 @@ again:
     }
 
     k = cand[res.pick].k;
+
     p = &kcf->peers[k];
     peer = p->peer;
 
