@@ -18,7 +18,7 @@ converge   event-to-all-instances time: a raw NATS subscriber notes when each
 Usage: tools/bench-scale [decision|instances|converge ...]; BENCH_SCALE_* env
 variables shorten or lengthen the runs (see below).
 """
-import concurrent.futures
+import http.client
 import json
 import os
 import random
@@ -35,7 +35,7 @@ import kvt  # noqa: E402
 
 SIZES = [8, 64, 512, 4096]
 DEC_REQUESTS = int(os.environ.get("BENCH_SCALE_DECISIONS", "500"))     # per size
-SESSIONS_REQ = int(os.environ.get("BENCH_SCALE_REQUESTS", "600"))
+SESSIONS_REQ = int(os.environ.get("BENCH_SCALE_REQUESTS", "400"))
 INSTANCES = [int(x) for x in os.environ.get("BENCH_SCALE_INSTANCES", "1,2,4,8").split(",")]
 ENGINES = int(os.environ.get("BENCH_SCALE_ENGINES", "8"))
 CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
@@ -68,8 +68,31 @@ def port_run(n):
     raise RuntimeError("no run of %d free ports" % n)
 
 
+_conns = {}
+
+
+def call(port, method, path, body=None):
+    """One request on a kept-alive connection per port: polling with a new
+    connection each time would leave thousands in TIME_WAIT on a shared
+    machine."""
+    for attempt in (0, 1):
+        c = _conns.get(port)
+        if c is None:
+            c = _conns[port] = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            c.request(method, path, body=json.dumps(body) if body is not None else None,
+                      headers={"Content-Type": "application/json"} if body is not None else {})
+            r = c.getresponse()
+            return r.status, r.read()
+        except (http.client.HTTPException, OSError):
+            c.close()
+            del _conns[port]
+            if attempt:
+                raise
+
+
 def status(port):
-    s, _, body = kvt.request(port, "GET", "/kvroute/status")
+    s, body = call(port, "GET", "/kvroute/status")
     assert s == 200, body
     return json.loads(body)
 
@@ -113,9 +136,8 @@ def decision():
         for i in range(DEC_REQUESTS):
             for n in SIZES:
                 ids = prefixes[rnd.randrange(64)] + [rnd.randrange(100, 30000) for _ in range(256)]
-                s, _, body = kvt.request(ng.port, "POST", "/u%d/v1/completions" % n,
-                                         {"model": "kvroute-mock", "prompt": ids,
-                                          "max_tokens": 1})
+                s, body = call(ng.port, "POST", "/u%d/v1/completions" % n,
+                               {"model": "kvroute-mock", "prompt": ids, "max_tokens": 1})
                 assert s == 200, body
         secs = time.time() - t0
         out = {"load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
@@ -188,7 +210,7 @@ def wait_live(instances, n):
 
 def sessions_trace(path):
     subprocess.run([os.path.join(kvt.BIN, "kvsynth"), "sessions", "--num-requests",
-                    str(SESSIONS_REQ), "--rate", "8", "--systems", "8",
+                    str(SESSIONS_REQ), "--rate", "16", "--systems", "8",
                     "--system-tokens", "1024", "--turns", "3:8", "--user-tokens", "64:256",
                     "--output-tokens", "16:64", "--think-s", "1:3:6", "--seed", "3",
                     "--out", path], check=True)
@@ -327,8 +349,8 @@ def converge():
             before = [indexed(ng) for ng in instances]
             n0 = sub.count()
             ids = [rnd.randrange(100, 30000) for _ in range(256)]
-            s, _, body = kvt.request(instances[t % m].port, "POST", "/v1/completions",
-                                     {"model": "kvroute-mock", "prompt": ids, "max_tokens": 1})
+            s, body = call(instances[t % m].port, "POST", "/v1/completions",
+                           {"model": "kvroute-mock", "prompt": ids, "max_tokens": 1})
             assert s == 200, body
             kvt.wait_until(lambda: sub.count() > n0, timeout=10, interval=0.001,
                            what="the event on NATS")
