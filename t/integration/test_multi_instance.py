@@ -176,3 +176,29 @@ def test_load_through_one_instance_steers_the_others(fleet):
                        what="no request of its own left in flight")
     spread = {complete((b, c)[i % 2].port, ids("after-%d" % i, 64)) for i in range(12)}
     assert len(spread) > 1 and spread & busy
+
+
+def test_new_instance_converges_before_trusting(fleet):
+    """An instance started after the traffic has an empty zone: it resyncs
+    every engine from its dump, and its index then holds what the others
+    hold, so a conversation's next turn through it lands where the earlier
+    turns did."""
+    stack, nats, w, ngs = fleet
+    prompts, where = [], []
+    for conv in range(4):
+        p = ids("join-system-%d" % conv, 256) + ids("join-user-%d" % conv, 48)
+        where.append(complete(ngs[conv % 3].port, p))
+        prompts.append(p)
+    # every engine's events have reached the running instances
+    kvt.wait_until(lambda: indexed(ngs[0].port) == indexed(ngs[1].port) == indexed(ngs[2].port),
+                   what="the running instances agree")
+    servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
+    late = stack.nginx(CONF % {"nats": nats.url, "servers": servers}, workers=1)
+    kvt.wait_until(lambda: indexed(late.port) == indexed(ngs[0].port)
+                   and all(x["state"] == "live" for x in zone(late.port)["events"]["workers"])
+                   and len(zone(late.port)["events"]["workers"]) == ENGINES,
+                   what="the new instance resynced every engine")
+    assert zone(late.port)["events"]["dumps"] >= ENGINES
+    for p, wk in zip(prompts, where):
+        assert complete(late.port, p + ids("next-turn", 32)) == wk
+    assert late.alerts() == []
