@@ -216,7 +216,11 @@ def sessions_trace(path):
                     "--out", path], check=True)
 
 
-def run_instances(st, nats, ports, trace, m, mode, worker_load):
+def run_instances(st, nats, trace, m, mode, worker_load):
+    # a fresh fleet each run: cold caches, nothing learned
+    w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
+                                          "--speedup", "4"])
+    ports = w.ports
     instances = [st.nginx(instance_conf(nats.url, ports, mode, worker_load), workers=1)
                  for _ in range(m)]
     try:
@@ -255,23 +259,22 @@ def run_instances(st, nats, ports, trace, m, mode, worker_load):
         for ng in instances:
             ng.stop()
         st.nginxes = [n for n in st.nginxes if n not in instances]
+        kvt._kill(w)
 
 
 def instances_bench():
     st = kvt.Stack("bench-scale")
     try:
         nats = st.nats()
-        w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
-                                              "--speedup", "4"])
         trace = os.path.join(st.dir, "sessions.jsonl")
         sessions_trace(trace)
         runs = []
         for m in INSTANCES:
             for wl in ("local", "max"):
-                r = run_instances(st, nats, w.ports, trace, m, "events", wl)
+                r = run_instances(st, nats, trace, m, "events", wl)
                 print(json.dumps(r), flush=True)
                 runs.append(r)
-        r = run_instances(st, nats, w.ports, trace, max(INSTANCES), "approximate", "local")
+        r = run_instances(st, nats, trace, max(INSTANCES), "approximate", "local")
         print(json.dumps(r), flush=True)
         runs.append(r)
         return runs
