@@ -139,6 +139,7 @@ typedef struct {
     ngx_http_upstream_rr_peer_t    *peer;       /* this cycle's, in the peers list */
     ngx_str_t                       server;     /* as written in the config */
     uint64_t                        worker_id;
+    uint64_t                        mapped_id;  /* its id in kcf->by_id and the ring */
     ngx_uint_t                      explicit_id;    /* from kvroute_worker_id */
     ngx_uint_t                      backup;
     ngx_uint_t                      index;      /* position in its rr list */

@@ -15,6 +15,7 @@
 
 #include "ngx_http_kvroute.h"
 #include "kv_hash.h"
+#include "kv_ingest.h"
 
 
 static ngx_int_t ngx_http_kvroute_init_upstream(ngx_conf_t *cf,
@@ -819,11 +820,14 @@ static void
 ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_cand_t *cand, ngx_uint_t n, kv_route_server_t *s)
 {
+    uint64_t                  now, lease;
     ngx_uint_t                i;
     kv_worker_rec_t           rec;
     kv_load_server_t          ls;
     ngx_http_kvroute_peer_t  *p;
     ngx_http_kvroute_sh_t    *sh = kcf->zone->sh;
+
+    now = kcf->route.worker_load == KV_ROUTE_LOAD_MAX ? kv_ingest_now_ms() : 0;
 
     for (i = 0; i < n; i++) {
         p = &kcf->peers[cand[i].k];
@@ -860,10 +864,14 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             /*
              * requests in flight too, for the bounded-load and cold rules:
              * what other nginx instances sent is in the worker's report
-             * (a heartbeat old), not in this zone
+             * (a heartbeat old), not in this zone; a report older than
+             * three heartbeats (its lease) is not believed
              */
 
+            lease = 3 * (rec.interval_ms ? rec.interval_ms : 1000);
+
             if (kcf->route.worker_load == KV_ROUTE_LOAD_MAX
+                && now <= rec.last_seen_ms + lease
                 && rec.load.running + rec.load.waiting > s[i].requests)
             {
                 s[i].requests = rec.load.running + rec.load.waiting;

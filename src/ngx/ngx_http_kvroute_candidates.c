@@ -118,6 +118,8 @@ ngx_http_kvroute_candidates_index(ngx_http_kvroute_srv_conf_t *kcf)
     }
 
     for (k = 0; k < kcf->nprimary; k++) {
+        kcf->peers[k].mapped_id = kcf->peers[k].worker_id;
+
         for (h = ngx_http_kvroute_id_slot(kcf, kcf->peers[k].worker_id);
              kcf->by_id[h];
              h = (h + 1) & kcf->id_mask)
@@ -175,7 +177,6 @@ ngx_http_kvroute_candidates_index(ngx_http_kvroute_srv_conf_t *kcf)
 void
 ngx_http_kvroute_candidates_refresh(ngx_http_kvroute_srv_conf_t *kcf)
 {
-    uint64_t          was;
     ngx_uint_t        k, changed;
     kv_worker_rec_t   rec;
 
@@ -185,12 +186,13 @@ ngx_http_kvroute_candidates_refresh(ngx_http_kvroute_srv_conf_t *kcf)
 
     changed = 0;
 
-    for (k = 0; k < kcf->nprimary; k++) {
-        was = kcf->peers[k].worker_id;
+    /* the status and the decision look records up too: compare with the
+     * ids the maps were built from, not with the ids before this scan */
 
+    for (k = 0; k < kcf->nprimary; k++) {
         (void) ngx_http_kvroute_peer_record(kcf->zone, &kcf->peers[k], &rec);
 
-        changed |= kcf->peers[k].worker_id != was;
+        changed |= kcf->peers[k].worker_id != kcf->peers[k].mapped_id;
     }
 
     if (changed) {
