@@ -607,6 +607,13 @@ int kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid))
         __atomic_fetch_add(&ld->reaped, 1, __ATOMIC_SEQ_CST);
         n++;
     }
+    if (n) {
+        /* a process killed between a counter's change and its move left
+         * that server in the wrong bucket */
+        order_lock(ld);
+        rebuild(ld);
+        order_unlock(ld);
+    }
     return n;
 }
 

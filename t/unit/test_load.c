@@ -1,6 +1,8 @@
 /* Shared load table: names, rows, release, reaping a dead process's load. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "kvtest.h"
@@ -223,6 +225,46 @@ TEST(reuse_and_shape)
     free(mem);
 }
 
+/* A process killed while it moves servers (holding the order's lock, or
+ * between a counter's change and its move) does not stop the others: the
+ * next one to need the lock finds the holder dead and takes it, and the
+ * reaping of the dead process's row rebuilds the lists from the counters. */
+static int pid_alive(pid_t pid) { return kill(pid, 0) == 0; }
+
+TEST(order_survives_a_killed_holder)
+{
+    enum { N = 256 };
+    size_t     sz = kv_load_size(N, 2, 1);
+    void      *mem = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    kv_load_t *ld = kv_load_init(mem, sz, N, 2, 1, 0);
+    uint32_t   out[4];
+    char       name[16];
+    int        i, row, round;
+    pid_t      child;
+
+    for (i = 0; i < N; i++) {
+        kv_load_server(ld, name, (size_t) snprintf(name, sizeof(name), "u/%d", i));
+        kv_load_place(ld, (uint32_t) i, 0, 1);
+    }
+    for (round = 0; round < 20; round++) {
+        child = fork();
+        if (child == 0) {
+            row = kv_load_claim_row(ld, getpid());
+            for (i = 0;; i = (i + 7) % N) {
+                kv_load_add(ld, row, (uint32_t) i, KV_LOAD_REQUESTS, 1);
+                kv_load_add(ld, row, (uint32_t) i, KV_LOAD_REQUESTS, -1);
+            }
+        }
+        usleep(1000 + 500 * (useconds_t) round);
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        CHECK(kv_load_least(ld, 0, out, 4) == 4);       /* the lock is not lost */
+        CHECK(kv_load_reap(ld, pid_alive) <= 1);     /* 0: killed before it claimed one */
+        CHECK(kv_load_order_check(ld) == 0);
+    }
+    munmap(mem, sz);
+}
+
 int main(void)
 {
     RUN(names_and_counts);
@@ -232,5 +274,6 @@ int main(void)
     RUN(least_order);
     RUN(least_order_random);
     RUN(reuse_and_shape);
+    RUN(order_survives_a_killed_holder);
     return kvt_done();
 }
