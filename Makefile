@@ -103,7 +103,7 @@ CUDA_EMU_TEST := $(B)/t/test_kvemu
 endif
 endif
 
-.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults bench-scale fuzz clean install \
+.PHONY: all deps core module bins test unit run bench bench-e2e bench-faults bench-scale bench-xfer fuzz clean install \
         uninstall deb gpu-check
 .DEFAULT_GOAL := all
 
@@ -341,6 +341,10 @@ bench-faults: all
 # issue 18: decision time at 8..4,096 servers, 1..8 nginx instances, convergence
 bench-scale: all
 	@tools/bench-scale --build $(B)
+
+# the KV transfer between two CPU-engine kvworkers on loopback (docs/BENCHMARKS.md)
+bench-xfer: all
+	@$(PY) tools/kvxfer-bench --build $(B)
 
 # SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
 bench-e2e: all

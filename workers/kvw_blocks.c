@@ -284,6 +284,13 @@ size_t kvw_blocks_acquire_prefix(kvw_blocks_t *bm, kvw_seq_blocks_t *s, uint64_t
     return cached;
 }
 
+size_t kvw_blocks_pin_prefix(kvw_blocks_t *bm, kvw_seq_blocks_t *s, uint64_t seed,
+                             const uint32_t *tokens, size_t n)
+{
+    s->seed = seed;
+    return (size_t)walk_prefix(bm, s, seed, tokens, n, NULL) * bm->block_size;
+}
+
 int kvw_blocks_reserve(kvw_blocks_t *bm, kvw_seq_blocks_t *s, size_t n_tokens)
 {
     size_t want = (n_tokens + bm->block_size - 1) / bm->block_size;

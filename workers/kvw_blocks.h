@@ -98,6 +98,13 @@ size_t kvw_blocks_acquire_prefix(kvw_blocks_t *bm, kvw_seq_blocks_t *s, uint64_t
                                  const uint32_t *tokens, size_t n);
 
 /*
+ * The same without counting a lookup: a transfer's hold on blocks
+ * (kvw_xfer.h), which is not a request's prefix hit.
+ */
+size_t kvw_blocks_pin_prefix(kvw_blocks_t *bm, kvw_seq_blocks_t *s, uint64_t seed,
+                             const uint32_t *tokens, size_t n);
+
+/*
  * Makes s's table cover n_tokens slots, taking new blocks (evicting cached
  * ones, LRU first) as needed. All or nothing: -1 if not enough blocks.
  */

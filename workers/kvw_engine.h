@@ -72,7 +72,17 @@ struct kvw_config {
     const char *component;              /* "backend" */
     int         nats_per_worker;        /* publish on P.kv-events.<id> and
                                            P.kvroute.heartbeat.<id> (docs/SECURITY.md) */
+
+    /* disaggregated prefill/decode (kvw_xfer.h, docs/PROTOCOL.md) */
+    int         role;                   /* KVW_ROLE_*: aggregated */
+    int         disagg_min_tokens;      /* decode: prefill locally below this many uncached (512) */
+    int         prefill_queue_limit;    /* prefill: refuse at this many queued prefills (16) */
+    double      link_gbps;              /* mock: link the KV crosses, Gb/s (400: RDMA) */
+    double      kv_bytes_per_token;     /* mock: modelled KV bytes per token (131072) */
+    int         xfer_timeout_ms;        /* a transfer's deadline, either side (30000) */
 };
+
+enum { KVW_ROLE_AGGREGATED = 0, KVW_ROLE_PREFILL, KVW_ROLE_DECODE };
 
 /* The scheduler over the mock backend (kvw_sched.c, kvw_mock_model.c). */
 kvw_engine_t *kvw_mock_create(const kvw_config_t *cfg, struct event_base *base,

@@ -22,6 +22,8 @@
 
 #include "kvw_sched.h"
 #include "kvw_text.h"
+#include "kvw_xfer.h"
+#include "kvw_xfer_wire.h"
 
 #define KVW_MAX_BODY (64 << 20)
 #define KVW_MAX_HEADERS (64 << 10)      /* request line + headers */
@@ -38,6 +40,7 @@ struct kvw_http {
     kvw_engine_t           *engine;
     kvw_text_t              text;
     uint64_t                next_id;
+    kvw_xfer_stats_t        xs;             /* disaggregation, both sides */
 };
 
 typedef struct group group_t;
@@ -52,6 +55,7 @@ typedef struct {
     kvw_finish_t    why;
     char            held[4];    /* streamed bytes of a character not yet complete */
     size_t          n_held;
+    kvw_pull_t     *pull;       /* decode role: the prompt's KV on its way (kvw_xfer.h) */
 } part_t;
 
 /* One HTTP request: one or more prompts. */
@@ -139,6 +143,8 @@ static void group_free(group_t *g)
     for (size_t i = 0; i < g->n; i++) {
         if (g->parts[i] == NULL)
             continue;
+        if (g->parts[i]->pull)
+            kvw_pull_cancel(g->parts[i]->pull);
         kvw_req_clear(&g->parts[i]->req);
         free(g->parts[i]->text);
         free(g->parts[i]);
@@ -376,6 +382,95 @@ static void submit_error(group_t *g, int rc)
                     "server_overloaded");
 }
 
+/*
+ * Disaggregated decode. The reply's headers leave only once the prompt's KV
+ * is in place, and name where it came from (X-KVRoute-Prefilled-By: the
+ * prefill worker's host:port, or "local"); a fallback also says why
+ * (X-KVRoute-Prefill-Fallback). A router releases the prefill worker's
+ * load when those headers arrive.
+ */
+static void prefilled_by(group_t *g, const char *who, const char *why)
+{
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(g->http);
+
+    evhttp_remove_header(hd, KVW_HDR_PREFILLED);
+    evhttp_add_header(hd, KVW_HDR_PREFILLED, who);
+    if (why) {
+        char clean[200];
+        size_t i;
+        /* a header value: printable ASCII only */
+        for (i = 0; why[i] && i + 1 < sizeof(clean); i++)
+            clean[i] = why[i] >= 0x20 && why[i] < 0x7f ? why[i] : '?';
+        clean[i] = '\0';
+        evhttp_add_header(hd, KVW_HDR_FALLBACK, clean);
+        fprintf(stderr, "kvworker: prefilling locally: %s\n", clean);
+    }
+}
+
+static void on_pulled(void *arg, kvw_seq_blocks_t *pin, const char *why)
+{
+    part_t *p = arg;
+    group_t *g = p->g;
+    kvw_http_t *h = g->h;
+    const char *addr = evhttp_find_header(evhttp_request_get_input_headers(g->http),
+                                          KVW_HDR_PREFILL);
+    int rc;
+
+    p->pull = NULL;
+    p->req.engine = h->engine;
+    if (pin) {
+        prefilled_by(g, addr ? addr : "?", NULL);
+        rc = kvw_sched_submit_pinned(h->engine, &p->req, pin);
+    } else {
+        h->xs.local++;
+        prefilled_by(g, "local", why);
+        rc = h->engine->ops->submit(h->engine, &p->req);
+    }
+    if (rc != 0) {
+        p->req.engine = NULL;
+        submit_error(g, rc);
+        group_free(g);
+        return;
+    }
+    g->pending++;
+    /* a stream's headers go now: the KV is in place */
+    if (pin && p->req.stream && !g->started)
+        start_stream(g);
+}
+
+/*
+ * A decode worker's request: 1 when a pull was started (the request is
+ * submitted from on_pulled), 0 to prefill locally now (headers set).
+ */
+static int decode_start(kvw_http_t *h, group_t *g, struct evhttp_request *req)
+{
+    const char *addr = evhttp_find_header(evhttp_request_get_input_headers(req),
+                                          KVW_HDR_PREFILL);
+    const char *why = NULL;
+    part_t *p = g->parts[0];
+
+    if (addr == NULL) {
+        h->xs.local++;
+        prefilled_by(g, "local", NULL);
+        return 0;
+    }
+    if (g->n > 1) {
+        h->xs.local++;
+        prefilled_by(g, "local", "a request with several prompts is prefilled locally");
+        return 0;
+    }
+    p->pull = kvw_pull_start(h->engine, &h->xs, &p->req, addr, on_pulled, p, &why);
+    if (p->pull == NULL) {
+        h->xs.local++;
+        /* a short prompt is the normal case of conditional disaggregation, not a fallback */
+        prefilled_by(g, "local", why);
+        return 0;
+    }
+    g->conn = evhttp_request_get_connection(req);
+    evhttp_connection_set_closecb(g->conn, on_close, g);
+    return 1;
+}
+
 static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
 {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
@@ -424,11 +519,16 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
              h->engine->port, (unsigned long long)++h->next_id);
 
     for (size_t i = 0; i < n; i++) {
+        g->parts[i]->g = g;
+        g->parts[i]->req.front = g->parts[i];
+        g->parts[i]->req.arrival_us = now_us();
+    }
+    if (h->engine->cfg->role == KVW_ROLE_DECODE && decode_start(h, g, req))
+        return;     /* the KV is on its way: submitted when it is in place */
+
+    for (size_t i = 0; i < n; i++) {
         part_t *p = g->parts[i];
-        p->g = g;
-        p->req.front = p;
         p->req.engine = h->engine;
-        p->req.arrival_us = now_us();
         int rc = h->engine->ops->submit(h->engine, &p->req);
         if (rc != 0) {
             for (size_t j = 0; j < i; j++)
@@ -488,6 +588,37 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_steps_total", "counter", "scheduler steps", e, (double)l.steps);
     metric(b, "kvworker_busy_seconds_total", "counter",
            "time spent in steps (simulated time for the mock engine)", e, l.busy_ms / 1e3);
+    const kvw_xfer_stats_t *x = &h->xs;
+    evbuffer_add_printf(b, "# HELP kvworker_role the worker's role (--role)\n"
+                        "# TYPE kvworker_role gauge\nkvworker_role{engine=\"%d\",role=\"%s\"} 1\n",
+                        e, kvw_role_name(h->engine->cfg->role));
+    metric(b, "kvworker_xfer_served_total", "counter", "KV transfers sent (prefill side)", e,
+           (double)x->served);
+    metric(b, "kvworker_xfer_served_blocks_total", "counter", "KV blocks sent", e,
+           (double)x->served_blocks);
+    metric(b, "kvworker_xfer_served_bytes_total", "counter", "KV payload bytes sent", e,
+           (double)x->served_bytes);
+    metric(b, "kvworker_xfer_refused_total", "counter",
+           "transfer requests refused (mismatch, malformed)", e, (double)x->refused);
+    metric(b, "kvworker_xfer_overloaded_total", "counter",
+           "transfer requests refused as overloaded (--prefill-queue-limit)", e,
+           (double)x->overloaded);
+    metric(b, "kvworker_xfer_pulled_total", "counter", "KV transfers received (decode side)", e,
+           (double)x->pulled);
+    metric(b, "kvworker_xfer_pulled_blocks_total", "counter", "KV blocks received", e,
+           (double)x->pulled_blocks);
+    metric(b, "kvworker_xfer_pulled_bytes_total", "counter",
+           "KV bytes received (modelled for the mock)", e, (double)x->pulled_bytes);
+    metric(b, "kvworker_xfer_link_seconds_total", "counter",
+           "modelled link time charged for transfers (mock: bytes at --link-gbps)", e, x->link_s);
+    metric(b, "kvworker_xfer_pull_seconds_total", "counter",
+           "wall time of successful transfers, request to verified (mock: with link time)", e,
+           x->pull_s);
+    metric(b, "kvworker_xfer_fallbacks_total", "counter",
+           "transfers that failed and were prefilled locally", e, (double)x->fallbacks);
+    metric(b, "kvworker_local_prefills_total", "counter",
+           "decode-role requests prefilled locally (no prefill worker, short, fallback)", e,
+           (double)x->local);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4");
     send_reply(req, 200, "OK", b);
@@ -544,6 +675,8 @@ static void handle_request(struct evhttp_request *req, void *arg)
         reply_json(req, 200, "OK", strdup("{\"status\":\"ok\"}"));
     } else if (strcmp(path, "/metrics") == 0) {
         handle_metrics(h, req);
+    } else if (strcmp(path, KVX_PATH) == 0) {
+        kvw_xfer_serve(h->engine, &h->xs, req);
     } else {
         char msg[300];
         snprintf(msg, sizeof(msg), "Invalid URL (%s %.200s)",

@@ -30,6 +30,12 @@ void kvw_config_defaults(kvw_config_t *cfg)
     cfg->idle_timeout_s = 60;
     cfg->ns = "dynamo";
     cfg->component = "backend";
+    cfg->role = KVW_ROLE_AGGREGATED;
+    cfg->disagg_min_tokens = 512;
+    cfg->prefill_queue_limit = 16;
+    cfg->link_gbps = 400;               /* one 400 Gb/s RDMA NIC (docs/PROTOCOL.md) */
+    cfg->kv_bytes_per_token = 131072;   /* Llama-3-8B, fp16: 2 x 32 layers x 8 x 128 x 2 B */
+    cfg->xfer_timeout_ms = 30000;
 }
 
 kvw_engine_t *kvw_mock_create(const kvw_config_t *cfg, struct event_base *base, int index)

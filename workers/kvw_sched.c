@@ -20,6 +20,7 @@ typedef struct sreq {
     int                 in_batch;
     int                 admitted_once;
     kvw_seq_blocks_t    blocks;
+    kvw_seq_blocks_t    pin;        /* transferred blocks held until admission (kvw_xfer.h) */
     uint64_t            seed;       /* local hash seed (cache salt) */
     uint64_t            rng;
     char               *text;       /* output text, kept while stop strings may match */
@@ -175,6 +176,13 @@ static long stop_feed(stopm_t *m, char c, size_t pos)
 
 /* --- output: text, stop strings, finishing ------------------------------- */
 
+/* Lets go of the blocks a transfer filled: admission has referenced them, or the request ends. */
+static void drop_pin(sched_t *sc, sreq_t *s)
+{
+    if (s->pin.table)
+        kvw_blocks_release(sc->bm, &s->pin);
+}
+
 static void finish(sched_t *sc, sreq_t *s, kvw_finish_t why)
 {
     kvw_req_t *r = s->req;
@@ -182,6 +190,7 @@ static void finish(sched_t *sc, sreq_t *s, kvw_finish_t why)
     if (why != KVW_FINISH_STOP && s->text_sent < s->text_len)
         kvw_req_emit_text(r, s->text + s->text_sent, s->text_len - s->text_sent);
     kvw_blocks_release(sc->bm, &s->blocks);
+    drop_pin(sc, s);
     unqueue(sc, s);
     r->engine_data = NULL;
     sc->st.finished++;
@@ -351,6 +360,7 @@ static void schedule_waiting(sched_t *sc, uint32_t *budget)
             s->n_computed = 0;
             break;
         }
+        drop_pin(sc, s);
         if (!s->admitted_once) {
             s->admitted_once = 1;
             s->req->cached_tokens = cached;
@@ -528,6 +538,7 @@ static void sched_cancel(kvw_engine_t *e, kvw_req_t *r)
         return;
     r->engine_data = NULL;
     kvw_blocks_release(sc->bm, &s->blocks);
+    drop_pin(sc, s);
     unqueue(sc, s);
     s->req = NULL;
     sc->st.cancelled++;
@@ -535,11 +546,12 @@ static void sched_cancel(kvw_engine_t *e, kvw_req_t *r)
         sreq_free(s);
 }
 
-static void drop_queue(queue_t *q)
+static void drop_queue(sched_t *sc, queue_t *q)
 {
     while (q->head) {
         sreq_t *s = q->head;
         q_remove(q, s);
+        drop_pin(sc, s);
         if (s->req) {
             s->req->engine_data = NULL;
             kvw_req_finish(s->req, KVW_FINISH_ABORT);
@@ -562,8 +574,8 @@ static void sched_destroy(kvw_engine_t *e)
         else
             sc->batch[i].s->in_batch = 0;
     }
-    drop_queue(&sc->waiting);
-    drop_queue(&sc->running);
+    drop_queue(sc, &sc->waiting);
+    drop_queue(sc, &sc->running);
     event_free(sc->kick);
     event_free(sc->done);
     kvw_blocks_free(sc->bm);
@@ -619,6 +631,21 @@ kvw_engine_t *kvw_sched_create(const kvw_config_t *cfg, struct event_base *base,
 }
 
 kvw_blocks_t *kvw_sched_blocks(kvw_engine_t *e) { return ((sched_t *)e)->bm; }
+kvw_backend_t *kvw_sched_backend(kvw_engine_t *e) { return ((sched_t *)e)->be; }
+
+int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin)
+{
+    int rc = sched_submit(e, r);
+    sreq_t *s = r->engine_data;
+
+    if (rc != 0 || s == NULL) {
+        kvw_blocks_release(((sched_t *)e)->bm, pin);
+        return rc;
+    }
+    s->pin = *pin;
+    memset(pin, 0, sizeof(*pin));
+    return 0;
+}
 
 void kvw_sched_set_step_hook(kvw_engine_t *e, kvw_step_hook_fn fn, void *ctx)
 {

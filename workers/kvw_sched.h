@@ -37,6 +37,16 @@ kvw_engine_t *kvw_sched_create(const kvw_config_t *cfg, struct event_base *base,
                                kvw_backend_t *backend);
 
 kvw_blocks_t *kvw_sched_blocks(kvw_engine_t *e);
+kvw_backend_t *kvw_sched_backend(kvw_engine_t *e);
+
+/*
+ * submit() for a request whose prompt blocks a transfer filled and
+ * registered (kvw_xfer.h): the scheduler takes over pin, the transfer's
+ * references on them, and drops it once admission has referenced the blocks
+ * itself (or the request ends), so they cannot be evicted in between.
+ * pin is released even when the submit fails.
+ */
+int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin);
 void kvw_sched_load(kvw_engine_t *e, kvw_sched_load_t *out);
 
 /* Called at the end of every step, after its KV events were flushed to the sink. */

@@ -20,6 +20,7 @@
 #include "kv_chat.h"
 #include "kvw_http.h"
 #include "kvw_nats.h"
+#include "kvw_xfer.h"
 
 static void usage(FILE *f)
 {
@@ -54,7 +55,19 @@ static void usage(FILE *f)
         "  --perf-profile FILE           interpolated timing profile (JSON, see\n"
         "                                workers/kvw_mock_model.c); default: polynomial\n"
         "  --tokenizer FILE              tokenizer.json (default: one token per byte)\n"
-        "  --chat-template FILE          chat template (default: \"role: content\" lines)\n");
+        "  --chat-template FILE          chat template (default: \"role: content\" lines)\n"
+        "disaggregated prefill/decode (docs/PROTOCOL.md):\n"
+        "  --role ROLE                   aggregated (default), prefill or decode: a decode worker\n"
+        "                                pulls a prompt's KV from the worker its request's\n"
+        "                                X-KVRoute-Prefill header names\n"
+        "  --disagg-min-tokens N         decode: prefill locally when fewer prompt tokens than\n"
+        "                                this are uncached (default 512)\n"
+        "  --prefill-queue-limit N       prefill: refuse transfers (the decode side prefills\n"
+        "                                itself) at N queued prefills (default 16)\n"
+        "  --xfer-timeout-ms N           a transfer's deadline, either side (default 30000)\n"
+        "  --link-gbps X|nvlink|pcie|rdma  mock: the link KV crosses, Gb/s (default rdma = 400;\n"
+        "                                nvlink = 3600, pcie = 512)\n"
+        "  --kv-bytes-per-token N        mock: modelled KV bytes per token (default 131072)\n");
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -76,8 +89,27 @@ static int parse_bool(const char *v, int *out)
 enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
-    O_DEVICE,
+    O_DEVICE, O_ROLE, O_DISAGG_MIN, O_PREFILL_LIMIT, O_XFER_TIMEOUT, O_LINK, O_KVBPT,
 };
+
+/* Link bandwidths by name, Gb/s per direction (docs/PROTOCOL.md). */
+static int parse_link(const char *v, double *out)
+{
+    char *end;
+
+    if (!strcmp(v, "nvlink"))
+        *out = 3600;        /* H100 NVLink 4: 450 GB/s each way */
+    else if (!strcmp(v, "pcie"))
+        *out = 512;         /* PCIe 5.0 x16: 64 GB/s each way */
+    else if (!strcmp(v, "rdma"))
+        *out = 400;         /* one 400 Gb/s InfiniBand NDR / RoCE NIC */
+    else {
+        *out = strtod(v, &end);
+        if (*end != '\0' || !(*out > 0))
+            return -1;
+    }
+    return 0;
+}
 
 static int parse_args(int argc, char **argv, kvw_config_t *cfg)
 {
@@ -93,7 +125,10 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"enable-chunked-prefill", 1, 0, O_CHUNKED}, {"decode-speedup", 1, 0, O_DECODE_SPEEDUP},
         {"perf-profile", 1, 0, O_PROFILE}, {"tokenizer", 1, 0, O_TOKENIZER},
         {"chat-template", 1, 0, O_TEMPLATE}, {"nats-subjects", 1, 0, O_SUBJECTS},
-        {"idle-timeout", 1, 0, O_IDLE}, {"device", 1, 0, O_DEVICE}, {0, 0, 0, 0}
+        {"idle-timeout", 1, 0, O_IDLE}, {"device", 1, 0, O_DEVICE},
+        {"role", 1, 0, O_ROLE}, {"disagg-min-tokens", 1, 0, O_DISAGG_MIN},
+        {"prefill-queue-limit", 1, 0, O_PREFILL_LIMIT}, {"xfer-timeout-ms", 1, 0, O_XFER_TIMEOUT},
+        {"link-gbps", 1, 0, O_LINK}, {"kv-bytes-per-token", 1, 0, O_KVBPT}, {0, 0, 0, 0}
     };
     int c;
 
@@ -129,6 +164,29 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
             cfg->nats_per_worker = !strcmp(optarg, "per-worker");
             break;
         case O_DEVICE: cfg->device = atoi(optarg); break;
+        case O_ROLE:
+            if (!strcmp(optarg, "aggregated"))
+                cfg->role = KVW_ROLE_AGGREGATED;
+            else if (!strcmp(optarg, "prefill"))
+                cfg->role = KVW_ROLE_PREFILL;
+            else if (!strcmp(optarg, "decode"))
+                cfg->role = KVW_ROLE_DECODE;
+            else {
+                fprintf(stderr, "kvworker: --role takes aggregated, prefill or decode\n");
+                return -1;
+            }
+            break;
+        case O_DISAGG_MIN: cfg->disagg_min_tokens = atoi(optarg); break;
+        case O_PREFILL_LIMIT: cfg->prefill_queue_limit = atoi(optarg); break;
+        case O_XFER_TIMEOUT: cfg->xfer_timeout_ms = atoi(optarg); break;
+        case O_KVBPT: cfg->kv_bytes_per_token = atof(optarg); break;
+        case O_LINK:
+            if (parse_link(optarg, &cfg->link_gbps)) {
+                fprintf(stderr, "kvworker: --link-gbps takes a positive number, nvlink, pcie "
+                        "or rdma\n");
+                return -1;
+            }
+            break;
         case O_PREFIX:
             if (parse_bool(optarg, &cfg->enable_prefix_caching))
                 return -1;
@@ -158,7 +216,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         || cfg->decode_speedup <= 0 || cfg->max_num_seqs < 1
         || cfg->max_num_batched_tokens < 1 || cfg->heartbeat_ms < 1
         || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0
-        || cfg->device < 0) {
+        || cfg->device < 0 || cfg->disagg_min_tokens < 0 || cfg->prefill_queue_limit < 1
+        || cfg->xfer_timeout_ms < 1 || !(cfg->kv_bytes_per_token > 0)) {
         fprintf(stderr, "kvworker: numeric options must be positive (--watermark in [0, 1))\n");
         return -1;
     }
@@ -305,9 +364,9 @@ int main(int argc, char **argv)
     char safe_url[512] = "";
     if (cfg.nats_url)
         kvw_nats_redact(cfg.nats_url, safe_url, sizeof(safe_url));
-    fprintf(stderr, "kvworker: %d %s engine(s) on %s:%d..%d%s%s\n", cfg.engines, cfg.engine,
-            cfg.host, cfg.port, cfg.port + cfg.engines - 1, cfg.nats_url ? ", nats " : "",
-            safe_url);
+    fprintf(stderr, "kvworker: %d %s engine(s) on %s:%d..%d, role %s%s%s\n", cfg.engines,
+            cfg.engine, cfg.host, cfg.port, cfg.port + cfg.engines - 1, kvw_role_name(cfg.role),
+            cfg.nats_url ? ", nats " : "", safe_url);
     event_base_dispatch(base);
     rc = 0;
 out:

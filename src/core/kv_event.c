@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_buf.h"
 #include "kv_event.h"
 #include "kv_proto.h"
 #include "kv_tree.h"
@@ -40,26 +41,6 @@ static int bad(ex_t *x, const char *fmt, ...)
     vsnprintf(x->err, x->errlen, fmt, ap);
     va_end(ap);
     return -1;
-}
-
-static int grow(void **p, size_t *cap, size_t need, size_t size)
-{
-    size_t n = *cap ? *cap : 16;
-    void  *q;
-
-    if (need <= *cap) {
-        return 0;
-    }
-    while (n < need) {
-        n *= 2;
-    }
-    q = realloc(*p, n * size);
-    if (q == NULL) {
-        return -1;
-    }
-    *p = q;
-    *cap = n;
-    return 0;
 }
 
 /* A u64 field: unsigned, or negative (older Dynamo's i64) bit-cast. */
@@ -104,7 +85,7 @@ static int stored(ex_t *x, uint32_t data, kv_event_t *ev)
         return bad(x, "stored event without a blocks array");
     }
     /* an empty blocks array is valid serde (Vec) and applies as nothing */
-    if (grow((void **) &pv->blocks, &pv->blocks_cap, pv->n_blocks + x->t->nodes[blocks].n,
+    if (kv_grow((void **) &pv->blocks, &pv->blocks_cap, pv->n_blocks + x->t->nodes[blocks].n,
              sizeof(kv_stored_block_t)) != 0)
     {
         return bad(x, "out of memory");
@@ -139,7 +120,7 @@ static int removed(ex_t *x, uint32_t data, kv_event_t *ev)
     if (hs < 0 || x->t->nodes[hs].type != KV_T_ARR) {
         return bad(x, "removed event without a block_hashes array");
     }
-    if (grow((void **) &pv->hashes, &pv->hashes_cap, pv->n_hashes + x->t->nodes[hs].n,
+    if (kv_grow((void **) &pv->hashes, &pv->hashes_cap, pv->n_hashes + x->t->nodes[hs].n,
              sizeof(uint64_t)) != 0)
     {
         return bad(x, "out of memory");
@@ -262,7 +243,7 @@ static int router_event(ex_t *x, uint32_t obj)
             return 0;
         }
     }
-    if (grow((void **) &pv->events, &pv->events_cap, x->b->n_events + 1,
+    if (kv_grow((void **) &pv->events, &pv->events_cap, x->b->n_events + 1,
              sizeof(kv_event_t)) != 0)
     {
         return bad(x, "out of memory");

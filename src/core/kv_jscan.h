@@ -90,4 +90,30 @@ int  kv_jscan_more(kv_jscan_t *s, int *first, char close);
 /* kv_jscan_more for an array. */
 static inline int kv_jscan_item(kv_jscan_t *s, int *first) { return kv_jscan_more(s, first, ']'); }
 
+/*
+ * An object read by a table: each known key's value is stored at its offset
+ * in base, unknown keys are skipped. Bit i of *seen is set when fields[i]
+ * was present (at most 32 fields; KV_JF_SKIP records presence only).
+ * 0 once the object is closed, or -1.
+ */
+typedef enum {
+    KV_JF_U64,              /* uint64_t at off */
+    KV_JF_STRING,           /* char[cap] at off, truncated and terminated */
+    KV_JF_OBJECT,           /* a nested object read with sub, at off */
+    KV_JF_SKIP              /* the value is skipped */
+} kv_jfield_type_t;
+
+typedef struct kv_jfield_s  kv_jfield_t;
+
+struct kv_jfield_s {
+    const char          *name;
+    kv_jfield_type_t     type;
+    size_t               off;
+    size_t               cap;
+    const kv_jfield_t   *sub;   /* KV_JF_OBJECT: its table, NULL-name ended */
+};
+
+/* fields ends with an entry whose name is NULL. */
+int  kv_jscan_fields(kv_jscan_t *s, const kv_jfield_t *fields, void *base, uint32_t *seen);
+
 #endif

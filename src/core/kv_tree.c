@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_buf.h"
 #include "kv_jscan.h"
 #include "kv_tree.h"
 
@@ -163,17 +164,6 @@ static int need(rd_t *r, size_t n)
     return (size_t) (r->end - r->p) >= n ? 0 : fail(r, "truncated");
 }
 
-static uint64_t be(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    int      i;
-
-    for (i = 0; i < n; i++) {
-        v = v << 8 | p[i];
-    }
-    return v;
-}
-
 static int mp_value(rd_t *r, int depth);
 
 static int mp_scalar(rd_t *r, uint8_t type, uint64_t u)
@@ -251,13 +241,13 @@ static int mp_value(rd_t *r, int depth)
         int n = 1 << (c - 0xcc);
         if (need(r, (size_t) n) != 0) return -1;
         r->p += n;
-        return mp_scalar(r, KV_T_UINT, be(r->p - n, n));
+        return mp_scalar(r, KV_T_UINT, kv_be(r->p - n, n));
     }
     case 0xd0: case 0xd1: case 0xd2: case 0xd3: {
         int n = 1 << (c - 0xd0);
         uint64_t v;
         if (need(r, (size_t) n) != 0) return -1;
-        v = be(r->p, n);
+        v = kv_be(r->p, n);
         r->p += n;
         /* sign-extend from n bytes */
         sv = n == 8 ? (int64_t) v : (int64_t) (v << (64 - 8 * n)) >> (64 - 8 * n);
@@ -272,7 +262,7 @@ static int mp_value(rd_t *r, int depth)
         int n = c >= 0xd9 ? 1 << (c - 0xd9) : 1 << (c - 0xc4);
         uint64_t len;
         if (need(r, (size_t) n) != 0) return -1;
-        len = be(r->p, n);
+        len = kv_be(r->p, n);
         r->p += n;
         return mp_bytes(r, c >= 0xd9 ? KV_T_STR : KV_T_BIN, (size_t) len);
     }
@@ -280,7 +270,7 @@ static int mp_value(rd_t *r, int depth)
         int n = (c == 0xdc || c == 0xde) ? 2 : 4;
         uint64_t len;
         if (need(r, (size_t) n) != 0) return -1;
-        len = be(r->p, n);
+        len = kv_be(r->p, n);
         r->p += n;
         return mp_container(r, depth, c >= 0xde, len);
     }

@@ -118,7 +118,17 @@ int kv_utf8_valid(const uint8_t *s, size_t n)
 
     while (i < n) {
         if (s[i] < 0x80) {
+            uint64_t w;
+
+            /* ASCII, the bulk of prompts: eight bytes at a time */
             i++;
+            while (i + 8 <= n) {
+                memcpy(&w, s + i, 8);
+                if (w & 0x8080808080808080ULL) {
+                    break;
+                }
+                i += 8;
+            }
             continue;
         }
         k = kv_utf8_next(s + i, n - i, &cp);

@@ -19,6 +19,7 @@
 
 #include "kv_ingest_int.h"
 #include "kv_proto.h"
+#include "kv_signals.h"
 
 #define MAX_SERVERS 16
 
@@ -309,15 +310,15 @@ static void apply_message(kv_ingest_t *ing, natsMsg *msg)
 {
     char err[200];
     uint64_t now = kv_ingest_now_ms(), wid = 0;
-    kv_registry_status_add(ing->reg, ST(messages), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(messages), 1);
     int form = subject_worker(natsMsg_GetSubject(msg), ing->ev_subject, &wid);
     if (form < 0 || (form == 0 && ing->cfg.per_worker_only)) {
-        kv_registry_status_add(ing->reg, ST(rejected), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(rejected), 1);
         return;
     }
     if (kv_event_decode(&ing->batch, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
                         err, sizeof(err)) != 0) {
-        kv_registry_status_add(ing->reg, ST(decode_errors), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(decode_errors), 1);
         if (ing->cfg.verbose)
             kv_ingest_log(ing, "event dropped: %s", err);
     } else {
@@ -385,7 +386,7 @@ static void on_heartbeat(natsConnection *nc, natsSubscription *sub, natsMsg *msg
     int form = subject_worker(natsMsg_GetSubject(msg), ing->hb_subject, &wid);
     pthread_mutex_lock(&ing->mu);
     if (form < 0 || (form == 0 && ing->cfg.per_worker_only))
-        kv_registry_status_add(ing->reg, ST(rejected), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(rejected), 1);
     else if (!ing->stopping && nc == ing->nc)
         kv_sync_heartbeat(ing, natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg),
                           form == 1 ? &wid : NULL, kv_ingest_now_ms());
@@ -410,16 +411,16 @@ static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
 static void on_connected(natsConnection *nc, void *closure)
 {
     kv_ingest_t *ing = closure;
-    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CONNECTED);
-    kv_registry_status_add(ing->reg, ST(connects), 1);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(nats_state), KV_NATS_CONNECTED);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(connects), 1);
     __atomic_fetch_add(&ing->conn_epoch, 1, __ATOMIC_RELEASE);
 }
 
 static void on_disconnected(natsConnection *nc, void *closure)
 {
     kv_ingest_t *ing = closure;
-    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_RECONNECTING);
-    kv_registry_status_add(ing->reg, ST(disconnects), 1);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(nats_state), KV_NATS_RECONNECTING);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(disconnects), 1);
 }
 
 /* The last callback cnats makes for a connection: stop waits for it, so no
@@ -427,7 +428,7 @@ static void on_disconnected(natsConnection *nc, void *closure)
 static void on_closed(natsConnection *nc, void *closure)
 {
     kv_ingest_t *ing = closure;
-    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CLOSED);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(nats_state), KV_NATS_CLOSED);
     pthread_mutex_lock(&ing->mu);
     ing->closed++;
     pthread_cond_signal(&ing->closed_cv);
@@ -563,7 +564,7 @@ static int subscribe_all(kv_ingest_t *ing)
 static void connect_now(kv_ingest_t *ing, uint64_t now_ms)
 {
     natsConnection *nc = NULL;
-    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CONNECTING);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(nats_state), KV_NATS_CONNECTING);
     natsStatus s = natsConnection_Connect(&nc, ing->opts);
     if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) {
         char urls[1024];
@@ -572,7 +573,7 @@ static void connect_now(kv_ingest_t *ing, uint64_t now_ms)
         kv_ingest_log(ing, "NATS %s: connect: %s%s%s; retrying", urls, natsStatus_GetText(s),
                       detail && detail[0] ? ": " : "", detail ? detail : "");
         natsConnection_Destroy(nc);
-        kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_DOWN);
+        kv_registry_status_set(ing->reg, KV_STATUS_OFF(nats_state), KV_NATS_DOWN);
         ing->connect_retry_ms = now_ms + ing->backoff_ms;
         ing->backoff_ms = ing->backoff_ms * 2 > 30000 ? 30000 : ing->backoff_ms * 2;
         return;
@@ -584,7 +585,7 @@ static void connect_now(kv_ingest_t *ing, uint64_t now_ms)
     subscribe_all(ing);
 }
 
-int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
+static int start(kv_ingest_t *ing, char *err, size_t errlen)
 {
     natsStatus s = natsOptions_Create(&ing->opts);
     if (s != NATS_OK) {
@@ -624,6 +625,18 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
     connect_now(ing, kv_ingest_now_ms());
     pthread_mutex_unlock(&ing->mu);
     return 0;
+}
+
+/* cnats's threads must not take the host's signals. */
+int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
+{
+    sigset_t  old;
+    int       rc;
+
+    kv_signals_block(&old);
+    rc = start(ing, err, errlen);
+    kv_signals_restore(&old);
+    return rc;
 }
 
 /* Durable push consumer on the stream (created if absent, with the stream
@@ -719,7 +732,7 @@ void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
         && jetstream_setup(ing) < 0)
         ing->js_retry_ms = now_ms + 1000;
     kv_sync_tick(ing, now_ms, connected, reconnected);
-    kv_registry_status_set(ing->reg, ST(updated_ms), now_ms);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(updated_ms), now_ms);
     pthread_mutex_unlock(&ing->mu);
 }
 
@@ -779,7 +792,7 @@ void kv_ingest_stop(kv_ingest_t *ing)
         natsOptions_Destroy(ing->opts);
         ing->opts = NULL;
     }
-    kv_registry_status_set(ing->reg, ST(nats_state), KV_NATS_CLOSED);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(nats_state), KV_NATS_CLOSED);
 }
 
 void kv_ingest_destroy(kv_ingest_t *ing)

@@ -118,6 +118,5 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
 void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected);
 void kv_sync_free(kv_ingest_t *ing);
 
-#define ST(field) KV_STATUS_OFF(field)
 
 #endif

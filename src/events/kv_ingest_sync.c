@@ -12,6 +12,7 @@
  * Every function here runs with ing->mu held.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +62,7 @@ static void worker_remove(kv_ingest_t *ing, int i, uint64_t now_ms, const char *
     buf_free(&w->buf);
     memset(w, 0, sizeof(*w));
     kv_registry_remove(ing->reg, i);
-    kv_registry_status_add(ing->reg, ST(removed), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(removed), 1);
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         kv_wstate_t *o = &ing->wk[k];
         if (!o->used || o->worker_id != id || o->state == KV_WORKER_GONE)
@@ -155,7 +156,7 @@ static void count(kv_ingest_t *ing, int i, size_t rec_off, size_t status_field, 
         kv_registry_status_add(ing->reg, status_field, n);
 }
 
-#define COUNT(ing, i, rf, sf, n) count(ing, i, offsetof(kv_worker_rec_t, rf), ST(sf), n)
+#define COUNT(ing, i, rf, sf, n) count(ing, i, offsetof(kv_worker_rec_t, rf), KV_STATUS_OFF(sf), n)
 
 /* --- buffer ------------------------------------------------------------- */
 
@@ -205,7 +206,7 @@ static void buf_push(kv_ingest_t *ing, int i, const kv_event_t *ev)
                 lim_bl) < 0) {
         buf_reset(b);
         b->overflow = 1;
-        kv_registry_status_add(ing->reg, ST(buffer_overflows), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(buffer_overflows), 1);
         return;
     }
     kv_buf_event_t *be = &b->ev[b->n++];
@@ -277,9 +278,9 @@ static void apply_one(kv_ingest_t *ing, int i, const kv_event_t *ev, uint64_t no
         else
             r->blocks_removed += nb;
         kv_registry_write_end(ing->reg, i);
-        kv_registry_status_add(ing->reg, ST(events), 1);
-        kv_registry_status_add(ing->reg, ST(blocks), nb);
-        kv_registry_status_set(ing->reg, ST(last_event_ms), now_ms);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(events), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(blocks), nb);
+        kv_registry_status_set(ing->reg, KV_STATUS_OFF(last_event_ms), now_ms);
     }
     if (ev->event_id > w->last_applied || ev->event_id == 1)
         w->last_applied = ev->event_id;
@@ -313,7 +314,7 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     w->need_resync = 0;
     w->dump_next_chunk = 0;
     w->dump_deadline_ms = now_ms + ing->cfg.dump_timeout_ms;
-    kv_registry_status_add(ing->reg, ST(resyncs), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(resyncs), 1);
     if (ing->cfg.verbose)
         kv_ingest_log(ing, "resync worker %" PRIu64 " rank %u (dump %" PRIu64 ")", w->worker_id,
                       w->dp_rank, w->dump_seq);
@@ -322,7 +323,7 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
 
 static void reject(kv_ingest_t *ing, const char *what, uint64_t worker_id, uint64_t id)
 {
-    kv_registry_status_add(ing->reg, ST(rejected), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(rejected), 1);
     if (ing->cfg.verbose)
         kv_ingest_log(ing, "worker %" PRIu64 ": %s (id %" PRIu64 ") rejected", worker_id, what,
                       id);
@@ -341,7 +342,7 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
 {
     int i = worker_get(ing, ev->worker_id, ev->dp_rank, now_ms);
     if (i < 0) {
-        kv_registry_status_add(ing->reg, ST(apply_errors), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(apply_errors), 1);
         return;
     }
     kv_wstate_t *w = &ing->wk[i];
@@ -418,7 +419,7 @@ void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t 
         handle_event(ing, &b->events[k], now_ms);
     uint64_t lag = b->has_envelope && b->published_at && now_ms > b->published_at
                        ? now_ms - b->published_at : 0;
-    kv_registry_status_set(ing->reg, ST(last_event_lag_ms), lag);
+    kv_registry_status_set(ing->reg, KV_STATUS_OFF(last_event_lag_ms), lag);
 }
 
 /* After a whole dump: events buffered meanwhile, in order, past its id. */
@@ -465,54 +466,50 @@ typedef struct {
     kv_worker_load_t    load;
 } heartbeat_t;
 
-static int parse_load(kv_jscan_t *s, kv_worker_load_t *l)
-{
-    char key[48];
-    int first = 1, r;
-    if (kv_jscan_expect(s, '{') < 0)
-        return -1;
-    while ((r = kv_jscan_key(s, &first, key, sizeof(key))) == 1) {
-        uint64_t *f = !strcmp(key, "active_prefill_tokens") ? &l->active_prefill_tokens
-                    : !strcmp(key, "active_decode_blocks")  ? &l->active_decode_blocks
-                    : !strcmp(key, "kv_used_blocks")        ? &l->kv_used_blocks
-                    : !strcmp(key, "waiting")               ? &l->waiting
-                    : !strcmp(key, "running")               ? &l->running : NULL;
-        if ((f ? kv_jscan_u64(s, f) : kv_jscan_skip(s)) < 0)
-            return -1;
-    }
-    return r;
-}
+#define LOAD_U64(f)  { #f, KV_JF_U64, offsetof(kv_worker_load_t, f), 0, NULL }
+#define HB_U64(f)    { #f, KV_JF_U64, offsetof(heartbeat_t, f), 0, NULL }
+#define HB_STR(f)    { #f, KV_JF_STRING, offsetof(heartbeat_t, f), \
+                       sizeof(((heartbeat_t *) 0)->f), NULL }
+
+static const kv_jfield_t load_fields[] = {
+    LOAD_U64(active_prefill_tokens),
+    LOAD_U64(active_decode_blocks),
+    LOAD_U64(kv_used_blocks),
+    LOAD_U64(waiting),
+    LOAD_U64(running),
+    { NULL, 0, 0, 0, NULL }
+};
+
+/* worker_id first: bit 0 of the seen mask says it was there. */
+static const kv_jfield_t heartbeat_fields[] = {
+    HB_U64(worker_id),
+    HB_U64(dp_rank),
+    HB_U64(instance_id),
+    HB_U64(last_event_id),
+    HB_U64(interval_ms),
+    HB_U64(block_size),
+    HB_U64(num_blocks),
+    HB_STR(address),
+    HB_STR(model),
+    HB_STR(type),
+    { "load", KV_JF_OBJECT, offsetof(heartbeat_t, load), 0, load_fields },
+    { NULL, 0, 0, 0, NULL }
+};
 
 static int parse_heartbeat(const char *buf, size_t len, heartbeat_t *h)
 {
-    kv_jscan_t s;
-    char key[48];
-    int first = 1, r;
+    kv_jscan_t  s;
+    uint32_t    seen = 0;
+
     memset(h, 0, sizeof(*h));
     kv_jscan_init(&s, buf, len);
-    if (kv_jscan_expect(&s, '{') < 0)
+    if (kv_jscan_fields(&s, heartbeat_fields, h, &seen) < 0) {
         return -1;
-    while ((r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1) {
-        int rc;
-        if (!strcmp(key, "worker_id")) {
-            rc = kv_jscan_u64(&s, &h->worker_id);
-            h->has_worker = 1;
-        } else if (!strcmp(key, "dp_rank")) rc = kv_jscan_u64(&s, &h->dp_rank);
-        else if (!strcmp(key, "instance_id")) rc = kv_jscan_u64(&s, &h->instance_id);
-        else if (!strcmp(key, "last_event_id")) rc = kv_jscan_u64(&s, &h->last_event_id);
-        else if (!strcmp(key, "interval_ms")) rc = kv_jscan_u64(&s, &h->interval_ms);
-        else if (!strcmp(key, "block_size")) rc = kv_jscan_u64(&s, &h->block_size);
-        else if (!strcmp(key, "num_blocks")) rc = kv_jscan_u64(&s, &h->num_blocks);
-        else if (!strcmp(key, "address")) rc = kv_jscan_string(&s, h->address, sizeof(h->address));
-        else if (!strcmp(key, "model")) rc = kv_jscan_string(&s, h->model, sizeof(h->model));
-        else if (!strcmp(key, "type")) rc = kv_jscan_string(&s, h->type, sizeof(h->type));
-        else if (!strcmp(key, "load")) rc = parse_load(&s, &h->load);
-        else rc = kv_jscan_skip(&s);
-        if (rc < 0)
-            return -1;
     }
-    if (r < 0 || !h->has_worker || h->dp_rank > UINT32_MAX)
+    h->has_worker = seen & 1;
+    if (!h->has_worker || h->dp_rank > UINT32_MAX) {
         return -1;
+    }
     return 0;
 }
 
@@ -544,7 +541,7 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
 {
     heartbeat_t h;
     if (parse_heartbeat(buf, len, &h) < 0) {
-        kv_registry_status_add(ing->reg, ST(decode_errors), 1);
+        kv_registry_status_add(ing->reg, KV_STATUS_OFF(decode_errors), 1);
         return;
     }
     if (subject_worker && h.worker_id != *subject_worker) {
@@ -552,7 +549,7 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
                *subject_worker);
         return;
     }
-    kv_registry_status_add(ing->reg, ST(heartbeats), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(heartbeats), 1);
     if (!strcmp(h.type, "leave")) {
         /* a worker shutting down: free its record and slots now */
         for (uint32_t k = 0; k < ing->max_workers; k++)
@@ -700,7 +697,7 @@ static int dump_blocks(kv_ingest_t *ing, int i, kv_jscan_t *s, uint64_t now_ms)
 static void dump_failed(kv_ingest_t *ing, int i, uint64_t now_ms, const char *why)
 {
     kv_wstate_t *w = &ing->wk[i];
-    kv_registry_status_add(ing->reg, ST(dump_failures), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(dump_failures), 1);
     if (ing->cfg.verbose)
         kv_ingest_log(ing, "dump from worker %" PRIu64 " failed: %s", w->worker_id, why);
     w->dump_seq = 0;
@@ -729,32 +726,33 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
     }
 }
 
+#define DUMP_U64(f)  { #f, KV_JF_U64, offsetof(dump_head_t, f), 0, NULL }
+
+/* "blocks" last: its bit in the seen mask says the chunk has blocks. */
+static const kv_jfield_t dump_head_fields[] = {
+    DUMP_U64(worker_id),
+    DUMP_U64(dp_rank),
+    DUMP_U64(instance_id),
+    DUMP_U64(last_event_id),
+    DUMP_U64(chunk),
+    DUMP_U64(chunks),
+    { "blocks", KV_JF_SKIP, 0, 0, NULL },
+    { NULL, 0, 0, 0, NULL }
+};
+
 /* The head fields of a chunk, "blocks" skipped: 0, or -1 if malformed. */
 static int dump_head(const char *buf, size_t len, dump_head_t *h)
 {
-    kv_jscan_t s;
-    char key[48];
-    int first = 1, r;
+    kv_jscan_t  s;
+    uint32_t    seen = 0;
+
     memset(h, 0, sizeof(*h));
     kv_jscan_init(&s, buf, len);
-    if (kv_jscan_expect(&s, '{') < 0)
+    if (kv_jscan_fields(&s, dump_head_fields, h, &seen) < 0) {
         return -1;
-    while ((r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1) {
-        int rc;
-        if (!strcmp(key, "worker_id")) rc = kv_jscan_u64(&s, &h->worker_id);
-        else if (!strcmp(key, "dp_rank")) rc = kv_jscan_u64(&s, &h->dp_rank);
-        else if (!strcmp(key, "instance_id")) rc = kv_jscan_u64(&s, &h->instance_id);
-        else if (!strcmp(key, "last_event_id")) rc = kv_jscan_u64(&s, &h->last_event_id);
-        else if (!strcmp(key, "chunk")) rc = kv_jscan_u64(&s, &h->chunk);
-        else if (!strcmp(key, "chunks")) rc = kv_jscan_u64(&s, &h->chunks);
-        else {
-            h->seen_blocks |= !strcmp(key, "blocks");
-            rc = kv_jscan_skip(&s);
-        }
-        if (rc < 0)
-            return -1;
     }
-    return r == 0 && h->seen_blocks ? 0 : -1;
+    h->seen_blocks = (seen >> 6) & 1;
+    return h->seen_blocks ? 0 : -1;
 }
 
 /* Why a chunk cannot belong to the dump we asked worker i for, or NULL. */
@@ -829,7 +827,7 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
     w->dump_floor = h.last_event_id;
     w->hb_applied = h.last_event_id;
     w->behind_since_ms = 0;
-    kv_registry_status_add(ing->reg, ST(dumps), 1);
+    kv_registry_status_add(ing->reg, KV_STATUS_OFF(dumps), 1);
     kv_worker_rec_t *rec = kv_registry_write_begin(ing->reg, i);
     rec->resyncs++;
     kv_registry_write_end(ing->reg, i);
@@ -908,7 +906,7 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
             w->need_resync = 0;
             w->dump_seq = 0;
             buf_reset(&w->buf);
-            kv_registry_status_add(ing->reg, ST(timeouts), 1);
+            kv_registry_status_add(ing->reg, KV_STATUS_OFF(timeouts), 1);
             if (ing->cfg.verbose)
                 kv_ingest_log(ing, "worker %" PRIu64 " silent: blocks dropped", w->worker_id);
             publish(ing, (int)i);

@@ -7,6 +7,7 @@
 
 #include <xxhash.h>
 
+#include "kv_buf.h"
 #include "kv_hash.h"
 #include "kv_vllm_event.h"
 
@@ -41,27 +42,6 @@ void kv_vllm_batch_free(kv_vllm_batch_t *b)
     free(b->hashes);
     free(b->tokens);
     memset(b, 0, sizeof(*b));
-}
-
-static int grow(void **p, size_t *cap, size_t need, size_t size)
-{
-    size_t  n;
-    void   *q;
-
-    if (need <= *cap) {
-        return 0;
-    }
-    n = *cap ? *cap : 64;
-    while (n < need) {
-        n *= 2;
-    }
-    q = realloc(*p, n * size);
-    if (q == NULL) {
-        return -1;
-    }
-    *p = q;
-    *cap = n;
-    return 0;
 }
 
 int kv_vllm_seq(const void *frame, size_t len, uint64_t *seq)
@@ -125,17 +105,6 @@ typedef struct {
 
 #define MAX_SKIP_DEPTH 32
 
-static uint64_t rd_be(const uint8_t *p, int n)
-{
-    uint64_t v = 0;
-    int      i;
-
-    for (i = 0; i < n; i++) {
-        v = v << 8 | p[i];
-    }
-    return v;
-}
-
 static int rd_need(rd_t *r, size_t n)
 {
     return (size_t) (r->end - r->p) >= n ? 0 : -1;
@@ -160,7 +129,7 @@ static int rd_arr(rd_t *r, uint32_t *n)
         if (rd_need(r, 1 + (size_t) k) != 0) {
             return -1;
         }
-        *n = (uint32_t) rd_be(r->p + 1, k);
+        *n = (uint32_t) kv_be(r->p + 1, k);
         r->p += 1 + k;
         /* every element takes at least one byte */
         return *n <= (size_t) (r->end - r->p) ? 0 : -1;
@@ -204,7 +173,7 @@ static int rd_int(rd_t *r, uint64_t *v, int *neg)
         if (rd_need(r, 1 + (size_t) k) != 0) {
             return -1;
         }
-        *v = rd_be(r->p + 1, k);
+        *v = kv_be(r->p + 1, k);
         r->p += 1 + k;
         return 0;
     }
@@ -214,7 +183,7 @@ static int rd_int(rd_t *r, uint64_t *v, int *neg)
         if (rd_need(r, 1 + (size_t) k) != 0) {
             return -1;
         }
-        *v = rd_be(r->p + 1, k);
+        *v = kv_be(r->p + 1, k);
         sv = k == 8 ? (int64_t) *v : (int64_t) (*v << (64 - 8 * k)) >> (64 - 8 * k);
         *v = (uint64_t) sv;
         *neg = sv < 0;
@@ -251,7 +220,7 @@ static int rd_bytes(rd_t *r, const char **s, size_t *len, int *is_bin)
         if (rd_need(r, 1 + (size_t) k) != 0) {
             return -1;
         }
-        n = rd_be(r->p + 1, k);
+        n = kv_be(r->p + 1, k);
     }
     r->p += 1 + k;
     if (rd_need(r, n) != 0) {
@@ -313,7 +282,7 @@ static int rd_skip(rd_t *r, int depth)
             if (rd_need(r, 1 + (size_t) k) != 0) {
                 return -1;
             }
-            n = rd_be(r->p + 1, k);
+            n = kv_be(r->p + 1, k);
             r->p += 1 + k;
         }
         if (map) {
@@ -357,7 +326,7 @@ static int rd_hash_list(kv_vllm_batch_t *b, rd_t *r, size_t *off, size_t *n)
     uint32_t k, i;
 
     if (rd_arr(r, &k) != 0
-        || grow((void **) &b->hashes, &b->cap_h, b->n_h + k, sizeof(uint64_t)) != 0)
+        || kv_grow((void **) &b->hashes, &b->cap_h, b->n_h + k, sizeof(uint64_t)) != 0)
     {
         return -1;
     }
@@ -417,7 +386,7 @@ static int decode_stored(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pendin
     if (rd_arr(r, &nt) != 0) {
         return fail(b, err, errlen, "BlockStored token_ids is not a list");
     }
-    if (grow((void **) &b->tokens, &b->cap_t, b->n_t + nt, sizeof(uint32_t)) != 0) {
+    if (kv_grow((void **) &b->tokens, &b->cap_t, b->n_t + nt, sizeof(uint32_t)) != 0) {
         return fail(b, err, errlen, "out of memory");
     }
     pe->t_off = b->n_t;
@@ -494,13 +463,13 @@ static int rd_ts(rd_t *r, double *ts)
         return -1;
     }
     if (*r->p == 0xcb && rd_need(r, 9) == 0) {
-        v = rd_be(r->p + 1, 8);
+        v = kv_be(r->p + 1, 8);
         memcpy(ts, &v, 8);
         r->p += 9;
         return 0;
     }
     if (*r->p == 0xca && rd_need(r, 5) == 0) {
-        w = (uint32_t) rd_be(r->p + 1, 4);
+        w = (uint32_t) kv_be(r->p + 1, 4);
         memcpy(&f, &w, 4);
         *ts = f;
         r->p += 5;
@@ -544,7 +513,7 @@ int kv_vllm_decode(kv_vllm_batch_t *b, const void *buf, size_t len,
     if (rd_arr(&r, &n) != 0) {
         return fail(b, err, errlen, "KVEventBatch events is not a list");
     }
-    if (grow((void **) &b->events, &b->cap_events, n ? n : 1, sizeof(kv_vllm_event_t)) != 0
+    if (kv_grow((void **) &b->events, &b->cap_events, n ? n : 1, sizeof(kv_vllm_event_t)) != 0
         || (pend = malloc((n ? n : 1) * sizeof(pending_t))) == NULL)
     {
         return fail(b, err, errlen, "out of memory");

@@ -9,7 +9,9 @@
 
 #include <zmq.h>
 
+#include "kv_buf.h"
 #include "kv_hash.h"
+#include "kv_signals.h"
 #include "kv_vllm_event.h"
 #include "kv_zmq.h"
 
@@ -220,8 +222,6 @@ static void reg_update(kv_zmq_t *z, zpub_t *p, uint64_t now)
     kv_registry_write_end(z->reg, p->reg);
 }
 
-#define ST(f) KV_STATUS_OFF(f)
-
 static void status_counts(kv_zmq_t *z);
 
 /* --- applying ------------------------------------------------------------ */
@@ -230,31 +230,11 @@ static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
 {
     kv_index_worker_clear(z->ix, p->worker_id);
     tmap_clear(&p->tiers);
-    kv_registry_status_add(z->reg, ST(cleared_workers), 1);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(cleared_workers), 1);
     if (z->cfg.sink) {
         z->cfg.sink(z->cfg.sink_arg, (size_t) (p - z->p), NULL);
     }
     zlog("%s (%s): blocks cleared: %s", p->cfg.server, p->cfg.endpoint, why);
-}
-
-static int grow(void **a, size_t *cap, size_t need, size_t size)
-{
-    void   *q;
-    size_t  n = *cap ? *cap : 256;
-
-    if (need <= *cap) {
-        return 0;
-    }
-    while (n < need) {
-        n *= 2;
-    }
-    q = realloc(*a, n * size);
-    if (q == NULL) {
-        return -1;
-    }
-    *a = q;
-    *cap = n;
-    return 0;
 }
 
 static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint32_t dp,
@@ -295,7 +275,7 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
         return;
     }
 
-    if (grow((void **) &z->blocks, &z->cap_blocks, e->n_hashes, sizeof(kv_stored_block_t)) != 0) {
+    if (kv_grow((void **) &z->blocks, &z->cap_blocks, e->n_hashes, sizeof(kv_stored_block_t)) != 0) {
         p->st.apply_errors++;
         return;
     }
@@ -316,13 +296,13 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
     ev.n_blocks = e->n_hashes;
     if (kv_index_apply(z->ix, &ev, now, err, sizeof(err)) != 0) {
         p->st.apply_errors++;
-        kv_registry_status_add(z->reg, ST(apply_errors), 1);
+        kv_registry_status_add(z->reg, KV_STATUS_OFF(apply_errors), 1);
         return;
     }
     for (i = 0; i < e->n_hashes; i++) {
         tmap_put(&p->tiers, e->hashes[i], tmap_get(&p->tiers, e->hashes[i]) | bit);
     }
-    kv_registry_status_add(z->reg, ST(blocks), e->n_hashes);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(blocks), e->n_hashes);
 }
 
 static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint32_t dp,
@@ -333,7 +313,7 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
     size_t      i, n = 0;
     char        err[128];
 
-    if (grow((void **) &z->rm, &z->cap_rm, e->n_hashes, sizeof(uint64_t)) != 0) {
+    if (kv_grow((void **) &z->rm, &z->cap_rm, e->n_hashes, sizeof(uint64_t)) != 0) {
         p->st.apply_errors++;
         return;
     }
@@ -359,7 +339,7 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
     if (kv_index_apply(z->ix, &ev, now, err, sizeof(err)) != 0) {
         p->st.apply_errors++;
     }
-    kv_registry_status_add(z->reg, ST(blocks), n);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(blocks), n);
 }
 
 /* Decodes and applies one message whose place in the sequence is right. */
@@ -374,11 +354,11 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
 
     p->have_seq = 1;
     p->last_seq = seq;
-    kv_registry_status_add(z->reg, ST(messages), 1);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(messages), 1);
 
     if (kv_vllm_decode(b, buf, len, err, sizeof(err)) != 0) {
         p->st.malformed++;
-        kv_registry_status_add(z->reg, ST(decode_errors), 1);
+        kv_registry_status_add(z->reg, KV_STATUS_OFF(decode_errors), 1);
         if (p->st.malformed <= 10 || z->cfg.verbose) {
             zlog("%s (%s): malformed message seq %llu skipped: %s", p->cfg.server,
                  p->cfg.endpoint, (unsigned long long) seq, err);
@@ -403,12 +383,12 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
         }
     }
     p->st.events += b->n_events;
-    kv_registry_status_add(z->reg, ST(events), b->n_events);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(events), b->n_events);
     if (b->ts > 0 && b->ts < 1e12) {       /* seconds; NaN and nonsense skipped */
         ts = (uint64_t) (b->ts * 1000.0);
-        kv_registry_status_set(z->reg, ST(last_event_lag_ms), now > ts ? now - ts : 0);
+        kv_registry_status_set(z->reg, KV_STATUS_OFF(last_event_lag_ms), now > ts ? now - ts : 0);
     }
-    kv_registry_status_set(z->reg, ST(last_event_ms), now);
+    kv_registry_status_set(z->reg, KV_STATUS_OFF(last_event_ms), now);
     if (z->cfg.sink) {
         z->cfg.sink(z->cfg.sink_arg, (size_t) (p - z->p), b);
     }
@@ -421,7 +401,7 @@ static int hold(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t le
     held_t *h;
 
     if (p->n_held >= z->cfg.hold_messages || p->held_bytes + len > HOLD_BYTES_MAX
-        || grow((void **) &p->held, &p->cap_held, p->n_held + 1, sizeof(held_t)) != 0)
+        || kv_grow((void **) &p->held, &p->cap_held, p->n_held + 1, sizeof(held_t)) != 0)
     {
         return -1;
     }
@@ -465,7 +445,7 @@ static int start_replay(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
     p->replay_from = from;
     p->replay_deadline_ms = now + z->cfg.replay_timeout_ms;
     p->st.replays++;
-    kv_registry_status_add(z->reg, ST(resyncs), 1);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(resyncs), 1);
     if (z->cfg.verbose) {
         zlog("%s: replay from %llu", p->cfg.server, (unsigned long long) (from));
     }
@@ -493,14 +473,14 @@ static void sequence(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size
     }
     if (seq <= p->last_seq) {
         p->st.restarts++;
-        kv_registry_status_add(z->reg, ST(engine_restarts), 1);
+        kv_registry_status_add(z->reg, KV_STATUS_OFF(engine_restarts), 1);
         clear_worker(z, p, "sequence restarted (engine restart)");
         p->have_seq = 0;
         sequence(z, p, seq, buf, len, now);
         return;
     }
     p->st.gaps++;
-    kv_registry_status_add(z->reg, ST(gaps), 1);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(gaps), 1);
     zlog("%s (%s): gap: seq %llu after %llu", p->cfg.server, p->cfg.endpoint,
          (unsigned long long) seq, (unsigned long long) p->last_seq);
     if (can_replay(p, now) && start_replay(z, p, p->last_seq + 1, now) == 0) {
@@ -532,7 +512,7 @@ static void release_held(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
 static void replay_failed(kv_zmq_t *z, zpub_t *p, const char *why, uint64_t now)
 {
     p->st.replay_failures++;
-    kv_registry_status_add(z->reg, ST(dump_failures), 1);
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(dump_failures), 1);
     p->replaying = 0;
     p->no_replay_until_ms = now + NO_REPLAY_MS;
     clear_worker(z, p, why);
@@ -561,7 +541,7 @@ static void on_message(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, si
     p->st.messages++;
     if (p->replaying) {
         if (hold(z, p, seq, buf, len) != 0) {
-            kv_registry_status_add(z->reg, ST(buffer_overflows), 1);
+            kv_registry_status_add(z->reg, KV_STATUS_OFF(buffer_overflows), 1);
             replay_failed(z, p, "too many live messages held during a replay", now);
             on_message(z, p, seq, buf, len, now);
         }
@@ -579,7 +559,7 @@ static void on_replay(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, siz
     }
     if (seq == END_SEQ) {
         p->replaying = 0;
-        kv_registry_status_add(z->reg, ST(dumps), 1);
+        kv_registry_status_add(z->reg, KV_STATUS_OFF(dumps), 1);
         if (z->cfg.verbose) {
             zlog("%s: replay done at %llu", p->cfg.server, (unsigned long long) p->last_seq);
         }
@@ -673,7 +653,7 @@ static void drain_sub(kv_zmq_t *z, zpub_t *p, uint64_t now)
         }
         if (n != 3 || kv_vllm_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
             p->st.malformed++;
-            kv_registry_status_add(z->reg, ST(decode_errors), 1);
+            kv_registry_status_add(z->reg, KV_STATUS_OFF(decode_errors), 1);
             if (p->st.malformed <= 10) {
                 zlog("%s (%s): malformed message of %d frames skipped (expected topic, "
                      "8-byte seq, payload)", p->cfg.server, p->cfg.endpoint, n);
@@ -700,7 +680,7 @@ static void drain_replay(kv_zmq_t *z, zpub_t *p, uint64_t now)
         at = n >= 3 && zmq_msg_size(&f[0]) == 0 ? 1 : 0;
         if (n - at != 2 || kv_vllm_seq(zmq_msg_data(&f[at]), zmq_msg_size(&f[at]), &seq) != 0) {
             p->st.malformed++;
-            kv_registry_status_add(z->reg, ST(decode_errors), 1);
+            kv_registry_status_add(z->reg, KV_STATUS_OFF(decode_errors), 1);
         } else {
             on_replay(z, p, seq, zmq_msg_data(&f[at + 1]), zmq_msg_size(&f[at + 1]), now);
         }
@@ -721,9 +701,9 @@ static void status_counts(kv_zmq_t *z)
         up += z->p[i].connected;
         mism += z->p[i].mismatch;
     }
-    kv_registry_status_set(z->reg, ST(zmq_connected), up);
-    kv_registry_status_set(z->reg, ST(block_size_mismatch), mism);
-    kv_registry_status_set(z->reg, ST(nats_state),
+    kv_registry_status_set(z->reg, KV_STATUS_OFF(zmq_connected), up);
+    kv_registry_status_set(z->reg, KV_STATUS_OFF(block_size_mismatch), mism);
+    kv_registry_status_set(z->reg, KV_STATUS_OFF(nats_state),
                            up == z->n ? KV_NATS_CONNECTED
                            : up ? KV_NATS_RECONNECTING : KV_NATS_CONNECTING);
 }
@@ -739,7 +719,7 @@ static void drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
             memcpy(&event, zmq_msg_data(&f[0]), 2);
             if (event == ZMQ_EVENT_CONNECTED && !p->connected) {
                 p->connected = 1;
-                kv_registry_status_add(z->reg, ST(connects), 1);
+                kv_registry_status_add(z->reg, KV_STATUS_OFF(connects), 1);
                 zlog("%s: connected to %s", p->cfg.server, p->cfg.endpoint);
                 /* anything published while we were away comes back by replay */
                 if (p->ever_connected && p->have_seq && !p->replaying && can_replay(p, now)) {
@@ -748,7 +728,7 @@ static void drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
                 p->ever_connected = 1;
             } else if (event == ZMQ_EVENT_DISCONNECTED && p->connected) {
                 p->connected = 0;
-                kv_registry_status_add(z->reg, ST(disconnects), 1);
+                kv_registry_status_add(z->reg, KV_STATUS_OFF(disconnects), 1);
                 zlog("%s: lost %s: routed by load only until it is back", p->cfg.server,
                      p->cfg.endpoint);
             }
@@ -970,11 +950,11 @@ kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_
         p->worker_id = kv_hash_worker_id(c->server, strlen(c->server));
         adopt(z, p, c->server);
     }
-    kv_registry_status_set(reg, ST(zmq_publishers), z->n);
+    kv_registry_status_set(reg, KV_STATUS_OFF(zmq_publishers), z->n);
     return z;
 }
 
-int kv_zmq_start(kv_zmq_t *z, char *err, size_t errlen)
+static int start(kv_zmq_t *z, char *err, size_t errlen)
 {
     size_t i;
 
@@ -997,9 +977,21 @@ int kv_zmq_start(kv_zmq_t *z, char *err, size_t errlen)
     return 0;
 }
 
+/* libzmq's threads (and ours) must not take the host's signals. */
+int kv_zmq_start(kv_zmq_t *z, char *err, size_t errlen)
+{
+    sigset_t  old;
+    int       rc;
+
+    kv_signals_block(&old);
+    rc = start(z, err, errlen);
+    kv_signals_restore(&old);
+    return rc;
+}
+
 void kv_zmq_tick(kv_zmq_t *z, uint64_t now)
 {
-    kv_registry_status_set(z->reg, ST(updated_ms), now);
+    kv_registry_status_set(z->reg, KV_STATUS_OFF(updated_ms), now);
 }
 
 void kv_zmq_stop(kv_zmq_t *z)

@@ -28,6 +28,7 @@
 #include "kv_ring.h"
 #include "kv_route.h"
 #include "kv_tokenizer.h"
+#include "kv_turn.h"
 
 
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
@@ -96,6 +97,9 @@ typedef struct {
     kv_load_t                      *load;
     kv_index_t                     *index;
     kv_registry_t                  *registry;   /* workers and helper status */
+    void                           *turn_region;
+    size_t                          turn_size;
+    kv_tcache_t                    *turns;      /* turn-delta tokenization, or NULL */
 } ngx_http_kvroute_sh_t;
 
 
@@ -112,6 +116,8 @@ typedef struct {
     ngx_uint_t                      load_servers;   /* the load table's shape, */
     ngx_uint_t                      load_rows;      /* from the configuration */
     ngx_uint_t                      load_groups;
+    ssize_t                         turn_size;      /* turn_cache=, -1: default */
+    ngx_msec_t                      turn_ttl;       /* turn_cache_ttl= */
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
     ngx_str_t                       ref_file;       /* where it was first named */
@@ -157,6 +163,8 @@ typedef struct {
     ngx_str_t                       upstream_name;
     ngx_uint_t                      block_size;
     kv_tokenizer_t                 *tokenizer;
+    kv_tok_bounds_t                *bounds;     /* the tokenizer's cut tokens */
+    kv_turn_t                       turn;       /* set in the worker, on first use */
     kv_chat_template_t             *template;
     ngx_str_t                       model;
     kv_route_config_t               route;
@@ -212,6 +220,7 @@ typedef struct {
     uint64_t                       *seq;        /* sequence hashes (malloc) */
     size_t                          nseq;
     uint64_t                        prompt_tokens;
+    uint64_t                        turn_cached_tokens;     /* from the turn cache */
     uint64_t                        max_tokens;     /* 0: the body names none */
     ngx_http_kvroute_cand_t        *cand;       /* primaries holding part of the
                                                    prompt (all, in small upstreams) */

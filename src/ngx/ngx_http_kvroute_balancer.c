@@ -209,6 +209,9 @@ ngx_http_kvroute_load_files(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
                                "kvroute: tokenizer=%V: %s", tokenizer, err);
             return NGX_CONF_ERROR;
         }
+
+        /* where a prompt may be cut for the zone's turn cache */
+        kcf->bounds = kv_tok_bounds_new(kcf->tokenizer);
     }
 
     if (template->len) {
@@ -233,6 +236,11 @@ static void
 ngx_http_kvroute_cleanup_conf(void *data)
 {
     ngx_http_kvroute_srv_conf_t  *kcf = data;
+
+    if (kcf->bounds) {
+        kv_tok_bounds_free(kcf->bounds);
+        kcf->bounds = NULL;
+    }
 
     if (kcf->tokenizer) {
         kv_tokenizer_free(kcf->tokenizer);

@@ -337,23 +337,56 @@ ngx_http_kvroute_events_add_path(ngx_conf_t *cf, ngx_http_kvroute_events_t *ev,
 }
 
 
+/*
+ * One helper at a time applies events to a zone: the registry lease says
+ * which. A reload's new helper waits here until the old one has exited.
+ */
+
+static ngx_int_t
+ngx_http_kvroute_events_take_lease(ngx_http_kvroute_events_t *ev,
+    ngx_log_t *log)
+{
+    kv_registry_t  *reg = ev->zone->sh->registry;
+
+    if (kv_registry_lease_acquire(reg, ngx_pid, &ev->lease_gen) == 0) {
+        return NGX_OK;
+    }
+
+    if (!ev->waiting_logged) {
+        ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                      "kvroute_events \"%V\": waiting for the previous "
+                      "helper (pid %P) to exit", &ev->zone->name,
+                      kv_registry_lease_owner(reg, NULL));
+        ev->waiting_logged = 1;
+    }
+
+    return NGX_AGAIN;
+}
+
+
+/* A start that failed: say why and give the lease back. */
+
+static ngx_int_t
+ngx_http_kvroute_events_start_failed(ngx_http_kvroute_events_t *ev,
+    ngx_log_t *log, const char *err)
+{
+    ngx_log_error(NGX_LOG_ALERT, log, 0, "kvroute_events \"%V\": %s",
+                  &ev->zone->name, err);
+    kv_registry_lease_release(ev->zone->sh->registry, ngx_pid, ev->lease_gen);
+
+    return NGX_ERROR;
+}
+
+
 /* Starts the ingester once this process holds the registry lease. */
 
 static ngx_int_t
 ngx_http_kvroute_events_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
 {
     char                    err[256];
-    sigset_t                all, old;
     kv_registry_t          *reg = ev->zone->sh->registry;
 
-    if (kv_registry_lease_acquire(reg, ngx_pid, &ev->lease_gen) != 0) {
-        if (!ev->waiting_logged) {
-            ngx_log_error(NGX_LOG_NOTICE, log, 0,
-                          "kvroute_events \"%V\": waiting for the previous "
-                          "helper (pid %P) to exit", &ev->zone->name,
-                          kv_registry_lease_owner(reg, NULL));
-            ev->waiting_logged = 1;
-        }
+    if (ngx_http_kvroute_events_take_lease(ev, log) != NGX_OK) {
         return NGX_AGAIN;
     }
 
@@ -363,28 +396,14 @@ ngx_http_kvroute_events_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
     ev->ingest = kv_ingest_create(&ev->cfg, ev->zone->sh->index, reg,
                                   err, sizeof(err));
     if (ev->ingest == NULL) {
-        ngx_log_error(NGX_LOG_ALERT, log, 0, "kvroute_events \"%V\": %s",
-                      &ev->zone->name, err);
-        kv_registry_lease_release(reg, ngx_pid, ev->lease_gen);
-        return NGX_ERROR;
+        return ngx_http_kvroute_events_start_failed(ev, log, err);
     }
-
-    /* cnats threads must not take nginx's signals: they inherit this mask */
-
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
 
     if (kv_ingest_start(ev->ingest, err, sizeof(err)) != 0) {
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        ngx_log_error(NGX_LOG_ALERT, log, 0, "kvroute_events \"%V\": %s",
-                      &ev->zone->name, err);
         kv_ingest_destroy(ev->ingest);
         ev->ingest = NULL;
-        kv_registry_lease_release(reg, ngx_pid, ev->lease_gen);
-        return NGX_ERROR;
+        return ngx_http_kvroute_events_start_failed(ev, log, err);
     }
-
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     /* credentials written in the URL never reach the log */
     kv_ingest_redact(ev->cfg.servers, err, sizeof(err));
@@ -716,7 +735,6 @@ static ngx_int_t
 ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
 {
     char                            err[256];
-    sigset_t                        all, old;
     ngx_uint_t                      i, k;
     ngx_array_t                    *pubs;
     kv_zmq_config_t                 zc;
@@ -793,42 +811,21 @@ ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
         zc.block_size = (uint32_t) kcfs[0]->block_size;
     }
 
-    if (kv_registry_lease_acquire(reg, ngx_pid, &ev->lease_gen) != 0) {
-        if (!ev->waiting_logged) {
-            ngx_log_error(NGX_LOG_NOTICE, log, 0,
-                          "kvroute_events \"%V\": waiting for the previous "
-                          "helper (pid %P) to exit", &ev->zone->name,
-                          kv_registry_lease_owner(reg, NULL));
-            ev->waiting_logged = 1;
-        }
+    if (ngx_http_kvroute_events_take_lease(ev, log) != NGX_OK) {
         return NGX_AGAIN;
     }
 
     ev->zmq_ingest = kv_zmq_create(&zc, ev->zone->sh->index, reg,
                                    err, sizeof(err));
     if (ev->zmq_ingest == NULL) {
-        ngx_log_error(NGX_LOG_ALERT, log, 0, "kvroute_events \"%V\": %s",
-                      &ev->zone->name, err);
-        kv_registry_lease_release(reg, ngx_pid, ev->lease_gen);
-        return NGX_ERROR;
+        return ngx_http_kvroute_events_start_failed(ev, log, err);
     }
-
-    /* libzmq's threads must not take nginx's signals: they inherit this */
-
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, &old);
 
     if (kv_zmq_start(ev->zmq_ingest, err, sizeof(err)) != 0) {
-        pthread_sigmask(SIG_SETMASK, &old, NULL);
-        ngx_log_error(NGX_LOG_ALERT, log, 0, "kvroute_events \"%V\": %s",
-                      &ev->zone->name, err);
         kv_zmq_destroy(ev->zmq_ingest);
         ev->zmq_ingest = NULL;
-        kv_registry_lease_release(reg, ngx_pid, ev->lease_gen);
-        return NGX_ERROR;
+        return ngx_http_kvroute_events_start_failed(ev, log, err);
     }
-
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
 
     ngx_log_error(NGX_LOG_NOTICE, log, 0,
                   "kvroute_events \"%V\": helper pid %P ingesting from %ui "

@@ -369,6 +369,14 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     t->cfg.block_size = kcf->block_size;
     t->cfg.max_tokenize = kcf->max_tokenize;
 
+    /* the zone's turn cache: set before any task of this worker can use it */
+    if (kcf->turn.cache == NULL && kcf->bounds && kcf->zone->sh->turns) {
+        kcf->turn.bounds = kcf->bounds;
+        kcf->turn.cache = kcf->zone->sh->turns;
+    }
+
+    t->cfg.turns = kcf->turn.cache ? &kcf->turn : NULL;
+
     if (r->request_body_no_buffering
         || (r->request_body && r->request_body->rest > 0))
     {
@@ -461,6 +469,7 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     }
 
     ctx->prompt_tokens = t->result.prompt_tokens;
+    ctx->turn_cached_tokens = t->result.turn_cached_tokens;
     ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
     ctx->seq = t->result.seq;
     ctx->nseq = t->result.nseq;

@@ -81,6 +81,27 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(expired, U, "kvroute_pending_expired_total", counter,                   \
       "Pending blocks expired unconfirmed")
 
+/* labels {zone}, JSON "turn_cache" (zones with turn_cache) */
+#define NGX_HTTP_KVROUTE_TURN_STATS(X)                                        \
+    X(lookups, U, "kvroute_turn_cache_lookups_total", counter,                \
+      "Text prompts looked up in the turn cache")                             \
+    X(hits, U, "kvroute_turn_cache_hits_total", counter,                      \
+      "Text prompts whose prefix ids came from the turn cache")               \
+    X(misses, U, "kvroute_turn_cache_misses_total", counter,                  \
+      "Text prompts tokenized without a cached prefix")                       \
+    X(hit_tokens, U, "kvroute_turn_cache_hit_tokens_total", counter,          \
+      "Token ids served from the turn cache")                                 \
+    X(stored, U, "kvroute_turn_cache_stored_total", counter,                  \
+      "Prompt prefixes stored")                                               \
+    X(skipped, U, "kvroute_turn_cache_skipped_total", counter,                \
+      "Stores skipped (writer busy or prefix too large)")                     \
+    X(evicted, U, "kvroute_turn_cache_evicted_total", counter,                \
+      "Stored prefixes overwritten by newer ones")                            \
+    X(expired, U, "kvroute_turn_cache_expired_total", counter,                \
+      "Lookups that found a prefix older than the TTL")                       \
+    X(bytes, U, "kvroute_turn_cache_bytes", gauge,                            \
+      "Bytes of the turn cache's ring")
+
 /* labels {zone}, JSON "events" (zones with kvroute_events) */
 #define NGX_HTTP_KVROUTE_EVENTS_STATS(X)                                      \
     X(helper_pid, I, "kvroute_events_helper_pid", gauge,                      \
@@ -229,6 +250,10 @@ typedef struct {
 } ngx_http_kvroute_pending_snap_t;
 
 typedef struct {
+    NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_MEMBER)
+} ngx_http_kvroute_turn_snap_t;
+
+typedef struct {
     NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_MEMBER)
 } ngx_http_kvroute_events_snap_t;
 
@@ -264,8 +289,10 @@ typedef struct {
     ngx_http_kvroute_zone_snap_t      z;
     ngx_http_kvroute_index_snap_t     index;
     ngx_http_kvroute_pending_snap_t   pending;
+    ngx_http_kvroute_turn_snap_t      turn;
     ngx_http_kvroute_events_snap_t    events;
     ngx_uint_t                        has_pending;
+    ngx_uint_t                        has_turn;
     ngx_uint_t                        has_events;
     uint64_t                          fallbacks[NGX_HTTP_KVROUTE_FB_N];
     uint64_t                          hist[NGX_HTTP_KVROUTE_HIST];
@@ -827,6 +854,17 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
         s->has_pending = 1;
     }
 
+    if (sh->turns) {
+        kv_tcache_stats_t              tst;
+        ngx_http_kvroute_turn_snap_t  *td = &s->turn;
+
+        kv_tcache_stats(sh->turns, &tst);
+#define NGX_HTTP_KVROUTE_TURN_COPY(key, kind, name, type, help)  td->key = tst.key;
+        NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_TURN_COPY)
+#undef NGX_HTTP_KVROUTE_TURN_COPY
+        s->has_turn = 1;
+    }
+
     for (i = 0; i < NGX_HTTP_KVROUTE_FB_N; i++) {
         s->fallbacks[i] = sh->fallbacks[i];
     }
@@ -872,6 +910,13 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_snap_t *s)
         b = ngx_sprintf(b, ",\"pending\":{");
         NGX_HTTP_KVROUTE_JSON(b, NGX_HTTP_KVROUTE_PENDING_STATS,
                           ngx_http_kvroute_pending_snap_t, &s->pending);
+        b = ngx_sprintf(b, "}");
+    }
+
+    if (s->has_turn) {
+        b = ngx_sprintf(b, ",\"turn_cache\":{");
+        NGX_HTTP_KVROUTE_JSON(b, NGX_HTTP_KVROUTE_TURN_STATS,
+                          ngx_http_kvroute_turn_snap_t, &s->turn);
         b = ngx_sprintf(b, "}");
     }
 
@@ -975,6 +1020,14 @@ ngx_http_kvroute_prom(u_char *b, ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
     }
 #undef ITEM
 #undef PRESENT
+#define PRESENT(i)  zs[i].has_turn
+#define ITEM(i)     zs[i].turn
+    {
+        ngx_uint_t  n = nz;
+        NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_PROM_ROW)
+    }
+#undef ITEM
+#undef PRESENT
 #define PRESENT(i)  zs[i].has_events
 #define ITEM(i)     zs[i].events
     {
@@ -1071,6 +1124,7 @@ ngx_http_kvroute_status_size(ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
         NGX_HTTP_KVROUTE_ZONE_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_INDEX_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_PENDING_STATS(NGX_HTTP_KVROUTE_COUNT)
+        NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_WORKER_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_SERVER_STATS(NGX_HTTP_KVROUTE_COUNT)
@@ -1085,6 +1139,7 @@ ngx_http_kvroute_status_size(ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
                    NGX_HTTP_KVROUTE_ZONE_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_INDEX_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_PENDING_STATS(NGX_HTTP_KVROUTE_COUNT)
+                   NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_COUNT));
 
         for (k = 0; k < zs[z].nworkers; k++) {

@@ -16,6 +16,7 @@ typedef enum {
     NGX_HTTP_KVROUTE_VAR_PROMPT_TOKENS,
     NGX_HTTP_KVROUTE_VAR_DECISION_US,
     NGX_HTTP_KVROUTE_VAR_COST,
+    NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
     NGX_HTTP_KVROUTE_VAR_FALLBACK
 } ngx_http_kvroute_var_e;
 
@@ -43,6 +44,10 @@ static ngx_http_variable_t  ngx_http_kvroute_vars[] = {
 
     { ngx_string("kvroute_cost"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_COST, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_turn_cached_tokens"), NULL,
+      ngx_http_kvroute_variable, NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
     { ngx_string("kvroute_fallback"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_FALLBACK, NGX_HTTP_VAR_NOCACHEABLE, 0 },
@@ -125,6 +130,10 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
             return NGX_OK;
         }
         v->len = ngx_sprintf(p, "%.3f", ctx->chosen_cost) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_TURN_CACHED:
+        v->len = ngx_sprintf(p, "%uL", ctx->turn_cached_tokens) - p;
         break;
 
     default: /* NGX_HTTP_KVROUTE_VAR_FALLBACK */

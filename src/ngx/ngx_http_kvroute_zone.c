@@ -9,6 +9,9 @@
  *   load table              in-flight load per server (src/index/kv_load.c)
  *   worker registry         workers and the helper's status, written by the
  *                           event helper (src/index/kv_registry.c)
+ *   turn cache              turn_cache=SIZE (default an eighth of the zone,
+ *                           at most 64m; 0: off): prompt prefixes -> token
+ *                           ids, shared by the workers (src/index/kv_tcache.c)
  *   pending index           events mode only: an eighth of what is left, the
  *                           router's recent decisions (approximate, short TTL)
  *   prefix index            whatever the zone has left (src/index/kv_index.c)
@@ -31,6 +34,8 @@ static ngx_int_t ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone,
 static ngx_int_t ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
 static ngx_int_t ngx_http_kvroute_zone_registry(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log);
+static void ngx_http_kvroute_zone_turns(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
 static ngx_int_t ngx_http_kvroute_register_servers(
     ngx_http_kvroute_zone_t *zone, ngx_log_t *log);
@@ -97,9 +102,46 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
             continue;
         }
 
+        if (ngx_strncmp(value[i].data, "turn_cache=", 11) == 0) {
+            s.data = value[i].data + 11;
+            s.len = value[i].len - 11;
+            zone->turn_size = ngx_parse_size(&s);
+            if (zone->turn_size == NGX_ERROR
+                || (zone->turn_size && zone->turn_size > size / 2)
+                || (zone->turn_size
+                    && (size_t) zone->turn_size < kv_tcache_min_size()))
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\": 0, or %uzk up to half "
+                                   "the zone", &value[i],
+                                   kv_tcache_min_size() / 1024 + 1);
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "turn_cache_ttl=", 15) == 0) {
+            s.data = value[i].data + 15;
+            s.len = value[i].len - 15;
+            zone->turn_ttl = ngx_parse_time(&s, 0);
+            if (zone->turn_ttl == (ngx_msec_t) NGX_ERROR || zone->turn_ttl == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid parameter \"%V\"", &value[i]);
         return NGX_CONF_ERROR;
+    }
+
+    if (zone->turn_size == -1) {
+        zone->turn_size = ngx_min(size / 8, 64 * 1024 * 1024);
+        if ((size_t) zone->turn_size < kv_tcache_min_size()) {
+            zone->turn_size = 0;
+        }
     }
 
     zone->size = size;
@@ -157,6 +199,8 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
     zone->approximate = 1;
     zone->max_workers = 256;
     zone->ttl = 120000;
+    zone->turn_size = -1;
+    zone->turn_ttl = 300000;
 
     if (ngx_array_init(&zone->upstreams, cf->pool, 2,
                        sizeof(ngx_http_kvroute_srv_conf_t *))
@@ -228,6 +272,7 @@ ngx_http_kvroute_zone_size(ngx_conf_t *cf, ngx_http_kvroute_zone_t *zone)
     need = kv_load_size(zone->load_servers, zone->load_rows, zone->load_groups)
            + kv_registry_min_size(zone->max_workers)
            + 2 * (kv_index_min_size(&icfg) + ngx_pagesize)
+           + (zone->turn_size > 0 ? (size_t) zone->turn_size : 0)
            + 64 * ngx_pagesize;
 
     /* the slab pool's own page descriptors, and pages rounded up */
@@ -289,6 +334,16 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
             }
         }
 
+        if (sh->turns) {
+            kv_tcache_set_ttl(sh->turns, zone->turn_ttl);
+        }
+
+        if ((size_t) zone->turn_size != sh->turn_size) {
+            ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                          "kvroute_zone \"%V\": turn_cache size changes "
+                          "when the zone is recreated", &zone->name);
+        }
+
         return ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
     }
 
@@ -321,6 +376,8 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     {
         return NGX_ERROR;
     }
+
+    ngx_http_kvroute_zone_turns(zone, shpool, shm_zone->shm.log);
 
     if (ngx_http_kvroute_zone_index(zone, shpool, shm_zone->shm.log)
         != NGX_OK)
@@ -364,6 +421,39 @@ ngx_http_kvroute_zone_registry(ngx_http_kvroute_zone_t *zone,
     }
 
     return NGX_OK;
+}
+
+
+/* The turn cache (turn_cache=): carved before the index, which takes the
+ * rest; without room the zone works without it. */
+
+static void
+ngx_http_kvroute_zone_turns(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log)
+{
+    char                    err[256];
+    ngx_http_kvroute_sh_t  *sh = zone->sh;
+
+    if (zone->turn_size <= 0) {
+        return;
+    }
+
+    sh->turn_region = ngx_slab_alloc(shpool, zone->turn_size);
+    if (sh->turn_region == NULL) {
+        ngx_log_error(NGX_LOG_WARN, log, 0, "kvroute_zone \"%V\": no room "
+                      "for turn_cache=%z", &zone->name, zone->turn_size);
+        return;
+    }
+
+    sh->turns = kv_tcache_create(sh->turn_region, zone->turn_size,
+                                 zone->turn_ttl, err, sizeof(err));
+    if (sh->turns == NULL) {
+        ngx_log_error(NGX_LOG_WARN, log, 0, "kvroute_zone \"%V\": %s",
+                      &zone->name, err);
+        return;
+    }
+
+    sh->turn_size = zone->turn_size;
 }
 
 

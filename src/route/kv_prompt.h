@@ -15,6 +15,7 @@
 
 #include "kv_chat.h"
 #include "kv_tokenizer.h"
+#include "kv_turn.h"
 
 typedef enum {
     KV_PROMPT_OK = 0,
@@ -40,6 +41,8 @@ typedef struct {
      * part's bytes per token (out->capped is set).
      */
     size_t                       max_tokenize;
+    /* the turn-delta cache (kv_turn.h) for text prompts; NULL: off */
+    const kv_turn_t             *turns;
 } kv_prompt_config_t;
 
 /* Tokens before the cut that may differ from the whole text's (a word cut
@@ -55,6 +58,7 @@ typedef struct {
     long                max_tokens;
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
+    uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */
     char                err[160];
 } kv_prompt_t;
 

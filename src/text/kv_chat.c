@@ -21,6 +21,9 @@
 
 #include "kv_chat.h"
 #include "kv_jinja.h"
+#include "kv_jscan.h"
+#include "kv_tree.h"
+#include "kv_unicode.h"
 
 enum {
     TOK_BOS,
@@ -284,6 +287,52 @@ static int reserved(const char *k)
            || !strcmp(k, "add_generation_prompt");
 }
 
+/* Renders with messages and tools already converted into a's values. */
+static char *render_values(const kv_chat_template_t *t, jj_arena *a, jj_value msgs,
+                           jj_value tools, int add_generation_prompt, const json_t *kwargs,
+                           long long now, size_t *len, char *err, size_t errlen)
+{
+    size_t nkw = kwargs && json_is_object(kwargs) ? json_object_size(kwargs) : 0;
+    jj_var *vars = jj_alloc(a, (4 + TOK_N + nkw) * sizeof *vars);
+    size_t n = 0;
+    if (!vars) {
+        jj_arena_free(a);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (!t->content_parts)
+        normalise_content(a, msgs);
+    vars[n++] = (jj_var){"messages", msgs};
+    vars[n++] = (jj_var){"tools", tools};
+    vars[n++] = (jj_var){"documents", jv_none()};
+    vars[n++] = (jj_var){"add_generation_prompt", jv_bool(add_generation_prompt)};
+    for (int i = 0; i < TOK_N; i++)
+        if (t->tokens[i])
+            vars[n++] = (jj_var){tok_names[i], jv_cstr(t->tokens[i])};
+    if (nkw) { /* later entries win: kwargs override special tokens, never the fixed four */
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)kwargs, k, v) if (!reserved(k)) vars[n++] =
+            (jj_var){k, jv_from_json(a, v)};
+    }
+    jj_buf out = {0};
+    int rc = jj_render(t->tpl, a, vars, n, now, &out, err, errlen);
+    jj_arena_free(a);
+    if (rc || out.oom) {
+        if (!rc)
+            snprintf(err, errlen, "out of memory");
+        free(out.p);
+        return NULL;
+    }
+    if (!out.p && !(out.p = calloc(1, 1))) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (len)
+        *len = out.n;
+    return out.p;
+}
+
 char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages, const json_t *tools,
                         int add_generation_prompt, const json_t *kwargs, long long now, size_t *len,
                         char *err, size_t errlen)
@@ -301,47 +350,175 @@ char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages, con
         snprintf(err, errlen, "chat template kwargs must be a JSON object");
         return NULL;
     }
-    size_t nkw = kwargs && json_is_object(kwargs) ? json_object_size(kwargs) : 0;
     jj_arena a = {0};
-    jj_var *vars = jj_alloc(&a, (4 + TOK_N + nkw) * sizeof *vars);
-    size_t n = 0;
-    if (!vars) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
     jj_value msgs = jv_from_json(&a, messages);
-    if (!t->content_parts)
-        normalise_content(&a, msgs);
-    vars[n++] = (jj_var){"messages", msgs};
-    vars[n++] =
-        (jj_var){"tools", tools && !json_is_null(tools) ? jv_from_json(&a, tools) : jv_none()};
-    vars[n++] = (jj_var){"documents", jv_none()};
-    vars[n++] = (jj_var){"add_generation_prompt", jv_bool(add_generation_prompt)};
-    for (int i = 0; i < TOK_N; i++)
-        if (t->tokens[i])
-            vars[n++] = (jj_var){tok_names[i], jv_cstr(t->tokens[i])};
-    if (nkw) { /* later entries win: kwargs override special tokens, never the fixed four */
-        const char *k;
-        json_t *v;
-        json_object_foreach((json_t *)kwargs, k, v) if (!reserved(k)) vars[n++] =
-            (jj_var){k, jv_from_json(&a, v)};
+    jj_value tv = tools && !json_is_null(tools) ? jv_from_json(&a, tools) : jv_none();
+    return render_values(t, &a, msgs, tv, add_generation_prompt, kwargs, now, len, err, errlen);
+}
+
+/*
+ * messages straight from the request's JSON text (kv_tree), without
+ * jansson, whose parse of a long conversation costs ten times the render:
+ * the values built are exactly the ones jansson + jv_from_json would give,
+ * for the JSON this accepts. Anything else is left to jansson (return 1):
+ * numbers other than 64-bit signed integers, duplicate keys, strings that
+ * are not valid UTF-8 once unescaped or that jansson refuses (\u0000, a
+ * lone surrogate).
+ */
+
+static int hex4(const char *p)
+{
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = p[i];
+        v = v * 16 + (c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
     }
-    jj_buf out = {0};
-    int rc = jj_render(t->tpl, &a, vars, n, now, &out, err, errlen);
-    jj_arena_free(&a);
-    if (rc || out.oom) {
-        if (!rc)
+    return v;
+}
+
+/* 1 when jansson takes these (validated) escapes as kv_json_unescape does */
+static int escapes_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const char *e = memchr(s + i, '\\', n - i);
+        if (!e)
+            break;
+        i = (size_t)(e - s);
+        if (s[i + 1] != 'u') {
+            i++;
+            continue;
+        }
+        int u = hex4(s + i + 2);
+        i += 5;
+        if (u == 0 || (u >= 0xdc00 && u <= 0xdfff))
+            return 0;
+        if (u >= 0xd800 && u <= 0xdbff) {
+            if (i + 6 >= n || s[i + 1] != '\\' || s[i + 2] != 'u')
+                return 0;
+            int lo = hex4(s + i + 3);
+            if (lo < 0xdc00 || lo > 0xdfff)
+                return 0;
+            i += 6;
+        }
+    }
+    return 1;
+}
+
+static int str_from_tree(jj_arena *a, const kv_tnode_t *x, jj_value *out)
+{
+    char *p = jj_alloc(a, (size_t)x->len + 1);
+    size_t n;
+    if (!p)
+        return -1;
+    if (memchr(x->s, '\\', x->len)) {
+        if (!escapes_ok(x->s, x->len))
+            return 1;
+        n = kv_json_unescape(x->s, x->len, p);
+    } else {
+        memcpy(p, x->s, x->len);
+        n = x->len;
+    }
+    p[n] = '\0';
+    /* (no NUL: a raw one is a control character kv_jscan refuses, and
+     * escapes_ok refused \u0000) */
+    if (!kv_utf8_valid((const uint8_t *)p, n))
+        return 1;
+    *out = jv_strn(p, n);
+    return 0;
+}
+
+/* 0, 1: not for this path, -1: no memory */
+static int jv_from_tree(jj_arena *a, const kv_tree_t *tr, uint32_t node, jj_value *out)
+{
+    const kv_tnode_t *x = &tr->nodes[node];
+    uint32_t c, i;
+    int rc;
+
+    switch (x->type) {
+    case KV_T_NULL:
+        *out = jv_none();
+        return 0;
+    case KV_T_TRUE:
+    case KV_T_FALSE:
+        *out = jv_bool(x->type == KV_T_TRUE);
+        return 0;
+    case KV_T_UINT:
+        if (x->u > INT64_MAX)
+            return 1;
+        *out = jv_int((int64_t)x->u);
+        return 0;
+    case KV_T_NEG:
+        *out = jv_int((int64_t)x->u);
+        return 0;
+    case KV_T_STR:
+        return str_from_tree(a, x, out);
+    case KV_T_ARR:
+        *out = jv_new_list(a, x->n);
+        if (out->kind != JV_LIST)
+            return -1;
+        for (c = kv_tree_first(node), i = 0; i < x->n; c = kv_tree_next(tr, c), i++)
+            if ((rc = jv_from_tree(a, tr, c, &out->u.list->items[out->u.list->n++])) != 0)
+                return rc;
+        return 0;
+    case KV_T_OBJ: {
+        *out = jv_new_dict(a, x->n);
+        if (out->kind != JV_DICT)
+            return -1;
+        jj_dict *d = out->u.dict;
+        for (c = kv_tree_first(node), i = 0; i < x->n; i++) {
+            jj_value k;
+            if ((rc = str_from_tree(a, &tr->nodes[c], &k)) != 0)
+                return rc;
+            for (uint32_t j = 0; j < d->n; j++)
+                if (d->keys[j].u.str.n == k.u.str.n
+                    && memcmp(d->keys[j].u.str.s, k.u.str.s, k.u.str.n) == 0)
+                    return 1;       /* a duplicate key: jansson keeps the last */
+            c = kv_tree_next(tr, c);
+            d->keys[d->n] = k;
+            if ((rc = jv_from_tree(a, tr, c, &d->vals[d->n++])) != 0)
+                return rc;
+            c = kv_tree_next(tr, c);
+        }
+        return 0;
+    }
+    default:
+        return 1;
+    }
+}
+
+char *kv_chat_render_json(const kv_chat_template_t *t, const char *json, size_t json_len,
+                          int add_generation_prompt, long long now, size_t *len, char *err,
+                          size_t errlen, int *unsupported)
+{
+    kv_tree_t tr = {0};
+    jj_arena a = {0};
+    jj_value msgs;
+    char dummy[8];
+    int rc;
+
+    if (!err) {
+        err = dummy;
+        errlen = sizeof dummy;
+    }
+    *unsupported = 1;
+    if (!t || kv_tree_json(&tr, json, json_len, err, errlen) != 0 || tr.n == 0
+        || tr.nodes[0].type != KV_T_ARR) {
+        kv_tree_free(&tr);
+        return NULL;
+    }
+    rc = jv_from_tree(&a, &tr, 0, &msgs);
+    kv_tree_free(&tr);
+    if (rc != 0) {
+        jj_arena_free(&a);
+        if (rc < 0) {
+            *unsupported = 0;
             snprintf(err, errlen, "out of memory");
-        free(out.p);
+        }
         return NULL;
     }
-    if (!out.p && !(out.p = calloc(1, 1))) {
-        snprintf(err, errlen, "out of memory");
-        return NULL;
-    }
-    if (len)
-        *len = out.n;
-    return out.p;
+    *unsupported = 0;
+    return render_values(t, &a, msgs, jv_none(), add_generation_prompt, NULL, now, len, err,
+                         errlen);
 }
 
 char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages, const json_t *tools,
@@ -355,8 +532,13 @@ char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages, con
 char *kv_chat_render(const kv_chat_template_t *t, const json_t *messages, const json_t *tools,
                      int add_generation_prompt, size_t *len, char *err, size_t errlen)
 {
+    return kv_chat_render_at(t, messages, tools, add_generation_prompt, kv_chat_now(), len, err,
+                             errlen);
+}
+
+long long kv_chat_now(void)
+{
     /* KV_CHAT_NOW (seconds since the epoch) pins strftime_now, for tests. */
     const char *pin = getenv("KV_CHAT_NOW");
-    long long now = pin && *pin ? strtoll(pin, NULL, 10) : (long long)time(NULL);
-    return kv_chat_render_at(t, messages, tools, add_generation_prompt, now, len, err, errlen);
+    return pin && *pin ? strtoll(pin, NULL, 10) : (long long)time(NULL);
 }

@@ -13,8 +13,9 @@ import pytest
 import kvnats
 import kvt
 from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, cuda_env, make
+import kvproto
 
-P = "namespace.dynamo.component.backend"
+P = kvproto.DEFAULT_PREFIX
 
 
 def engine(model, *args, env_extra=None, cmd="info"):
@@ -102,7 +103,7 @@ def test_sticky_cuda_error_makes_the_worker_unhealthy(stack, tmp_path):
     model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
     ns = stack.nats()
     nc = kvnats.Nats(ns.port)
-    hb = nc.subscribe(P + ".kvroute.heartbeat")
+    hb = nc.subscribe(kvproto.heartbeat(P))
     env = cuda_env("emu-forward")
     env["KVW_CUDAEMU_FAIL_LAUNCH"] = "30"
     port = kvt.free_port()

@@ -233,8 +233,9 @@ def test_bad_events_config_rejected(stack):
 # --- events from a publisher that is not kvworker --------------------------
 
 import kvnats  # noqa: E402
+import kvproto
 
-SUBJECT = "namespace.dynamo.component.backend.kv-events"
+SUBJECT = kvproto.events()
 DYNAMO_WORKER = 7587886123456789
 
 

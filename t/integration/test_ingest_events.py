@@ -5,11 +5,12 @@ import pytest
 
 import kvingest
 from kvfake import PREFIX, FakeWorker
+import kvproto
 
 ok, why = kvingest.available()
 pytestmark = pytest.mark.skipif(not ok, reason="kvingest unavailable: %s" % why)
 
-SUBJ = PREFIX + ".kv-events"
+SUBJ = kvproto.events(PREFIX)
 
 
 def chain(base, n):

@@ -9,11 +9,12 @@ import pytest
 import kvingest
 from kvfake import PREFIX, FakeWorker
 from kvnats import Nats
+import kvproto
 
 ok, why = kvingest.available()
 pytestmark = pytest.mark.skipif(not ok, reason="kvingest unavailable: %s" % why)
 
-SUBJ = PREFIX + ".kv-events"
+SUBJ = kvproto.events(PREFIX)
 
 
 def test_nats_restart_reconnects_and_resyncs(stack):

@@ -13,12 +13,13 @@ import kvingest
 import kvt
 from kvfake import PREFIX, FakeWorker
 from kvnats import Nats
+import kvproto
 
 ok, why = kvingest.available()
 pytestmark = pytest.mark.skipif(not ok, reason="kvingest unavailable: %s" % why)
 
-SUBJ = PREFIX + ".kv-events"
-HB = PREFIX + ".kvroute.heartbeat"
+SUBJ = kvproto.events(PREFIX)
+HB = kvproto.heartbeat(PREFIX)
 
 
 def chain(base, n):

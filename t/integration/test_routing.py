@@ -9,6 +9,7 @@ import pytest
 
 import kvnats
 import kvt
+import kvproto
 
 APPROX = """
     kvroute_zone kv 16m;
@@ -86,7 +87,7 @@ EVENTS = """
     }
 """
 
-SUBJECT = "namespace.dynamo.component.backend.kv-events"
+SUBJECT = kvproto.events()
 WORKER = 7587886123456789
 
 

@@ -13,11 +13,12 @@ import pytest
 import kvingest
 import kvt
 from kvnats import Nats
+import kvproto
 
 ok, why = kvingest.available()
 pytestmark = pytest.mark.skipif(not ok, reason="kvingest unavailable: %s" % why)
 
-P = "namespace.dynamo.component.backend"
+P = kvproto.DEFAULT_PREFIX
 CONF = os.path.join(os.path.dirname(__file__), "..", "..", "conf", "nats",
                     "per-worker-auth.conf")
 
@@ -114,16 +115,16 @@ def test_forgery_by_another_worker_is_refused(stack):
     cleared = json.dumps({"worker_id": 101, "event": {"event_id": 2, "data": "cleared",
                                                       "dp_rank": 0}})
     # as worker 101, on the shared subject, as its heartbeat: refused by nats-server
-    evil.publish(P + ".kv-events.101", cleared)
-    evil.publish(P + ".kv-events", cleared)
-    evil.publish(P + ".kvroute.heartbeat.101", {"type": "leave", "worker_id": 101})
-    evil.subscribe(P + ".kvroute.dump.101", lambda s, r, p: None)
+    evil.publish(kvproto.events(P) + ".101", cleared)
+    evil.publish(kvproto.events(P), cleared)
+    evil.publish(kvproto.heartbeat(P) + ".101", {"type": "leave", "worker_id": 101})
+    evil.subscribe(kvproto.dump(101, P), lambda s, r, p: None)
     evil.flush()
     kvt.wait_until(lambda: len(evil.errors) >= 4, what="nats-server refusals")
     assert all("Permissions Violation" in e for e in evil.errors), evil.errors
     # on its own subject but about worker 101: refused by the router
-    evil.publish(P + ".kv-events.102", cleared)
-    evil.publish(P + ".kvroute.heartbeat.102", {"type": "leave", "worker_id": 101})
+    evil.publish(kvproto.events(P) + ".102", cleared)
+    evil.publish(kvproto.heartbeat(P) + ".102", {"type": "leave", "worker_id": 101})
     evil.flush()
     st = ing.wait(lambda s: s["rejected"] >= 2, what="router refusals")
     rec = ing.worker(101, st=st)

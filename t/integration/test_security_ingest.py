@@ -8,11 +8,12 @@ import pytest
 import kvingest
 from kvfake import PREFIX, FakeWorker
 from kvnats import Nats
+import kvproto
 
 ok, why = kvingest.available()
 pytestmark = pytest.mark.skipif(not ok, reason="kvingest unavailable: %s" % why)
 
-SUBJ = PREFIX + ".kv-events"
+SUBJ = kvproto.events(PREFIX)
 BIG = 9223372036854775807
 
 
@@ -117,7 +118,7 @@ def test_forged_dump_reply_is_ignored(stack):
             msg.update(b)
             evil.publish(reply, msg)
         evil.publish(reply, "{broken")
-    evil.subscribe(PREFIX + ".kvroute.dump.77", answer)
+    evil.subscribe(kvproto.dump(77, PREFIX), answer)
     evil.flush()
     w = FakeWorker(nats.port, 77, interval_ms=500, announce=False)
     w.answer_dumps = False              # the forger answers first
@@ -138,7 +139,7 @@ def test_forged_heartbeat_load_is_clamped(stack):
     """A heartbeat claiming absurd load is bounded by the worker's own
     capacity (num_blocks x block_size x 4 prefill tokens, 2^20 queued)."""
     nats, ing, w, evil = live_worker(stack)
-    evil.publish(PREFIX + ".kvroute.heartbeat", {
+    evil.publish(kvproto.heartbeat(PREFIX), {
         "type": "heartbeat", "worker_id": 77, "dp_rank": 0, "instance_id": w.instance_id,
         "address": w.address, "block_size": 16, "num_blocks": 1024,
         "last_event_id": w.event_id, "interval_ms": 500,
@@ -159,7 +160,7 @@ def test_dp_rank_beyond_32_bits_rejected_like_a_heartbeat(stack):
     ev = {"worker_id": 99, "event": {"event_id": 1, "dp_rank": 1 << 32, "data": {"stored": {
         "parent_hash": None, "blocks": [{"block_hash": 1, "tokens_hash": 2}]}}}}
     pub.publish(SUBJ, json.dumps(ev))
-    pub.publish(PREFIX + ".kvroute.heartbeat", {"worker_id": 99, "dp_rank": 1 << 32})
+    pub.publish(kvproto.heartbeat(PREFIX), {"worker_id": 99, "dp_rank": 1 << 32})
     pub.flush()
     st = ing.wait(lambda s: s["decode_errors"] >= 2, what="both rejected")
     assert st["workers"] == [] and ing.match([2]) == {}

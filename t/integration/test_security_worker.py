@@ -10,8 +10,9 @@ import time
 
 import kvt
 from kvnats import Nats
+import kvproto
 
-P = "namespace.dynamo.component.backend"
+P = kvproto.DEFAULT_PREFIX
 
 
 def worker(stack, extra=(), preexec=None):
@@ -101,18 +102,18 @@ def test_dump_requests_only_to_inboxes_and_rate_limited(stack):
             got[key] += 1
         return cb
     nc.subscribe("_INBOX.evil.*", count("inbox"))
-    nc.subscribe(P + ".kv-events", count("victim"))
+    nc.subscribe(kvproto.events(P), count("victim"))
     nc.flush()
     kvt.wait_until(lambda: kvt.request(w.port, "GET", "/v1/models")[0] == 200, what="worker")
-    nc.publish(P + ".kvroute.dump.77", "{}", reply=P + ".kv-events")
+    nc.publish(kvproto.dump(77, P), "{}", reply=kvproto.events(P))
     for i in range(400):
-        nc.publish(P + ".kvroute.dump.77", "{}", reply="_INBOX.evil.%d" % i)
+        nc.publish(kvproto.dump(77, P), "{}", reply="_INBOX.evil.%d" % i)
     nc.flush()
     kvt.wait_until(lambda: got["inbox"] >= 1, what="a dump answered")
     # the worker keeps answering routers: one more request later still works
     time.sleep(1.1)     # let the rate window pass (not a readiness wait)
     before = got["inbox"]
-    nc.publish(P + ".kvroute.dump.77", "{}", reply="_INBOX.evil.last")
+    nc.publish(kvproto.dump(77, P), "{}", reply="_INBOX.evil.last")
     nc.flush()
     kvt.wait_until(lambda: got["inbox"] > before, what="answered after the burst")
     assert got["victim"] == 0

@@ -6,8 +6,9 @@ import time
 
 import kvnats
 import kvt
+import kvproto
 
-P = "namespace.dynamo.component.backend"
+P = kvproto.DEFAULT_PREFIX
 
 
 def metrics(port):
@@ -51,7 +52,7 @@ def apply_events(events):
 def dump(nc, worker_id):
     def complete(msgs):
         return msgs and len(msgs) == msgs[0].json()["chunks"]
-    msgs = nc.request_all("%s.kvroute.dump.%d" % (P, worker_id), {"dp_rank": 0}, complete)
+    msgs = nc.request_all(kvproto.dump(worker_id, P), {"dp_rank": 0}, complete)
     chunks = [m.json() for m in msgs]
     assert [c["chunk"] for c in chunks] == list(range(len(chunks)))
     assert len({c["last_event_id"] for c in chunks}) == 1
@@ -62,8 +63,8 @@ def dump(nc, worker_id):
 def test_events_agree_with_dump(stack):
     ns = stack.nats()
     nc = kvnats.Nats(ns.port)
-    sid = nc.subscribe(P + ".kv-events")
-    hb = nc.subscribe(P + ".kvroute.heartbeat")
+    sid = nc.subscribe(kvproto.events(P))
+    hb = nc.subscribe(kvproto.heartbeat(P))
     # a small pool so the mix below evicts
     w = stack.worker(extra=["--nats", ns.url, "--speedup", "50", "--num-blocks", "64",
                             "--worker-id", "4242"])
@@ -101,14 +102,14 @@ def test_events_agree_with_dump(stack):
 def test_discover_announces_every_engine(stack):
     ns = stack.nats()
     nc = kvnats.Nats(ns.port)
-    hb = nc.subscribe(P + ".kvroute.heartbeat")
+    hb = nc.subscribe(kvproto.heartbeat(P))
     w = stack.worker(engines=2, extra=["--nats", ns.url, "--heartbeat-ms", "200",
                                        "--worker-id", "100"])
     msgs = nc.wait(hb, lambda ms: len({m.json()["worker_id"] for m in ms}) == 2)
     first = [m.json() for m in msgs]
     assert all(a["type"] == "announce" for a in first[:2])
     start = len(msgs)
-    nc.publish(P + ".kvroute.discover", {})
+    nc.publish(kvproto.discover(P), {})
     msgs = nc.wait(hb, lambda ms: sum(1 for m in ms[start:]
                                       if m.json()["type"] == "announce") >= 2)
     ann = [m.json() for m in msgs[start:] if m.json()["type"] == "announce"]
@@ -135,7 +136,7 @@ def test_nats_late_start_reconnects(stack):
     assert status == 200
     ns = stack.nats(port=port)
     nc = kvnats.Nats(ns.port)
-    hb = nc.subscribe(P + ".kvroute.heartbeat")
+    hb = nc.subscribe(kvproto.heartbeat(P))
     msgs = nc.wait(hb, timeout=30)
     wid = msgs[0].json()["worker_id"]
     header, blocks = dump(nc, wid)
@@ -148,7 +149,7 @@ def test_nats_restart_announces_and_resyncs(stack):
     announces again, and a dump reflects every event it has numbered."""
     ns = stack.nats()
     nc0 = kvnats.Nats(ns.port)
-    hb0 = nc0.subscribe(P + ".kvroute.heartbeat")
+    hb0 = nc0.subscribe(kvproto.heartbeat(P))
     w = stack.worker(extra=["--nats", ns.url, "--heartbeat-ms", "200", "--speedup", "50",
                             "--worker-id", "77"])
     port = w.ports[0]
@@ -163,12 +164,12 @@ def test_nats_restart_announces_and_resyncs(stack):
         assert status == 200
     ns2 = stack.nats(port=ns.port)
     nc = kvnats.Nats(ns2.port)
-    hb = nc.subscribe(P + ".kvroute.heartbeat")
+    hb = nc.subscribe(kvproto.heartbeat(P))
     # the worker is back once its heartbeats are; the announce it sends on
     # reconnecting may have gone before this subscription existed, so ask
     # as routers do after every reconnect (discover -> announce)
     nc.wait(hb, lambda ms: any(m.json()["worker_id"] == 77 for m in ms), timeout=30)
-    nc.publish(P + ".kvroute.discover", {})
+    nc.publish(kvproto.discover(P), {})
     msgs = nc.wait(hb, lambda ms: any(m.json()["type"] == "announce" for m in ms), timeout=30)
     ann = [m.json() for m in msgs if m.json()["type"] == "announce"][0]
     header, blocks = dump(nc, 77)

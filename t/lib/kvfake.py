@@ -10,8 +10,9 @@ import threading
 import time
 
 from kvnats import Nats
+import kvproto
 
-PREFIX = "namespace.dynamo.component.backend"
+PREFIX = kvproto.DEFAULT_PREFIX
 
 
 class FakeWorker:
@@ -39,8 +40,8 @@ class FakeWorker:
     def connect(self, port):
         """(Re)connects, e.g. after nats-server restarted."""
         self.nc = Nats(port)
-        self.nc.subscribe("%s.kvroute.dump.%d" % (self.prefix, self.worker_id), self._on_dump)
-        self.nc.subscribe("%s.kvroute.discover" % self.prefix,
+        self.nc.subscribe(kvproto.dump(self.worker_id, self.prefix), self._on_dump)
+        self.nc.subscribe(kvproto.discover(self.prefix),
                           lambda s, r, p: self.heartbeat("announce"))
         self.nc.flush()
 
@@ -51,7 +52,7 @@ class FakeWorker:
             ev = {"worker_id": self.worker_id, "storage_tier": "device",
                   "event": {"event_id": self.event_id, "data": data, "dp_rank": self.dp_rank}}
         if not skip:
-            self.nc.publish(self.prefix + ".kv-events", ev)
+            self.nc.publish(kvproto.events(self.prefix), ev)
         return ev
 
     def store(self, chain, parent=None, skip=False):
@@ -79,7 +80,7 @@ class FakeWorker:
 
     # --- heartbeat --------------------------------------------------------
     def heartbeat(self, kind="heartbeat"):
-        self.nc.publish(self.prefix + ".kvroute.heartbeat", {
+        self.nc.publish(kvproto.heartbeat(self.prefix), {
             "type": kind, "worker_id": self.worker_id, "dp_rank": self.dp_rank,
             "instance_id": self.instance_id, "address": self.address, "model": "fake",
             "block_size": 16, "num_blocks": 1024, "last_event_id": self.event_id,

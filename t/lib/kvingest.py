@@ -8,6 +8,7 @@ import threading
 import time
 
 import kvt
+import kvproto
 
 BINARY = os.path.join(kvt.BIN, "kvingest")
 
@@ -30,7 +31,7 @@ def start_ready(stack, nats, extra=(), log="kvingest.log"):
     from kvnats import Nats
     nc = Nats(nats.port)
     seen = threading.Event()
-    nc.subscribe("*.*.*.*.kvroute.discover", lambda s, r, p: seen.set())
+    nc.subscribe("*.*.*.*" + kvproto.DISCOVER, lambda s, r, p: seen.set())
     nc.flush()
     ing = Ingest(stack, nats.url, extra=extra, log=log)
     if not seen.wait(10):

@@ -1,6 +1,8 @@
 /* kv_jscan, the one JSON reader: exact u64, negatives bit-cast, bad input
  * fails cleanly, and one nesting bound for every reader built on it. */
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kv_body.h"
 #include "kv_jscan.h"
@@ -108,11 +110,60 @@ TEST(one_depth_bound)
     }
 }
 
+typedef struct {
+    uint64_t  id;
+    char      name[8];
+    struct {
+        uint64_t  n;
+    } inner;
+} rec_t;
+
+static const kv_jfield_t inner_fields[] = {
+    { "n", KV_JF_U64, 0, 0, NULL },
+    { NULL, 0, 0, 0, NULL }
+};
+
+static const kv_jfield_t rec_fields[] = {
+    { "id", KV_JF_U64, offsetof(rec_t, id), 0, NULL },
+    { "name", KV_JF_STRING, offsetof(rec_t, name), 8, NULL },
+    { "inner", KV_JF_OBJECT, offsetof(rec_t, inner), 0, inner_fields },
+    { "flag", KV_JF_SKIP, 0, 0, NULL },
+    { NULL, 0, 0, 0, NULL }
+};
+
+static int scan_rec(const char *s, rec_t *r, uint32_t *seen)
+{
+    kv_jscan_t j;
+    memset(r, 0, sizeof(*r));
+    *seen = 0;
+    kv_jscan_init(&j, s, strlen(s));
+    return kv_jscan_fields(&j, rec_fields, r, seen);
+}
+
+TEST(object_read_by_table)
+{
+    rec_t r;
+    uint32_t seen;
+    CHECK(scan_rec("{\"x\":[1,{}],\"id\":18446744073709551615,\"name\":\"abcdefghij\","
+                   "\"inner\":{\"n\":7,\"z\":null},\"flag\":{\"deep\":[true]}}", &r, &seen) == 0);
+    CHECK_EQ_U64(r.id, UINT64_MAX);
+    CHECK(strcmp(r.name, "abcdefg") == 0);          /* truncated, terminated */
+    CHECK_EQ_U64(r.inner.n, 7);
+    CHECK_EQ_U64(seen, 0xf);
+    CHECK(scan_rec("{\"name\":\"a\"}", &r, &seen) == 0);
+    CHECK_EQ_U64(seen, 2);                          /* only name present */
+    CHECK(scan_rec("{\"id\":\"1\"}", &r, &seen) < 0);  /* wrong type */
+    CHECK(scan_rec("{\"inner\":[]}", &r, &seen) < 0);
+    CHECK(scan_rec("{\"id\":1", &r, &seen) < 0);        /* unclosed */
+    CHECK(scan_rec("[]", &r, &seen) < 0);
+}
+
 int main(void)
 {
     RUN(u64_full_range_and_negative);
     RUN(object_keys_and_skip);
     RUN(bad_input_fails_without_crash);
     RUN(one_depth_bound);
+    RUN(object_read_by_table);
     return kvt_done();
 }

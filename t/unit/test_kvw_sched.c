@@ -4,6 +4,7 @@
  * request, cancel, stop strings and EOS.
  */
 #include "kvtest.h"
+#include "kv_hash.h"
 #include "kvw_sched.h"
 
 #include <stdlib.h>
@@ -337,6 +338,50 @@ TEST(long_stop_strings_match_incrementally)
     free(s2);
 }
 
+/*
+ * A transfer's blocks (kvw_xfer.h): allocated, committed, handed to the
+ * scheduler with submit_pinned. The request starts from them as its cached
+ * prefix, and the pin is gone once it is admitted; a cancelled request
+ * before admission lets go of them too.
+ */
+TEST(pinned_submit_uses_transferred_blocks)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    kvw_blocks_t *bm = kvw_sched_blocks(e);
+    kvw_seq_blocks_t pin = {0};
+    tr_t a, b;
+
+    tr_init(&a, 0, 50, 7, 2);
+    CHECK_EQ_U64(kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, a.r.prompt, 50), 0);
+    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);          /* the 3 full blocks */
+    kvw_blocks_commit(bm, &pin, a.r.prompt, 48);
+    CHECK_EQ_U64(kvw_blocks_active(bm), 3);
+    CHECK(kvw_sched_submit_pinned(e, &a.r, &pin) == 0);
+    CHECK(pin.table == NULL);                               /* the scheduler owns it */
+    run(base);
+    CHECK(a.done && a.why == KVW_FINISH_LENGTH);
+    CHECK_EQ_U64(a.r.cached_tokens, 48);
+    CHECK_EQ_U64(tb->step_tokens[0][0], 2);                 /* only the tail ran */
+    CHECK_EQ_U64(kvw_blocks_active(bm), 0);
+    CHECK_EQ_U64(kvw_blocks_cached(bm), 3);
+
+    /* cancelled while still waiting: the pin goes with it */
+    tr_init(&b, 1, 50, 9000, 2);
+    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
+    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
+    kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
+    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin) == 0);
+    e->ops->cancel(e, &b.r);
+    CHECK_EQ_U64(kvw_blocks_active(bm), 0);
+    run(base);
+    CHECK(!b.done);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
 TEST(too_long_prompt_refused)
 {
     struct event_base *base = event_base_new();
@@ -363,5 +408,6 @@ int main(void)
     RUN(stop_string_and_eos);
     RUN(long_stop_strings_match_incrementally);
     RUN(too_long_prompt_refused);
+    RUN(pinned_submit_uses_transferred_blocks);
     return kvt_done();
 }

@@ -28,7 +28,7 @@ TEST(token_ids_at_several_block_sizes)
         ids[i] = (uint32_t) (1000 + i);
     }
     for (size_t k = 0; k < 3; k++) {
-        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0 };
+        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL };
         kv_prompt_t p;
         const char *b = ids_body(200, ",\"max_tokens\":7,\"stream\":true");
 
@@ -44,7 +44,7 @@ TEST(token_ids_at_several_block_sizes)
 
 TEST(salt_changes_every_hash)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0 };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL };
     kv_prompt_t a, b, c;
     const char *body = ids_body(64, "");
     char        copy[65536];
@@ -66,7 +66,7 @@ TEST(salt_changes_every_hash)
 
 TEST(short_prompt_has_no_blocks)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0 };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL };
     kv_prompt_t p;
     const char *b = ids_body(63, "");
 
@@ -78,7 +78,7 @@ TEST(short_prompt_has_no_blocks)
 
 TEST(fallbacks_say_why)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0 };
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL };
     kv_prompt_t p;
     const char *b;
 

@@ -1,0 +1,225 @@
+/* The KV transfer's wire format: frames round-trip, and every check refuses with a reason. */
+#include "kvtest.h"
+#include "kvw_xfer_wire.h"
+
+#include <stdlib.h>
+
+#define BB 40       /* payload bytes per block */
+#define NB 3
+
+static uint64_t seq[8] = {11, 12, 13, 14, 15, 16, 17, 18};
+static uint64_t loc[8] = {21, 22, 23, 24, 25, 26, 27, 28};
+
+/* A well-formed stream of blocks 1..3 of a prompt. */
+static size_t stream(uint8_t *out, kvx_header_t *h)
+{
+    uint8_t payload[BB];
+    size_t n = 0;
+
+    h->version = KVX_VERSION;
+    h->model_fp = kvx_model_fp("m", 1000);
+    h->layout_fp = kvx_layout_fp(16, BB, 0);
+    h->block_size = 16;
+    h->first = 1;
+    h->count = NB;
+    h->block_bytes = BB;
+    h->kv_bytes_per_token = 0;
+    kvx_header_encode(h, out);
+    n += KVX_HDR_LEN;
+    for (uint32_t i = 1; i <= NB; i++) {
+        kvx_block_t b = { .index = i, .seq_hash = seq[i], .local_hash = loc[i] };
+        memset(payload, (int)i, sizeof(payload));
+        b.checksum = kvx_checksum(payload, BB);
+        kvx_block_encode(&b, out + n);
+        n += KVX_BLK_LEN;
+        memcpy(out + n, payload, BB);
+        n += BB;
+    }
+    kvx_end_encode(NB, out + n);
+    return n + KVX_END_LEN;
+}
+
+static void expect(kvx_rx_t *rx)
+{
+    memset(rx, 0, sizeof(*rx));
+    rx->model_fp = kvx_model_fp("m", 1000);
+    rx->layout_fp = kvx_layout_fp(16, BB, 0);
+    rx->block_bytes = BB;
+    rx->block_size = 16;
+    rx->first = 1;
+    rx->count = NB;
+    rx->seq = seq;
+    rx->local = loc;
+}
+
+/* Feeds buf whole, frame by frame; returns the last event, blocks seen in *blocks. */
+static kvx_rx_ev_t feed_all(kvx_rx_t *rx, const uint8_t *buf, size_t len, int *blocks,
+                            char *why, size_t wn)
+{
+    size_t off = 0, used;
+    kvx_rx_ev_t ev = KVX_MORE;
+
+    *blocks = 0;
+    why[0] = '\0';
+    while (off <= len) {
+        kvx_block_t b;
+        const uint8_t *payload;
+        ev = kvx_rx_feed(rx, buf + off, len - off, &used, &b, &payload, why, wn);
+        if (ev == KVX_BLOCK) {
+            (*blocks)++;
+            CHECK(payload[0] == (uint8_t)b.index);
+        }
+        if (ev == KVX_MORE || ev == KVX_ERROR || ev == KVX_DONE)
+            return ev;
+        off += used;
+    }
+    return ev;
+}
+
+TEST(round_trip)
+{
+    uint8_t buf[1024];
+    kvx_header_t h;
+    kvx_rx_t rx;
+    char why[256];
+    int blocks;
+    size_t n = stream(buf, &h);
+
+    expect(&rx);
+    CHECK(feed_all(&rx, buf, n, &blocks, why, sizeof(why)) == KVX_DONE);
+    CHECK_EQ_U64(blocks, NB);
+    CHECK_EQ_U64(rx.hdr.kv_bytes_per_token, 0);
+    /* one byte at a time: nothing is handed out before a frame is whole */
+    expect(&rx);
+    size_t off = 0, used;
+    int done = 0;
+    blocks = 0;
+    for (size_t have = 0; have <= n && !done; have++) {
+        kvx_block_t b;
+        const uint8_t *p;
+        kvx_rx_ev_t ev = kvx_rx_feed(&rx, buf + off, have - off, &used, &b, &p, why,
+                                     sizeof(why));
+        CHECK(ev != KVX_ERROR);
+        off += used;
+        blocks += ev == KVX_BLOCK;
+        done = ev == KVX_DONE;
+    }
+    CHECK(done);
+    CHECK_EQ_U64(blocks, NB);
+}
+
+/* Re-encodes the header after a change (a peer that is consistent but wrong). */
+static void reheader(uint8_t *buf, void (*edit)(kvx_header_t *))
+{
+    kvx_header_t h;
+    stream(buf, &h);
+    edit(&h);
+    kvx_header_encode(&h, buf);
+}
+
+static void other_model(kvx_header_t *h) { h->model_fp = kvx_model_fp("other", 1000); }
+static void other_bs(kvx_header_t *h) { h->block_size = 32; }
+static void other_layout(kvx_header_t *h) { h->layout_fp ^= 1; }
+static void other_bytes(kvx_header_t *h) { h->block_bytes = BB + 8; }
+static void other_first(kvx_header_t *h) { h->first = 0; }
+static void other_version(kvx_header_t *h) { h->version = 9; }
+
+static void refused(uint8_t *buf, size_t n, const char *reason)
+{
+    kvx_rx_t rx;
+    char why[256];
+    int blocks;
+
+    expect(&rx);
+    CHECK(feed_all(&rx, buf, n, &blocks, why, sizeof(why)) == KVX_ERROR);
+    if (strstr(why, reason) == NULL) {
+        fprintf(stderr, "  reason '%s' lacks '%s'\n", why, reason);
+        CHECK(0);
+    }
+}
+
+TEST(mismatches_refused_with_reason)
+{
+    uint8_t buf[1024];
+    kvx_header_t h;
+    size_t n = stream(buf, &h);
+
+    reheader(buf, other_model);
+    refused(buf, n, "model fingerprint");
+    reheader(buf, other_bs);
+    refused(buf, n, "block size");
+    reheader(buf, other_layout);
+    refused(buf, n, "layout fingerprint");
+    reheader(buf, other_bytes);
+    refused(buf, n, "block bytes");
+    reheader(buf, other_first);
+    refused(buf, n, "not the ones asked for");
+    reheader(buf, other_version);
+    refused(buf, n, "version");
+}
+
+TEST(corruption_refused_with_reason)
+{
+    uint8_t buf[1024];
+    kvx_header_t h;
+    size_t n = stream(buf, &h);
+
+    buf[10] ^= 1;                                   /* header bit flip */
+    refused(buf, n, "header checksum");
+    stream(buf, &h);
+    buf[0] = 'X';
+    refused(buf, n, "magic");
+    stream(buf, &h);
+    buf[KVX_HDR_LEN + 8] ^= 1;                      /* first block's sequence hash */
+    refused(buf, n, "not the prompt's");
+    stream(buf, &h);
+    buf[KVX_HDR_LEN + KVX_BLK_LEN + 5] ^= 1;        /* first block's payload */
+    refused(buf, n, "checksum");
+    stream(buf, &h);
+    buf[KVX_HDR_LEN + 4] = 2;                       /* block 2 where block 1 is due */
+    refused(buf, n, "was due");
+    stream(buf, &h);
+    buf[n - KVX_END_LEN + 4] = 7;                   /* end frame's count */
+    refused(buf, n, "end frame");
+}
+
+TEST(truncated_and_trailing)
+{
+    uint8_t buf[1024];
+    kvx_header_t h;
+    kvx_rx_t rx;
+    char why[256];
+    int blocks;
+    size_t n = stream(buf, &h);
+
+    /* cut inside the second block: one block out, then more is wanted */
+    expect(&rx);
+    CHECK(feed_all(&rx, buf, KVX_HDR_LEN + (KVX_BLK_LEN + BB) + 10, &blocks, why,
+                   sizeof(why)) == KVX_MORE);
+    CHECK_EQ_U64(blocks, 1);
+    /* bytes after the end are an error */
+    expect(&rx);
+    CHECK(feed_all(&rx, buf, n, &blocks, why, sizeof(why)) == KVX_DONE);
+    size_t used;
+    kvx_block_t b;
+    const uint8_t *p;
+    CHECK(kvx_rx_feed(&rx, buf, 4, &used, &b, &p, why, sizeof(why)) == KVX_ERROR);
+}
+
+TEST(fingerprints_differ)
+{
+    CHECK(kvx_model_fp("a", 10) != kvx_model_fp("b", 10));
+    CHECK(kvx_model_fp("a", 10) != kvx_model_fp("a", 11));
+    CHECK(kvx_layout_fp(16, 100, 0) != kvx_layout_fp(32, 100, 0));
+    CHECK(kvx_layout_fp(16, 0, 1000) != kvx_layout_fp(16, 0, 2000));
+}
+
+int main(void)
+{
+    RUN(round_trip);
+    RUN(mismatches_refused_with_reason);
+    RUN(corruption_refused_with_reason);
+    RUN(truncated_and_trailing);
+    RUN(fingerprints_differ);
+    return kvt_done();
+}

@@ -1,0 +1,429 @@
+/*
+ * The decode side of a KV transfer. For a request that names a prefill
+ * worker it decides first whether to disaggregate at all (conditional
+ * disaggregation, as Dynamo does: a prompt whose uncached part is shorter
+ * than --disagg-min-tokens is prefilled here), then references the cached
+ * prefix and allocates the blocks the transfer will fill, asks the prefill
+ * worker for the rest, and checks every frame as it arrives
+ * (kvw_xfer_wire.h). The blocks stay private (unregistered, invisible to the
+ * prefix cache and the index) until the whole transfer is in and verified;
+ * only then are they committed, which publishes their Stored events. Any
+ * failure (refusal, overload, timeout, a dead or lying peer) releases them,
+ * and the request is prefilled locally: never a client error.
+ *
+ * The mock engine moves a manifest (hashes only) and charges the link time
+ * its modelled KV would take: blocks x block_size x --kv-bytes-per-token
+ * bytes at --link-gbps.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+
+#include "kv_hash.h"
+#include "kvw_sched.h"
+#include "kvw_xfer.h"
+#include "kvw_xfer_wire.h"
+
+struct kvw_pull {
+    kvw_engine_t               *e;
+    kvw_xfer_stats_t           *st;
+    kvw_blocks_t               *bm;
+    kvw_backend_t              *be;
+    const kvw_req_t            *r;
+    struct evhttp_connection   *conn;
+    struct evhttp_request      *req;
+    kvw_seq_blocks_t            pin;
+    uint64_t                   *seq, *local;
+    uint32_t                    have, n_full;
+    kvx_rx_t                    rx;
+    struct evbuffer            *in;         /* received, not yet parsed */
+    uint8_t                    *stage;      /* the frame being checked */
+    struct event               *deadline;
+    struct event               *fin;        /* the end, run outside libevent's callbacks */
+    int                         over;       /* result decided: ignore further callbacks */
+    int                         ok;
+    char                        why[320];
+    kvw_pull_done_fn            done;
+    void                       *arg;
+    struct timespec             t0;
+};
+
+static double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) / 1e9;
+}
+
+static void pull_free(kvw_pull_t *p)
+{
+    if (p->conn)
+        evhttp_connection_free(p->conn);   /* cancels a request still in flight */
+    if (p->pin.table)
+        kvw_blocks_release(p->bm, &p->pin);
+    if (p->deadline)
+        event_free(p->deadline);
+    if (p->fin)
+        event_free(p->fin);
+    if (p->in)
+        evbuffer_free(p->in);
+    free(p->seq);
+    free(p->local);
+    free(p->stage);
+    free(p);
+}
+
+/* Decides the outcome once; the end runs from the event loop (on_fin). */
+static void conclude(kvw_pull_t *p, int ok, double delay_s, const char *why)
+{
+    if (p->over)
+        return;
+    p->over = 1;
+    p->ok = ok;
+    if (why)
+        snprintf(p->why, sizeof(p->why), "%s", why);
+    event_del(p->deadline);
+    struct timeval tv = { (time_t)delay_s, (suseconds_t)((delay_s - (double)(time_t)delay_s) * 1e6) };
+    evtimer_add(p->fin, &tv);
+}
+
+static void on_fin(evutil_socket_t fd, short what, void *arg)
+{
+    kvw_pull_t *p = arg;
+    kvw_pull_done_fn done = p->done;
+    void *darg = p->arg;
+
+    if (p->conn) {
+        evhttp_connection_free(p->conn);
+        p->conn = NULL;
+    }
+    if (p->ok) {
+        /* complete and verified: now, and only now, the blocks join the cache */
+        kvw_blocks_commit(p->bm, &p->pin, p->r->prompt,
+                          (size_t)p->n_full * kvw_blocks_block_size(p->bm));
+        kvw_blocks_flush(p->bm);
+        p->st->pulled++;
+        p->st->pull_s += since(&p->t0);
+        kvw_seq_blocks_t pin = p->pin;
+        memset(&p->pin, 0, sizeof(p->pin));
+        pull_free(p);
+        done(darg, &pin, NULL);     /* which submits (or releases) pin */
+        return;
+    }
+    char why[sizeof(p->why)];
+    snprintf(why, sizeof(why), "%s", p->why);
+    p->st->fallbacks++;
+    pull_free(p);       /* releases the half-filled blocks: never used */
+    done(darg, NULL, why);
+}
+
+static void fail(kvw_pull_t *p, const char *fmt, const char *detail)
+{
+    char why[320];
+
+    snprintf(why, sizeof(why), fmt, detail);
+    conclude(p, 0, 0, why);
+}
+
+/* Everything received so far, frame by frame: verified blocks are written at once. */
+static void parse(kvw_pull_t *p)
+{
+    char why[200];
+
+    while (!p->over) {
+        size_t need = kvx_rx_need(&p->rx), used = 0;
+        if (need == 0) {
+            if (evbuffer_get_length(p->in) > 0)
+                fail(p, "%s", "bytes after the end of the transfer");
+            return;
+        }
+        if (evbuffer_get_length(p->in) < need)
+            return;
+        /* one copy, into a staging buffer reused for every frame */
+        if (evbuffer_copyout(p->in, p->stage, need) != (ev_ssize_t)need) {
+            fail(p, "%s", "cannot read the receive buffer");
+            return;
+        }
+        const uint8_t *buf = p->stage, *payload = NULL;
+        kvx_block_t blk;
+        kvx_rx_ev_t ev = kvx_rx_feed(&p->rx, buf, need, &used, &blk, &payload, why, sizeof(why));
+
+        if (ev == KVX_ERROR) {
+            fail(p, "refused the transfer: %s", why);
+            return;
+        }
+        if (ev == KVX_BLOCK) {
+            if (p->rx.block_bytes
+                && p->be->block_write(p->be, p->pin.table[blk.index], payload) != 0) {
+                fail(p, "%s", "block_write failed");
+                return;
+            }
+            p->st->pulled_blocks++;
+            p->st->pulled_bytes += p->rx.block_bytes;
+        }
+        evbuffer_drain(p->in, used);
+    }
+}
+
+/* The reply is complete: a whole, verified stream and nothing after it is a success. */
+static void complete(kvw_pull_t *p)
+{
+    double link_s = 0;
+
+    parse(p);
+    if (p->over)
+        return;
+    if (kvx_rx_need(&p->rx) != 0) {
+        fail(p, "%s", "the transfer stream ended early (truncated)");
+        return;
+    }
+    if (p->be->simulated) {
+        /* the mock's manifest: charge what its KV would take on the link */
+        double bytes = (double)p->rx.count * kvw_xfer_block_bytes(p->e);
+        link_s = bytes * 8 / (p->e->cfg->link_gbps * 1e9);
+        p->st->link_s += link_s;
+        p->st->pulled_bytes += (uint64_t)bytes;
+    }
+    conclude(p, 1, link_s, NULL);
+}
+
+static void on_chunk(struct evhttp_request *req, void *arg)
+{
+    kvw_pull_t *p = arg;
+    struct evbuffer *b = evhttp_request_get_input_buffer(req);
+
+    if (p->over) {
+        evbuffer_drain(b, evbuffer_get_length(b));
+        return;
+    }
+    if (evhttp_request_get_response_code(req) != 200) {
+        /* a refusal's JSON reason: keep the first bytes for the message */
+        size_t room = 1024 - evbuffer_get_length(p->in), n = evbuffer_get_length(b);
+        evbuffer_remove_buffer(b, p->in, n < room ? n : room);
+        evbuffer_drain(b, evbuffer_get_length(b));
+        return;
+    }
+    evbuffer_add_buffer(p->in, b);
+    parse(p);
+}
+
+static void on_done(struct evhttp_request *req, void *arg)
+{
+    kvw_pull_t *p = arg;
+    char msg[300];
+
+    if (p->over)
+        return;
+    if (req == NULL || evhttp_request_get_response_code(req) == 0) {
+        fail(p, "%s", "prefill worker unreachable or the connection failed");
+        return;
+    }
+    int code = evhttp_request_get_response_code(req);
+    if (code != 200) {
+        /* anything left that the chunk callback did not see */
+        struct evbuffer *b = evhttp_request_get_input_buffer(req);
+        if (evbuffer_get_length(p->in) < 1024)
+            evbuffer_remove_buffer(b, p->in, 1024 - evbuffer_get_length(p->in));
+        size_t n = evbuffer_get_length(p->in);
+        char *body = (char *)evbuffer_pullup(p->in, -1);
+        json_t *j = body ? json_loadb(body, n, 0, NULL) : NULL;
+        const char *m = json_string_value(json_object_get(json_object_get(j, "error"),
+                                                          "message"));
+        const char *c = json_string_value(json_object_get(json_object_get(j, "error"), "code"));
+        snprintf(msg, sizeof(msg), "prefill worker answered %d %s: %s", code, c ? c : "",
+                 m ? m : "(no reason)");
+        json_decref(j);
+        conclude(p, 0, 0, msg);
+        return;
+    }
+    complete(p);
+}
+
+static void on_error(enum evhttp_request_error err, void *arg)
+{
+    kvw_pull_t *p = arg;
+    const char *what = err == EVREQ_HTTP_TIMEOUT ? "timed out"
+                       : err == EVREQ_HTTP_EOF ? "connection closed mid-transfer"
+                       : err == EVREQ_HTTP_INVALID_HEADER ? "invalid HTTP from the prefill worker"
+                       : err == EVREQ_HTTP_BUFFER_ERROR ? "connection error"
+                       : err == EVREQ_HTTP_DATA_TOO_LONG ? "reply too long"
+                       : "request cancelled";
+    fail(p, "prefill worker: %s", what);
+}
+
+static void on_deadline(evutil_socket_t fd, short what, void *arg)
+{
+    kvw_pull_t *p = arg;
+    char why[64];
+
+    snprintf(why, sizeof(why), "transfer timed out after %d ms", p->e->cfg->xfer_timeout_ms);
+    conclude(p, 0, 0, why);
+}
+
+/* host:port or [v6]:port */
+static int split_addr(const char *addr, char *host, size_t hn, int *port)
+{
+    const char *colon = strrchr(addr, ':');
+    char *end;
+
+    if (colon == NULL || colon == addr || (size_t)(colon - addr) >= hn)
+        return -1;
+    long v = strtol(colon + 1, &end, 10);
+    if (*end != '\0' || v < 1 || v > 65535)
+        return -1;
+    if (addr[0] == '[' && colon[-1] == ']') {
+        memcpy(host, addr + 1, (size_t)(colon - addr) - 2);
+        host[colon - addr - 2] = '\0';
+    } else {
+        memcpy(host, addr, (size_t)(colon - addr));
+        host[colon - addr] = '\0';
+    }
+    *port = (int)v;
+    return host[0] ? 0 : -1;
+}
+
+static char *request_body(kvw_pull_t *p)
+{
+    json_t *toks = json_array(), *have = json_array();
+    char hex[17];
+
+    for (size_t i = 0; i < p->r->n_prompt; i++)
+        json_array_append_new(toks, json_integer(p->r->prompt[i]));
+    for (uint32_t i = 0; i < p->have; i++) {
+        snprintf(hex, sizeof(hex), "%016" PRIx64, p->seq[i]);
+        json_array_append_new(have, json_string(hex));
+    }
+    json_t *j = json_pack("{s:i,s:s,s:s%,s:s%,s:i,s:s?,s:o,s:o}", "v", KVX_VERSION,
+                          "model", p->e->cfg->model, "model_fp", "", 0, "layout_fp", "", 0,
+                          "block_size", (int)kvw_blocks_block_size(p->bm),
+                          "cache_salt", p->r->cache_salt, "tokens", toks, "have", have);
+    snprintf(hex, sizeof(hex), "%016" PRIx64, kvw_xfer_model_fp(p->e));
+    json_object_set_new(j, "model_fp", json_string(hex));
+    snprintf(hex, sizeof(hex), "%016" PRIx64, kvw_xfer_layout_fp(p->e));
+    json_object_set_new(j, "layout_fp", json_string(hex));
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    return s;
+}
+
+kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_t *r,
+                           const char *addr, kvw_pull_done_fn done, void *arg,
+                           const char **why)
+{
+    kvw_blocks_t *bm = kvw_sched_blocks(e);
+    uint32_t bs = kvw_blocks_block_size(bm);
+    uint64_t seed = kv_hash_seed(r->cache_salt, r->cache_salt ? strlen(r->cache_salt) : 0);
+    char host[256];
+    int port;
+
+    if (split_addr(addr, host, sizeof(host), &port) != 0) {
+        *why = "bad prefill address (host:port)";
+        return NULL;
+    }
+    if (r->n_prompt < 2 || !e->cfg->enable_prefix_caching) {
+        *why = r->n_prompt < 2 ? "prompt too short" : "prefix caching is off";
+        return NULL;
+    }
+    kvw_pull_t *p = calloc(1, sizeof(*p));
+    if (p == NULL) {
+        *why = "out of memory";
+        return NULL;
+    }
+    p->e = e;
+    p->st = st;
+    p->bm = bm;
+    p->be = kvw_sched_backend(e);
+    p->r = r;
+    p->done = done;
+    p->arg = arg;
+    clock_gettime(CLOCK_MONOTONIC, &p->t0);
+    p->n_full = (uint32_t)((r->n_prompt - 1) / bs);
+    p->seq = malloc((p->n_full + 1) * sizeof(uint64_t));
+    p->local = malloc((p->n_full + 1) * sizeof(uint64_t));
+    p->in = evbuffer_new();
+    p->deadline = evtimer_new(e->base, on_deadline, p);
+    p->fin = evtimer_new(e->base, on_fin, p);
+    if (p->seq == NULL || p->local == NULL || p->in == NULL || p->deadline == NULL
+        || p->fin == NULL) {
+        *why = "out of memory";
+        pull_free(p);
+        return NULL;
+    }
+    kv_hash_blocks(r->prompt, (size_t)p->n_full * bs, bs, seed, p->local, p->seq);
+    p->have = (uint32_t)(kvw_blocks_pin_prefix(bm, &p->pin, seed, r->prompt, r->n_prompt) / bs);
+    if (r->n_prompt - (size_t)p->have * bs < (size_t)e->cfg->disagg_min_tokens
+        || p->have >= p->n_full) {
+        *why = "uncached part of the prompt is short: prefilled locally";
+        pull_free(p);
+        return NULL;
+    }
+    /* the transfer's target: allocated now, filled by it, registered when verified */
+    if (kvw_blocks_reserve(bm, &p->pin, (size_t)p->n_full * bs) != 0) {
+        *why = "no free KV blocks to receive the transfer";
+        pull_free(p);
+        return NULL;
+    }
+    p->stage = malloc(KVX_HDR_LEN + KVX_BLK_LEN + p->be->block_bytes);
+    if (p->stage == NULL) {
+        *why = "out of memory";
+        pull_free(p);
+        return NULL;
+    }
+    p->rx.model_fp = kvw_xfer_model_fp(e);
+    p->rx.layout_fp = kvw_xfer_layout_fp(e);
+    p->rx.block_bytes = p->be->block_bytes;
+    p->rx.block_size = bs;
+    p->rx.first = p->have;
+    p->rx.count = p->n_full - p->have;
+    p->rx.seq = p->seq;
+    p->rx.local = p->local;
+
+    char *body = request_body(p);
+    p->conn = evhttp_connection_base_new(e->base, NULL, host, (ev_uint16_t)port);
+    p->req = evhttp_request_new(on_done, p);
+    if (body == NULL || p->conn == NULL || p->req == NULL) {
+        free(body);
+        if (p->req && p->conn == NULL)
+            evhttp_request_free(p->req);
+        *why = "cannot start the transfer request";
+        pull_free(p);
+        return NULL;
+    }
+    int secs = (e->cfg->xfer_timeout_ms + 999) / 1000;
+    evhttp_connection_set_timeout(p->conn, secs);
+    evhttp_connection_set_retries(p->conn, 0);
+    /* libevent reads 16 KB per callback by default: a transfer is MBs */
+    bufferevent_set_max_single_read(evhttp_connection_get_bufferevent(p->conn), 1 << 20);
+    evhttp_request_set_chunked_cb(p->req, on_chunk);
+    evhttp_request_set_error_cb(p->req, on_error);
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(p->req);
+    evhttp_add_header(hd, "Host", addr);
+    evhttp_add_header(hd, "Content-Type", "application/json");
+    evhttp_add_header(hd, "Accept", KVX_CTYPE);
+    evbuffer_add(evhttp_request_get_output_buffer(p->req), body, strlen(body));
+    free(body);
+    if (evhttp_make_request(p->conn, p->req, EVHTTP_REQ_POST, KVX_PATH) != 0) {
+        p->req = NULL;      /* evhttp_make_request frees it on failure */
+        *why = "cannot send the transfer request";
+        pull_free(p);
+        return NULL;
+    }
+    struct timeval tv = { e->cfg->xfer_timeout_ms / 1000, (e->cfg->xfer_timeout_ms % 1000) * 1000 };
+    evtimer_add(p->deadline, &tv);
+    return p;
+}
+
+void kvw_pull_cancel(kvw_pull_t *p)
+{
+    p->over = 1;
+    pull_free(p);
+}

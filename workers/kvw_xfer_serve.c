@@ -1,0 +1,491 @@
+/*
+ * The prefill side of a KV transfer: POST /kvroute/v1/prefill.
+ *
+ * The request (JSON) carries the prompt's token ids, its cache salt, the
+ * decode side's fingerprints and block size, and the sequence hashes of
+ * the leading blocks the decode side already holds. Mismatches are refused
+ * (409) and an overloaded worker says so (503 prefill_overloaded), both
+ * before any byte of KV moves. Otherwise the prompt runs through this
+ * engine's own scheduler as a one-token request (its prefix cache counts),
+ * the prompt's full blocks are pinned, and streamed in the engine's layout
+ * (kvw_xfer_wire.h), a few MB at a time as the socket drains. The pin is let
+ * go when the last frame has been written out, when the decode side goes
+ * away, or when --xfer-timeout-ms passes.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+
+#include "kv_hash.h"
+#include "kvw_openai.h"
+#include "kvw_sched.h"
+#include "kvw_xfer.h"
+#include "kvw_xfer_wire.h"
+
+#define SEND_WINDOW (4u << 20)      /* bytes queued on the socket at once */
+
+/*
+ * The window: shared by this transfer and the socket's output buffer, which
+ * may still hold it when the transfer ends early (a timeout); the last one
+ * to let go frees it.
+ */
+typedef struct {
+    int         refs;
+    size_t      len;
+    uint8_t     data[];
+} win_t;
+
+static void win_unref(const void *data, size_t len, void *arg)
+{
+    win_t *w = arg;
+
+    if (--w->refs == 0)
+        free(w);
+}
+
+typedef struct {
+    kvw_engine_t               *e;
+    kvw_xfer_stats_t           *st;
+    struct evhttp_request      *http;
+    struct evhttp_connection   *conn;
+    kvw_req_t                   req;        /* the prefill, as a one-token request */
+    uint32_t                    first, n_full, next;
+    kvw_seq_blocks_t            pin;
+    struct event               *timer;
+    int                         computing, streaming;
+    win_t                      *win;        /* frames being sent, read from the pool */
+    uint64_t                   *seq, *local; /* the prompt's block hashes */
+} serve_t;
+
+uint64_t kvw_xfer_model_fp(kvw_engine_t *e)
+{
+    return kvx_model_fp(e->cfg->model, kvw_sched_backend(e)->vocab_size);
+}
+
+uint64_t kvw_xfer_layout_fp(kvw_engine_t *e)
+{
+    kvw_backend_t *b = kvw_sched_backend(e);
+    uint64_t kvpt = b->block_bytes ? 0 : (uint64_t)e->cfg->kv_bytes_per_token;
+    return kvx_layout_fp(kvw_blocks_block_size(kvw_sched_blocks(e)), b->block_bytes, kvpt);
+}
+
+double kvw_xfer_block_bytes(kvw_engine_t *e)
+{
+    kvw_backend_t *b = kvw_sched_backend(e);
+    if (b->block_bytes)
+        return (double)b->block_bytes;
+    return e->cfg->kv_bytes_per_token * kvw_blocks_block_size(kvw_sched_blocks(e));
+}
+
+const char *kvw_role_name(int role)
+{
+    return role == KVW_ROLE_PREFILL ? "prefill" : role == KVW_ROLE_DECODE ? "decode"
+                                                                          : "aggregated";
+}
+
+static void refuse(struct evhttp_request *req, int code, const char *reason, const char *ecode,
+                   const char *msg)
+{
+    struct evbuffer *b = evbuffer_new();
+    char *body = kvw_openai_error(msg, code == 503 ? "server_error" : "invalid_request_error",
+                                  NULL, ecode);
+
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+                      "application/json");
+    evbuffer_add_printf(b, "%s\n", body ? body : "{}");
+    evhttp_send_reply(req, code, reason, b);
+    evbuffer_free(b);
+    free(body);
+}
+
+static void serve_free(serve_t *s)
+{
+    if (s->conn)
+        evhttp_connection_set_closecb(s->conn, NULL, NULL);
+    if (s->computing) {
+        s->st->computing--;
+        if (s->req.engine)
+            s->e->ops->cancel(s->e, &s->req);
+    }
+    if (s->pin.table)
+        kvw_blocks_release(kvw_sched_blocks(s->e), &s->pin);
+    if (s->timer)
+        event_free(s->timer);
+    kvw_req_clear(&s->req);
+    if (s->win)
+        win_unref(NULL, 0, s->win);
+    free(s->seq);
+    free(s->local);
+    free(s);
+}
+
+/* The decode side went away (or the connection failed): let everything go. */
+static void on_close(struct evhttp_connection *conn, void *arg)
+{
+    serve_t *s = arg;
+
+    s->conn = NULL;
+    if (evhttp_request_get_connection(s->http) == NULL)
+        evhttp_request_free(s->http);
+    serve_free(s);
+}
+
+static void on_last_written(struct evhttp_connection *conn, void *arg)
+{
+    serve_t *s = arg;
+
+    evhttp_send_reply_end(s->http);
+    serve_free(s);
+}
+
+/*
+ * Fills the window with block frames, read from the pool straight into it,
+ * and hands it to the socket by reference; the callback comes when it has
+ * all been written, so the same window serves the next round (no
+ * allocation, one copy out of the pool).
+ */
+static void send_more(struct evhttp_connection *conn, void *arg)
+{
+    serve_t *s = arg;
+    kvw_backend_t *be = kvw_sched_backend(s->e);
+    struct evbuffer *b = evbuffer_new();
+    size_t bytes = be->block_bytes, used = 0;
+
+    if (b == NULL) {
+        evhttp_send_reply_end(s->http);   /* no end frame: the decode side refuses it */
+        serve_free(s);
+        return;
+    }
+    while (s->next < s->n_full && used + KVX_BLK_LEN + bytes + KVX_END_LEN <= s->win->len) {
+        uint32_t i = s->next++;
+        kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i] };
+        uint8_t *payload = s->win->data + used + KVX_BLK_LEN;
+
+        if (bytes && be->block_read(be, s->pin.table[i], payload) != 0) {
+            fprintf(stderr, "kvworker: transfer: block_read %u failed\n", s->pin.table[i]);
+            evbuffer_free(b);
+            evhttp_send_reply_end(s->http);
+            serve_free(s);
+            return;
+        }
+        blk.checksum = kvx_checksum(payload, bytes);
+        kvx_block_encode(&blk, s->win->data + used);
+        used += KVX_BLK_LEN + bytes;
+        s->st->served_blocks++;
+        s->st->served_bytes += bytes;
+    }
+    if (s->next == s->n_full) {
+        kvx_end_encode(s->n_full - s->first, s->win->data + used);
+        used += KVX_END_LEN;
+        s->st->served++;
+    }
+    s->win->refs++;
+    if (evbuffer_add_reference(b, s->win->data, used, win_unref, s->win) != 0)
+        s->win->refs--;
+    evhttp_send_reply_chunk_with_cb(s->http, b, s->next < s->n_full ? send_more : on_last_written,
+                                    s);
+    evbuffer_free(b);
+}
+
+static void start_stream(serve_t *s)
+{
+    kvw_engine_t *e = s->e;
+    kvw_backend_t *be = kvw_sched_backend(e);
+    kvx_header_t h = {
+        .version = KVX_VERSION,
+        .model_fp = kvw_xfer_model_fp(e),
+        .layout_fp = kvw_xfer_layout_fp(e),
+        .block_size = be->block_size ? be->block_size : kvw_blocks_block_size(kvw_sched_blocks(e)),
+        .first = s->first,
+        .count = s->n_full - s->first,
+        .block_bytes = be->block_bytes,
+        .kv_bytes_per_token = be->block_bytes ? 0 : (uint64_t)e->cfg->kv_bytes_per_token,
+    };
+    uint8_t hdr[KVX_HDR_LEN];
+    struct evbuffer *b = evbuffer_new();
+
+    s->next = s->first;
+    s->streaming = 1;
+    /* a window of whole frames: SEND_WINDOW, or one block if blocks are larger */
+    size_t frame = KVX_BLK_LEN + be->block_bytes;
+    size_t len = (frame < SEND_WINDOW ? SEND_WINDOW - SEND_WINDOW % frame : frame) + KVX_END_LEN;
+    if ((s->win = malloc(sizeof(win_t) + len)) != NULL) {
+        s->win->refs = 1;
+        s->win->len = len;
+    } else {
+        refuse(s->http, 503, "Service Unavailable", "out_of_memory", "out of memory");
+        evbuffer_free(b);
+        serve_free(s);
+        return;
+    }
+    evhttp_add_header(evhttp_request_get_output_headers(s->http), "Content-Type", KVX_CTYPE);
+    evhttp_send_reply_start(s->http, 200, "OK");
+    kvx_header_encode(&h, hdr);
+    evbuffer_add(b, hdr, sizeof(hdr));
+    evhttp_send_reply_chunk(s->http, b);
+    evbuffer_free(b);
+    send_more(s->conn, s);
+}
+
+/* The prompt's full blocks are in the cache: pin them and stream. */
+static void pin_and_stream(serve_t *s)
+{
+    kvw_blocks_t *bm = kvw_sched_blocks(s->e);
+    size_t got = kvw_blocks_pin_prefix(bm, &s->pin, s->pin.seed, s->req.prompt,
+                                       s->req.n_prompt) / kvw_blocks_block_size(bm);
+
+    if (got < s->n_full) {
+        /* evicted between the prefill and now: only under heavy memory pressure */
+        refuse(s->http, 503, "Service Unavailable", "prefill_evicted",
+               "the prompt's blocks were evicted before they could be sent");
+        serve_free(s);
+        return;
+    }
+    start_stream(s);
+}
+
+static void hook_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len) {}
+static void hook_emit_text(kvw_req_t *r, const char *text, size_t len) {}
+
+static void hook_finish(kvw_req_t *r, kvw_finish_t why)
+{
+    serve_t *s = r->front;
+
+    r->engine = NULL;
+    s->computing = 0;
+    s->st->computing--;
+    if (why == KVW_FINISH_ABORT) {
+        refuse(s->http, 503, "Service Unavailable", "engine_abort",
+               "the engine aborted the prefill");
+        serve_free(s);
+        return;
+    }
+    pin_and_stream(s);
+}
+
+static const kvw_req_hooks_t hooks = { hook_emit, hook_emit_text, hook_finish };
+
+static void on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    serve_t *s = arg;
+
+    fprintf(stderr, "kvworker: transfer: timed out after %d ms (%s)\n",
+            s->e->cfg->xfer_timeout_ms, s->streaming ? "streaming" : "computing");
+    if (s->streaming)
+        evhttp_send_reply_end(s->http);     /* cut short: no end frame, refused downstream */
+    else
+        refuse(s->http, 503, "Service Unavailable", "prefill_timeout",
+               "the prefill did not finish in time");
+    serve_free(s);
+}
+
+static int parse_hex(json_t *v, uint64_t *out)
+{
+    const char *str = json_string_value(v);
+    char *end;
+
+    if (str == NULL || *str == '\0')
+        return -1;
+    *out = strtoull(str, &end, 16);
+    return *end == '\0' ? 0 : -1;
+}
+
+/* Reads the request into s; on a refusal fills code/ecode/msg. */
+static int parse(serve_t *s, const char *body, size_t len, int *code, const char **ecode,
+                 char *msg, size_t msglen)
+{
+    kvw_engine_t *e = s->e;
+    kvw_blocks_t *bm = kvw_sched_blocks(e);
+    uint32_t bs = kvw_blocks_block_size(bm);
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je), *v;
+    uint64_t mfp = 0, lfp = 0;
+    size_t i, n;
+    int rc = -1;
+
+    *code = 400;
+    *ecode = "bad_transfer_request";
+    if (root == NULL || !json_is_object(root)) {
+        snprintf(msg, msglen, "transfer request is not a JSON object");
+        goto out;
+    }
+    if (json_integer_value(json_object_get(root, "v")) != KVX_VERSION) {
+        snprintf(msg, msglen, "transfer version must be %d", KVX_VERSION);
+        goto out;
+    }
+    json_t *toks = json_object_get(root, "tokens"), *have = json_object_get(root, "have");
+    json_t *salt = json_object_get(root, "cache_salt");
+    if (parse_hex(json_object_get(root, "model_fp"), &mfp)
+        || parse_hex(json_object_get(root, "layout_fp"), &lfp)
+        || !json_is_integer(json_object_get(root, "block_size"))
+        || !json_is_array(toks) || json_array_size(toks) < 2 || !json_is_array(have)
+        || !(salt == NULL || json_is_null(salt) || json_is_string(salt))) {
+        snprintf(msg, msglen, "transfer request needs model_fp, layout_fp (hex), block_size, "
+                 "tokens (2 or more), have (a list), cache_salt (string or null)");
+        goto out;
+    }
+    *code = 409;
+    if (json_integer_value(json_object_get(root, "block_size")) != (json_int_t)bs) {
+        *ecode = "block_size_mismatch";
+        snprintf(msg, msglen, "block size %" JSON_INTEGER_FORMAT ", this worker's is %u",
+                 json_integer_value(json_object_get(root, "block_size")), bs);
+        goto out;
+    }
+    if (mfp != kvw_xfer_model_fp(e)) {
+        *ecode = "model_mismatch";
+        snprintf(msg, msglen, "model fingerprint %016" PRIx64 ", this worker serves '%.64s' "
+                 "(%016" PRIx64 ")", mfp, e->cfg->model, kvw_xfer_model_fp(e));
+        goto out;
+    }
+    if (lfp != kvw_xfer_layout_fp(e)) {
+        *ecode = "layout_mismatch";
+        snprintf(msg, msglen, "KV layout fingerprint %016" PRIx64 ", this worker's is %016"
+                 PRIx64, lfp, kvw_xfer_layout_fp(e));
+        goto out;
+    }
+    n = json_array_size(toks);
+    s->req.prompt = malloc(n * sizeof(uint32_t));
+    s->n_full = (uint32_t)((n - 1) / bs);
+    s->seq = malloc((s->n_full + 1) * sizeof(uint64_t));
+    s->local = malloc((s->n_full + 1) * sizeof(uint64_t));
+    if (s->req.prompt == NULL || s->seq == NULL || s->local == NULL) {
+        *code = 503;
+        *ecode = "out_of_memory";
+        snprintf(msg, msglen, "out of memory");
+        goto out;
+    }
+    json_array_foreach(toks, i, v) {
+        json_int_t t = json_integer_value(v);
+        if (!json_is_integer(v) || t < 0 || t > 0xffffffffLL) {
+            *code = 400;
+            snprintf(msg, msglen, "tokens must be integers in [0, 2^32)");
+            goto out;
+        }
+        s->req.prompt[i] = (uint32_t)t;
+    }
+    s->req.n_prompt = n;
+    if (json_is_string(salt) && (s->req.cache_salt = strdup(json_string_value(salt))) == NULL) {
+        *code = 503;
+        *ecode = "out_of_memory";
+        snprintf(msg, msglen, "out of memory");
+        goto out;
+    }
+    s->pin.seed = kv_hash_seed(s->req.cache_salt,
+                               s->req.cache_salt ? strlen(s->req.cache_salt) : 0);
+    kv_hash_blocks(s->req.prompt, (size_t)s->n_full * bs, bs, s->pin.seed, s->local, s->seq);
+    if (json_array_size(have) > s->n_full) {
+        *ecode = "hash_mismatch";
+        snprintf(msg, msglen, "have lists %zu blocks, the prompt has %u full ones to send",
+                 json_array_size(have), s->n_full);
+        goto out;
+    }
+    json_array_foreach(have, i, v) {
+        uint64_t h;
+        if (parse_hex(v, &h) || h != s->seq[i]) {
+            *ecode = "hash_mismatch";
+            snprintf(msg, msglen, "have[%zu] is not the sequence hash of the prompt's block %zu "
+                     "(cache salt or tokenizer differ?)", i, i);
+            goto out;
+        }
+    }
+    s->first = (uint32_t)json_array_size(have);
+    rc = 0;
+out:
+    json_decref(root);
+    return rc;
+}
+
+void kvw_xfer_serve(kvw_engine_t *e, kvw_xfer_stats_t *st, struct evhttp_request *req)
+{
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    const char *body = (const char *)evbuffer_pullup(in, -1);
+    const char *ecode;
+    char msg[256];
+    int code;
+    serve_t *s;
+
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "POST");
+        refuse(req, 405, "Method Not Allowed", "method_not_allowed", "use POST");
+        return;
+    }
+    if (e->unhealthy) {
+        refuse(req, 503, "Service Unavailable", "engine_unhealthy", e->unhealthy);
+        return;
+    }
+    if ((s = calloc(1, sizeof(*s))) == NULL) {
+        refuse(req, 503, "Service Unavailable", "out_of_memory", "out of memory");
+        return;
+    }
+    s->e = e;
+    s->st = st;
+    s->http = req;
+    if (parse(s, body ? body : "", len, &code, &ecode, msg, sizeof(msg)) != 0) {
+        st->refused++;
+        fprintf(stderr, "kvworker: transfer refused: %s\n", msg);
+        refuse(req, code, code == 409 ? "Conflict" : code == 503 ? "Service Unavailable"
+                                                                 : "Bad Request", ecode, msg);
+        serve_free(s);
+        return;
+    }
+    /* conditional disaggregation: a busy prefill worker tells the decode side to do it itself */
+    kvw_sched_load_t load;
+    kvw_sched_load(e, &load);
+    if (st->computing + load.waiting >= (uint32_t)e->cfg->prefill_queue_limit) {
+        st->overloaded++;
+        snprintf(msg, sizeof(msg), "prefill queue full (%u queued, limit %d)",
+                 st->computing + load.waiting, e->cfg->prefill_queue_limit);
+        refuse(req, 503, "Service Unavailable", "prefill_overloaded", msg);
+        serve_free(s);
+        return;
+    }
+    s->conn = evhttp_request_get_connection(req);
+    evhttp_connection_set_closecb(s->conn, on_close, s);
+    /* libevent writes 16 KB per callback by default: a transfer is MBs */
+    bufferevent_set_max_single_write(evhttp_connection_get_bufferevent(s->conn), 1 << 20);
+    s->timer = evtimer_new(e->base, on_timeout, s);
+    if (s->timer) {
+        struct timeval tv = { e->cfg->xfer_timeout_ms / 1000, (e->cfg->xfer_timeout_ms % 1000) * 1000 };
+        evtimer_add(s->timer, &tv);
+    }
+    if (s->n_full == s->first) {        /* nothing to compute or send beyond the header */
+        start_stream(s);
+        return;
+    }
+    if (kvw_blocks_lookup(kvw_sched_blocks(e), s->pin.seed, s->req.prompt, s->req.n_prompt,
+                          NULL) >= s->n_full) {
+        pin_and_stream(s);              /* all cached here already */
+        return;
+    }
+    s->req.max_tokens = 1;
+    s->req.ignore_eos = 1;
+    s->req.temperature = 0;
+    s->req.top_p = 1;
+    s->req.model = strdup(e->cfg->model);
+    s->req.hooks = &hooks;
+    s->req.front = s;
+    s->req.engine = e;
+    int rc = s->req.model ? e->ops->submit(e, &s->req) : -1;
+    if (rc != 0) {
+        s->req.engine = NULL;
+        if (rc == KVW_SUBMIT_TOO_LONG)
+            refuse(req, 400, "Bad Request", "context_length_exceeded",
+                   "the prompt is longer than this engine's context");
+        else
+            refuse(req, 503, "Service Unavailable", "server_overloaded",
+                   "engine cannot take the prefill");
+        serve_free(s);
+        return;
+    }
+    s->computing = 1;
+    st->computing++;
+}

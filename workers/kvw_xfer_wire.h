@@ -1,0 +1,89 @@
+/*
+ * The KV transfer's wire format (docs/PROTOCOL.md, "Disaggregated prefill:
+ * the KV transfer"): what a prefill worker streams back to a decode worker
+ * in answer to POST /kvroute/v1/prefill. Pure encode/decode, no I/O, so the
+ * checks every block goes through on arrival are unit-tested on their own.
+ *
+ *   header   64 bytes   "KVX1", version, model and layout fingerprints,
+ *                       block size, first block index, block count,
+ *                       payload bytes per block, checksum of the header
+ *   block    32 bytes + payload: "KVB1", index, sequence hash, local hash,
+ *                       XXH3-64 of the payload; then block_bytes bytes in
+ *                       the engine's layout (kvw_backend.h); none for the
+ *                       mock, whose transfer is a manifest
+ *   end      16 bytes   "KVXE", block count, checksum of the end frame
+ *
+ * All integers little-endian.
+ */
+#ifndef KVW_XFER_WIRE_H
+#define KVW_XFER_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVX_VERSION     1
+#define KVX_HDR_LEN     64
+#define KVX_BLK_LEN     32
+#define KVX_END_LEN     16
+#define KVX_PATH        "/kvroute/v1/prefill"
+#define KVX_CTYPE       "application/x-kvroute-kv"
+/* a block's payload is refused above this (a corrupt length must not allocate 4 GB) */
+#define KVX_MAX_BLOCK_BYTES (256u << 20)
+
+typedef struct {
+    uint32_t    version;
+    uint64_t    model_fp;           /* kvx_model_fp */
+    uint64_t    layout_fp;          /* kvx_layout_fp */
+    uint32_t    block_size;         /* tokens per block */
+    uint32_t    first;              /* index in the prompt of the first block sent */
+    uint32_t    count;              /* blocks that follow */
+    uint64_t    block_bytes;        /* payload bytes per block (0: a manifest) */
+    uint64_t    kv_bytes_per_token; /* the mock's modelled KV size (0 for real engines) */
+} kvx_header_t;
+
+typedef struct {
+    uint32_t    index;
+    uint64_t    seq_hash, local_hash;
+    uint64_t    checksum;           /* XXH3-64 of the payload (0 when empty) */
+} kvx_block_t;
+
+/* Identity of the model's KV: the served name and vocabulary size. */
+uint64_t kvx_model_fp(const char *model, uint32_t vocab_size);
+/* Identity of the block layout: block size, bytes per block, modelled bytes per token. */
+uint64_t kvx_layout_fp(uint32_t block_size, uint64_t block_bytes, uint64_t kv_bytes_per_token);
+uint64_t kvx_checksum(const void *p, size_t n);
+
+void kvx_header_encode(const kvx_header_t *h, uint8_t out[KVX_HDR_LEN]);
+void kvx_block_encode(const kvx_block_t *b, uint8_t out[KVX_BLK_LEN]);
+void kvx_end_encode(uint32_t count, uint8_t out[KVX_END_LEN]);
+
+/*
+ * The receiving side: what it expects, then frames fed in as they arrive.
+ * Every check failure names its reason; nothing is handed out before its
+ * checks passed (a block's payload is checksummed before it is returned).
+ */
+typedef struct {
+    /* expectations, set by the receiver */
+    uint64_t        model_fp, layout_fp, block_bytes;
+    uint32_t        block_size, first, count;
+    const uint64_t *seq, *local;    /* the prompt's own hashes, indexed by block */
+    /* state */
+    int             state;          /* 0 header, 1 blocks, 2 end, 3 done */
+    uint32_t        got;
+    kvx_header_t    hdr;
+} kvx_rx_t;
+
+typedef enum { KVX_MORE, KVX_HEADER, KVX_BLOCK, KVX_DONE, KVX_ERROR } kvx_rx_ev_t;
+
+/*
+ * Reads at most one frame from buf[0..len). *used gets the bytes it took
+ * (0 with KVX_MORE: feed it more). KVX_BLOCK: *blk and *payload (inside buf,
+ * block_bytes long) are the verified block. KVX_ERROR: why says what.
+ */
+kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *used,
+                        kvx_block_t *blk, const uint8_t **payload, char *why, size_t whylen);
+
+/* Bytes the next frame needs in one piece (to pull up a buffer). */
+size_t kvx_rx_need(const kvx_rx_t *rx);
+
+#endif
