@@ -873,10 +873,10 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
              * requests in flight too, for the bounded-load and cold rules:
              * what other nginx instances sent is in the worker's report
              * (a heartbeat old), not in this zone; a report older than
-             * three heartbeats (its lease) is not believed
+             * ten heartbeats (its lease) is not believed
              */
 
-            lease = 3 * (rec.interval_ms ? rec.interval_ms : 1000);
+            lease = 10 * (rec.interval_ms ? rec.interval_ms : 1000);
 
             if (kcf->route.worker_load == KV_ROUTE_LOAD_MAX
                 && now <= rec.last_seen_ms + lease

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import threading
 import zlib
 
 import pytest
@@ -138,6 +139,16 @@ def hold(port, prompt, max_tokens=30000):
     assert head.startswith(b"HTTP/1.1 200"), head
     worker = [l.split(b":", 1)[1].strip().decode() for l in head.split(b"\r\n")
               if l.lower().startswith(b"x-kvroute-worker:")][0]
+
+    # read the stream as a client does: one left unread fills the buffers
+    # and the engine stops counting the request as running
+    def drain():
+        try:
+            while s.recv(65536):
+                pass
+        except OSError:
+            pass
+    threading.Thread(target=drain, daemon=True).start()
     return s, worker
 
 
@@ -165,8 +176,9 @@ def test_load_through_one_instance_steers_the_others(fleet):
         ng = (b, c)[i % 2]
         # a report is up to a heartbeat old: the previous fresh request may
         # still show on the idle engine; wait until it does not
-        kvt.wait_until(lambda: reported_blocks(ng.port)[min(idle)] == 0,
-                       what="the idle engine reported idle")
+        kvt.wait_until(lambda: reported_blocks(ng.port)[min(idle)] == 0
+                       and all(reported_blocks(ng.port)[x] > 0 for x in busy),
+                       what="the idle engine reported idle, the busy ones busy")
         assert complete(ng.port, ids("fresh-%d" % i, 64)) in idle, zone(ng.port)["events"]
 
     # A dies with its requests in flight: the engines cancel them when the
@@ -174,6 +186,7 @@ def test_load_through_one_instance_steers_the_others(fleet):
     os.killpg(a.proc.pid, signal.SIGKILL)
     a.proc.wait()
     for s, _ in held:
+        s.shutdown(socket.SHUT_RDWR)
         s.close()
     for ng in (b, c):
         kvt.wait_until(lambda: all(v == 0 for v in reported_blocks(ng.port).values()),
