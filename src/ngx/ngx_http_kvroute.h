@@ -117,6 +117,7 @@ typedef struct {
     ngx_uint_t                      load_rows;      /* from the configuration */
     ngx_uint_t                      load_groups;
     ssize_t                         turn_size;      /* turn_cache=, -1: default */
+    ngx_uint_t                      turn_default;   /* turn_cache= not given */
     ngx_msec_t                      turn_ttl;       /* turn_cache_ttl= */
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */

@@ -138,6 +138,7 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     if (zone->turn_size == -1) {
+        zone->turn_default = 1;
         zone->turn_size = ngx_min(size / 8, 64 * 1024 * 1024);
         if ((size_t) zone->turn_size < kv_tcache_min_size()) {
             zone->turn_size = 0;
@@ -272,12 +273,28 @@ ngx_http_kvroute_zone_size(ngx_conf_t *cf, ngx_http_kvroute_zone_t *zone)
     need = kv_load_size(zone->load_servers, zone->load_rows, zone->load_groups)
            + kv_registry_min_size(zone->max_workers)
            + 2 * (kv_index_min_size(&icfg) + ngx_pagesize)
-           + (zone->turn_size > 0 ? (size_t) zone->turn_size : 0)
            + 64 * ngx_pagesize;
 
     /* the slab pool's own page descriptors, and pages rounded up */
     pages = need / ngx_pagesize + 8;
     need = (pages + pages / 64 + 8) * ngx_pagesize;
+
+    /*
+     * an explicit turn_cache= must fit besides; the default one (an eighth
+     * of the zone) gives way to the servers, down to none
+     */
+
+    if (zone->turn_default && zone->turn_size > 0
+        && zone->size < need + (size_t) zone->turn_size)
+    {
+        zone->turn_size = zone->size > need ? zone->size - need : 0;
+
+        if ((size_t) zone->turn_size < kv_tcache_min_size()) {
+            zone->turn_size = 0;
+        }
+    }
+
+    need += zone->turn_size > 0 ? (size_t) zone->turn_size : 0;
 
     if (zone->size < need) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
