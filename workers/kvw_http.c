@@ -41,6 +41,7 @@ struct kvw_http {
     kvw_text_t              text;
     uint64_t                next_id;
     kvw_xfer_stats_t        xs;             /* disaggregation, both sides */
+    uint64_t                bodies_parsed;  /* JSON documents loaded (one per request) */
 };
 
 typedef struct group group_t;
@@ -335,8 +336,7 @@ void kvw_req_finish(kvw_req_t *r, kvw_finish_t why)
  * request without "model" gets the served model; one naming another model
  * is refused as OpenAI does (404 model_not_found).
  */
-static part_t *parse_part(kvw_http_t *h, int chat, const char *body, size_t len, size_t i,
-                          kvw_openai_err_t *e)
+static part_t *parse_part(kvw_http_t *h, int chat, void *doc, size_t i, kvw_openai_err_t *e)
 {
     part_t *p = calloc(1, sizeof(*p));
     const char *served = h->engine->cfg->model;
@@ -345,7 +345,7 @@ static part_t *parse_part(kvw_http_t *h, int chat, const char *body, size_t len,
         kvw_openai_fail(e, 503, "server_error", NULL, "out_of_memory", "out of memory");
         return NULL;
     }
-    if (kvw_openai_parse_text(&p->req, chat, body, len, &h->text, i, e))
+    if (kvw_openai_parse_doc(&p->req, chat, doc, &h->text, i, e))
         goto fail;
     if (p->req.model[0] != '\0' && strcmp(p->req.model, served) != 0) {
         kvw_openai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
@@ -489,14 +489,23 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     const char *body = (const char *)evbuffer_pullup(in, -1);
     if (body == NULL)
         body = "";
-    part_t *first = parse_part(h, chat, body, len, 0, &err);
+    /* parsed once, however many prompts it holds (finding 8 of issue 23) */
+    void *doc = kvw_openai_load(body, len, &err);
+    h->bodies_parsed++;
+    if (doc == NULL) {
+        reply_err(req, &err);
+        return;
+    }
+    part_t *first = parse_part(h, chat, doc, 0, &err);
     if (first == NULL) {
+        kvw_openai_unload(doc);
         reply_err(req, &err);
         return;
     }
     group_t *g = calloc(1, sizeof(*g));
     size_t n = first->req.n_prompts ? first->req.n_prompts : 1;
     if (g == NULL || (g->parts = calloc(n, sizeof(part_t *))) == NULL) {
+        kvw_openai_unload(doc);
         free(g);
         kvw_req_clear(&first->req);
         free(first);
@@ -508,12 +517,14 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     g->n = n;
     g->parts[0] = first;
     for (size_t i = 1; i < n; i++) {
-        if ((g->parts[i] = parse_part(h, chat, body, len, i, &err)) == NULL) {
+        if ((g->parts[i] = parse_part(h, chat, doc, i, &err)) == NULL) {
+            kvw_openai_unload(doc);
             reply_err(req, &err);
             group_free(g);
             return;
         }
     }
+    kvw_openai_unload(doc);
     g->created = (long)time(NULL);
     snprintf(g->id, sizeof(g->id), "%s-%d-%llu", chat ? "chatcmpl" : "cmpl",
              h->engine->port, (unsigned long long)++h->next_id);
@@ -586,6 +597,9 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_cached_prompt_tokens_total", "counter",
            "prompt tokens served from the cache at first admission", e, (double)l.cached_tokens);
     metric(b, "kvworker_steps_total", "counter", "scheduler steps", e, (double)l.steps);
+    metric(b, "kvworker_request_bodies_parsed_total", "counter",
+           "request bodies parsed as JSON (once per request, however many prompts)", e,
+           (double)h->bodies_parsed);
     metric(b, "kvworker_busy_seconds_total", "counter",
            "time spent in steps (simulated time for the mock engine)", e, l.busy_ms / 1e3);
     const kvw_xfer_stats_t *x = &h->xs;

@@ -45,12 +45,12 @@ typedef struct {
 /* Work handed from cnats threads to the loop. */
 typedef struct job {
     struct job *next;
-    int         kind;                   /* JOB_ANNOUNCE, JOB_DUMP */
+    int         kind;                   /* JOB_ANNOUNCE, JOB_DUMP, JOB_RENEW */
     char       *subject, *reply;
     char       *data;
 } job_t;
 
-enum { JOB_ANNOUNCE, JOB_DUMP };
+enum { JOB_ANNOUNCE, JOB_DUMP, JOB_RENEW };
 
 struct kvw_nats {
     const kvw_config_t *cfg;
@@ -67,7 +67,13 @@ struct kvw_nats {
     uint64_t            publish_errors;
     uint64_t            dumps_refused;
     int                 queued_dumps;   /* under lock */
+    int                 stopping;       /* under lock: closed is ours, not a failure */
+    struct event       *renew;          /* a new connection after cnats gave up */
+    int                 renew_ms;       /* its backoff */
+    uint64_t            renewals;
 };
+
+static natsStatus nats_connect(struct kvw_nats *k);
 
 uint64_t kvw_worker_id_for(const char *host, int port)
 {
@@ -157,6 +163,31 @@ static void on_dump(natsConnection *nc, natsSubscription *sub, natsMsg *msg, voi
         free(j);
     }
     natsMsg_Destroy(msg);
+}
+
+/*
+ * cnats closes a connection whose very first handshake was cut (the server
+ * accepted, then died before its PONG), even with RetryOnFailedConnect and
+ * unlimited reconnects: its reconnect loop stops after that one attempt.
+ * Nothing would ever reconnect, so the worker would serve HTTP unannounced
+ * for good (docs/PROTOCOL.md). A close we did not ask for makes the loop
+ * build a new connection.
+ */
+static void on_closed(natsConnection *nc, void *arg)
+{
+    struct kvw_nats *k = arg;
+    int stopping;
+
+    pthread_mutex_lock(&k->lock);
+    stopping = k->stopping;
+    pthread_mutex_unlock(&k->lock);
+    if (stopping)
+        return;
+    job_t *j = calloc(1, sizeof(*j));
+    if (j) {
+        j->kind = JOB_RENEW;
+        queue_job(arg, j);
+    }
 }
 
 static void on_connected(natsConnection *nc, void *arg)
@@ -350,6 +381,11 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         if (j->kind == JOB_ANNOUNCE) {
             for (int i = 0; i < k->n; i++)
                 send_heartbeat(&k->pubs[i], KV_PROTO_ANNOUNCE);
+        } else if (j->kind == JOB_RENEW) {
+            if (!evtimer_pending(k->renew, NULL)) {
+                struct timeval tv = { k->renew_ms / 1000, (k->renew_ms % 1000) * 1000 };
+                evtimer_add(k->renew, &tv);
+            }
         } else {
             answer_dump(k, j);
             pthread_mutex_lock(&k->lock);
@@ -364,11 +400,72 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* The connection and its subscriptions (k->nc may be connecting still). */
+static natsStatus nats_connect(struct kvw_nats *k)
+{
+    char subj[320];
+    natsStatus s = natsConnection_Connect(&k->nc, k->opts);
+
+    if (s == NATS_NOT_YET_CONNECTED)
+        s = NATS_OK;                /* cnats keeps trying in the background */
+    if (s != NATS_OK)
+        return s;
+    snprintf(subj, sizeof(subj), "%s" KV_PROTO_DISCOVER, k->prefix);
+    s = natsConnection_Subscribe(&k->sub_discover, k->nc, subj, on_discover, k);
+    /* one dump subscription per engine, on its own id: a worker whose NATS
+     * user may subscribe only to its own dump subject can do so */
+    for (int i = 0; s == NATS_OK && i < k->n; i++) {
+        snprintf(subj, sizeof(subj), "%s" KV_PROTO_DUMP "%" PRIu64, k->prefix,
+                 k->pubs[i].e->worker_id);
+        s = natsConnection_Subscribe(&k->pubs[i].sub_dump, k->nc, subj, on_dump, k);
+    }
+    return s;
+}
+
+static void nats_drop(struct kvw_nats *k)
+{
+    if (k->sub_discover)
+        natsSubscription_Destroy(k->sub_discover);
+    k->sub_discover = NULL;
+    for (int i = 0; i < k->n; i++) {
+        if (k->pubs[i].sub_dump)
+            natsSubscription_Destroy(k->pubs[i].sub_dump);
+        k->pubs[i].sub_dump = NULL;
+    }
+    if (k->nc)
+        natsConnection_Destroy(k->nc);
+    k->nc = NULL;
+}
+
+/* cnats closed the connection by itself: a new one, with a doubling pause
+ * (250 ms to 5 s) while it keeps failing at once. Events of the meantime
+ * are lost to routers as with any disconnection: they resync on announce. */
+static void on_renew(evutil_socket_t fd, short what, void *arg)
+{
+    struct kvw_nats *k = arg;
+    natsStatus s;
+
+    nats_drop(k);
+    k->renewals++;
+    s = nats_connect(k);
+    if (s == NATS_OK && k->nc && natsConnection_Status(k->nc) == NATS_CONN_STATUS_CONNECTED) {
+        k->renew_ms = 250;
+        on_connected(k->nc, k);
+        return;
+    }
+    if (s != NATS_OK) {
+        fprintf(stderr, "kvworker: nats: %s (retrying)\n", natsStatus_GetText(s));
+        nats_drop(k);
+        struct timeval tv = { k->renew_ms / 1000, (k->renew_ms % 1000) * 1000 };
+        evtimer_add(k->renew, &tv);
+    }
+    k->renew_ms = k->renew_ms >= 2500 ? 5000 : k->renew_ms * 2;
+}
+
 kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
                            kvw_engine_t **engines, int n, char *err, size_t errlen)
 {
     struct kvw_nats *k = calloc(1, sizeof(*k));
-    char subj[320];
     natsStatus s;
 
     if (k == NULL || (k->pubs = calloc((size_t)n, sizeof(pub_t))) == NULL) {
@@ -403,6 +500,8 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
         kvw_sched_set_step_hook(engines[i], on_step, p);
     }
     k->wake = event_new(base, -1, 0, on_wake, k);
+    k->renew = evtimer_new(base, on_renew, k);
+    k->renew_ms = 250;
     k->heartbeat = event_new(base, -1, EV_PERSIST, on_heartbeat, k);
 
     /* reconnect forever; a failed first connect keeps retrying in the background */
@@ -412,30 +511,17 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
         || (s = natsOptions_SetReconnectWait(k->opts, 250)) != NATS_OK
         || (s = natsOptions_SetReconnectBufSize(k->opts, 32 * 1024 * 1024)) != NATS_OK
         || (s = natsOptions_SetRetryOnFailedConnect(k->opts, true, on_connected, k)) != NATS_OK
-        || (s = natsOptions_SetReconnectedCB(k->opts, on_connected, k)) != NATS_OK) {
+        || (s = natsOptions_SetReconnectedCB(k->opts, on_connected, k)) != NATS_OK
+        || (s = natsOptions_SetClosedCB(k->opts, on_closed, k)) != NATS_OK) {
         snprintf(err, errlen, "nats options: %s", natsStatus_GetText(s));
         kvw_nats_stop(k);
         return NULL;
     }
-    s = natsConnection_Connect(&k->nc, k->opts);
-    if (s != NATS_OK && s != NATS_NOT_YET_CONNECTED) {
+    s = nats_connect(k);
+    if (s != NATS_OK) {
         char safe[512];
         kvw_nats_redact(cfg->nats_url, safe, sizeof(safe));
         snprintf(err, errlen, "nats %s: %s", safe, natsStatus_GetText(s));
-        kvw_nats_stop(k);
-        return NULL;
-    }
-    snprintf(subj, sizeof(subj), "%s" KV_PROTO_DISCOVER, k->prefix);
-    s = natsConnection_Subscribe(&k->sub_discover, k->nc, subj, on_discover, k);
-    /* one dump subscription per engine, on its own id: a worker whose NATS
-     * user may subscribe only to its own dump subject can do so */
-    for (int i = 0; s == NATS_OK && i < n; i++) {
-        snprintf(subj, sizeof(subj), "%s" KV_PROTO_DUMP "%" PRIu64, k->prefix,
-                 engines[i]->worker_id);
-        s = natsConnection_Subscribe(&k->pubs[i].sub_dump, k->nc, subj, on_dump, k);
-    }
-    if (s != NATS_OK) {
-        snprintf(err, errlen, "nats subscribe: %s", natsStatus_GetText(s));
         kvw_nats_stop(k);
         return NULL;
     }
@@ -450,6 +536,12 @@ void kvw_nats_stop(kvw_nats_t *k)
 {
     if (k == NULL)
         return;
+    pthread_mutex_lock(&k->lock);
+    k->stopping = 1;
+    pthread_mutex_unlock(&k->lock);
+    if (k->renew)
+        event_free(k->renew);
+    k->renew = NULL;
     if (k->sub_discover)
         natsSubscription_Destroy(k->sub_discover);
     for (int i = 0; i < k->n; i++)

@@ -256,14 +256,50 @@ static int refuse_unsupported(json_t *root, int chat, kvw_openai_err_t *e)
     return 0;
 }
 
+void *kvw_openai_load(const char *body, size_t len, kvw_openai_err_t *e)
+{
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+
+    if (root == NULL) {
+        kvw_openai_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                        "request body is not valid JSON: %s (line %d)", jerr.text, jerr.line);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        kvw_openai_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
+                        "request body must be a JSON object");
+        json_decref(root);
+        return NULL;
+    }
+    return root;
+}
+
+void kvw_openai_unload(void *doc)
+{
+    json_decref(doc);
+}
+
 int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
                           const kvw_text_t *tx, size_t which, kvw_openai_err_t *e)
 {
-    json_error_t jerr;
-    json_t *root, *v;
+    json_t *root = kvw_openai_load(body, len, e);
+    int rc;
+
+    memset(r, 0, sizeof(*r));
+    if (root == NULL)
+        return -1;
+    rc = kvw_openai_parse_doc(r, chat, root, tx, which, e);
+    json_decref(root);
+    return rc;
+}
+
+int kvw_openai_parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,
+                         size_t which, kvw_openai_err_t *e)
+{
+    json_t *root = doc, *v;
     json_int_t i;
     const char *max_name;
-    int rc = -1;
 
     memset(r, 0, sizeof(*r));
     r->chat = chat;
@@ -271,75 +307,61 @@ int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
     r->temperature = 1.0;
     r->top_p = 1.0;
 
-    root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL)
-        return kvw_openai_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
-                               "request body is not valid JSON: %s (line %d)", jerr.text,
-                               jerr.line);
-    if (!json_is_object(root)) {
-        kvw_openai_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
-                        "request body must be a JSON object");
-        goto done;
-    }
-
     v = field(root, "model");
     if (v && !json_is_string(v)) {
         bad_type(e, "model", "a string");
-        goto done;
+        return -1;
     }
     if ((r->model = strdup(v ? json_string_value(v) : "")) == NULL) {
         no_memory(e);
-        goto done;
+        return -1;
     }
     if (get_bool(root, "stream", &r->stream, e) || get_bool(root, "ignore_eos", &r->ignore_eos, e))
-        goto done;
+        return -1;
     v = field(root, "stream_options");
     if (v && !json_is_object(v)) {
         bad_type(e, "stream_options", "an object");
-        goto done;
+        return -1;
     }
     if (v && get_bool(v, "include_usage", &r->include_usage, e)) {
         e->param = "stream_options.include_usage";
-        goto done;
+        return -1;
     }
 
     max_name = chat && field(root, "max_completion_tokens") ? "max_completion_tokens"
                                                             : "max_tokens";
     i = r->max_tokens;
     if (get_int(root, max_name, 1, 1000000, &i, e))
-        goto done;
+        return -1;
     r->max_tokens = (int)i;
     if (get_number(root, "temperature", 0, 2, &r->temperature, e)
         || get_number(root, "top_p", 0, 1, &r->top_p, e))
-        goto done;
+        return -1;
     i = r->top_k;
     if (get_int(root, "top_k", -1, 1 << 30, &i, e))
-        goto done;
+        return -1;
     r->top_k = (int)i;
     i = 0;
     if (get_int(root, "seed", INT64_MIN, INT64_MAX, &i, e))
-        goto done;
+        return -1;
     r->seed = (uint64_t)i;
     v = field(root, "cache_salt");
     if (v && !json_is_string(v)) {
         bad_type(e, "cache_salt", "a string");
-        goto done;
+        return -1;
     }
     if (v && (r->cache_salt = strdup(json_string_value(v))) == NULL) {
         no_memory(e);
-        goto done;
+        return -1;
     }
     if (refuse_unsupported(root, chat, e))
-        goto done;
+        return -1;
 
     if (parse_stop(json_object_get(root, "stop"), r, e))
-        goto done;
+        return -1;
     if (parse_prompt(root, r, chat, tx, which, e))
-        goto done;
-    rc = 0;
-done:
-    json_decref(root);
-    return rc;
+        return -1;
+    return 0;
 }
 
 void kvw_req_clear(kvw_req_t *r)

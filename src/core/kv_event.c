@@ -301,10 +301,12 @@ static void finish(kv_event_batch_t *b)
     for (i = 0; i < b->n_events; i++) {
         kv_event_t *ev = &pv->events[i];
 
+        /* offsets into arrays that may not exist (no event had a block or
+         * hash): NULL + 0 is undefined behaviour (found by fuzz_event_json) */
         if (ev->kind == KV_EVENT_STORED) {
-            ev->blocks = pv->blocks + (uintptr_t) ev->blocks;
+            ev->blocks = pv->blocks ? pv->blocks + (uintptr_t) ev->blocks : NULL;
         } else if (ev->kind == KV_EVENT_REMOVED) {
-            ev->hashes = pv->hashes + (uintptr_t) ev->hashes;
+            ev->hashes = pv->hashes ? pv->hashes + (uintptr_t) ev->hashes : NULL;
         }
     }
 }

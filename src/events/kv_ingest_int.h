@@ -53,6 +53,7 @@ typedef struct {
     uint64_t    dump_floor;     /* last dump's last_event_id: ids up to it are old news */
     uint64_t    hb_applied;     /* last_applied when the previous heartbeat came */
     uint64_t    verified;       /* a dump applied whole, or events from 1: a real worker */
+    uint64_t    sc_resync_ms;   /* when the self-check last resynced it (0: never) */
     kv_evbuf_t  buf;
 } kv_wstate_t;
 

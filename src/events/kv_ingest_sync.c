@@ -871,9 +871,66 @@ static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
     }
 }
 
+/*
+ * The self-check (kv_registry.h): nginx workers compare what the index
+ * predicted with what the engine reported. A drifting worker (events lost,
+ * a forgery nothing else caught, a hash or block size mismatch) is resynced:
+ * its dump is the truth. If it drifts again within SC_RESYNC_AGAIN_MS of a
+ * self-check resync, a dump does not fix it (the engine's hashes are not
+ * ours, or it lies about its blocks): it is routed by load alone until its
+ * predictions agree again. Not resyncable (unannounced): load alone at once.
+ */
+#define SC_RESYNC_AGAIN_MS  60000
+
+static void selfcheck(kv_ingest_t *ing, int i, uint64_t now_ms)
+{
+    kv_wstate_t *w = &ing->wk[i];
+    kv_selfcheck_t sc;
+    kv_selfcheck_read(ing->reg, i, &sc);
+    kv_selfcheck_verdict_t v = kv_selfcheck_verdict(&sc);
+    if (sc.worker_id != w->worker_id || v == KV_SELFCHECK_UNKNOWN)
+        return;
+    if (sc.load_only) {
+        if (v == KV_SELFCHECK_OK) {
+            kv_selfcheck_note(ing->reg, i, 0, 0, 0);
+            kv_selfcheck_restart(ing->reg, i);
+            kv_ingest_log(ing, "self-check: worker %" PRIu64 " rank %u predictions agree "
+                          "again: cache-aware routing restored", w->worker_id, w->dp_rank);
+        }
+        return;
+    }
+    if (v != KV_SELFCHECK_DRIFT)
+        return;
+    if (w->state != KV_WORKER_LIVE) {
+        kv_selfcheck_restart(ing->reg, i);  /* a resync or timeout is already at work */
+        return;
+    }
+    int again = w->sc_resync_ms && now_ms < w->sc_resync_ms + SC_RESYNC_AGAIN_MS;
+    kv_selfcheck_restart(ing->reg, i);
+    if (w->announced && !again) {
+        kv_selfcheck_note(ing->reg, i, 1, 1, 0);
+        kv_ingest_log(ing, "self-check: worker %" PRIu64 " rank %u: the index's predictions "
+                      "drift from its reported cached tokens (error %.2f over %" PRIu64
+                      " responses): resync", w->worker_id, w->dp_rank, sc.error_ppm / 1e6,
+                      sc.window);
+        w->sc_resync_ms = now_ms;
+        w->resync_after_ms = 0;
+        start_resync(ing, i, now_ms);
+        return;
+    }
+    kv_selfcheck_note(ing->reg, i, 1, 0, 1);
+    kv_ingest_log(ing, "self-check: worker %" PRIu64 " rank %u: predictions still drift "
+                  "(error %.2f over %" PRIu64 " responses%s): routed by load until they "
+                  "agree", w->worker_id, w->dp_rank, sc.error_ppm / 1e6, sc.window,
+                  w->announced ? ", after a resync" : ", not resyncable");
+}
+
 void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected)
 {
     mark_stale(ing, now_ms, connected);
+    for (uint32_t i = 0; i < ing->max_workers; i++)
+        if (ing->wk[i].used && ing->wk[i].state != KV_WORKER_GONE)
+            selfcheck(ing, (int)i, now_ms);
     if (now_ms >= ing->reap_at_ms) {
         /* removed workers' blocks: one pass a second at most, however many */
         kv_index_reap(ing->ix);

@@ -3,7 +3,8 @@
  *
  * Layout (offsets from the region start, no pointers):
  *
- *   header | worker slots [max_workers] | entries [cap] | engine map [map_cap]
+ *   header | worker slots [max_workers] | entries [cap] | hole table |
+ *   hole filter (bitmap, and its u16 counts) | engine map [map_cap]
  *
  * An entry is one sequence hash with the set of worker slots holding it, a
  * bitmap of `words` u64 (max_workers rounded up to 64), and the time it
@@ -29,6 +30,22 @@
  * writer updates locks, bitmaps and counters with plain atomic stores, not
  * locked read-modify-writes.
  *
+ * Matching without reading every block (kv_index_match): a slot's overlap
+ * is where its run of held blocks first breaks. Where a slot holds a block
+ * but not its parent, the parent is a "hole" of that slot; the writer keeps
+ * every hole in a small hole table (key -> slots), and readers see a bitmap
+ * filter of its keys. A reader that knows every alive slot holds block p,
+ * sees them all hold block q = p + 16 too, and finds none of the keys
+ * between in the filter, knows they hold every block between (a slot
+ * lacking one would have a hole at the last one it lacks) and skips them;
+ * otherwise it walks p+1..q. To know, when slot s loses a block, whether s
+ * holds a child of it, each entry keeps `kids` (slots that stored a child
+ * under it; a superset, one bit per slot mod 64). A hole listed for s is
+ * dropped when s holds the key again (its children become the entry's
+ * kids) or s is cleared. If the table is full, the slot is marked lost and
+ * every match walks until that slot is cleared; likewise a record whose
+ * first block's parent is not named (kv_index_record).
+ *
  * The engine map (engine block_hash -> sequence hash, per worker slot) is
  * used by the writer alone, for parent links and removals, and holds only
  * blocks whose engine hash differs from their sequence hash (kvworker and
@@ -42,23 +59,27 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303032ULL   /* "kvidx002": no tombstones since 002 */
+#define IX_MAGIC        0x6b76696478303033ULL   /* "kvidx003": hole table since 003 */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
+#define JUMP            16                       /* match: blocks skipped per landing */
+#define JUMP_AHEAD      3                        /* match: landings prefetched ahead */
 
 typedef struct {
     uint64_t            worker_id;
     uint32_t            dp_rank;
     uint32_t            in_use;
     uint64_t            blocks;
+    uint64_t            lost;           /* a hole of this slot is not in the hole table */
 } slot_t;
 
 typedef struct {
     kv_seqlock_t        lock;
     uint32_t            touch;          /* ms, mod 2^32; writer only */
     uint64_t            key;
+    uint64_t            kids;           /* slots that may hold a child; writer only */
     uint64_t            bits[];         /* words */
 } entry_t;
 
@@ -92,6 +113,13 @@ struct kv_index {
     uint64_t            workers;
     uint64_t            stored, removed, cleared, evicted, expired, pruned;
     uint64_t            unknown_parent, unknown_remove;
+    uint64_t            off_holes, hole_cap, hole_size, hole_used;
+    uint64_t            off_filter;     /* bitmap of 1 << filter_bits bits (readers) */
+    uint64_t            off_counts;     /* u16 per filter bit: hole keys there (writer) */
+    uint32_t            filter_bits;
+    uint32_t            pad;
+    uint64_t            lost_slots;     /* slots with lost set; readers walk while > 0 */
+    uint64_t            erases;         /* writer: entries moved or freed (stale indexes) */
 };
 
 /* --- layout -------------------------------------------------------------- */
@@ -109,6 +137,36 @@ static entry_t *entry(const kv_index_t *ix, uint64_t i)
 static map_t *map(const kv_index_t *ix)
 {
     return (map_t *) (void *) ((char *) ix + ix->off_map);
+}
+
+
+static uint64_t *hole(const kv_index_t *ix, uint64_t i)
+{
+    return (uint64_t *) (void *) ((char *) ix + ix->off_holes + i * ix->hole_size);
+}
+
+static uint64_t *filter(const kv_index_t *ix)
+{
+    return (uint64_t *) (void *) ((char *) ix + ix->off_filter);
+}
+
+static uint16_t *counts(const kv_index_t *ix)
+{
+    return (uint16_t *) (void *) ((char *) ix + ix->off_counts);
+}
+
+/* The filter bit of a key: keys are hashes already, one multiply spreads
+ * the odd ones tests use. */
+static uint64_t filter_slot(const kv_index_t *ix, uint64_t key)
+{
+    return (key * 0x9e3779b97f4a7c15ULL) >> (64 - ix->filter_bits);
+}
+
+/* Kids bitmaps are one word per entry: slot s uses bit s % 64, so with
+ * more than 64 slots a bit stands for several (a superset is safe). */
+static uint64_t kid_bit(uint32_t slot)
+{
+    return 1ULL << (slot % 64);
 }
 
 static uint64_t mix(uint64_t x)
@@ -163,13 +221,52 @@ static uint64_t entry_size(uint32_t words)
     return sizeof(entry_t) + (uint64_t) words * sizeof(uint64_t);
 }
 
+/* The hole table holds up to 3/4 of hole_cap keys (u16 filter counters
+ * cannot overflow while hole_cap <= 65536). */
+static uint64_t hole_cap_for(uint64_t cap)
+{
+    uint64_t h = cap / 64;
+
+    return h < 256 ? 256 : h > 65536 ? 65536 : h;
+}
+
+/* 32 filter bits per hole key the table can hold: a key that is no hole
+ * looks like one (and is walked) about once in 40 while the table is full. */
+static uint32_t filter_bits_for(uint64_t hole_cap)
+{
+    uint32_t b = 10;
+
+    while (b < 20 && (1ULL << b) < 32 * hole_cap) {
+        b++;
+    }
+    return b;
+}
+
+static uint64_t align64(uint64_t x)
+{
+    return (x + 63) & ~63ULL;
+}
+
+/* Bytes of entries, hole table and filter for cap entries. */
+static uint64_t table_bytes(uint64_t cap, uint64_t es, uint32_t words)
+{
+    uint64_t h = hole_cap_for(cap);
+
+    return align64(cap * es)
+           + align64(h * (1 + (uint64_t) words) * sizeof(uint64_t))
+           + align64((1ULL << filter_bits_for(h)) / 8)
+           + align64((uint64_t) sizeof(uint16_t) << filter_bits_for(h));
+}
+
 size_t kv_index_min_size(const kv_index_config_t *in)
 {
     kv_index_config_t c;
 
     defaults(&c, in);
     return sizeof(kv_index_t) + slots_for(c.max_workers) * sizeof(slot_t)
-           + 1024 * entry_size(words_for(slots_for(c.max_workers))) + 256 * sizeof(map_t) + 64;
+           + table_bytes(1024, entry_size(words_for(slots_for(c.max_workers))),
+                         words_for(slots_for(c.max_workers)))
+           + 256 * sizeof(map_t) + 128;
 }
 
 kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *in,
@@ -198,16 +295,27 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
     left = size - ix->off_entries;
 
     /* entries get ~7/8 of the room, the engine map the rest; both powers of two */
-    for (cap = 1024; (cap * 2) * es + (cap / 4) * sizeof(map_t) <= left; cap *= 2) {
+    for (cap = 1024; table_bytes(cap * 2, es, ix->words) + (cap / 4) * sizeof(map_t) <= left;
+         cap *= 2)
+    {
         /* void */
     }
-    for (mcap = 256; (mcap * 2) * sizeof(map_t) + cap * es <= left && mcap < cap; mcap *= 2) {
+    for (mcap = 256;
+         (mcap * 2) * sizeof(map_t) + table_bytes(cap, es, ix->words) <= left && mcap < cap;
+         mcap *= 2)
+    {
         /* void */
     }
     ix->cap = cap;
     ix->map_cap = mcap;
     ix->entry_size = es;
-    ix->off_map = ix->off_entries + cap * es;
+    ix->hole_cap = hole_cap_for(cap);
+    ix->hole_size = (1 + (uint64_t) ix->words) * sizeof(uint64_t);
+    ix->filter_bits = filter_bits_for(ix->hole_cap);
+    ix->off_holes = ix->off_entries + align64(cap * es);
+    ix->off_filter = ix->off_holes + align64(ix->hole_cap * ix->hole_size);
+    ix->off_counts = ix->off_filter + align64((1ULL << ix->filter_bits) / 8);
+    ix->off_map = ix->off_counts + align64((uint64_t) sizeof(uint16_t) << ix->filter_bits);
     ix->max_workers = c.max_workers;
     ix->approximate = c.approximate != 0;
     ix->ttl_ms = c.ttl_ms;
@@ -310,6 +418,185 @@ static int bits_empty(const kv_index_t *ix, const entry_t *e)
     return 1;
 }
 
+/* --- the hole table (writer only; readers see its filter) ----------------
+ *
+ * A hole of slot s is a key s does not hold while s holds a child of it
+ * (the key chained one block further). The table maps such keys to the
+ * slots that may have a hole there (a superset: a listed slot may have
+ * none). The filter has one bit per bucket of keys, set while the table
+ * holds a key of that bucket (the writer counts them), so a reader can tell
+ * from one bit that a key is surely no hole of anyone. */
+
+static int64_t hole_find(const kv_index_t *ix, uint64_t key)
+{
+    uint64_t mask = ix->hole_cap - 1, i, k;
+
+    for (i = mix(key) & mask;; i = (i + 1) & mask) {
+        k = hole(ix, i)[0];
+        if (k == key) {
+            return (int64_t) i;
+        }
+        if (k == KEY_EMPTY) {
+            return -1;
+        }
+    }
+}
+
+/* The filter bit of a key is set while some hole key shares it. */
+static void filter_bump(kv_index_t *ix, uint64_t key, int d)
+{
+    uint64_t  b = filter_slot(ix, key), *f = &filter(ix)[b / 64];
+    uint16_t *c = &counts(ix)[b];
+
+    *c = (uint16_t) (*c + d);
+    __atomic_store_n(f, *c ? *f | 1ULL << (b % 64) : *f & ~(1ULL << (b % 64)), __ATOMIC_RELAXED);
+}
+
+static int maybe_hole(const kv_index_t *ix, uint64_t key)
+{
+    uint64_t b = filter_slot(ix, key);
+
+    return (__atomic_load_n(&filter(ix)[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
+}
+
+static void mark_lost(kv_index_t *ix, uint32_t slot)
+{
+    slot_t *s = &slots(ix)[slot];
+
+    if (!s->lost) {
+        s->lost = 1;
+        bump(&ix->lost_slots, 1);
+        /* readers see lost_slots before the change that made the hole */
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+    }
+}
+
+/* slot may now have a hole at key. Called before the change that makes
+ * the hole is written, so a reader that sees the change sees the hole. */
+static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
+{
+    uint64_t mask = ix->hole_cap - 1, i, *h;
+    int64_t  at = hole_find(ix, key);
+
+    if (at >= 0) {
+        h = hole(ix, (uint64_t) at);
+        h[1 + slot / 64] |= 1ULL << (slot % 64);
+        return;
+    }
+    if (ix->hole_used + 1 > ix->hole_cap * 3 / 4) {
+        mark_lost(ix, slot);    /* readers fall back to the walk */
+        return;
+    }
+    for (i = mix(key) & mask; hole(ix, i)[0] != KEY_EMPTY; i = (i + 1) & mask) {
+        /* void: at most 3/4 full */
+    }
+    h = hole(ix, i);
+    memset(h, 0, ix->hole_size);
+    h[0] = key;
+    h[1 + slot / 64] = 1ULL << (slot % 64);
+    bump(&ix->hole_used, 1);
+    filter_bump(ix, key, 1);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+/* Deletes hole entry i by backward shift (writer only: entries may move). */
+static void hole_del(kv_index_t *ix, uint64_t i)
+{
+    uint64_t mask = ix->hole_cap - 1, j = i, k, home;
+
+    filter_bump(ix, hole(ix, i)[0], -1);
+    bump(&ix->hole_used, -1);
+    for (;;) {
+        hole(ix, j)[0] = KEY_EMPTY;
+        for (k = (j + 1) & mask;; k = (k + 1) & mask) {
+            if (hole(ix, k)[0] == KEY_EMPTY) {
+                return;
+            }
+            home = mix(hole(ix, k)[0]) & mask;
+            if (j <= k ? (home <= j || home > k) : (home <= j && home > k)) {
+                memcpy(hole(ix, j), hole(ix, k), ix->hole_size);
+                j = k;
+                break;
+            }
+        }
+    }
+}
+
+static int hole_empty(const kv_index_t *ix, const uint64_t *h)
+{
+    uint32_t w;
+
+    for (w = 0; w < ix->words; w++) {
+        if (h[1 + w]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* slot holds key again: no hole of slot there any more. 1 if it had one
+ * listed (its children, if any, are then the entry's kids). */
+static int hole_fill(kv_index_t *ix, uint64_t key, uint32_t slot)
+{
+    int64_t   at;
+    uint64_t *h;
+
+    if (ix->hole_used == 0 || !maybe_hole(ix, key)) {
+        return 0;
+    }
+    at = hole_find(ix, key);
+    if (at < 0) {
+        return 0;
+    }
+    h = hole(ix, (uint64_t) at);
+    if (!(h[1 + slot / 64] >> (slot % 64) & 1)) {
+        return 0;
+    }
+    h[1 + slot / 64] &= ~(1ULL << (slot % 64));
+    if (hole_empty(ix, h)) {
+        hole_del(ix, (uint64_t) at);
+    }
+    return 1;
+}
+
+/* The slots in mask hold nothing any more: none has a hole. */
+static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
+{
+    uint64_t  i, *h;
+    uint32_t  w;
+
+    for (i = 0; i < ix->hole_cap; ) {
+        h = hole(ix, i);
+        if (h[0] != KEY_EMPTY) {
+            for (w = 0; w < ix->words && w < 64; w++) {
+                h[1 + w] &= ~mask[w];
+            }
+            if (hole_empty(ix, h)) {
+                hole_del(ix, i);    /* a later entry may have moved into i: look again */
+                continue;
+            }
+        }
+        i++;
+    }
+    for (i = 0; i < ix->max_workers; i++) {
+        slot_t *s = &slots(ix)[i];
+
+        if ((mask[i / 64] >> (i % 64) & 1) && s->lost) {
+            s->lost = 0;
+            bump(&ix->lost_slots, -1);
+        }
+    }
+}
+
+/* slot is about to lose entry i: if it may hold a child of it, that is a
+ * hole now. */
+static void note_loss(kv_index_t *ix, uint64_t i, uint32_t slot)
+{
+    if (entry(ix, i)->kids & kid_bit(slot)) {
+        hole_add(ix, __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED), slot);
+    }
+}
+
 /* Copies entry from into the hole at to, under to's lock. */
 static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
 {
@@ -348,9 +635,12 @@ static void erase(kv_index_t *ix, uint64_t i)
             }
         }
         move_entry(ix, entry(ix, j), entry(ix, k));
+        entry(ix, j)->kids = entry(ix, k)->kids;
         j = k;
     }
 empty:
+    entry(ix, j)->kids = 0;
+    ix->erases++;
     e = entry(ix, j);
     write_begin(e);
     for (w = 0; w < ix->words; w++) {
@@ -373,6 +663,7 @@ static void drop(kv_index_t *ix, uint64_t i)
     for (w = 0; w < ix->words; w++) {
         b = __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
         while (b) {
+            note_loss(ix, i, w * 64 + (uint32_t) __builtin_ctzll(b));
             bump(&s[w * 64 + __builtin_ctzll(b)].blocks, -1);
             b &= b - 1;
         }
@@ -458,11 +749,31 @@ static void set_holder(kv_index_t *ix, uint64_t i, uint32_t slot, uint32_t now)
     if (test_bit(e, slot)) {
         return;
     }
+    if (hole_fill(ix, __atomic_load_n(&e->key, __ATOMIC_RELAXED), slot)) {
+        e->kids |= kid_bit(slot);       /* the children it kept while away */
+    }
     write_begin(e);
     set_bits(e, slot / 64, get_bits(e, slot / 64) | 1ULL << (slot % 64));
     write_end(e);
     bump(&slots(ix)[slot].blocks, 1);
     bump(&ix->stored, 1);
+}
+
+/* slot is about to hold a child of key pk (index *pi when *seen is still
+ * ix->erases): pk's entry lists slot among its kids, or, if slot does not
+ * hold pk, pk is a hole of slot. */
+static void note_parent(kv_index_t *ix, uint64_t pk, int64_t *pi, uint64_t *seen,
+                        uint32_t slot)
+{
+    if (*pi < 0 || *seen != ix->erases) {
+        *pi = find(ix, pk);
+        *seen = ix->erases;
+    }
+    if (*pi >= 0 && test_bit(entry(ix, (uint64_t) *pi), slot)) {
+        entry(ix, (uint64_t) *pi)->kids |= kid_bit(slot);
+    } else {
+        hole_add(ix, pk, slot);
+    }
 }
 
 static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
@@ -472,6 +783,7 @@ static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
     if (!test_bit(e, slot)) {
         return;
     }
+    note_loss(ix, i, slot);
     write_begin(e);
     set_bits(e, slot / 64, get_bits(e, slot / 64) & ~(1ULL << (slot % 64)));
     write_end(e);
@@ -670,6 +982,7 @@ static void clear_mask(kv_index_t *ix, const uint64_t mask[64])
         }
         i++;
     }
+    holes_clear_mask(ix, mask);
 }
 
 /*
@@ -760,8 +1073,8 @@ void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
 static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t now,
                         char *err, size_t errlen)
 {
-    uint64_t parent = 0, seq[STORE_GROUP];
-    int64_t  at;
+    uint64_t parent = 0, prev, seq[STORE_GROUP], seen = ix->erases, at_i;
+    int64_t  at = -1;
     size_t   i, j, m;
 
     if (ev->has_parent) {
@@ -774,6 +1087,7 @@ static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t
             return -1;
         }
     }
+    prev = parent;
     for (i = 0; i < ev->n_blocks; i += m) {
         m = ev->n_blocks - i < STORE_GROUP ? ev->n_blocks - i : STORE_GROUP;
         for (j = 0; j < m; j++) {
@@ -784,7 +1098,14 @@ static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t
             prefetch_key(ix, norm_key(seq[j]));
         }
         for (j = 0; j < m; j++) {
-            set_holder(ix, upsert(ix, norm_key(seq[j]), now), (uint32_t) slot, now);
+            if (i + j > 0 || ev->has_parent) {
+                note_parent(ix, norm_key(prev), &at, &seen, (uint32_t) slot);
+            }
+            at_i = upsert(ix, norm_key(seq[j]), now);
+            set_holder(ix, at_i, (uint32_t) slot, now);
+            at = (int64_t) at_i;
+            seen = ix->erases;
+            prev = seq[j];
             if (ev->blocks[i + j].block_hash != seq[j]) {
                 map_put(ix, (uint32_t) slot, ev->blocks[i + j].block_hash, seq[j]);
             }
@@ -863,10 +1184,17 @@ void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
     }
 }
 
-void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
-                     uint64_t now_ms)
+/* Records seq[0..n) for slot. parent: the key chained before seq[0], or
+ * NULL when seq[0] is a chain root (root_known) or nothing is known of it:
+ * then a first block slot did not hold may leave a hole nobody can name,
+ * and the slot is marked lost (readers walk every block while it is). */
+static void record_run(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
+                       const uint64_t *parent, int root_known, uint64_t now_ms)
 {
-    size_t i;
+    uint64_t pk = parent ? norm_key(*parent) : 0, seen = ix->erases, at_i;
+    int64_t  at = -1;
+    int      have = parent != NULL;
+    size_t   i;
 
     if (slot >= ix->max_workers) {
         return;
@@ -875,8 +1203,20 @@ void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
         if (i + MATCH_AHEAD < n) {
             prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
         }
-        set_holder(ix, upsert(ix, norm_key(seq[i]), (uint32_t) now_ms), slot,
-                   (uint32_t) now_ms);
+        if (have) {
+            note_parent(ix, pk, &at, &seen, slot);
+        } else if (!root_known) {
+            at = find(ix, norm_key(seq[0]));
+            if (at < 0 || !test_bit(entry(ix, (uint64_t) at), slot)) {
+                mark_lost(ix, slot);
+            }
+        }
+        at_i = upsert(ix, norm_key(seq[i]), (uint32_t) now_ms);
+        set_holder(ix, at_i, slot, (uint32_t) now_ms);
+        at = (int64_t) at_i;
+        seen = ix->erases;
+        pk = norm_key(seq[i]);
+        have = 1;
     }
     while (ix->approximate && ix->used > ix->max_blocks) {
         uint64_t target = (uint64_t) ((double) ix->max_blocks * ix->prune_ratio);
@@ -884,6 +1224,20 @@ void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
         while (ix->used > target) {
             evict_one(ix, &ix->pruned, (uint32_t) now_ms);
         }
+    }
+}
+
+void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
+                     uint64_t now_ms)
+{
+    record_run(ix, slot, seq, n, NULL, 0, now_ms);
+}
+
+void kv_index_record_at(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t from,
+                        size_t n, uint64_t now_ms)
+{
+    if (from < n) {
+        record_run(ix, slot, seq + from, n - from, from ? &seq[from - 1] : NULL, 1, now_ms);
     }
 }
 
@@ -947,13 +1301,49 @@ static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
     return 0;
 }
 
-size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
-                      kv_overlap_t *out, size_t cap)
+/* Appends the alive slots that bits lacks (or all of them when bits is
+ * NULL) as holding `blocks` leading blocks, then keeps in alive only those
+ * bits has. 1 if any slot is still alive. */
+static int step(uint64_t *alive, const uint64_t *bits, uint32_t words, uint32_t blocks,
+                kv_overlap_t *out, size_t cap, size_t *found)
 {
-    uint64_t alive[64], bits[64], gone;
-    uint32_t w, words = ix->words < 64 ? ix->words : 64;
+    uint64_t gone;
+    uint32_t w;
+    int      any = 0;
+
+    for (w = 0; w < words; w++) {
+        gone = bits ? alive[w] & ~bits[w] : alive[w];
+        while (gone && *found < cap) {
+            out[*found].slot = w * 64 + (uint32_t) __builtin_ctzll(gone);
+            out[*found].blocks = blocks;
+            (*found)++;
+            gone &= gone - 1;
+        }
+        alive[w] = bits ? alive[w] & bits[w] : 0;
+        any |= alive[w] != 0;
+    }
+    return any;
+}
+
+/* retired slots (removed workers awaiting kv_index_reap) hold nothing */
+static size_t live_only(const kv_index_t *ix, kv_overlap_t *out, size_t n)
+{
+    size_t i, found = 0;
+
+    for (i = 0; i < n; i++) {
+        if (__atomic_load_n(&slots(ix)[out[i].slot].in_use, __ATOMIC_RELAXED) == SLOT_LIVE) {
+            out[found++] = out[i];
+        }
+    }
+    return found;
+}
+
+size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                           kv_overlap_t *out, size_t cap)
+{
+    uint64_t alive[64], bits[64];
+    uint32_t words = ix->words < 64 ? ix->words : 64;
     size_t   i, found = 0;
-    int      any;
 
     if (n == 0) {
         return 0;
@@ -966,40 +1356,88 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
     }
     /* walk until no worker holds the prefix: the answer is known there;
      * entries MATCH_AHEAD blocks on are prefetched so misses overlap */
-    for (i = 1; i <= n; i++) {
+    for (i = 1; i < n; i++) {
         if (i + MATCH_AHEAD < n) {
             prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
         }
-        if (i < n && !read_holders(ix, norm_key(seq[i]), bits)) {
+        if (!read_holders(ix, norm_key(seq[i]), bits)) {
             memset(bits, 0, words * sizeof(uint64_t));
         }
-        any = 0;
-        for (w = 0; w < words; w++) {
-            gone = i < n ? alive[w] & ~bits[w] : alive[w];
-            while (gone && found < cap) {
-                out[found].slot = w * 64 + (uint32_t) __builtin_ctzll(gone);
-                out[found].blocks = (uint32_t) i;
-                found++;
-                gone &= gone - 1;
-            }
-            if (i < n) {
-                alive[w] &= bits[w];
-            }
-            any |= alive[w] != 0;
-        }
-        if (!any || i == n) {
-            break;
+        if (!step(alive, bits, words, (uint32_t) i, out, cap, &found)) {
+            return live_only(ix, out, found);
         }
     }
-    /* retired slots (removed workers awaiting kv_index_reap) hold nothing */
-    for (i = 0, n = found, found = 0; i < n; i++) {
-        if (__atomic_load_n(&slots(ix)[out[i].slot].in_use, __ATOMIC_RELAXED)
-            == SLOT_LIVE)
-        {
-            out[found++] = out[i];
+    step(alive, NULL, words, (uint32_t) n, out, cap, &found);
+    return live_only(ix, out, found);
+}
+
+/*
+ * The jump: from a position p that every alive slot holds (with all of
+ * 0..p), land on q = p + JUMP, or on the first key between that may be a
+ * hole of anyone (the filter). If no alive slot lacks q, every alive slot
+ * holds all of p+1..q: one that lacked some k in there would have a hole at
+ * the last such k (it holds k+1), and no key in p+1..q-1 is a hole. So the
+ * blocks between are skipped. If some alive slot lacks q, the blocks p+1..q
+ * are walked one by one, as kv_index_match_walk does, so the answer and
+ * its order are the walk's.
+ *
+ * Under a concurrent writer, a hole is listed (filter first) before the
+ * block that makes it is cleared, and the filter of a key is read after
+ * its landing: a skipped block was held when its filter was read, as a
+ * walked block is when its entry is read.
+ */
+size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                      kv_overlap_t *out, size_t cap)
+{
+    uint64_t alive[64], bits[64];
+    uint32_t words = ix->words < 64 ? ix->words : 64, w;
+    size_t   p, q, i, found = 0;
+    int      dies;
+
+    if (n <= 2 * JUMP || __atomic_load_n(&ix->lost_slots, __ATOMIC_ACQUIRE) != 0) {
+        return kv_index_match_walk(ix, seq, n, out, cap);
+    }
+    for (i = 1; i <= JUMP_AHEAD && i * JUMP < n; i++) {
+        prefetch_key(ix, norm_key(seq[i * JUMP]));
+    }
+    if (!read_holders(ix, norm_key(seq[0]), alive)) {
+        return 0;
+    }
+    for (p = 0; p < n - 1; p = q) {
+        q = p + JUMP < n - 1 ? p + JUMP : n - 1;
+        if (q + JUMP_AHEAD * JUMP < n) {
+            prefetch_key(ix, norm_key(seq[q + JUMP_AHEAD * JUMP]));
+        }
+        if (!read_holders(ix, norm_key(seq[q]), bits)) {
+            memset(bits, 0, words * sizeof(uint64_t));
+        }
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        for (i = p + 1; i < q; i++) {
+            if (maybe_hole(ix, norm_key(seq[i]))) {
+                break;
+            }
+        }
+        for (w = 0, dies = 0; w < words; w++) {
+            dies |= (alive[w] & ~bits[w]) != 0;
+        }
+        if (i == q && !dies) {
+            continue;               /* all alive hold p+1..q */
+        }
+        /* a possible hole or a slot dying in between: walk p+1..q */
+        for (i = p + 2; i < q; i++) {
+            prefetch_key(ix, norm_key(seq[i]));
+        }
+        for (i = p + 1; i <= q; i++) {
+            if (!read_holders(ix, norm_key(seq[i]), bits)) {
+                memset(bits, 0, words * sizeof(uint64_t));
+            }
+            if (!step(alive, bits, words, (uint32_t) i, out, cap, &found)) {
+                return live_only(ix, out, found);
+            }
         }
     }
-    return found;
+    step(alive, NULL, words, (uint32_t) n, out, cap, &found);
+    return live_only(ix, out, found);
 }
 
 int kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_id,
@@ -1045,4 +1483,6 @@ void kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st)
     st->pruned = __atomic_load_n(&m->pruned, __ATOMIC_SEQ_CST);
     st->unknown_parent = __atomic_load_n(&m->unknown_parent, __ATOMIC_SEQ_CST);
     st->unknown_remove = __atomic_load_n(&m->unknown_remove, __ATOMIC_SEQ_CST);
+    st->holes = __atomic_load_n(&m->hole_used, __ATOMIC_SEQ_CST);
+    st->lost_slots = __atomic_load_n(&m->lost_slots, __ATOMIC_SEQ_CST);
 }

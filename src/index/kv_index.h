@@ -57,6 +57,8 @@ typedef struct {
     uint64_t    pruned;         /* approximate: over the cap */
     uint64_t    unknown_parent; /* stores dropped: parent not indexed */
     uint64_t    unknown_remove; /* removals of hashes not indexed */
+    uint64_t    holes;          /* keys in the hole table (kv_index.c) */
+    uint64_t    lost_slots;     /* slots whose holes overflowed it: matches walk */
 } kv_index_stats_t;
 
 /* The smallest region kv_index_create accepts for cfg. */
@@ -100,9 +102,17 @@ uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
 void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n);
 
 /* Approximate mode: slot now holds the blocks with these sequence hashes
- * (the request it was just sent); they expire after ttl_ms. */
+ * (the request it was just sent); they expire after ttl_ms. What seq[0]
+ * chains onto is not known here: if slot did not hold it already, slot is
+ * marked as possibly holding blocks past a hole no one can name, and every
+ * match walks block by block until the slot is cleared. Prefer
+ * kv_index_record_at. */
 void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
                      uint64_t now_ms);
+/* The same for blocks seq[from..n) of a request seq[0..n): seq[from - 1]
+ * is their parent (from 0: seq[0] is the request's first block). */
+void kv_index_record_at(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t from,
+                        size_t n, uint64_t now_ms);
 /* Approximate mode: drops expired entries and prunes to the cap. Cheap when
  * there is nothing to do; call it every few hundred milliseconds. */
 void kv_index_expire(kv_index_t *ix, uint64_t now_ms);
@@ -110,11 +120,19 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms);
 /* --- readers (any process, any time) ----------------------------------- */
 
 /* For each slot holding at least the first block, how many leading blocks
- * of seq[0..n) it holds; up to cap entries in out, return the count. The
- * walk stops at the first block no slot holds (it reads at most 16 hashes
- * of seq past that one, to prefetch their entries). */
+ * of seq[0..n) it holds; up to cap entries in out, in the order they stop
+ * (ties by slot), return the count. It stops at the first block no slot
+ * holds (it reads at most 64 hashes of seq past that one, to prefetch
+ * their entries). Requests over 32 blocks skip 16 blocks at a time where
+ * no held prefix ends and no block is a hole (see kv_index.c); the answer
+ * is kv_index_match_walk's. seq must be a chain (seq[i] = the key of
+ * blocks 0..i), as kv_hash computes it. */
 size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                       kv_overlap_t *out, size_t cap);
+/* The same answer, reading every block's entry in turn (the reference the
+ * jump is tested against; reads at most 16 hashes past the stop). */
+size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                           kv_overlap_t *out, size_t cap);
 
 int      kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank);
 /* worker_id and dp_rank of a slot in use: 0, or -1 for a free slot. */

@@ -20,7 +20,7 @@
 
 #include "kv_load.h"
 
-#define KV_LOAD_MAGIC  0x6b766c6f61643033ULL   /* "kvload03": name hash, least-loaded order */
+#define KV_LOAD_MAGIC  0x6b766c6f61643034ULL   /* "kvload04": name hash, least-loaded order, prefill base */
 #define LEARN_WEIGHT   (1.0 / 16)
 #define ROW_REAPING    ((int64_t) -1)
 #define NIL            UINT32_MAX
@@ -36,6 +36,7 @@ typedef struct {
     uint64_t            overlap_blocks;
     uint64_t            prompt_blocks;
     double              prefill_tokens, prefill_ms;     /* learned means */
+    double              prefill_tt, prefill_tm;         /* ... of tokens^2, tokens x ms */
     double              decode_tokens, decode_ms;
     /* the least-loaded order, under the lock */
     uint32_t            group;                  /* NIL: not placed */
@@ -528,6 +529,39 @@ void kv_load_count(kv_load_t *ld, uint32_t server, uint32_t overlap, uint32_t pr
     __atomic_fetch_add(&s->prompt_blocks, prompt_blocks, __ATOMIC_RELAXED);
 }
 
+/*
+ * The prefill line ms = base + tokens / rate, by least squares over the
+ * weighted means. A time to first byte has a part that does not grow with
+ * the tokens (the engine's step under way, a step's fixed cost, the
+ * network), and a rate through the origin would charge it to every queued
+ * token: one short prompt queued ahead would look as costly as the
+ * request's own. Without spread in the tokens (or a slope the samples do
+ * not support) the line goes through the origin, as a plain ratio; the
+ * base is at most 0.9 of the mean time, so the rate is at most ten times
+ * the plain ratio.
+ */
+static void prefill_fit(double mx, double my, double xx, double xy,
+                        double *rate, double *base)
+{
+    double var = xx - mx * mx, cov = xy - mx * my, slope, b;
+
+    *rate = ratio(mx, my);
+    *base = 0;
+    if (!(*rate > 0) || !(var > 0.01 * mx * mx) || !(cov > 0)) {
+        return;
+    }
+    slope = cov / var;
+    b = my - slope * mx;
+    if (b <= 0) {
+        return;
+    }
+    if (b > 0.9 * my) {
+        b = 0.9 * my;
+    }
+    *base = b;
+    *rate = mx / (my - b);
+}
+
 void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
 {
     server_t *s = &servers_of(ld)[server];
@@ -543,7 +577,9 @@ void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
     out->overlap_hits = __atomic_load_n(&s->overlap_hits, __ATOMIC_RELAXED);
     out->overlap_blocks = __atomic_load_n(&s->overlap_blocks, __ATOMIC_RELAXED);
     out->prompt_blocks = __atomic_load_n(&s->prompt_blocks, __ATOMIC_RELAXED);
-    out->prefill_rate = ratio(load_double(&s->prefill_tokens), load_double(&s->prefill_ms));
+    prefill_fit(load_double(&s->prefill_tokens), load_double(&s->prefill_ms),
+                load_double(&s->prefill_tt), load_double(&s->prefill_tm),
+                &out->prefill_rate, &out->prefill_base);
     out->decode_pace = ratio(load_double(&s->decode_ms), load_double(&s->decode_tokens));
 }
 
@@ -571,6 +607,9 @@ void kv_load_learn_prefill(kv_load_t *ld, uint32_t server, double tokens, double
         return;
     }
     s = &servers_of(ld)[server];
+    /* tokens^2 and tokens x ms first: a reader between the updates sees a
+     * fit of slightly mixed samples, never a wrong scale */
+    learn(&s->prefill_tt, &s->prefill_tm, tokens * tokens, tokens * ms);
     learn(&s->prefill_tokens, &s->prefill_ms, tokens, ms);
 }
 

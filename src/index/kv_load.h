@@ -50,6 +50,7 @@ typedef struct {
     uint64_t    overlap_blocks;     /* sum of overlaps */
     uint64_t    prompt_blocks;      /* sum of prompt blocks */
     double      prefill_rate;       /* learned prompt tokens per ms; 0: no sample yet */
+    double      prefill_base;       /* learned ms of time to first byte that no token adds */
     double      decode_pace;        /* learned ms per output token; 0: no sample yet */
 } kv_load_server_t;
 
@@ -96,6 +97,8 @@ void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out);
  * rate is a ratio of sums rather than a mean of noisy ratios:
  *   prefill: tokens = prompt tokens it had to prefill, queued ahead of the
  *            request and its own uncached ones; ms = time to first byte;
+ *            read back as the least-squares line ms = base + tokens / rate
+ *            (weighted means of tokens^2 and tokens x ms kept beside);
  *   decode:  tokens = output tokens; ms = first byte to the end.
  * Concurrent updates from several processes may lose a sample, never
  * corrupt one (each mean is one atomic word).

@@ -20,12 +20,13 @@
 #include <string.h>
 
 #define REG_MAGIC   0x6b76726567310000ull   /* "kvreg1" */
-#define REG_VERSION 1u
+#define REG_VERSION 2u
 
 typedef struct {
     kv_seqlock_t    seq;
     uint32_t        pad;
     kv_worker_rec_t rec;
+    kv_selfcheck_t  sc;             /* atomics, outside the seqlock: any process adds */
 } reg_slot_t;
 
 struct kv_registry {
@@ -226,6 +227,16 @@ int kv_registry_find_address(const kv_registry_t *reg, const char *addr, int *fr
     return -1;
 }
 
+/* A new record's samples start from nothing; a sample that races with this
+ * (a response of the record's previous worker) is at worst one sample. */
+static void selfcheck_clear(kv_selfcheck_t *sc, uint64_t worker_id)
+{
+    uint64_t *w = (uint64_t *)sc;
+    for (size_t k = 1; k < sizeof(*sc) / sizeof(uint64_t); k++)
+        __atomic_store_n(&w[k], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&sc->worker_id, worker_id, __ATOMIC_RELEASE);
+}
+
 int kv_registry_add(kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank)
 {
     int free_i = -1;
@@ -250,6 +261,7 @@ int kv_registry_add(kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank)
     r->dp_rank = dp_rank;
     r->state = KV_WORKER_LIVE;
     kv_registry_write_end(reg, free_i);
+    selfcheck_clear(&reg->slots[free_i].sc, worker_id);
     if ((uint64_t)free_i >= reg->high)
         __atomic_store_n(&reg->high, (uint64_t)free_i + 1, __ATOMIC_RELEASE);
     return free_i;
@@ -260,6 +272,84 @@ void kv_registry_remove(kv_registry_t *reg, int i)
     kv_worker_rec_t *r = kv_registry_write_begin(reg, i);
     memset(r, 0, sizeof(*r));
     kv_registry_write_end(reg, i);
+}
+
+/* --- self-check ---------------------------------------------------------- */
+
+_Static_assert(sizeof(kv_selfcheck_t) % sizeof(uint64_t) == 0, "self-check is whole words");
+
+void kv_selfcheck_sample(kv_registry_t *reg, int i, uint64_t worker_id,
+                         uint64_t predicted, uint64_t cached)
+{
+    if (i < 0 || (uint32_t)i >= reg->max_workers)
+        return;
+    kv_selfcheck_t *sc = &reg->slots[i].sc;
+    if (__atomic_load_n(&sc->worker_id, __ATOMIC_ACQUIRE) != worker_id)
+        return;
+    __atomic_fetch_add(&sc->samples, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&sc->predicted_tokens, predicted, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&sc->cached_tokens, cached, __ATOMIC_RELAXED);
+    if (predicted == 0 && cached == 0)
+        return;                     /* nothing predicted, nothing found: no information */
+    if (cached < predicted)
+        __atomic_fetch_add(&sc->over, 1, __ATOMIC_RELAXED);
+    else if (cached > predicted)
+        __atomic_fetch_add(&sc->under, 1, __ATOMIC_RELAXED);
+    uint64_t hi = predicted > cached ? predicted : cached;
+    uint64_t diff = predicted > cached ? predicted - cached : cached - predicted;
+    uint64_t err = (uint64_t)((double)diff / (double)hi * 1e6);
+    uint64_t old = __atomic_load_n(&sc->error_ppm, __ATOMIC_RELAXED), next;
+    do {
+        /* EWMA with weight 1/8: a drift shows after a handful of responses,
+         * one odd response does not make one */
+        next = (uint64_t)((int64_t)old + ((int64_t)err - (int64_t)old) / 8);
+    } while (!__atomic_compare_exchange_n(&sc->error_ppm, &old, next, 1, __ATOMIC_RELAXED,
+                                          __ATOMIC_RELAXED));
+    __atomic_fetch_add(&sc->window, 1, __ATOMIC_RELAXED);
+}
+
+void kv_selfcheck_read(const kv_registry_t *reg, int i, kv_selfcheck_t *out)
+{
+    if (i < 0 || (uint32_t)i >= reg->max_workers) {
+        memset(out, 0, sizeof(*out));
+        return;
+    }
+    copy_words(out, &reg->slots[i].sc, sizeof(*out));
+}
+
+kv_selfcheck_verdict_t kv_selfcheck_verdict(const kv_selfcheck_t *sc)
+{
+    if (sc->window < KV_SELFCHECK_MIN_SAMPLES)
+        return KV_SELFCHECK_UNKNOWN;
+    if (sc->error_ppm >= KV_SELFCHECK_DRIFT_PPM)
+        return KV_SELFCHECK_DRIFT;
+    return sc->error_ppm < KV_SELFCHECK_OK_PPM ? KV_SELFCHECK_OK : KV_SELFCHECK_UNKNOWN;
+}
+
+void kv_selfcheck_restart(kv_registry_t *reg, int i)
+{
+    kv_selfcheck_t *sc = &reg->slots[i].sc;
+    __atomic_store_n(&sc->window, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&sc->error_ppm, 0, __ATOMIC_RELAXED);
+}
+
+void kv_selfcheck_note(kv_registry_t *reg, int i, int drift, int resync, int load_only)
+{
+    kv_selfcheck_t *sc = &reg->slots[i].sc;
+    if (drift)
+        __atomic_fetch_add(&sc->drifts, 1, __ATOMIC_RELAXED);
+    if (resync)
+        __atomic_fetch_add(&sc->resyncs, 1, __ATOMIC_RELAXED);
+    uint64_t was = __atomic_exchange_n(&sc->load_only, load_only ? 1 : 0, __ATOMIC_RELEASE);
+    if (was && !load_only)
+        __atomic_fetch_add(&sc->recoveries, 1, __ATOMIC_RELAXED);
+}
+
+int kv_selfcheck_load_only(const kv_registry_t *reg, int i)
+{
+    if (i < 0 || (uint32_t)i >= reg->max_workers)
+        return 0;
+    return __atomic_load_n(&reg->slots[i].sc.load_only, __ATOMIC_ACQUIRE) != 0;
 }
 
 /* --- status ------------------------------------------------------------- */

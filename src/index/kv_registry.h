@@ -158,6 +158,52 @@ int  kv_registry_find_address(const kv_registry_t *reg, const char *addr, int *f
                               kv_worker_rec_t *out);
 void kv_registry_status(const kv_registry_t *reg, kv_ingest_status_t *out);
 
+/* --- self-check: the index's prediction against the engine's report -------
+ *
+ * nginx workers compare, for each response, the prefix the index predicted
+ * the worker had cached (tokens) with the `cached_tokens` the engine
+ * reported, and record one sample here (any process, atomics only). The
+ * helper reads the verdict each tick and resyncs a drifting worker, or
+ * routes it by load alone (load_only) when a resync did not help, until
+ * its predictions are right again. */
+
+typedef struct {
+    uint64_t    worker_id;          /* whose samples these are (reset by the writer) */
+    uint64_t    samples;            /* responses compared */
+    uint64_t    over;               /* engine had fewer cached tokens than predicted */
+    uint64_t    under;              /* engine had more */
+    uint64_t    predicted_tokens;   /* sums over samples */
+    uint64_t    cached_tokens;
+    uint64_t    error_ppm;          /* EWMA (1/8) of |p - c| / max(p, c), parts per million */
+    uint64_t    window;             /* samples with p or c > 0 since the last verdict */
+    uint64_t    drifts;             /* drifts found by the helper */
+    uint64_t    resyncs;            /* resyncs the self-check asked for */
+    uint64_t    load_only;          /* 1: routed by load until it recovers */
+    uint64_t    recoveries;         /* load_only lifted */
+} kv_selfcheck_t;
+
+#define KV_SELFCHECK_MIN_SAMPLES    8       /* a verdict needs this many */
+#define KV_SELFCHECK_DRIFT_PPM      500000  /* error EWMA at or above: drifting */
+#define KV_SELFCHECK_OK_PPM         200000  /* below (after a reset): recovered */
+
+typedef enum {
+    KV_SELFCHECK_UNKNOWN = 0,       /* too few samples since the last reset */
+    KV_SELFCHECK_OK,
+    KV_SELFCHECK_DRIFT
+} kv_selfcheck_verdict_t;
+
+/* One response (any process): ignored unless record i is worker_id's. */
+void kv_selfcheck_sample(kv_registry_t *reg, int i, uint64_t worker_id,
+                         uint64_t predicted, uint64_t cached);
+void kv_selfcheck_read(const kv_registry_t *reg, int i, kv_selfcheck_t *out);
+kv_selfcheck_verdict_t kv_selfcheck_verdict(const kv_selfcheck_t *sc);
+/* Writer: starts a new window (error and window to 0); counts stay. */
+void kv_selfcheck_restart(kv_registry_t *reg, int i);
+/* Writer: sets load_only (counting drifts/resyncs/recoveries by the change). */
+void kv_selfcheck_note(kv_registry_t *reg, int i, int drift, int resync, int load_only);
+/* Lock-free read of load_only for the balancer. */
+int  kv_selfcheck_load_only(const kv_registry_t *reg, int i);
+
 const char *kv_worker_state_name(uint32_t state);
 const char *kv_nats_state_name(uint64_t state);
 

@@ -29,6 +29,7 @@
 #include "kv_route.h"
 #include "kv_tokenizer.h"
 #include "kv_turn.h"
+#include "kv_usage.h"
 
 
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
@@ -81,6 +82,7 @@ typedef struct {
     ngx_atomic_t                    decisions;
     ngx_atomic_t                    busy_rejects;
     ngx_atomic_t                    threaded;   /* prompts prepared in the thread pool */
+    ngx_atomic_t                    threaded_cancelled; /* dropped: the client went away */
     ngx_atomic_t                    fallbacks[NGX_HTTP_KVROUTE_FB_N];
     ngx_atomic_t                    hist[NGX_HTTP_KVROUTE_HIST];
     ngx_atomic_t                    decision_us_sum;
@@ -177,6 +179,8 @@ typedef struct {
     ngx_thread_pool_t              *thread_pool;
 #endif
     ngx_http_complex_value_t       *salt;
+    ngx_http_complex_value_t       *session;    /* session=VALUE, or NULL */
+    ngx_uint_t                      session_off;    /* session=off */
     ngx_array_t                     worker_ids;     /* ngx_http_kvroute_worker_map_t */
     ngx_http_upstream_init_pt       original_init_upstream;
 
@@ -216,13 +220,17 @@ typedef struct {
     unsigned                        matched:1;
     unsigned                        prefill_open:1;
     unsigned                        active:1;   /* an attempt holds load */
+    unsigned                        stream:1;   /* the body asks for a stream */
+    unsigned                        usage_on:1; /* self-check: scanning the response */
 
     ngx_http_kvroute_fallback_e     fallback;
+    ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */
     uint64_t                       *seq;        /* sequence hashes (malloc) */
     size_t                          nseq;
     uint64_t                        prompt_tokens;
     uint64_t                        turn_cached_tokens;     /* from the turn cache */
     uint64_t                        max_tokens;     /* 0: the body names none */
+    uint64_t                        session;        /* session key; 0: none */
     ngx_http_kvroute_cand_t        *cand;       /* primaries holding part of the
                                                    prompt (all, in small upstreams) */
     ngx_uint_t                      ncand;
@@ -242,6 +250,9 @@ typedef struct {
     ngx_http_kvroute_peer_t        *chosen;
     uint32_t                        chosen_overlap;
     double                          chosen_cost;    /* the decision's estimate */
+
+    kv_usage_scan_t                 usage;      /* the response's reported usage */
+    void                           *task;       /* its prompt, while in the thread pool */
 } ngx_http_kvroute_ctx_t;
 
 
@@ -288,6 +299,7 @@ char *ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 ngx_int_t ngx_http_kvroute_events_init_single(ngx_cycle_t *cycle,
     ngx_http_kvroute_zone_t *zone);
 void ngx_http_kvroute_events_exit_single(ngx_http_kvroute_zone_t *zone);
+ngx_uint_t ngx_http_kvroute_events_zmq(void *events_conf);
 ngx_int_t ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     ngx_http_kvroute_peer_t *p, kv_worker_rec_t *rec);
 

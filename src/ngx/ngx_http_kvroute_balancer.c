@@ -394,6 +394,29 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 #endif
         }
 
+        if (KV_PARAM("session=")) {
+            if (s.len == 3 && ngx_strncmp(s.data, "off", 3) == 0) {
+                kcf->session_off = 1;
+                continue;
+            }
+
+            kcf->session = ngx_palloc(cf->pool,
+                                      sizeof(ngx_http_complex_value_t));
+            if (kcf->session == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+            ccv.cf = cf;
+            ccv.value = &s;
+            ccv.complex_value = kcf->session;
+
+            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
+            continue;
+        }
+
         if (KV_PARAM("salt=")) {
             kcf->salt = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
             if (kcf->salt == NULL) {
@@ -854,6 +877,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].decode_tokens = ls.active[KV_LOAD_DECODE_TOKENS];
             s[i].requests = ls.active[KV_LOAD_REQUESTS];
             s[i].prefill_rate = ls.prefill_rate;
+            s[i].prefill_base = ls.prefill_base;
             s[i].decode_pace = ls.decode_pace;
         }
 
@@ -864,7 +888,8 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
          */
 
         if (ngx_http_kvroute_peer_record(kcf->zone, p, &rec) == NGX_OK) {
-            s[i].trusted = rec.state == KV_WORKER_LIVE;
+            s[i].trusted = rec.state == KV_WORKER_LIVE
+                           && !kv_selfcheck_load_only(sh->registry, p->reg);
             s[i].reported = 1;
             s[i].reported_prefill_tokens = rec.load.active_prefill_tokens;
             s[i].reported_decode_blocks = rec.load.active_decode_blocks;
@@ -900,6 +925,7 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
     rq->seq = ctx ? ctx->seq : NULL;
     rq->nseq = ctx ? ctx->nseq : 0;
     rq->max_tokens = ctx ? ctx->max_tokens : 0;
+    rq->session = ctx ? ctx->session : 0;
 }
 
 
@@ -1182,8 +1208,8 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
 
     slot = kv_index_worker_add(ix, p->worker_id, 0);
     if (slot >= 0) {
-        kv_index_record(ix, slot, ctx->seq + from, ctx->nseq - from,
-                        (uint64_t) ngx_current_msec);
+        kv_index_record_at(ix, slot, ctx->seq, from, ctx->nseq,
+                           (uint64_t) ngx_current_msec);
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);

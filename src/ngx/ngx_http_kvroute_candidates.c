@@ -13,6 +13,8 @@
  *     ring (src/route/kv_ring.h): a function of the first block and the
  *     servers' ids alone, so every nginx instance offers the same ones for a
  *     prefix nobody holds yet;
+ *   - with a session key, the first NGX_HTTP_KVROUTE_RING of the session's
+ *     ring walk too;
  *   - the NGX_HTTP_KVROUTE_LEAST least loaded that look usable, from the
  *     load table's least-loaded order (src/index/kv_load.h), which moves a
  *     server in O(1) whenever its requests change.
@@ -21,7 +23,9 @@
  * bounded-load rule of the ttft policy averages load over the candidates
  * instead of the fleet (the candidates are the least loaded, so the mean is
  * lower and the rule at most a little stricter) and a cold prefix's
- * rendezvous order covers the ring's servers rather than every idle one.
+ * rendezvous order (and a session's) covers the candidates rather than
+ * every idle server, so in a large upstream a session's home is the same on
+ * every instance only while their least-loaded few do not outrank the ring's.
  * Should none of them be usable, the attempt falls back to every primary.
  */
 
@@ -410,7 +414,7 @@ ngx_http_kvroute_candidates(ngx_http_kvroute_srv_conf_t *kcf,
         return list;
     }
 
-    cap = (ctx ? ctx->ncand : 0) + NGX_HTTP_KVROUTE_RING
+    cap = (ctx ? ctx->ncand : 0) + 2 * NGX_HTTP_KVROUTE_RING
           + NGX_HTTP_KVROUTE_LEAST;
 
     list = ngx_palloc(pool, cap * sizeof(ngx_http_kvroute_cand_t));
@@ -429,6 +433,18 @@ ngx_http_kvroute_candidates(ngx_http_kvroute_srv_conf_t *kcf,
 
     if (ctx && ctx->nseq) {
         m = kv_ring_walk(kcf->ring, kcf->nring, ctx->seq[0], ring,
+                         NGX_HTTP_KVROUTE_RING);
+
+        for (i = 0; i < m; i++) {
+            ngx_http_kvroute_add(list, n, ring[i]);
+        }
+    }
+
+    /* a session's first servers on the ring, alike on every instance (the
+     * decision's own session order then ranks the candidates) */
+
+    if (ctx && ctx->session) {
+        m = kv_ring_walk(kcf->ring, kcf->nring, ctx->session, ring,
                          NGX_HTTP_KVROUTE_RING);
 
         for (i = 0; i < m; i++) {

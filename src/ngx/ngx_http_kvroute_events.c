@@ -910,6 +910,18 @@ ngx_http_kvroute_events_manager(void *data)
 static ngx_event_t  ngx_http_kvroute_single_ev;
 
 
+/* ZMQ publishers (vLLM's events): salt= is the LoRA seed there, not a
+ * cache salt (the events carry no cache_salt to match it). */
+
+ngx_uint_t
+ngx_http_kvroute_events_zmq(void *events_conf)
+{
+    ngx_http_kvroute_events_t  *ev = events_conf;
+
+    return ev != NULL && ev->zmq;
+}
+
+
 ngx_int_t
 ngx_http_kvroute_events_init_single(ngx_cycle_t *cycle,
     ngx_http_kvroute_zone_t *zone)

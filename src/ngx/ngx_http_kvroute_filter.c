@@ -7,12 +7,23 @@
  * the first response body byte, which for an LLM response is the first
  * token, and releases the attempt's prefill load there. (Headers are no
  * such signal: a streaming server sends them before the first token.)
+ *
+ * The body filter also runs the self-check (events mode): it scans the
+ * response for usage's prompt_tokens and cached_tokens as it streams past
+ * (kv_usage.h: a few bytes of state, no buffering) and at the end compares
+ * the cached tokens the engine reported with those the index predicted for
+ * the worker chosen, one sample in the registry (kv_selfcheck_sample); the
+ * helper acts on a drift.
  */
 
 
 #include "ngx_http_kvroute.h"
 
 
+static void ngx_http_kvroute_selfcheck_start(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx);
+static void ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx);
 static ngx_int_t ngx_http_kvroute_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_kvroute_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
@@ -54,6 +65,119 @@ ngx_http_kvroute_add_header(ngx_http_request_t *r, char *key, ngx_str_t *v)
 }
 
 
+/*
+ * Worth scanning: a 200 from a primary server of an events-mode zone, for
+ * a prompt routed whole by overlap (a fallback or a capped prompt has no
+ * prediction to check).
+ */
+
+static void
+ngx_http_kvroute_selfcheck_start(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+
+    ctx->usage_on = 0;
+    if (kcf == NULL || kcf->zone == NULL || kcf->zone->events_conf == NULL
+        || r->headers_out.status != NGX_HTTP_OK
+        || ctx->cand == NULL || ctx->nseq == 0
+        || ctx->fallback != NGX_HTTP_KVROUTE_FB_NONE
+        || ctx->chosen < kcf->peers
+        || ctx->chosen >= kcf->peers + kcf->nprimary)
+    {
+        return;
+    }
+
+    kv_usage_init(&ctx->usage);
+    ctx->usage_on = 1;
+}
+
+
+/*
+ * The end of a response: one sample. The prediction is the index's overlap
+ * for the chosen worker, in tokens, capped as engines cap their hits (the
+ * last prompt token is always computed: at most (prompt - 1) / block_size
+ * whole blocks). An engine that found more than the index knew is not
+ * counted wrong when this router's own recent decisions (pending) explain
+ * it: the events of the previous request may simply not have arrived yet.
+ */
+
+static void
+ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    uint64_t                      bs, maxb, idx, pend, predicted, cached;
+    ngx_int_t                     i;
+    ngx_uint_t                    k, j;
+    kv_registry_t                *reg;
+    kv_worker_rec_t               rec;
+    ngx_http_kvroute_peer_t      *p;
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+
+    ctx->usage_on = 0;
+    kv_usage_end(&ctx->usage);
+
+    if (ctx->usage.cached_tokens < 0
+        || (uint64_t) ctx->usage.prompt_tokens != ctx->prompt_tokens)
+    {
+        /* no usage (a stream without include_usage, vLLM without
+         * --enable-prompt-tokens-details), or not this prompt's (a batch
+         * of prompts, another chat template): nothing to compare */
+        return;
+    }
+
+    p = ctx->chosen;
+    k = p - kcf->peers;
+
+    /* the record itself, not the balancer's cached miss: a miss is kept
+     * for a second, and one registry read may give up under a busy writer */
+
+    reg = kcf->zone->sh->registry;
+    i = p->reg;
+
+    if (i < 0 || kv_registry_read(reg, i, &rec) != 0
+        || rec.worker_id != p->worker_id)
+    {
+        i = kv_registry_find(reg, p->worker_id, 0);
+    }
+
+    if (i < 0 || kv_registry_read(reg, i, &rec) != 0
+        || rec.worker_id != p->worker_id || rec.state != KV_WORKER_LIVE)
+    {
+        return;
+    }
+
+    bs = kcf->block_size;
+    maxb = ctx->prompt_tokens ? (ctx->prompt_tokens - 1) / bs : 0;
+    /* the match's credit for the chosen server (none: it held nothing) */
+    idx = 0;
+    pend = 0;
+
+    for (j = 0; j < ctx->ncand; j++) {
+        if (ctx->cand[j].k == k) {
+            idx = ngx_min(ctx->cand[j].overlap, maxb);
+            pend = ngx_min(ngx_max(ctx->cand[j].overlap, ctx->cand[j].pending),
+                           maxb);
+            break;
+        }
+    }
+    cached = (uint64_t) ctx->usage.cached_tokens;
+
+    predicted = idx * bs;
+
+    if (cached > predicted) {
+        predicted = ngx_max(predicted, ngx_min(cached, pend * bs));
+    }
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvroute self-check: worker %uL predicted %uL cached %uL "
+                   "of %uL tokens", p->worker_id, predicted, cached,
+                   ctx->prompt_tokens);
+
+    kv_selfcheck_sample(reg, (int) i, p->worker_id, predicted, cached);
+}
+
+
 static ngx_int_t
 ngx_http_kvroute_header_filter(ngx_http_request_t *r)
 {
@@ -67,6 +191,10 @@ ngx_http_kvroute_header_filter(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvroute_module);
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvroute_module);
+
+    if (ctx && ctx->chosen) {
+        ngx_http_kvroute_selfcheck_start(r, ctx);
+    }
 
     if (ctx == NULL || ctx->chosen == NULL || !klcf->debug_headers) {
         return ngx_http_next_header_filter(r);
@@ -111,6 +239,24 @@ ngx_http_kvroute_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
             if (ngx_buf_size(cl->buf) > 0) {
                 ngx_http_kvroute_acct_prefill_done(ctx);
                 break;
+            }
+        }
+    }
+
+    if (ctx && ctx->usage_on) {
+        for (cl = in; cl && ctx->usage_on; cl = cl->next) {
+            if (ngx_buf_in_memory(cl->buf)) {
+                kv_usage_feed(&ctx->usage, (char *) cl->buf->pos,
+                              cl->buf->last - cl->buf->pos);
+
+            } else if (ngx_buf_size(cl->buf) > 0) {
+                /* buffered to a temp file: not read back for this */
+                ctx->usage_on = 0;
+                break;
+            }
+
+            if (cl->buf->last_buf) {
+                ngx_http_kvroute_selfcheck_end(r, ctx);
             }
         }
     }

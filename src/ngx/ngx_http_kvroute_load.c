@@ -10,7 +10,9 @@
  * attempt (free_peer: success, upstream error, client abort, or at worst
  * the request pool's cleanup) releases the rest. The ctx flags make each
  * release happen exactly once per attempt. The first byte and a good end
- * also teach the table the server's prefill rate and decode pace.
+ * also teach the table the server's prefill rate and decode pace (of
+ * streamed responses only: one that is not streamed sends its first byte
+ * with its last, so its prefill stays counted until then).
  */
 
 
@@ -118,6 +120,12 @@ ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
     kv_load_add(zone->sh->load, zone->row, ctx->load, KV_LOAD_PREFILL_TOKENS,
                 -ctx->prefill_tokens);
 
+    /* a response that is not streamed has its first byte with its last:
+     * that time is no sample of the prefill rate */
+    if (!ctx->stream) {
+        return;
+    }
+
     kv_load_learn_prefill(zone->sh->load, ctx->load,
                           (double) (ctx->queued_tokens + ctx->prefill_tokens),
                           (double) (ctx->first_ns - ctx->open_ns) / 1e6);
@@ -132,7 +140,7 @@ ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx)
 {
     ngx_http_kvroute_zone_t  *zone = ctx->conf->zone;
 
-    if (!ctx->active || ctx->first_ns == 0 || ctx->decode_tokens <= 1) {
+    if (!ctx->active || !ctx->stream || ctx->first_ns == 0 || ctx->decode_tokens <= 1) {
         return;
     }
 

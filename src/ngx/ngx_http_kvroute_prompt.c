@@ -29,6 +29,8 @@ typedef struct {
     kv_prompt_t                result;
 #if (NGX_THREADS)
     ngx_event_t                hold;    /* armed while the task is in the pool */
+    int                        cancelled;   /* the client went (atomic) */
+    int                        skipped;     /* so the thread did nothing */
 #endif
 } ngx_http_kvroute_task_t;
 
@@ -38,10 +40,12 @@ static void ngx_http_kvroute_cleanup(void *data);
 static ngx_int_t ngx_http_kvroute_task_init(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_task_t *t);
 static void ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t);
+static ngx_int_t ngx_http_kvroute_salt_rewrite(ngx_http_kvroute_task_t *t);
 #if (NGX_THREADS)
 static void ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log);
 static void ngx_http_kvroute_thread_event_handler(ngx_event_t *ev);
 static void ngx_http_kvroute_hold_handler(ngx_event_t *ev);
+static void ngx_http_kvroute_pool_reading(ngx_http_request_t *r);
 #endif
 
 
@@ -181,7 +185,10 @@ ngx_http_kvroute_resume(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
 {
     ctx->status = NGX_DECLINED;
 
-    if ((ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
+    if (ctx->salt_status) {
+        ctx->status = ctx->salt_status;
+
+    } else if ((ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
          || ctx->fallback == NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED)
         && ngx_http_kvroute_all_busy(ctx->conf, r->pool))
     {
@@ -209,6 +216,22 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvroute_module);
 
     if (ngx_http_kvroute_task_init(r, ctx, &t) != NGX_OK) {
+
+        /* salt= must reach the engine: a body that cannot be rewritten
+         * (not buffered, unreadable) is not sent with the client's salt */
+
+        if (ctx->conf->salt && ctx->fallback != NGX_HTTP_KVROUTE_FB_NO_BODY
+            && !ngx_http_kvroute_events_zmq(ctx->conf->zone->events_conf))
+        {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "kvroute: salt= cannot be applied to this body "
+                          "(%s): refused", ngx_http_kvroute_fallback_names[
+                                                            ctx->fallback]);
+            ctx->salt_status = ctx->fallback == NGX_HTTP_KVROUTE_FB_UNBUFFERED
+                               ? NGX_HTTP_BAD_REQUEST
+                               : NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
         ngx_http_kvroute_resume(r, ctx);
         return;
     }
@@ -246,6 +269,16 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
         tp->hold.log = r->connection->log;
         ngx_add_timer(&tp->hold, 60000);
 
+        /*
+         * A client that goes away while its prompt waits in the pool: the
+         * request is terminated (nginx waits for the task before freeing
+         * it) and a task not yet started does nothing; it is never routed,
+         * so it leaves nothing in the pending index.
+         */
+
+        ctx->task = tp;
+        r->read_event_handler = ngx_http_kvroute_pool_reading;
+
         ngx_atomic_fetch_add(&ctx->conf->zone->sh->threaded, 1);
 
         return;
@@ -270,8 +303,32 @@ ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log)
 {
     ngx_http_kvroute_task_t  *t = data;
 
+    if (__atomic_load_n(&t->cancelled, __ATOMIC_ACQUIRE)) {
+        t->skipped = 1;
+        return;
+    }
+
     kv_prompt_compute(&t->cfg, (char *) t->body, t->len, (char *) t->salt,
                       t->salt_len, &t->result);
+}
+
+
+/* While the task is in the pool: notice a client that closes. */
+
+static void
+ngx_http_kvroute_pool_reading(ngx_http_request_t *r)
+{
+    ngx_http_kvroute_ctx_t   *ctx;
+    ngx_http_kvroute_task_t  *t;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_kvroute_module);
+    t = ctx ? ctx->task : NULL;
+
+    ngx_http_test_reading(r);
+
+    if (t && r->connection->error) {
+        __atomic_store_n(&t->cancelled, 1, __ATOMIC_RELEASE);
+    }
 }
 
 
@@ -291,13 +348,34 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
 
     r->main->blocked--;
     r->aio = 0;
+    t->ctx->task = NULL;
 
-    ngx_http_kvroute_finish(t);
+    if (c->error || r->done) {
 
-    if (r->done || c->destroyed) {
+        /* terminated meanwhile (the client went): finish as nginx's own
+         * thread handlers do, with nothing routed */
+
+        if (t->skipped) {
+            ngx_atomic_fetch_add(&t->ctx->conf->zone->sh->threaded_cancelled,
+                                 1);
+        }
+
+        kv_prompt_free(&t->result);
+
+        if (r->done) {
+            c->write->handler(c->write);
+
+        } else {
+            r->write_event_handler(r);
+            ngx_http_run_posted_requests(c);
+        }
+
         return;
     }
 
+    r->read_event_handler = ngx_http_block_reading;
+
+    ngx_http_kvroute_finish(t);
     ngx_http_kvroute_resume(r, t->ctx);
     ngx_http_run_posted_requests(c);
 }
@@ -330,9 +408,49 @@ ngx_http_kvroute_prepare(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
         return;
     }
 
+    /*
+     * The request to the server is already built here: the body cannot be
+     * rewritten, so the operator's salt cannot reach the engine. Hashing
+     * with the body's own salt at least matches what the engine does.
+     */
+
+    if (t.cfg.salt_combine) {
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "kvroute: salt= is applied only where proxy_pass names "
+                      "the upstream (the body is read before proxying); "
+                      "this request keeps the client's cache_salt");
+        t.cfg.salt_combine = 0;
+        t.salt = NULL;
+        t.salt_len = 0;
+    }
+
     kv_prompt_compute(&t.cfg, (char *) t.body, t.len, (char *) t.salt,
                       t.salt_len, &t.result);
     ngx_http_kvroute_finish(&t);
+}
+
+
+/*
+ * The operator's session key (kvroute session=VALUE, e.g. a header), when
+ * it is set and not empty; the body's prompt_cache_key and user come after
+ * it (ngx_http_kvroute_finish). Read even when the body cannot be, so a
+ * request routed by load alone still goes to its session's home.
+ */
+
+static void
+ngx_http_kvroute_session_header(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    ngx_str_t                     v;
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+
+    if (kcf->session == NULL || kcf->session_off) {
+        return;
+    }
+
+    if (ngx_http_complex_value(r, kcf->session, &v) == NGX_OK && v.len) {
+        ctx->session = kv_body_session_key((char *) v.data, v.len);
+    }
 }
 
 
@@ -376,6 +494,8 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     }
 
     t->cfg.turns = kcf->turn.cache ? &kcf->turn : NULL;
+
+    ngx_http_kvroute_session_header(r, ctx);
 
     if (r->request_body_no_buffering
         || (r->request_body && r->request_body->rest > 0))
@@ -434,13 +554,30 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
 
     t->len = len;
 
-    if (kcf->salt) {
+    if (kcf->salt && ngx_http_kvroute_events_zmq(kcf->zone->events_conf)) {
+
+        /* ZMQ (vLLM) events: salt= is the LoRA seed, used as it was */
+
         if (ngx_http_complex_value(r, kcf->salt, &salt) == NGX_OK
             && salt.len)
         {
             t->salt = salt.data;
             t->salt_len = salt.len;
         }
+
+    } else if (kcf->salt) {
+
+        /* combined with the client's, even when empty: "0:" + the
+         * client's can never be another tenant's value */
+
+        if (ngx_http_complex_value(r, kcf->salt, &salt) != NGX_OK) {
+            ctx->fallback = NGX_HTTP_KVROUTE_FB_NO_MEMORY;
+            return NGX_DECLINED;
+        }
+
+        t->salt = salt.data;
+        t->salt_len = salt.len;
+        t->cfg.salt_combine = 1;
     }
 
     return NGX_OK;
@@ -468,9 +605,33 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
         }
     }
 
+    if (t->cfg.salt_combine) {
+        if (!t->result.parsed || t->result.status == KV_PROMPT_NO_MEMORY
+            || ((t->result.salt || t->result.n_salts)
+                && ngx_http_kvroute_salt_rewrite(t) != NGX_OK))
+        {
+            /* the engine would read the client's salt: not sent */
+            ngx_log_error(NGX_LOG_INFO, t->request->connection->log, 0,
+                          "kvroute: salt= cannot be applied: %s",
+                          t->result.parsed ? "out of memory" : t->result.err);
+            ctx->salt_status = t->result.parsed
+                               ? NGX_HTTP_INTERNAL_SERVER_ERROR
+                               : NGX_HTTP_BAD_REQUEST;
+        }
+
+        free(t->result.salt);
+        t->result.salt = NULL;
+    }
+
     ctx->prompt_tokens = t->result.prompt_tokens;
     ctx->turn_cached_tokens = t->result.turn_cached_tokens;
     ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
+    ctx->stream = t->result.stream ? 1 : 0;
+
+    /* the operator's session= value, when it has one, comes first */
+    if (ctx->session == 0 && !ctx->conf->session_off) {
+        ctx->session = t->result.session;
+    }
     ctx->seq = t->result.seq;
     ctx->nseq = t->result.nseq;
 
@@ -485,4 +646,121 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
                       "kvroute: max_tokenize: %s, %uL tokens estimated",
                       t->result.err, t->result.estimated_tokens);
     }
+}
+
+
+/*
+ * salt=: the proxied body carries the combined salt as its only cache_salt
+ * value. Every top-level cache_salt member's value is replaced (an engine
+ * may honour any duplicate; null when there is no salt at all), or one
+ * member is inserted first; the body
+ * becomes one memory buffer and Content-Length follows. Works for bodies
+ * in memory and in temp files alike (t->body holds the whole body).
+ */
+
+static ngx_int_t
+ngx_http_kvroute_salt_rewrite(ngx_http_kvroute_task_t *t)
+{
+    u_char               *p, *q;
+    size_t                len, qlen, at, i;
+    ngx_buf_t            *b;
+    ngx_chain_t          *cl;
+    kv_prompt_t          *res = &t->result;
+    ngx_table_elt_t      *h;
+    ngx_http_request_t   *r = t->request;
+    ngx_uint_t            empty;
+
+    static const char     key[] = "\"cache_salt\":";
+
+    qlen = res->salt ? kv_prompt_json_string(res->salt, res->salt_len, NULL)
+                     : sizeof("null") - 1;
+    empty = 0;
+
+    if (res->n_salts == 0) {
+        for (p = t->body + res->obj_open; p < t->body + t->len; p++) {
+            if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+                break;
+            }
+        }
+
+        empty = p < t->body + t->len && *p == '}';
+        len = t->len + sizeof(key) - 1 + qlen + (empty ? 0 : 1);
+
+    } else {
+        len = t->len;
+
+        for (i = 0; i < res->n_salts; i++) {
+            len = len - res->salt_len_raw[i] + qlen;
+        }
+    }
+
+    b = ngx_create_temp_buf(r->pool, len);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    q = ngx_pnalloc(r->pool, qlen);
+    if (q == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (res->salt) {
+        (void) kv_prompt_json_string(res->salt, res->salt_len, (char *) q);
+
+    } else {
+        ngx_memcpy(q, "null", qlen);
+    }
+
+    p = b->pos;
+
+    if (res->n_salts == 0) {
+        p = ngx_cpymem(p, t->body, res->obj_open);
+        p = ngx_cpymem(p, key, sizeof(key) - 1);
+        p = ngx_cpymem(p, q, qlen);
+
+        if (!empty) {
+            *p++ = ',';
+        }
+
+        p = ngx_cpymem(p, t->body + res->obj_open, t->len - res->obj_open);
+
+    } else {
+        at = 0;
+
+        for (i = 0; i < res->n_salts; i++) {
+            p = ngx_cpymem(p, t->body + at, res->salt_off[i] - at);
+            p = ngx_cpymem(p, q, qlen);
+            at = res->salt_off[i] + res->salt_len_raw[i];
+        }
+
+        p = ngx_cpymem(p, t->body + at, t->len - at);
+    }
+
+    b->last = p;
+    b->last_buf = 1;
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    r->request_body->bufs = cl;
+    r->headers_in.content_length_n = len;
+
+    h = r->headers_in.content_length;
+
+    if (h) {
+        h->value.data = ngx_pnalloc(r->pool, NGX_OFF_T_LEN);
+        if (h->value.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->value.len = ngx_sprintf(h->value.data, "%O", (off_t) len)
+                       - h->value.data;
+    }
+
+    return NGX_OK;
 }

@@ -44,6 +44,8 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Requests answered 503 because every server was busy")                  \
     X(threaded, U, "kvroute_threaded_total", counter,                         \
       "Prompts prepared in the thread pool")                                  \
+    X(threaded_cancelled, U, "kvroute_threaded_cancelled_total", counter,     \
+      "Prompts dropped from the thread pool unprepared: the client had gone") \
     X(load_rows_reaped, U, "kvroute_load_rows_reaped_total", counter,         \
       "Load rows of exited nginx processes reclaimed")
 
@@ -190,7 +192,29 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(resyncs, U, "kvroute_worker_resyncs_total", counter,                    \
       "Dumps of the worker applied")                                          \
     X(apply_errors, U, "kvroute_worker_apply_errors_total", counter,          \
-      "Events of the worker the index refused")
+      "Events of the worker the index refused")                               \
+    X(selfcheck_samples, U, "kvroute_worker_selfcheck_samples_total", counter,\
+      "Responses whose reported cached tokens were compared with the index")  \
+    X(selfcheck_over, U, "kvroute_worker_selfcheck_over_total", counter,      \
+      "Responses with fewer cached tokens than the index predicted")          \
+    X(selfcheck_under, U, "kvroute_worker_selfcheck_under_total", counter,    \
+      "Responses with more cached tokens than the index predicted")           \
+    X(selfcheck_predicted_tokens, U,                                          \
+      "kvroute_worker_selfcheck_predicted_tokens_total", counter,             \
+      "Cached prompt tokens the index predicted, over the samples")           \
+    X(selfcheck_cached_tokens, U,                                             \
+      "kvroute_worker_selfcheck_cached_tokens_total", counter,                \
+      "Cached prompt tokens the worker reported, over the samples")           \
+    X(selfcheck_error, D, "kvroute_worker_selfcheck_error", gauge,            \
+      "Moving average of |predicted - cached| / max(predicted, cached)")      \
+    X(selfcheck_drifts, U, "kvroute_worker_selfcheck_drifts_total", counter,  \
+      "Times the worker's predictions were found drifting")                   \
+    X(selfcheck_resyncs, U, "kvroute_worker_selfcheck_resyncs_total", counter,\
+      "Resyncs the self-check asked for")                                     \
+    X(selfcheck_load_only, B, "kvroute_worker_selfcheck_load_only", gauge,    \
+      "1 while the worker is routed by load because its predictions drift")   \
+    X(selfcheck_recoveries, U, "kvroute_worker_selfcheck_recoveries_total",   \
+      counter, "Times cache-aware routing was restored after a drift")
 
 /* labels {upstream, server}, JSON "upstreams": {"NAME": [...]} */
 #define NGX_HTTP_KVROUTE_SERVER_STATS(X)                                      \
@@ -206,6 +230,12 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Prompt tokens sent to the server and not yet prefilled")               \
     X(active_decode_blocks, I, "kvroute_server_active_decode_blocks", gauge,  \
       "KV blocks held by requests in flight to the server")                   \
+    X(prefill_rate, D, "kvroute_server_prefill_rate", gauge,                  \
+      "Learned prompt tokens prefilled per ms (0: no sample yet)")            \
+    X(prefill_base, D, "kvroute_server_prefill_base_ms", gauge,               \
+      "Learned ms of time to first token that no token adds")                 \
+    X(decode_pace, D, "kvroute_server_decode_pace_ms", gauge,                 \
+      "Learned ms per output token (0: no sample yet)")                       \
     X(requests, U, "kvroute_server_requests_total", counter,                  \
       "Requests sent to the server")                                          \
     X(overlap_hits, U, "kvroute_server_overlap_hits_total", counter,          \
@@ -642,6 +672,7 @@ ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
     u_char                           rank[NGX_INT_T_LEN + 1];
     uint64_t                         now;
     kv_worker_rec_t                  w;
+    kv_selfcheck_t                   sc;
     kv_ingest_status_t               st;
     kv_registry_t                   *reg = s->zone->sh->registry;
     ngx_http_kvroute_events_snap_t  *e = &s->events;
@@ -726,6 +757,21 @@ ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
         ws->resyncs = w.resyncs;
         ws->apply_errors = w.apply_errors;
 
+        kv_selfcheck_read(reg, i, &sc);
+
+        if (sc.worker_id == w.worker_id) {
+            ws->selfcheck_samples = sc.samples;
+            ws->selfcheck_over = sc.over;
+            ws->selfcheck_under = sc.under;
+            ws->selfcheck_predicted_tokens = sc.predicted_tokens;
+            ws->selfcheck_cached_tokens = sc.cached_tokens;
+            ws->selfcheck_error = sc.error_ppm / 1e6;
+            ws->selfcheck_drifts = sc.drifts;
+            ws->selfcheck_resyncs = sc.resyncs;
+            ws->selfcheck_load_only = sc.load_only ? 1 : 0;
+            ws->selfcheck_recoveries = sc.recoveries;
+        }
+
         s->nworkers++;
     }
 
@@ -793,6 +839,9 @@ ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
             ss->active_requests = ls.active[KV_LOAD_REQUESTS];
             ss->active_prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
             ss->active_decode_blocks = ls.active[KV_LOAD_DECODE_BLOCKS];
+            ss->prefill_rate = ls.prefill_rate;
+            ss->prefill_base = ls.prefill_base;
+            ss->decode_pace = ls.decode_pace;
             ss->requests = ls.requests_total;
             ss->overlap_hits = ls.overlap_hits;
             ss->overlap_blocks = ls.overlap_blocks;
@@ -839,6 +888,7 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
     s->z.decisions = sh->decisions;
     s->z.busy_rejects = sh->busy_rejects;
     s->z.threaded = sh->threaded;
+    s->z.threaded_cancelled = sh->threaded_cancelled;
     s->z.load_rows_reaped = kv_load_reaped(sh->load);
 
     kv_index_stats(sh->index, &st);

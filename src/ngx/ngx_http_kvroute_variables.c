@@ -17,7 +17,8 @@ typedef enum {
     NGX_HTTP_KVROUTE_VAR_DECISION_US,
     NGX_HTTP_KVROUTE_VAR_COST,
     NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
-    NGX_HTTP_KVROUTE_VAR_FALLBACK
+    NGX_HTTP_KVROUTE_VAR_FALLBACK,
+    NGX_HTTP_KVROUTE_VAR_WHY
 } ngx_http_kvroute_var_e;
 
 
@@ -51,6 +52,9 @@ static ngx_http_variable_t  ngx_http_kvroute_vars[] = {
 
     { ngx_string("kvroute_fallback"), NULL, ngx_http_kvroute_variable,
       NGX_HTTP_KVROUTE_VAR_FALLBACK, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("kvroute_why"), NULL, ngx_http_kvroute_variable,
+      NGX_HTTP_KVROUTE_VAR_WHY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };
@@ -134,6 +138,12 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
 
     case NGX_HTTP_KVROUTE_VAR_TURN_CACHED:
         v->len = ngx_sprintf(p, "%uL", ctx->turn_cached_tokens) - p;
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_WHY:
+        s = kv_route_why_name(ctx->why);
+        v->data = (u_char *) s;
+        v->len = ngx_strlen(s);
         break;
 
     default: /* NGX_HTTP_KVROUTE_VAR_FALLBACK */

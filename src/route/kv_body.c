@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_body.h"
+#include "kv_hash.h"
 #include "kv_jscan.h"
 
 typedef kv_jscan_t scan_t;
@@ -66,32 +67,108 @@ static int scan_id(scan_t *s, uint32_t *id)
     return 0;
 }
 
+static int push_id(scan_t *s, kv_body_t *b, size_t *cap, uint32_t id)
+{
+    uint32_t *grown;
+
+    if (b->n_ids == *cap) {
+        *cap = *cap ? *cap * 2 : 1024;
+        grown = realloc(b->ids, *cap * sizeof(uint32_t));
+        if (grown == NULL) {
+            return kv_jscan_fail(s, "out of memory");
+        }
+        b->ids = grown;
+    }
+    b->ids[b->n_ids++] = id;
+    return 0;
+}
+
+/*
+ * The ids of an array as clients write them, "1,2,3]" or "1, 2, 3]": one
+ * tight loop instead of the general scanner's calls per id (most of a 1k-id
+ * decision). It stops, with s->p where the general scanner goes on (just
+ * after '[', or at the ',' before an item), at anything else: other
+ * spacing, a sign, a fraction, an id of 2^32 or more, an error; the general
+ * scanner then takes that one item, so what is accepted and every error
+ * message stay the general scanner's. 0: the array ended (']' consumed);
+ * 1: stopped; -1: out of memory.
+ */
+static int scan_ids_fast(scan_t *s, kv_body_t *b, int keep, size_t *cap, int *first)
+{
+    const char *p = s->p, *end = s->end, *q, *at;
+    uint64_t    v;
+    size_t      most = (size_t) (end - p) / 2 + 1;
+    uint32_t   *grown;
+
+    /* an id takes 2 bytes at least ("7,"): room for all the rest at once
+     * (at most 64k more at a time), so the loop stores without growing */
+    most = b->n_ids + (most < 65536 ? most : 65536);
+    if (keep && *cap < most) {
+        most = most > 2 * *cap ? most : 2 * *cap;
+        grown = realloc(b->ids, most * sizeof(uint32_t));
+        if (grown == NULL) {
+            return kv_jscan_fail(s, "out of memory");
+        }
+        b->ids = grown;
+        *cap = most;
+    }
+    for (;;) {
+        at = p;
+        if (!*first) {
+            if (p >= end || *p != ',') {
+                break;
+            }
+            p++;
+            if (p < end && *p == ' ') {
+                p++;
+            }
+        }
+        for (q = p, v = 0; q < end && q - p < 10 && (unsigned char) (*q - '0') < 10; q++) {
+            v = v * 10 + (uint64_t) (*q - '0');
+        }
+        if (q == p || q >= end || (*q != ',' && *q != ']') || v > UINT32_MAX
+            || (keep && b->n_ids == *cap))
+        {
+            break;
+        }
+        if (keep) {
+            b->ids[b->n_ids++] = (uint32_t) v;
+        }
+        *first = 0;
+        if (*q == ']') {
+            s->p = q + 1;
+            return 0;
+        }
+        p = q;
+    }
+    s->p = at;
+    return 1;
+}
+
 /* An id array at s->p ('['); with keep, the ids go to b. */
 static int scan_ids(scan_t *s, kv_body_t *b, int keep)
 {
     size_t    cap = 0;
-    uint32_t  id = 0, *grown;
+    uint32_t  id = 0;
     int       first = 1, more;
 
     s->p++;
-    while ((more = kv_jscan_item(s, &first)) == 1) {
+    for (;;) {
+        more = scan_ids_fast(s, b, keep, &cap, &first);
+        if (more <= 0) {
+            return more;
+        }
+        /* one item the fast loop left, by the general scanner */
+        if ((more = kv_jscan_item(s, &first)) != 1) {
+            return more;
+        }
         if (scan_id(s, &id) != 0) {
             return -1;
         }
-        if (!keep) {
-            continue;
+        if (keep && push_id(s, b, &cap, id) != 0) {
+            return -1;
         }
-        if (b->n_ids == cap) {
-            cap = cap ? cap * 2 : 1024;
-            grown = realloc(b->ids, cap * sizeof(uint32_t));
-            if (grown == NULL) {
-                return kv_jscan_fail(s, "out of memory");
-            }
-            b->ids = grown;
-        }
-        b->ids[b->n_ids++] = id;
     }
-    return more;
 }
 
 /* `prompt`: string, [string...], [id...] or [[id...]...]. */
@@ -196,6 +273,16 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     if (KEY("cache_salt") && s->p < s->end && *s->p == '"' && b->salt == NULL) {
         return scan_string(s, &b->salt, &b->salt_len);
     }
+    if ((KEY("prompt_cache_key") || KEY("user")) && s->p < s->end && *s->p == '"') {
+        uint64_t *hint = KEY("user") ? &b->user : &b->cache_key;
+
+        if (scan_string(s, &str, &n) != 0) {
+            return -1;
+        }
+        *hint = kv_body_session_key(str, n);
+        free(str);
+        return 0;
+    }
     if (KEY("stream") && s->p < s->end && *s->p == 't') {
         b->stream = 1;
         return kv_jscan_literal(s, "true");
@@ -213,7 +300,8 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
 {
     scan_t      s;
     const char *raw;
-    char        key[32];
+    char        key[256];
+    const char *val;
     size_t      klen;
     int         first = 1, escaped, more;
 
@@ -226,12 +314,15 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         goto bad;
     }
     s.p++;
+    b->obj_open = (size_t) (s.p - buf);
     while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
         if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
             goto bad;
         }
-        /* the keys the router reads are short and plain; a longer key
-         * cannot be one of them */
+        /* the keys the router reads are short; escaped, each of their
+         * characters takes at most 12 bytes (a surrogate pair), so a key
+         * longer than this cannot be one of them (and "c\u0061che_salt"
+         * must be seen: engines unescape keys too) */
         if (klen >= sizeof(key)) {
             klen = 0;
         } else if (escaped) {
@@ -239,8 +330,18 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         } else {
             memcpy(key, raw, klen);
         }
+        kv_jscan_peek(&s);
+        val = s.p;
         if (scan_field(&s, b, key, klen) != 0) {
             goto bad;
+        }
+        if (klen == sizeof("cache_salt") - 1 && memcmp(key, "cache_salt", klen) == 0) {
+            if (b->n_salts == KV_BODY_SALTS_MAX) {
+                kv_jscan_fail(&s, "more than %d cache_salt members", KV_BODY_SALTS_MAX);
+                goto bad;
+            }
+            b->salt_off[b->n_salts] = (size_t) (val - buf);
+            b->salt_len_raw[b->n_salts++] = (size_t) (s.p - val);
         }
     }
     if (more < 0) {
@@ -270,4 +371,15 @@ void kv_body_free(kv_body_t *b)
     b->n_ids = 0;
     b->text_len = 0;
     b->kind = KV_BODY_NONE;
+}
+
+uint64_t kv_body_session_key(const char *s, size_t len)
+{
+    uint64_t h;
+
+    if (s == NULL || len == 0) {
+        return 0;
+    }
+    h = kv_hash_seed(s, len);
+    return h ? h : 1;
 }

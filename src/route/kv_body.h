@@ -2,7 +2,9 @@
  * The routing-relevant fields of an OpenAI request body, found in one pass
  * without building a JSON tree: the router only needs `model`, the prompt
  * (or the raw `messages` array, handed to the chat template) and the cache
- * salt, and it runs on nginx's event loop for every request.
+ * salt, and it runs on nginx's event loop for every request. It also keeps
+ * a hash of the session hints `prompt_cache_key` and `user` (strings; any
+ * other type is ignored) for session affinity.
  *
  * `prompt` may be a string, an array of strings, an array of token ids or
  * an array of token-id arrays; for the array forms (a batch of prompts) the
@@ -21,6 +23,9 @@ typedef enum {
     KV_BODY_MESSAGES        /* raw JSON of `messages` in messages/messages_len */
 } kv_body_kind_t;
 
+/* top-level `cache_salt` members recorded for a rewrite (more: a parse error) */
+#define KV_BODY_SALTS_MAX 16
+
 typedef struct {
     kv_body_kind_t  kind;
     char           *text;           /* unescaped UTF-8, NUL-terminated (owned) */
@@ -34,6 +39,17 @@ typedef struct {
     size_t          salt_len;
     int             stream;         /* `stream: true` */
     long            max_tokens;     /* `max_tokens` / `max_completion_tokens`, -1 if absent */
+    uint64_t        cache_key;      /* kv_body_session_key of `prompt_cache_key`; 0: absent */
+    uint64_t        user;           /* ... of `user`; 0: absent */
+
+    /* where to rewrite the salt (kv_prompt's operator salt): just past the
+     * top-level '{', and the value (offset, length) of every top-level
+     * `cache_salt` member, whatever its type: an engine may honour any
+     * duplicate (Python's json keeps the last), so each is rewritten */
+    size_t          obj_open;
+    size_t          n_salts;
+    size_t          salt_off[KV_BODY_SALTS_MAX];
+    size_t          salt_len_raw[KV_BODY_SALTS_MAX];
 } kv_body_t;
 
 /*
@@ -43,5 +59,9 @@ typedef struct {
  */
 int  kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen);
 void kv_body_free(kv_body_t *b);
+
+/* The session key of a hint's bytes (a body field or an operator's header):
+ * a 64-bit hash, never 0 (0 means no session); "" gives 0. */
+uint64_t kv_body_session_key(const char *s, size_t len);
 
 #endif

@@ -118,6 +118,9 @@ static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b
     }
 }
 
+_Static_assert(KV_BODY_SALTS_MAX == sizeof(((kv_prompt_t *) 0)->salt_off) / sizeof(size_t),
+               "kv_prompt_t holds every salt kv_body_t records");
+
 kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *body,
                                      size_t len, const char *salt, size_t salt_len,
                                      kv_prompt_t *out)
@@ -132,8 +135,14 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
         out->status = KV_PROMPT_PARSE;
         return out->status;
     }
+    out->parsed = 1;
+    out->obj_open = b.obj_open;
+    out->n_salts = b.n_salts;
+    memcpy(out->salt_off, b.salt_off, sizeof(out->salt_off));
+    memcpy(out->salt_len_raw, b.salt_len_raw, sizeof(out->salt_len_raw));
     out->stream = b.stream;
     out->max_tokens = b.max_tokens;
+    out->session = b.cache_key ? b.cache_key : b.user;
     if (cfg->model && cfg->model[0] && b.model[0] && strcmp(cfg->model, b.model) != 0) {
         fail(out, KV_PROMPT_MODEL, "unknown model");
         goto done;
@@ -141,7 +150,18 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     if (prompt_ids(cfg, &b, &ids, out) != KV_PROMPT_OK) {
         goto done;
     }
-    if (b.salt) {
+    if (cfg->salt_combine && (salt_len > 0 || b.salt != NULL)) {
+        out->salt = kv_prompt_salt(salt, salt ? salt_len : 0, b.salt, b.salt ? b.salt_len : 0,
+                                   &out->salt_len);
+        if (out->salt == NULL) {
+            fail(out, KV_PROMPT_NO_MEMORY, "out of memory");
+            goto done;
+        }
+        salt = out->salt;
+        salt_len = out->salt_len;
+    } else if (cfg->salt_combine) {
+        salt = NULL;                /* no operator salt, no client salt: none */
+    } else if (b.salt) {
         salt = b.salt;
         salt_len = b.salt_len;
     }
@@ -171,6 +191,59 @@ done:
 void kv_prompt_free(kv_prompt_t *p)
 {
     free(p->seq);
+    free(p->salt);
     p->seq = NULL;
     p->nseq = 0;
+    p->salt = NULL;
+    p->salt_len = 0;
+}
+
+char *kv_prompt_salt(const char *op, size_t op_len, const char *client, size_t client_len,
+                     size_t *out_len)
+{
+    char   head[32];
+    int    n = snprintf(head, sizeof(head), "%zu:", op_len);
+    char  *s = malloc((size_t) n + op_len + client_len + 1);
+
+    if (s == NULL) {
+        return NULL;
+    }
+    memcpy(s, head, (size_t) n);
+    if (op_len) {
+        memcpy(s + n, op, op_len);
+    }
+    if (client_len) {
+        memcpy(s + n + op_len, client, client_len);
+    }
+    *out_len = (size_t) n + op_len + client_len;
+    s[*out_len] = '\0';
+    return s;
+}
+
+size_t kv_prompt_json_string(const char *s, size_t len, char *out)
+{
+    static const char  hex[] = "0123456789abcdef";
+    size_t             n = 0;
+
+#define PUT(c) do { if (out) out[n] = (c); n++; } while (0)
+    PUT('"');
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char) s[i];
+        if (c == '"' || c == '\\') {
+            PUT('\\');
+            PUT((char) c);
+        } else if (c < 0x20 || c == 0x7f) {
+            PUT('\\');
+            PUT('u');
+            PUT('0');
+            PUT('0');
+            PUT(hex[c >> 4]);
+            PUT(hex[c & 15]);
+        } else {
+            PUT((char) c);
+        }
+    }
+    PUT('"');
+#undef PUT
+    return n;
 }

@@ -43,6 +43,16 @@ typedef struct {
     size_t                       max_tokenize;
     /* the turn-delta cache (kv_turn.h) for text prompts; NULL: off */
     const kv_turn_t             *turns;
+    /*
+     * 0: the body's `cache_salt` replaces the salt argument (a client's
+     * choice). 1: the salt argument is the operator's and is combined with
+     * the client's: the engine must see kv_prompt_salt(operator, client)
+     * as the body's only `cache_salt` (out->salt; the caller rewrites the
+     * body at out->salt_off/obj_open), so no client can pick another
+     * tenant's salt. An empty operator salt with no client salt is no
+     * salt at all (out->salt NULL; other `cache_salt` values become null).
+     */
+    int                          salt_combine;
 } kv_prompt_config_t;
 
 /* Tokens before the cut that may differ from the whole text's (a word cut
@@ -59,8 +69,33 @@ typedef struct {
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
     uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */
+
+    uint64_t            session;        /* prompt_cache_key's key, else user's; 0: none */
     char                err[160];
+
+    /* salt_combine: the body parsed (a rewrite is possible), the salt the
+     * blocks were hashed with (malloc'ed), and where the body holds
+     * `cache_salt` values (see kv_body_t) */
+    int                 parsed;
+    char               *salt;
+    size_t              salt_len;
+    size_t              obj_open;
+    size_t              n_salts;
+    size_t              salt_off[16];
+    size_t              salt_len_raw[16];
 } kv_prompt_t;
+
+/*
+ * The combined salt: the operator's length, ':', the operator's salt, then
+ * the client's. Injective (the length says where the operator's part ends),
+ * so no client salt makes another operator salt's value. malloc'ed; NULL
+ * when out of memory.
+ */
+char *kv_prompt_salt(const char *op, size_t op_len, const char *client, size_t client_len,
+                     size_t *out_len);
+/* Writes s as a JSON string (quotes included) into out (NULL: only
+ * measures); returns its length. */
+size_t kv_prompt_json_string(const char *s, size_t len, char *out);
 
 /*
  * Fills out from body. salt (may be NULL) is used when the body has no

@@ -29,7 +29,7 @@ uint32_t kv_route_overlap(const kv_route_server_t *s)
 
 const char *kv_route_why_name(kv_route_why_t why)
 {
-    static const char *names[] = { "", "sticky", "spill", "cold", "cost" };
+    static const char *names[] = { "", "sticky", "spill", "cold", "cost", "session" };
 
     return (unsigned) why < sizeof(names) / sizeof(names[0]) ? names[why] : "";
 }
@@ -103,13 +103,17 @@ static double load_of(const kv_route_server_t *s)
     return (double) s->requests / weight_of(s);
 }
 
-/* a before b in the sticky order */
-static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
+/* a before b in the sticky order; home: the session's home or -1 */
+static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key,
+                    const kv_route_server_t *home)
 {
     uint32_t oa = kv_route_overlap(a), ob = kv_route_overlap(b);
 
     if (oa != ob) {
         return oa > ob;
+    }
+    if (home && (a == home || b == home)) {
+        return a == home;
     }
     if (a->ttft + a->decode_ms != b->ttft + b->decode_ms) {
         return a->ttft + a->decode_ms < b->ttft + b->decode_ms;
@@ -120,24 +124,110 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
     return rendezvous(key, a) < rendezvous(key, b);
 }
 
+#define IN_L  1                         /* load bound */
+#define IN_E  2                         /* ... and the estimate within the slack */
+#define IN_C  4                         /* ... and the queue within the slack */
+
+/* The first server with a flag in mask in key's rendezvous order; -1 if
+ * none. */
+static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, int mask)
+{
+    size_t i;
+    int    first = -1;
+
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & mask)
+            && (first < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[first])))
+        {
+            first = (int) i;
+        }
+    }
+    return first;
+}
+
+/*
+ * Cold: nobody holds the prompt, so its prefill is the same work anywhere;
+ * what differs is what it costs everyone. On server s, with r requests in
+ * flight, it waits for the prefill queued there and then stalls each of
+ * those r decoding streams while it prefills: for its tokens, and for the
+ * fixed part of a prefill step (the learned base) unless a prefill is
+ * already queued there, which it joins (engines batch queued prefills into
+ * one step). So, in ms of everyone's latency:
+ *
+ *   cost(s) = ttft(s) + r(s) x (tokens / rate(s) + (queued(s) ? 0 : base(s)))
+ *
+ * The lowest cost among the servers of C (load-bounded, and the queue it
+ * would wait behind within the slack of its own prefill, which bounds what
+ * its time to first token pays for the others' gain) wins; costs within one
+ * output token's time are equal, and among those the first in the prefix's
+ * rendezvous order (so independent routers agree on an idle fleet).
+ */
+static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
+{
+    double  cost, best = INFINITY, own;
+    size_t  i;
+    int     pick = -1;
+
+    for (i = 0; i < n; i++) {
+        if (!(s[i].eligible & IN_C)) {
+            continue;
+        }
+        own = s[i].ttft - s[i].wait - s[i].base;
+        cost = s[i].ttft + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
+        s[i].cold = cost;
+        best = fmin(best, cost);
+    }
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
+            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+        {
+            pick = (int) i;
+        }
+    }
+    return pick;
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
     uint32_t bs = cfg->block_size ? cfg->block_size : 16;
     uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
-    double   best = INFINITY, loads = 0, mean, rate, pace, least = INFINITY;
-    size_t   i, m = 0;
-    int      pick = -1, held_outside = 0;
+    double   best = INFINITY, loads = 0, mean, rate, base, pace;
+    double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
+    size_t   i, m = 0, nrate = 0, npace = 0;
+    int      pick = -1, held_outside = 0, home = -1;
     uint32_t longest = 0;
+
+    /* a server the traffic has not measured yet is taken to be like those
+     * it has (per unit of weight); the configured defaults stand in only
+     * before any sample, so a new server neither looks faster than its
+     * measured peers (and draws every request) nor slower */
+    for (i = 0; i < n; i++) {
+        if (candidate(&s[i]) && s[i].prefill_rate > 0) {
+            lrate += s[i].prefill_rate / weight_of(&s[i]);
+            lbase += s[i].prefill_base;
+            nrate++;
+        }
+        if (candidate(&s[i]) && s[i].decode_pace > 0) {
+            lpace += s[i].decode_pace;
+            npace++;
+        }
+    }
+    lrate = nrate ? lrate / nrate : cfg->prefill_rate;
+    lbase = nrate ? lbase / nrate : 0;
+    lpace = npace ? lpace / npace : cfg->decode_pace;
 
     for (i = 0; i < n; i++) {
         if (!candidate(&s[i])) {
             continue;
         }
-        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : cfg->prefill_rate * weight_of(&s[i]);
-        pace = s[i].decode_pace > 0 ? s[i].decode_pace : cfg->decode_pace;
-        s[i].ttft = (double) (prefill_load(&s[i], cfg) + uncached(&s[i], rq, bs)) / rate;
+        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : lrate * weight_of(&s[i]);
+        base = s[i].prefill_rate > 0 ? s[i].prefill_base : lbase;
+        pace = s[i].decode_pace > 0 ? s[i].decode_pace : lpace;
+        s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
+        s[i].base = base;
+        s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
         s[i].decode_ms = (double) out * pace;
         loads += load_of(&s[i]);
         m++;
@@ -147,53 +237,67 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     }
     mean = loads / (double) m;
 
-    /* E: not far above the mean load (the least loaded always is not), and
-     * within the slack of the best estimate among those */
+    /* L: not far above the mean load (the least loaded never is) */
     for (i = 0; i < n; i++) {
         if (candidate(&s[i]) && load_of(&s[i]) <= mean * (1 + cfg->slack) + 1) {
             s[i].eligible = 1;
             best = fmin(best, s[i].ttft);
+            minwait = fmin(minwait, s[i].wait);
         }
     }
-    /* estimates closer than one output token's time apart are equal:
-     * for short prompts that leaves the choice to load, as least_conn */
+
+    /*
+     * E (in L): within the slack of the best estimate; estimates closer
+     * than one output token's time apart are equal. C (in L), where a
+     * session's home may be: the prefill queued ahead waits no longer than
+     * the least queue's by the slack of the request's own service time (on
+     * an idle fleet every server, whatever the noise in each one's learned
+     * rate).
+     */
     for (i = 0; i < n; i++) {
+        grain = s[i].decode_ms / (double) out;
         if (s[i].eligible
-            && s[i].ttft > best * (1 + cfg->slack) + s[i].decode_ms / (double) out)
+            && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
-            s[i].eligible = 0;
+            s[i].eligible |= IN_C;
+        }
+        if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
+            s[i].eligible |= IN_E;
         }
     }
 
     for (i = 0; i < n; i++) {
-        if (s[i].eligible) {
+        if (s[i].eligible & IN_E) {
             longest = kv_route_overlap(&s[i]) > longest ? kv_route_overlap(&s[i]) : longest;
-            least = fmin(least, load_of(&s[i]));
         } else if (s[i].usable && kv_route_overlap(&s[i]) > 0) {
             held_outside = 1;
         }
     }
+    home = rq->session ? first_in_order(s, n, rq->session, longest > 0 ? IN_E : IN_C) : -1;
 
+    if (longest == 0 && !held_outside && home >= 0) {
+        *why = KV_ROUTE_WHY_SESSION;
+        pick = home;
+    } else if (longest > 0) {
+        *why = KV_ROUTE_WHY_STICKY;
+        for (i = 0; i < n; i++) {
+            if ((s[i].eligible & IN_E)
+                && (pick < 0 || stickier(&s[i], &s[pick], key, home >= 0 ? &s[home] : NULL)))
+            {
+                pick = (int) i;
+            }
+        }
+    } else if (held_outside) {
+        *why = KV_ROUTE_WHY_SPILL;
+        pick = first_in_order(s, n, key, IN_E);
+    } else {
+        *why = KV_ROUTE_WHY_COLD;
+        pick = pick_cold(s, n, key, out);
+    }
+
+    /* report E membership */
     for (i = 0; i < n; i++) {
-        if (!s[i].eligible) {
-            continue;
-        }
-        if (longest > 0) {
-            *why = KV_ROUTE_WHY_STICKY;
-            if (pick < 0 || stickier(&s[i], &s[pick], key)) {
-                pick = (int) i;
-            }
-        } else if (held_outside) {
-            *why = KV_ROUTE_WHY_SPILL;
-            if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
-                pick = (int) i;
-            }
-        } else if (load_of(&s[i]) <= least) {
-            *why = KV_ROUTE_WHY_COLD;
-            if (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])) {
-                pick = (int) i;
-            }
-        }
+        s[i].eligible = (s[i].eligible & IN_E) != 0;
     }
     return pick;
 }
@@ -258,6 +362,9 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
         s[i].busy = busy(&s[i], cfg);
         s[i].eligible = 0;
         s[i].ttft = 0;
+        s[i].wait = 0;
+        s[i].base = 0;
+        s[i].cold = 0;
         s[i].decode_ms = 0;
         if (s[i].usable) {
             usable++;

@@ -14,31 +14,49 @@
  * Conductor style, with "sticky until saturated" prefix affinity.
  *
  *   uncached(s) = prompt_tokens - min(prompt_tokens, overlap(s) * block_size)
- *   ttft(s)     = (queued_prefill_tokens(s) + uncached(s)) / prefill_rate(s)   [ms]
+ *   wait(s)     = queued_prefill_tokens(s) / prefill_rate(s)                  [ms]
+ *   ttft(s)     = prefill_base(s) + wait(s) + uncached(s) / prefill_rate(s)    [ms]
  *   decode(s)   = output_tokens * decode_pace(s)                             [ms]
  *
- *   prefill_rate is learned per server from traffic (prompt tokens it had to
- *   prefill per ms of time to first byte, queueing included, so decode
- *   interference and batching are in it); decode_pace likewise (ms per output
- *   token); cfg's defaults (times the nginx weight) stand in before any sample.
+ *   prefill_base and prefill_rate are the line of time to first byte against
+ *   the tokens a server had to prefill, learned from its traffic (kv_load.h;
+ *   queueing, batching and decode interference are in it), so a fixed part
+ *   is not charged to every queued token; decode_pace likewise (ms per output
+ *   token). A server with no sample takes the mean of those with one (per
+ *   unit of weight); cfg's defaults stand in before any sample at all.
  *
- *   1. The eligible set E: servers whose requests in flight per unit of
- *      weight are at most (1 + slack) * the mean + 1 (a bounded-load rule,
- *      so that decode load spreads nearly as evenly as least_conn's), and
- *      whose ttft(s) is at most (1 + slack) * the best ttft among those
- *      + decode_pace(s) (estimates less than one output token's time apart
- *      are equal: short prompts are then placed by load, as least_conn).
+ *   1. L: servers whose requests in flight per unit of weight are at most
+ *      (1 + slack) * the mean + 1 (bounded load, so that decode load spreads
+ *      nearly as evenly as least_conn's). E, in L: ttft(s) at most
+ *      (1 + slack) * the best ttft in L + decode_pace(s) (estimates less than
+ *      one output token's time apart are equal). C, in L: wait(s) at most the
+ *      least wait in L + slack * the request's own prefill time there
+ *      + decode_pace(s).
  *   2. Sticky: if some server in E holds part of the prompt, take the one
- *      with the longest cached prefix (ties: the lower ttft + decode, then
- *      the fewer indexed blocks, then rendezvous).
+ *      with the longest cached prefix (ties: the session's home, then the
+ *      lower ttft + decode, then the fewer indexed blocks, then rendezvous).
  *   3. Spill: a server outside E holds the prefix (it is saturated): take the
  *      first server of E in the prefix's rendezvous order (a hash of the
  *      first block with each server's id), so a hot prefix grows onto a
  *      bounded, stable set of workers that stays warm.
- *   4. Cold: nobody holds it: among the servers of E with the fewest requests
- *      per weight, the first in rendezvous order, so that independent routers
- *      place a new prefix alike.
- *
+ *   4. Session: nobody holds it and rq->session is set (a hash of the
+ *      operator's session value, OpenAI's prompt_cache_key or user): the
+ *      session's home, the first server of C in the session's rendezvous
+ *      order (stateless: every router agrees, a restart forgets nothing; a
+ *      saturated home is passed over for the next in the session's order,
+ *      the same while it lasts). Warm from the session's earlier turns when
+ *      the index lost them or never knew (approximate mode after an
+ *      eviction, events mode after an event gap).
+ *   5. Cold: otherwise the lowest cost to everyone in C:
+ *        cold(s) = ttft(s) + requests(s) * (uncached / rate(s)
+ *                                           + (wait(s) > 0 ? 0 : base(s)))
+ *      its own time to first token plus the stall its prefill imposes on the
+ *      server's requests in flight (no fixed part when it joins a queued
+ *      prefill: engines batch those into one step). Nothing queued anywhere:
+ *      the fewest requests (least_conn). Costs less than one output token's
+ *      time apart are equal: the first in the prefix's rendezvous order, so
+ *      independent routers place a new prefix alike.
+
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *
  * The load a server is credited with is this router's own count; with
@@ -100,11 +118,15 @@ typedef struct {
     uint64_t    reported_decode_blocks;
     /* learned from traffic; 0: no sample yet */
     double      prefill_rate;       /* tokens/ms */
+    double      prefill_base;       /* ms that no token adds (0 until learned) */
     double      decode_pace;        /* ms/token */
     /* out: what the decision saw */
     int         busy;
     int         eligible;           /* in E (ttft) */
     double      ttft;               /* ms (ttft) or cost (dynamo) */
+    double      wait;               /* ms of prefill queued ahead (ttft) */
+    double      base;               /* ms of the base used (ttft) */
+    double      cold;               /* cold cost, ms of everyone's latency (ttft) */
     double      decode_ms;
 } kv_route_server_t;
 
@@ -113,6 +135,7 @@ typedef struct {
     const uint64_t     *seq;            /* block hashes, nseq of them */
     size_t              nseq;
     uint64_t            max_tokens;     /* 0: not given */
+    uint64_t            session;        /* hash of the session key; 0: none */
 } kv_route_request_t;
 
 #define KV_ROUTE_NONE  -1               /* no usable server */
@@ -123,7 +146,8 @@ typedef enum {
     KV_ROUTE_WHY_STICKY,                /* the longest cached prefix within the slack */
     KV_ROUTE_WHY_SPILL,                 /* its holders saturated: rendezvous in E */
     KV_ROUTE_WHY_COLD,                  /* nobody holds it: least requests, rendezvous */
-    KV_ROUTE_WHY_COST                   /* dynamo: the lowest cost */
+    KV_ROUTE_WHY_COST,                  /* dynamo: the lowest cost */
+    KV_ROUTE_WHY_SESSION                /* nobody known to hold it: the session's home */
 } kv_route_why_t;
 
 typedef struct {
@@ -149,7 +173,7 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
  * router's recent decisions in any case. */
 uint32_t kv_route_overlap(const kv_route_server_t *s);
 
-/* "sticky", "spill", "cold", "cost" or "" */
+/* "sticky", "spill", "cold", "cost", "session" or "" */
 const char *kv_route_why_name(kv_route_why_t why);
 
 #endif

@@ -12,17 +12,23 @@
 
 #define SHORT_WORD  48
 
-static const kv_tok_merge_t *merge_of(const kv_tokenizer_t *t, uint32_t a, uint32_t b)
+/* The rank of merging (a, b), UINT32_MAX if no merge applies. */
+static uint32_t merge_of(const kv_tokenizer_t *t, uint32_t a, uint32_t b)
 {
-    uint64_t key = (uint64_t) a << 32 | b, h = key * 0x9e3779b97f4a7c15ULL;
-    uint32_t i = (uint32_t) (h >> 32) & t->merges_mask;
+    uint64_t key, e;
+    uint32_t i;
 
-    for (;; i = (i + 1) & t->merges_mask) {
-        if (t->merges[i].key == key) {
-            return &t->merges[i];
+    if ((a | b) >> KV_TOK_ID_BITS) {
+        return UINT32_MAX;
+    }
+    key = kv_tok_merge_key(a, b);
+    for (i = kv_tok_merge_home(key, t->merges_mask);; i = (i + 1) & t->merges_mask) {
+        e = t->merges[i];
+        if ((e & ~KV_TOK_RANK_MASK) == key) {
+            return (uint32_t) (e & KV_TOK_RANK_MASK);
         }
-        if (t->merges[i].key == UINT64_MAX) {
-            return NULL;
+        if (e == UINT64_MAX) {
+            return UINT32_MAX;
         }
     }
 }
@@ -44,15 +50,12 @@ void kv_tokenizer_work(kv_tok_work_t *out, int reset)
  * two pairs it changed, so a word costs O(n) merge lookups. */
 static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t *out)
 {
-    uint32_t rank[SHORT_WORD], mid[SHORT_WORD];
+    uint32_t rank[SHORT_WORD];
     size_t   i, best;
-    const kv_tok_merge_t *m;
 
     work.symbols += n;
     for (i = 0; i + 1 < n; i++) {
-        m = merge_of(t, id[i], id[i + 1]);
-        rank[i] = m ? m->rank : UINT32_MAX;
-        mid[i] = m ? m->id : 0;
+        rank[i] = merge_of(t, id[i], id[i + 1]);
     }
     while (n > 1) {
         best = 0;
@@ -65,22 +68,17 @@ static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t
             break;
         }
         work.merges++;
-        id[best] = mid[best];
+        id[best] = t->merge_id[rank[best]];
         memmove(&id[best + 1], &id[best + 2], (n - best - 2) * sizeof(uint32_t));
         if (best + 2 < n) {
             memmove(&rank[best + 1], &rank[best + 2], (n - best - 3) * sizeof(uint32_t));
-            memmove(&mid[best + 1], &mid[best + 2], (n - best - 3) * sizeof(uint32_t));
         }
         n--;
         if (best > 0) {
-            m = merge_of(t, id[best - 1], id[best]);
-            rank[best - 1] = m ? m->rank : UINT32_MAX;
-            mid[best - 1] = m ? m->id : 0;
+            rank[best - 1] = merge_of(t, id[best - 1], id[best]);
         }
         if (best + 1 < n) {
-            m = merge_of(t, id[best], id[best + 1]);
-            rank[best] = m ? m->rank : UINT32_MAX;
-            mid[best] = m ? m->id : 0;
+            rank[best] = merge_of(t, id[best], id[best + 1]);
         }
     }
     for (i = 0; i < n; i++) {
@@ -302,18 +300,18 @@ static void cur_insert(bq_t *q, uint32_t pos)
 
 static void bq_consider(bq_t *q, uint32_t l, uint32_t r)
 {
-    const kv_tok_merge_t *m = merge_of(q->t, q->sym[l].id, q->sym[r].id);
+    uint32_t rank = merge_of(q->t, q->sym[l].id, q->sym[r].id);
 
-    if (m == NULL) {
+    if (rank == UINT32_MAX) {
         return;
     }
     work.queue_ops++;
-    if ((int64_t) m->rank > q->rank) {
-        bucket_push(q, m->rank, l);
-    } else if ((int64_t) m->rank == q->rank) {
+    if ((int64_t) rank > q->rank) {
+        bucket_push(q, rank, l);
+    } else if ((int64_t) rank == q->rank) {
         cur_insert(q, l);
     } else {
-        low_push(q, (uint64_t) m->rank << 32 | l);
+        low_push(q, (uint64_t) rank << 32 | l);
     }
 }
 
@@ -411,7 +409,6 @@ static int merge_long(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t 
     }
     work.symbols += n;
     for (;;) {
-        const kv_tok_merge_t *m;
 
         if (q.oom) {
             goto done;
@@ -433,12 +430,11 @@ static int merge_long(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t 
         if (y[pos].id == DEAD || nx == NONE) {
             continue;
         }
-        m = merge_of(t, y[pos].id, y[nx].id);
-        if (m == NULL || m->rank != rank) {
+        if (merge_of(t, y[pos].id, y[nx].id) != rank) {
             continue;
         }
         work.merges++;
-        y[pos].id = m->id;
+        y[pos].id = t->merge_id[rank];
         y[pos].next = y[nx].next;
         if (y[nx].next != NONE) {
             y[y[nx].next].prev = pos;

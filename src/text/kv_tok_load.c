@@ -219,7 +219,7 @@ static int add_merge(kv_tokenizer_t *t, const char *a, size_t al, const char *b,
 {
     char     buf[1024];
     int64_t  ia = kv_tok_map_get(t, a, al), ib = kv_tok_map_get(t, b, bl), im;
-    uint64_t key, h;
+    uint64_t key;
     uint32_t i;
 
     if (al + bl > sizeof(buf)) {
@@ -232,16 +232,14 @@ static int add_merge(kv_tokenizer_t *t, const char *a, size_t al, const char *b,
         return refuse(l, "merge %u (\"%.*s\" \"%.*s\") names a token not in the vocab",
                       rank, (int) al, a, (int) bl, b);
     }
-    key = (uint64_t) ia << 32 | (uint64_t) ib;
-    h = key * 0x9e3779b97f4a7c15ULL;
-    for (i = (uint32_t) (h >> 32) & t->merges_mask;; i = (i + 1) & t->merges_mask) {
-        if (t->merges[i].key == key) {
+    key = kv_tok_merge_key((uint32_t) ia, (uint32_t) ib);
+    for (i = kv_tok_merge_home(key, t->merges_mask);; i = (i + 1) & t->merges_mask) {
+        if ((t->merges[i] & ~KV_TOK_RANK_MASK) == key) {
             return 0;           /* the first (lowest rank) wins */
         }
-        if (t->merges[i].key == UINT64_MAX) {
-            t->merges[i].key = key;
-            t->merges[i].rank = rank;
-            t->merges[i].id = (uint32_t) im;
+        if (t->merges[i] == UINT64_MAX) {
+            t->merges[i] = key | rank;
+            t->merge_id[rank] = (uint32_t) im;
             return 0;
         }
     }
@@ -251,18 +249,25 @@ static int load_merges(kv_tokenizer_t *t, json_t *merges, load_t *l)
 {
     size_t n = json_array_size(merges), cap, i;
 
-    for (cap = 1024; cap < 2 * n; cap *= 2) {
+    if (n >= (1u << KV_TOK_RANK_BITS) || t->vocab_size >= (1u << KV_TOK_ID_BITS) - 1) {
+        return refuse(l, "%zu merges over a vocab of %u ids: at most %u merges and %u ids "
+                      "are supported", n, t->vocab_size, (1u << KV_TOK_RANK_BITS) - 1,
+                      (1u << KV_TOK_ID_BITS) - 2);
+    }
+    /* load at most 0.8 (0.58 for Qwen2.5): probes stay within a line or two */
+    for (cap = 1024; cap * 4 < 5 * n; cap *= 2) {
         /* void */
     }
     t->merges = malloc(cap * sizeof(kv_tok_merge_t));
-    if (t->merges == NULL) {
+    t->merge_id = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (t->merges == NULL || t->merge_id == NULL) {
         return refuse(l, "out of memory");
     }
-    t->memory += cap * sizeof(kv_tok_merge_t);
+    t->memory += cap * sizeof(kv_tok_merge_t) + n * sizeof(uint32_t);
     t->merges_mask = (uint32_t) cap - 1;
     t->n_merges = (uint32_t) n;
     for (i = 0; i < cap; i++) {
-        t->merges[i].key = UINT64_MAX;
+        t->merges[i] = UINT64_MAX;
     }
     for (i = 0; i < n; i++) {
         json_t *m = json_array_get(merges, i);
@@ -760,6 +765,7 @@ void kv_tokenizer_free(kv_tokenizer_t *t)
     free(t->words.slots);
     free(t->words_arena);
     free(t->merges);
+    free(t->merge_id);
     free(t->added);
     free(t->is_special);
     free(t->prefix_ids);

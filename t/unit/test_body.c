@@ -54,6 +54,76 @@ TEST(id_prompts)
     kv_body_free(&b);
 }
 
+/* Id arrays in every spacing and with every defect: the fast loop of
+ * kv_body.c and the general scanner it hands odd items to agree. */
+TEST(id_arrays_every_spacing)
+{
+    static const char *seps[] = { ",", ", ", " ,", " , ", ",\n", ",  ", "\t,", ",\r\n " };
+    static const char *defects[] = { "-5", "1.5", "4294967296", "1e2", "", "1 2", "x", "01.0",
+                                     "99999999999", "-0" };
+    uint64_t  x = 88172645463325252ULL;
+    char     *buf = malloc(1 << 16);
+    uint32_t  want[600];
+    size_t    round, i, n, len;
+    kv_body_t b;
+
+    for (round = 0; round < 3000; round++) {
+        int bad = round % 3 == 2, at;
+
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        n = x % 600;
+        at = n ? (int) ((x >> 20) % n) : -1;
+        len = (size_t) sprintf(buf, "{\"prompt\":[%s", x >> 40 & 1 ? " " : "");
+        for (i = 0; i < n; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            want[i] = (uint32_t) (x % 5 == 0 ? x >> 32 : x % 3 == 0 ? x % 10 : x % 152000);
+            if (i) {
+                len += (size_t) sprintf(buf + len, "%s", x % 4 ? seps[x >> 8 & 1] : seps[x >> 8 & 7]);
+            }
+            if (bad && (int) i == at) {
+                len += (size_t) sprintf(buf + len, "%s", defects[x >> 12 & 7 ? (x >> 16) % 10 : 0]);
+            } else {
+                len += (size_t) sprintf(buf + len, x % 17 == 0 ? "00%u" : "%u", want[i]);
+            }
+        }
+        len += (size_t) sprintf(buf + len, "%s]}", x >> 41 & 1 ? " " : "");
+        if (parse(&b, buf) != (bad && n ? -1 : 0)) {
+            fprintf(stderr, "  round %zu: %s\n", round, buf);
+            CHECK(0);
+            kv_body_free(&b);
+            break;
+        }
+        if (!(bad && n)) {
+            CHECK_EQ_U64(b.n_ids, n);
+            for (i = 0; i < n && i < b.n_ids; i++) {
+                if (b.ids[i] != want[i]) {
+                    fprintf(stderr, "  round %zu id %zu: %u, want %u\n", round, i, b.ids[i], want[i]);
+                    CHECK(0);
+                    break;
+                }
+            }
+        }
+        kv_body_free(&b);
+        /* cut short anywhere: an error, never a crash */
+        buf[x % (len + 1)] = '\0';
+        if (strlen(buf) < len) {
+            CHECK(parse(&b, buf) == -1);
+            kv_body_free(&b);
+        }
+    }
+    /* a trailing comma and a missing one, at the fast loop's edges */
+    CHECK(parse(&b, "{\"prompt\":[1,2,]}") == -1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":[1,2 3]}") == -1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":[,1]}") == -1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":[0000000001,00000000001,4294967295]}") == 0);
+    CHECK(b.n_ids == 3 && b.ids[0] == 1 && b.ids[1] == 1 && b.ids[2] == 4294967295u);
+    kv_body_free(&b);
+    free(buf);
+}
+
 TEST(messages_span)
 {
     kv_body_t b;
@@ -107,11 +177,37 @@ TEST(no_prompt)
     kv_body_free(&b);
 }
 
+/* Session hints: strings hashed (escapes undone first), other types and
+ * empty strings ignored, both fields kept apart. */
+TEST(session_hints)
+{
+    kv_body_t b;
+
+    CHECK(parse(&b, "{\"prompt\":\"x\",\"user\":\"alice\","
+                    "\"prompt_cache_key\":\"conv-\\u0031\"}") == 0);
+    CHECK(b.user == kv_body_session_key("alice", 5));
+    CHECK(b.cache_key == kv_body_session_key("conv-1", 6));
+    CHECK(b.user != 0 && b.cache_key != 0 && b.user != b.cache_key);
+    kv_body_free(&b);
+
+    CHECK(parse(&b, "{\"user\":42,\"prompt_cache_key\":null,\"prompt\":[1]}") == 0);
+    CHECK(b.user == 0 && b.cache_key == 0);
+    kv_body_free(&b);
+
+    CHECK(parse(&b, "{\"user\":\"\"}") == 0);
+    CHECK(b.user == 0);
+    kv_body_free(&b);
+    CHECK(kv_body_session_key(NULL, 0) == 0);
+    CHECK(kv_body_session_key("a", 1) == kv_body_session_key("ab", 1));
+}
+
 int main(void)
 {
+    RUN(session_hints);
     RUN(text_prompt_and_fields);
     RUN(unicode_escapes);
     RUN(id_prompts);
+    RUN(id_arrays_every_spacing);
     RUN(messages_span);
     RUN(malformed_rejected);
     RUN(deep_nesting_refused);

@@ -375,8 +375,25 @@ TEST(msgpack_malformed)
     kv_event_batch_free(&b);
 }
 
+/* Events with no block and no hash at all: their arrays are NULL, never
+ * NULL + 0 (undefined behaviour found by fuzz_event_json; UBSan here). */
+TEST(json_empty_stored_and_removed)
+{
+    kv_event_batch_t b;
+
+    kv_event_batch_init(&b);
+    CHECK(json(&b, "{\"worker_id\":1,\"event\":{\"event_id\":1,\"data\":{\"stored\":"
+                   "{\"parent_hash\":null,\"blocks\":[]}}}}") == 0);
+    CHECK(b.n_events == 1 && b.events[0].n_blocks == 0);
+    CHECK(json(&b, "{\"worker_id\":1,\"event\":{\"event_id\":2,\"data\":{\"removed\":"
+                   "{\"block_hashes\":[]}}}}") == 0);
+    CHECK(b.n_events == 1 && b.events[0].n_hashes == 0);
+    kv_event_batch_free(&b);
+}
+
 int main(void)
 {
+    RUN(json_empty_stored_and_removed);
     RUN(json_newer_stored_removed_cleared);
     RUN(json_older_shape);
     RUN(json_batch_and_tiers);

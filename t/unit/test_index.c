@@ -309,28 +309,29 @@ TEST(match_leading_run_per_worker)
     free(ix);
 }
 
-/* Once no worker holds block i, match stops: it may read 16 more hashes to
- * prefetch (kv_index.h), no further; the rest of the request lies on a
- * page that faults. */
+/* Once no worker holds block i, match stops: it may read 64 more hashes to
+ * prefetch (kv_index.h; 16 for the walk), no further; the rest of the
+ * request lies on a page that faults. */
 TEST(match_exits_early)
 {
     kv_index_t  *ix = make(1 << 20, NULL);
     long         pg = sysconf(_SC_PAGESIZE);
     char        *mem = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE,
                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    uint64_t    *seq = (uint64_t *) (void *) (mem + pg) - 20;
+    uint64_t    *seq = (uint64_t *) (void *) (mem + pg) - 68;
     kv_overlap_t out[4];
     int          a;
 
     CHECK(mem != MAP_FAILED);
-    for (int i = 0; i < 20; i++) {
-        seq[i] = 50 + (uint64_t) i;
+    for (int i = 0; i < 68; i++) {
+        seq[i] = i ? kv_hash_chain(seq[i - 1], (uint64_t) i) : 50;
     }
     CHECK(mprotect(mem + pg, pg, PROT_NONE) == 0);
     a = kv_index_worker_add(ix, 1, 0);
-    kv_index_record(ix, (uint32_t) a, seq, 3, 1000);
+    kv_index_record_at(ix, (uint32_t) a, seq, 0, 3, 1000);
     CHECK_EQ_U64(kv_index_match(ix, seq, 256, out, 4), 1);
     CHECK_EQ_U64(out[0].blocks, 3);
+    CHECK_EQ_U64(kv_index_match_walk(ix, seq + 48, 208, out, 4), 0);
     munmap(mem, 2 * pg);
     free(ix);
 }
@@ -441,7 +442,7 @@ TEST(open_on_reuse)
  */
 #define CW        8         /* workers */
 #define CCHAINS   256
-#define CLEN      24
+#define CLEN      72        /* over 32: the reader takes the jump path */
 
 typedef struct {
     _Atomic int         done;
@@ -526,6 +527,12 @@ static void writer(kv_index_t *ix, shared_t *sh)
         } else {
             int cut = (int) (r >> 12) % held[c][w];
 
+            if ((r >> 20) % 4 == 0) {
+                /* one block from the middle: a hole, the rest stays held */
+                remove_hashes(ix, (uint64_t) w, 0, &seq[cut], 1);
+                held[c][w] = (uint8_t) cut;
+                continue;
+            }
             /* tail first, as engines evict */
             for (int i = held[c][w] - 1; i >= cut; i--) {
                 remove_hashes(ix, (uint64_t) w, 0, &seq[i], 1);
@@ -620,6 +627,268 @@ TEST(concurrent_reader_sees_consistent_overlaps)
     munmap(mem, size + 4096);
 }
 
+
+/* --- the jump match against the walk (kv_index_match vs _match_walk) ---- */
+
+#define D_DOCS  48
+#define D_LEN   150
+
+typedef struct {
+    uint64_t    tok[D_DOCS][D_LEN];
+    uint64_t    seq[D_DOCS][D_LEN];
+    uint64_t    rng;
+} docs_t;
+
+static uint64_t d_rnd(docs_t *d)
+{
+    d->rng ^= d->rng << 13;
+    d->rng ^= d->rng >> 7;
+    d->rng ^= d->rng << 17;
+    return d->rng;
+}
+
+/* Documents that share prefixes with earlier ones and branch at random
+ * points; tokens from a tiny alphabet, so chains also meet again in
+ * places, and roots 0..3 (keys 0 and 1 share an index key with 2 and 3). */
+static void d_make(docs_t *d)
+{
+    int i, k, from, src;
+
+    for (i = 0; i < D_DOCS; i++) {
+        src = i ? (int) (d_rnd(d) % (uint64_t) i) : 0;
+        from = i ? (int) (d_rnd(d) % D_LEN) : 0;
+        for (k = 0; k < D_LEN; k++) {
+            d->tok[i][k] = k < from ? d->tok[src][k] : d_rnd(d) % 4;
+            d->seq[i][k] = k == 0 ? d->tok[i][0] : kv_hash_chain(d->seq[i][k - 1], d->tok[i][k]);
+        }
+    }
+}
+
+/* One query: both matches must give the same slots, blocks and order. */
+static int d_same(kv_index_t *ix, const uint64_t *seq, size_t n, size_t cap)
+{
+    kv_overlap_t a[128], b[128];
+    size_t       na, nb, i;
+
+    na = kv_index_match(ix, seq, n, a, cap);
+    nb = kv_index_match_walk(ix, seq, n, b, cap);
+    if (na != nb) {
+        fprintf(stderr, "  n %zu cap %zu: jump %zu entries, walk %zu\n", n, cap, na, nb);
+        return 0;
+    }
+    for (i = 0; i < na; i++) {
+        if (a[i].slot != b[i].slot || a[i].blocks != b[i].blocks) {
+            fprintf(stderr, "  n %zu: entry %zu: jump slot %u blocks %u, walk slot %u blocks %u\n",
+                    n, i, a[i].slot, a[i].blocks, b[i].slot, b[i].blocks);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Random stores (whole chains and continuations), removals anywhere in a
+ * chain (holes), forgets, records with and without a known parent, worker
+ * clears and removals, evictions in a small table, expiry; after each
+ * step, queries of every kind compared with the walk. */
+static void d_run(uint64_t seed, size_t size, uint32_t max_workers, int approximate,
+                  int steps, uint64_t *checked, uint64_t *holes_seen, uint64_t *evicted,
+                  uint64_t *jumped)
+{
+    kv_index_config_t cfg = { .max_workers = max_workers, .approximate = approximate,
+                              .ttl_ms = 50, .max_blocks = 1 << 20 };
+    kv_index_t       *ix = make(size ? size : kv_index_min_size(&cfg), &cfg);
+    docs_t           *d = calloc(1, sizeof(*d));
+    kv_index_stats_t  st;
+    uint64_t          now = 1000, q[D_LEN], nw = max_workers < 90 ? max_workers : 90;
+    int               step, k, bad = 0;
+
+    d->rng = seed;
+    d_make(d);
+    for (step = 0; step < steps && !bad; step++) {
+        uint64_t w = 1 + d_rnd(d) % nw, r = d_rnd(d) % 100;
+        int      doc = (int) (d_rnd(d) % D_DOCS), from, len, slot;
+
+        from = (int) (d_rnd(d) % D_LEN);
+        len = 1 + (int) (d_rnd(d) % (D_LEN - from));
+        now += d_rnd(d) % 3;
+        if (r < 40) {
+            /* a store continuing wherever (dropped if the parent is not held) */
+            if (d_rnd(d) % 4 == 0) {
+                from = 0;
+            }
+            store(ix, w, 0, from > 0, from > 0 ? d->seq[doc][from - 1] : 0,
+                  &d->seq[doc][from], &d->tok[doc][from], (size_t) len);
+        } else if (r < 62) {
+            /* removals anywhere: one block, a run, or scattered blocks */
+            uint64_t h[8];
+            int      m = 1 + (int) (d_rnd(d) % 8);
+
+            for (k = 0; k < m; k++) {
+                h[k] = d->seq[doc][r % 2 ? (from + k) % D_LEN : (int) (d_rnd(d) % D_LEN)];
+            }
+            remove_hashes(ix, w, 0, h, (size_t) m);
+        } else if (r < 77) {
+            slot = kv_index_worker_add(ix, w, 0);
+            if (slot >= 0) {
+                kv_index_record_at(ix, (uint32_t) slot, d->seq[doc], (size_t) from,
+                                   (size_t) (from + len), now);
+            }
+        } else if (r < 85) {
+            slot = kv_index_worker_find(ix, w, 0);
+            if (slot >= 0) {
+                kv_index_forget(ix, (uint32_t) slot, &d->seq[doc][from], (size_t) len);
+            }
+        } else if (r < 87) {
+            /* the old record late in a run: seq[0]'s parent unknown, the slot
+             * may go lost (matches walk until it is cleared) */
+            slot = kv_index_worker_add(ix, w, 0);
+            if (slot >= 0 && step > steps * 3 / 4) {
+                kv_index_record(ix, (uint32_t) slot, &d->seq[doc][from], (size_t) len, now);
+            }
+        } else if (r < 89) {
+            kv_event_t ev = { .worker_id = w, .kind = KV_EVENT_CLEARED };
+
+            kv_index_apply(ix, &ev, now, err, sizeof(err));
+        } else if (r < 91) {
+            kv_index_worker_remove(ix, w);
+            if (d_rnd(d) % 2) {
+                kv_index_reap(ix);
+            }
+        } else if (r < 93) {
+            now += approximate ? 30 : 0;
+            kv_index_expire(ix, now);
+        } else {
+            /* a burst: one worker stores a whole document */
+            store(ix, w, 0, 0, 0, d->seq[doc], d->tok[doc], D_LEN);
+        }
+        kv_index_stats(ix, &st);
+        *holes_seen += st.holes > 0;
+        *jumped += st.lost_slots == 0;
+        for (k = 0; k < 6 && !bad; k++) {
+            int    dd = (int) (d_rnd(d) % D_DOCS), n = 1 + (int) (d_rnd(d) % D_LEN), j, cut;
+            size_t cap = 1 + d_rnd(d) % 70;
+
+            if (k == 0) {
+                n = D_LEN;
+            }
+            if (!d_same(ix, d->seq[dd], (size_t) n, cap)) {
+                bad = 1;
+                break;
+            }
+            /* the same document diverging at a random block */
+            memcpy(q, d->seq[dd], sizeof(q));
+            cut = (int) (d_rnd(d) % D_LEN);
+            for (j = cut; j < D_LEN; j++) {
+                q[j] = kv_hash_chain(j ? q[j - 1] : 7, 1000 + d_rnd(d) % 2);
+            }
+            if (!d_same(ix, q, D_LEN, 128)) {
+                bad = 1;
+            }
+            *checked += 2;
+        }
+    }
+    if (bad) {
+        fprintf(stderr, "  seed %llu size %zu workers %u approximate %d: differs at step %d\n",
+                (unsigned long long) seed, size, max_workers, approximate, step);
+    }
+    CHECK(!bad);
+    kv_index_stats(ix, &st);
+    *evicted += st.evicted + st.pruned + st.expired;
+    free(d);
+    free(ix);
+}
+
+TEST(match_jump_equals_walk_randomized)
+{
+    uint64_t checked = 0, holes = 0, evicted = 0, jumped = 0, seed;
+
+    for (seed = 1; seed <= 6; seed++) {
+        d_run(seed, 8u << 20, 16, 0, 1500, &checked, &holes, &evicted, &jumped);   /* no eviction */
+        d_run(seed * 77, 0, 16, 0, 1500, &checked, &holes, &evicted, &jumped);     /* smallest: evicts */
+        d_run(seed * 131, 8u << 20, 100, 0, 800, &checked, &holes, &evicted, &jumped); /* 2 words, aliased kids */
+        d_run(seed * 997, 0, 8, 1, 1500, &checked, &holes, &evicted, &jumped);     /* approximate, TTL */
+    }
+    printf("  %llu queries compared, %llu steps with holes listed, %llu with no slot lost "
+           "(jumps taken), %llu blocks evicted/expired\n",
+           (unsigned long long) checked, (unsigned long long) holes,
+           (unsigned long long) jumped, (unsigned long long) evicted);
+    CHECK(holes > 0);
+    CHECK(jumped > 1000);
+    CHECK(evicted > 0);
+}
+
+/* The hole table overflows: its slot is marked lost and matches walk. */
+TEST(match_hole_table_overflow_walks)
+{
+    kv_index_config_t cfg = { .max_workers = 4 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[64], seq[64], h;
+    int               i, s;
+
+    /* 300 chains of 64 blocks, each with a hole at block 10: the table
+     * (256 keys, 3/4 usable) cannot list them all */
+    for (i = 0; i < 300; i++) {
+        chain((uint64_t) (i + 1) << 24, 64, tok, seq);
+        store(ix, 1, 0, 0, 0, seq, tok, 64);
+        h = seq[10];
+        remove_hashes(ix, 1, 0, &h, 1);
+    }
+    kv_index_stats(ix, &st);
+    CHECK(st.lost_slots == 1);
+    s = kv_index_worker_find(ix, 1, 0);
+    /* the last chain is held (the smallest table evicts older ones) */
+    CHECK_EQ_U64(overlap(ix, s, seq, 64), 10);
+    CHECK(d_same(ix, seq, 64, 8));
+    /* a Cleared event empties the slot: nothing lost any more */
+    {
+        kv_event_t ev = { .worker_id = 1, .kind = KV_EVENT_CLEARED };
+
+        kv_index_apply(ix, &ev, 1000, err, sizeof(err));
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.lost_slots, 0);
+    CHECK_EQ_U64(st.holes, 0);
+    free(ix);
+}
+
+/* Holes are found where the jump would skip: a worker holding 0..99 but
+ * block 40, and a worker filling it again. */
+TEST(match_jump_sees_holes)
+{
+    kv_index_t  *ix = make(1 << 22, NULL);
+    uint64_t     tok[100], seq[100], h;
+    int          a;
+
+    chain(1 << 20, 100, tok, seq);
+    store(ix, 1, 0, 0, 0, seq, tok, 100);
+    a = kv_index_worker_find(ix, 1, 0);
+    CHECK_EQ_U64(overlap(ix, a, seq, 100), 100);
+    h = seq[40];
+    remove_hashes(ix, 1, 0, &h, 1);
+    CHECK_EQ_U64(overlap(ix, a, seq, 100), 40);
+    /* the hole filled: the whole chain again, and no hole listed */
+    store(ix, 1, 0, 1, seq[39], &seq[40], &tok[40], 1);
+    CHECK_EQ_U64(overlap(ix, a, seq, 100), 100);
+    {
+        kv_index_stats_t st;
+
+        kv_index_stats(ix, &st);
+        CHECK_EQ_U64(st.holes, 0);
+    }
+    /* block 40's entry was freed and made again: it still knows block 41
+     * is a child of worker 1, so losing it again lists the hole again */
+    remove_hashes(ix, 1, 0, &h, 1);
+    CHECK_EQ_U64(overlap(ix, a, seq, 100), 40);
+    /* record_at after a held prefix, and over a gap */
+    kv_index_record_at(ix, (uint32_t) a, seq, 0, 50, 1000);
+    kv_index_forget(ix, (uint32_t) a, &seq[20], 1);
+    CHECK_EQ_U64(overlap(ix, a, seq, 100), 20);
+    kv_index_record_at(ix, (uint32_t) a, seq, 20, 21, 1000);
+    CHECK_EQ_U64(overlap(ix, a, seq, 100), 100);
+    free(ix);
+}
+
 int main(void)
 {
     RUN(stored_kvworker_style);
@@ -635,6 +904,9 @@ int main(void)
     RUN(approximate_ttl_expire);
     RUN(approximate_prune_to_ratio);
     RUN(open_on_reuse);
+    RUN(match_jump_equals_walk_randomized);
+    RUN(match_hole_table_overflow_walks);
+    RUN(match_jump_sees_holes);
     RUN(concurrent_reader_sees_consistent_overlaps);
     return kvt_done();
 }

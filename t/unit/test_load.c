@@ -1,6 +1,7 @@
 /* Shared load table: names, rows, release, reaping a dead process's load. */
 #include <signal.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -265,8 +266,35 @@ TEST(order_survives_a_killed_holder)
     munmap(mem, sz);
 }
 
+/* A time to first byte with a fixed part: the fit finds it, and the rate
+ * is that of the tokens alone; tokens all alike leave the plain ratio. */
+TEST(learned_prefill_line)
+{
+    size_t     sz = kv_load_size(4, 2, 1);
+    void      *mem = calloc(1, sz);
+    kv_load_t *ld = kv_load_init(mem, sz, 4, 2, 1, 0);
+    kv_load_server_t s;
+    int        a = kv_load_server(ld, "u/a", 3);
+    int        b = kv_load_server(ld, "u/b", 3);
+
+    for (int i = 0; i < 40; i++) {
+        double t = i % 2 ? 1000 : 100;
+
+        kv_load_learn_prefill(ld, a, t, 50 + t / 10);   /* base 50 ms, 10 tokens/ms */
+        kv_load_learn_prefill(ld, b, 256, 200);
+    }
+    kv_load_get(ld, a, &s);
+    CHECK(fabs(s.prefill_base - 50) < 1e-6);
+    CHECK(fabs(s.prefill_rate - 10) < 1e-6);
+    kv_load_get(ld, b, &s);
+    CHECK(s.prefill_base == 0);
+    CHECK(fabs(s.prefill_rate - 256.0 / 200) < 1e-9);
+    free(mem);
+}
+
 int main(void)
 {
+    RUN(learned_prefill_line);
     RUN(names_and_counts);
     RUN(dead_process_reaped);
     RUN(full_tables);

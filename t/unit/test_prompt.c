@@ -32,7 +32,7 @@ static char *body_of(const char *text, size_t len, int chat)
 static kv_prompt_status_t compute(const char *text, size_t len, int chat, size_t cap,
                                   kv_prompt_t *out)
 {
-    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, cap, NULL };
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, cap, NULL, 0 };
     char              *body = body_of(text, len, chat);
     kv_prompt_status_t st = kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, out);
 

@@ -2,6 +2,7 @@
  * several block sizes; salt; the fallbacks (test_prompt.c: max_tokenize). */
 #include <stdlib.h>
 #include "kvtest.h"
+#include "kv_body.h"
 #include "kv_hash.h"
 #include "kv_prompt.h"
 
@@ -28,7 +29,7 @@ TEST(token_ids_at_several_block_sizes)
         ids[i] = (uint32_t) (1000 + i);
     }
     for (size_t k = 0; k < 3; k++) {
-        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL };
+        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL, 0 };
         kv_prompt_t p;
         const char *b = ids_body(200, ",\"max_tokens\":7,\"stream\":true");
 
@@ -44,7 +45,7 @@ TEST(token_ids_at_several_block_sizes)
 
 TEST(salt_changes_every_hash)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0 };
     kv_prompt_t a, b, c;
     const char *body = ids_body(64, "");
     char        copy[65536];
@@ -66,7 +67,7 @@ TEST(salt_changes_every_hash)
 
 TEST(short_prompt_has_no_blocks)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL, 0 };
     kv_prompt_t p;
     const char *b = ids_body(63, "");
 
@@ -78,7 +79,7 @@ TEST(short_prompt_has_no_blocks)
 
 TEST(fallbacks_say_why)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0 };
     kv_prompt_t p;
     const char *b;
 
@@ -103,8 +104,80 @@ TEST(fallbacks_say_why)
     kv_prompt_free(&p);
 }
 
+/* The session: prompt_cache_key before user; neither: 0. The blocks do
+ * not depend on it. */
+TEST(session_precedence)
+{
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0 };
+    kv_prompt_t p;
+    char        copy[65536];
+
+    snprintf(copy, sizeof(copy), "%s", ids_body(32, ",\"user\":\"u1\",\"prompt_cache_key\":\"k1\""));
+    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK(p.session == kv_body_session_key("k1", 2));
+    kv_prompt_free(&p);
+    snprintf(copy, sizeof(copy), "%s", ids_body(32, ",\"user\":\"u1\""));
+    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK(p.session == kv_body_session_key("u1", 2));
+    kv_prompt_free(&p);
+    snprintf(copy, sizeof(copy), "%s", ids_body(32, ""));
+    CHECK(kv_prompt_compute(&cfg, copy, strlen(copy), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK(p.session == 0);
+    kv_prompt_free(&p);
+}
+
+/* salt_combine: the operator's salt is combined with the client's, the
+ * same (operator, client) always gives the same blocks, and no client salt
+ * reproduces another operator salt's blocks; every top-level cache_salt
+ * value (escaped keys and duplicates too) is recorded for the rewrite. */
+TEST(operator_salt_combined_not_overridden)
+{
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1 };
+    kv_prompt_t a, b, c, d;
+    char        body[65536], evil[65536];
+
+    snprintf(body, sizeof(body), "%s", ids_body(64, ""));
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), "tenantA", 7, &a) == KV_PROMPT_OK);
+    CHECK(a.salt_len == 9 && memcmp(a.salt, "7:tenantA", 9) == 0);
+    CHECK(a.n_salts == 0 && a.parsed && body[a.obj_open - 1] == '{');
+    /* tenant B's client tries to become tenant A: "tenantA" as its salt */
+    snprintf(evil, sizeof(evil), "%s",
+             ids_body(64, ",\"c\\u0061che_salt\":\"x\",\"cache_salt\":\"7:tenantA\""));
+    CHECK(kv_prompt_compute(&cfg, evil, strlen(evil), "tenantB", 7, &b) == KV_PROMPT_OK);
+    CHECK(b.n_salts == 2);
+    CHECK(memcmp(evil + b.salt_off[0], "\"x\"", 3) == 0 && b.salt_len_raw[0] == 3);
+    CHECK(memcmp(evil + b.salt_off[1], "\"7:tenantA\"", 11) == 0);
+    CHECK(b.salt_len == 10 && memcmp(b.salt, "7:tenantBx", 10) == 0);
+    /* with no operator salt at all (an empty $var), still not tenant A's */
+    CHECK(kv_prompt_compute(&cfg, evil, strlen(evil), "", 0, &c) == KV_PROMPT_OK);
+    CHECK(c.salt_len == 3 && memcmp(c.salt, "0:x", 3) == 0);
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), "tenantA", 7, &d) == KV_PROMPT_OK);
+    for (size_t i = 0; i < 4; i++) {
+        CHECK(a.seq[i] == d.seq[i]);
+        CHECK(a.seq[i] != b.seq[i] && a.seq[i] != c.seq[i]);
+    }
+    kv_prompt_free(&a);
+    kv_prompt_free(&b);
+    kv_prompt_free(&c);
+    kv_prompt_free(&d);
+
+    /* no operator salt and no client salt: no salt, the unsalted blocks */
+    kv_prompt_config_t plain = { NULL, NULL, NULL, 16, 0, NULL, 0 };
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), "", 0, &a) == KV_PROMPT_OK);
+    CHECK(kv_prompt_compute(&plain, body, strlen(body), NULL, 0, &b) == KV_PROMPT_OK);
+    CHECK(a.salt == NULL && a.nseq == 4 && memcmp(a.seq, b.seq, 4 * sizeof(uint64_t)) == 0);
+    kv_prompt_free(&a);
+    kv_prompt_free(&b);
+
+    char q[64];
+    size_t n = kv_prompt_json_string("a\"b\\c\n", 6, q);
+    CHECK(n == 15 && memcmp(q, "\"a\\\"b\\\\c\\u000a\"", 15) == 0);
+}
+
 int main(void)
 {
+    RUN(session_precedence);
+    RUN(operator_salt_combined_not_overridden);
     RUN(token_ids_at_several_block_sizes);
     RUN(salt_changes_every_hash);
     RUN(short_prompt_has_no_blocks);

@@ -175,8 +175,60 @@ TEST(killed_writer_repaired_on_takeover)
     free(mem);
 }
 
+/* The self-check: samples for the record's worker only; the verdict needs
+ * KV_SELFCHECK_MIN_SAMPLES informative ones; a new record starts clean. */
+TEST(selfcheck_samples_and_verdict)
+{
+    size_t size;
+    void *mem = region_for(4, &size);
+    char err[128];
+    kv_registry_t *reg = kv_registry_create(mem, size, 4, err, sizeof(err));
+    int i = kv_registry_add(reg, 7, 0);
+    kv_selfcheck_t sc;
+
+    kv_selfcheck_sample(reg, i, 8, 128, 0);         /* another worker's: ignored */
+    kv_selfcheck_sample(reg, i, 7, 0, 0);           /* no information */
+    kv_selfcheck_read(reg, i, &sc);
+    CHECK_EQ_U64(sc.worker_id, 7);
+    CHECK_EQ_U64(sc.samples, 1);
+    CHECK_EQ_U64(sc.window, 0);
+    for (int k = 0; k < KV_SELFCHECK_MIN_SAMPLES - 1; k++)
+        kv_selfcheck_sample(reg, i, 7, 128, 0);
+    kv_selfcheck_read(reg, i, &sc);
+    CHECK(kv_selfcheck_verdict(&sc) == KV_SELFCHECK_UNKNOWN);
+    kv_selfcheck_sample(reg, i, 7, 128, 0);
+    kv_selfcheck_read(reg, i, &sc);
+    CHECK_EQ_U64(sc.over, KV_SELFCHECK_MIN_SAMPLES);
+    CHECK(kv_selfcheck_verdict(&sc) == KV_SELFCHECK_DRIFT);
+
+    kv_selfcheck_restart(reg, i);
+    kv_selfcheck_note(reg, i, 1, 0, 1);
+    CHECK(kv_selfcheck_load_only(reg, i));
+    for (int k = 0; k < KV_SELFCHECK_MIN_SAMPLES; k++)
+        kv_selfcheck_sample(reg, i, 7, 128, 128);
+    kv_selfcheck_sample(reg, i, 7, 64, 80);         /* under; one small miss */
+    kv_selfcheck_read(reg, i, &sc);
+    CHECK_EQ_U64(sc.under, 1);
+    CHECK(kv_selfcheck_verdict(&sc) == KV_SELFCHECK_OK);
+    kv_selfcheck_note(reg, i, 0, 0, 0);
+    kv_selfcheck_read(reg, i, &sc);
+    CHECK_EQ_U64(sc.recoveries, 1);
+    CHECK_EQ_U64(sc.drifts, 1);
+    CHECK(!kv_selfcheck_load_only(reg, i));
+
+    /* a removed record's successor starts clean */
+    kv_registry_remove(reg, i);
+    CHECK(kv_registry_add(reg, 9, 0) == i);
+    kv_selfcheck_read(reg, i, &sc);
+    CHECK_EQ_U64(sc.worker_id, 9);
+    CHECK_EQ_U64(sc.samples, 0);
+    CHECK_EQ_U64(sc.drifts, 0);
+    free(mem);
+}
+
 int main(void)
 {
+    RUN(selfcheck_samples_and_verdict);
     RUN(records_add_find_remove);
     RUN(seqlock_readers_never_torn);
     RUN(lease_excludes_live_and_takes_over_dead);

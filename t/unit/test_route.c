@@ -31,7 +31,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)
 {
-    kv_route_request_t rq = { blocks * bs, seq, blocks, 0 };
+    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0 };
 
     return rq;
 }
@@ -151,7 +151,7 @@ TEST(ttft_cold_rendezvous_agrees)
 
     for (uint64_t first = 1; first <= 64; first++) {
         uint64_t q[2] = { first * 7919, 5 };
-        kv_route_request_t rq = { 32, q, 2, 0 };
+        kv_route_request_t rq = { 32, q, 2, 0, 0 };
         int a, b;
 
         idle(s, 4);
@@ -293,7 +293,7 @@ TEST(busy_and_none)
 TEST(the_attempt_adds)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
-    kv_route_request_t rq = { 100, seq, 3, 0 };
+    kv_route_request_t rq = { 100, seq, 3, 0, 0 };
     kv_route_server_t s[1];
     kv_route_result_t r;
 
@@ -309,8 +309,184 @@ TEST(the_attempt_adds)
     CHECK_STR(kv_route_why_name(r.why), "sticky");
 }
 
+/* No reuse anywhere: the cold cost. With the learned fixed part of a
+ * prefill (base 160 ms, 40 ms per 256 tokens), a short prompt joins the
+ * prefill queued on a server (no new fixed stall for its streams) rather
+ * than start a new one on a server with as many streams; with equal queues
+ * the fewest requests win (least_conn's choice); a long queue is avoided.
+ * Block sizes 16-64. */
+TEST(no_reuse_cold_cost)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(256 / bs, bs);
+        kv_route_server_t s[3];
+        kv_route_result_t r;
+
+        cfg.decode_pace = 30;
+        idle(s, 3);
+        for (int i = 0; i < 3; i++) {
+            s[i].prefill_rate = 256.0 / 40;
+            s[i].prefill_base = 160;
+            s[i].decode_pace = 30;
+            s[i].requests = 8;
+        }
+        s[0].requests = 9;
+        s[2].prefill_tokens = 256;              /* one short prompt queued */
+        /* 2: 160 + 80 + 8 x 40 = 560; 1: 200 + 8 x 200 = 1800 */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        CHECK(fabs(s[2].cold - 560) < 1e-9 && fabs(s[1].cold - 1800) < 1e-9);
+        CHECK(fabs(r.estimate - (160 + 80)) < 1e-9);
+        /* nothing queued anywhere: the fewest requests */
+        s[2].prefill_tokens = 0;
+        s[2].requests = 9;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 1);
+        /* a long queue: 160 + 40 x 41 + 9 x 40 = 2160 > 1800 */
+        s[2].requests = 8;
+        s[2].prefill_tokens = 40 * 256;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 1);
+    }
+}
+
+static int home_of(uint64_t session, kv_route_server_t *s, size_t n, uint32_t bs)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+    kv_route_request_t rq = request(4, bs);
+    kv_route_result_t r;
+
+    rq.session = session;
+    kv_route_pick(s, n, &rq, &cfg, 0, &r);
+    return r.why == KV_ROUTE_WHY_SESSION ? r.pick : -1;
+}
+
+/* A session with no known prefix goes to its home, the same whatever the
+ * first block, the server order or the router; sessions spread. */
+TEST(session_home_is_stable_and_spread)
+{
+    kv_route_server_t s[5], t[5];
+    int seen[5] = { 0 };
+
+    for (uint64_t session = 1; session <= 100; session++) {
+        int a, b, c;
+
+        idle(s, 5);
+        a = home_of(session * 0x9e3779b97f4a7c15ULL, s, 5, 64);
+        CHECK(a >= 0);
+        for (int i = 0; i < 5; i++) {
+            t[i] = s[4 - i];
+        }
+        b = home_of(session * 0x9e3779b97f4a7c15ULL, t, 5, 16);
+        CHECK(b >= 0 && s[a].id == t[b].id);
+        /* other load below saturation leaves it home */
+        idle(s, 5);
+        s[(a + 1) % 5].requests = 3;
+        s[a].requests = 2;
+        c = home_of(session * 0x9e3779b97f4a7c15ULL, s, 5, 32);
+        CHECK(c == a);
+        seen[a]++;
+    }
+    for (int i = 0; i < 5; i++) {
+        CHECK(seen[i] >= 8);
+    }
+}
+
+/* Saturated home: the next server in the session's order, the same every
+ * time; back home once it is not saturated. */
+TEST(session_saturated_home_passes_to_next)
+{
+    kv_route_server_t s[6];
+    uint64_t session = 0xfeedULL;
+    int home, next = -1;
+
+    idle(s, 6);
+    home = home_of(session, s, 6, 64);
+    for (int k = 0; k < 8; k++) {
+        idle(s, 6);
+        s[home].requests = 20;          /* mean 3.3: above 1.25 x mean + 1 */
+        int p = home_of(session, s, 6, 64);
+        CHECK(p >= 0 && p != home);
+        if (next < 0) {
+            next = p;
+        }
+        CHECK(p == next);
+    }
+    idle(s, 6);
+    for (int i = 0; i < 6; i++) {
+        s[i].requests = 2;
+    }
+    s[home].requests = 3;               /* mean 2.2: 3 <= 1.25 x 2.2 + 1 */
+    CHECK(home_of(session, s, 6, 64) == home);
+}
+
+/* The prefix index comes first: a longer cached prefix elsewhere beats the
+ * home; an equal one goes home; a known prefix spill beats the session. */
+TEST(session_after_the_prefix_index)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(8, bs);
+        kv_route_server_t s[4];
+        kv_route_result_t r;
+        int home, other;
+
+        rq.session = 77;
+        idle(s, 4);
+        home = home_of(77, s, 4, bs);
+        other = (home + 1) % 4;
+
+        idle(s, 4);
+        s[other].overlap_index = 3;
+        s[home].overlap_index = 2;
+        CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == other);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+
+        s[home].overlap_index = 3;
+        s[(home + 2) % 4].overlap_index = 3;
+        CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == home);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+
+        /* only a saturated server holds it: spill by the prefix, not home */
+        idle(s, 4);
+        s[other].overlap_index = 8;
+        s[other].requests = 40;
+        kv_route_pick(s, 4, &rq, &cfg, 0, &r);
+        CHECK(r.why == KV_ROUTE_WHY_SPILL);
+        CHECK_STR(kv_route_why_name(KV_ROUTE_WHY_SESSION), "session");
+    }
+}
+
+/* Events mode after an event gap: the worker's index state is not trusted,
+ * so nobody is known to hold the session's history; its home takes the
+ * turn (warm there), not a cold placement elsewhere. */
+TEST(session_warm_start_after_an_event_gap)
+{
+    kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
+    kv_route_request_t rq = request(8, 32);
+    kv_route_server_t s[4];
+    kv_route_result_t r;
+    int home;
+
+    idle(s, 4);
+    home = home_of(4242, s, 4, 32);
+    idle(s, 4);
+    s[home].overlap_index = 8;
+    s[home].trusted = 0;
+    s[(home + 1) % 4].requests = 0;
+    s[home].requests = 1;
+    rq.session = 4242;
+    CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == home);
+    CHECK(r.why == KV_ROUTE_WHY_SESSION && r.overlap == 0);
+    rq.session = 0;
+    kv_route_pick(s, 4, &rq, &cfg, 0, &r);
+    CHECK(r.why == KV_ROUTE_WHY_COLD && r.pick != home);
+}
+
 int main(void)
 {
+    RUN(session_warm_start_after_an_event_gap);
     RUN(dynamo_threshold_scales_with_block_size);
     RUN(dynamo_ties_go_to_the_smaller_tree);
     RUN(ttft_sticky_until_saturated);
@@ -323,5 +499,9 @@ int main(void)
     RUN(untrusted_index_pending_still_counts);
     RUN(busy_and_none);
     RUN(the_attempt_adds);
+    RUN(no_reuse_cold_cost);
+    RUN(session_home_is_stable_and_spread);
+    RUN(session_saturated_home_passes_to_next);
+    RUN(session_after_the_prefix_index);
     return kvt_done();
 }

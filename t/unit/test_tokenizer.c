@@ -142,6 +142,9 @@ TEST(refuses_what_it_does_not_support)
         { "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"added_tokens\":"
           "[{\"id\":1,\"content\":\"x\",\"single_word\":true}]}", "single_word" },
         { "not json", "tokenizer.json" },
+        /* merges are packed with 21-bit ids (kv_tok_int.h) */
+        { "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":2097151},\"merges\":[]}}",
+          "ids are supported" },
     };
     char   err[512];
     size_t i;
@@ -298,6 +301,46 @@ TEST(merges_out_of_rank_order_match_hf)
     kv_tokenizer_free(t);
 }
 
+/* Merges are packed into 8 bytes with 21-bit ids and a 22-bit rank: ids
+ * and ranks at the top of the range come back whole. */
+TEST(merge_ids_near_the_packing_limit)
+{
+    static const char *json =
+        "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\","
+        "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"
+        "\"content\":\"\\u2581\"}]},"
+        "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":2097148,\"c\":7,"
+        "\"ab\":2097149,\"abc\":5,\"ca\":2097147,\"\\u2581\":9},"
+        "\"merges\":[\"c a\",\"a b\",\"ab c\"]}}";
+    char            err[512];
+    kv_tokenizer_t *t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+    kv_ids_t        ids = { 0 };
+
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    /* as HF tokenizers 0.23 gives: "c a" (rank 0) first, then "a b" */
+    kv_tokenizer_encode(t, "abcab", 5, 0, &ids);
+    CHECK_EQ_U64(ids.n, 4);
+    CHECK_EQ_U64(ids.ids[0], 9);
+    CHECK_EQ_U64(ids.ids[1], 2097149);
+    CHECK_EQ_U64(ids.ids[2], 2097147);
+    CHECK_EQ_U64(ids.ids[3], 2097148);
+    ids.n = 0;
+    kv_tokenizer_encode(t, "abc", 3, 0, &ids);
+    CHECK_EQ_U64(ids.n, 2);
+    CHECK_EQ_U64(ids.ids[1], 5);
+    ids.n = 0;
+    kv_tokenizer_encode(t, "cab", 3, 0, &ids);      /* "c a" ranks before "a b" */
+    CHECK_EQ_U64(ids.n, 3);
+    CHECK_EQ_U64(ids.ids[1], 2097147);
+    CHECK_EQ_U64(ids.ids[2], 2097148);
+    kv_ids_free(&ids);
+    kv_tokenizer_free(t);
+}
+
 /*
  * The cost of one huge word grows linearly: the work the tokenizer reports
  * (symbols, merges and queue operations: counts, not time, so the same on
@@ -356,6 +399,7 @@ int main(void)
     RUN(refuses_what_it_does_not_support);
     RUN(long_words_match_hf);
     RUN(merges_out_of_rank_order_match_hf);
+    RUN(merge_ids_near_the_packing_limit);
     RUN(one_megabyte_word_costs_linear_work);
     return kvt_done();
 }

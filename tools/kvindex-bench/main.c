@@ -341,11 +341,12 @@ int main(int argc, char **argv)
            "\"match_p999_us\":%.3f,\"matches\":%zu,\"write_blocks_per_s_during_match\":%.0f,"
            "\"bytes_per_block\":%.1f,\"region_bytes\":%zu,\"capacity\":%" PRIu64
            ",\"indexed\":%" PRIu64 ",\"evictions\":%" PRIu64 ",\"evictions_during_match\":%"
-           PRIu64 "}\n",
+           PRIu64 ",\"holes\":%" PRIu64 ",\"lost_slots\":%" PRIu64 "}\n",
            blocks_n, workers_n, req_n, readers_n, hugepages, (double) applied / ingest_s,
            decode_blocks / decode_s, nall ? all[nall / 2] : 0.0,
            nall ? all[nall * 99 / 100] : 0.0, nall ? all[nall * 999 / 1000] : 0.0, nall,
            (double) wrote / seconds, (double) size / (double) st.capacity, size,
-           st.capacity, st.blocks, st.evicted, st.evicted - evicted_before);
+           st.capacity, st.blocks, st.evicted, st.evicted - evicted_before, st.holes,
+           st.lost_slots);
     return 0;
 }

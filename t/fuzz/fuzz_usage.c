@@ -1,0 +1,26 @@
+/* libFuzzer target: the response usage scanner (kv_usage). Any bytes, fed
+ * whole or split at any point, give the same answer and never crash. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "kv_usage.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    kv_usage_scan_t  a, b;
+    size_t           cut = size ? data[0] % (size + 1) : 0;
+
+    kv_usage_init(&a);
+    kv_usage_feed(&a, (const char *) data, size);
+    kv_usage_end(&a);
+
+    kv_usage_init(&b);
+    kv_usage_feed(&b, (const char *) data, cut);
+    kv_usage_feed(&b, (const char *) data + cut, size - cut);
+    kv_usage_end(&b);
+
+    if (a.prompt_tokens != b.prompt_tokens || a.cached_tokens != b.cached_tokens) {
+        abort();
+    }
+    return 0;
+}
