@@ -23,7 +23,7 @@ CONF = """
     kvroute_events %(nats)s zone=kv;
     upstream llm {
         zone llm 64k;
-        kvroute zone=kv mode=events worker_load=max;
+        kvroute zone=kv mode=events worker_load=max %(params)s;
         %(servers)s
         keepalive 8;
     }
@@ -70,19 +70,24 @@ def complete(port, prompt, max_tokens=1):
     return h["x-kvroute-worker"]
 
 
-@pytest.fixture
-def fleet(stack):
+def make_fleet(stack, params=""):
     nats = stack.nats()
     w = stack.worker(engines=ENGINES, extra=["--speedup", "20", "--nats", nats.url,
                                              "--heartbeat-ms", "100"])
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
-    ngs = [stack.nginx(CONF % {"nats": nats.url, "servers": servers}, workers=1)
+    ngs = [stack.nginx(CONF % {"nats": nats.url, "servers": servers, "params": params},
+                       workers=1)
            for _ in range(3)]
     for ng in ngs:
         kvt.wait_until(lambda: len([x for x in zone(ng.port)["events"]["workers"]
                                     if x["state"] == "live"]) == ENGINES,
                        what="every instance sees every engine live")
     return stack, nats, w, ngs
+
+
+@pytest.fixture
+def fleet(stack):
+    return make_fleet(stack)
 
 
 def test_turns_round_robin_land_on_one_worker(fleet):
@@ -152,16 +157,16 @@ def hold(port, prompt, max_tokens=30000):
     return s, worker
 
 
-def test_load_through_one_instance_steers_the_others(fleet):
+def test_load_through_one_instance_steers_the_others(stack):
     """Three long requests through instance A occupy three engines; B and C,
     which sent nothing, see that in the engines' reports and send new
     prompts to the fourth; when A is killed mid-load, its requests end at
     the engines and no load of it is counted anywhere after the next
     heartbeats (the lease of a worker's report is its heartbeat)."""
-    stack, _, w, ngs = fleet
+    # cold costs count as equal within one output token's time (decode_pace
+    # before any sample): a tiny one lets the requests in flight decide
+    stack, _, w, ngs = make_fleet(stack, "decode_pace=0.01")
     a, b, c = ngs
-    # short prompts: estimates of time to first token closer than one output
-    # token apart count as equal, so load alone places them
     held = [hold(a.port, ids("long-%d" % i, 64)) for i in range(3)]
     busy = {wk for _, wk in held}
     assert len(busy) == 3
@@ -213,7 +218,7 @@ def test_new_instance_converges_before_trusting(fleet):
     kvt.wait_until(lambda: indexed(ngs[0].port) == indexed(ngs[1].port) == indexed(ngs[2].port),
                    what="the running instances agree")
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
-    late = stack.nginx(CONF % {"nats": nats.url, "servers": servers}, workers=1)
+    late = stack.nginx(CONF % {"nats": nats.url, "servers": servers, "params": ""}, workers=1)
     kvt.wait_until(lambda: indexed(late.port) == indexed(ngs[0].port)
                    and all(x["state"] == "live" for x in zone(late.port)["events"]["workers"])
                    and len(zone(late.port)["events"]["workers"]) == ENGINES,
