@@ -1,20 +1,31 @@
 /*
  * Shared load table (see kv_load.h). Layout in the region:
  *
- *   header | server[max_servers] | row[max_rows] of int64 [max_servers][ACTIVE]
+ *   header | server[max_servers] | name hash[slots] | bucket heads
+ *   [max_groups][KV_LOAD_BUCKETS] | row owners[max_rows]
+ *   | row counters[max_rows] of int64 [max_servers][ACTIVE]
  *
  * All counters are __atomic words with relaxed ordering: they are independent
  * statistics, read approximately by routing, and only their eventual sums
  * matter. Row ownership is a CAS on the owner pid; -1 marks a row being
- * reaped so that no one claims it half-cleared.
+ * reaped so that no one claims it half-cleared. The bucket lists (the
+ * least-loaded order) are the one structure under a lock: a spinlock word
+ * holding its owner's pid, taken for O(1) list moves only.
  */
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kv_load.h"
 
-#define KV_LOAD_MAGIC  0x6b766c6f61643033ULL   /* "kvload03": prefill base */
+#define KV_LOAD_MAGIC  0x6b766c6f61643034ULL   /* "kvload04": name hash, least-loaded order, prefill base */
 #define LEARN_WEIGHT   (1.0 / 16)
 #define ROW_REAPING    ((int64_t) -1)
+#define NIL            UINT32_MAX
+#define EXACT_BUCKETS  48                      /* one bucket per request count below */
+#define SPINS_CHECK    4096                    /* spins between looks at the holder */
 
 typedef struct {
     char                name[KV_LOAD_NAME_MAX];
@@ -27,15 +38,28 @@ typedef struct {
     double              prefill_tokens, prefill_ms;     /* learned means */
     double              prefill_tt, prefill_tm;         /* ... of tokens^2, tokens x ms */
     double              decode_tokens, decode_ms;
+    /* the least-loaded order, under the lock */
+    uint32_t            group;                  /* NIL: not placed */
+    uint32_t            weight;
+    uint32_t            bucket;
+    uint32_t            prev, next;             /* in its bucket's list */
 } server_t;
+
+typedef struct {
+    uint32_t            head, tail;
+} bucket_t;
 
 struct kv_load {
     uint64_t            magic;
     uint32_t            max_servers;
     uint32_t            max_rows;
+    uint32_t            max_groups;
+    uint32_t            slots;                  /* name hash size, a power of two */
     uint32_t            servers;
     uint64_t            reaped;
-    /* followed by servers, then row owners, then row counters */
+    int64_t             lock;                   /* the order's holder pid; 0: free */
+    uint64_t            rebuilds;               /* lists rebuilt after a holder died */
+    /* followed by servers, the name hash, bucket heads, row owners, rows */
 };
 
 static double ratio(double num, double den)
@@ -51,14 +75,36 @@ static double load_double(const double *x)
     return v;
 }
 
+static uint32_t hash_slots(uint32_t max_servers)
+{
+    uint32_t n = 8;
+
+    while (n < 2 * (uint64_t) max_servers) {
+        n *= 2;
+    }
+    return n;
+}
+
 static server_t *servers_of(const kv_load_t *ld)
 {
     return (server_t *) (void *) ((char *) ld + sizeof(kv_load_t));
 }
 
+static uint32_t *names_of(const kv_load_t *ld)
+{
+    return (uint32_t *) (void *) (servers_of(ld) + ld->max_servers);
+}
+
+static bucket_t *buckets_of(const kv_load_t *ld, uint32_t group)
+{
+    return (bucket_t *) (void *) (names_of(ld) + ld->slots)
+           + (size_t) group * KV_LOAD_BUCKETS;
+}
+
 static int64_t *owners_of(const kv_load_t *ld)
 {
-    return (int64_t *) (void *) (servers_of(ld) + ld->max_servers);
+    /* bucket_t is 8 bytes and slots even: owners stay 8-byte aligned */
+    return (int64_t *) (void *) buckets_of(ld, ld->max_groups);
 }
 
 static int64_t *row_of(const kv_load_t *ld, int row)
@@ -67,41 +113,86 @@ static int64_t *row_of(const kv_load_t *ld, int row)
            + (size_t) row * ld->max_servers * KV_LOAD_ACTIVE;
 }
 
-size_t kv_load_size(uint32_t max_servers, uint32_t max_rows)
+size_t kv_load_size(uint32_t max_servers, uint32_t max_rows, uint32_t max_groups)
 {
     return sizeof(kv_load_t) + (size_t) max_servers * sizeof(server_t)
+           + (size_t) hash_slots(max_servers) * sizeof(uint32_t)
+           + (size_t) max_groups * KV_LOAD_BUCKETS * sizeof(bucket_t)
            + (size_t) max_rows * sizeof(int64_t)
            + (size_t) max_rows * max_servers * KV_LOAD_ACTIVE * sizeof(int64_t);
 }
 
 kv_load_t *kv_load_init(void *region, size_t size, uint32_t max_servers,
-                        uint32_t max_rows, int reuse)
+                        uint32_t max_rows, uint32_t max_groups, int reuse)
 {
     kv_load_t *ld = region;
+    uint32_t   i;
+    bucket_t  *b;
 
-    if (size < kv_load_size(max_servers, max_rows)) {
+    if (size < kv_load_size(max_servers, max_rows, max_groups)) {
         return NULL;
     }
     if (reuse && ld->magic == KV_LOAD_MAGIC && ld->max_servers == max_servers
-        && ld->max_rows == max_rows)
+        && ld->max_rows == max_rows && ld->max_groups == max_groups)
     {
         return ld;
     }
-    memset(region, 0, kv_load_size(max_servers, max_rows));
+    memset(region, 0, kv_load_size(max_servers, max_rows, max_groups));
     ld->max_servers = max_servers;
     ld->max_rows = max_rows;
+    ld->max_groups = max_groups;
+    ld->slots = hash_slots(max_servers);
+    for (i = 0; i < max_servers; i++) {
+        servers_of(ld)[i].group = NIL;
+    }
+    for (b = buckets_of(ld, 0); b < buckets_of(ld, max_groups); b++) {
+        b->head = b->tail = NIL;
+    }
     ld->magic = KV_LOAD_MAGIC;
     return ld;
 }
 
+uint32_t kv_load_capacity(const kv_load_t *ld)
+{
+    return ld->max_servers;
+}
+
+uint32_t kv_load_groups(const kv_load_t *ld)
+{
+    return ld->max_groups;
+}
+
+uint32_t kv_load_servers(const kv_load_t *ld)
+{
+    return __atomic_load_n(&((kv_load_t *) ld)->servers, __ATOMIC_ACQUIRE);
+}
+
+/* FNV-1a */
+static uint32_t name_hash(const char *name, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    size_t   i;
+
+    for (i = 0; i < len; i++) {
+        h = (h ^ (unsigned char) name[i]) * 0x100000001b3ULL;
+    }
+    return (uint32_t) (h ^ (h >> 32));
+}
+
+/* Names are only ever added (by one writer), so a probe that meets an empty
+ * slot has seen every name with this hash. */
 int kv_load_find(const kv_load_t *ld, const char *name, size_t len)
 {
-    uint32_t  i, n = __atomic_load_n(&((kv_load_t *) ld)->servers, __ATOMIC_SEQ_CST);
+    uint32_t  mask = ld->slots - 1, h = name_hash(name, len) & mask, v, k;
     server_t *s = servers_of(ld);
 
-    for (i = 0; i < n; i++) {
-        if (s[i].len == len && memcmp(s[i].name, name, len) == 0) {
-            return (int) i;
+    for (k = 0; k < ld->slots; k++, h = (h + 1) & mask) {
+        v = __atomic_load_n(&names_of(ld)[h], __ATOMIC_ACQUIRE);
+        if (v == 0) {
+            return -1;
+        }
+        if (s[v - 1].len == len && memcmp(s[v - 1].name, name, len) == 0) {
+            return (int) (v - 1);
         }
     }
     return -1;
@@ -110,7 +201,7 @@ int kv_load_find(const kv_load_t *ld, const char *name, size_t len)
 int kv_load_server(kv_load_t *ld, const char *name, size_t len)
 {
     int       i = kv_load_find(ld, name, len);
-    uint32_t  n;
+    uint32_t  n, mask = ld->slots - 1, h;
     server_t *s;
 
     if (i >= 0) {
@@ -124,8 +215,13 @@ int kv_load_server(kv_load_t *ld, const char *name, size_t len)
     memcpy(s->name, name, len);
     s->name[len] = '\0';
     s->len = (uint32_t) len;
-    /* publish the name before the count that makes it visible */
+    /* publish the name before the count and the hash slot that make it
+     * visible; the hash has twice the servers' slots, so one is free */
     __atomic_store_n(&ld->servers, n + 1, __ATOMIC_RELEASE);
+    for (h = name_hash(name, len) & mask; names_of(ld)[h]; h = (h + 1) & mask) {
+        /* void */
+    }
+    __atomic_store_n(&names_of(ld)[h], n + 1, __ATOMIC_RELEASE);
     return (int) n;
 }
 
@@ -156,6 +252,222 @@ int kv_load_claim_row(kv_load_t *ld, pid_t pid)
     return -1;
 }
 
+/* --- the least-loaded order ----------------------------------------------- */
+
+static int ilog2(uint64_t x)
+{
+    int n = 0;
+
+    while (x >>= 1) {
+        n++;
+    }
+    return n;
+}
+
+static uint32_t bucket_of(int64_t requests, uint32_t weight)
+{
+    uint64_t r = requests > 0 ? (uint64_t) requests / (weight ? weight : 1) : 0;
+    uint32_t b;
+
+    if (r < EXACT_BUCKETS) {
+        return (uint32_t) r;
+    }
+    b = EXACT_BUCKETS + (uint32_t) (ilog2(r) - ilog2(EXACT_BUCKETS));
+    return b < KV_LOAD_BUCKETS ? b : KV_LOAD_BUCKETS - 1;
+}
+
+static void unlink_server(kv_load_t *ld, uint32_t i)
+{
+    server_t *s = servers_of(ld), *x = &s[i];
+    bucket_t *b = &buckets_of(ld, x->group)[x->bucket];
+
+    if (x->prev != NIL) {
+        s[x->prev].next = x->next;
+    } else {
+        b->head = x->next;
+    }
+    if (x->next != NIL) {
+        s[x->next].prev = x->prev;
+    } else {
+        b->tail = x->prev;
+    }
+    x->prev = x->next = NIL;
+}
+
+static void push_server(kv_load_t *ld, uint32_t i)
+{
+    server_t *s = servers_of(ld), *x = &s[i];
+    bucket_t *b = &buckets_of(ld, x->group)[x->bucket];
+
+    x->next = NIL;
+    x->prev = b->tail;
+    if (b->tail != NIL) {
+        s[b->tail].next = i;
+    } else {
+        b->head = i;
+    }
+    b->tail = i;
+}
+
+/* Every list again from the counters: after a holder died mid-move. */
+static void rebuild(kv_load_t *ld)
+{
+    uint32_t  i, n = __atomic_load_n(&ld->servers, __ATOMIC_ACQUIRE);
+    server_t *s = servers_of(ld);
+    bucket_t *b;
+
+    for (b = buckets_of(ld, 0); b < buckets_of(ld, ld->max_groups); b++) {
+        b->head = b->tail = NIL;
+    }
+    for (i = 0; i < n; i++) {
+        if (s[i].group != NIL) {
+            s[i].bucket = bucket_of(__atomic_load_n(&s[i].active[KV_LOAD_REQUESTS],
+                                                    __ATOMIC_RELAXED), s[i].weight);
+            push_server(ld, i);
+        }
+    }
+    ld->rebuilds++;
+}
+
+static void order_lock(kv_load_t *ld)
+{
+    int64_t  me = (int64_t) getpid(), holder;
+    unsigned spins = 0;
+
+    for (;;) {
+        holder = 0;
+        if (__atomic_compare_exchange_n(&ld->lock, &holder, me, 0, __ATOMIC_ACQUIRE,
+                                        __ATOMIC_RELAXED))
+        {
+            return;
+        }
+        if (++spins % SPINS_CHECK) {
+            continue;
+        }
+        /* a holder that died (killed mid-move) would hold it for ever */
+        if (holder > 0 && holder != me && kill((pid_t) holder, 0) != 0 && errno == ESRCH
+            && __atomic_compare_exchange_n(&ld->lock, &holder, me, 0, __ATOMIC_ACQUIRE,
+                                           __ATOMIC_RELAXED))
+        {
+            rebuild(ld);
+            return;
+        }
+        sched_yield();
+    }
+}
+
+static void order_unlock(kv_load_t *ld)
+{
+    __atomic_store_n(&ld->lock, 0, __ATOMIC_RELEASE);
+}
+
+/* Moves server i to the bucket its requests say, if it is placed. */
+static void reorder(kv_load_t *ld, uint32_t i)
+{
+    server_t *x = &servers_of(ld)[i];
+    uint32_t  b;
+
+    if (__atomic_load_n(&x->group, __ATOMIC_RELAXED) == NIL) {
+        return;
+    }
+    order_lock(ld);
+    if (x->group != NIL) {
+        b = bucket_of(__atomic_load_n(&x->active[KV_LOAD_REQUESTS], __ATOMIC_RELAXED),
+                      x->weight);
+        if (b != x->bucket) {
+            unlink_server(ld, i);
+            x->bucket = b;
+            push_server(ld, i);
+        }
+    }
+    order_unlock(ld);
+}
+
+void kv_load_place(kv_load_t *ld, uint32_t server, uint32_t group, uint32_t weight)
+{
+    server_t *x;
+
+    if (server >= kv_load_servers(ld) || (group != NIL && group >= ld->max_groups)) {
+        return;
+    }
+    x = &servers_of(ld)[server];
+    order_lock(ld);
+    if (x->group != NIL) {
+        unlink_server(ld, server);
+    }
+    x->weight = weight ? weight : 1;
+    if (group != NIL) {
+        x->group = group;
+        x->bucket = bucket_of(__atomic_load_n(&x->active[KV_LOAD_REQUESTS],
+                                              __ATOMIC_RELAXED), x->weight);
+        push_server(ld, server);
+    }
+    __atomic_store_n(&x->group, group, __ATOMIC_RELAXED);
+    order_unlock(ld);
+}
+
+size_t kv_load_least(kv_load_t *ld, uint32_t group, uint32_t *out, size_t k)
+{
+    server_t *s = servers_of(ld);
+    bucket_t *b;
+    uint32_t  i;
+    size_t    n = 0, j;
+
+    if (group >= ld->max_groups || k == 0) {
+        return 0;
+    }
+    b = buckets_of(ld, group);
+    order_lock(ld);
+    for (j = 0; j < KV_LOAD_BUCKETS && n < k; j++) {
+        for (i = b[j].head; i != NIL && n < k; i = s[i].next) {
+            out[n++] = i;
+        }
+    }
+    order_unlock(ld);
+    return n;
+}
+
+int kv_load_order_check(kv_load_t *ld)
+{
+    server_t *s = servers_of(ld);
+    bucket_t *b;
+    uint32_t  g, j, i, prev, n = kv_load_servers(ld), placed = 0, seen = 0;
+    int       rc = 0;
+
+    order_lock(ld);
+    for (i = 0; i < n; i++) {
+        if (s[i].group == NIL) {
+            continue;
+        }
+        placed++;
+        if (s[i].bucket != bucket_of(s[i].active[KV_LOAD_REQUESTS], s[i].weight)) {
+            rc = -1;
+        }
+    }
+    for (g = 0; g < ld->max_groups && rc == 0; g++) {
+        b = buckets_of(ld, g);
+        for (j = 0; j < KV_LOAD_BUCKETS && rc == 0; j++) {
+            prev = NIL;
+            for (i = b[j].head; i != NIL; prev = i, i = s[i].next) {
+                if (i >= n || s[i].group != g || s[i].bucket != j || s[i].prev != prev
+                    || ++seen > placed)
+                {
+                    rc = -2;
+                    break;
+                }
+            }
+            if (rc == 0 && b[j].tail != prev) {
+                rc = -3;
+            }
+        }
+    }
+    if (rc == 0 && seen != placed) {
+        rc = -4;
+    }
+    order_unlock(ld);
+    return rc;
+}
+
 /* Moves whatever row still holds back out of the totals and zeroes it. */
 static void drain_row(kv_load_t *ld, int row)
 {
@@ -169,6 +481,9 @@ static void drain_row(kv_load_t *ld, int row)
             v = __atomic_exchange_n(&r[i * KV_LOAD_ACTIVE + c], 0, __ATOMIC_SEQ_CST);
             if (v) {
                 __atomic_fetch_sub(&s[i].active[c], v, __ATOMIC_RELAXED);
+                if (c == KV_LOAD_REQUESTS) {
+                    reorder(ld, i);
+                }
             }
         }
     }
@@ -192,6 +507,9 @@ void kv_load_add(kv_load_t *ld, int row, uint32_t server, kv_load_counter_t c,
     __atomic_fetch_add(&servers_of(ld)[server].active[c], delta, __ATOMIC_RELAXED);
     if (row >= 0 && (uint32_t) row < ld->max_rows) {
         __atomic_fetch_add(&row_of(ld, row)[server * KV_LOAD_ACTIVE + c], delta, __ATOMIC_RELAXED);
+    }
+    if (c == KV_LOAD_REQUESTS) {
+        reorder(ld, server);
     }
 }
 
@@ -327,6 +645,13 @@ int kv_load_reap(kv_load_t *ld, int (*alive)(pid_t pid))
         __atomic_store_n(&own[i], 0, __ATOMIC_SEQ_CST);
         __atomic_fetch_add(&ld->reaped, 1, __ATOMIC_SEQ_CST);
         n++;
+    }
+    if (n) {
+        /* a process killed between a counter's change and its move left
+         * that server in the wrong bucket */
+        order_lock(ld);
+        rebuild(ld);
+        order_unlock(ld);
     }
     return n;
 }

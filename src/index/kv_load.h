@@ -9,9 +9,19 @@
  * leaves a row owned by a dead pid; kv_load_reap subtracts that row from
  * the totals and frees it, so leaked load disappears within a reap period.
  *
- * Servers are found by name ("upstream/host:port"), so an nginx reload that
- * reuses the region keeps the counts of servers that still exist, and old
- * workers finishing their requests release into the same counters.
+ * Servers are found by name ("upstream/host:port", through a hash), so an
+ * nginx reload that reuses the region keeps the counts of servers that still
+ * exist, and old workers finishing their requests release into the same
+ * counters.
+ *
+ * The least-loaded order: each placed server sits in one group (an upstream's
+ * primaries, say) and, within it, in a bucket by requests in flight per unit
+ * of weight (exact up to 47, then one bucket per power of two). Every change
+ * of a server's requests moves it between buckets in O(1), so the few least
+ * loaded servers of a group are found without looking at the others. The
+ * bucket lists are guarded by a spinlock that names its holder's pid; a
+ * holder that died is detected by the next waiter, which rebuilds the lists
+ * from the counters.
  */
 #ifndef KV_LOAD_H
 #define KV_LOAD_H
@@ -21,6 +31,7 @@
 #include <sys/types.h>
 
 #define KV_LOAD_NAME_MAX  96
+#define KV_LOAD_BUCKETS   64
 
 typedef struct kv_load kv_load_t;
 
@@ -43,16 +54,31 @@ typedef struct {
     double      decode_pace;        /* learned ms per output token; 0: no sample yet */
 } kv_load_server_t;
 
-size_t     kv_load_size(uint32_t max_servers, uint32_t max_rows);
+size_t     kv_load_size(uint32_t max_servers, uint32_t max_rows, uint32_t max_groups);
 /* Lays out a fresh table, or re-opens one (same sizes) when reuse is set. */
 kv_load_t *kv_load_init(void *region, size_t size, uint32_t max_servers,
-                        uint32_t max_rows, int reuse);
+                        uint32_t max_rows, uint32_t max_groups, int reuse);
+uint32_t   kv_load_capacity(const kv_load_t *ld);     /* max_servers */
+uint32_t   kv_load_servers(const kv_load_t *ld);      /* names added so far */
+uint32_t   kv_load_groups(const kv_load_t *ld);       /* max_groups */
 
 /* The index of server name, adding it; -1 when the table is full. Writers
  * of names must be serialised by the caller (the nginx master at config). */
 int  kv_load_server(kv_load_t *ld, const char *name, size_t len);
 int  kv_load_find(const kv_load_t *ld, const char *name, size_t len);
 const char *kv_load_server_name(const kv_load_t *ld, uint32_t server);
+
+/*
+ * Puts server in group (< max_groups) with weight (>= 1) in the
+ * least-loaded order, or moves it there; group UINT32_MAX takes it out.
+ */
+void   kv_load_place(kv_load_t *ld, uint32_t server, uint32_t group, uint32_t weight);
+/* Up to k servers of group, least requests per weight first (by bucket;
+ * within a bucket, the longest there first). */
+size_t kv_load_least(kv_load_t *ld, uint32_t group, uint32_t *out, size_t k);
+/* Tests: 0 when every placed server is in the bucket its counters say and
+ * every list is well linked, else a negative code. */
+int    kv_load_order_check(kv_load_t *ld);
 
 /* A row for process pid (re-using its own row if it has one); -1 if none left. */
 int  kv_load_claim_row(kv_load_t *ld, pid_t pid);

@@ -189,6 +189,11 @@ static uint32_t scan_bound(const kv_registry_t *reg)
     return h < reg->max_workers ? (uint32_t)h : reg->max_workers;
 }
 
+uint32_t kv_registry_records(const kv_registry_t *reg)
+{
+    return scan_bound(reg);
+}
+
 int kv_registry_find(const kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank)
 {
     kv_worker_rec_t r;

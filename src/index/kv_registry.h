@@ -149,6 +149,9 @@ void kv_registry_status_set(kv_registry_t *reg, size_t field, uint64_t v);
 /* Consistent copy of record i: 0, or -1 if the record is free. */
 int  kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out);
 int  kv_registry_find(const kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank);
+/* Records ever used (the bound of every scan): grows when a new worker
+ * announces itself into a never-used record. */
+uint32_t kv_registry_records(const kv_registry_t *reg);
 /* The first record (from *from, updated past it for iteration; may be NULL)
  * whose address equals addr; -1 if none. */
 int  kv_registry_find_address(const kv_registry_t *reg, const char *addr, int *from,

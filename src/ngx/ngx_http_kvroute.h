@@ -26,14 +26,18 @@
 #include "kv_load.h"
 #include "kv_prefill.h"
 #include "kv_registry.h"
+#include "kv_ring.h"
 #include "kv_route.h"
 #include "kv_tokenizer.h"
 #include "kv_turn.h"
 #include "kv_usage.h"
 
 
-#define NGX_HTTP_KVROUTE_MAX_SERVERS   1024
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
+/* upstreams with more primaries score candidates (candidates.c), not all */
+#define NGX_HTTP_KVROUTE_SCAN_ALL      64
+#define NGX_HTTP_KVROUTE_LEAST         8          /* least-loaded candidates */
+#define NGX_HTTP_KVROUTE_RING          4          /* cold-placement candidates */
 #define NGX_HTTP_KVROUTE_HIST          12
 /* the decision-time histogram's bounds (µs), then +Inf: NGX_HTTP_KVROUTE_HIST */
 #define NGX_HTTP_KVROUTE_HIST_BOUNDS   5, 10, 25, 50, 100, 250, 500, 1000,    \
@@ -111,7 +115,12 @@ typedef struct {
     ngx_uint_t                      approximate;    /* no kvroute_events feeds it */
     ngx_uint_t                      max_workers;
     ngx_msec_t                      ttl;
+    size_t                          size;           /* declared */
+    ngx_uint_t                      load_servers;   /* the load table's shape, */
+    ngx_uint_t                      load_rows;      /* from the configuration */
+    ngx_uint_t                      load_groups;
     ssize_t                         turn_size;      /* turn_cache=, -1: default */
+    ngx_uint_t                      turn_default;   /* turn_cache= not given */
     ngx_msec_t                      turn_ttl;       /* turn_cache_ttl= */
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
@@ -140,12 +149,14 @@ typedef struct {
     ngx_http_upstream_rr_peer_t    *peer;       /* this cycle's, in the peers list */
     ngx_str_t                       server;     /* as written in the config */
     uint64_t                        worker_id;
+    uint64_t                        mapped_id;  /* its id in kcf->by_id and the ring */
     ngx_uint_t                      explicit_id;    /* from kvroute_worker_id */
     ngx_uint_t                      backup;
     ngx_uint_t                      index;      /* position in its rr list */
     ngx_int_t                       load;       /* kv_load server index, -1 if none */
     ngx_int_t                       reg;        /* registry record last seen for it */
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
+    uint32_t                        reg_records;    /* the registry's records then */
     ngx_int_t                       slot;       /* index slot last seen for it */
     ngx_uint_t                      block_size_logged;  /* a mismatch, logged */
 } ngx_http_kvroute_peer_t;
@@ -181,13 +192,32 @@ struct ngx_http_kvroute_srv_conf_s {
     ngx_str_t                       prefill_name;
     ngx_http_kvroute_srv_conf_t    *prefill;
     kv_prefill_config_t             prefill_cfg;
+    ngx_uint_t                      group;      /* its primaries' in the load order */
 
     /* resolved in each worker process (the upstream zone moves peers) */
     ngx_http_upstream_srv_conf_t   *uscf;
     ngx_http_kvroute_peer_t        *peers;      /* primaries, then backups */
     ngx_uint_t                      npeers;
     ngx_uint_t                      nprimary;
+
+    /* candidates.c: primaries by load table index and by worker id, and
+     * the cold-placement ring */
+    ngx_int_t                      *by_load;    /* kv_load index -> primary, -1 */
+    ngx_uint_t                      nby_load;
+    ngx_int_t                      *by_id;      /* open addressing: primary + 1 */
+    ngx_uint_t                      id_mask;
+    kv_ring_point_t                *ring;
+    size_t                          nring;
 };
+
+
+/* A primary server the decision considers, with what it holds of the
+ * prompt (candidates.c). */
+typedef struct {
+    ngx_uint_t                      k;          /* index in kcf->peers */
+    uint32_t                        overlap;    /* the index's */
+    uint32_t                        pending;    /* the recent decisions' */
+} ngx_http_kvroute_cand_t;
 
 
 /* A request's routing state; lives in r->pool. */
@@ -211,8 +241,9 @@ typedef struct {
     uint64_t                        turn_cached_tokens;     /* from the turn cache */
     uint64_t                        max_tokens;     /* 0: the body names none */
     uint64_t                        session;        /* session key; 0: none */
-    uint32_t                       *overlap;    /* per primary: the index */
-    uint32_t                       *pending;    /* per primary: recent decisions */
+    ngx_http_kvroute_cand_t        *cand;       /* primaries holding part of the
+                                                   prompt (all, in small upstreams) */
+    ngx_uint_t                      ncand;
     ngx_msec_int_t                  decision_us;
     uint64_t                        t0_ns;
 
@@ -280,6 +311,8 @@ char *ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_http_kvroute_zone_t *ngx_http_kvroute_zone_find(ngx_conf_t *cf,
     ngx_str_t *name);
+ngx_int_t ngx_http_kvroute_zone_size(ngx_conf_t *cf,
+    ngx_http_kvroute_zone_t *zone);
 void ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone);
 
 /* events helper */
@@ -301,7 +334,8 @@ ngx_int_t ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
     ngx_http_kvroute_srv_conf_t *kcf);
 ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_of(
     ngx_http_request_t *r);
-ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf);
+ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_pool_t *pool);
 
 /* prompt: body -> tokens -> block hashes */
 ngx_int_t ngx_http_kvroute_precontent(ngx_http_request_t *r);
@@ -334,8 +368,21 @@ ngx_int_t ngx_http_kvroute_zone_undeclared(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us, ngx_http_kvroute_zone_t *zone);
 ngx_uint_t ngx_http_kvroute_worker_block_size(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_peer_t *p);
+ngx_int_t ngx_http_kvroute_block_size_ok(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_peer_t *p, ngx_log_t *log);
 void ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
-    uint32_t *overlap, ngx_log_t *log);
+    ngx_http_kvroute_cand_t *cand, ngx_uint_t n, ngx_log_t *log);
+
+/* candidates */
+ngx_int_t ngx_http_kvroute_candidates_init(ngx_cycle_t *cycle,
+    ngx_http_kvroute_srv_conf_t *kcf);
+void ngx_http_kvroute_candidates_refresh(ngx_http_kvroute_srv_conf_t *kcf);
+void ngx_http_kvroute_candidates_match(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_ctx_t *ctx, ngx_pool_t *pool, ngx_log_t *log);
+ngx_http_kvroute_cand_t *ngx_http_kvroute_candidates(
+    ngx_http_kvroute_srv_conf_t *kcf, ngx_http_kvroute_ctx_t *ctx,
+    ngx_http_upstream_rr_peer_data_t *rrp, ngx_pool_t *pool,
+    ngx_uint_t all, ngx_uint_t *n);
 
 /* errors in the OpenAI shape */
 ngx_int_t ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after);

@@ -15,6 +15,7 @@
 
 #include "ngx_http_kvroute.h"
 #include "kv_hash.h"
+#include "kv_ingest.h"
 
 
 static ngx_int_t ngx_http_kvroute_init_upstream(ngx_conf_t *cf,
@@ -29,9 +30,6 @@ static void ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc,
     void *data, ngx_uint_t state);
 static ngx_int_t ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
     ngx_http_upstream_rr_peer_data_t *rrp);
-static void ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd);
-static void ngx_http_kvroute_overlaps(ngx_http_kvroute_srv_conf_t *kcf,
-    kv_index_t *ix, ngx_http_kvroute_ctx_t *ctx, uint32_t *out);
 static ngx_uint_t ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
     ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now);
 static void ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
@@ -702,7 +700,7 @@ ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
         }
     }
 
-    return NGX_OK;
+    return ngx_http_kvroute_candidates_init(cycle, kcf);
 }
 
 
@@ -753,7 +751,8 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
     }
 
     if (!ctx->matched) {
-        ngx_http_kvroute_match(pd);
+        ngx_http_kvroute_candidates_match(kcf, ctx, r->pool,
+                                          r->connection->log);
     }
 
     return NGX_OK;
@@ -790,7 +789,9 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     /* a worker that never announced costs one scan a second, not one
      * per request */
 
-    if (p->reg_miss && ngx_current_msec - p->reg_miss < 1000) {
+    if (p->reg_miss && ngx_current_msec - p->reg_miss < 1000
+        && kv_registry_records(reg) == p->reg_records)
+    {
         return NGX_DECLINED;
     }
 
@@ -803,6 +804,7 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
 
     if (p->explicit_id || p->server.len >= sizeof(addr)) {
         p->reg_miss = ngx_current_msec;
+        p->reg_records = kv_registry_records(reg);
         return NGX_DECLINED;
     }
 
@@ -819,6 +821,7 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
 
     if (i < 0) {
         p->reg_miss = ngx_current_msec;
+        p->reg_records = kv_registry_records(reg);
         return NGX_DECLINED;
     }
 
@@ -827,88 +830,6 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     p->worker_id = rec->worker_id;
 
     return NGX_OK;
-}
-
-
-/* Raises out[k] per primary server to what index ix says. */
-
-static void
-ngx_http_kvroute_overlaps(ngx_http_kvroute_srv_conf_t *kcf, kv_index_t *ix,
-    ngx_http_kvroute_ctx_t *ctx, uint32_t *out)
-{
-    size_t        i, n;
-    uint32_t      dp;
-    uint64_t      wid;
-    ngx_uint_t    k;
-    kv_overlap_t  ov[64];
-
-    n = kv_index_match(ix, ctx->seq, ctx->nseq, ov, 64);
-
-    for (i = 0; i < n; i++) {
-        if (kv_index_worker_info(ix, ov[i].slot, &wid, &dp) != 0) {
-            continue;
-        }
-
-        for (k = 0; k < kcf->nprimary; k++) {
-            if (kcf->peers[k].worker_id == wid && ov[i].blocks > out[k]) {
-                out[k] = ov[i].blocks;
-            }
-        }
-    }
-}
-
-
-/* Overlap per primary server, once per request: the index's and the
- * pending decisions' (trust in the index is judged per attempt). */
-
-static void
-ngx_http_kvroute_match(ngx_http_kvroute_peer_data_t *pd)
-{
-    ngx_uint_t                    k;
-    kv_worker_rec_t               rec;
-    ngx_http_kvroute_ctx_t       *ctx = pd->ctx;
-    ngx_http_kvroute_srv_conf_t  *kcf = pd->conf;
-
-    ctx->matched = 1;
-
-    ctx->overlap = ngx_pcalloc(pd->request->pool,
-                               2 * kcf->nprimary * sizeof(uint32_t));
-    if (ctx->overlap == NULL) {
-        return;
-    }
-
-    ctx->pending = ctx->overlap + kcf->nprimary;
-
-    if (ctx->nseq == 0) {
-        return;
-    }
-
-    /* refresh ids that workers announced before mapping index slots */
-
-    for (k = 0; k < kcf->nprimary; k++) {
-        (void) ngx_http_kvroute_peer_record(kcf->zone, &kcf->peers[k], &rec);
-    }
-
-    ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->index, ctx, ctx->overlap);
-
-    /* the router's own recent decisions count too (events mode) */
-
-    if (kcf->zone->sh->pending) {
-        ngx_http_kvroute_overlaps(kcf, kcf->zone->sh->pending, ctx,
-                                  ctx->pending);
-    }
-
-    /* a worker with another block size: none of its blocks can match */
-
-    ngx_http_kvroute_block_size_check(kcf, ctx->overlap,
-                                      pd->request->connection->log);
-    ngx_http_kvroute_block_size_check(kcf, ctx->pending,
-                                      pd->request->connection->log);
-
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, pd->request->connection->log, 0,
-                   "kvroute match: %uL tokens, %uz blocks, first server "
-                   "overlap %uD", ctx->prompt_tokens, ctx->nseq,
-                   kcf->nprimary ? ctx->overlap[0] : 0);
 }
 
 
@@ -935,33 +856,33 @@ ngx_http_kvroute_tree_blocks(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
 
 
 /*
- * The decision's inputs for every primary server, read from shared memory
- * before the peers lock is taken (the registry's seqlock may spin); usable
- * and weight are filled under the lock.
+ * The decision's inputs for the candidates (candidates.c), read from shared
+ * memory before the peers lock is taken (the registry's seqlock may spin);
+ * usable and weight are filled under the lock.
  */
 
 static void
 ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
-    ngx_http_kvroute_ctx_t *ctx, kv_route_server_t *s)
+    ngx_http_kvroute_cand_t *cand, ngx_uint_t n, kv_route_server_t *s)
 {
+    uint64_t                  now, lease;
     ngx_uint_t                i;
     kv_worker_rec_t           rec;
     kv_load_server_t          ls;
     ngx_http_kvroute_peer_t  *p;
     ngx_http_kvroute_sh_t    *sh = kcf->zone->sh;
 
-    for (i = 0; i < kcf->nprimary; i++) {
-        p = &kcf->peers[i];
+    now = kcf->route.worker_load == KV_ROUTE_LOAD_MAX ? kv_ingest_now_ms() : 0;
+
+    for (i = 0; i < n; i++) {
+        p = &kcf->peers[cand[i].k];
 
         ngx_memzero(&s[i], sizeof(kv_route_server_t));
 
         s[i].id = p->worker_id;
         s[i].trusted = 1;
-
-        if (ctx && ctx->overlap) {
-            s[i].overlap_index = ctx->overlap[i];
-            s[i].overlap_pending = ctx->pending[i];
-        }
+        s[i].overlap_index = cand[i].overlap;
+        s[i].overlap_pending = cand[i].pending;
 
         if (p->load >= 0) {
             kv_load_get(sh->load, p->load, &ls);
@@ -986,6 +907,22 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].reported = 1;
             s[i].reported_prefill_tokens = rec.load.active_prefill_tokens;
             s[i].reported_decode_blocks = rec.load.active_decode_blocks;
+
+            /*
+             * requests in flight too, for the bounded-load and cold rules:
+             * what other nginx instances sent is in the worker's report
+             * (a heartbeat old), not in this zone; a report older than
+             * ten heartbeats (its lease) is not believed
+             */
+
+            lease = 10 * (rec.interval_ms ? rec.interval_ms : 1000);
+
+            if (kcf->route.worker_load == KV_ROUTE_LOAD_MAX
+                && now <= rec.last_seen_ms + lease
+                && rec.load.running + rec.load.waiting > s[i].requests)
+            {
+                s[i].requests = rec.load.running + rec.load.waiting;
+            }
         }
 
         if (s[i].overlap_index || s[i].overlap_pending) {
@@ -1014,12 +951,13 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
  */
 
 ngx_int_t
-ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf)
+ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf, ngx_pool_t *pool)
 {
-    ngx_uint_t            i;
-    kv_route_server_t     s[64], *sp;
-    kv_route_request_t    rq;
-    kv_route_result_t     res;
+    ngx_uint_t                i, n;
+    kv_route_server_t        *s;
+    kv_route_request_t        rq;
+    kv_route_result_t         res;
+    ngx_http_kvroute_cand_t  *cand;
 
     if (kcf->route.busy_prefill_tokens == 0
         && kcf->route.busy_decode_blocks == 0)
@@ -1027,27 +965,29 @@ ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf)
         return 0;
     }
 
-    sp = kcf->nprimary <= 64 ? s
-         : ngx_alloc(kcf->nprimary * sizeof(kv_route_server_t),
-                     ngx_cycle->log);
-    if (sp == NULL) {
+    /* a large upstream: busy when its least loaded are */
+
+    cand = ngx_http_kvroute_candidates(kcf, NULL, NULL, pool, 0, &n);
+    if (cand == NULL || n == 0) {
         return 0;
     }
 
-    ngx_http_kvroute_gather(kcf, NULL, sp);
+    s = ngx_palloc(pool, n * sizeof(kv_route_server_t));
+    if (s == NULL) {
+        return 0;
+    }
 
-    for (i = 0; i < kcf->nprimary; i++) {
-        sp[i].usable = !kcf->peers[i].peer->down && kcf->peers[i].load >= 0;
-        sp[i].weight = kcf->peers[i].peer->weight;
+    ngx_http_kvroute_gather(kcf, cand, n, s);
+
+    for (i = 0; i < n; i++) {
+        s[i].usable = !kcf->peers[cand[i].k].peer->down
+                      && kcf->peers[cand[i].k].load >= 0;
+        s[i].weight = kcf->peers[cand[i].k].peer->weight;
     }
 
     ngx_http_kvroute_request(NULL, &rq);
 
-    (void) kv_route_pick(sp, kcf->nprimary, &rq, &kcf->route, 0, &res);
-
-    if (sp != s) {
-        ngx_free(sp);
-    }
+    (void) kv_route_pick(s, n, &rq, &kcf->route, 0, &res);
 
     return res.pick == KV_ROUTE_BUSY;
 }
@@ -1114,8 +1054,9 @@ ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
 
     time_t                          now;
     ngx_int_t                       rc;
-    ngx_uint_t                      i;
+    ngx_uint_t                      i, k, n, all;
     kv_route_server_t              *s;
+    ngx_http_kvroute_cand_t        *cand;
     kv_route_config_t               cfg;
     kv_route_request_t              rq;
     kv_route_result_t               res;
@@ -1139,31 +1080,39 @@ ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
         goto backup;
     }
 
-    s = ngx_palloc(pd->request->pool,
-                   kcf->nprimary * sizeof(kv_route_server_t));
+    all = 0;
+
+again:
+
+    cand = ngx_http_kvroute_candidates(kcf, ctx, &pd->rrp, pd->request->pool,
+                                       all, &n);
+    if (cand == NULL) {
+        return NGX_ERROR;
+    }
+
+    s = ngx_palloc(pd->request->pool, ngx_max(n, 1) * sizeof(kv_route_server_t));
     if (s == NULL) {
         return NGX_ERROR;
     }
 
     /* everything from shared memory first, outside the peers lock */
 
-    ngx_http_kvroute_gather(kcf, ctx, s);
+    ngx_http_kvroute_gather(kcf, cand, n, s);
     ngx_http_kvroute_request(ctx, &rq);
 
     now = ngx_time();
 
     ngx_http_upstream_rr_peers_wlock(peers);
 
-    for (peer = peers->peer, i = 0; peer && i < kcf->nprimary;
-         peer = peer->next, i++)
-    {
-        s[i].usable = ngx_http_kvroute_usable(&pd->rrp, peer, i, now);
+    for (i = 0; i < n; i++) {
+        peer = kcf->peers[cand[i].k].peer;
+        s[i].usable = ngx_http_kvroute_usable(&pd->rrp, peer, cand[i].k, now);
         s[i].weight = peer->weight;
     }
 
     cfg = kcf->route;
 
-    (void) kv_route_pick(s, i, &rq, &cfg,
+    (void) kv_route_pick(s, n, &rq, &cfg,
                          (uint64_t) ngx_random() << 32 ^ ngx_random(), &res);
 
     if (res.pick == KV_ROUTE_BUSY) {
@@ -1173,7 +1122,14 @@ ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
 
         cfg.busy_prefill_tokens = 0;
         cfg.busy_decode_blocks = 0;
-        (void) kv_route_pick(s, i, &rq, &cfg, ngx_random(), &res);
+        (void) kv_route_pick(s, n, &rq, &cfg, ngx_random(), &res);
+    }
+
+    if (res.pick < 0 && !all && n < kcf->nprimary) {
+        /* no candidate usable: every primary, this once */
+        ngx_http_upstream_rr_peers_unlock(peers);
+        all = 1;
+        goto again;
     }
 
     if (res.pick < 0) {
@@ -1184,7 +1140,9 @@ ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
         goto backup;
     }
 
-    p = &kcf->peers[res.pick];
+    k = cand[res.pick].k;
+
+    p = &kcf->peers[k];
     peer = p->peer;
 
     if (now - peer->checked > peer->fail_timeout) {
@@ -1197,8 +1155,8 @@ ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
 
     peer->conns++;
     pd->rrp.current = peer;
-    pd->rrp.tried[res.pick / (8 * sizeof(uintptr_t))]
-        |= (uintptr_t) 1 << res.pick % (8 * sizeof(uintptr_t));
+    pd->rrp.tried[k / (8 * sizeof(uintptr_t))]
+        |= (uintptr_t) 1 << k % (8 * sizeof(uintptr_t));
 
     ngx_http_upstream_rr_peers_unlock(peers);
 

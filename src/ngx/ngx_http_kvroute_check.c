@@ -102,39 +102,47 @@ ngx_http_kvroute_worker_block_size(ngx_http_kvroute_srv_conf_t *kcf,
  * logs it once per server and change of block size.
  */
 
-void
-ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
-    uint32_t *overlap, ngx_log_t *log)
+ngx_int_t
+ngx_http_kvroute_block_size_ok(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_peer_t *p, ngx_log_t *log)
 {
-    ngx_uint_t                k, bs;
-    ngx_http_kvroute_peer_t  *p;
+    ngx_uint_t  bs;
 
     if (kcf->zone == NULL || kcf->zone->events_conf == NULL) {
-        return;
+        return 1;
     }
 
-    for (k = 0; k < kcf->nprimary; k++) {
-        p = &kcf->peers[k];
+    bs = ngx_http_kvroute_worker_block_size(kcf, p);
 
-        bs = ngx_http_kvroute_worker_block_size(kcf, p);
+    if (bs == 0 || bs == kcf->block_size) {
+        return 1;
+    }
 
-        if (bs == 0 || bs == kcf->block_size) {
-            continue;
-        }
+    if (p->block_size_logged != bs) {
+        p->block_size_logged = bs;
 
-        if (overlap) {
-            overlap[k] = 0;
-        }
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "kvroute: server \"%V\" of upstream \"%V\" announces "
+                      "block_size=%ui but kvroute has block_size=%ui: "
+                      "routing it by load only until they agree",
+                      &p->server, &kcf->upstream_name, bs,
+                      kcf->block_size);
+    }
 
-        if (p->block_size_logged != bs) {
-            p->block_size_logged = bs;
+    return 0;
+}
 
-            ngx_log_error(NGX_LOG_ERR, log, 0,
-                          "kvroute: server \"%V\" of upstream \"%V\" announces "
-                          "block_size=%ui but kvroute has block_size=%ui: "
-                          "routing it by load only until they agree",
-                          &p->server, &kcf->upstream_name, bs,
-                          kcf->block_size);
+
+void
+ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_cand_t *cand, ngx_uint_t n, ngx_log_t *log)
+{
+    ngx_uint_t  j;
+
+    for (j = 0; j < n; j++) {
+        if (!ngx_http_kvroute_block_size_ok(kcf, &kcf->peers[cand[j].k], log)) {
+            cand[j].overlap = 0;
+            cand[j].pending = 0;
         }
     }
 }

@@ -85,7 +85,7 @@ ngx_http_kvroute_selfcheck_start(ngx_http_request_t *r,
     ctx->usage_on = 0;
     if (kcf == NULL || kcf->zone == NULL || kcf->zone->events_conf == NULL
         || r->headers_out.status != NGX_HTTP_OK
-        || ctx->overlap == NULL || ctx->nseq == 0
+        || ctx->cand == NULL || ctx->nseq == 0
         || ctx->fallback != NGX_HTTP_KVROUTE_FB_NONE
         || ctx->chosen < kcf->peers
         || ctx->chosen >= kcf->peers + kcf->nprimary)
@@ -113,7 +113,7 @@ ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
 {
     uint64_t                      bs, maxb, idx, pend, predicted, cached;
     ngx_int_t                     i;
-    ngx_uint_t                    k;
+    ngx_uint_t                    k, j;
     kv_registry_t                *reg;
     kv_worker_rec_t               rec;
     ngx_http_kvroute_peer_t      *p;
@@ -154,8 +154,18 @@ ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
 
     bs = kcf->block_size;
     maxb = ctx->prompt_tokens ? (ctx->prompt_tokens - 1) / bs : 0;
-    idx = ngx_min(ctx->overlap[k], maxb);
-    pend = ngx_min(ngx_max(ctx->overlap[k], ctx->pending[k]), maxb);
+    /* the match's credit for the chosen server (none: it held nothing) */
+    idx = 0;
+    pend = 0;
+
+    for (j = 0; j < ctx->ncand; j++) {
+        if (ctx->cand[j].k == k) {
+            idx = ngx_min(ctx->cand[j].overlap, maxb);
+            pend = ngx_min(ngx_max(ctx->cand[j].overlap, ctx->cand[j].pending),
+                           maxb);
+            break;
+        }
+    }
     cached = (uint64_t) ctx->usage.cached_tokens;
 
     predicted = idx * bs;

@@ -13,6 +13,7 @@
 
 
 static ngx_int_t ngx_http_kvroute_postconfiguration(ngx_conf_t *cf);
+static char *ngx_http_kvroute_init_main_conf(ngx_conf_t *cf, void *conf);
 static void *ngx_http_kvroute_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf);
 static void *ngx_http_kvroute_create_loc_conf(ngx_conf_t *cf);
@@ -76,7 +77,7 @@ static ngx_http_module_t  ngx_http_kvroute_module_ctx = {
     ngx_http_kvroute_postconfiguration,    /* postconfiguration */
 
     ngx_http_kvroute_create_main_conf,     /* create main configuration */
-    NULL,                                  /* init main configuration */
+    ngx_http_kvroute_init_main_conf,       /* init main configuration */
 
     ngx_http_kvroute_create_srv_conf,      /* create server configuration */
     NULL,                                  /* merge server configuration */
@@ -153,6 +154,29 @@ ngx_http_kvroute_create_main_conf(ngx_conf_t *cf)
     }
 
     return kmcf;
+}
+
+
+/* After the upstream module has set every upstream up: size the zones
+ * for their servers. */
+
+static char *
+ngx_http_kvroute_init_main_conf(ngx_conf_t *cf, void *conf)
+{
+    ngx_http_kvroute_main_conf_t *kmcf = conf;
+
+    ngx_uint_t                 i;
+    ngx_http_kvroute_zone_t  **zones;
+
+    zones = kmcf->zones.elts;
+
+    for (i = 0; i < kmcf->zones.nelts; i++) {
+        if (ngx_http_kvroute_zone_size(cf, zones[i]) != NGX_OK) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
 }
 
 

@@ -406,10 +406,14 @@ ngx_http_kvroute_prefill_match(ngx_http_request_t *r,
                                           ctx->prefill_pending);
     }
 
-    ngx_http_kvroute_block_size_check(pkcf, ctx->prefill_overlap,
-                                      r->connection->log);
-    ngx_http_kvroute_block_size_check(pkcf, ctx->prefill_pending,
-                                      r->connection->log);
+    for (k = 0; k < pkcf->nprimary; k++) {
+        if (!ngx_http_kvroute_block_size_ok(pkcf, &pkcf->peers[k],
+                                            r->connection->log))
+        {
+            ctx->prefill_overlap[k] = 0;
+            ctx->prefill_pending[k] = 0;
+        }
+    }
 }
 
 

@@ -190,7 +190,7 @@ ngx_http_kvroute_resume(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
 
     } else if ((ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
          || ctx->fallback == NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED)
-        && ngx_http_kvroute_all_busy(ctx->conf))
+        && ngx_http_kvroute_all_busy(ctx->conf, r->pool))
     {
         ctx->fallback = NGX_HTTP_KVROUTE_FB_ALL_BUSY;
         ctx->status = NGX_HTTP_SERVICE_UNAVAILABLE;

@@ -37,8 +37,8 @@ static ngx_int_t ngx_http_kvroute_zone_registry(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
 static void ngx_http_kvroute_zone_turns(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
-static void ngx_http_kvroute_register_servers(ngx_http_kvroute_zone_t *zone,
-    ngx_log_t *log);
+static ngx_int_t ngx_http_kvroute_register_servers(
+    ngx_http_kvroute_zone_t *zone, ngx_log_t *log);
 static int ngx_http_kvroute_pid_alive(pid_t pid);
 
 
@@ -50,7 +50,6 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_int_t                  n;
     ngx_str_t                 *value, s;
     ngx_uint_t                 i;
-    kv_index_config_t          icfg;
     ngx_http_kvroute_zone_t   *zone;
 
     value = cf->args->elts;
@@ -139,30 +138,14 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     if (zone->turn_size == -1) {
+        zone->turn_default = 1;
         zone->turn_size = ngx_min(size / 8, 64 * 1024 * 1024);
         if ((size_t) zone->turn_size < kv_tcache_min_size()) {
             zone->turn_size = 0;
         }
     }
 
-    ngx_memzero(&icfg, sizeof(icfg));
-    icfg.max_workers = zone->max_workers;
-
-    if ((size_t) size < kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
-                                     NGX_HTTP_KVROUTE_MAX_ROWS)
-                        + kv_index_min_size(&icfg) + 64 * ngx_pagesize
-                        + zone->turn_size)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "kvroute_zone \"%V\" is too small: at least %uzk",
-                           &value[1],
-                           (kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
-                                         NGX_HTTP_KVROUTE_MAX_ROWS)
-                            + kv_index_min_size(&icfg) + 64 * ngx_pagesize
-                            + zone->turn_size)
-                           / 1024 + 1);
-        return NGX_CONF_ERROR;
-    }
+    zone->size = size;
 
     zone->shm_zone = ngx_shared_memory_add(cf, &zone->name, size,
                                            &ngx_http_kvroute_module);
@@ -238,11 +221,100 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
 }
 
 
+/*
+ * Once every upstream is configured (the module's init_main_conf): the load
+ * table is sized for the servers of the upstreams that use the zone, with
+ * room for a quarter more (a reload that adds a few servers keeps it), and
+ * a zone too small for that, the registry and a minimal index fails the
+ * configuration test with the size it needs.
+ */
+
+ngx_int_t
+ngx_http_kvroute_zone_size(ngx_conf_t *cf, ngx_http_kvroute_zone_t *zone)
+{
+    size_t                          need, pages;
+    ngx_uint_t                      i, servers;
+    ngx_core_conf_t                *ccf;
+    kv_index_config_t               icfg;
+    ngx_http_upstream_rr_peers_t   *peers;
+    ngx_http_kvroute_srv_conf_t   **kcfs;
+
+    if (zone->shm_zone == NULL) {
+        return NGX_OK;              /* init_upstream said so already */
+    }
+
+    kcfs = zone->upstreams.elts;
+    servers = 0;
+
+    for (i = 0; i < zone->upstreams.nelts; i++) {
+        for (peers = kcfs[i]->uscf->peer.data; peers; peers = peers->next) {
+            servers += peers->number;
+        }
+    }
+
+    zone->load_servers = servers + servers / 4 + 16;
+    zone->load_groups = 2 * zone->upstreams.nelts + 8;
+
+    /* a row per worker process, for a few generations across reloads */
+
+    ccf = (ngx_core_conf_t *) ngx_get_conf(cf->cycle->conf_ctx, ngx_core_module);
+
+    if (ccf == NULL || ccf->worker_processes == NGX_CONF_UNSET) {
+        zone->load_rows = NGX_HTTP_KVROUTE_MAX_ROWS;
+
+    } else {
+        zone->load_rows = ngx_max(16, ngx_min(NGX_HTTP_KVROUTE_MAX_ROWS,
+                                              4 * ccf->worker_processes + 8));
+    }
+
+    ngx_memzero(&icfg, sizeof(icfg));
+    icfg.max_workers = zone->max_workers;
+
+    need = kv_load_size(zone->load_servers, zone->load_rows, zone->load_groups)
+           + kv_registry_min_size(zone->max_workers)
+           + 2 * (kv_index_min_size(&icfg) + ngx_pagesize)
+           + 64 * ngx_pagesize;
+
+    /* the slab pool's own page descriptors, and pages rounded up */
+    pages = need / ngx_pagesize + 8;
+    need = (pages + pages / 64 + 8) * ngx_pagesize;
+
+    /*
+     * an explicit turn_cache= must fit besides; the default one (an eighth
+     * of the zone) gives way to the servers, down to none
+     */
+
+    if (zone->turn_default && zone->turn_size > 0
+        && zone->size < need + (size_t) zone->turn_size)
+    {
+        zone->turn_size = zone->size > need ? zone->size - need : 0;
+
+        if ((size_t) zone->turn_size < kv_tcache_min_size()) {
+            zone->turn_size = 0;
+        }
+    }
+
+    need += zone->turn_size > 0 ? (size_t) zone->turn_size : 0;
+
+    if (zone->size < need) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "kvroute_zone \"%V\" is too small for its %ui "
+                           "upstream servers: at least %uzk (declared in "
+                           "%V:%ui)", &zone->name, servers, need / 1024 + 1,
+                           &zone->decl_file, zone->decl_line);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_kvroute_zone_t  *ozone = data;
 
+    size_t                    size;
     ngx_slab_pool_t          *shpool;
     ngx_http_kvroute_sh_t    *sh;
     ngx_http_kvroute_zone_t  *zone;
@@ -289,9 +361,7 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
                           "when the zone is recreated", &zone->name);
         }
 
-        ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
-
-        return NGX_OK;
+        return ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
     }
 
     sh = ngx_slab_calloc(shpool, sizeof(ngx_http_kvroute_sh_t));
@@ -303,18 +373,20 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     zone->sh = sh;
     zone->shpool = shpool;
 
-    sh->load_region = ngx_slab_alloc(shpool,
-                                     kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
-                                                  NGX_HTTP_KVROUTE_MAX_ROWS));
+    size = kv_load_size(zone->load_servers, zone->load_rows,
+                        zone->load_groups);
+
+    sh->load_region = ngx_slab_alloc(shpool, size);
     if (sh->load_region == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
+                      "kvroute_zone \"%V\": no room for the load table of "
+                      "%ui servers (%uzk)", &zone->name, zone->load_servers,
+                      size / 1024 + 1);
         return NGX_ERROR;
     }
 
-    sh->load = kv_load_init(sh->load_region,
-                            kv_load_size(NGX_HTTP_KVROUTE_MAX_SERVERS,
-                                         NGX_HTTP_KVROUTE_MAX_ROWS),
-                            NGX_HTTP_KVROUTE_MAX_SERVERS,
-                            NGX_HTTP_KVROUTE_MAX_ROWS, 0);
+    sh->load = kv_load_init(sh->load_region, size, zone->load_servers,
+                            zone->load_rows, zone->load_groups, 0);
 
     if (ngx_http_kvroute_zone_registry(zone, shpool, shm_zone->shm.log)
         != NGX_OK)
@@ -332,9 +404,7 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 
     sh->magic = NGX_HTTP_KVROUTE_MAGIC;
 
-    ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
-
-    return NGX_OK;
+    return ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
 }
 
 
@@ -493,24 +563,36 @@ ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
 /*
  * Load is kept per "upstream/server" name so that a reload keeps the
  * counts of servers that stay; names are added here, in the master, the
- * only process that writes them.
+ * only process that writes them. Each upstream's primaries (group 2u) and
+ * backups (2u + 1) are placed in the least-loaded order with their weight;
+ * servers of an older configuration are taken out of it first. A reused
+ * table without room for the new servers fails the reload, keeping the
+ * running configuration, rather than routing some servers without load.
  */
 
-static void
+static ngx_int_t
 ngx_http_kvroute_register_servers(ngx_http_kvroute_zone_t *zone,
     ngx_log_t *log)
 {
+    int                             k;
     u_char                          name[KV_LOAD_NAME_MAX];
     size_t                          len;
+    uint32_t                        n;
     ngx_uint_t                      i, b;
+    kv_load_t                      *ld = zone->sh->load;
     ngx_http_upstream_rr_peer_t    *peer;
     ngx_http_upstream_rr_peers_t   *peers;
     ngx_http_kvroute_srv_conf_t   **kcfs;
+
+    for (n = 0; n < kv_load_servers(ld); n++) {
+        kv_load_place(ld, n, UINT32_MAX, 1);
+    }
 
     kcfs = zone->upstreams.elts;
 
     for (i = 0; i < zone->upstreams.nelts; i++) {
         peers = kcfs[i]->uscf->peer.data;
+        kcfs[i]->group = 2 * i;
 
         for (b = 0; peers && b < 2; b++, peers = peers->next) {
             for (peer = peers->peer; peer; peer = peer->next) {
@@ -518,15 +600,25 @@ ngx_http_kvroute_register_servers(ngx_http_kvroute_zone_t *zone,
                                    &kcfs[i]->upstream_name, &peer->server)
                       - name;
 
-                if (kv_load_server(zone->sh->load, (char *) name, len) < 0) {
-                    ngx_log_error(NGX_LOG_WARN, log, 0,
-                                  "kvroute_zone \"%V\": load table full, "
-                                  "\"%*s\" routes without load", &zone->name,
-                                  len, name);
+                k = kv_load_server(ld, (char *) name, len);
+
+                if (k < 0 || 2 * i + b >= kv_load_groups(ld)) {
+                    ngx_log_error(NGX_LOG_EMERG, log, 0,
+                                  "kvroute_zone \"%V\": its load table (kept "
+                                  "across the reload) has no room for \"%*s\"; "
+                                  "change the zone's size to lay it out anew",
+                                  &zone->name, len, name);
+                    return NGX_ERROR;
+                }
+
+                if (!peer->down) {
+                    kv_load_place(ld, k, 2 * i + b, peer->weight);
                 }
             }
         }
     }
+
+    return NGX_OK;
 }
 
 
@@ -563,16 +655,29 @@ ngx_http_kvroute_zone_rates(ngx_http_kvroute_zone_t *zone)
 }
 
 
-/* Every half second in every worker: reclaim dead processes' load and, in
- * approximate mode, expire the router's own predictions. */
+/* Every half second in every worker: reclaim dead processes' load, follow
+ * announced worker ids and, in approximate mode, expire the router's own
+ * predictions. */
 
 void
 ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone)
 {
-    int                     n;
-    ngx_http_kvroute_sh_t  *sh = zone->sh;
+    int                            n;
+    ngx_uint_t                     i;
+    ngx_http_kvroute_sh_t         *sh = zone->sh;
+    ngx_http_kvroute_srv_conf_t  **kcfs;
 
     n = kv_load_reap(sh->load, ngx_http_kvroute_pid_alive);
+
+    /* large upstreams follow the ids workers announce here, not per request */
+
+    kcfs = zone->upstreams.elts;
+
+    for (i = 0; i < zone->upstreams.nelts; i++) {
+        if (kcfs[i]->nprimary > NGX_HTTP_KVROUTE_SCAN_ALL) {
+            ngx_http_kvroute_candidates_refresh(kcfs[i]);
+        }
+    }
 
     ngx_http_kvroute_zone_rates(zone);
 

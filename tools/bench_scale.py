@@ -1,0 +1,386 @@
+"""Scale-out figures (issue 18), `make bench-scale`; docs/BENCHMARKS.md "Scale-out".
+
+decision   decision time ($kvroute_decision_us) at 8, 64, 512 and 4,096 upstream
+           servers in one run: one nginx (1 worker process, approximate mode)
+           with four upstreams over the first N engines of one kvworker
+           (--engines 4096, mock), requests interleaved across the four, each
+           1,024 token ids over 64 shared prefixes, sent one at a time.
+instances  1, 2, 4, 8 nginx instances (separate processes and zones, one NATS,
+           events mode) in front of 8 mock engines, a kvsynth sessions trace
+           dealt round-robin to them (one kvbench replay per instance, all at
+           once): hit rate, TTFT, load spread (max/mean requests per engine),
+           with worker_load=local and worker_load=max (heartbeats every 100 ms),
+           and 8 instances in approximate mode (no events: per-gateway view).
+converge   event-to-all-instances time: a raw NATS subscriber notes when each
+           KV event of a fresh prompt arrives; every instance's status is
+           polled until its index holds the new blocks.
+
+Usage: tools/bench-scale [decision|instances|converge ...]; BENCH_SCALE_* env
+variables shorten or lengthen the runs (see below).
+"""
+import http.client
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+TOP = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TOP, "t", "lib"))
+import kvt  # noqa: E402
+
+SIZES = [8, 64, 512, 4096]
+DEC_REQUESTS = int(os.environ.get("BENCH_SCALE_DECISIONS", "500"))     # per size
+SESSIONS_REQ = int(os.environ.get("BENCH_SCALE_REQUESTS", "400"))
+INSTANCES = [int(x) for x in os.environ.get("BENCH_SCALE_INSTANCES", "1,2,4,8").split(",")]
+ENGINES = int(os.environ.get("BENCH_SCALE_ENGINES", "8"))
+CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def port_run(n):
+    """n consecutive free ports below the ephemeral range."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    rnd = random.Random(os.getpid())
+    for _ in range(100):
+        base = rnd.randrange(10000, max(10001, low - n))
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of %d free ports" % n)
+
+
+_conns = {}
+
+
+def call(port, method, path, body=None):
+    """One request on a kept-alive connection per port: polling with a new
+    connection each time would leave thousands in TIME_WAIT on a shared
+    machine."""
+    for attempt in (0, 1):
+        c = _conns.get(port)
+        if c is None:
+            c = _conns[port] = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            c.request(method, path, body=json.dumps(body) if body is not None else None,
+                      headers={"Content-Type": "application/json"} if body is not None else {})
+            r = c.getresponse()
+            return r.status, r.read()
+        except (http.client.HTTPException, OSError):
+            c.close()
+            del _conns[port]
+            if attempt:
+                raise
+
+
+def status(port):
+    s, body = call(port, "GET", "/kvroute/status")
+    assert s == 200, body
+    return json.loads(body)
+
+
+# --- decision time against fleet size ---------------------------------------
+
+DECISION_CONF = """
+    %(zones)s
+    %(upstreams)s
+    log_format dec '$upstream_addr $kvroute_decision_us $kvroute_overlap_blocks';
+    server {
+        listen 127.0.0.1:%%(port)s;
+        client_body_buffer_size 1m;
+        %(locations)s
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def decision():
+    st = kvt.Stack("bench-scale")
+    try:
+        w = st.worker(port=port_run(max(SIZES)), engines=max(SIZES), wait=False,
+                      extra=["--speedup", "200", "--num-blocks", "256"])
+        for p in (w.ports[0], w.ports[-1]):     # not 4,096 connections in TIME_WAIT
+            kvt.wait_port(p, proc=w, what="kvworker")
+        zones, ups, locs = [], [], []
+        for n in SIZES:
+            zones.append("kvroute_zone kv%d %dm max_workers=4096;" % (n, 8 + n // 128))
+            ups.append("upstream u%d { zone u%d 4m; kvroute zone=kv%d; %s keepalive 16; }"
+                       % (n, n, n, " ".join("server 127.0.0.1:%d;" % p for p in w.ports[:n])))
+            locs.append("location /u%d/ { access_log %s/u%d.log dec; proxy_pass http://u%d/; "
+                        "proxy_http_version 1.1; proxy_set_header Connection \"\"; }"
+                        % (n, st.dir, n, n))
+        ng = st.nginx(DECISION_CONF % {"zones": "\n".join(zones), "upstreams": "\n".join(ups),
+                                       "locations": "\n".join(locs)}, workers=1)
+        rnd = random.Random(7)
+        prefixes = [[rnd.randrange(100, 30000) for _ in range(768)] for _ in range(64)]
+        load0 = os.getloadavg()[0]
+        t0 = time.time()
+        for i in range(DEC_REQUESTS):
+            for n in SIZES:
+                ids = prefixes[rnd.randrange(64)] + [rnd.randrange(100, 30000) for _ in range(256)]
+                s, body = call(ng.port, "POST", "/u%d/v1/completions" % n,
+                               {"model": "kvroute-mock", "prompt": ids, "max_tokens": 1})
+                assert s == 200, body
+        secs = time.time() - t0
+        out = {"load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+               "seconds": round(secs, 1), "requests_per_size": DEC_REQUESTS, "sizes": {}}
+        log = ng.log()
+        out["routes_without_load_warnings"] = log.count("routes without load")
+        zs = status(ng.port)["zones"]
+        for n in SIZES:
+            with open(os.path.join(st.dir, "u%d.log" % n)) as f:
+                rows = [l.split() for l in f if l.strip()]
+            us = [int(r[1]) for r in rows if r[1].isdigit()]
+            servers = zs["kv%d" % n]["upstreams"]["u%d" % n]
+            out["sizes"][n] = {
+                "decisions": len(us), "p50_us": pct(us, 0.5), "p99_us": pct(us, 0.99),
+                "mean_us": round(statistics.mean(us), 1),
+                "servers": len(servers),
+                "servers_routed": sum(1 for s in servers if s["requests"]),
+                "requests_counted": sum(s["requests"] for s in servers),
+                "hits": sum(1 for r in rows if r[2] != "0"),
+            }
+        out["p99_4096_over_p99_8"] = round(out["sizes"][4096]["p99_us"]
+                                           / max(1, out["sizes"][8]["p99_us"]), 2)
+        return out
+    finally:
+        st.close()
+
+
+# --- many instances, one view -------------------------------------------------
+
+INSTANCE_CONF = """
+    kvroute_zone kv 32m;
+    %(events)s
+    upstream llm {
+        zone llm 256k;
+        kvroute zone=kv %(params)s;
+        %(servers)s
+        keepalive 32;
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        client_body_buffer_size 1m;
+        client_max_body_size 8m;
+        location /v1/ {
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def instance_conf(nats_url, ports, mode, worker_load):
+    events = "" if mode == "approximate" else "kvroute_events %s zone=kv;" % nats_url
+    params = "mode=%s worker_load=%s" % (mode, worker_load)
+    return INSTANCE_CONF % {"events": events, "params": params,
+                            "servers": "\n".join("server 127.0.0.1:%d;" % p for p in ports)}
+
+
+def wait_live(instances, n):
+    def live():
+        for ng in instances:
+            ws = status(ng.port)["zones"]["kv"]["events"]["workers"]
+            if sum(1 for w in ws if w.get("state") == "live") < n:
+                return False
+        return True
+    kvt.wait_until(live, timeout=60, what="every instance sees every worker live")
+
+
+def sessions_trace(path):
+    subprocess.run([os.path.join(kvt.BIN, "kvsynth"), "sessions", "--num-requests",
+                    str(SESSIONS_REQ), "--rate", "16", "--systems", "8",
+                    "--system-tokens", "1024", "--turns", "3:8", "--user-tokens", "64:256",
+                    "--output-tokens", "16:64", "--think-s", "1:3:6", "--seed", "3",
+                    "--out", path], check=True)
+
+
+def run_instances(st, nats, trace, m, mode, worker_load):
+    # a fresh fleet each run: cold caches, nothing learned
+    w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
+                                          "--speedup", "4"])
+    ports = w.ports
+    instances = [st.nginx(instance_conf(nats.url, ports, mode, worker_load), workers=1)
+                 for _ in range(m)]
+    try:
+        if mode == "events":
+            wait_live(instances, len(ports))
+        with open(trace) as f:
+            lines = f.readlines()
+        procs = []
+        for k, ng in enumerate(instances):
+            part = os.path.join(st.dir, "part-%d-%d.jsonl" % (m, k))
+            with open(part, "w") as f:
+                f.writelines(lines[k::m])
+            procs.append(subprocess.Popen(
+                [os.path.join(kvt.BIN, "kvbench"), "replay", "--trace", part, "--url",
+                 "http://127.0.0.1:%d" % ng.port, "--block-size", "16", "--speedup", "1"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+        sums = [json.loads(p.communicate()[0]) for p in procs]
+        per_engine = {}
+        for ng in instances:
+            for s in status(ng.port)["zones"]["kv"]["upstreams"]["llm"]:
+                per_engine[s["server"]] = per_engine.get(s["server"], 0) + s["requests"]
+        done = sum(s["completed"] for s in sums)
+        prompt = sum(s["prompt_tokens"] for s in sums)
+        cached = sum(s["cached_tokens"] for s in sums)
+        loads = list(per_engine.values())
+        return {
+            "instances": m, "mode": mode, "worker_load": worker_load,
+            "completed": done, "errors": sum(s["errors"] for s in sums),
+            "hit_rate": round(cached / prompt, 4) if prompt else None,
+            "ttft_mean_ms": round(sum(s["ttft_ms"]["mean"] * s["completed"] for s in sums)
+                                  / max(1, done), 1),
+            "spread_max_over_mean": round(max(loads) / statistics.mean(loads), 3),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+        }
+    finally:
+        for ng in instances:
+            ng.stop()
+        st.nginxes = [n for n in st.nginxes if n not in instances]
+        kvt._kill(w)
+
+
+def instances_bench():
+    st = kvt.Stack("bench-scale")
+    try:
+        nats = st.nats()
+        trace = os.path.join(st.dir, "sessions.jsonl")
+        sessions_trace(trace)
+        runs = []
+        for m in INSTANCES:
+            for wl in ("local", "max"):
+                r = run_instances(st, nats, trace, m, "events", wl)
+                print(json.dumps(r), flush=True)
+                runs.append(r)
+        r = run_instances(st, nats, trace, max(INSTANCES), "approximate", "local")
+        print(json.dumps(r), flush=True)
+        runs.append(r)
+        return runs
+    finally:
+        st.close()
+
+
+# --- event to every instance ------------------------------------------------
+
+class Subscriber(threading.Thread):
+    """A raw NATS client: notes the arrival time of every KV event."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.sendall(b'CONNECT {"verbose":false}\r\nSUB *.*.*.*.kv-events 1\r\n'
+                          b'SUB > 2\r\nPING\r\n')
+        self.times = []
+        self.lock = threading.Lock()
+
+    def run(self):
+        buf = b""
+        while True:
+            data = self.sock.recv(65536)
+            if not data:
+                return
+            now = time.monotonic()
+            buf += data
+            while b"\r\n" in buf:
+                line, rest = buf.split(b"\r\n", 1)
+                if line.startswith(b"MSG "):
+                    parts = line.split()
+                    size = int(parts[-1])
+                    if len(rest) < size + 2:
+                        break
+                    if parts[1].endswith(b"kv-events"):
+                        with self.lock:
+                            self.times.append(now)
+                    buf = rest[size + 2:]
+                elif line.startswith(b"PING"):
+                    self.sock.sendall(b"PONG\r\n")
+                    buf = rest
+                else:
+                    buf = rest
+
+    def count(self):
+        with self.lock:
+            return len(self.times)
+
+    def last(self):
+        with self.lock:
+            return self.times[-1]
+
+
+def converge():
+    st = kvt.Stack("bench-scale")
+    try:
+        nats = st.nats()
+        w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--speedup", "4"])
+        m = max(INSTANCES)
+        instances = [st.nginx(instance_conf(nats.url, w.ports, "events", "local"), workers=1)
+                     for _ in range(m)]
+        wait_live(instances, len(w.ports))
+        sub = Subscriber(nats.port)
+        sub.start()
+        rnd = random.Random(11)
+        lags = []
+        load0 = os.getloadavg()[0]
+
+        def indexed(ng):
+            return sum(s["indexed_blocks"]
+                       for s in status(ng.port)["zones"]["kv"]["upstreams"]["llm"])
+
+        for t in range(CONVERGE_TRIALS):
+            before = [indexed(ng) for ng in instances]
+            n0 = sub.count()
+            ids = [rnd.randrange(100, 30000) for _ in range(256)]
+            s, body = call(instances[t % m].port, "POST", "/v1/completions",
+                           {"model": "kvroute-mock", "prompt": ids, "max_tokens": 1})
+            assert s == 200, body
+            kvt.wait_until(lambda: sub.count() > n0, timeout=10, interval=0.001,
+                           what="the event on NATS")
+            seen = [None] * m
+            deadline = time.monotonic() + 10
+            while None in seen and time.monotonic() < deadline:
+                for k, ng in enumerate(instances):
+                    if seen[k] is None and indexed(ng) >= before[k] + 16:
+                        seen[k] = time.monotonic()
+            assert None not in seen, "an instance never indexed the prompt"
+            lags.append((max(seen) - sub.times[n0]) * 1000)
+        return {"instances": m, "trials": len(lags), "p50_ms": round(pct(lags, 0.5), 2),
+                "p99_ms": round(pct(lags, 0.99), 2), "max_ms": round(max(lags), 2),
+                "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                "note": "includes status polling of every instance in turn"}
+    finally:
+        st.close()
+
+
+def main():
+    which = sys.argv[1:] or ["decision", "instances", "converge"]
+    print("# bench-scale on %d CPUs, load average %s" % (os.cpu_count(), os.getloadavg()),
+          flush=True)
+    for w in which:
+        r = {"decision": decision, "instances": instances_bench, "converge": converge}[w]()
+        print(json.dumps({w: r}, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
