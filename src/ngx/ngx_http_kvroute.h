@@ -361,6 +361,11 @@ ngx_int_t ngx_http_kvroute_prefill_header(ngx_http_kvroute_peer_data_t *pd);
 void ngx_http_kvroute_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_prefill_close(ngx_http_kvroute_ctx_t *ctx);
 
+/* the chosen server will hold the prompt's blocks (balancer.c) */
+void ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
+    const kv_route_server_t *s);
+
 /* misconfiguration checks */
 ngx_int_t ngx_http_kvroute_check_order(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *uscf);

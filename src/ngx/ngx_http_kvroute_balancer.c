@@ -32,9 +32,6 @@ static ngx_int_t ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
     ngx_http_upstream_rr_peer_data_t *rrp);
 static ngx_uint_t ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
     ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now);
-static void ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
-    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
-    const kv_route_server_t *s);
 static void ngx_http_kvroute_cleanup_conf(void *data);
 
 
@@ -1222,7 +1219,7 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
  * events confirm are theirs to keep or remove).
  */
 
-static void
+void
 ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
     const kv_route_server_t *s)

@@ -34,9 +34,6 @@
 static ngx_int_t ngx_http_kvroute_prefill_client_header(ngx_http_request_t *r);
 static void ngx_http_kvroute_prefill_match(ngx_http_request_t *r,
     ngx_http_kvroute_srv_conf_t *pkcf, ngx_http_kvroute_ctx_t *ctx);
-static void ngx_http_kvroute_prefill_record(ngx_http_kvroute_srv_conf_t *pkcf,
-    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
-    const kv_route_server_t *s);
 
 
 /* Configuration: the prefill upstream must exist, be a kvroute upstream of
@@ -299,7 +296,7 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
     kv_load_count(kcf->zone->sh->load, p->load, pr.route.overlap,
                   (uint32_t) (ctx->prompt_tokens / pkcf->block_size));
 
-    ngx_http_kvroute_prefill_record(pkcf, ctx, p, &s[pick]);
+    ngx_http_kvroute_record(pkcf, ctx, p, &s[pick]);
 }
 
 
@@ -417,45 +414,6 @@ ngx_http_kvroute_prefill_match(ngx_http_request_t *r,
 }
 
 
-/* The prefill server will hold the prompt's blocks too (for a while): the
- * router's guess until its events say so, as for a decode choice. */
-
-static void
-ngx_http_kvroute_prefill_record(ngx_http_kvroute_srv_conf_t *pkcf,
-    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
-    const kv_route_server_t *s)
-{
-    int                       slot;
-    size_t                    from;
-    kv_index_t               *ix;
-    ngx_http_kvroute_zone_t  *zone = pkcf->zone;
-
-    ix = zone->sh->approximate ? zone->sh->index : zone->sh->pending;
-
-    if (ix == NULL || ctx->nseq == 0) {
-        return;
-    }
-
-    from = 0;
-
-    if (!zone->sh->approximate && s->trusted) {
-        from = s->overlap_index < ctx->nseq ? s->overlap_index : ctx->nseq;
-    }
-
-    if (from == ctx->nseq) {
-        return;
-    }
-
-    ngx_shmtx_lock(&zone->shpool->mutex);
-
-    slot = kv_index_worker_add(ix, p->worker_id, 0);
-    if (slot >= 0) {
-        kv_index_record(ix, slot, ctx->seq + from, ctx->nseq - from,
-                        (uint64_t) ngx_current_msec);
-    }
-
-    ngx_shmtx_unlock(&zone->shpool->mutex);
-}
 
 
 /* Whether the client sent X-KVRoute-Prefill (any case, any number). */
