@@ -242,7 +242,9 @@ def test_replay_never_resurrects_a_removed_block(fleet):
     p.remove(ha)                                  # ...and its live removal: a gap, replay asked
     kvt.wait_until(lambda: p.replay_requests, what="replay requested")
     p.store(ids(52, 16))                          # more live traffic while the replay waits
-    assert worker_rec(f.ng.port, f.servers[0])["state"] == "stale"   # load only meanwhile
+    # load only meanwhile (the helper may publish the state just after it asks)
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
+                   what="stale while the replay is held")
     p.replay_gate.set()
     kvt.wait_until(lambda: ev_status(f.ng.port)["dumps"] >= 1
                    and worker_rec(f.ng.port, f.servers[0])["state"] == "live",
