@@ -43,4 +43,15 @@ size_t kv_hash_blocks(const uint32_t *tokens, size_t n, size_t block_size,
  */
 uint64_t kv_hash_worker_id(const char *address, size_t len);
 
+/* splitmix64's finaliser: a cheap bijective mix of 64 bits, for orders
+ * derived from ids (rendezvous ranks, ring points), never for block hashes. */
+static inline uint64_t kv_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
 #endif

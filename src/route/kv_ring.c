@@ -1,17 +1,8 @@
 /* The cold-placement ring (see kv_ring.h). */
 #include <stdlib.h>
 
+#include "kv_hash.h"
 #include "kv_ring.h"
-
-/* splitmix64's finaliser, as kv_route's rendezvous */
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 static uint32_t points_of(uint32_t weight)
 {
@@ -47,7 +38,7 @@ void kv_ring_build(kv_ring_point_t *pt, const uint64_t *id, const uint32_t *weig
 
     for (i = 0; i < n; i++) {
         for (v = 0; v < points_of(weight[i]); v++) {
-            pt[m].hash = mix(mix(id[i]) ^ (v + 1) * 0x9e3779b97f4a7c15ULL);
+            pt[m].hash = kv_mix64(kv_mix64(id[i]) ^ (v + 1) * 0x9e3779b97f4a7c15ULL);
             pt[m].server = (uint32_t) i;
             m++;
         }
@@ -59,7 +50,7 @@ size_t kv_ring_walk(const kv_ring_point_t *pt, size_t npt, uint64_t key, uint32_
                     size_t k)
 {
     size_t   lo = 0, hi = npt, i, j, n = 0, steps;
-    uint64_t h = mix(key);
+    uint64_t h = kv_mix64(key);
 
     if (npt == 0) {
         return 0;

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kv_hash.h"
 #include "kv_route.h"
 #include "kv_score.h"
 
@@ -66,21 +67,11 @@ static uint64_t uncached(const kv_route_server_t *s, const kv_route_request_t *r
     return rq->prompt_tokens > cached ? rq->prompt_tokens - cached : 0;
 }
 
-/* splitmix64's finaliser */
-static uint64_t mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 /* Weighted rendezvous: the server with the lowest -ln(u)/weight for
  * u = hash(key, id) in (0, 1) ranks first for key. */
 static double rendezvous(uint64_t key, const kv_route_server_t *s)
 {
-    double u = ((double) (mix(key ^ mix(s->id)) >> 11) + 0.5) / 9007199254740992.0;
+    double u = ((double) (kv_mix64(key ^ kv_mix64(s->id)) >> 11) + 0.5) / 9007199254740992.0;
 
     return -log(u) / weight_of(s);
 }
