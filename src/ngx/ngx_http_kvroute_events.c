@@ -836,6 +836,25 @@ ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
 }
 
 
+/* Another process took the zone's writer lease: this helper must stop. */
+
+static ngx_int_t
+ngx_http_kvroute_events_lease_lost(ngx_http_kvroute_events_t *ev)
+{
+    if (kv_registry_lease_held(ev->zone->sh->registry, ngx_pid,
+                               ev->lease_gen))
+    {
+        return 0;
+    }
+
+    ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
+                  "kvroute_events \"%V\": lost the writer lease, stopping",
+                  &ev->zone->name);
+
+    return 1;
+}
+
+
 static ngx_msec_t
 ngx_http_kvroute_events_zmq_manager(ngx_http_kvroute_events_t *ev)
 {
@@ -851,12 +870,7 @@ ngx_http_kvroute_events_zmq_manager(ngx_http_kvroute_events_t *ev)
         }
     }
 
-    if (!kv_registry_lease_held(ev->zone->sh->registry, ngx_pid,
-                                ev->lease_gen))
-    {
-        ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
-                      "kvroute_events \"%V\": lost the writer lease, "
-                      "stopping", &ev->zone->name);
+    if (ngx_http_kvroute_events_lease_lost(ev)) {
         kv_zmq_destroy(ev->zmq_ingest);
         ev->zmq_ingest = NULL;
         return 1000;
@@ -887,12 +901,7 @@ ngx_http_kvroute_events_manager(void *data)
         }
     }
 
-    if (!kv_registry_lease_held(ev->zone->sh->registry, ngx_pid,
-                                ev->lease_gen))
-    {
-        ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
-                      "kvroute_events \"%V\": lost the writer lease, "
-                      "stopping", &ev->zone->name);
+    if (ngx_http_kvroute_events_lease_lost(ev)) {
         kv_ingest_stop(ev->ingest);
         kv_ingest_destroy(ev->ingest);
         ev->ingest = NULL;
