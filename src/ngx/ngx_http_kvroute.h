@@ -192,6 +192,8 @@ struct ngx_http_kvroute_srv_conf_s {
     ngx_str_t                       prefill_name;
     ngx_http_kvroute_srv_conf_t    *prefill;
     kv_prefill_config_t             prefill_cfg;
+    double                          prefill_link_gbps;  /* 0: transfer learned */
+    uint64_t                        prefill_kv_bytes;   /* KV bytes per token */
     ngx_uint_t                      group;      /* its primaries' in the load order */
 
     /* resolved in each worker process (the upstream zone moves peers) */
@@ -273,6 +275,7 @@ typedef struct {
     int64_t                         prefill_held;       /* its prefill tokens */
     uint64_t                        prefill_queued;
     uint64_t                        prefill_open_ns;
+    double                          prefill_xfer_ms;    /* its transfer estimate */
 } ngx_http_kvroute_ctx_t;
 
 
@@ -356,7 +359,8 @@ uint64_t ngx_http_kvroute_now_ns(void);
 ngx_int_t ngx_http_kvroute_prefill_resolve(ngx_conf_t *cf,
     ngx_http_upstream_srv_conf_t *us, ngx_http_kvroute_srv_conf_t *kcf);
 void ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
-    ngx_http_kvroute_ctx_t *ctx, kv_route_result_t *res);
+    ngx_http_kvroute_ctx_t *ctx, kv_route_result_t *res,
+    const kv_route_server_t *d);
 ngx_int_t ngx_http_kvroute_prefill_header(ngx_http_kvroute_peer_data_t *pd);
 void ngx_http_kvroute_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_prefill_close(ngx_http_kvroute_ctx_t *ctx);

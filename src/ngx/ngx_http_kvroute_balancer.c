@@ -95,6 +95,14 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
       NGX_HTTP_KVROUTE_OFF(max_tokenize), 0, 1e15 },
     { ngx_string("prefill_min_tokens="), NGX_HTTP_KVROUTE_P_U64,
       NGX_HTTP_KVROUTE_OFF(prefill_cfg.min_tokens), 0, 1e15 },
+    { ngx_string("prefill_stall_weight="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(prefill_cfg.stall_weight), 0, 1e6 },
+    { ngx_string("prefill_margin="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(prefill_cfg.margin), 0, 1e6 },
+    { ngx_string("prefill_link_gbps="), NGX_HTTP_KVROUTE_P_DOUBLE,
+      NGX_HTTP_KVROUTE_OFF(prefill_link_gbps), 0, 1e9 },
+    { ngx_string("prefill_kv_bytes="), NGX_HTTP_KVROUTE_P_U64,
+      NGX_HTTP_KVROUTE_OFF(prefill_kv_bytes), 1, 1e12 },
     { ngx_null_string, 0, 0, 0, 0 }
 };
 
@@ -316,6 +324,17 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
         if (KV_PARAM("prefill=")) {
             kcf->prefill_name = s;      /* resolved in init_upstream */
+            continue;
+        }
+
+        if (KV_PARAM("prefill_conditional=")) {
+            if (s.len == 2 && ngx_strncmp(s.data, "on", 2) == 0) {
+                kcf->prefill_cfg.conditional = 1;
+            } else if (s.len == 3 && ngx_strncmp(s.data, "off", 3) == 0) {
+                kcf->prefill_cfg.conditional = 0;
+            } else {
+                goto invalid;
+            }
             continue;
         }
 
@@ -1164,7 +1183,8 @@ again:
                    res.estimate, res.queued_tokens, res.prefill_tokens);
 
     if (kcf->prefill) {
-        ngx_http_kvroute_prefill_choose(pd->request, ctx, &res);
+        ngx_http_kvroute_prefill_choose(pd->request, ctx, &res,
+                                        &s[res.pick]);
     }
 
     ngx_http_kvroute_acct_open(ctx, p, &res);
@@ -1179,7 +1199,7 @@ backup:
     if (rc == NGX_OK || rc == NGX_DONE) {
         if (kcf->prefill) {
             /* a backup decode server prefills itself */
-            ngx_http_kvroute_prefill_choose(pd->request, ctx, NULL);
+            ngx_http_kvroute_prefill_choose(pd->request, ctx, NULL, NULL);
         }
 
         for (i = kcf->nprimary; i < kcf->npeers; i++) {

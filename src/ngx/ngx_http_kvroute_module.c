@@ -205,6 +205,7 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
     kcf->max_tokenize = 4 * 1024 * 1024;
     kv_route_config_init(&kcf->route);
     kv_prefill_config_init(&kcf->prefill_cfg);
+    kcf->prefill_kv_bytes = 131072;     /* kvworker's default: Llama-3-8B fp16 */
 
     if (ngx_array_init(&kcf->worker_ids, cf->pool, 1,
                        sizeof(ngx_http_kvroute_worker_map_t))

@@ -110,6 +110,12 @@ ngx_http_kvroute_prefill_resolve(ngx_conf_t *cf,
 
     kcf->prefill = pkcf;
 
+    /* the transfer, ms per token: bytes x 8 / (Gb/s x 1e6) */
+    kcf->prefill_cfg.xfer_ms_per_token =
+        kcf->prefill_link_gbps > 0
+        ? (double) kcf->prefill_kv_bytes * 8 / (kcf->prefill_link_gbps * 1e6)
+        : 0;
+
     return NGX_OK;
 }
 
@@ -176,13 +182,16 @@ ngx_http_kvroute_prefill_usable(ngx_http_kvroute_srv_conf_t *pkcf,
 /*
  * The prefill half of the attempt's decision, after the decode worker was
  * chosen with res (its prefill tokens are zeroed for a remote prefill: the
- * decode worker then computes none). res NULL: a backup decode server,
- * which prefills locally.
+ * decode worker then computes none); d: that decode worker's inputs as
+ * kv_route_pick saw them (its queued prefill, requests, learned line: the
+ * local side of conditional disaggregation). res NULL: a backup decode
+ * server, which prefills locally.
  */
 
 void
 ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
-    ngx_http_kvroute_ctx_t *ctx, kv_route_result_t *res)
+    ngx_http_kvroute_ctx_t *ctx, kv_route_result_t *res,
+    const kv_route_server_t *d)
 {
     int                           pick;
     time_t                        now;
@@ -238,6 +247,7 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
             s[i].prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
             s[i].requests = ls.active[KV_LOAD_REQUESTS];
             s[i].prefill_rate = ls.prefill_rate;
+            s[i].prefill_base = ls.prefill_base;
         }
 
         s[i].usable = ngx_http_kvroute_prefill_usable(pkcf, p, &s[i], now);
@@ -257,16 +267,18 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
     rq.nseq = ctx->nseq;
     rq.max_tokens = ctx->max_tokens;
 
-    pick = kv_prefill_pick(s, pkcf->nprimary, &rq, res->overlap,
-                           &kcf->prefill_cfg, &pkcf->route,
+    pick = kv_prefill_pick(s, pkcf->nprimary, &rq, d, &kcf->prefill_cfg,
+                           &kcf->route, &pkcf->route,
                            (uint64_t) ngx_random() << 32 ^ ngx_random(), &pr);
 
     ctx->prefill_why = pr.why;
 
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+    ngx_log_debug6(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "kvroute prefill: %s, %uL tokens uncached at the decode "
-                   "worker, pick %d", kv_prefill_why_name(pr.why),
-                   pr.uncached_local, pick);
+                   "worker, pick %d, remote %.1f ms (transfer %.1f), "
+                   "local %.1f ms", kv_prefill_why_name(pr.why),
+                   pr.uncached_local, pick, pr.remote_ms, pr.xfer_ms,
+                   pr.local_ms);
 
     if (pick < 0) {
         return;
@@ -286,6 +298,7 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
     ctx->prefill_load = p->load;
     ctx->prefill_held = pr.route.prefill_tokens;
     ctx->prefill_queued = pr.route.queued_tokens;
+    ctx->prefill_xfer_ms = pr.xfer_ms;
     ctx->prefill_open_ns = ngx_http_kvroute_now_ns();
     ctx->prefill_active = 1;
 
@@ -302,22 +315,29 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
 
 /* The decode worker's response header: the KV is in place, the prefill
  * server's part is over. What it prefilled (queue included) over that time
- * is a sample of its prefill rate (the transfer included: what a decode
- * worker waits for). */
+ * is a sample of its prefill rate: the transfer included when no link is
+ * configured (what a decode worker waits for), else less the transfer's
+ * estimate, which the decision then adds itself. */
 
 void
 ngx_http_kvroute_prefill_done(ngx_http_kvroute_ctx_t *ctx)
 {
+    double                    ms;
     ngx_http_kvroute_zone_t  *zone = ctx->conf->zone;
 
     if (!ctx->prefill_active) {
         return;
     }
 
-    kv_load_learn_prefill(zone->sh->load, ctx->prefill_load,
-                          (double) (ctx->prefill_queued + ctx->prefill_held),
-                          (double) (ngx_http_kvroute_now_ns()
-                                    - ctx->prefill_open_ns) / 1e6);
+    ms = (double) (ngx_http_kvroute_now_ns() - ctx->prefill_open_ns) / 1e6;
+
+    /* a sample the transfer estimate would make negative teaches nothing */
+    if (ms > ctx->prefill_xfer_ms) {
+        kv_load_learn_prefill(zone->sh->load, ctx->prefill_load,
+                              (double) (ctx->prefill_queued
+                                        + ctx->prefill_held),
+                              ms - ctx->prefill_xfer_ms);
+    }
 
     ngx_http_kvroute_prefill_close(ctx);
 }
