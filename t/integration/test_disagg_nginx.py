@@ -321,10 +321,102 @@ def test_prefill_min_tokens(stack, decoders):
     assert s == 200 and h["x-kvroute-prefill-reason"] == "remote"
 
 
+def held_requests(ng, decoders, names, tokens=2048):
+    """Sends one request per name, each once the one before it reached a
+    decode server (held there: "hold" mode), so each decision sees the load
+    of those before it. Returns the threads and their results (filled once
+    the decoders are released)."""
+    out, threads = {}, []
+    for i, name in enumerate(names):
+        t = threading.Thread(target=lambda n=name: out.update({n: complete(ng.port,
+                                                                       ids(n, tokens))}))
+        t.start()
+        threads.append(t)
+        kvt.wait_until(lambda: len(decoders[0].seen) + len(decoders[1].seen) == i + 1,
+                       what="request %d held at a decode server" % (i + 1))
+    return threads, out
+
+
+def test_loaded_prefill_pool_prefills_locally(stack, decoders):
+    """Conditional disaggregation: the prefill pool's queue (prompts held
+    there until their decode server's header) makes nginx's estimate for a
+    remote prefill worse than an idle decode worker's own, and the next
+    long prompt is prefilled locally ("faster"), with no header; once the
+    queue drains, long prompts go remote again. 2048-token prompts at the
+    default 8 tokens/ms: own prefill 256 ms; the stall weight 0.1 x one
+    request decoding, the margin 25%: local 336 ms against remote 512 once
+    both prefill servers hold one prompt."""
+    ng, _, pre = start(stack, decoders, None,
+                       params="prefill_stall_weight=0.1 prefill_margin=0.25")
+    for d in decoders:
+        d.mode = "hold"
+    threads, out = held_requests(ng, decoders, ["q1", "q2", "q3"])
+    try:
+        held = [server_stat(ng.port, "prefill", a) for a in pre]
+        assert sorted(x["active_prefill_tokens"] for x in held) == [2048, 2048]
+        dec = [server_stat(ng.port, "decode", d.addr) for d in decoders]
+        # the third prompt is the decode server's own to prefill
+        assert sum(x["active_prefill_tokens"] for x in dec) == 2048
+        assert sum(x["active_requests"] for x in dec) == 3
+    finally:
+        for d in decoders:
+            d.gate.set()
+        for t in threads:
+            t.join(30)
+    reasons = [out[n][1]["x-var-prefill-reason"] for n in ("q1", "q2", "q3")]
+    assert reasons == ["remote", "remote", "faster"]
+    assert all(out[n][0] == 200 for n in out)
+    h = out["q3"][1]
+    assert h["x-kvroute-prefill-worker"] == "local"
+    assert h["x-kvroute-prefill-reason"] == "faster"
+    assert h["x-var-prefilled-by"] == "local"
+    seen = decoders[0].seen + decoders[1].seen
+    assert sorted(len(v) for v in seen) == [0, 1, 1]
+    kvt.wait_until(lambda: all_idle(ng.port), what="load released")
+
+    # drained: the pool is idle again, and a long prompt goes remote
+    for d in decoders:
+        d.mode = "ok"
+    s, h, _, _ = complete(ng.port, ids("after", 2048))
+    assert s == 200
+    assert h["x-kvroute-prefill-reason"] == "remote"
+    assert h["x-kvroute-prefill-worker"] in pre
+    kvt.wait_until(lambda: all_idle(ng.port), what="load released")
+    assert ng.alerts() == []
+
+
+def test_conditional_off_and_stall_weight(stack, decoders):
+    """prefill_conditional=off: the same queue, every long prompt remote
+    (the prefill workers' own queue limit is then the only overload
+    signal). A stall weight that makes the decode server's running
+    requests count heavily keeps it remote too."""
+    for params in ("prefill_conditional=off", "prefill_stall_weight=10"):
+        ds = [Decode(), Decode()]
+        try:
+            ng, _, _ = start(stack, ds, None, params=params)
+            for d in ds:
+                d.mode = "hold"
+            threads, out = held_requests(ng, ds, ["o1", "o2", "o3"])
+            for d in ds:
+                d.gate.set()
+            for t in threads:
+                t.join(30)
+            assert [out[n][1]["x-var-prefill-reason"] for n in ("o1", "o2", "o3")] \
+                == ["remote"] * 3, params
+            assert all(len(v) == 1 for v in ds[0].seen + ds[1].seen)
+            kvt.wait_until(lambda: all_idle(ng.port), what="load released")
+            assert ng.alerts() == []
+        finally:
+            for d in ds:
+                d.close()
+
+
 @pytest.mark.parametrize("bad,why", [
     ("prefill=nosuch", 'no upstream "nosuch"'),
     ("prefill=decode", "names itself"),
     ("prefill=other", 'needs "kvroute zone=kv"'),
+    ("prefill_conditional=maybe", 'invalid parameter "prefill_conditional=maybe"'),
+    ("prefill_stall_weight=-1", 'invalid parameter "prefill_stall_weight=-1"'),
 ])
 def test_prefill_misconfigured(stack, bad, why):
     conf = """
