@@ -53,7 +53,7 @@
 #include "kv_route.h"
 
 #define KV_PREFILL_MIN_TOKENS   512     /* default cfg.min_tokens */
-#define KV_PREFILL_STALL_WEIGHT 0.1     /* default cfg.stall_weight */
+#define KV_PREFILL_STALL_WEIGHT 0.03    /* default cfg.stall_weight */
 #define KV_PREFILL_MARGIN       0.25    /* default cfg.margin */
 
 typedef struct {

@@ -231,6 +231,7 @@ TEST(conditional_local_when_faster)
     CHECK(r.remote_ms > 1279.99 && r.remote_ms < 1280.01);
     CHECK(r.local_ms > 255.99 && r.local_ms < 256.01);
 
+    pc.stall_weight = 0.1;
     /* 30 requests decoding there, weight 0.1: 256 + 0.1 x 30 x 256 = 1024,
      * x 1.25 = 1280, not below: remote; 29: 998.4 x 1.25 = 1248: local */
     d.requests = 30;
@@ -245,7 +246,7 @@ TEST(conditional_local_when_faster)
     pc.stall_weight = 0;
     d.requests = 1000;
     CHECK(kv_prefill_pick(s, 2, &rq, &d, &pc, &cfg, &cfg, 0, &r) == -1);
-    pc.stall_weight = KV_PREFILL_STALL_WEIGHT;
+    pc.stall_weight = 0.1;
     d.requests = 0;
 
     /* the margin: 256 x (1 + 4) = 1280, not below; 3.9: below */
