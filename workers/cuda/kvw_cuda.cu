@@ -609,9 +609,10 @@ static int finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
  * token: prefill and chunked prefill), the weights are f16 or bf16 (its
  * inputs are rounded to the weights' type; an f32 model keeps f32
  * attention), head_dim is a multiple of 16 and at most KVC_TC_MAX_HD, and
- * KVW_CUDA_TC_PREFILL is not "0". Either KV type. Otherwise the step takes
- * the kernel it took before (split-K, or the one-pass kernels). The library
- * is built for sm_80 and up only, which all have bf16 and f16 tensor cores.
+ * KVW_CUDA_TC_PREFILL is not "0", on an sm_80 or newer device (bf16 and f16
+ * tensor cores; the default build targets sm_80 and sm_90 only). Either KV
+ * type. Otherwise the step takes the kernel it took before (split-K, or the
+ * one-pass kernels).
  */
 static int use_tc(const cuda_t *e, int decode)
 {
@@ -1023,6 +1024,12 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
     e->fuse = !(getenv("KVW_CUDA_FUSE") && !strcmp(getenv("KVW_CUDA_FUSE"), "0"));
     e->tc = !(getenv("KVW_CUDA_TC_PREFILL") && !strcmp(getenv("KVW_CUDA_TC_PREFILL"), "0"));
+    {
+        cudaDeviceProp prop;
+
+        /* f16/bf16 wmma needs sm_80; the default build has no older code, -arch=native may */
+        if (cudaGetDeviceProperties(&prop, e->device) == cudaSuccess && prop.major < 8) e->tc = 0;
+    }
     if (upload_model(e, m) != 0) return -1;
     e->nchunk = (int) ((m->vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK);
     e->cands = (kvc_cand *) malloc((size_t) e->nchunk * KVC_SAMPLE_CANDS * sizeof(kvc_cand));

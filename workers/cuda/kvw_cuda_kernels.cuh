@@ -612,6 +612,9 @@ __global__ void k_attn_prefill_tc(void *out, const float *qkv, const void *kvp, 
                                   int n_tokens, int heads, int kv_heads, int hd, int block_size,
                                   size_t block_elems, size_t layer_elems, int layer, float scale)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();                           /* no f16/bf16 wmma before sm_80: use_tc() never launches it */
+#else
     using namespace nvcuda;
     const int TT = KVC_TC_TILE;
     __shared__ __align__(32) T     sq[KVC_TC_TILE * KVC_TC_MAX_HD];
@@ -714,6 +717,7 @@ __global__ void k_attn_prefill_tc(void *out, const float *qkv, const void *kvp, 
 
         ((T *) out)[(size_t) (t0 + r) * qd + (size_t) h * hd + d] = from_f<T>(so[i] / s_sum[r]);
     }
+#endif
 }
 
 /*
