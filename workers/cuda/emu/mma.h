@@ -30,6 +30,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "cuda_runtime.h"
 
 namespace kvemu {
@@ -105,29 +107,15 @@ static inline void kvemu_load(fragment<Use, 16, 16, 16, T, Layout> &f, const S *
     kvemu_check("load_matrix_sync", id, p, ldm, col);
 }
 
-template <class T>
-static inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major> &f, const T *p,
+/* matrix_a and matrix_b, either layout; an accumulator needs the layout argument (below) */
+template <class Use, class T, class Layout>
+static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout> &f, const T *p,
                                     unsigned ldm)
 {
-    kvemu_load(f, p, ldm, 0, 1);
-}
-template <class T>
-static inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major> &f, const T *p,
-                                    unsigned ldm)
-{
-    kvemu_load(f, p, ldm, 1, 1);
-}
-template <class T>
-static inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major> &f, const T *p,
-                                    unsigned ldm)
-{
-    kvemu_load(f, p, ldm, 0, 2);
-}
-template <class T>
-static inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major> &f, const T *p,
-                                    unsigned ldm)
-{
-    kvemu_load(f, p, ldm, 1, 2);
+    static_assert(std::is_same<Use, matrix_a>::value || std::is_same<Use, matrix_b>::value,
+                  "an accumulator is loaded with a layout_t");
+    kvemu_load(f, p, ldm, std::is_same<Layout, col_major>::value,
+               std::is_same<Use, matrix_a>::value ? 1 : 2);
 }
 template <class T>
 static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T> &f, const T *p,
