@@ -37,9 +37,9 @@ BUGS = [
  ("tc_diag", "tensor-core prefill: no causal mask on P in the diagonal tile (keys past the row's position kept, k_attn_prefill_tc)", K,
   "                    float e = any && kb + c <= pos ? expf(ss[r * TT + c] - nmx) : 0.0f;",
   "                    float e = any ? expf(ss[r * TT + c] - nmx) : 0.0f;"),
- ("tc_rescale", "tensor-core prefill: O not rescaled when a row's max grows (online softmax, k_attn_prefill_tc)", K,
-  "            for (int i = lane; i < TT * hd; i += 32) so[i] *= s_corr[i / hd];",
-  "            for (int i = lane; i < TT * hd; i += 32) so[i] *= 1.0f;"),
+ ("tc_rescale", "tensor-core prefill: a row's running sum not rescaled when its max grows (online softmax, k_attn_prefill_tc)", K,
+  "                    s_sum[r] = s_sum[r] * corr + sum;",
+  "                    s_sum[r] = s_sum[r] + sum;"),
  ("tc_sync", "tensor-core prefill: removed the __syncwarp() between the softmax lanes' writes and the rescale (k_attn_prefill_tc)", K,
   """                s_corr[r] = corr;
             }
