@@ -31,9 +31,29 @@ BUGS = [
  ("graphkey", "CUDA graphs: the split-K grid left out of a graph's shape (replay)", C,
   "e->graphs[i].n_out == n_out && e->graphs[i].nsplit == nsplit) {",
   "e->graphs[i].n_out == n_out) {"),
+ ("tc_ldm", "tensor-core prefill: K^T loaded with ldm 16 (the tile's width) instead of head_dim (k_attn_prefill_tc)", K,
+  "                wmma::load_matrix_sync(fk, sk + d0, hd);",
+  "                wmma::load_matrix_sync(fk, sk + d0, TT);"),
+ ("tc_diag", "tensor-core prefill: no causal mask on P in the diagonal tile (keys past the row's position kept, k_attn_prefill_tc)", K,
+  "                    float e = any && kb + c <= pos ? expf(ss[r * TT + c] - nmx) : 0.0f;",
+  "                    float e = any ? expf(ss[r * TT + c] - nmx) : 0.0f;"),
+ ("tc_rescale", "tensor-core prefill: a row's running sum not rescaled when its max grows (online softmax, k_attn_prefill_tc)", K,
+  "                    s_sum[r] = s_sum[r] * corr + sum;",
+  "                    s_sum[r] = s_sum[r] + sum;"),
+ ("tc_sync", "tensor-core prefill: removed the __syncwarp() between the softmax lanes' writes and the rescale (k_attn_prefill_tc)", K,
+  """                s_corr[r] = corr;
+            }
+            __syncwarp();""",
+  """                s_corr[r] = corr;
+            }"""),
+ ("tc_runs", "tensor-core prefill: rows of an earlier sequence in the tile updated by the next one's keys (`r < r1`, k_attn_prefill_tc)", K,
+  "int   r = lane, pos = s_pos[r], any = r >= r0 && r < r1 && kb <= pos;",
+  "int   r = lane, pos = s_pos[r], any = r < r1 && kb <= pos;"),
 ]
 only = sys.argv[1:]
 SEL = {"gqa": "split_attention or (emu and matches_cpu and gqa)", "cutoff": "sampling_on", "graphkey": "graph_replay"}
+for _b in ("tc_ldm", "tc_diag", "tc_rescale", "tc_sync", "tc_runs"):
+    SEL[_b] = "tensor_core or (emu and half_weights)"
 for name, what, f, a, b in BUGS:
     if only and name not in only:
         continue

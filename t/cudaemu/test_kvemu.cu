@@ -389,6 +389,285 @@ TEST(split_attention_matches_a_cpu_reference)
     attention_kernels_match<__nv_bfloat16>("bf16 KV");
 }
 
+/* --- wmma (emu/mma.h) and the tensor-core prefill attention ------------------------------ */
+
+static int in_child(void (*fn)(void));
+
+/*
+ * d = a * b + c with every operand stored another way: a row-major with a
+ * padded ldm (24), b column-major (ldm 16), or (flip) a column-major and b
+ * row-major; c loaded column-major (ldm 20), d stored row-major (ldm 20).
+ */
+template <class T>
+__global__ void k_wmma_one(float *d, const T *a, const T *b, const float *c, int flip)
+{
+    using namespace nvcuda;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+
+    wmma::load_matrix_sync(fc, c, 20, wmma::mem_col_major);
+    if (!flip) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+
+        wmma::load_matrix_sync(fa, a, 24);
+        wmma::load_matrix_sync(fb, b, 16);
+        wmma::mma_sync(fc, fa, fb, fc);
+    } else {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+
+        wmma::load_matrix_sync(fa, a, 24);
+        wmma::load_matrix_sync(fb, b, 16);
+        wmma::mma_sync(fc, fa, fb, fc);
+    }
+    wmma::store_matrix_sync(d, fc, 20, wmma::mem_row_major);
+}
+
+/* fill_fragment, and element-wise work on x[] (legal whatever the layout): d = 2 * (1 + 0) */
+__global__ void k_wmma_fill(float *d)
+{
+    using namespace nvcuda;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+
+    wmma::fill_fragment(fc, 1.0f);
+    for (int i = 0; i < fc.num_elements; i++) fc.x[i] *= 2.0f;
+    wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
+}
+
+template <class T> static void wmma_case(int flip)
+{
+    T     *da, *db, ha[16 * 24], hb[16 * 16];
+    float *dc, *dd, hc[16 * 20], hd[16 * 20], A[16][16], B[16][16], C[16][16];
+    int    good = 1;
+
+    for (int r = 0; r < 16; r++) {
+        for (int c = 0; c < 16; c++) {
+            A[r][c] = (float) ((r * 7 + c * 3) % 11 - 5);
+            B[r][c] = (float) ((r * 5 + c * 13) % 9 - 4);
+            C[r][c] = (float) (r - c);
+        }
+    }
+    for (int i = 0; i < 16 * 24; i++) ha[i] = from_f<T>(99.0f);   /* the padding: never read */
+    for (int r = 0; r < 16; r++) {
+        for (int c = 0; c < 16; c++) {
+            ha[flip ? c * 24 + r : r * 24 + c] = from_f<T>(A[r][c]);
+            hb[flip ? r * 16 + c : c * 16 + r] = from_f<T>(B[r][c]);
+            hc[c * 20 + r] = C[r][c];
+        }
+    }
+    cudaMalloc((void **) &da, sizeof(ha));
+    cudaMalloc((void **) &db, sizeof(hb));
+    cudaMalloc((void **) &dc, sizeof(hc));
+    cudaMalloc((void **) &dd, sizeof(hd));
+    cudaMemcpy(da, ha, sizeof(ha), cudaMemcpyHostToDevice);
+    cudaMemcpy(db, hb, sizeof(hb), cudaMemcpyHostToDevice);
+    cudaMemcpy(dc, hc, sizeof(hc), cudaMemcpyHostToDevice);
+    cudaMemset(dd, 0, sizeof(hd));
+    KVW_LAUNCH(k_wmma_one<T>, 1, 32, 0, (cudaStream_t) 0, dd, da, db, dc, flip);
+    CHECK(cudaMemcpy(hd, dd, sizeof(hd), cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int r = 0; r < 16; r++) {
+        for (int c = 0; c < 20; c++) {
+            float want = 0;
+
+            if (c < 16) {
+                want = C[r][c];
+                for (int k = 0; k < 16; k++) want += A[r][k] * B[k][c];
+            }
+            good &= hd[r * 20 + c] == want;     /* small integers: exact; the padding untouched */
+        }
+    }
+    CHECK(good);
+    KVW_LAUNCH(k_wmma_fill, 1, 32, 0, (cudaStream_t) 0, dd);
+    CHECK(cudaMemcpy(hd, dd, 256 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (int i = 0; i < 256; i++) good &= hd[i] == 2.0f;
+    CHECK(good);
+    cudaFree(da); cudaFree(db); cudaFree(dc); cudaFree(dd);
+}
+
+TEST(wmma_follows_the_documented_semantics)
+{
+    for (const char *o : {"forward", "reverse"}) {
+        order(o);
+        for (int flip = 0; flip < 2; flip++) {
+            wmma_case<__half>(flip);
+            wmma_case<__nv_bfloat16>(flip);
+        }
+    }
+    order("forward");
+}
+
+/* what the documentation forbids: each must fail the launch */
+__global__ void k_wmma_misuse(float *d, const __half *a, int how)
+{
+    using namespace nvcuda;
+    __shared__ __align__(32) float s[16 * 16];
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float>                fc;
+
+    wmma::fill_fragment(fc, 0.0f);
+    if (how == 0 && threadIdx.x < 16) wmma::load_matrix_sync(fa, a, 16);     /* half a warp */
+    if (how == 1) wmma::load_matrix_sync(fa, a + 1, 16);                     /* misaligned */
+    if (how == 2) wmma::load_matrix_sync(fa, a, 12);                         /* ldm */
+    if (how == 3) wmma::load_matrix_sync(fa, a + 16 * (threadIdx.x & 1), 16); /* lanes disagree */
+    if (how == 4) {                     /* a load racing the scalar writes (no __syncwarp) */
+        for (int i = threadIdx.x; i < 256; i += 32) s[i] = 1.0f;
+        wmma::load_matrix_sync(fc, s, 16, wmma::mem_row_major);
+        wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
+        return;
+    }
+    if (how == 5 && threadIdx.x == 3) __syncwarp();  /* one lane at another warp barrier */
+    if (how == 5 && threadIdx.x != 3) wmma::load_matrix_sync(fa, a, 16);
+    wmma::store_matrix_sync(d, fc, 16, wmma::mem_row_major);
+}
+
+static int misuse_how;
+
+static void wmma_misuse(void)
+{
+    float  *d;
+    __half *a;
+    float   h[256];
+    int     ok = 1;
+
+    cudaMalloc((void **) &d, 256 * sizeof(float));
+    cudaMalloc((void **) &a, 64 * 16 * sizeof(__half));
+    cudaMemset(a, 0, 64 * 16 * sizeof(__half));
+    if (misuse_how == 4) {              /* not an error: wrong values in one order or the other */
+        for (const char *o : {"forward", "reverse"}) {
+            order(o);
+            KVW_LAUNCH(k_wmma_misuse, 1, 32, 0, (cudaStream_t) 0, d, a, 4);
+            if (cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost) != cudaSuccess) _exit(2);
+            for (int i = 0; i < 256; i++) ok &= h[i] == 1.0f;
+        }
+        _exit(ok ? 1 : 0);
+    }
+    KVW_LAUNCH(k_wmma_misuse, 1, 32, 0, (cudaStream_t) 0, d, a, misuse_how);
+    _exit(cudaDeviceSynchronize() == cudaErrorLaunchFailure ? 0 : 1);
+}
+
+TEST(wmma_misuse_is_reported)
+{
+    for (misuse_how = 0; misuse_how <= 5; misuse_how++) {
+        int rc = in_child(wmma_misuse);
+
+        if (rc != 0) fprintf(stderr, "  wmma misuse %d not caught (%d)\n", misuse_how, rc);
+        CHECK(rc == 0);
+    }
+}
+
+/*
+ * The tensor-core prefill attention against a double-precision softmax: a
+ * step of two sequences (A: positions 3..22 after a cached prefix of 3, B:
+ * positions 0..8), 29 tokens, so the second tile holds rows of both; a
+ * 4-slot paged pool with shuffled blocks; head_dim 32, GQA 4:2; pool rows
+ * past each sequence's last position are NaN (never to be read).
+ */
+enum { PH = 4, PKV = 2, PHD = 32, PBS = 4, PNB = 16, PT = 29 };
+
+template <class T, class KV> static double tc_prefill_case(const char *o)
+{
+    const int tables[9] = {5, 9, 2, 14, 7, 0, 11, 4, 13};
+    int       qd = PH * PHD, kd = PKV * PHD, ld = qd + 2 * kd, G = PH / PKV;
+    size_t    layer_e = 2 * (size_t) PBS * kd, block_e = layer_e * 2;
+    size_t    npool = block_e * PNB;
+    int       pos[PT], bt[PT], *dm;
+    float    *qkv = (float *) malloc(PT * ld * sizeof(float)), *pool = (float *) malloc(npool * 4);
+    KV       *hp = (KV *) malloc(npool * sizeof(KV));
+    T        *hout = (T *) malloc(PT * qd * sizeof(T));
+    float    *dq;
+    void     *dpool, *dout;
+    uint64_t  x = 11;
+    double    worst = 0;
+    kvc_meta  m;
+
+    for (int t = 0; t < PT; t++) {
+        pos[t] = t < 20 ? t + 3 : t - 20;
+        bt[t] = t < 20 ? 0 : 6;
+    }
+    for (int i = 0; i < PT * ld; i++) qkv[i] = frand(&x);
+    for (size_t i = 0; i < npool; i++) pool[i] = NAN;
+    for (int s = 0; s < 2; s++) {
+        for (int p = 0; p <= (s ? 8 : 22); p++) {
+            for (int kvv = 0; kvv < 2; kvv++) {
+                float *row = pool + (size_t) tables[6 * s + p / PBS] * block_e + layer_e
+                             + kvv * layer_e / 2 + (size_t) (p % PBS) * kd;
+
+                for (int i = 0; i < kd; i++) row[i] = to_f(from_f<KV>(frand(&x) * 2.0f));
+            }
+        }
+    }
+    for (size_t i = 0; i < npool; i++) hp[i] = from_f<KV>(pool[i]);
+    cudaMalloc((void **) &dm, (2 * PT + 9) * sizeof(int));
+    cudaMalloc((void **) &dq, PT * ld * sizeof(float));
+    cudaMalloc(&dpool, npool * sizeof(KV));
+    cudaMalloc(&dout, PT * qd * sizeof(T));
+    cudaMemcpy(dm, pos, sizeof(pos), cudaMemcpyHostToDevice);
+    cudaMemcpy(dm + PT, bt, sizeof(bt), cudaMemcpyHostToDevice);
+    cudaMemcpy(dm + 2 * PT, tables, sizeof(tables), cudaMemcpyHostToDevice);
+    cudaMemcpy(dq, qkv, PT * ld * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(dpool, hp, npool * sizeof(KV), cudaMemcpyHostToDevice);
+    m.tok = NULL;
+    m.rows = NULL;
+    m.pos = dm;
+    m.bt = dm + PT;
+    m.tables = dm + 2 * PT;
+    order(o);
+    KVW_LAUNCH(k_attn_prefill_tc<T KVC_COMMA KV>, dim3((PT + 15) / 16, PH), 32, 0,
+               (cudaStream_t) 0, dout, dq, dpool, m, PT, PH, PKV, PHD, PBS, block_e, layer_e, 1,
+               1.0f / sqrtf((float) PHD));
+    CHECK(cudaMemcpy(hout, dout, PT * qd * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+    order("forward");
+    for (int t = 0; t < PT; t++) {
+        const int *tb = tables + bt[t];
+
+        for (int h = 0; h < PH; h++) {
+            double s[32], mx = -1e300, sum = 0;
+            int    kvh = h / G;
+
+            for (int p = 0; p <= pos[t]; p++) {
+                const float *k = pool + (size_t) tb[p / PBS] * block_e + layer_e
+                                 + (size_t) (p % PBS) * kd + (size_t) kvh * PHD;
+
+                s[p] = 0;
+                for (int d = 0; d < PHD; d++)
+                    s[p] += (double) qkv[t * ld + h * PHD + d] * k[d] / sqrt((double) PHD);
+                mx = s[p] > mx ? s[p] : mx;
+            }
+            for (int p = 0; p <= pos[t]; p++) sum += exp(s[p] - mx);
+            for (int d = 0; d < PHD; d++) {
+                double r = 0, got = to_f(hout[t * qd + h * PHD + d]), diff;
+
+                for (int p = 0; p <= pos[t]; p++) {
+                    const float *v = pool + (size_t) tb[p / PBS] * block_e + layer_e
+                                     + layer_e / 2 + (size_t) (p % PBS) * kd + (size_t) kvh * PHD;
+
+                    r += exp(s[p] - mx) / sum * v[d];
+                }
+                diff = fabs(got - r);
+                worst = diff > worst || diff != diff ? (diff != diff ? 1e9 : diff) : worst;
+            }
+        }
+    }
+    cudaFree(dm); cudaFree(dq); cudaFree(dpool); cudaFree(dout);
+    free(qkv); free(pool); free(hp); free(hout);
+    return worst;
+}
+
+TEST(tensor_core_prefill_matches_a_cpu_reference)
+{
+    for (const char *o : {"forward", "reverse"}) {
+        double bf = tc_prefill_case<__nv_bfloat16 KVC_COMMA float>(o);
+        double bfb = tc_prefill_case<__nv_bfloat16 KVC_COMMA __nv_bfloat16>(o);
+        double hf = tc_prefill_case<__half KVC_COMMA float>(o);
+        double hfb = tc_prefill_case<__half KVC_COMMA __nv_bfloat16>(o);
+
+        fprintf(stderr, "  tensor-core prefill, %s order: off by bf16 %.2g (bf16 KV %.2g), "
+                "f16 %.2g (bf16 KV %.2g)\n", o, bf, bfb, hf, hfb);
+        CHECK(bf < 2.5e-2 && bfb < 2.5e-2);
+        CHECK(hf < 4e-3 && hfb < 4e-3);
+    }
+}
+
 __global__ void k_axpy(float *y, const float *x, float a) { y[threadIdx.x] += a * x[threadIdx.x]; }
 
 /* A captured graph replays the recorded work with the arguments of the capture. */
@@ -757,6 +1036,9 @@ int main(void)
     RUN(half_and_bfloat16_round_to_nearest_even);
     RUN(argmax_kernel_matches_the_host_scan);
     RUN(split_attention_matches_a_cpu_reference);
+    RUN(wmma_follows_the_documented_semantics);
+    RUN(wmma_misuse_is_reported);
+    RUN(tensor_core_prefill_matches_a_cpu_reference);
     RUN(fused_rope_attention_matches_the_two_kernels);
     RUN(fused_norms_match_the_kernels_they_replace);
     RUN(graphs_replay_what_was_captured);

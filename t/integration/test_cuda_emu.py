@@ -322,3 +322,54 @@ def test_fused_kernels_change_no_bit(tmp_path, target):
         assert np.array_equal(fused, plain)
         if split == "128":
             assert np.array_equal(fused, cold)
+
+
+# --- the tensor-core prefill attention (k_attn_prefill_tc, wmma on kvemu) ---------------------
+
+def tc_steps(r):
+    return int(re.search(r"tensor-core prefill steps (\d+)", r.stderr).group(1))
+
+
+@pytest.mark.parametrize("dtype,kv", [("bf16", "f32"), ("bf16", "bf16"), ("f16", "f32"),
+                                      ("f16", "bf16")])
+def test_tensor_core_prefill(tmp_path, dtype, kv):
+    """Prefill steps of f16/bf16 models run the tensor-core attention
+    (flash-attention tiles through wmma): the CPU engine's logits within the
+    weights' rounding (bf16 KV: bf16's), in both thread orders with the same
+    bits; the earlier kernels (KVW_CUDA_TC_PREFILL=0) within the same; a
+    row's result independent of the rest of its tiles (chunked prefill after
+    a cached prefix, a 5-sequence batch: the cold run bit for bit); decode
+    steps after it (split-K) within the rounding."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    tol = {"bf16": 1.5e-2, "f16": 2e-3}["bf16" if kv == "bf16" else dtype]
+    env = {"KVW_CUDA_KV_DTYPE": kv, "KVW_CUDA_STATS": "1"}
+    cpu = engine_logits(model, TOKENS)
+    runs = {o: cuda_run(model, target="emu-" + o, dtype=dtype, env_extra=env)
+            for o in ("forward", "reverse")}
+    cold = lg(runs["forward"])
+    assert tc_steps(runs["forward"]) == 1, runs["forward"].stderr
+    assert np.array_equal(lg(runs["reverse"]), cold)
+    assert rel(cold, cpu) < tol
+    off = cuda_run(model, dtype=dtype, env_extra=dict(env, KVW_CUDA_TC_PREFILL="0"))
+    assert tc_steps(off) == 0
+    assert rel(lg(off), cpu) < tol and rel(cold, lg(off)) < tol
+    assert not np.array_equal(cold, lg(off))    # it did run another kernel
+    # chunks of 4 after a prefix of 16: no chunk of one token (a decode step: split-K)
+    for extra in (["--chunk", "4", "--prefix", "16"], ["--batch", "5"]):
+        r = cuda_run(model, *extra, target="emu-reverse", dtype=dtype, env_extra=env)
+        assert tc_steps(r) >= 1 and np.array_equal(lg(r), cold), extra
+    r = cuda_run(model, "--batch", "3", "--decode", "3", dtype=dtype, env_extra=env)
+    assert rel(lg(r), cpu) < tol
+
+
+def test_tensor_core_prefill_falls_back(tmp_path):
+    """Where the rule says no (head_dim not a multiple of 16, f32 weights)
+    the step takes the earlier kernels: the same bits as with the
+    tensor-core path switched off."""
+    model = make(tmp_path, "m", CONFIGS["qwen2_bias"])             # head_dim 8
+    env = {"KVW_CUDA_STATS": "1"}
+    on = cuda_run(model, dtype="bf16", env_extra=env)
+    off = cuda_run(model, dtype="bf16", env_extra=dict(env, KVW_CUDA_TC_PREFILL="0"))
+    assert tc_steps(on) == 0 and np.array_equal(lg(on), lg(off))
+    f32 = cuda_run(make(tmp_path, "g", CONFIGS["gqa"]), env_extra=env)
+    assert tc_steps(f32) == 0

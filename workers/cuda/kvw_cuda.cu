@@ -96,6 +96,8 @@ typedef struct {
     void           *cublas_ws;          /* cuBLAS's workspace: none allocated while capturing */
     int             use_graphs;         /* KVW_CUDA_GRAPHS (1 unless "0") */
     int             fuse;               /* RoPE inside split-K attention (KVW_CUDA_FUSE, 1 unless "0") */
+    int             tc;                 /* tensor-core prefill attention (KVW_CUDA_TC_PREFILL, 1 unless "0") */
+    long            tc_steps;           /* steps that ran it, for KVW_CUDA_STATS */
     kvc_graph       graphs[KVC_MAX_GRAPHS];
     unsigned        n_graphs;
     unsigned long   clock;              /* orders the graphs' last uses */
@@ -180,6 +182,18 @@ static int fail(cuda_t *e, const char *fmt, ...)
 #define LAUNCH_KV(K, grid, block, ...) do {                                    \
         if (e->kvdt == KV_F32) KVW_LAUNCH(K<float>, grid, block, 0, e->st, __VA_ARGS__); \
         else KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);  \
+        LAUNCHED(#K);                                                          \
+    } while (0)
+
+/* Calls kernel K templated on the half weight type (f16 or bf16) and the KV pool's type. */
+#define DISPATCH_HALF_KV(K, grid, block, ...) do {                             \
+        if (e->kvdt == KV_F32) {                                               \
+            if (e->dtype == DT_F16) KVW_LAUNCH(K<__half KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); \
+            else KVW_LAUNCH(K<__nv_bfloat16 KVC_COMMA float>, grid, block, 0, e->st, __VA_ARGS__); \
+        } else {                                                               \
+            if (e->dtype == DT_F16) KVW_LAUNCH(K<__half KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); \
+            else KVW_LAUNCH(K<__nv_bfloat16 KVC_COMMA __nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); \
+        }                                                                      \
         LAUNCHED(#K);                                                          \
     } while (0)
 
@@ -403,10 +417,11 @@ static int build_meta(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
 /*
  * One transformer layer over the step's T tokens; x is updated in place.
  * nsplit 0: no split-K. fuse_rope (decode steps with split-K): RoPE and the
- * KV write happen inside k_attn_split, one launch less.
+ * KV write happen inside k_attn_split, one launch less. tc: the tensor-core
+ * prefill attention (use_tc).
  */
 static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsplit,
-                     int fuse_rope)
+                     int fuse_rope, int tc)
 {
     float           scale = 1.0f / sqrtf((float) e->hd);
     const dlayer_t *L = &e->L[l];
@@ -424,7 +439,13 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
                   (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
                   e->block_elems, e->layer_elems, (int) l);
     }
-    if (nsplit > 0) {                   /* split-K: K/V read once per group, many blocks */
+    if (tc) {                           /* prefill: flash-attention tiles on the tensor cores */
+        dim3 tc_grid((unsigned) ((T + KVC_TC_TILE - 1) / KVC_TC_TILE), e->heads);
+
+        DISPATCH_HALF_KV(k_attn_prefill_tc, tc_grid, 32, e->act, e->qkv, e->kv, *m, (int) T,
+                         (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                         e->block_elems, e->layer_elems, (int) l, scale);
+    } else if (nsplit > 0) {            /* split-K: K/V read once per group, many blocks */
         dim3 split_grid((unsigned) T, e->kv_heads, (unsigned) nsplit);
 
         LAUNCH_KV(k_attn_split, split_grid, 32 * KVC_ATT_WARPS, e->part, e->qkv, e->kv, *m,
@@ -582,17 +603,33 @@ static int finish_host(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n)
     return 0;
 }
 
+/*
+ * The tensor-core prefill attention (k_attn_prefill_tc) runs a step when:
+ * the step is not a decode step (some sequence brings more than one
+ * token: prefill and chunked prefill), the weights are f16 or bf16 (its
+ * inputs are rounded to the weights' type; an f32 model keeps f32
+ * attention), head_dim is a multiple of 16 and at most KVC_TC_MAX_HD, and
+ * KVW_CUDA_TC_PREFILL is not "0", on an sm_80 or newer device (bf16 and f16
+ * tensor cores; the default build targets sm_80 and sm_90 only). Either KV
+ * type. Otherwise the step takes the kernel it took before (split-K, or the
+ * one-pass kernels).
+ */
+static int use_tc(const cuda_t *e, int decode)
+{
+    return e->tc && !decode && e->dtype != DT_F32 && e->hd % 16 == 0 && e->hd <= KVC_TC_MAX_HD;
+}
+
 /* The forward pass on the device, from token ids to the logit rows (queued, not waited for). */
 static int forward(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit,
                    int decode)
 {
     uint32_t l;
-    int      fuse_rope = decode && nsplit > 0 && e->fuse;
+    int      fuse_rope = decode && nsplit > 0 && e->fuse, tc = use_tc(e, decode);
 
     DISPATCH(k_embed_rmsnorm, (unsigned) T, 256, e->x, e->act, e->embed, m->tok,
              e->L[0].attn_norm, (int) e->H, e->eps);
     for (l = 0; l < e->layers; l++) {
-        if (run_layer(e, l, T, m, nsplit, fuse_rope) != 0) return -1;
+        if (run_layer(e, l, T, m, nsplit, fuse_rope, tc) != 0) return -1;
     }
     if (n_out > 0) {
         DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m->rows, (int) e->H,
@@ -693,9 +730,10 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
     if (ensure(e, T, n_out, 3 * T + n_out + n_tables) != 0
         || build_meta(e, seqs, n, T, n_out, n_tables, &m) != 0)
         return -1;
-    nsplit = splits_for(e, seqs, n, T);
-    if (nsplit < 0) return -1;
     decode = decode_only(seqs, n, T);
+    nsplit = use_tc(e, decode) ? 0 : splits_for(e, seqs, n, T);
+    if (nsplit < 0) return -1;
+    e->tc_steps += use_tc(e, decode);
     if (e->use_graphs && decode ? replay(e, T, n_out, &m, nsplit)
                                 : forward(e, T, n_out, &m, nsplit, decode))
         return -1;
@@ -806,7 +844,8 @@ static void cuda_destroy(kvw_backend_t *b)
 
     if (getenv("KVW_CUDA_STATS")) {
         fprintf(stderr, "kvcuda: graphs captured %ld, replayed %ld; sampled on the device %ld, "
-                "on the host %ld\n", e->captured, e->replayed, e->dev_sampled, e->host_sampled);
+                "on the host %ld; tensor-core prefill steps %ld\n", e->captured, e->replayed,
+                e->dev_sampled, e->host_sampled, e->tc_steps);
     }
     drop_graphs(e);
     if (e->L) {
@@ -984,6 +1023,13 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     CB(cublasSetWorkspace(e->cb, e->cublas_ws, KVC_CUBLAS_WS));
     e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
     e->fuse = !(getenv("KVW_CUDA_FUSE") && !strcmp(getenv("KVW_CUDA_FUSE"), "0"));
+    e->tc = !(getenv("KVW_CUDA_TC_PREFILL") && !strcmp(getenv("KVW_CUDA_TC_PREFILL"), "0"));
+    {
+        cudaDeviceProp prop;
+
+        /* f16/bf16 wmma needs sm_80; the default build has no older code, -arch=native may */
+        if (cudaGetDeviceProperties(&prop, e->device) == cudaSuccess && prop.major < 8) e->tc = 0;
+    }
     if (upload_model(e, m) != 0) return -1;
     e->nchunk = (int) ((m->vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK);
     e->cands = (kvc_cand *) malloc((size_t) e->nchunk * KVC_SAMPLE_CANDS * sizeof(kvc_cand));

@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <mma.h>
 #include <stdint.h>
 
 /*
@@ -302,6 +303,71 @@ __global__ void k_argmax(int *best, const float *logits, int vocab)
 }
 
 /*
+ * One position of a warp's online softmax over a GQA group (k_attention_gqa
+ * and k_attn_split share it): the lane's slice of K row k and V row v
+ * (every load issued before the first use), scored against each of the G
+ * query heads in q and folded into the running max, sum of exp and
+ * weighted V. Inlined with the loops unrolled, so acc stays in registers.
+ */
+#define KVC_NJ (KVC_MAX_HEAD_DIM / 32)
+
+template <class KV>
+static __device__ __forceinline__ void kvc_group_step(const float (*q)[KVC_MAX_HEAD_DIM],
+                                                      const KV *k, const KV *v, int G, int hd,
+                                                      int lane, float (*acc)[KVC_NJ], float *mx,
+                                                      float *sum)
+{
+    float kr[KVC_NJ], vr[KVC_NJ];
+
+#pragma unroll
+    for (int j = 0; j < KVC_NJ; j++) {
+        int d = lane + 32 * j;
+
+        kr[j] = d < hd ? to_f(k[d]) : 0.0f;
+        vr[j] = d < hd ? to_f(v[d]) : 0.0f;
+    }
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {
+        float s = 0, nmx, corr, e;
+
+        if (g >= G) break;              /* the same for the whole warp */
+#pragma unroll
+        for (int j = 0; j < KVC_NJ; j++) {
+            if (lane + 32 * j < hd) s += q[g][lane + 32 * j] * kr[j];
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        nmx = fmaxf(mx[g], s);
+        corr = expf(mx[g] - nmx);       /* 0 on a warp's first position */
+        e = expf(s - nmx);
+        sum[g] = sum[g] * corr + e;
+#pragma unroll
+        for (int j = 0; j < KVC_NJ; j++) acc[g][j] = acc[g][j] * corr + e * vr[j];
+        mx[g] = nmx;
+    }
+}
+
+/* A warp's running max, sum and weighted V of each group head, to shared memory for the merge. */
+static __device__ __forceinline__ void kvc_group_spill(float *w_max, float *w_sum,
+                                                       float (*w_acc)[KVC_MAX_HEAD_DIM], int G,
+                                                       int hd, int lane,
+                                                       const float (*acc)[KVC_NJ],
+                                                       const float *mx, const float *sum)
+{
+#pragma unroll
+    for (int g = 0; g < KVC_MAX_GROUP; g++) {  /* unrolled: acc stays in registers */
+        if (g >= G) break;
+        if (lane == 0) {
+            w_max[g] = mx[g];
+            w_sum[g] = sum[g];
+        }
+#pragma unroll
+        for (int j = 0; j < KVC_NJ; j++) {
+            if (lane + 32 * j < hd) w_acc[g][lane + 32 * j] = acc[g][j];
+        }
+    }
+}
+
+/*
  * The same attention with one thread block per (token, KV head) serving
  * all heads / kv_heads (at most KVC_MAX_GROUP) query heads of the group:
  * each K and V row is read once per group instead of once per query head
@@ -317,14 +383,13 @@ __global__ void k_attention_gqa(void *out, const float *qkv, const void *kvp, kv
     __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
     __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
     __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
-    const int    NJ = KVC_MAX_HEAD_DIM / 32;
     const KV    *kv = (const KV *) kvp;
     int          t = blockIdx.x, kvh = blockIdx.y, G = heads / kv_heads;
     int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int          qd = heads * hd, kd = kv_heads * hd, pos = m.pos[t];
     const int   *table = m.tables + m.bt[t];
     const float *qg = qkv + (size_t) t * (qd + 2 * kd) + (size_t) kvh * G * hd;
-    float        acc[KVC_MAX_GROUP][NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
+    float        acc[KVC_MAX_GROUP][KVC_NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
 
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) q[i / hd][i % hd] = qg[i] * scale;
 #pragma unroll
@@ -332,54 +397,17 @@ __global__ void k_attention_gqa(void *out, const float *qkv, const void *kvp, kv
         mx[g] = -INFINITY;
         sum[g] = 0;
 #pragma unroll
-        for (int j = 0; j < NJ; j++) acc[g][j] = 0;
+        for (int j = 0; j < KVC_NJ; j++) acc[g][j] = 0;
     }
     __syncthreads();
     for (int p = warp; p <= pos; p += KVC_ATT_WARPS) {
-        const KV    *k = kv + (size_t) table[p / block_size] * block_elems
-                         + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
-                         + (size_t) kvh * hd;
-        const KV    *v = k + layer_elems / 2;
-        float        kr[NJ], vr[NJ];
+        const KV *k = kv + (size_t) table[p / block_size] * block_elems
+                      + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
+                      + (size_t) kvh * hd;
 
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            int d = lane + 32 * j;
-
-            kr[j] = d < hd ? to_f(k[d]) : 0.0f;
-            vr[j] = d < hd ? to_f(v[d]) : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < KVC_MAX_GROUP; g++) {
-            float s = 0, nmx, corr, e;
-
-            if (g >= G) break;          /* the same for the whole warp */
-#pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                if (lane + 32 * j < hd) s += q[g][lane + 32 * j] * kr[j];
-            }
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            nmx = fmaxf(mx[g], s);
-            corr = expf(mx[g] - nmx);   /* 0 on a warp's first position */
-            e = expf(s - nmx);
-            sum[g] = sum[g] * corr + e;
-#pragma unroll
-            for (int j = 0; j < NJ; j++) acc[g][j] = acc[g][j] * corr + e * vr[j];
-            mx[g] = nmx;
-        }
+        kvc_group_step(q, k, k + layer_elems / 2, G, hd, lane, acc, mx, sum);
     }
-#pragma unroll
-    for (int g = 0; g < KVC_MAX_GROUP; g++) {  /* unrolled: acc stays in registers */
-        if (g >= G) break;
-        if (lane == 0) {
-            w_max[warp][g] = mx[g];
-            w_sum[warp][g] = sum[g];
-        }
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            if (lane + 32 * j < hd) w_acc[warp][g][lane + 32 * j] = acc[g][j];
-        }
-    }
+    kvc_group_spill(w_max[warp], w_sum[warp], w_acc[warp], G, hd, lane, acc, mx, sum);
     __syncthreads();
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
         int   g = i / hd, d = i % hd;
@@ -422,7 +450,6 @@ __global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc
     __shared__ float q[KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
     __shared__ float w_max[KVC_ATT_WARPS][KVC_MAX_GROUP], w_sum[KVC_ATT_WARPS][KVC_MAX_GROUP];
     __shared__ float w_acc[KVC_ATT_WARPS][KVC_MAX_GROUP][KVC_MAX_HEAD_DIM];
-    const int    NJ = KVC_MAX_HEAD_DIM / 32;
     const KV    *kv = (const KV *) kvp;
     int          t = blockIdx.x, kvh = blockIdx.y, split = blockIdx.z, G = heads / kv_heads;
     int          lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nsplit = gridDim.z;
@@ -430,7 +457,7 @@ __global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc
     int          start = split * split_len, end = start + split_len;
     const int   *table = m.tables + m.bt[t];
     const float *qg = qkv + (size_t) t * (qd + 2 * kd) + (size_t) kvh * G * hd;
-    float        acc[KVC_MAX_GROUP][NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
+    float        acc[KVC_MAX_GROUP][KVC_NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
 
     if (start > pos) return;            /* the whole block: before any barrier */
     if (end > pos + 1) end = pos + 1;
@@ -485,54 +512,17 @@ __global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc
         mx[g] = -INFINITY;
         sum[g] = 0;
 #pragma unroll
-        for (int j = 0; j < NJ; j++) acc[g][j] = 0;
+        for (int j = 0; j < KVC_NJ; j++) acc[g][j] = 0;
     }
     __syncthreads();
     for (int p = start + warp; p < end; p += KVC_ATT_WARPS) {
         const KV *k = kv + (size_t) table[p / block_size] * block_elems
                       + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
                       + (size_t) kvh * hd;
-        const KV *v = k + layer_elems / 2;
-        float     kr[NJ], vr[NJ];
 
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {  /* every load of the row issued before the first use */
-            int d = lane + 32 * j;
-
-            kr[j] = d < hd ? to_f(k[d]) : 0.0f;
-            vr[j] = d < hd ? to_f(v[d]) : 0.0f;
-        }
-#pragma unroll
-        for (int g = 0; g < KVC_MAX_GROUP; g++) {
-            float s = 0, nmx, corr, e;
-
-            if (g >= G) break;          /* the same for the whole warp */
-#pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                if (lane + 32 * j < hd) s += q[g][lane + 32 * j] * kr[j];
-            }
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            nmx = fmaxf(mx[g], s);
-            corr = expf(mx[g] - nmx);   /* 0 on a warp's first position */
-            e = expf(s - nmx);
-            sum[g] = sum[g] * corr + e;
-#pragma unroll
-            for (int j = 0; j < NJ; j++) acc[g][j] = acc[g][j] * corr + e * vr[j];
-            mx[g] = nmx;
-        }
+        kvc_group_step(q, k, k + layer_elems / 2, G, hd, lane, acc, mx, sum);
     }
-#pragma unroll
-    for (int g = 0; g < KVC_MAX_GROUP; g++) {
-        if (g >= G) break;
-        if (lane == 0) {
-            w_max[warp][g] = mx[g];
-            w_sum[warp][g] = sum[g];
-        }
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-            if (lane + 32 * j < hd) w_acc[warp][g][lane + 32 * j] = acc[g][j];
-        }
-    }
+    kvc_group_spill(w_max[warp], w_sum[warp], w_acc[warp], G, hd, lane, acc, mx, sum);
     __syncthreads();
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) {
         int    g = i / hd, d = i % hd;
@@ -585,6 +575,149 @@ __global__ void k_attn_merge(void *out, const float *part, kvc_meta m, int heads
         }
         o[d] = from_f<T>(r / total);
     }
+}
+
+/*
+ * Tensor-core prefill attention (prefill and chunked-prefill steps with f16
+ * or bf16 weights; kvw_cuda.cu's use_tc() has the rule): flash-attention
+ * tiles with QK^T and PV on the tensor cores through nvcuda::wmma (16x16x16,
+ * T = __half or __nv_bfloat16 inputs, f32 accumulators; sm_80+). One warp
+ * per thread block, one block per (tile of KVC_TC_TILE consecutive tokens
+ * of the step, query head); GQA: head h reads KV head h / (heads /
+ * kv_heads). Q (scaled) is staged in shared memory as T once; then, for
+ * each tile of 16 key positions 0..last (last: the tile's largest
+ * position), K and V are read from the paged pool through the block table,
+ * converted to T (zero past last: unwritten pool rows may hold NaN), S =
+ * Q K^T goes through the tensor cores to shared memory, one lane per row
+ * applies the causal mask (key <= the row's position) and the online
+ * softmax (running max and sum per row; P rounded to T), the f32 output
+ * tile O in shared memory is rescaled by each row's correction and O += P V
+ * goes through the tensor cores again. O / sum is written as T.
+ *
+ * The tokens of a tile may belong to several sequences (a step packs its
+ * sequences one after another): the tile is walked once per run of rows
+ * with the same block table, the other rows masked out of that run (no
+ * update at all: correction 1, P 0). A row's result depends only on its own
+ * query, position and sequence, never on the other rows of its tile.
+ *
+ * Shared memory (static, head_dim up to KVC_TC_MAX_HD = 256): Q, K, V as T
+ * (8 KB each), O as f32 (16 KB), S and P: 41.5 KB. head_dim must be a
+ * multiple of 16 (the wmma k step); other shapes take the fallback.
+ */
+#define KVC_TC_TILE   16
+#define KVC_TC_MAX_HD 256
+
+template <class T, class KV>
+__global__ void k_attn_prefill_tc(void *out, const float *qkv, const void *kvp, kvc_meta m,
+                                  int n_tokens, int heads, int kv_heads, int hd, int block_size,
+                                  size_t block_elems, size_t layer_elems, int layer, float scale)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();                           /* no f16/bf16 wmma before sm_80: use_tc() never launches it */
+#else
+    using namespace nvcuda;
+    const int TT = KVC_TC_TILE;
+    __shared__ __align__(32) T     sq[KVC_TC_TILE * KVC_TC_MAX_HD];
+    __shared__ __align__(32) T     sk[KVC_TC_TILE * KVC_TC_MAX_HD];
+    __shared__ __align__(32) T     sv[KVC_TC_TILE * KVC_TC_MAX_HD];
+    __shared__ __align__(32) float so[KVC_TC_TILE * KVC_TC_MAX_HD];
+    __shared__ __align__(32) float ss[KVC_TC_TILE * KVC_TC_TILE];
+    __shared__ __align__(32) T     sp[KVC_TC_TILE * KVC_TC_TILE];
+    __shared__ float s_max[KVC_TC_TILE], s_sum[KVC_TC_TILE], s_corr[KVC_TC_TILE];
+    __shared__ int   s_pos[KVC_TC_TILE], s_bt[KVC_TC_TILE];
+    const KV *kv = (const KV *) kvp;
+    int       t0 = blockIdx.x * TT, h = blockIdx.y, lane = threadIdx.x;
+    int       qd = heads * hd, kd = kv_heads * hd, kvh = h / (heads / kv_heads);
+    int       rows = n_tokens - t0 < TT ? n_tokens - t0 : TT;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fk;  /* K^T: K rows are columns */
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fv;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float>          fc;
+
+    if (lane < TT) {
+        s_pos[lane] = lane < rows ? m.pos[t0 + lane] : -1;
+        s_bt[lane] = lane < rows ? m.bt[t0 + lane] : -1;
+        s_max[lane] = -INFINITY;
+        s_sum[lane] = 0;
+    }
+    for (int i = lane; i < TT * hd; i += 32) {
+        int r = i / hd, d = i % hd;
+
+        sq[i] = from_f<T>(r < rows ? qkv[(size_t) (t0 + r) * (qd + 2 * kd) + (size_t) h * hd + d]
+                                         * scale
+                                   : 0.0f);
+        so[i] = 0;
+    }
+    __syncwarp();
+    for (int r0 = 0, r1; r0 < rows; r0 = r1) {      /* a run of rows of one sequence */
+        int        bt = s_bt[r0], last = -1;
+        const int *table = m.tables + bt;
+
+        for (r1 = r0; r1 < rows && s_bt[r1] == bt; r1++) last = s_pos[r1] > last ? s_pos[r1] : last;
+        for (int kb = 0; kb <= last; kb += TT) {
+            for (int i = lane; i < TT * hd; i += 32) {
+                int   j = i / hd, d = i % hd, p = kb + j;
+                float kx = 0, vx = 0;
+
+                if (p <= last) {
+                    const KV *k = kv + (size_t) table[p / block_size] * block_elems
+                                  + (size_t) layer * layer_elems + (size_t) (p % block_size) * kd
+                                  + (size_t) kvh * hd;
+
+                    kx = to_f(k[d]);
+                    vx = to_f(k[layer_elems / 2 + d]);
+                }
+                sk[i] = from_f<T>(kx);
+                sv[i] = from_f<T>(vx);
+            }
+            __syncwarp();
+            wmma::fill_fragment(fc, 0.0f);
+            for (int d0 = 0; d0 < hd; d0 += 16) {           /* S = Q K^T */
+                wmma::load_matrix_sync(fa, sq + d0, hd);
+                wmma::load_matrix_sync(fk, sk + d0, hd);
+                wmma::mma_sync(fc, fa, fk, fc);
+            }
+            wmma::store_matrix_sync(ss, fc, TT, wmma::mem_row_major);
+            __syncwarp();
+            if (lane < TT) {                /* online softmax, one lane per row */
+                int   r = lane, pos = s_pos[r], any = r >= r0 && r < r1 && kb <= pos;
+                float mx = s_max[r], nmx = mx, corr = 1, sum = 0;
+
+                if (any) {
+                    for (int c = 0; c < TT && kb + c <= pos; c++) nmx = fmaxf(nmx, ss[r * TT + c]);
+                    corr = expf(mx - nmx);  /* 0 on the row's first tile */
+                }
+                for (int c = 0; c < TT; c++) {
+                    float e = any && kb + c <= pos ? expf(ss[r * TT + c] - nmx) : 0.0f;
+
+                    sum += e;
+                    sp[r * TT + c] = from_f<T>(e);
+                }
+                if (any) {
+                    s_max[r] = nmx;
+                    s_sum[r] = s_sum[r] * corr + sum;
+                }
+                s_corr[r] = corr;
+            }
+            __syncwarp();
+            for (int i = lane; i < TT * hd; i += 32) so[i] *= s_corr[i / hd];
+            __syncwarp();
+            wmma::load_matrix_sync(fa, sp, TT);
+            for (int d0 = 0; d0 < hd; d0 += 16) {           /* O += P V */
+                wmma::load_matrix_sync(fc, so + d0, hd, wmma::mem_row_major);
+                wmma::load_matrix_sync(fv, sv + d0, hd);
+                wmma::mma_sync(fc, fa, fv, fc);
+                wmma::store_matrix_sync(so + d0, fc, hd, wmma::mem_row_major);
+            }
+            __syncwarp();                   /* sk, sv, sp, so are written again next tile */
+        }
+    }
+    for (int i = lane; i < rows * hd; i += 32) {
+        int r = i / hd, d = i % hd;
+
+        ((T *) out)[(size_t) (t0 + r) * qd + (size_t) h * hd + d] = from_f<T>(so[i] / s_sum[r]);
+    }
+#endif
 }
 
 /*

@@ -64,6 +64,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 /* every __shared__ variable lives in one section, poisoned before each block */
 #define __shared__ static __attribute__((section("kvemu_shared")))

@@ -26,6 +26,7 @@
 
 #include "cublas_v2.h"
 #include "cuda_runtime.h"
+#include "mma.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -217,6 +218,7 @@ struct fiber {
 
 struct warp_slots {
     uint64_t v[2][32];
+    float    m[2][3 * 256];         /* wmma::mma_sync's operands, one round each (mma.h) */
 };
 
 const size_t STACK = 256 << 10;
@@ -484,6 +486,45 @@ uint64_t kvemu::warp_exchange(unsigned mask, uint64_t mine, int src)
     f->state = F_WARP_BAR;
     to_scheduler(0);
     return src >= 0 && src < 32 ? s->v[p][src] : mine;
+}
+
+int kvemu::lane_id(void) { return cur_->linear & 31; }
+
+float *kvemu::warp_scratch(void) { return warps_[(size_t) (cur_->linear >> 5)].m[cur_->parity]; }
+
+void kvemu::fault(const char *fmt, ...)
+{
+    char    msg[200];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    device_error("thread %d: %s", cur_->linear, msg);
+    cur_->state = F_DONE;
+    to_scheduler(1);
+    abort();                        /* never resumed */
+}
+
+/*
+ * A warp-collective call (mma.h): a warp barrier where every lane passes
+ * the same tag (the call and its arguments). A lane that never comes is a
+ * deadlock (run_block reports it); lanes at another warp barrier (a shuffle,
+ * __syncwarp, another wmma call) or with other arguments are reported here.
+ */
+void kvemu::warp_collective(const char *what, uint64_t tag)
+{
+    int         p = cur_->parity;
+    warp_slots *s = &warps_[(size_t) (cur_->linear >> 5)];
+    int         same = 1;
+
+    warp_exchange(0xffffffffu, tag, 0);
+    for (int l = 0; l < 32; l++) same &= s->v[p][l] == tag;  /* round p: kept until all have read */
+    if (!same) {
+        fault("%s: not every lane of warp %d made this call with these arguments (a warp-"
+              "collective call in divergent code, or different pointers, ldm or layout)",
+              what, cur_->linear >> 5);
+    }
 }
 
 cudaError_t kvemu::enqueue(const char *name, dim3 grid, dim3 block, size_t smem,
