@@ -4,6 +4,7 @@
  * remaining segment is normalized, pre-tokenized and BPE-merged; the
  * post-processor's special tokens go around the whole.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,6 +67,13 @@ typedef struct {
 } wcache_t;
 
 static __thread wcache_t *wcache;
+static pthread_key_t      wcache_key;     /* frees a thread's cache when it exits */
+static pthread_once_t     wcache_once = PTHREAD_ONCE_INIT;
+
+static void wcache_key_make(void)
+{
+    (void) pthread_key_create(&wcache_key, free);
+}
 
 /* The key of p[0..n), n <= WCACHE_BYTES; end: the end of the text (loads
  * of whole words stay inside it). */
@@ -318,6 +326,8 @@ static int emit_piece(void *ctx, const char *p, size_t n)
             wcache = aligned_alloc(128, WCACHE_SETS * WCACHE_WAYS * sizeof(wcache_t));
             if (wcache) {
                 memset(wcache, 0, WCACHE_SETS * WCACHE_WAYS * sizeof(wcache_t));
+                pthread_once(&wcache_once, wcache_key_make);
+                (void) pthread_setspecific(wcache_key, wcache);
             }
         }
         b = &e->batch[e->nbatch++];
