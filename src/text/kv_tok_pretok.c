@@ -68,6 +68,20 @@ static size_t run(const text_t *t, size_t i, int c, size_t max)
     return i;
 }
 
+/* The common case of both splits, decided on ASCII bytes alone: a letter,
+ * or a space before a letter, starts a letter run (no contraction starts
+ * with either). Its end, or 0 where the general path must decide. */
+static size_t ascii_word(const text_t *t, size_t i)
+{
+    if (ascii_letter(t->s[i])) {
+        return run(t, i, KV_UNI_LETTER, SIZE_MAX);
+    }
+    if (t->s[i] == ' ' && i + 1 < t->n && ascii_letter(t->s[i + 1])) {
+        return run(t, i + 1, KV_UNI_LETTER, SIZE_MAX);
+    }
+    return 0;
+}
+
 static int lower(int c)
 {
     return c >= 'A' && c <= 'Z' ? c + 32 : c;
@@ -109,12 +123,8 @@ static size_t gpt2_piece(const text_t *t, size_t i)
     size_t len, len2, k;
     int    c, c2;
 
-    /* ` ?\p{L}+` on ASCII bytes alone (no contraction starts with either) */
-    if (ascii_letter(t->s[i])) {
-        return run(t, i, KV_UNI_LETTER, SIZE_MAX);
-    }
-    if (t->s[i] == ' ' && i + 1 < t->n && ascii_letter(t->s[i + 1])) {
-        return run(t, i + 1, KV_UNI_LETTER, SIZE_MAX);
+    if ((k = ascii_word(t, i))) {
+        return k;                   /* ` ?\p{L}+` */
     }
     c = cls_at(t, i, &len);
     if ((k = contraction(t, i, 0))) {
@@ -144,14 +154,10 @@ static size_t qwen_piece(const text_t *t, size_t i, size_t digits)
     uint32_t cp;
     int      c, c2;
 
-    /* the common cases first, decided on ASCII bytes alone: a letter starts
-     * \p{L}+; a space (neither \r, \n, letter nor number) before a letter
-     * is the optional lead of [^\r\n\p{L}\p{N}]?\p{L}+ */
-    if (ascii_letter(t->s[i])) {
-        return run(t, i, KV_UNI_LETTER, SIZE_MAX);
-    }
-    if (t->s[i] == ' ' && i + 1 < t->n && ascii_letter(t->s[i + 1])) {
-        return run(t, i + 1, KV_UNI_LETTER, SIZE_MAX);
+    /* a space (neither \r, \n, letter nor number) is the optional lead
+     * of [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if ((k = ascii_word(t, i))) {
+        return k;
     }
     cp = cp_at(t, i, &len);
     c = kv_uni_class(cp);
