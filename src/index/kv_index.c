@@ -65,7 +65,9 @@
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
 #define JUMP            16                       /* match: blocks skipped per landing */
-#define JUMP_AHEAD      3                        /* match: landings prefetched ahead */
+#define JUMP_BATCH      32                       /* match: landings read per round */
+#define JUMP_BATCH_WORDS 1024                    /* match: bitmap words they may use */
+#define WALK_AHEAD      24                       /* match: walked entries in flight */
 
 typedef struct {
     uint64_t            worker_id;
@@ -1338,10 +1340,35 @@ static size_t live_only(const kv_index_t *ix, kv_overlap_t *out, size_t n)
     return found;
 }
 
+/* Walks blocks from..to (all of seq[0..from) held by the alive slots):
+ * keeps in alive the slots holding each block, noting the others as
+ * holding that many leading blocks; entries MATCH_AHEAD blocks on are
+ * prefetched so misses overlap. 1 while any slot is alive. */
+static int walk_span(const kv_index_t *ix, const uint64_t *seq, size_t from, size_t to,
+                     uint64_t *alive, uint32_t words, kv_overlap_t *out, size_t cap,
+                     size_t *found)
+{
+    uint64_t bits[64];
+    size_t   i;
+
+    for (i = from; i <= to; i++) {
+        if (i + MATCH_AHEAD <= to) {
+            prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
+        }
+        if (!read_holders(ix, norm_key(seq[i]), bits)) {
+            memset(bits, 0, words * sizeof(uint64_t));
+        }
+        if (!step(alive, bits, words, (uint32_t) i, out, cap, found)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
                            kv_overlap_t *out, size_t cap)
 {
-    uint64_t alive[64], bits[64];
+    uint64_t alive[64];
     uint32_t words = ix->words < 64 ? ix->words : 64;
     size_t   i, found = 0;
 
@@ -1354,84 +1381,231 @@ size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
     if (!read_holders(ix, norm_key(seq[0]), alive)) {
         return 0;
     }
-    /* walk until no worker holds the prefix: the answer is known there;
-     * entries MATCH_AHEAD blocks on are prefetched so misses overlap */
-    for (i = 1; i < n; i++) {
-        if (i + MATCH_AHEAD < n) {
-            prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
-        }
-        if (!read_holders(ix, norm_key(seq[i]), bits)) {
-            memset(bits, 0, words * sizeof(uint64_t));
-        }
-        if (!step(alive, bits, words, (uint32_t) i, out, cap, &found)) {
-            return live_only(ix, out, found);
-        }
+    /* walk until no worker holds the prefix: the answer is known there */
+    if (walk_span(ix, seq, 1, n - 1, alive, words, out, cap, &found)) {
+        step(alive, NULL, words, (uint32_t) n, out, cap, &found);
     }
-    step(alive, NULL, words, (uint32_t) n, out, cap, &found);
     return live_only(ix, out, found);
 }
 
+/* The jump's next landing after p in a request of n blocks. */
+static size_t landing(size_t p, size_t n)
+{
+    return p + JUMP < n - 1 ? p + JUMP : n - 1;
+}
+
+/* 1 if the filter says some key of seq[from..to) may be a hole. Read after
+ * the entries whose run it vouches for. */
+static int any_hole(const kv_index_t *ix, const uint64_t *seq, size_t from, size_t to)
+{
+    int hit = 0;
+
+    for (; from < to; from++) {
+        hit |= maybe_hole(ix, norm_key(seq[from]));     /* no branch: loads overlap */
+    }
+    return hit;
+}
+
+/*
+ * Where each alive slot that lacks block q stops in p+1..q, when no key in
+ * p+1..q-1 is a hole: then a slot holding block p holds a leading run of
+ * p+1..q (lacking k while holding k+1 would make k a hole), so a search
+ * finds its end: the three quarter points, then the blocks inside each
+ * quarter where some slot stops. 6 entries instead of the walk's 16, in two
+ * rounds of misses. at_q: the holders of block q, read before. Emits the
+ * slots that stop, in the walk's order, and keeps the others in alive.
+ *
+ * The filter is read again after these entries: if it lists a hole now (a
+ * writer moved), the slots emitted are withdrawn and it returns 0 (the
+ * caller walks). With fetch_only it reads the quarter points and only
+ * prefetches the blocks it would read next (no answer, alive unchanged).
+ */
+static int search_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size_t q,
+                       const uint64_t *at_q, uint64_t *alive, uint32_t words,
+                       kv_overlap_t *out, size_t cap, size_t *found, int fetch_only)
+{
+    uint64_t has[4][64], cur[64], gone[64], bits[64], any;
+    size_t   r[5], k, x, found0 = *found;
+    uint32_t w;
+
+    for (k = 0; k <= 4; k++) {
+        r[k] = p + (q - p) * k / 4;
+    }
+    for (k = 1; k < 4; k++) {
+        if (!read_holders(ix, norm_key(seq[r[k]]), has[k - 1])) {
+            memset(has[k - 1], 0, words * sizeof(uint64_t));
+        }
+    }
+    memcpy(has[3], at_q, words * sizeof(uint64_t));
+    memcpy(cur, alive, words * sizeof(uint64_t));
+    for (k = 1; k <= 4; k++) {
+        for (w = 0, any = 0; w < words; w++) {
+            gone[w] = cur[w] & ~has[k - 1][w];
+            cur[w] &= has[k - 1][w];
+            any |= gone[w];
+        }
+        if (!any) {
+            continue;
+        }
+        /* some slots stop in r[k-1]+1..r[k] */
+        for (x = r[k - 1] + 1; x < r[k]; x++) {
+            prefetch_key(ix, norm_key(seq[x]));
+        }
+        if (fetch_only) {
+            continue;
+        }
+        for (x = r[k - 1] + 1; x < r[k] && any; x++) {
+            if (!read_holders(ix, norm_key(seq[x]), bits)) {
+                memset(bits, 0, words * sizeof(uint64_t));
+            }
+            any = (uint64_t) step(gone, bits, words, (uint32_t) x, out, cap, found);
+        }
+        if (any) {
+            step(gone, NULL, words, (uint32_t) r[k], out, cap, found);
+        }
+    }
+    if (fetch_only) {
+        return 1;
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (any_hole(ix, seq, p + 1, q)) {
+        *found = found0;
+        return 0;
+    }
+    memcpy(alive, cur, words * sizeof(uint64_t));
+    return 1;
+}
+
+enum { SPAN_SKIP, SPAN_SEARCH, SPAN_WALK };
+
 /*
  * The jump: from a position p that every alive slot holds (with all of
- * 0..p), land on q = p + JUMP, or on the first key between that may be a
- * hole of anyone (the filter). If no alive slot lacks q, every alive slot
- * holds all of p+1..q: one that lacked some k in there would have a hole at
- * the last such k (it holds k+1), and no key in p+1..q-1 is a hole. So the
- * blocks between are skipped. If some alive slot lacks q, the blocks p+1..q
- * are walked one by one, as kv_index_match_walk does, so the answer and
- * its order are the walk's.
+ * 0..p), land on q = p + JUMP. If no alive slot lacks q and no key in
+ * p+1..q-1 may be a hole of anyone (the filter), every alive slot holds all
+ * of p+1..q: one that lacked some k in there would have a hole at the last
+ * such k (it holds k+1). So the blocks between are skipped. If some slots
+ * lack q, search_span finds where each stops; if the filter lists a key
+ * between, the blocks p+1..q are walked one by one, as kv_index_match_walk
+ * does. Either way the answer and its order are the walk's.
+ *
+ * Memory is the cost (a miss per entry: several hundred ns on a loaded VM,
+ * and a bounded number in flight), so the reads go in rounds whose misses
+ * overlap, per batch of up to JUMP_BATCH landings: all landings at once;
+ * then, after a fence, the filter bits of every key between; then the
+ * quarter points of each span to search and the entries of each span to
+ * walk; then the blocks inside the quarters. Which spans need work is
+ * decided with a superset of the alive slots (alive at p, less those
+ * lacking each landing) and checked again against the true set.
  *
  * Under a concurrent writer, a hole is listed (filter first) before the
  * block that makes it is cleared, and the filter of a key is read after
- * its landing: a skipped block was held when its filter was read, as a
- * walked block is when its entry is read.
+ * the entries that bound its span: a skipped block was held when its
+ * filter was read, as a walked block is when its entry is read.
  */
 size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                       kv_overlap_t *out, size_t cap)
 {
-    uint64_t alive[64], bits[64];
-    uint32_t words = ix->words < 64 ? ix->words : 64, w;
-    size_t   p, q, i, found = 0;
-    int      dies;
+    uint64_t alive[64], sup[64], land[JUMP_BATCH_WORDS], d;
+    uint32_t words = ix->words < 64 ? ix->words : 64, w, batch, fetched;
+    uint8_t  kind[JUMP_BATCH];
+    size_t   p, q, i, j, nl, found = 0;
 
     if (n <= 2 * JUMP || __atomic_load_n(&ix->lost_slots, __ATOMIC_ACQUIRE) != 0) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
-    for (i = 1; i <= JUMP_AHEAD && i * JUMP < n; i++) {
-        prefetch_key(ix, norm_key(seq[i * JUMP]));
+    batch = JUMP_BATCH_WORDS / words < JUMP_BATCH ? JUMP_BATCH_WORDS / words : JUMP_BATCH;
+    for (p = 0, j = 0; p < n - 1 && j < batch; j++) {
+        p = landing(p, n);
+        prefetch_key(ix, norm_key(seq[p]));
     }
     if (!read_holders(ix, norm_key(seq[0]), alive)) {
         return 0;
     }
     for (p = 0; p < n - 1; p = q) {
-        q = p + JUMP < n - 1 ? p + JUMP : n - 1;
-        if (q + JUMP_AHEAD * JUMP < n) {
-            prefetch_key(ix, norm_key(seq[q + JUMP_AHEAD * JUMP]));
+        /* round 1: the landings of this batch (the first batch's are on
+         * their way already) */
+        for (q = p, nl = 0; q < n - 1 && nl < batch; nl++) {
+            q = landing(q, n);
+            if (p > 0) {
+                prefetch_key(ix, norm_key(seq[q]));
+            }
         }
-        if (!read_holders(ix, norm_key(seq[q]), bits)) {
-            memset(bits, 0, words * sizeof(uint64_t));
+        for (j = 0, q = p; j < nl; j++) {
+            q = landing(q, n);
+            if (!read_holders(ix, norm_key(seq[q]), &land[j * words])) {
+                memset(&land[j * words], 0, words * sizeof(uint64_t));
+            }
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
-        for (i = p + 1; i < q; i++) {
-            if (maybe_hole(ix, norm_key(seq[i]))) {
+        /* round 2: the filter bits between; what each span needs, and
+         * (round 3, issued now) prefetches of what that step reads first */
+        memcpy(sup, alive, words * sizeof(uint64_t));
+        for (j = 0, q = p, fetched = 0; j < nl; j++) {
+            size_t from = q + 1;
+            int    live = 0;
+
+            q = landing(q, n);
+            for (w = 0, d = 0; w < words; w++) {
+                d |= sup[w] & ~land[j * words + w];
+                sup[w] &= land[j * words + w];
+                live |= sup[w] != 0;
+            }
+            kind[j] = any_hole(ix, seq, from, q) ? SPAN_WALK : d ? SPAN_SEARCH : SPAN_SKIP;
+            for (i = from; kind[j] == SPAN_WALK && i < q && fetched < WALK_AHEAD; i++) {
+                prefetch_key(ix, norm_key(seq[i]));
+                fetched++;
+            }
+            for (i = 1; kind[j] == SPAN_SEARCH && i < 4; i++) {
+                prefetch_key(ix, norm_key(seq[from - 1 + (q - from + 1) * i / 4]));
+            }
+            if (!live) {
+                nl = j + 1;         /* no slot outlives this span */
                 break;
             }
         }
-        for (w = 0, dies = 0; w < words; w++) {
-            dies |= (alive[w] & ~bits[w]) != 0;
-        }
-        if (i == q && !dies) {
-            continue;               /* all alive hold p+1..q */
-        }
-        /* a possible hole or a slot dying in between: walk p+1..q */
-        for (i = p + 2; i < q; i++) {
-            prefetch_key(ix, norm_key(seq[i]));
-        }
-        for (i = p + 1; i <= q; i++) {
-            if (!read_holders(ix, norm_key(seq[i]), bits)) {
-                memset(bits, 0, words * sizeof(uint64_t));
+        /* round 4: the quarter points, to prefetch inside the quarters */
+        memcpy(sup, alive, words * sizeof(uint64_t));
+        for (j = 0, q = p; j < nl; j++) {
+            size_t from = q + 1;
+
+            q = landing(q, n);
+            if (kind[j] == SPAN_SEARCH) {
+                search_span(ix, seq, from - 1, q, &land[j * words], sup, words, out, cap,
+                            &found, 1);
             }
-            if (!step(alive, bits, words, (uint32_t) i, out, cap, &found)) {
+            for (w = 0; w < words; w++) {
+                sup[w] &= land[j * words + w];
+            }
+        }
+        /* round 5: in order, with the true alive set */
+        for (j = 0, q = p; j < nl; j++) {
+            size_t from = q + 1;
+
+            q = landing(q, n);
+            for (w = 0, d = 0; w < words; w++) {
+                d |= alive[w] & ~land[j * words + w];
+            }
+            if (kind[j] != SPAN_WALK) {
+                if (!d) {
+                    continue;       /* all alive hold from..q */
+                }
+                if (search_span(ix, seq, from - 1, q, &land[j * words], alive, words, out,
+                                cap, &found, 0))
+                {
+                    for (w = 0, d = 0; w < words; w++) {
+                        d |= alive[w];
+                    }
+                    if (!d) {
+                        return live_only(ix, out, found);
+                    }
+                    continue;
+                }
+                /* a hole listed meanwhile: walk */
+            }
+            for (i = from; i < q && i < from + MATCH_AHEAD; i++) {
+                prefetch_key(ix, norm_key(seq[i]));     /* if round 3 did not */
+            }
+            if (!walk_span(ix, seq, from, q, alive, words, out, cap, &found)) {
                 return live_only(ix, out, found);
             }
         }

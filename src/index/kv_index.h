@@ -122,7 +122,7 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms);
 /* For each slot holding at least the first block, how many leading blocks
  * of seq[0..n) it holds; up to cap entries in out, in the order they stop
  * (ties by slot), return the count. It stops at the first block no slot
- * holds (it reads at most 64 hashes of seq past that one, to prefetch
+ * holds (it reads at most 512 hashes of seq past that one, to prefetch
  * their entries). Requests over 32 blocks skip 16 blocks at a time where
  * no held prefix ends and no block is a hole (see kv_index.c); the answer
  * is kv_index_match_walk's. seq must be a chain (seq[i] = the key of

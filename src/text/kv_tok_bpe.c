@@ -5,6 +5,7 @@
  * (a 1 MB prompt with no spaces is one word) a bucket queue of candidate
  * merges over a linked list of symbols, O(n) queue operations.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,6 +129,24 @@ typedef struct {
 } bq_ranks_t;
 
 static __thread bq_ranks_t bq_ranks;
+static pthread_key_t       bq_key;          /* frees a thread's arrays when it exits */
+static pthread_once_t      bq_once = PTHREAD_ONCE_INIT;
+
+static void ranks_free(void *p)
+{
+    bq_ranks_t *r = p;
+
+    free(r->head);
+    free(r->last);
+    free(r->bits);
+    free(r->summary);
+    memset(r, 0, sizeof(*r));
+}
+
+static void bq_key_make(void)
+{
+    (void) pthread_key_create(&bq_key, ranks_free);
+}
 
 /* A symbol of the word and its neighbours, together: merges happen in rank
  * order, all over the word, so each is a cache miss; one, not three. */
@@ -179,20 +198,15 @@ static int ranks_reserve(size_t ranks)
     if (ranks <= r->ranks) {
         return 0;
     }
-    free(r->head);
-    free(r->last);
-    free(r->bits);
-    free(r->summary);
+    ranks_free(r);
+    pthread_once(&bq_once, bq_key_make);
+    (void) pthread_setspecific(bq_key, r);
     r->head = malloc(ranks * sizeof(uint32_t));
     r->last = malloc(ranks * sizeof(uint32_t));
     r->bits = calloc(words, sizeof(uint64_t));
     r->summary = calloc(sums, sizeof(uint64_t));
     if (!r->head || !r->last || !r->bits || !r->summary) {
-        free(r->head);
-        free(r->last);
-        free(r->bits);
-        free(r->summary);
-        memset(r, 0, sizeof(*r));
+        ranks_free(r);
         return -1;
     }
     r->ranks = ranks;

@@ -55,7 +55,10 @@ typedef struct {
     int         special, lstrip, rstrip, normalized;
 } kv_added_t;
 
+#define KV_TOK_TAG_MASK     0x3fffffffu     /* cache tags: 30 bits, 0 never */
+
 struct kv_tokenizer {
+    uint32_t        cache_tag;      /* names it in per-thread caches (kv_tokenizer.c) */
     char           *arena;          /* every token's bytes */
     size_t          arena_len;
     uint32_t       *tok_off;        /* id -> arena offset */
@@ -107,6 +110,7 @@ struct kv_tokenizer {
 
 int64_t kv_tok_map_get(const kv_tokenizer_t *t, const char *s, size_t len);
 int64_t kv_tok_word_get(const kv_tokenizer_t *t, const char *s, size_t len);
+void    kv_tok_word_prefetch(const kv_tokenizer_t *t, const char *s, size_t len);
 
 /* One word (pre-token) to ids; appends to out. -1 on allocation failure. */
 int kv_tok_bpe_word(const kv_tokenizer_t *t, const uint32_t *syms, size_t n,

@@ -84,6 +84,13 @@ int64_t kv_tok_map_get(const kv_tokenizer_t *t, const char *s, size_t len)
     return map_lookup(&t->vocab, t->arena, s, len);
 }
 
+void kv_tok_word_prefetch(const kv_tokenizer_t *t, const char *s, size_t len)
+{
+    if (t->words.slots) {
+        __builtin_prefetch(&t->words.slots[(uint32_t) hash_str(s, len) & t->words.mask]);
+    }
+}
+
 int64_t kv_tok_word_get(const kv_tokenizer_t *t, const char *s, size_t len)
 {
     return map_lookup(&t->words, t->words_arena, s, len);
@@ -670,6 +677,11 @@ kv_tokenizer_t *kv_tokenizer_load_buffer(const char *buf, size_t len, char *err,
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    do {
+        static uint32_t tags;
+
+        t->cache_tag = __atomic_add_fetch(&tags, 1, __ATOMIC_RELAXED) & KV_TOK_TAG_MASK;
+    } while (t->cache_tag == 0);
     model = json_object_get(root, "model");
     if (!json_is_object(model)) {
         refuse(&l, "tokenizer.json has no model object");

@@ -37,15 +37,27 @@ static int cls_at(const text_t *t, size_t i, size_t *len)
     return cp == UINT32_MAX ? -1 : kv_uni_class(cp);
 }
 
+static int ascii_letter(uint8_t b)
+{
+    return (uint8_t) ((b | 0x20) - 'a') < 26;
+}
+
 /* End of the run of characters of class c starting at i (at most max chars). */
 static size_t run(const text_t *t, size_t i, int c, size_t max)
 {
     size_t len, k = 0;
 
     if (c == KV_UNI_LETTER && max == SIZE_MAX) {
-        /* ASCII letters, the bulk of most text: no decoding, no lookup */
-        while (i < t->n && (uint8_t) ((t->s[i] | 0x20) - 'a') < 26) {
-            i++;
+        /* ASCII letters, the bulk of most text: no decoding, no lookup; an
+         * ASCII byte that is no letter ends the run without either */
+        for (;;) {
+            while (i < t->n && ascii_letter(t->s[i])) {
+                i++;
+            }
+            if (i >= t->n || t->s[i] < 0x80 || cls_at(t, i, &len) != c) {
+                return i;
+            }
+            i += len;
         }
     }
 
@@ -54,6 +66,20 @@ static size_t run(const text_t *t, size_t i, int c, size_t max)
         k++;
     }
     return i;
+}
+
+/* The common case of both splits, decided on ASCII bytes alone: a letter,
+ * or a space before a letter, starts a letter run (no contraction starts
+ * with either). Its end, or 0 where the general path must decide. */
+static size_t ascii_word(const text_t *t, size_t i)
+{
+    if (ascii_letter(t->s[i])) {
+        return run(t, i, KV_UNI_LETTER, SIZE_MAX);
+    }
+    if (t->s[i] == ' ' && i + 1 < t->n && ascii_letter(t->s[i + 1])) {
+        return run(t, i + 1, KV_UNI_LETTER, SIZE_MAX);
+    }
+    return 0;
 }
 
 static int lower(int c)
@@ -95,8 +121,12 @@ static size_t spaces(const text_t *t, size_t i)
 static size_t gpt2_piece(const text_t *t, size_t i)
 {
     size_t len, len2, k;
-    int    c = cls_at(t, i, &len), c2;
+    int    c, c2;
 
+    if ((k = ascii_word(t, i))) {
+        return k;                   /* ` ?\p{L}+` */
+    }
+    c = cls_at(t, i, &len);
     if ((k = contraction(t, i, 0))) {
         return i + k;
     }
@@ -121,9 +151,16 @@ static size_t newlines(const text_t *t, size_t i)
 static size_t qwen_piece(const text_t *t, size_t i, size_t digits)
 {
     size_t   len, len2, k, end, last_nl;
-    uint32_t cp = cp_at(t, i, &len);
-    int      c = kv_uni_class(cp), c2;
+    uint32_t cp;
+    int      c, c2;
 
+    /* a space (neither \r, \n, letter nor number) is the optional lead
+     * of [^\r\n\p{L}\p{N}]?\p{L}+ */
+    if ((k = ascii_word(t, i))) {
+        return k;
+    }
+    cp = cp_at(t, i, &len);
+    c = kv_uni_class(cp);
     if ((k = contraction(t, i, 1))) {
         return i + k;
     }

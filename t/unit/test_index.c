@@ -309,30 +309,32 @@ TEST(match_leading_run_per_worker)
     free(ix);
 }
 
-/* Once no worker holds block i, match stops: it may read 64 more hashes to
- * prefetch (kv_index.h; 16 for the walk), no further; the rest of the
- * request lies on a page that faults. */
+/* Once no worker holds block i, match stops: it may read 512 more hashes
+ * (one batch of landings, prefetched before the first block is read;
+ * kv_index.h; 16 for the walk), no further; the rest of the request lies on
+ * a page that faults. */
 TEST(match_exits_early)
 {
     kv_index_t  *ix = make(1 << 20, NULL);
     long         pg = sysconf(_SC_PAGESIZE);
-    char        *mem = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE,
+    size_t       len = 2 * (size_t) pg + 4096;
+    char        *mem = mmap(NULL, len, PROT_READ | PROT_WRITE,
                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    uint64_t    *seq = (uint64_t *) (void *) (mem + pg) - 68;
+    uint64_t    *seq = (uint64_t *) (void *) (mem + len - pg) - 516;
     kv_overlap_t out[4];
     int          a;
 
     CHECK(mem != MAP_FAILED);
-    for (int i = 0; i < 68; i++) {
+    for (int i = 0; i < 516; i++) {
         seq[i] = i ? kv_hash_chain(seq[i - 1], (uint64_t) i) : 50;
     }
-    CHECK(mprotect(mem + pg, pg, PROT_NONE) == 0);
+    CHECK(mprotect(mem + len - pg, pg, PROT_NONE) == 0);
     a = kv_index_worker_add(ix, 1, 0);
     kv_index_record_at(ix, (uint32_t) a, seq, 0, 3, 1000);
-    CHECK_EQ_U64(kv_index_match(ix, seq, 256, out, 4), 1);
+    CHECK_EQ_U64(kv_index_match(ix, seq, 4096, out, 4), 1);
     CHECK_EQ_U64(out[0].blocks, 3);
-    CHECK_EQ_U64(kv_index_match_walk(ix, seq + 48, 208, out, 4), 0);
-    munmap(mem, 2 * pg);
+    CHECK_EQ_U64(kv_index_match_walk(ix, seq + 496, 208, out, 4), 0);
+    munmap(mem, len);
     free(ix);
 }
 
@@ -639,12 +641,17 @@ typedef struct {
     uint64_t    rng;
 } docs_t;
 
+static uint64_t d_rnd_u(uint64_t *rng)
+{
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    return *rng;
+}
+
 static uint64_t d_rnd(docs_t *d)
 {
-    d->rng ^= d->rng << 13;
-    d->rng ^= d->rng >> 7;
-    d->rng ^= d->rng << 17;
-    return d->rng;
+    return d_rnd_u(&d->rng);
 }
 
 /* Documents that share prefixes with earlier ones and branch at random
@@ -817,6 +824,60 @@ TEST(match_jump_equals_walk_randomized)
     CHECK(evicted > 0);
 }
 
+/* Requests longer than one batch of landings (512 blocks; 256 with 4,096
+ * slots, whose bitmaps fill the batch sooner), workers holding prefixes
+ * that end anywhere, holes, clears: the jump (landings, quarter search,
+ * walked spans) against the walk. */
+TEST(match_jump_long_requests_equal_walk)
+{
+    static const uint32_t workers[2] = { 16, 4000 };
+    enum { L = 1400 };
+    static uint64_t tok[L], seq[L], q[L];
+    uint64_t rng = 88172645463325252ULL, compared = 0;
+    int      c, k, bad = 0;
+
+    chain(1 << 20, L, tok, seq);
+    for (c = 0; c < 2 && !bad; c++) {
+        kv_index_config_t cfg = { .max_workers = workers[c] };
+        kv_index_t       *ix = make(64u << 20, &cfg);
+
+        for (k = 0; k < 400 && !bad; k++) {
+            uint64_t w = 1 + d_rnd_u(&rng) % 12, r = d_rnd_u(&rng) % 10;
+            size_t   len = 1 + d_rnd_u(&rng) % L, from, m, i;
+
+            if (r < 6) {
+                /* a prefix of random length, in events of up to 512 */
+                for (from = 0; from < len; from += m) {
+                    m = len - from < 512 ? len - from : 512;
+                    store(ix, w, 0, from > 0, from ? seq[from - 1] : 0, &seq[from],
+                          &tok[from], m);
+                }
+            } else if (r < 9) {
+                remove_hashes(ix, w, 0, &seq[d_rnd_u(&rng) % L], 1);     /* a hole */
+            } else {
+                kv_event_t ev = { .worker_id = w, .kind = KV_EVENT_CLEARED };
+
+                kv_index_apply(ix, &ev, 1000, err, sizeof(err));
+            }
+            for (i = 0; i < 3 && !bad; i++) {
+                size_t n = i == 0 ? L : 33 + d_rnd_u(&rng) % (L - 33), j, cut;
+
+                bad |= !d_same(ix, seq, n, 1 + d_rnd_u(&rng) % 128);
+                memcpy(q, seq, sizeof(q));
+                cut = d_rnd_u(&rng) % L;
+                for (j = cut; j < L; j++) {
+                    q[j] = kv_hash_chain(j ? q[j - 1] : 7, 5000 + j);
+                }
+                bad |= !d_same(ix, q, L, 128);
+                compared += 2;
+            }
+        }
+        free(ix);
+    }
+    printf("  %llu long queries compared\n", (unsigned long long) compared);
+    CHECK(!bad);
+}
+
 /* The hole table overflows: its slot is marked lost and matches walk. */
 TEST(match_hole_table_overflow_walks)
 {
@@ -905,6 +966,7 @@ int main(void)
     RUN(approximate_prune_to_ratio);
     RUN(open_on_reuse);
     RUN(match_jump_equals_walk_randomized);
+    RUN(match_jump_long_requests_equal_walk);
     RUN(match_hole_table_overflow_walks);
     RUN(match_jump_sees_holes);
     RUN(concurrent_reader_sees_consistent_overlaps);

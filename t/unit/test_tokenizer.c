@@ -4,7 +4,10 @@
  * without special tokens, decode); long words, against HF too, and the
  * work they cost as counts. Plus refusals.
  */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <jansson.h>
 
@@ -390,6 +393,86 @@ TEST(one_megabyte_word_costs_linear_work)
     }
 }
 
+/* --- the per-thread word cache ------------------------------------------ */
+
+typedef struct {
+    kv_tokenizer_t *t;
+    const char     *text;
+    size_t          len;
+    kv_ids_t        ids;
+} cold_t;
+
+static void *encode_cold(void *arg)
+{
+    cold_t *c = arg;
+
+    kv_tokenizer_encode(c->t, c->text, c->len, 0, &c->ids);
+    return NULL;
+}
+
+/*
+ * The word cache is per thread and shared by every tokenizer the thread
+ * uses: two byte-level tokenizers (gpt2 and Qwen2.5 split and merge the
+ * same words differently), each encoding 256 KB of prose in a thread of its
+ * own (an empty cache), must give the same ids as when one thread encodes
+ * with both in turn, three times over (a cache full of the other's words;
+ * the second tokenizer loaded twice: a new tag each time).
+ */
+TEST(word_cache_keeps_tokenizers_apart)
+{
+    static const char *files[2] = {
+        "conf/tokenizers/gpt2/tokenizer.json", "conf/tokenizers/qwen2.5-instruct/tokenizer.json",
+    };
+    FILE      *f = fopen("t/data/prose_en.txt", "rb");
+    char      *text = malloc(1 << 18), err[512];
+    size_t     len = f ? fread(text, 1, 1 << 18, f) : 0, k, round;
+    cold_t     cold[2];
+    pthread_t  th;
+    int        i;
+
+    if (f) fclose(f);
+    CHECK(len == 1 << 18);
+    while (len > 0 && ((uint8_t) text[len - 1] & 0xc0) == 0x80) {
+        len--;                  /* whole characters */
+    }
+    for (i = 0; i < 2; i++) {
+        memset(&cold[i], 0, sizeof(cold[i]));
+        cold[i].t = kv_tokenizer_load(files[i], err, sizeof(err));
+        CHECK(cold[i].t != NULL);
+        if (cold[i].t == NULL) return;
+        cold[i].text = text;
+        cold[i].len = len;
+        pthread_create(&th, NULL, encode_cold, &cold[i]);
+        pthread_join(th, NULL);
+        CHECK(cold[i].ids.n > 10000);
+    }
+    for (round = 0; round < 3; round++) {
+        for (i = 0; i < 2; i++) {
+            kv_ids_t ids = { 0 };
+
+            if (round == 2 && i == 1) {
+                kv_tokenizer_free(cold[1].t);
+                cold[1].t = kv_tokenizer_load(files[1], err, sizeof(err));
+            }
+            kv_tokenizer_encode(cold[i].t, text, len, 0, &ids);
+            CHECK_EQ_U64(ids.n, cold[i].ids.n);
+            for (k = 0; k < ids.n && k < cold[i].ids.n; k++) {
+                if (ids.ids[k] != cold[i].ids.ids[k]) {
+                    fprintf(stderr, "  %s round %zu: id %zu differs\n", files[i], round, k);
+                    CHECK(0);
+                    break;
+                }
+            }
+            kv_ids_free(&ids);
+        }
+    }
+    for (i = 0; i < 2; i++) {
+        kv_ids_free(&cold[i].ids);
+        kv_tokenizer_free(cold[i].t);
+    }
+    free(text);
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -401,5 +484,6 @@ int main(void)
     RUN(merges_out_of_rank_order_match_hf);
     RUN(merge_ids_near_the_packing_limit);
     RUN(one_megabyte_word_costs_linear_work);
+    RUN(word_cache_keeps_tokenizers_apart);
     return kvt_done();
 }
