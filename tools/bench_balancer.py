@@ -42,13 +42,13 @@ FRONT = """
     server {
         listen 127.0.0.1:%%(port)s;
         client_body_buffer_size 1m;
-        location /kv/ { access_log off; proxy_pass http://kv/; proxy_http_version 1.1;
+        location /kv/ { access_log off; kvroute_upstream kv; proxy_pass http://kv/; proxy_http_version 1.1;
                         proxy_set_header Connection ""; }
-        location /kvlog/ { access_log %(dir)s/kv.log dec; proxy_pass http://kv/;
+        location /kvlog/ { access_log %(dir)s/kv.log dec; kvroute_upstream kv; proxy_pass http://kv/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
-        location /kvt/ { access_log %(dir)s/kvt.log dec; proxy_pass http://kvt/;
+        location /kvt/ { access_log %(dir)s/kvt.log dec; kvroute_upstream kvt; proxy_pass http://kvt/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
-        location /kvn/ { access_log off; proxy_pass http://kvn/;
+        location /kvn/ { access_log off; kvroute_upstream kvn; proxy_pass http://kvn/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
         location /lc/ { access_log off; proxy_pass http://lc/; proxy_http_version 1.1;
                         proxy_set_header Connection ""; }

@@ -49,9 +49,9 @@ FRONT = """
     server {
         listen 127.0.0.1:%%(port)s;
         client_body_buffer_size 1m;
-        location /on/ { access_log %(dir)s/on.log dec; proxy_pass http://on/;
+        location /on/ { access_log %(dir)s/on.log dec; kvroute_upstream on; proxy_pass http://on/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
-        location /off/ { access_log %(dir)s/off.log dec; proxy_pass http://off/;
+        location /off/ { access_log %(dir)s/off.log dec; kvroute_upstream off; proxy_pass http://off/;
                          proxy_http_version 1.1; proxy_set_header Connection ""; }
         location = /kvroute/status { kvroute_status; }
     }

@@ -290,14 +290,29 @@ typedef struct {
 #define NGX_HTTP_KVROUTE_STATUS_JSON        2
 #define NGX_HTTP_KVROUTE_STATUS_PROMETHEUS  3
 
+/* "kvroute_upstream NAME": resolved once the http block is parsed, since
+ * the upstream may come after the location */
+
+typedef struct {
+    ngx_str_t                       name;
+    u_char                         *file_name;
+    ngx_uint_t                      line;
+    ngx_http_kvroute_srv_conf_t    *conf;
+} ngx_http_kvroute_upstream_ref_t;
+
+
 typedef struct {
     ngx_flag_t                      debug_headers;
     ngx_uint_t                      status;     /* kvroute_status format */
+    ngx_http_kvroute_upstream_ref_t  *upstream; /* kvroute_upstream, or NULL */
+    ngx_uint_t                      warned;     /* "no kvroute_upstream" logged
+                                                   by this process */
 } ngx_http_kvroute_loc_conf_t;
 
 
 typedef struct {
     ngx_array_t                     zones;      /* ngx_http_kvroute_zone_t * */
+    ngx_array_t                     upstreams;  /* ngx_http_kvroute_upstream_ref_t * */
 } ngx_http_kvroute_main_conf_t;
 
 
@@ -332,6 +347,12 @@ char *ngx_http_kvroute_worker_id(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
     ngx_http_kvroute_srv_conf_t *kcf);
+char *ngx_http_kvroute_upstream_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_find(ngx_conf_t *cf,
+    ngx_str_t *name);
+ngx_int_t ngx_http_kvroute_upstream_resolve(ngx_conf_t *cf,
+    ngx_http_kvroute_main_conf_t *kmcf);
 ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_of(
     ngx_http_request_t *r);
 ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf,
@@ -339,7 +360,7 @@ ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf,
 
 /* prompt: body -> tokens -> block hashes */
 ngx_int_t ngx_http_kvroute_precontent(ngx_http_request_t *r);
-void ngx_http_kvroute_prepare(ngx_http_request_t *r,
+ngx_int_t ngx_http_kvroute_prepare(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
 ngx_http_kvroute_ctx_t *ngx_http_kvroute_get_ctx(ngx_http_request_t *r,
     ngx_http_kvroute_srv_conf_t *kcf);

@@ -739,12 +739,22 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
+    if (ctx->conf != kcf) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "kvroute: the location's kvroute_upstream is \"%V\" "
+                      "but it proxies to \"%V\"",
+                      &ctx->conf->upstream_name, &kcf->upstream_name);
+        return NGX_ERROR;
+    }
+
     pd->ctx = ctx;
 
     ngx_atomic_fetch_add(&kcf->zone->sh->requests, 1);
 
     if (!ctx->prepared) {
-        ngx_http_kvroute_prepare(r, ctx);
+        if (ngx_http_kvroute_prepare(r, ctx) != NGX_OK) {
+            return NGX_ERROR;
+        }
     }
 
     if (!ctx->matched) {

@@ -118,6 +118,7 @@ NGINX_CONF = """
     server {
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             kvroute_debug_headers on;
         }

@@ -78,8 +78,8 @@ CONF = """
     server {
         listen 127.0.0.1:%%(port)s;
         kvroute_debug_headers on;
-        location /mis/v1/ { proxy_pass http://mis/v1/; }
-        location /ok/v1/ { proxy_pass http://ok/v1/; }
+        location /mis/v1/ { kvroute_upstream mis; proxy_pass http://mis/v1/; }
+        location /ok/v1/ { kvroute_upstream ok; proxy_pass http://ok/v1/; }
         location = /kvroute/status { kvroute_status; }
     }
 """

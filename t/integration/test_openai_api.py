@@ -164,6 +164,7 @@ NGINX_CONF = """
         client_max_body_size 64k;
         include %(errors)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_buffering off;

@@ -21,6 +21,7 @@ CONF = """
         listen 127.0.0.1:%%(port)s;
         client_body_buffer_size 1k;     # larger bodies go to a temp file
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -29,6 +30,7 @@ CONF = """
         location /raw/ {
             proxy_request_buffering off;
             rewrite ^/raw(/.*)$ $1 break;
+            kvroute_upstream llm;
             proxy_pass http://llm;
         }
         location = /kvroute/status { kvroute_status; }

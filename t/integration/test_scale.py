@@ -26,6 +26,7 @@ CONF = """
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
             access_log %(log)s kv;
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

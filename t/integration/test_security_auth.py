@@ -60,7 +60,7 @@ NGINX = """
     }
     server {
         listen 127.0.0.1:%%(port)s;
-        location /v1/ { proxy_pass http://llm; kvroute_debug_headers on; }
+        location /v1/ { kvroute_upstream llm; proxy_pass http://llm; kvroute_debug_headers on; }
         location = /kvroute/status { kvroute_status; }
     }
 """
@@ -145,7 +145,7 @@ ERR_NGINX = """
     }
     server {
         listen 127.0.0.1:%%(port)s;
-        location / { proxy_pass http://llm; }
+        location / { kvroute_upstream llm; proxy_pass http://llm; }
         location = /kvroute/status { kvroute_status; }
     }
 """
