@@ -456,6 +456,23 @@ static void replay_buffer(kv_ingest_t *ing, int i, uint64_t now_ms)
 
 /* --- heartbeat ---------------------------------------------------------- */
 
+/* Scans the JSON object in buf into *out (size bytes, zeroed first) by
+ * fields: the mask of the fields it had (bit k: fields[k]), or -1 if it is
+ * malformed. */
+static int64_t scan_object(const char *buf, size_t len, const kv_jfield_t *fields, void *out,
+                           size_t size)
+{
+    kv_jscan_t s;
+    uint32_t seen = 0;
+
+    memset(out, 0, size);
+    kv_jscan_init(&s, buf, len);
+    if (kv_jscan_fields(&s, fields, out, &seen) < 0) {
+        return -1;
+    }
+    return seen;
+}
+
 typedef struct {
     uint64_t            worker_id, instance_id, last_event_id, interval_ms, num_blocks;
     uint64_t            dp_rank, block_size;
@@ -498,12 +515,9 @@ static const kv_jfield_t heartbeat_fields[] = {
 
 static int parse_heartbeat(const char *buf, size_t len, heartbeat_t *h)
 {
-    kv_jscan_t  s;
-    uint32_t    seen = 0;
+    int64_t seen = scan_object(buf, len, heartbeat_fields, h, sizeof(*h));
 
-    memset(h, 0, sizeof(*h));
-    kv_jscan_init(&s, buf, len);
-    if (kv_jscan_fields(&s, heartbeat_fields, h, &seen) < 0) {
+    if (seen < 0) {
         return -1;
     }
     h->has_worker = seen & 1;
@@ -729,6 +743,7 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
 #define DUMP_U64(f)  { #f, KV_JF_U64, offsetof(dump_head_t, f), 0, NULL }
 
 /* "blocks" last: its bit in the seen mask says the chunk has blocks. */
+#define DUMP_BLOCKS_FIELD 6
 static const kv_jfield_t dump_head_fields[] = {
     DUMP_U64(worker_id),
     DUMP_U64(dp_rank),
@@ -743,15 +758,12 @@ static const kv_jfield_t dump_head_fields[] = {
 /* The head fields of a chunk, "blocks" skipped: 0, or -1 if malformed. */
 static int dump_head(const char *buf, size_t len, dump_head_t *h)
 {
-    kv_jscan_t  s;
-    uint32_t    seen = 0;
+    int64_t seen = scan_object(buf, len, dump_head_fields, h, sizeof(*h));
 
-    memset(h, 0, sizeof(*h));
-    kv_jscan_init(&s, buf, len);
-    if (kv_jscan_fields(&s, dump_head_fields, h, &seen) < 0) {
+    if (seen < 0) {
         return -1;
     }
-    h->seen_blocks = (seen >> 6) & 1;
+    h->seen_blocks = (seen >> DUMP_BLOCKS_FIELD) & 1;
     return h->seen_blocks ? 0 : -1;
 }
 
