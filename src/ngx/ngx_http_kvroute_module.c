@@ -218,6 +218,7 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
      */
 
     kcf->block_size = 16;
+    kcf->mode = -1;
     kcf->retry_after = 1;
     kcf->thread_threshold = 65536;
     kcf->max_tokenize = 4 * 1024 * 1024;
