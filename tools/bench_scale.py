@@ -1,4 +1,4 @@
-"""Scale-out figures (issue 18), `make bench-scale`; docs/BENCHMARKS.md "Scale-out".
+"""Scale-out figures, `make bench-scale`; docs/BENCHMARKS.md "Scale-out".
 
 decision   decision time ($kvroute_decision_us) at 8, 64, 512 and 4,096 upstream
            servers in one run: one nginx (1 worker process, approximate mode)

@@ -490,7 +490,7 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     const char *body = (const char *)evbuffer_pullup(in, -1);
     if (body == NULL)
         body = "";
-    /* parsed once, however many prompts it holds (finding 8 of issue 23) */
+    /* parsed once, however many prompts it holds (docs/SECURITY.md, section 5) */
     void *doc = kvw_openai_load(body, len, &err);
     h->bodies_parsed++;
     if (doc == NULL) {
@@ -771,8 +771,8 @@ kvw_http_t *kvw_http_start(kvw_engine_t *e, const char *host, int port,
         h->text.ctx = tok_ctx;
     }
     evhttp_set_max_body_size(h->http, e->cfg->max_body ? e->cfg->max_body : KVW_MAX_BODY);
-    /* 300 MB of headers used to be accepted; and a connection idle or
-     * dribbling its headers was kept forever */
+    /* bounded headers, and no connection idle or dribbling its headers
+     * kept forever (docs/SECURITY.md, section 5) */
     evhttp_set_max_headers_size(h->http, KVW_MAX_HEADERS);
     if (e->cfg->idle_timeout_s > 0)
         evhttp_set_timeout(h->http, e->cfg->idle_timeout_s);

@@ -621,6 +621,9 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
     ngx_atomic_fetch_add(&kcf->zone->sh->requests, 1);
 
     if (!ctx->prepared) {
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "kvroute init peer: preparing the prompt here");
+
         if (ngx_http_kvroute_prepare(r, ctx) != NGX_OK) {
             return NGX_ERROR;
         }
@@ -1078,6 +1081,9 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
     ngx_uint_t state)
 {
     ngx_http_kvroute_peer_data_t  *pd = data;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                   "kvroute free peer: state %ui", state);
 
     if (pd->ctx) {
         if (!(state & NGX_PEER_FAILED)) {

@@ -267,6 +267,10 @@ ngx_http_kvroute_precontent(ngx_http_request_t *r)
 
     ctx->status = NGX_DONE;
 
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvroute precontent: reading the body for upstream \"%V\"",
+                   &kcf->upstream_name);
+
     rc = ngx_http_read_client_request_body(r, ngx_http_kvroute_body_handler);
     if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
         return rc;
@@ -293,6 +297,11 @@ ngx_http_kvroute_resume(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
         ctx->status = NGX_HTTP_SERVICE_UNAVAILABLE;
         ngx_atomic_fetch_add(&ctx->conf->zone->sh->busy_rejects, 1);
     }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvroute precontent: fallback \"%s\", status %i",
+                   ngx_http_kvroute_fallback_names[ctx->fallback],
+                   ctx->status);
 
     r->preserve_body = 1;
 
@@ -746,6 +755,12 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     }
     ctx->seq = t->result.seq;
     ctx->nseq = t->result.nseq;
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, t->request->connection->log, 0,
+                   "kvroute prompt: %uz blocks, %uL tokens (%uL from the turn "
+                   "cache), fallback \"%s\"", ctx->nseq, ctx->prompt_tokens,
+                   ctx->turn_cached_tokens,
+                   ngx_http_kvroute_fallback_names[ctx->fallback]);
 
     if (t->result.status != KV_PROMPT_OK) {
         ngx_log_error(NGX_LOG_INFO, t->request->connection->log, 0,

@@ -1,4 +1,4 @@
-"""Prometheus output of kvroute_status and of kvworker (issue 22): real nginx
+"""Prometheus output of kvroute_status and of kvworker: real nginx
 with an events zone (real nats-server, real kvworker engines) and an
 approximate zone, checked with prometheus_client's parser, an
 OpenMetrics-style structure check (HELP and TYPE for every family, no family

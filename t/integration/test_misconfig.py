@@ -1,4 +1,4 @@
-"""Misconfigurations kvroute catches (issue 22), with real nginx (-t and
+"""Misconfigurations kvroute catches, with real nginx (-t and
 running), real nats-server and real kvworker engines."""
 import json
 import os

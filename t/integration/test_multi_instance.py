@@ -1,4 +1,4 @@
-"""Many nginx instances, one view (issue 18): three nginx instances on
+"""Many nginx instances, one view (docs/CONFIG.md, "Large fleets"): three nginx instances on
 loopback (separate processes, separate zones), one nats-server, kvworker
 mock engines publishing KV events and heartbeats every 100 ms.
 

@@ -1,4 +1,4 @@
-"""The OpenAI API as OpenAI clients see it (issue 22): the official `openai`
+"""The OpenAI API as OpenAI clients see it: the official `openai`
 Python client against a real kvworker, and through real nginx with the
 module, including the errors nginx and kvroute produce."""
 import concurrent.futures

@@ -1,4 +1,4 @@
-"""The operator's cache salt (issue 23, finding 5): `salt=$var` reaches the
+"""The operator's cache salt (docs/SECURITY.md, section 5): `salt=$var` reaches the
 engine and no client can override it. nginx combines the operator's salt
 with the body's own (kv_prompt_salt: "<len>:<operator><client>"), hashes
 with that, and rewrites the proxied body so its only cache_salt is that

@@ -1,4 +1,4 @@
-"""Fleets of thousands of servers (issue 18): the load table sized from the
+"""Fleets of thousands of servers (docs/CONFIG.md, "Large fleets"): the load table sized from the
 configuration, every server's load counted, decisions over candidates.
 
 One kvworker process serves 4,096 mock engines on consecutive ports, so

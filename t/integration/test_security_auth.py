@@ -1,4 +1,4 @@
-"""Publisher authentication (issue 23, findings 1 and 9): the documented
+"""Publisher authentication (docs/SECURITY.md, section 3): the documented
 nats-server setup (conf/nats/per-worker-auth.conf) with per-worker users and
 subject permissions, real kvworkers publishing on their per-worker subjects,
 the router reading only those; forgeries from another worker's user are

@@ -1,4 +1,4 @@
-"""Self-checking index (issue 23): nginx compares each response's
+"""Self-checking index (docs/SECURITY.md, section 6): nginx compares each response's
 usage.prompt_tokens_details.cached_tokens with the overlap the index
 predicted for the worker chosen; a worker whose predictions drift is
 resynced, or routed by load alone until they agree again.
