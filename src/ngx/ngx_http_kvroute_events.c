@@ -102,6 +102,23 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_zmq_params[] = {
 };
 
 
+/* zone=NAME: at http level only (inside an upstream, the zone is that
+ * upstream's) */
+
+static char *
+ngx_http_kvroute_events_zone(ngx_conf_t *cf, ngx_str_t *name,
+    ngx_http_kvroute_zone_t **zone)
+{
+    if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
+        return "takes no zone= inside an upstream";
+    }
+
+    *zone = ngx_http_kvroute_zone_find(cf, name);
+
+    return *zone ? NGX_CONF_OK : NGX_CONF_ERROR;
+}
+
+
 /*
  * kvroute_events nats://h:p[,...] [zone=NAME] [subject=S] [prefix=P]
  *     [jetstream=STREAM durable=NAME] [user=U password=P | token=T |
@@ -117,6 +134,7 @@ char *
 ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
+    char                          *rv;
     ngx_int_t                      rc;
     ngx_str_t                     *value, s, path;
     ngx_uint_t                     i;
@@ -192,13 +210,9 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         if (ngx_http_kvroute_param_is(&value[i], "zone=", &s)) {
-            if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
-                return "takes no zone= inside an upstream";
-            }
-
-            zone = ngx_http_kvroute_zone_find(cf, &s);
-            if (zone == NULL) {
-                return NGX_CONF_ERROR;
+            rv = ngx_http_kvroute_events_zone(cf, &s, &zone);
+            if (rv != NGX_CONF_OK) {
+                return rv;
             }
             continue;
         }
@@ -450,6 +464,7 @@ static char *
 ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
     ngx_http_kvroute_zone_t *zone, ngx_http_kvroute_events_t *ev)
 {
+    char                          *rv;
     ngx_int_t                      rc;
     ngx_str_t                     *value, s, path;
     ngx_uint_t                     i;
@@ -485,13 +500,9 @@ ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
         }
 
         if (ngx_http_kvroute_param_is(&value[i], "zone=", &s)) {
-            if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
-                return "takes no zone= inside an upstream";
-            }
-
-            zone = ngx_http_kvroute_zone_find(cf, &s);
-            if (zone == NULL) {
-                return NGX_CONF_ERROR;
+            rv = ngx_http_kvroute_events_zone(cf, &s, &zone);
+            if (rv != NGX_CONF_OK) {
+                return rv;
             }
             continue;
         }
