@@ -7,7 +7,7 @@
 #   make run DISAGG=1    the same, disaggregated: 2 prefill + 2 decode mock workers
 #   make bench           benchmarks (minutes); results go to docs/BENCHMARKS.md by hand
 #   make bench-disagg    8 mock engines aggregated vs 4+4 and 2+6 prefill/decode (minutes)
-#   make bench-scale     issue 18: decision time vs fleet size, many nginx instances
+#   make bench-scale     decision time vs fleet size, many nginx instances
 #   make CUDA=0          skip the CUDA engine even where nvcc exists
 #   make install         module, load snippet, kvworker and tools (DESTDIR, PREFIX; docs/INSTALL.md)
 #   make deb             Debian packages into build/deb/ (debian/)
@@ -341,7 +341,7 @@ bench: all
 bench-faults: all
 	@.venv/bin/python tools/bench-faults
 
-# issue 18: decision time at 8..4,096 servers, 1..8 nginx instances, convergence
+# decision time at 8..4,096 servers, 1..8 nginx instances, convergence
 bench-scale: all
 	@tools/bench-scale --build $(B)
 

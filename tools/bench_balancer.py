@@ -20,14 +20,9 @@ SECONDS = int(os.environ.get("BENCH_SECONDS", "8"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 CONNS = int(os.environ.get("BENCH_CONNS", "32"))
 
-UPSTREAM_NGINX = """
-    access_log off;
-    server {
-        listen 127.0.0.1:%(p)d;
-        location / { default_type application/json;
-                     return 200 '{"id":"c","object":"text_completion","choices":[{"index":0,"text":"x","finish_reason":"length"}],"usage":{"prompt_tokens":64,"completion_tokens":1,"total_tokens":65}}'; }
-    }
-"""
+REPLY = ('{"id":"c","object":"text_completion","choices":[{"index":0,"text":"x",'
+         '"finish_reason":"length"}],"usage":{"prompt_tokens":64,"completion_tokens":1,'
+         '"total_tokens":65}}')
 
 FRONT = """
     kvroute_zone kv 64m;
@@ -42,13 +37,13 @@ FRONT = """
     server {
         listen 127.0.0.1:%%(port)s;
         client_body_buffer_size 1m;
-        location /kv/ { access_log off; proxy_pass http://kv/; proxy_http_version 1.1;
+        location /kv/ { access_log off; kvroute_upstream kv; proxy_pass http://kv/; proxy_http_version 1.1;
                         proxy_set_header Connection ""; }
-        location /kvlog/ { access_log %(dir)s/kv.log dec; proxy_pass http://kv/;
+        location /kvlog/ { access_log %(dir)s/kv.log dec; kvroute_upstream kv; proxy_pass http://kv/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
-        location /kvt/ { access_log %(dir)s/kvt.log dec; proxy_pass http://kvt/;
+        location /kvt/ { access_log %(dir)s/kvt.log dec; kvroute_upstream kvt; proxy_pass http://kvt/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
-        location /kvn/ { access_log off; proxy_pass http://kvn/;
+        location /kvn/ { access_log off; kvroute_upstream kvn; proxy_pass http://kvn/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
         location /lc/ { access_log off; proxy_pass http://lc/; proxy_http_version 1.1;
                         proxy_set_header Connection ""; }
@@ -152,9 +147,7 @@ def main():
     st = kvt.Stack("bench-balancer")
     try:
         ports = [kvt.free_port() for _ in range(4)]
-        up = st.nginx("".join(UPSTREAM_NGINX % {"p": p} for p in ports).replace(
-            "listen 127.0.0.1:%d;" % ports[0], "listen 127.0.0.1:%d;" % ports[0]), workers=1,
-            port=ports[0])
+        up = st.nginx(kvt.canned_servers(ports, REPLY), workers=1, port=ports[0])
         servers = " ".join("server 127.0.0.1:%d;" % p for p in ports)
         tok = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct", "tokenizer.json")
         front = st.nginx(FRONT % {"servers": servers, "dir": st.dir, "tok": tok}, workers=1)

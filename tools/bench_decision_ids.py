@@ -36,8 +36,7 @@ def main():
     st = kvt.Stack("bench-decision")
     try:
         ports = [kvt.free_port() for _ in range(4)]
-        up = st.nginx("".join(bb.UPSTREAM_NGINX % {"p": p} for p in ports), workers=1,
-                      port=ports[0])
+        up = st.nginx(kvt.canned_servers(ports, bb.REPLY), workers=1, port=ports[0])
         servers = " ".join("server 127.0.0.1:%d;" % p for p in ports)
         tok = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct", "tokenizer.json")
         front = st.nginx(bb.FRONT % {"servers": servers, "dir": st.dir, "tok": tok}, workers=1)

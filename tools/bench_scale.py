@@ -1,4 +1,4 @@
-"""Scale-out figures (issue 18), `make bench-scale`; docs/BENCHMARKS.md "Scale-out".
+"""Scale-out figures, `make bench-scale`; docs/BENCHMARKS.md "Scale-out".
 
 decision   decision time ($kvroute_decision_us) at 8, 64, 512 and 4,096 upstream
            servers in one run: one nginx (1 worker process, approximate mode)
@@ -124,9 +124,10 @@ def decision():
             zones.append("kvroute_zone kv%d %dm max_workers=4096;" % (n, 8 + n // 128))
             ups.append("upstream u%d { zone u%d 4m; kvroute zone=kv%d; %s keepalive 16; }"
                        % (n, n, n, " ".join("server 127.0.0.1:%d;" % p for p in w.ports[:n])))
-            locs.append("location /u%d/ { access_log %s/u%d.log dec; proxy_pass http://u%d/; "
-                        "proxy_http_version 1.1; proxy_set_header Connection \"\"; }"
-                        % (n, st.dir, n, n))
+            locs.append("location /u%d/ { access_log %s/u%d.log dec; kvroute_upstream u%d; "
+                        "proxy_pass http://u%d/; proxy_http_version 1.1; "
+                        "proxy_set_header Connection \"\"; }"
+                        % (n, st.dir, n, n, n))
         ng = st.nginx(DECISION_CONF % {"zones": "\n".join(zones), "upstreams": "\n".join(ups),
                                        "locations": "\n".join(locs)}, workers=1)
         rnd = random.Random(7)
@@ -181,6 +182,7 @@ INSTANCE_CONF = """
         client_body_buffer_size 1m;
         client_max_body_size 8m;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

@@ -28,14 +28,9 @@ WORKERS = int(os.environ.get("NGINX_WORKERS", "2"))
 SIDES = os.environ.get("SIDES", "on,off").split(",")     # SIDES=on: for a profile
 QWEN = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct")
 
-UPSTREAM = """
-    access_log off;
-    server {
-        listen 127.0.0.1:%(port)s;
-        location / { default_type application/json;
-                     return 200 '{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":{"prompt_tokens":64,"completion_tokens":1,"total_tokens":65}}'; }
-    }
-"""
+REPLY = ('{"id":"c","object":"chat.completion","choices":[{"index":0,"message":'
+         '{"role":"assistant","content":"x"},"finish_reason":"length"}],"usage":'
+         '{"prompt_tokens":64,"completion_tokens":1,"total_tokens":65}}')
 
 FRONT = """
     kvroute_zone on 64m;
@@ -49,9 +44,9 @@ FRONT = """
     server {
         listen 127.0.0.1:%%(port)s;
         client_body_buffer_size 1m;
-        location /on/ { access_log %(dir)s/on.log dec; proxy_pass http://on/;
+        location /on/ { access_log %(dir)s/on.log dec; kvroute_upstream on; proxy_pass http://on/;
                         proxy_http_version 1.1; proxy_set_header Connection ""; }
-        location /off/ { access_log %(dir)s/off.log dec; proxy_pass http://off/;
+        location /off/ { access_log %(dir)s/off.log dec; kvroute_upstream off; proxy_pass http://off/;
                          proxy_http_version 1.1; proxy_set_header Connection ""; }
         location = /kvroute/status { kvroute_status; }
     }
@@ -103,8 +98,8 @@ def main():
     convs = conversations(prose)
     st = kvt.Stack("bench-turns")
     try:
-        upn = st.nginx(UPSTREAM, workers=1)
-        up = upn.port
+        up = kvt.free_port()
+        st.nginx(kvt.canned_servers([up], REPLY), workers=1, port=up)
         front = st.nginx(FRONT % {"q": QWEN, "servers": "server 127.0.0.1:%d;" % up,
                                   "dir": st.dir}, workers=WORKERS)
         conn = http.client.HTTPConnection("127.0.0.1", front.port, timeout=60)

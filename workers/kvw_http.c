@@ -14,6 +14,7 @@
 #include <event2/http.h>
 #include <event2/listener.h>
 #include <event2/keyvalq_struct.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -489,7 +490,7 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     const char *body = (const char *)evbuffer_pullup(in, -1);
     if (body == NULL)
         body = "";
-    /* parsed once, however many prompts it holds (finding 8 of issue 23) */
+    /* parsed once, however many prompts it holds (docs/SECURITY.md, section 5) */
     void *doc = kvw_openai_load(body, len, &err);
     h->bodies_parsed++;
     if (doc == NULL) {
@@ -561,6 +562,39 @@ static void metric(struct evbuffer *b, const char *name, const char *type, const
                         name, help, name, type, name, engine, v);
 }
 
+/* The transfer counters of kvw_xfer_stats_t (uint64_t, or double seconds). */
+typedef struct {
+    const char *name;
+    const char *help;
+    size_t off;
+    int seconds;
+} xfer_counter_t;
+
+#define XFER_COUNT(f, name, help) {name, help, offsetof(kvw_xfer_stats_t, f), 0}
+#define XFER_SECONDS(f, name, help) {name, help, offsetof(kvw_xfer_stats_t, f), 1}
+
+static const xfer_counter_t xfer_counters[] = {
+    XFER_COUNT(served, "kvworker_xfer_served_total", "KV transfers sent (prefill side)"),
+    XFER_COUNT(served_blocks, "kvworker_xfer_served_blocks_total", "KV blocks sent"),
+    XFER_COUNT(served_bytes, "kvworker_xfer_served_bytes_total", "KV payload bytes sent"),
+    XFER_COUNT(refused, "kvworker_xfer_refused_total",
+               "transfer requests refused (mismatch, malformed)"),
+    XFER_COUNT(overloaded, "kvworker_xfer_overloaded_total",
+               "transfer requests refused as overloaded (--prefill-queue-limit)"),
+    XFER_COUNT(pulled, "kvworker_xfer_pulled_total", "KV transfers received (decode side)"),
+    XFER_COUNT(pulled_blocks, "kvworker_xfer_pulled_blocks_total", "KV blocks received"),
+    XFER_COUNT(pulled_bytes, "kvworker_xfer_pulled_bytes_total",
+               "KV bytes received (modelled for the mock)"),
+    XFER_SECONDS(link_s, "kvworker_xfer_link_seconds_total",
+                 "modelled link time charged for transfers (mock: bytes at --link-gbps)"),
+    XFER_SECONDS(pull_s, "kvworker_xfer_pull_seconds_total",
+                 "wall time of successful transfers, request to verified (mock: with link time)"),
+    XFER_COUNT(fallbacks, "kvworker_xfer_fallbacks_total",
+               "transfers that failed and were prefilled locally"),
+    XFER_COUNT(local, "kvworker_local_prefills_total",
+               "decode-role requests prefilled locally (no prefill worker, short, fallback)"),
+};
+
 static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
 {
     kvw_sched_load_t l;
@@ -606,33 +640,13 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     evbuffer_add_printf(b, "# HELP kvworker_role the worker's role (--role)\n"
                         "# TYPE kvworker_role gauge\nkvworker_role{engine=\"%d\",role=\"%s\"} 1\n",
                         e, kvw_role_name(h->engine->cfg->role));
-    metric(b, "kvworker_xfer_served_total", "counter", "KV transfers sent (prefill side)", e,
-           (double)x->served);
-    metric(b, "kvworker_xfer_served_blocks_total", "counter", "KV blocks sent", e,
-           (double)x->served_blocks);
-    metric(b, "kvworker_xfer_served_bytes_total", "counter", "KV payload bytes sent", e,
-           (double)x->served_bytes);
-    metric(b, "kvworker_xfer_refused_total", "counter",
-           "transfer requests refused (mismatch, malformed)", e, (double)x->refused);
-    metric(b, "kvworker_xfer_overloaded_total", "counter",
-           "transfer requests refused as overloaded (--prefill-queue-limit)", e,
-           (double)x->overloaded);
-    metric(b, "kvworker_xfer_pulled_total", "counter", "KV transfers received (decode side)", e,
-           (double)x->pulled);
-    metric(b, "kvworker_xfer_pulled_blocks_total", "counter", "KV blocks received", e,
-           (double)x->pulled_blocks);
-    metric(b, "kvworker_xfer_pulled_bytes_total", "counter",
-           "KV bytes received (modelled for the mock)", e, (double)x->pulled_bytes);
-    metric(b, "kvworker_xfer_link_seconds_total", "counter",
-           "modelled link time charged for transfers (mock: bytes at --link-gbps)", e, x->link_s);
-    metric(b, "kvworker_xfer_pull_seconds_total", "counter",
-           "wall time of successful transfers, request to verified (mock: with link time)", e,
-           x->pull_s);
-    metric(b, "kvworker_xfer_fallbacks_total", "counter",
-           "transfers that failed and were prefilled locally", e, (double)x->fallbacks);
-    metric(b, "kvworker_local_prefills_total", "counter",
-           "decode-role requests prefilled locally (no prefill worker, short, fallback)", e,
-           (double)x->local);
+    for (size_t k = 0; k < sizeof(xfer_counters) / sizeof(xfer_counters[0]); k++) {
+        const xfer_counter_t *c = &xfer_counters[k];
+        const char *field = (const char *)x + c->off;
+        double v = c->seconds ? *(const double *)field : (double)*(const uint64_t *)field;
+
+        metric(b, c->name, "counter", c->help, e, v);
+    }
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                       "text/plain; version=0.0.4");
     send_reply(req, 200, "OK", b);
@@ -757,8 +771,8 @@ kvw_http_t *kvw_http_start(kvw_engine_t *e, const char *host, int port,
         h->text.ctx = tok_ctx;
     }
     evhttp_set_max_body_size(h->http, e->cfg->max_body ? e->cfg->max_body : KVW_MAX_BODY);
-    /* 300 MB of headers used to be accepted; and a connection idle or
-     * dribbling its headers was kept forever */
+    /* bounded headers, and no connection idle or dribbling its headers
+     * kept forever (docs/SECURITY.md, section 5) */
     evhttp_set_max_headers_size(h->http, KVW_MAX_HEADERS);
     if (e->cfg->idle_timeout_s > 0)
         evhttp_set_timeout(h->http, e->cfg->idle_timeout_s);

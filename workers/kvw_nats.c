@@ -35,8 +35,8 @@ typedef struct {
     int                 dumps_in_window;
 } pub_t;
 
-/* A dump is the whole cache (megabytes); anyone who can publish a request
- * used to make us send it to any subject, as often as asked. Replies go
+/* A dump is the whole cache (megabytes), and anyone who can publish can
+ * ask for one: not to any subject, nor as often as asked. Replies go
  * only to inbox subjects, and at most DUMPS_PER_S per second per engine
  * (several routers resyncing at once after a restart fit; a router whose
  * request is dropped times out and asks again). */

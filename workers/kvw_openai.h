@@ -41,7 +41,8 @@ int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
 
 /*
  * The same in two steps, so that a body of many prompts is parsed once
- * (a 54 MB body of 64 prompts used to be parsed 64 times): load the JSON
+ * (parsing a 54 MB body of 64 prompts per prompt stalls the event loop for
+ * many seconds): load the JSON
  * document (an opaque jansson json_t *; NULL with e filled on error), then
  * read prompt `which` from it for each; free it with kvw_openai_unload.
  */

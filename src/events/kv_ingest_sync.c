@@ -56,8 +56,9 @@ static void worker_remove(kv_ingest_t *ing, int i, uint64_t now_ms, const char *
 {
     kv_wstate_t *w = &ing->wk[i];
     uint64_t id = w->worker_id;
-    if (ing->cfg.verbose)
+    if (ing->cfg.verbose) {
         kv_ingest_log(ing, "worker %" PRIu64 " rank %u removed: %s", id, w->dp_rank, why);
+    }
     kv_index_worker_remove(ing->ix, id);
     buf_free(&w->buf);
     memset(w, 0, sizeof(*w));
@@ -65,8 +66,9 @@ static void worker_remove(kv_ingest_t *ing, int i, uint64_t now_ms, const char *
     kv_registry_status_add(ing->reg, KV_STATUS_OFF(removed), 1);
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         kv_wstate_t *o = &ing->wk[k];
-        if (!o->used || o->worker_id != id || o->state == KV_WORKER_GONE)
+        if (!o->used || o->worker_id != id || o->state == KV_WORKER_GONE) {
             continue;
+        }
         if (o->announced) {
             o->resync_after_ms = 0;
             start_resync(ing, (int)k, now_ms);
@@ -84,10 +86,12 @@ static void worker_remove(kv_ingest_t *ing, int i, uint64_t now_ms, const char *
  * workers, and a worker restarted under a new id pushes out its old id. */
 static int evict_class(const kv_wstate_t *w)
 {
-    if (w->state == KV_WORKER_GONE)
+    if (w->state == KV_WORKER_GONE) {
         return 0;
-    if (!w->announced)
+    }
+    if (!w->announced) {
         return 1;
+    }
     return w->verified ? 3 : 2;
 }
 
@@ -96,15 +100,19 @@ static int worker_evict(kv_ingest_t *ing, uint64_t now_ms)
     int best = -1;
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         const kv_wstate_t *w = &ing->wk[k];
-        if (!w->used)
+        if (!w->used) {
             continue;
+        }
         if (best < 0 || evict_class(w) < evict_class(&ing->wk[best])
             || (evict_class(w) == evict_class(&ing->wk[best])
                 && w->last_seen_ms < ing->wk[best].last_seen_ms))
+        {
             best = (int)k;
+        }
     }
-    if (best >= 0)
+    if (best >= 0) {
         worker_remove(ing, best, now_ms, "table full, evicted");
+    }
     return best;
 }
 
@@ -114,14 +122,17 @@ static int worker_get(kv_ingest_t *ing, uint64_t worker_id, uint32_t dp_rank, ui
 {
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         const kv_wstate_t *o = &ing->wk[k];
-        if (o->used && o->worker_id == worker_id && o->dp_rank == dp_rank)
+        if (o->used && o->worker_id == worker_id && o->dp_rank == dp_rank) {
             return (int)k;
+        }
     }
     int i = kv_registry_add(ing->reg, worker_id, dp_rank);
-    if (i < 0 && worker_evict(ing, now_ms) >= 0)
+    if (i < 0 && worker_evict(ing, now_ms) >= 0) {
         i = kv_registry_add(ing->reg, worker_id, dp_rank);
-    if (i < 0)
+    }
+    if (i < 0) {
         return -1;
+    }
     kv_wstate_t *w = &ing->wk[i];
     memset(w, 0, sizeof(*w));
     w->used = 1;
@@ -152,8 +163,9 @@ static void count(kv_ingest_t *ing, int i, size_t rec_off, size_t status_field, 
     kv_worker_rec_t *r = kv_registry_write_begin(ing->reg, i);
     *(uint64_t *)((char *)r + rec_off) += n;
     kv_registry_write_end(ing->reg, i);
-    if (status_field != (size_t)-1)
+    if (status_field != (size_t)-1) {
         kv_registry_status_add(ing->reg, status_field, n);
+    }
 }
 
 #define COUNT(ing, i, rf, sf, n) count(ing, i, offsetof(kv_worker_rec_t, rf), KV_STATUS_OFF(sf), n)
@@ -176,18 +188,23 @@ static void buf_free(kv_evbuf_t *b)
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem, size_t limit)
 {
-    if (need <= *cap)
+    if (need <= *cap) {
         return 0;
-    if (need > limit)
+    }
+    if (need > limit) {
         return -1;
+    }
     size_t c = *cap ? *cap : 64;
-    while (c < need)
+    while (c < need) {
         c *= 2;
-    if (c > limit)
+    }
+    if (c > limit) {
         c = limit;
+    }
     void *q = realloc(*p, c * elem);
-    if (q == NULL)
+    if (q == NULL) {
         return -1;
+    }
     *p = q;
     *cap = c;
     return 0;
@@ -196,14 +213,15 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem, size_t limit)
 static void buf_push(kv_ingest_t *ing, int i, const kv_event_t *ev)
 {
     kv_evbuf_t *b = &ing->wk[i].buf;
-    if (b->overflow)
+    if (b->overflow) {
         return;
+    }
     size_t lim_ev = ing->cfg.buffer_events, lim_bl = ing->cfg.buffer_blocks;
     if (grow((void **)&b->ev, &b->cap, b->n + 1, sizeof(*b->ev), lim_ev) < 0
-        || grow((void **)&b->blocks, &b->capb, b->nb + ev->n_blocks, sizeof(*b->blocks),
-                lim_bl) < 0
-        || grow((void **)&b->hashes, &b->caph, b->nh + ev->n_hashes, sizeof(*b->hashes),
-                lim_bl) < 0) {
+        || grow((void **)&b->blocks, &b->capb, b->nb + ev->n_blocks, sizeof(*b->blocks), lim_bl) < 0
+        || grow((void **)&b->hashes, &b->caph, b->nh + ev->n_hashes, sizeof(*b->hashes), lim_bl)
+               < 0)
+    {
         buf_reset(b);
         b->overflow = 1;
         kv_registry_status_add(ing->reg, KV_STATUS_OFF(buffer_overflows), 1);
@@ -229,8 +247,9 @@ static void buf_push(kv_ingest_t *ing, int i, const kv_event_t *ev)
 /* The index dropped blocks of worker_id on its word: tell cfg.on_drop. */
 static void dropped(kv_ingest_t *ing, uint64_t worker_id, const uint64_t *seq, size_t n)
 {
-    if (ing->cfg.on_drop)
+    if (ing->cfg.on_drop) {
         ing->cfg.on_drop(ing->cfg.on_drop_arg, worker_id, seq, n);
+    }
 }
 
 static void clear_worker(kv_ingest_t *ing, uint64_t worker_id)
@@ -243,11 +262,13 @@ static void clear_worker(kv_ingest_t *ing, uint64_t worker_id)
  * engine's; NULL (tell "all") when nobody listens or memory is short. */
 static uint64_t *removed_seqs(kv_ingest_t *ing, const kv_event_t *ev)
 {
-    if (ev->kind != KV_EVENT_REMOVED || !ing->cfg.on_drop || ev->n_hashes == 0)
+    if (ev->kind != KV_EVENT_REMOVED || !ing->cfg.on_drop || ev->n_hashes == 0) {
         return NULL;
+    }
     uint64_t *seq = malloc(ev->n_hashes * sizeof(*seq));
-    for (size_t k = 0; seq && k < ev->n_hashes; k++)
+    for (size_t k = 0; seq && k < ev->n_hashes; k++) {
         seq[k] = kv_index_seq_of(ing->ix, ev->worker_id, ev->dp_rank, ev->hashes[k]);
+    }
     return seq;
 }
 
@@ -256,34 +277,39 @@ static void apply_one(kv_ingest_t *ing, int i, const kv_event_t *ev, uint64_t no
     kv_wstate_t *w = &ing->wk[i];
     char err[160];
     uint64_t *rm = removed_seqs(ing, ev);
-    if (ev->event_id == 1 && w->last_applied == 0)
-        w->complete = 1;            /* seen from its very first event */
-    if (ev->kind == KV_EVENT_CLEARED || (ev->kind == KV_EVENT_REMOVED && rm == NULL))
+    if (ev->event_id == 1 && w->last_applied == 0) {
+        w->complete = 1; /* seen from its very first event */
+    }
+    if (ev->kind == KV_EVENT_CLEARED || (ev->kind == KV_EVENT_REMOVED && rm == NULL)) {
         dropped(ing, ev->worker_id, NULL, 0);
-    else if (rm)
+    } else if (rm) {
         dropped(ing, ev->worker_id, rm, ev->n_hashes);
+    }
     free(rm);
     if (kv_index_apply(ing->ix, ev, now_ms, err, sizeof(err)) != 0) {
         w->complete = 0;
         COUNT(ing, i, apply_errors, apply_errors, 1);
-        if (ing->cfg.verbose > 1)
+        if (ing->cfg.verbose > 1) {
             kv_ingest_log(ing, "worker %" PRIu64 " event %" PRIu64 ": %s", w->worker_id,
                           ev->event_id, err);
+        }
     } else {
         uint64_t nb = ev->kind == KV_EVENT_STORED ? ev->n_blocks : ev->n_hashes;
         kv_worker_rec_t *r = kv_registry_write_begin(ing->reg, i);
         r->events++;
-        if (ev->kind == KV_EVENT_STORED)
+        if (ev->kind == KV_EVENT_STORED) {
             r->blocks_stored += nb;
-        else
+        } else {
             r->blocks_removed += nb;
+        }
         kv_registry_write_end(ing->reg, i);
         kv_registry_status_add(ing->reg, KV_STATUS_OFF(events), 1);
         kv_registry_status_add(ing->reg, KV_STATUS_OFF(blocks), nb);
         kv_registry_status_set(ing->reg, KV_STATUS_OFF(last_event_ms), now_ms);
     }
-    if (ev->event_id > w->last_applied || ev->event_id == 1)
+    if (ev->event_id > w->last_applied || ev->event_id == 1) {
         w->last_applied = ev->event_id;
+    }
 }
 
 static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
@@ -295,7 +321,7 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     w->behind_since_ms = 0;
     if (!kv_ingest_connected(ing) || now_ms < w->resync_after_ms) {
         publish(ing, i);
-        return;                     /* tick asks once possible */
+        return; /* tick asks once possible */
     }
     char subj[320], reply[160], body[48];
     w->dump_seq = ++ing->dump_counter;
@@ -315,26 +341,28 @@ static void start_resync(kv_ingest_t *ing, int i, uint64_t now_ms)
     w->dump_next_chunk = 0;
     w->dump_deadline_ms = now_ms + ing->cfg.dump_timeout_ms;
     kv_registry_status_add(ing->reg, KV_STATUS_OFF(resyncs), 1);
-    if (ing->cfg.verbose)
+    if (ing->cfg.verbose) {
         kv_ingest_log(ing, "resync worker %" PRIu64 " rank %u (dump %" PRIu64 ")", w->worker_id,
                       w->dp_rank, w->dump_seq);
+    }
     publish(ing, i);
 }
 
 static void reject(kv_ingest_t *ing, const char *what, uint64_t worker_id, uint64_t id)
 {
     kv_registry_status_add(ing->reg, KV_STATUS_OFF(rejected), 1);
-    if (ing->cfg.verbose)
-        kv_ingest_log(ing, "worker %" PRIu64 ": %s (id %" PRIu64 ") rejected", worker_id, what,
-                      id);
+    if (ing->cfg.verbose) {
+        kv_ingest_log(ing, "worker %" PRIu64 ": %s (id %" PRIu64 ") rejected", worker_id, what, id);
+    }
 }
 
 /* The highest event id this worker can plausibly have published. */
 static uint64_t ahead_limit(const kv_wstate_t *w)
 {
     uint64_t base = w->last_announced > w->dump_floor ? w->last_announced : w->dump_floor;
-    if (!w->announced && w->last_applied > base)
+    if (!w->announced && w->last_applied > base) {
         base = w->last_applied;
+    }
     return base + AHEAD_MAX;
 }
 
@@ -346,11 +374,13 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
         return;
     }
     kv_wstate_t *w = &ing->wk[i];
-    if (!w->announced)
+    if (!w->announced) {
         w->last_seen_ms = now_ms;
+    }
     if (w->state == KV_WORKER_GONE) {
-        if (w->announced)
-            return;                 /* its next heartbeat resyncs it */
+        if (w->announced) {
+            return; /* its next heartbeat resyncs it */
+        }
         w->state = KV_WORKER_LIVE;
     }
     /* An unannounced worker's first event may carry any id (it ran before
@@ -358,8 +388,9 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
      * ahead is a forgery or a broken publisher. */
     if ((w->announced || w->last_applied != 0) && ev->event_id > ahead_limit(w)) {
         reject(ing, "event far ahead of the announced id", w->worker_id, ev->event_id);
-        if (w->announced && w->state != KV_WORKER_RESYNCING)
+        if (w->announced && w->state != KV_WORKER_RESYNCING) {
             start_resync(ing, i, now_ms);
+        }
         return;
     }
     if (w->state == KV_WORKER_RESYNCING) {
@@ -372,7 +403,8 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
             clear_worker(ing, w->worker_id);
             w->last_applied = 0;
         } else if (!w->announced && w->last_applied > AHEAD_MAX
-                   && ev->event_id < w->last_applied - AHEAD_MAX) {
+                   && ev->event_id < w->last_applied - AHEAD_MAX)
+        {
             /* far behind what we applied: our id is the lie (or it restarted
              * without event 1); follow the worker, not the liar */
             reject(ing, "event id far behind the applied one: sequence reset", w->worker_id,
@@ -385,8 +417,9 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
              * dump's are old news; a second event with an id we applied
              * from the stream means one of the two was forged: the dump
              * tells which. */
-            if (w->announced && ev->event_id > w->dump_floor)
+            if (w->announced && ev->event_id > w->dump_floor) {
                 start_resync(ing, i, now_ms);
+            }
             return;
         }
     }
@@ -406,8 +439,8 @@ static void handle_event(kv_ingest_t *ing, const kv_event_t *ev, uint64_t now_ms
 void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t *subject_worker,
                     uint64_t now_ms)
 {
-    if (subject_worker)
-        for (size_t k = 0; k < b->n_events; k++)
+    if (subject_worker) {
+        for (size_t k = 0; k < b->n_events; k++) {
             if (b->events[k].worker_id != *subject_worker) {
                 /* published as one worker about another: with per-worker
                  * NATS permissions, exactly what a forger would have to do */
@@ -415,10 +448,14 @@ void kv_sync_events(kv_ingest_t *ing, const kv_event_batch_t *b, const uint64_t 
                        b->events[k].worker_id, *subject_worker);
                 return;
             }
-    for (size_t k = 0; k < b->n_events; k++)
+        }
+    }
+    for (size_t k = 0; k < b->n_events; k++) {
         handle_event(ing, &b->events[k], now_ms);
+    }
     uint64_t lag = b->has_envelope && b->published_at && now_ms > b->published_at
-                       ? now_ms - b->published_at : 0;
+                       ? now_ms - b->published_at
+                       : 0;
     kv_registry_status_set(ing->reg, KV_STATUS_OFF(last_event_lag_ms), lag);
 }
 
@@ -434,12 +471,14 @@ static void replay_buffer(kv_ingest_t *ing, int i, uint64_t now_ms)
     }
     for (size_t k = 0; k < b->n; k++) {
         kv_event_t ev = b->ev[k].ev;
-        if (ev.kind == KV_EVENT_STORED)
+        if (ev.kind == KV_EVENT_STORED) {
             ev.blocks = b->blocks + b->ev[k].off;
-        else if (ev.kind == KV_EVENT_REMOVED)
+        } else if (ev.kind == KV_EVENT_REMOVED) {
             ev.hashes = b->hashes + b->ev[k].off;
-        if (ev.event_id <= w->last_applied)
+        }
+        if (ev.event_id <= w->last_applied) {
             continue;
+        }
         if (ev.event_id > w->last_applied + 1) {
             /* A gap the dump did not fill. Asking again would loop forever
              * on one forged event while the worker is idle; drop the rest
@@ -456,29 +495,43 @@ static void replay_buffer(kv_ingest_t *ing, int i, uint64_t now_ms)
 
 /* --- heartbeat ---------------------------------------------------------- */
 
+/* Scans the JSON object in buf into *out (size bytes, zeroed first) by
+ * fields: the mask of the fields it had (bit k: fields[k]), or -1 if it is
+ * malformed. */
+static int64_t scan_object(const char *buf, size_t len, const kv_jfield_t *fields, void *out,
+                           size_t size)
+{
+    kv_jscan_t s;
+    uint32_t seen = 0;
+
+    memset(out, 0, size);
+    kv_jscan_init(&s, buf, len);
+    if (kv_jscan_fields(&s, fields, out, &seen) < 0) {
+        return -1;
+    }
+    return seen;
+}
+
 typedef struct {
-    uint64_t            worker_id, instance_id, last_event_id, interval_ms, num_blocks;
-    uint64_t            dp_rank, block_size;
-    int                 has_worker;
-    char                type[16];
-    char                address[KV_REGISTRY_ADDR_MAX];
-    char                model[KV_REGISTRY_MODEL_MAX];
-    kv_worker_load_t    load;
+    uint64_t worker_id, instance_id, last_event_id, interval_ms, num_blocks;
+    uint64_t dp_rank, block_size;
+    int has_worker;
+    char type[16];
+    char address[KV_REGISTRY_ADDR_MAX];
+    char model[KV_REGISTRY_MODEL_MAX];
+    kv_worker_load_t load;
 } heartbeat_t;
 
-#define LOAD_U64(f)  { #f, KV_JF_U64, offsetof(kv_worker_load_t, f), 0, NULL }
-#define HB_U64(f)    { #f, KV_JF_U64, offsetof(heartbeat_t, f), 0, NULL }
-#define HB_STR(f)    { #f, KV_JF_STRING, offsetof(heartbeat_t, f), \
-                       sizeof(((heartbeat_t *) 0)->f), NULL }
+#define LOAD_U64(f) {#f, KV_JF_U64, offsetof(kv_worker_load_t, f), 0, NULL}
+#define HB_U64(f) {#f, KV_JF_U64, offsetof(heartbeat_t, f), 0, NULL}
+#define HB_STR(f) {#f, KV_JF_STRING, offsetof(heartbeat_t, f), sizeof(((heartbeat_t *)0)->f), NULL}
 
-static const kv_jfield_t load_fields[] = {
-    LOAD_U64(active_prefill_tokens),
-    LOAD_U64(active_decode_blocks),
-    LOAD_U64(kv_used_blocks),
-    LOAD_U64(waiting),
-    LOAD_U64(running),
-    { NULL, 0, 0, 0, NULL }
-};
+static const kv_jfield_t load_fields[] = {LOAD_U64(active_prefill_tokens),
+                                          LOAD_U64(active_decode_blocks),
+                                          LOAD_U64(kv_used_blocks),
+                                          LOAD_U64(waiting),
+                                          LOAD_U64(running),
+                                          {NULL, 0, 0, 0, NULL}};
 
 /* worker_id first: bit 0 of the seen mask says it was there. */
 static const kv_jfield_t heartbeat_fields[] = {
@@ -492,18 +545,14 @@ static const kv_jfield_t heartbeat_fields[] = {
     HB_STR(address),
     HB_STR(model),
     HB_STR(type),
-    { "load", KV_JF_OBJECT, offsetof(heartbeat_t, load), 0, load_fields },
-    { NULL, 0, 0, 0, NULL }
-};
+    {"load", KV_JF_OBJECT, offsetof(heartbeat_t, load), 0, load_fields},
+    {NULL, 0, 0, 0, NULL}};
 
 static int parse_heartbeat(const char *buf, size_t len, heartbeat_t *h)
 {
-    kv_jscan_t  s;
-    uint32_t    seen = 0;
+    int64_t seen = scan_object(buf, len, heartbeat_fields, h, sizeof(*h));
 
-    memset(h, 0, sizeof(*h));
-    kv_jscan_init(&s, buf, len);
-    if (kv_jscan_fields(&s, heartbeat_fields, h, &seen) < 0) {
+    if (seen < 0) {
         return -1;
     }
     h->has_worker = seen & 1;
@@ -524,8 +573,8 @@ static uint64_t clamp(uint64_t v, uint64_t max)
 static void sanitize_load(heartbeat_t *h)
 {
     kv_worker_load_t *l = &h->load;
-    uint64_t blocks = h->num_blocks && h->num_blocks < LOAD_TOKENS_MAX ? h->num_blocks
-                                                                      : LOAD_TOKENS_MAX;
+    uint64_t blocks =
+        h->num_blocks && h->num_blocks < LOAD_TOKENS_MAX ? h->num_blocks : LOAD_TOKENS_MAX;
     uint64_t bs = h->block_size && h->block_size <= 4096 ? h->block_size : 16;
     uint64_t tokens = clamp(blocks * bs, LOAD_TOKENS_MAX);
     l->active_decode_blocks = clamp(l->active_decode_blocks, blocks);
@@ -552,35 +601,42 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
     kv_registry_status_add(ing->reg, KV_STATUS_OFF(heartbeats), 1);
     if (!strcmp(h.type, "leave")) {
         /* a worker shutting down: free its record and slots now */
-        for (uint32_t k = 0; k < ing->max_workers; k++)
+        for (uint32_t k = 0; k < ing->max_workers; k++) {
             if (ing->wk[k].used && ing->wk[k].worker_id == h.worker_id
                 && ing->wk[k].dp_rank == h.dp_rank)
+            {
                 worker_remove(ing, (int)k, now_ms, "left");
+            }
+        }
         return;
     }
     int i = worker_get(ing, h.worker_id, (uint32_t)h.dp_rank, now_ms);
-    if (i < 0)
+    if (i < 0) {
         return;
+    }
     kv_wstate_t *w = &ing->wk[i];
     int first = !w->announced;
     if (first && h.address[0]) {
         /* the same address and rank under a new worker id: the engine
          * restarted with a new identity (Dynamo's do); the old id is gone */
         kv_worker_rec_t o;
-        for (uint32_t k = 0; k < ing->max_workers; k++)
+        for (uint32_t k = 0; k < ing->max_workers; k++) {
             if ((int)k != i && ing->wk[k].used && ing->wk[k].announced
                 && ing->wk[k].dp_rank == h.dp_rank && ing->wk[k].worker_id != h.worker_id
                 && kv_registry_read(ing->reg, (int)k, &o) == 0
                 && strncmp(o.address, h.address, sizeof(o.address)) == 0)
+            {
                 worker_remove(ing, (int)k, now_ms, "its address announced by a new worker id");
+            }
+        }
     }
     int restarted = w->instance_id != 0 && h.instance_id != w->instance_id;
     /* Applied past what the worker says it published, one heartbeat after
      * we applied it: those events were never its own (forged). Events it
      * published since the previous heartbeat may legitimately be ahead,
      * hence the previous heartbeat's mark, not the current one. */
-    int forged_ahead = !first && !restarted && w->state == KV_WORKER_LIVE
-                       && h.last_event_id < w->hb_applied;
+    int forged_ahead =
+        !first && !restarted && w->state == KV_WORKER_LIVE && h.last_event_id < w->hb_applied;
     w->announced = 1;
     w->instance_id = h.instance_id;
     w->last_seen_ms = now_ms;
@@ -605,8 +661,7 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
         buf_reset(&w->buf);
     }
     if (forged_ahead) {
-        reject(ing, "applied events the worker never announced", w->worker_id,
-               h.last_event_id);
+        reject(ing, "applied events the worker never announced", w->worker_id, h.last_event_id);
         COUNT(ing, i, gaps, gaps, 1);
         start_resync(ing, i, now_ms);
         publish(ing, i);
@@ -615,15 +670,17 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
     /* A first announce from a worker whose every event we applied from
      * event 1 needs no dump: the index is already exact (the usual case
      * when the helper was up before the worker). */
-    if (first && w->complete && w->state == KV_WORKER_LIVE
-        && h.last_event_id <= w->last_applied)
+    if (first && w->complete && w->state == KV_WORKER_LIVE && h.last_event_id <= w->last_applied) {
         first = 0;
+    }
     if (first || restarted || w->state == KV_WORKER_GONE) {
-        if (w->state != KV_WORKER_RESYNCING || restarted)
+        if (w->state != KV_WORKER_RESYNCING || restarted) {
             start_resync(ing, i, now_ms);
+        }
     } else if (w->state == KV_WORKER_LIVE && h.last_event_id > w->last_applied) {
-        if (w->behind_since_ms == 0)
+        if (w->behind_since_ms == 0) {
             w->behind_since_ms = now_ms;
+        }
     } else {
         w->behind_since_ms = 0;
     }
@@ -633,16 +690,17 @@ void kv_sync_heartbeat(kv_ingest_t *ing, const char *buf, size_t len,
 /* --- dump --------------------------------------------------------------- */
 
 typedef struct {
-    uint64_t    worker_id, dp_rank, instance_id, last_event_id, chunk, chunks;
-    int         seen_blocks;
+    uint64_t worker_id, dp_rank, instance_id, last_event_id, chunk, chunks;
+    int seen_blocks;
 } dump_head_t;
 
 /* Applies a run of dumped blocks that chain parent -> child as one event. */
 static void apply_run(kv_ingest_t *ing, int i, int has_parent, uint64_t parent, size_t n,
                       uint64_t now_ms)
 {
-    if (n == 0)
+    if (n == 0) {
         return;
+    }
     kv_event_t ev;
     memset(&ev, 0, sizeof(ev));
     ev.worker_id = ing->wk[i].worker_id;
@@ -653,8 +711,9 @@ static void apply_run(kv_ingest_t *ing, int i, int has_parent, uint64_t parent, 
     ev.blocks = ing->scratch;
     ev.n_blocks = n;
     char err[160];
-    if (kv_index_apply(ing->ix, &ev, now_ms, err, sizeof(err)) != 0)
+    if (kv_index_apply(ing->ix, &ev, now_ms, err, sizeof(err)) != 0) {
         COUNT(ing, i, apply_errors, apply_errors, 1);
+    }
 }
 
 /* "blocks": [[parent|null, block_hash, tokens_hash], ...] */
@@ -663,20 +722,25 @@ static int dump_blocks(kv_ingest_t *ing, int i, kv_jscan_t *s, uint64_t now_ms)
     int run_has_parent = 0;
     uint64_t run_parent = 0;
     size_t n = 0;
-    if (kv_jscan_expect(s, '[') < 0)
+    if (kv_jscan_expect(s, '[') < 0) {
         return -1;
-    if (kv_jscan_accept(s, ']'))
+    }
+    if (kv_jscan_accept(s, ']')) {
         return 0;
+    }
     do {
         uint64_t parent = 0, bh, th;
         int has_parent;
-        if (kv_jscan_expect(s, '[') < 0)
+        if (kv_jscan_expect(s, '[') < 0) {
             return -1;
+        }
         has_parent = !kv_jscan_null(s);
         if ((has_parent && kv_jscan_u64(s, &parent) < 0) || kv_jscan_expect(s, ',') < 0
-            || kv_jscan_u64(s, &bh) < 0 || kv_jscan_expect(s, ',') < 0
-            || kv_jscan_u64(s, &th) < 0 || kv_jscan_expect(s, ']') < 0)
+            || kv_jscan_u64(s, &bh) < 0 || kv_jscan_expect(s, ',') < 0 || kv_jscan_u64(s, &th) < 0
+            || kv_jscan_expect(s, ']') < 0)
+        {
             return -1;
+        }
         int extends = n > 0 && has_parent && parent == ing->scratch[n - 1].block_hash;
         if (!extends || n == ing->scratch_cap) {
             apply_run(ing, i, run_has_parent, run_parent, n, now_ms);
@@ -688,8 +752,9 @@ static int dump_blocks(kv_ingest_t *ing, int i, kv_jscan_t *s, uint64_t now_ms)
         ing->scratch[n].tokens_hash = th;
         n++;
     } while (kv_jscan_accept(s, ','));
-    if (kv_jscan_expect(s, ']') < 0)
+    if (kv_jscan_expect(s, ']') < 0) {
         return -1;
+    }
     apply_run(ing, i, run_has_parent, run_parent, n, now_ms);
     return 0;
 }
@@ -698,8 +763,9 @@ static void dump_failed(kv_ingest_t *ing, int i, uint64_t now_ms, const char *wh
 {
     kv_wstate_t *w = &ing->wk[i];
     kv_registry_status_add(ing->reg, KV_STATUS_OFF(dump_failures), 1);
-    if (ing->cfg.verbose)
+    if (ing->cfg.verbose) {
         kv_ingest_log(ing, "dump from worker %" PRIu64 " failed: %s", w->worker_id, why);
+    }
     w->dump_seq = 0;
     w->need_resync = 1;
     w->resync_after_ms = now_ms + RESYNC_RETRY_MS;
@@ -715,10 +781,11 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
     for (uint32_t k = 0; k < ing->max_workers; k++) {
         kv_wstate_t *o = &ing->wk[k];
         if ((int)k != i && o->used && o->worker_id == w->worker_id
-            && o->state != KV_WORKER_RESYNCING && o->state != KV_WORKER_GONE) {
-            if (o->announced)
+            && o->state != KV_WORKER_RESYNCING && o->state != KV_WORKER_GONE)
+        {
+            if (o->announced) {
                 start_resync(ing, (int)k, now_ms);
-            else {
+            } else {
                 o->last_applied = 0;
                 o->complete = 0;
             }
@@ -726,49 +793,51 @@ static void dump_begin(kv_ingest_t *ing, int i, uint64_t now_ms)
     }
 }
 
-#define DUMP_U64(f)  { #f, KV_JF_U64, offsetof(dump_head_t, f), 0, NULL }
+#define DUMP_U64(f) {#f, KV_JF_U64, offsetof(dump_head_t, f), 0, NULL}
 
 /* "blocks" last: its bit in the seen mask says the chunk has blocks. */
-static const kv_jfield_t dump_head_fields[] = {
-    DUMP_U64(worker_id),
-    DUMP_U64(dp_rank),
-    DUMP_U64(instance_id),
-    DUMP_U64(last_event_id),
-    DUMP_U64(chunk),
-    DUMP_U64(chunks),
-    { "blocks", KV_JF_SKIP, 0, 0, NULL },
-    { NULL, 0, 0, 0, NULL }
-};
+#define DUMP_BLOCKS_FIELD 6
+static const kv_jfield_t dump_head_fields[] = {DUMP_U64(worker_id),
+                                               DUMP_U64(dp_rank),
+                                               DUMP_U64(instance_id),
+                                               DUMP_U64(last_event_id),
+                                               DUMP_U64(chunk),
+                                               DUMP_U64(chunks),
+                                               {"blocks", KV_JF_SKIP, 0, 0, NULL},
+                                               {NULL, 0, 0, 0, NULL}};
 
 /* The head fields of a chunk, "blocks" skipped: 0, or -1 if malformed. */
 static int dump_head(const char *buf, size_t len, dump_head_t *h)
 {
-    kv_jscan_t  s;
-    uint32_t    seen = 0;
+    int64_t seen = scan_object(buf, len, dump_head_fields, h, sizeof(*h));
 
-    memset(h, 0, sizeof(*h));
-    kv_jscan_init(&s, buf, len);
-    if (kv_jscan_fields(&s, dump_head_fields, h, &seen) < 0) {
+    if (seen < 0) {
         return -1;
     }
-    h->seen_blocks = (seen >> 6) & 1;
+    h->seen_blocks = (seen >> DUMP_BLOCKS_FIELD) & 1;
     return h->seen_blocks ? 0 : -1;
 }
 
 /* Why a chunk cannot belong to the dump we asked worker i for, or NULL. */
 static const char *dump_mismatch(const kv_wstate_t *w, const dump_head_t *h)
 {
-    if (h->worker_id != w->worker_id || h->dp_rank != w->dp_rank)
+    if (h->worker_id != w->worker_id || h->dp_rank != w->dp_rank) {
         return "chunk for another worker";
+    }
     if (h->chunk != w->dump_next_chunk || h->chunks == 0 || h->chunk >= h->chunks
         || h->chunks > (1u << 20))
+    {
         return "chunk out of order";
-    if (w->instance_id && h->instance_id && h->instance_id != w->instance_id)
+    }
+    if (w->instance_id && h->instance_id && h->instance_id != w->instance_id) {
         return "chunk from another instance";
-    if (h->last_event_id > w->last_announced + AHEAD_MAX)
+    }
+    if (h->last_event_id > w->last_announced + AHEAD_MAX) {
         return "last_event_id far ahead of the announced one";
-    if (h->chunk > 0 && h->last_event_id != w->dump_last_event_id)
+    }
+    if (h->chunk > 0 && h->last_event_id != w->dump_last_event_id) {
         return "last_event_id changed between chunks";
+    }
     return NULL;
 }
 
@@ -776,14 +845,17 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
                         uint64_t now_ms)
 {
     int i = -1;
-    for (uint32_t k = 0; k < ing->max_workers; k++)
+    for (uint32_t k = 0; k < ing->max_workers; k++) {
         if (ing->wk[k].used && ing->wk[k].state == KV_WORKER_RESYNCING
-            && ing->wk[k].dump_seq == seq) {
+            && ing->wk[k].dump_seq == seq)
+        {
             i = (int)k;
             break;
         }
-    if (i < 0)
-        return;                     /* late reply to an abandoned dump */
+    }
+    if (i < 0) {
+        return; /* late reply to an abandoned dump */
+    }
     kv_wstate_t *w = &ing->wk[i];
 
     /* Checked before anything is applied: a reply that is not the one we
@@ -791,10 +863,11 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
      * not touch the index. Two passes over the JSON; the first is cheap. */
     dump_head_t h;
     const char *why;
-    if (dump_head(buf, len, &h) < 0)
+    if (dump_head(buf, len, &h) < 0) {
         why = "malformed chunk";
-    else
+    } else {
         why = dump_mismatch(w, &h);
+    }
     if (why != NULL) {
         /* ignored, not failed: a forger answering first must not make us
          * drop the real reply behind it; the deadline covers a real loss */
@@ -810,14 +883,16 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
     int first = 1, r, rc = 0;
     kv_jscan_init(&s, buf, len);
     kv_jscan_expect(&s, '{');
-    while (rc == 0 && (r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1)
+    while (rc == 0 && (r = kv_jscan_key(&s, &first, key, sizeof(key))) == 1) {
         rc = !strcmp(key, "blocks") ? dump_blocks(ing, i, &s, now_ms) : kv_jscan_skip(&s);
+    }
     if (rc < 0) {
         dump_failed(ing, i, now_ms, "malformed blocks");
         return;
     }
-    if (++w->dump_next_chunk < h.chunks)
+    if (++w->dump_next_chunk < h.chunks) {
         return;
+    }
     /* whole: the index now reflects exactly events <= last_event_id */
     w->dump_seq = 0;
     w->state = KV_WORKER_LIVE;
@@ -839,8 +914,9 @@ void kv_sync_dump_chunk(kv_ingest_t *ing, uint64_t seq, const char *buf, size_t 
 
 static uint64_t timeout_of(const kv_ingest_t *ing, const kv_wstate_t *w)
 {
-    if (ing->cfg.heartbeat_timeout_ms)
+    if (ing->cfg.heartbeat_timeout_ms) {
         return ing->cfg.heartbeat_timeout_ms;
+    }
     uint64_t t = 3 * (w->interval_ms ? w->interval_ms : 1000);
     return t < 3000 ? 3000 : t;
 }
@@ -850,17 +926,21 @@ static uint64_t timeout_of(const kv_ingest_t *ing, const kv_wstate_t *w)
  * load only) until a resync (announced) or reconnection (the rest). */
 static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
 {
-    if (!connected && ing->down_since_ms == 0)
+    if (!connected && ing->down_since_ms == 0) {
         ing->down_since_ms = now_ms;
+    }
     int stale = !connected && now_ms > ing->down_since_ms + ing->cfg.stale_lag_ms;
-    if (connected)
+    if (connected) {
         ing->down_since_ms = 0;
+    }
     for (uint32_t i = 0; i < ing->max_workers; i++) {
         kv_wstate_t *w = &ing->wk[i];
-        if (!w->used)
+        if (!w->used) {
             continue;
-        if (!connected)
-            w->complete = 0;        /* core NATS drops what is published meanwhile */
+        }
+        if (!connected) {
+            w->complete = 0; /* core NATS drops what is published meanwhile */
+        }
         if (stale && w->state == KV_WORKER_LIVE) {
             w->state = KV_WORKER_STALE;
             publish(ing, (int)i);
@@ -880,7 +960,7 @@ static void mark_stale(kv_ingest_t *ing, uint64_t now_ms, int connected)
  * ours, or it lies about its blocks): it is routed by load alone until its
  * predictions agree again. Not resyncable (unannounced): load alone at once.
  */
-#define SC_RESYNC_AGAIN_MS  60000
+#define SC_RESYNC_AGAIN_MS 60000
 
 static void selfcheck(kv_ingest_t *ing, int i, uint64_t now_ms)
 {
@@ -888,49 +968,58 @@ static void selfcheck(kv_ingest_t *ing, int i, uint64_t now_ms)
     kv_selfcheck_t sc;
     kv_selfcheck_read(ing->reg, i, &sc);
     kv_selfcheck_verdict_t v = kv_selfcheck_verdict(&sc);
-    if (sc.worker_id != w->worker_id || v == KV_SELFCHECK_UNKNOWN)
+    if (sc.worker_id != w->worker_id || v == KV_SELFCHECK_UNKNOWN) {
         return;
+    }
     if (sc.load_only) {
         if (v == KV_SELFCHECK_OK) {
             kv_selfcheck_note(ing->reg, i, 0, 0, 0);
             kv_selfcheck_restart(ing->reg, i);
-            kv_ingest_log(ing, "self-check: worker %" PRIu64 " rank %u predictions agree "
-                          "again: cache-aware routing restored", w->worker_id, w->dp_rank);
+            kv_ingest_log(ing,
+                          "self-check: worker %" PRIu64 " rank %u predictions agree "
+                          "again: cache-aware routing restored",
+                          w->worker_id, w->dp_rank);
         }
         return;
     }
-    if (v != KV_SELFCHECK_DRIFT)
+    if (v != KV_SELFCHECK_DRIFT) {
         return;
+    }
     if (w->state != KV_WORKER_LIVE) {
-        kv_selfcheck_restart(ing->reg, i);  /* a resync or timeout is already at work */
+        kv_selfcheck_restart(ing->reg, i); /* a resync or timeout is already at work */
         return;
     }
     int again = w->sc_resync_ms && now_ms < w->sc_resync_ms + SC_RESYNC_AGAIN_MS;
     kv_selfcheck_restart(ing->reg, i);
     if (w->announced && !again) {
         kv_selfcheck_note(ing->reg, i, 1, 1, 0);
-        kv_ingest_log(ing, "self-check: worker %" PRIu64 " rank %u: the index's predictions "
+        kv_ingest_log(ing,
+                      "self-check: worker %" PRIu64 " rank %u: the index's predictions "
                       "drift from its reported cached tokens (error %.2f over %" PRIu64
-                      " responses): resync", w->worker_id, w->dp_rank, sc.error_ppm / 1e6,
-                      sc.window);
+                      " responses): resync",
+                      w->worker_id, w->dp_rank, sc.error_ppm / 1e6, sc.window);
         w->sc_resync_ms = now_ms;
         w->resync_after_ms = 0;
         start_resync(ing, i, now_ms);
         return;
     }
     kv_selfcheck_note(ing->reg, i, 1, 0, 1);
-    kv_ingest_log(ing, "self-check: worker %" PRIu64 " rank %u: predictions still drift "
+    kv_ingest_log(ing,
+                  "self-check: worker %" PRIu64 " rank %u: predictions still drift "
                   "(error %.2f over %" PRIu64 " responses%s): routed by load until they "
-                  "agree", w->worker_id, w->dp_rank, sc.error_ppm / 1e6, sc.window,
+                  "agree",
+                  w->worker_id, w->dp_rank, sc.error_ppm / 1e6, sc.window,
                   w->announced ? ", after a resync" : ", not resyncable");
 }
 
 void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnected)
 {
     mark_stale(ing, now_ms, connected);
-    for (uint32_t i = 0; i < ing->max_workers; i++)
-        if (ing->wk[i].used && ing->wk[i].state != KV_WORKER_GONE)
+    for (uint32_t i = 0; i < ing->max_workers; i++) {
+        if (ing->wk[i].used && ing->wk[i].state != KV_WORKER_GONE) {
             selfcheck(ing, (int)i, now_ms);
+        }
+    }
     if (now_ms >= ing->reap_at_ms) {
         /* removed workers' blocks: one pass a second at most, however many */
         kv_index_reap(ing->ix);
@@ -938,22 +1027,26 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
     }
     for (uint32_t i = 0; i < ing->max_workers; i++) {
         kv_wstate_t *w = &ing->wk[i];
-        if (!w->used || !w->announced)
+        if (!w->used || !w->announced) {
             continue;
-        if (reconnected)
-            w->last_seen_ms = now_ms;   /* silence while NATS was down proves nothing */
+        }
+        if (reconnected) {
+            w->last_seen_ms = now_ms; /* silence while NATS was down proves nothing */
+        }
         if (w->state == KV_WORKER_STALE && connected) {
             w->resync_after_ms = 0;
             start_resync(ing, (int)i, now_ms);
             continue;
         }
         if (w->state == KV_WORKER_GONE
-            && now_ms > w->last_seen_ms + FORGET_TIMEOUTS * timeout_of(ing, w)) {
+            && now_ms > w->last_seen_ms + FORGET_TIMEOUTS * timeout_of(ing, w))
+        {
             worker_remove(ing, (int)i, now_ms, "gone for long");
             continue;
         }
         if (connected && w->state != KV_WORKER_GONE
-            && now_ms > w->last_seen_ms + timeout_of(ing, w)) {
+            && now_ms > w->last_seen_ms + timeout_of(ing, w))
+        {
             /* its blocks and index slots go now; the record stays a while
              * (status shows it gone) unless the table needs it */
             kv_index_worker_remove(ing->ix, w->worker_id);
@@ -964,25 +1057,30 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
             w->dump_seq = 0;
             buf_reset(&w->buf);
             kv_registry_status_add(ing->reg, KV_STATUS_OFF(timeouts), 1);
-            if (ing->cfg.verbose)
+            if (ing->cfg.verbose) {
                 kv_ingest_log(ing, "worker %" PRIu64 " silent: blocks dropped", w->worker_id);
+            }
             publish(ing, (int)i);
             continue;
         }
-        if (w->state == KV_WORKER_GONE)
+        if (w->state == KV_WORKER_GONE) {
             continue;
+        }
         if (reconnected) {
             /* core NATS lost whatever was published while we were away */
             w->resync_after_ms = 0;
             start_resync(ing, (int)i, now_ms);
             continue;
         }
-        if (w->state == KV_WORKER_RESYNCING && w->dump_seq && now_ms > w->dump_deadline_ms)
+        if (w->state == KV_WORKER_RESYNCING && w->dump_seq && now_ms > w->dump_deadline_ms) {
             dump_failed(ing, (int)i, now_ms, "timed out");
-        if (w->state == KV_WORKER_RESYNCING && w->need_resync && now_ms >= w->resync_after_ms)
+        }
+        if (w->state == KV_WORKER_RESYNCING && w->need_resync && now_ms >= w->resync_after_ms) {
             start_resync(ing, (int)i, now_ms);
+        }
         if (w->state == KV_WORKER_LIVE && w->behind_since_ms
-            && now_ms > w->behind_since_ms + ing->cfg.stale_lag_ms) {
+            && now_ms > w->behind_since_ms + ing->cfg.stale_lag_ms)
+        {
             if (w->last_announced > w->last_applied) {
                 COUNT(ing, (int)i, gaps, gaps, 1);
                 start_resync(ing, (int)i, now_ms);
@@ -995,6 +1093,7 @@ void kv_sync_tick(kv_ingest_t *ing, uint64_t now_ms, int connected, int reconnec
 
 void kv_sync_free(kv_ingest_t *ing)
 {
-    for (uint32_t i = 0; i < ing->max_workers; i++)
+    for (uint32_t i = 0; i < ing->max_workers; i++) {
         buf_free(&ing->wk[i].buf);
+    }
 }

@@ -738,20 +738,34 @@ static void drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
     status_counts(z);
 }
 
+/* A socket that drops nothing queued (no high-water mark), lingers not at
+ * close and reconnects every 100 ms at first. */
+static void *zsocket(kv_zmq_t *z, int type, char *err, size_t errlen)
+{
+    int   zero = 0, ivl = 100;
+    void *s;
+
+    s = zmq_socket(z->ctx, type);
+    if (s == NULL) {
+        snprintf(err, errlen, "zmq_socket: %s", zmq_strerror(errno));
+        return NULL;
+    }
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof(zero));
+    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
+    return s;
+}
+
 static int open_pub(kv_zmq_t *z, zpub_t *p, size_t i, char *err, size_t errlen)
 {
     char addr[64];
-    int  zero = 0, ivl = 100, ivl_max = 2000, hb = 1000, hb_to = 3000, hwm = 0;
+    int  ivl_max = 2000, hb = 1000, hb_to = 3000;
 
-    p->sub = zmq_socket(z->ctx, ZMQ_SUB);
+    p->sub = zsocket(z, ZMQ_SUB, err, errlen);
     p->mon_id = (int) i;
     if (p->sub == NULL) {
-        snprintf(err, errlen, "zmq_socket: %s", zmq_strerror(errno));
         return -1;
     }
-    zmq_setsockopt(p->sub, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_setsockopt(p->sub, ZMQ_RCVHWM, &hwm, sizeof(hwm));
-    zmq_setsockopt(p->sub, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
     zmq_setsockopt(p->sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
     zmq_setsockopt(p->sub, ZMQ_HEARTBEAT_IVL, &hb, sizeof(hb));
     zmq_setsockopt(p->sub, ZMQ_HEARTBEAT_TIMEOUT, &hb_to, sizeof(hb_to));
@@ -771,14 +785,10 @@ static int open_pub(kv_zmq_t *z, zpub_t *p, size_t i, char *err, size_t errlen)
         return -1;
     }
     if (p->cfg.replay) {
-        p->rep = zmq_socket(z->ctx, ZMQ_DEALER);
+        p->rep = zsocket(z, ZMQ_DEALER, err, errlen);
         if (p->rep == NULL) {
-            snprintf(err, errlen, "zmq_socket: %s", zmq_strerror(errno));
             return -1;
         }
-        zmq_setsockopt(p->rep, ZMQ_LINGER, &zero, sizeof(zero));
-        zmq_setsockopt(p->rep, ZMQ_RCVHWM, &hwm, sizeof(hwm));
-        zmq_setsockopt(p->rep, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl));
         if (zmq_connect(p->rep, p->cfg.replay) != 0) {
             snprintf(err, errlen, "%s: %s", p->cfg.replay, zmq_strerror(errno));
             return -1;

@@ -174,7 +174,9 @@ struct ngx_http_kvroute_srv_conf_s {
     kv_chat_template_t             *template;
     ngx_str_t                       model;
     kv_route_config_t               route;
-    ngx_uint_t                      mode;           /* 0 events, 1 approximate, -1 unset */
+    int                             mode;           /* 0 events, 1 approximate, -1 unset;
+                                                       checked in init_upstream, once
+                                                       every kvroute_events is read */
     ngx_uint_t                      retry_after;
     size_t                          thread_threshold;
     size_t                          max_tokenize;       /* bytes; 0: no cap */
@@ -293,14 +295,29 @@ typedef struct {
 #define NGX_HTTP_KVROUTE_STATUS_JSON        2
 #define NGX_HTTP_KVROUTE_STATUS_PROMETHEUS  3
 
+/* "kvroute_upstream NAME": resolved once the http block is parsed, since
+ * the upstream may come after the location */
+
+typedef struct {
+    ngx_str_t                       name;
+    u_char                         *file_name;
+    ngx_uint_t                      line;
+    ngx_http_kvroute_srv_conf_t    *conf;
+} ngx_http_kvroute_upstream_ref_t;
+
+
 typedef struct {
     ngx_flag_t                      debug_headers;
     ngx_uint_t                      status;     /* kvroute_status format */
+    ngx_http_kvroute_upstream_ref_t  *upstream; /* kvroute_upstream, or NULL */
+    ngx_uint_t                      warned;     /* "no kvroute_upstream" logged
+                                                   by this process */
 } ngx_http_kvroute_loc_conf_t;
 
 
 typedef struct {
     ngx_array_t                     zones;      /* ngx_http_kvroute_zone_t * */
+    ngx_array_t                     upstreams;  /* ngx_http_kvroute_upstream_ref_t * */
 } ngx_http_kvroute_main_conf_t;
 
 
@@ -308,6 +325,46 @@ extern ngx_module_t  ngx_http_kvroute_module;
 extern const char   *ngx_http_kvroute_fallback_names[];
 extern const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1];
 
+
+/* directive parameters (ngx_http_kvroute_param.c) */
+typedef enum {
+    NGX_HTTP_KVROUTE_P_DOUBLE = 0,
+    NGX_HTTP_KVROUTE_P_UINT,            /* ngx_uint_t */
+    NGX_HTTP_KVROUTE_P_U64,             /* uint64_t */
+    NGX_HTTP_KVROUTE_P_SIZE,            /* size_t, with k/m suffixes */
+    NGX_HTTP_KVROUTE_P_MSEC,            /* ngx_msec_t, a time above 0 */
+    NGX_HTTP_KVROUTE_P_MS32,            /* uint32_t ms, a time above 0 */
+    NGX_HTTP_KVROUTE_P_ENUM             /* a C enum, one of names[] */
+} ngx_http_kvroute_param_type_e;
+
+typedef struct {
+    ngx_str_t                       name;       /* with its "=" */
+    ngx_http_kvroute_param_type_e   type;
+    size_t                          offset;     /* of the field in the conf */
+    double                          min;
+    double                          max;
+    ngx_conf_enum_t                *names;      /* P_ENUM */
+} ngx_http_kvroute_param_t;
+
+/* v is "lit..." with something after lit (lit ends with '='): value is
+ * the rest */
+#define ngx_http_kvroute_param_is(v, lit, value)                              \
+    ngx_http_kvroute_param_match(v, (u_char *) lit, sizeof(lit) - 1, value)
+
+/* the whole of s is lit */
+#define ngx_http_kvroute_str_is(s, lit)                                       \
+    ((s)->len == sizeof(lit) - 1                                              \
+     && ngx_strncmp((s)->data, lit, sizeof(lit) - 1) == 0)
+
+/* s starts with lit */
+#define ngx_http_kvroute_has_prefix(s, lit)                                   \
+    ((s)->len >= sizeof(lit) - 1                                              \
+     && ngx_strncmp((s)->data, lit, sizeof(lit) - 1) == 0)
+
+ngx_uint_t ngx_http_kvroute_param_match(ngx_str_t *v, u_char *name,
+    size_t len, ngx_str_t *value);
+ngx_int_t ngx_http_kvroute_param_set(ngx_conf_t *cf, const char *directive,
+    ngx_http_kvroute_param_t *table, void *conf, ngx_str_t *v);
 
 /* zone */
 char *ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -335,6 +392,12 @@ char *ngx_http_kvroute_worker_id(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
     ngx_http_kvroute_srv_conf_t *kcf);
+char *ngx_http_kvroute_upstream_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_find(ngx_conf_t *cf,
+    ngx_str_t *name);
+ngx_int_t ngx_http_kvroute_upstream_resolve(ngx_conf_t *cf,
+    ngx_http_kvroute_main_conf_t *kmcf);
 ngx_http_kvroute_srv_conf_t *ngx_http_kvroute_upstream_of(
     ngx_http_request_t *r);
 ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf,
@@ -342,7 +405,7 @@ ngx_int_t ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf,
 
 /* prompt: body -> tokens -> block hashes */
 ngx_int_t ngx_http_kvroute_precontent(ngx_http_request_t *r);
-void ngx_http_kvroute_prepare(ngx_http_request_t *r,
+ngx_int_t ngx_http_kvroute_prepare(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
 ngx_http_kvroute_ctx_t *ngx_http_kvroute_get_ctx(ngx_http_request_t *r,
     ngx_http_kvroute_srv_conf_t *kcf);

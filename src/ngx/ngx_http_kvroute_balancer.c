@@ -42,153 +42,73 @@ static ngx_conf_enum_t  ngx_http_kvroute_modes[] = {
 };
 
 
+static ngx_conf_enum_t  ngx_http_kvroute_policies[] = {
+    { ngx_string("ttft"), KV_ROUTE_TTFT },
+    { ngx_string("dynamo"), KV_ROUTE_DYNAMO },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_enum_t  ngx_http_kvroute_worker_loads[] = {
+    { ngx_string("local"), KV_ROUTE_LOAD_LOCAL },
+    { ngx_string("max"), KV_ROUTE_LOAD_MAX },
+    { ngx_null_string, 0 }
+};
+
+
 /*
- * The numeric parameters of "kvroute", one table: name (with its "="), the
- * field it sets in the srv conf, its type and range. Defaults are set in
- * create_srv_conf (ngx_http_kvroute_module.c).
+ * The parameters of "kvroute" that set one field of the srv conf, one
+ * table (ngx_http_kvroute_param.c). Defaults are set in create_srv_conf
+ * (ngx_http_kvroute_module.c).
  */
-
-typedef enum {
-    NGX_HTTP_KVROUTE_P_DOUBLE = 0,
-    NGX_HTTP_KVROUTE_P_UINT,            /* ngx_uint_t */
-    NGX_HTTP_KVROUTE_P_U64,             /* uint64_t */
-    NGX_HTTP_KVROUTE_P_SIZE             /* size_t, with k/m suffixes */
-} ngx_http_kvroute_param_type_e;
-
-
-typedef struct {
-    ngx_str_t                       name;
-    ngx_http_kvroute_param_type_e   type;
-    size_t                          offset;
-    double                          min;
-    double                          max;
-} ngx_http_kvroute_param_t;
-
 
 #define NGX_HTTP_KVROUTE_OFF(field)                                           \
     offsetof(ngx_http_kvroute_srv_conf_t, field)
 
 static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
     { ngx_string("block_size="), NGX_HTTP_KVROUTE_P_UINT,
-      NGX_HTTP_KVROUTE_OFF(block_size), 1, 65536 },
+      NGX_HTTP_KVROUTE_OFF(block_size), 1, 65536, NULL },
     { ngx_string("slack="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(route.slack), 0, 100 },
+      NGX_HTTP_KVROUTE_OFF(route.slack), 0, 100, NULL },
     { ngx_string("prefill_rate="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(route.prefill_rate), 0.001, 1e9 },
+      NGX_HTTP_KVROUTE_OFF(route.prefill_rate), 0.001, 1e9, NULL },
     { ngx_string("decode_pace="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(route.decode_pace), 0, 1e6 },
+      NGX_HTTP_KVROUTE_OFF(route.decode_pace), 0, 1e6, NULL },
     { ngx_string("max_tokens="), NGX_HTTP_KVROUTE_P_U64,
-      NGX_HTTP_KVROUTE_OFF(route.max_tokens), 1, 1e9 },
+      NGX_HTTP_KVROUTE_OFF(route.max_tokens), 1, 1e9, NULL },
     { ngx_string("overlap_weight="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(route.overlap_weight), 0, 1000 },
+      NGX_HTTP_KVROUTE_OFF(route.overlap_weight), 0, 1000, NULL },
     { ngx_string("temperature="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(route.temperature), 0, 100 },
+      NGX_HTTP_KVROUTE_OFF(route.temperature), 0, 100, NULL },
     { ngx_string("busy_prefill_tokens="), NGX_HTTP_KVROUTE_P_U64,
-      NGX_HTTP_KVROUTE_OFF(route.busy_prefill_tokens), 0, 1e15 },
+      NGX_HTTP_KVROUTE_OFF(route.busy_prefill_tokens), 0, 1e15, NULL },
     { ngx_string("busy_decode_blocks="), NGX_HTTP_KVROUTE_P_U64,
-      NGX_HTTP_KVROUTE_OFF(route.busy_decode_blocks), 0, 1e15 },
+      NGX_HTTP_KVROUTE_OFF(route.busy_decode_blocks), 0, 1e15, NULL },
     { ngx_string("retry_after="), NGX_HTTP_KVROUTE_P_UINT,
-      NGX_HTTP_KVROUTE_OFF(retry_after), 0, 86400 },
+      NGX_HTTP_KVROUTE_OFF(retry_after), 0, 86400, NULL },
     { ngx_string("thread_threshold="), NGX_HTTP_KVROUTE_P_SIZE,
-      NGX_HTTP_KVROUTE_OFF(thread_threshold), 0, 1e15 },
+      NGX_HTTP_KVROUTE_OFF(thread_threshold), 0, 1e15, NULL },
     { ngx_string("max_tokenize="), NGX_HTTP_KVROUTE_P_SIZE,
-      NGX_HTTP_KVROUTE_OFF(max_tokenize), 0, 1e15 },
+      NGX_HTTP_KVROUTE_OFF(max_tokenize), 0, 1e15, NULL },
     { ngx_string("prefill_min_tokens="), NGX_HTTP_KVROUTE_P_U64,
-      NGX_HTTP_KVROUTE_OFF(prefill_cfg.min_tokens), 0, 1e15 },
+      NGX_HTTP_KVROUTE_OFF(prefill_cfg.min_tokens), 0, 1e15, NULL },
     { ngx_string("prefill_stall_weight="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(prefill_cfg.stall_weight), 0, 1e6 },
+      NGX_HTTP_KVROUTE_OFF(prefill_cfg.stall_weight), 0, 1e6, NULL },
     { ngx_string("prefill_margin="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(prefill_cfg.margin), 0, 1e6 },
+      NGX_HTTP_KVROUTE_OFF(prefill_cfg.margin), 0, 1e6, NULL },
     { ngx_string("prefill_link_gbps="), NGX_HTTP_KVROUTE_P_DOUBLE,
-      NGX_HTTP_KVROUTE_OFF(prefill_link_gbps), 0, 1e9 },
+      NGX_HTTP_KVROUTE_OFF(prefill_link_gbps), 0, 1e9, NULL },
     { ngx_string("prefill_kv_bytes="), NGX_HTTP_KVROUTE_P_U64,
-      NGX_HTTP_KVROUTE_OFF(prefill_kv_bytes), 1, 1e12 },
-    { ngx_null_string, 0, 0, 0, 0 }
+      NGX_HTTP_KVROUTE_OFF(prefill_kv_bytes), 1, 1e12, NULL },
+    { ngx_string("mode="), NGX_HTTP_KVROUTE_P_ENUM,
+      NGX_HTTP_KVROUTE_OFF(mode), 0, 0, ngx_http_kvroute_modes },
+    { ngx_string("policy="), NGX_HTTP_KVROUTE_P_ENUM,
+      NGX_HTTP_KVROUTE_OFF(route.policy), 0, 0, ngx_http_kvroute_policies },
+    { ngx_string("worker_load="), NGX_HTTP_KVROUTE_P_ENUM,
+      NGX_HTTP_KVROUTE_OFF(route.worker_load), 0, 0,
+      ngx_http_kvroute_worker_loads },
+    { ngx_null_string, 0, 0, 0, 0, NULL }
 };
-
-
-/* NGX_OK: v was one of the table's and is set; NGX_DECLINED: it is not
- * one of them; NGX_ERROR: it is, with a bad value (logged). */
-
-static ngx_int_t
-ngx_http_kvroute_param(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
-    ngx_str_t *v)
-{
-    char                      *end;
-    u_char                     buf[64], *field;
-    double                     d;
-    ssize_t                    size;
-    ngx_int_t                  n;
-    ngx_str_t                  s;
-    ngx_http_kvroute_param_t  *p;
-
-    for (p = ngx_http_kvroute_params; p->name.len; p++) {
-        if (v->len > p->name.len
-            && ngx_strncmp(v->data, p->name.data, p->name.len) == 0)
-        {
-            break;
-        }
-    }
-
-    if (p->name.len == 0) {
-        return NGX_DECLINED;
-    }
-
-    s.data = v->data + p->name.len;
-    s.len = v->len - p->name.len;
-    field = (u_char *) kcf + p->offset;
-
-    switch (p->type) {
-
-    case NGX_HTTP_KVROUTE_P_DOUBLE:
-        if (s.len >= sizeof(buf)) {
-            goto invalid;
-        }
-
-        ngx_memcpy(buf, s.data, s.len);
-        buf[s.len] = '\0';
-
-        d = strtod((char *) buf, &end);
-
-        if (*end != '\0' || !(d >= p->min && d <= p->max)) {
-            goto invalid;
-        }
-
-        *(double *) field = d;
-        break;
-
-    case NGX_HTTP_KVROUTE_P_SIZE:
-        size = ngx_parse_size(&s);
-        if (size == NGX_ERROR || size < p->min || size > p->max) {
-            goto invalid;
-        }
-
-        *(size_t *) field = size;
-        break;
-
-    default:
-        n = ngx_atoi(s.data, s.len);
-        if (n == NGX_ERROR || n < p->min || n > p->max) {
-            goto invalid;
-        }
-
-        if (p->type == NGX_HTTP_KVROUTE_P_UINT) {
-            *(ngx_uint_t *) field = n;
-
-        } else {
-            *(uint64_t *) field = n;
-        }
-    }
-
-    return NGX_OK;
-
-invalid:
-
-    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                       "invalid parameter \"%V\" in \"kvroute\": expected a "
-                       "number in [%.3f, %.0f]", v, p->min, p->max);
-    return NGX_ERROR;
-}
 
 
 static char *
@@ -263,6 +183,32 @@ ngx_http_kvroute_cleanup_conf(void *data)
 }
 
 
+/* A complex value compiled from s, for session= and salt=. */
+
+static ngx_http_complex_value_t *
+ngx_http_kvroute_complex_value(ngx_conf_t *cf, ngx_str_t *s)
+{
+    ngx_http_complex_value_t          *cv;
+    ngx_http_compile_complex_value_t   ccv;
+
+    cv = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
+    if (cv == NULL) {
+        return NULL;
+    }
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+    ccv.cf = cf;
+    ccv.value = s;
+    ccv.complex_value = cv;
+
+    if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+        return NULL;
+    }
+
+    return cv;
+}
+
+
 char *
 ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
@@ -273,10 +219,9 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 #if (NGX_THREADS)
     ngx_str_t                            pool;
 #endif
-    ngx_uint_t                           i, k, mode;
+    ngx_uint_t                           i;
     ngx_http_kvroute_srv_conf_t        **kp;
     ngx_http_upstream_srv_conf_t        *uscf;
-    ngx_http_compile_complex_value_t     ccv;
 
     uscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_upstream_module);
 
@@ -288,7 +233,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     kcf->uscf = uscf;
     kcf->upstream_name = uscf->host;
-    mode = (ngx_uint_t) -1;
 
     ngx_str_null(&tokenizer);
     ngx_str_null(&template);
@@ -296,15 +240,10 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_str_set(&pool, "default");
 #endif
 
-#define KV_PARAM(lit)                                                       \
-    (value[i].len > sizeof(lit) - 1                                         \
-     && ngx_strncmp(value[i].data, lit, sizeof(lit) - 1) == 0               \
-     && (s.data = value[i].data + sizeof(lit) - 1,                          \
-         s.len = value[i].len - (sizeof(lit) - 1), 1))
-
     for (i = 1; i < cf->args->nelts; i++) {
 
-        rc = ngx_http_kvroute_param(cf, kcf, &value[i]);
+        rc = ngx_http_kvroute_param_set(cf, "kvroute", ngx_http_kvroute_params,
+                                        kcf, &value[i]);
 
         if (rc == NGX_ERROR) {
             return NGX_CONF_ERROR;
@@ -314,7 +253,7 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (KV_PARAM("zone=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "zone=", &s)) {
             kcf->zone = ngx_http_kvroute_zone_find(cf, &s);
             if (kcf->zone == NULL) {
                 return NGX_CONF_ERROR;
@@ -322,12 +261,13 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (KV_PARAM("prefill=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "prefill=", &s)) {
             kcf->prefill_name = s;      /* resolved in init_upstream */
             continue;
         }
 
-        if (KV_PARAM("prefill_conditional=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "prefill_conditional=", &s))
+        {
             if (s.len == 2 && ngx_strncmp(s.data, "on", 2) == 0) {
                 kcf->prefill_cfg.conditional = 1;
             } else if (s.len == 3 && ngx_strncmp(s.data, "off", 3) == 0) {
@@ -338,17 +278,17 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (KV_PARAM("tokenizer=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "tokenizer=", &s)) {
             tokenizer = s;
             continue;
         }
 
-        if (KV_PARAM("chat_template=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "chat_template=", &s)) {
             template = s;
             continue;
         }
 
-        if (KV_PARAM("model=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "model=", &s)) {
             if (s.len >= 128) {
                 goto invalid;
             }
@@ -362,52 +302,7 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (KV_PARAM("policy=")) {
-            if (s.len == 4 && ngx_strncmp(s.data, "ttft", 4) == 0) {
-                kcf->route.policy = KV_ROUTE_TTFT;
-
-            } else if (s.len == 6 && ngx_strncmp(s.data, "dynamo", 6) == 0) {
-                kcf->route.policy = KV_ROUTE_DYNAMO;
-
-            } else {
-                goto invalid;
-            }
-            continue;
-        }
-
-        if (KV_PARAM("worker_load=")) {
-            if (s.len == 5 && ngx_strncmp(s.data, "local", 5) == 0) {
-                kcf->route.worker_load = KV_ROUTE_LOAD_LOCAL;
-
-            } else if (s.len == 3 && ngx_strncmp(s.data, "max", 3) == 0) {
-                kcf->route.worker_load = KV_ROUTE_LOAD_MAX;
-
-            } else {
-                goto invalid;
-            }
-            continue;
-        }
-
-        if (KV_PARAM("mode=")) {
-            for (k = 0; ngx_http_kvroute_modes[k].name.len; k++) {
-                if (ngx_http_kvroute_modes[k].name.len == s.len
-                    && ngx_strncmp(ngx_http_kvroute_modes[k].name.data,
-                                   s.data, s.len) == 0)
-                {
-                    mode = ngx_http_kvroute_modes[k].value;
-                    break;
-                }
-            }
-            if (ngx_http_kvroute_modes[k].name.len == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\": expected mode=events or "
-                                   "mode=approximate", &value[i]);
-                return NGX_CONF_ERROR;
-            }
-            continue;
-        }
-
-        if (KV_PARAM("thread_pool=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "thread_pool=", &s)) {
 #if (NGX_THREADS)
             pool = s;
             continue;
@@ -419,41 +314,22 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 #endif
         }
 
-        if (KV_PARAM("session=")) {
-            if (s.len == 3 && ngx_strncmp(s.data, "off", 3) == 0) {
+        if (ngx_http_kvroute_param_is(&value[i], "session=", &s)) {
+            if (ngx_http_kvroute_str_is(&s, "off")) {
                 kcf->session_off = 1;
                 continue;
             }
 
-            kcf->session = ngx_palloc(cf->pool,
-                                      sizeof(ngx_http_complex_value_t));
+            kcf->session = ngx_http_kvroute_complex_value(cf, &s);
             if (kcf->session == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-            ccv.cf = cf;
-            ccv.value = &s;
-            ccv.complex_value = kcf->session;
-
-            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
                 return NGX_CONF_ERROR;
             }
             continue;
         }
 
-        if (KV_PARAM("salt=")) {
-            kcf->salt = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
+        if (ngx_http_kvroute_param_is(&value[i], "salt=", &s)) {
+            kcf->salt = ngx_http_kvroute_complex_value(cf, &s);
             if (kcf->salt == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-            ccv.cf = cf;
-            ccv.value = &s;
-            ccv.complex_value = kcf->salt;
-
-            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
                 return NGX_CONF_ERROR;
             }
             continue;
@@ -462,12 +338,10 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         goto invalid;
     }
 
-#undef KV_PARAM
-
     kcf->route.block_size = kcf->block_size;
 
     if (kcf->zone == NULL
-        && (tokenizer.len || template.len || mode != (ngx_uint_t) -1))
+        && (tokenizer.len || template.len || kcf->mode != -1))
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"kvroute\" needs zone=NAME for prefix-aware "
@@ -481,10 +355,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             return NGX_CONF_ERROR;
         }
         *kp = kcf;
-
-        /* remembered for the check in init_upstream, once kvroute_events
-         * lines anywhere in http{} have been read */
-        kcf->mode = mode;
 
 #if (NGX_THREADS)
         if (kcf->thread_threshold) {
@@ -758,12 +628,25 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
+    if (ctx->conf != kcf) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "kvroute: the location's kvroute_upstream is \"%V\" "
+                      "but it proxies to \"%V\"",
+                      &ctx->conf->upstream_name, &kcf->upstream_name);
+        return NGX_ERROR;
+    }
+
     pd->ctx = ctx;
 
     ngx_atomic_fetch_add(&kcf->zone->sh->requests, 1);
 
     if (!ctx->prepared) {
-        ngx_http_kvroute_prepare(r, ctx);
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "kvroute init peer: preparing the prompt here");
+
+        if (ngx_http_kvroute_prepare(r, ctx) != NGX_OK) {
+            return NGX_ERROR;
+        }
     }
 
     if (!ctx->matched) {
@@ -1219,6 +1102,9 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
     ngx_uint_t state)
 {
     ngx_http_kvroute_peer_data_t  *pd = data;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, pc->log, 0,
+                   "kvroute free peer: state %ui", state);
 
     if (pd->ctx) {
         if (!(state & NGX_PEER_FAILED)) {

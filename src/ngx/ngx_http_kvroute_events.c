@@ -80,22 +80,42 @@ ngx_http_kvroute_events_str(ngx_conf_t *cf, ngx_str_t *s, const char **out)
 }
 
 
-static char *
-ngx_http_kvroute_events_ms(ngx_conf_t *cf, ngx_str_t *v, ngx_str_t *s,
-    uint32_t *out)
-{
-    ngx_msec_t  ms;
+/* the parameters of "kvroute_events" that set one field: NATS, into its
+ * kv_ingest_config_t; ZMQ, the replay timeout */
 
-    ms = ngx_parse_time(s, 0);
-    if (ms == (ngx_msec_t) NGX_ERROR || ms == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid \"%V\" in \"kvroute_events\"", v);
-        return NGX_CONF_ERROR;
+#define NGX_HTTP_KVROUTE_EV_OFF(field)  offsetof(kv_ingest_config_t, field)
+
+static ngx_http_kvroute_param_t  ngx_http_kvroute_events_params[] = {
+    { ngx_string("heartbeat_timeout="), NGX_HTTP_KVROUTE_P_MS32,
+      NGX_HTTP_KVROUTE_EV_OFF(heartbeat_timeout_ms), 1, UINT32_MAX, NULL },
+    { ngx_string("stale_lag="), NGX_HTTP_KVROUTE_P_MS32,
+      NGX_HTTP_KVROUTE_EV_OFF(stale_lag_ms), 1, UINT32_MAX, NULL },
+    { ngx_string("dump_timeout="), NGX_HTTP_KVROUTE_P_MS32,
+      NGX_HTTP_KVROUTE_EV_OFF(dump_timeout_ms), 1, UINT32_MAX, NULL },
+    { ngx_null_string, 0, 0, 0, 0, NULL }
+};
+
+static ngx_http_kvroute_param_t  ngx_http_kvroute_zmq_params[] = {
+    { ngx_string("replay_timeout="), NGX_HTTP_KVROUTE_P_MSEC, 0, 1, 1e15,
+      NULL },
+    { ngx_null_string, 0, 0, 0, 0, NULL }
+};
+
+
+/* zone=NAME: at http level only (inside an upstream, the zone is that
+ * upstream's) */
+
+static char *
+ngx_http_kvroute_events_zone(ngx_conf_t *cf, ngx_str_t *name,
+    ngx_http_kvroute_zone_t **zone)
+{
+    if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
+        return "takes no zone= inside an upstream";
     }
 
-    *out = (uint32_t) ms;
+    *zone = ngx_http_kvroute_zone_find(cf, name);
 
-    return NGX_CONF_OK;
+    return *zone ? NGX_CONF_OK : NGX_CONF_ERROR;
 }
 
 
@@ -114,6 +134,8 @@ char *
 ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
+    char                          *rv;
+    ngx_int_t                      rc;
     ngx_str_t                     *value, s, path;
     ngx_uint_t                     i;
     ngx_http_kvroute_events_t     *ev;
@@ -142,15 +164,15 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         zone = kcf->zone;
     }
 
-    if (ngx_strncmp(value[1].data, "zmq://", 6) == 0
-        || ngx_strncmp(value[1].data, "tcp://", 6) == 0
-        || ngx_strncmp(value[1].data, "ipc://", 6) == 0)
+    if (ngx_http_kvroute_has_prefix(&value[1], "zmq://")
+        || ngx_http_kvroute_has_prefix(&value[1], "tcp://")
+        || ngx_http_kvroute_has_prefix(&value[1], "ipc://"))
     {
         return ngx_http_kvroute_events_zmq_directive(cf, zone, ev);
     }
 
-    if (ngx_strncmp(value[1].data, "nats://", 7) != 0
-        && ngx_strncmp(value[1].data, "tls://", 6) != 0)
+    if (!ngx_http_kvroute_has_prefix(&value[1], "nats://")
+        && !ngx_http_kvroute_has_prefix(&value[1], "tls://"))
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid NATS URL \"%V\" in \"kvroute_events\": "
@@ -165,14 +187,8 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-#define KV_PARAM(lit)                                                       \
-    (value[i].len > sizeof(lit) - 1                                         \
-     && ngx_strncmp(value[i].data, lit, sizeof(lit) - 1) == 0               \
-     && (s.data = value[i].data + sizeof(lit) - 1,                          \
-         s.len = value[i].len - (sizeof(lit) - 1), 1))
-
 #define KV_STR(lit, field)                                                  \
-    if (KV_PARAM(lit)) {                                                    \
+    if (ngx_http_kvroute_param_is(&value[i], lit, &s)) {                    \
         if (ngx_http_kvroute_events_str(cf, &s, &c->field) != NGX_CONF_OK) { \
             return NGX_CONF_ERROR;                                          \
         }                                                                   \
@@ -181,14 +197,22 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 2; i < cf->args->nelts; i++) {
 
-        if (KV_PARAM("zone=")) {
-            if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
-                return "takes no zone= inside an upstream";
-            }
+        rc = ngx_http_kvroute_param_set(cf, "kvroute_events",
+                                        ngx_http_kvroute_events_params, c,
+                                        &value[i]);
 
-            zone = ngx_http_kvroute_zone_find(cf, &s);
-            if (zone == NULL) {
-                return NGX_CONF_ERROR;
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc == NGX_OK) {
+            continue;
+        }
+
+        if (ngx_http_kvroute_param_is(&value[i], "zone=", &s)) {
+            rv = ngx_http_kvroute_events_zone(cf, &s, &zone);
+            if (rv != NGX_CONF_OK) {
+                return rv;
             }
             continue;
         }
@@ -205,55 +229,26 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         KV_STR("tls_cert=", tls_cert)
         KV_STR("tls_key=", tls_key)
 
-        if (KV_PARAM("tls=")) {
-            c->tls = (s.len == 2 && ngx_strncmp(s.data, "on", 2) == 0);
+        if (ngx_http_kvroute_param_is(&value[i], "tls=", &s)) {
+            c->tls = ngx_http_kvroute_str_is(&s, "on");
             continue;
         }
 
-        if (KV_PARAM("subjects=")) {
-            if (s.len == 10 && ngx_strncmp(s.data, "per-worker", 10) == 0) {
+        if (ngx_http_kvroute_param_is(&value[i], "subjects=", &s)) {
+            if (ngx_http_kvroute_str_is(&s, "per-worker")) {
                 c->per_worker_only = 1;
-            } else if (!(s.len == 3 && ngx_strncmp(s.data, "any", 3) == 0)) {
+            } else if (!ngx_http_kvroute_str_is(&s, "any")) {
                 return "takes subjects=per-worker or subjects=any";
             }
             continue;
         }
 
-        if (KV_PARAM("tls_verify=")) {
-            c->tls_no_verify = (s.len == 3 && ngx_strncmp(s.data, "off", 3) == 0);
+        if (ngx_http_kvroute_param_is(&value[i], "tls_verify=", &s)) {
+            c->tls_no_verify = ngx_http_kvroute_str_is(&s, "off");
             continue;
         }
 
-        if (KV_PARAM("heartbeat_timeout=")) {
-            if (ngx_http_kvroute_events_ms(cf, &value[i], &s,
-                                           &c->heartbeat_timeout_ms)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            continue;
-        }
-
-        if (KV_PARAM("stale_lag=")) {
-            if (ngx_http_kvroute_events_ms(cf, &value[i], &s, &c->stale_lag_ms)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            continue;
-        }
-
-        if (KV_PARAM("dump_timeout=")) {
-            if (ngx_http_kvroute_events_ms(cf, &value[i], &s,
-                                           &c->dump_timeout_ms)
-                != NGX_CONF_OK)
-            {
-                return NGX_CONF_ERROR;
-            }
-            continue;
-        }
-
-        if (KV_PARAM("path=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "path=", &s)) {
             path = s;
             continue;
         }
@@ -265,7 +260,6 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
 #undef KV_STR
-#undef KV_PARAM
 
     if (zone == NULL) {
         return "needs zone=NAME at http level";
@@ -432,25 +426,20 @@ ngx_http_kvroute_events_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
 static char *
 ngx_http_kvroute_events_zmq_url(ngx_conf_t *cf, ngx_str_t *in, ngx_str_t *out)
 {
+    size_t   skip;
     u_char  *p;
 
     /* zmq:// is the operator's spelling; libzmq wants tcp:// */
 
-    if (ngx_strncmp(in->data, "zmq://", 6) == 0) {
-        out->len = in->len;
-        out->data = ngx_pnalloc(cf->pool, in->len + 1);
-        if (out->data == NULL) {
-            return NGX_CONF_ERROR;
-        }
-        p = ngx_cpymem(out->data, "tcp://", 6);
-        ngx_memcpy(p, in->data + 6, in->len - 6);
-        out->data[out->len] = '\0';
-        return NGX_CONF_OK;
-    }
+    if (ngx_http_kvroute_has_prefix(in, "zmq://")) {
+        skip = sizeof("zmq://") - 1;
 
-    if (ngx_strncmp(in->data, "tcp://", 6) != 0
-        && ngx_strncmp(in->data, "ipc://", 6) != 0)
+    } else if (ngx_http_kvroute_has_prefix(in, "tcp://")
+               || ngx_http_kvroute_has_prefix(in, "ipc://"))
     {
+        skip = 0;
+
+    } else {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid ZMQ URL \"%V\" in \"kvroute_events\": "
                            "expected zmq://host:port", in);
@@ -462,7 +451,9 @@ ngx_http_kvroute_events_zmq_url(ngx_conf_t *cf, ngx_str_t *in, ngx_str_t *out)
     if (out->data == NULL) {
         return NGX_CONF_ERROR;
     }
-    ngx_memcpy(out->data, in->data, in->len);
+
+    p = skip ? ngx_cpymem(out->data, "tcp://", skip) : out->data;
+    ngx_memcpy(p, in->data + skip, in->len - skip);
     out->data[out->len] = '\0';
 
     return NGX_CONF_OK;
@@ -473,6 +464,8 @@ static char *
 ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
     ngx_http_kvroute_zone_t *zone, ngx_http_kvroute_events_t *ev)
 {
+    char                          *rv;
+    ngx_int_t                      rc;
     ngx_str_t                     *value, s, path;
     ngx_uint_t                     i;
     ngx_msec_t                     replay_timeout;
@@ -490,27 +483,31 @@ ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
         return NGX_CONF_ERROR;
     }
 
-#define KV_PARAM(lit)                                                       \
-    (value[i].len > sizeof(lit) - 1                                         \
-     && ngx_strncmp(value[i].data, lit, sizeof(lit) - 1) == 0               \
-     && (s.data = value[i].data + sizeof(lit) - 1,                          \
-         s.len = value[i].len - (sizeof(lit) - 1), 1))
-
     for (i = 2; i < cf->args->nelts; i++) {
 
-        if (KV_PARAM("zone=")) {
-            if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
-                return "takes no zone= inside an upstream";
-            }
+        /* replay_timeout=, into the local replay_timeout */
 
-            zone = ngx_http_kvroute_zone_find(cf, &s);
-            if (zone == NULL) {
-                return NGX_CONF_ERROR;
+        rc = ngx_http_kvroute_param_set(cf, "kvroute_events",
+                                        ngx_http_kvroute_zmq_params,
+                                        &replay_timeout, &value[i]);
+
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc == NGX_OK) {
+            continue;
+        }
+
+        if (ngx_http_kvroute_param_is(&value[i], "zone=", &s)) {
+            rv = ngx_http_kvroute_events_zone(cf, &s, &zone);
+            if (rv != NGX_CONF_OK) {
+                return rv;
             }
             continue;
         }
 
-        if (KV_PARAM("replay=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "replay=", &s)) {
             if (ngx_http_kvroute_events_zmq_url(cf, &s, &line.replay)
                 != NGX_CONF_OK)
             {
@@ -519,7 +516,7 @@ ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
             continue;
         }
 
-        if (KV_PARAM("server=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "server=", &s)) {
             if (s.len >= KV_REGISTRY_ADDR_MAX) {
                 return "has a server= longer than 63 characters";
             }
@@ -527,7 +524,7 @@ ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
             continue;
         }
 
-        if (KV_PARAM("topic=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "topic=", &s)) {
             line.topic.data = ngx_pnalloc(cf->pool, s.len + 1);
             if (line.topic.data == NULL) {
                 return NGX_CONF_ERROR;
@@ -538,18 +535,8 @@ ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
             continue;
         }
 
-        if (KV_PARAM("replay_timeout=")) {
-            replay_timeout = ngx_parse_time(&s, 0);
-            if (replay_timeout == (ngx_msec_t) NGX_ERROR || replay_timeout == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\" in \"kvroute_events\"",
-                                   &value[i]);
-                return NGX_CONF_ERROR;
-            }
-            continue;
-        }
 
-        if (KV_PARAM("path=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "path=", &s)) {
             path = s;
             continue;
         }
@@ -560,7 +547,6 @@ ngx_http_kvroute_events_zmq_directive(ngx_conf_t *cf,
         return NGX_CONF_ERROR;
     }
 
-#undef KV_PARAM
 
     if (zone == NULL) {
         return "needs zone=NAME at http level";

@@ -54,6 +54,13 @@ static ngx_command_t  ngx_http_kvroute_commands[] = {
       0,
       NULL },
 
+    { ngx_string("kvroute_upstream"),
+      NGX_HTTP_LOC_CONF|NGX_HTTP_LIF_CONF|NGX_CONF_TAKE1,
+      ngx_http_kvroute_upstream_directive,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("kvroute_debug_headers"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
       ngx_conf_set_flag_slot,
@@ -153,12 +160,19 @@ ngx_http_kvroute_create_main_conf(ngx_conf_t *cf)
         return NULL;
     }
 
+    if (ngx_array_init(&kmcf->upstreams, cf->pool, 4,
+                       sizeof(ngx_http_kvroute_upstream_ref_t *))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
     return kmcf;
 }
 
 
 /* After the upstream module has set every upstream up: size the zones
- * for their servers. */
+ * for their servers, and find the upstreams kvroute_upstream names. */
 
 static char *
 ngx_http_kvroute_init_main_conf(ngx_conf_t *cf, void *conf)
@@ -174,6 +188,10 @@ ngx_http_kvroute_init_main_conf(ngx_conf_t *cf, void *conf)
         if (ngx_http_kvroute_zone_size(cf, zones[i]) != NGX_OK) {
             return NGX_CONF_ERROR;
         }
+    }
+
+    if (ngx_http_kvroute_upstream_resolve(cf, kmcf) != NGX_OK) {
+        return NGX_CONF_ERROR;
     }
 
     return NGX_CONF_OK;
@@ -200,6 +218,7 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
      */
 
     kcf->block_size = 16;
+    kcf->mode = -1;
     kcf->retry_after = 1;
     kcf->thread_threshold = 65536;
     kcf->max_tokenize = 4 * 1024 * 1024;
@@ -228,7 +247,15 @@ ngx_http_kvroute_create_loc_conf(ngx_conf_t *cf)
         return NULL;
     }
 
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     klcf->status = 0;
+     *     klcf->warned = 0;
+     */
+
     klcf->debug_headers = NGX_CONF_UNSET;
+    klcf->upstream = NGX_CONF_UNSET_PTR;
 
     return klcf;
 }
@@ -240,7 +267,22 @@ ngx_http_kvroute_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_http_kvroute_loc_conf_t  *prev = parent;
     ngx_http_kvroute_loc_conf_t  *conf = child;
 
+    ngx_http_core_loc_conf_t     *clcf;
+
     ngx_conf_merge_value(conf->debug_headers, prev->debug_headers, 0);
+
+    /* kvroute_upstream goes with proxy_pass: into "if" and "limit_except"
+     * blocks, not into nested locations */
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (conf->upstream == NGX_CONF_UNSET_PTR) {
+        conf->upstream = clcf->noname ? prev->upstream : NULL;
+
+        if (conf->upstream == NGX_CONF_UNSET_PTR) {
+            conf->upstream = NULL;
+        }
+    }
 
     return NGX_CONF_OK;
 }

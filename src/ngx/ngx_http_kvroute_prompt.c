@@ -6,11 +6,11 @@
  * block hashes (src/route/kv_prompt.c), and keep the result in the request
  * context for the balancer.
  *
- * A precontent phase handler does this for locations that proxy_pass to a
- * kvroute upstream, the way the mirror module reads bodies, so that large
- * prompts can be tokenized in a thread pool instead of stalling the event
- * loop. The balancer's init_peer prepares synchronously when the handler
- * did not run (e.g. proxy_pass with variables).
+ * A precontent phase handler does this for locations with kvroute_upstream,
+ * the way the mirror module reads bodies, so that large prompts can be
+ * tokenized in a thread pool instead of stalling the event loop. The
+ * balancer's init_peer prepares synchronously when the handler did not run
+ * (a location without the directive).
  */
 
 
@@ -49,38 +49,135 @@ static void ngx_http_kvroute_pool_reading(ngx_http_request_t *r);
 #endif
 
 
-extern ngx_module_t  ngx_http_proxy_module;
+/*
+ * "kvroute_upstream NAME" names the kvroute upstream a location proxies to,
+ * so that its body is read and its prompt prepared here, before the content
+ * handler runs. nginx offers no public way to learn from a location which
+ * upstream its proxy_pass (grpc_pass, ...) names: that lives in each
+ * module's private location configuration. Locations without the directive
+ * are still balanced, with the prompt prepared in init_peer.
+ */
+
+char *
+ngx_http_kvroute_upstream_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_kvroute_loc_conf_t *klcf = conf;
+
+    ngx_str_t                         *value;
+    ngx_http_kvroute_main_conf_t      *kmcf;
+    ngx_http_kvroute_upstream_ref_t   *ref, **refp;
+
+    if (klcf->upstream != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    ref = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_upstream_ref_t));
+    if (ref == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ref->name = value[1];
+    ref->file_name = cf->conf_file->file.name.data;
+    ref->line = cf->conf_file->line;
+
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvroute_module);
+
+    refp = ngx_array_push(&kmcf->upstreams);
+    if (refp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *refp = ref;
+    klcf->upstream = ref;
+
+    return NGX_CONF_OK;
+}
 
 
-/* The kvroute upstream a location proxies to, or NULL. */
+/* The configuration of the upstream block NAME, or NULL if there is none
+ * or kvroute is not in it. */
+
+ngx_http_kvroute_srv_conf_t *
+ngx_http_kvroute_upstream_find(ngx_conf_t *cf, ngx_str_t *name)
+{
+    ngx_uint_t                       i;
+    ngx_http_kvroute_srv_conf_t     *kcf;
+    ngx_http_upstream_srv_conf_t   **uscfp;
+    ngx_http_upstream_main_conf_t   *umcf;
+
+    umcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_upstream_module);
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+        if (uscfp[i]->srv_conf == NULL
+            || uscfp[i]->host.len != name->len
+            || ngx_strncasecmp(uscfp[i]->host.data, name->data, name->len)
+               != 0)
+        {
+            continue;
+        }
+
+        kcf = ngx_http_conf_upstream_srv_conf(uscfp[i],
+                                              ngx_http_kvroute_module);
+
+        return (kcf && kcf->uscf == uscfp[i]) ? kcf : NULL;
+    }
+
+    return NULL;
+}
+
+
+/* After the http block: every kvroute_upstream names an upstream block
+ * with kvroute in it. */
+
+ngx_int_t
+ngx_http_kvroute_upstream_resolve(ngx_conf_t *cf,
+    ngx_http_kvroute_main_conf_t *kmcf)
+{
+    ngx_uint_t                         i;
+    ngx_http_kvroute_srv_conf_t       *kcf;
+    ngx_http_kvroute_upstream_ref_t  **refs, *ref;
+
+    refs = kmcf->upstreams.elts;
+
+    for (i = 0; i < kmcf->upstreams.nelts; i++) {
+        ref = refs[i];
+
+        kcf = ngx_http_kvroute_upstream_find(cf, &ref->name);
+
+        if (kcf == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "kvroute_upstream \"%V\": no upstream block of "
+                          "that name has \"kvroute\" in %s:%ui",
+                          &ref->name, ref->file_name, ref->line);
+            return NGX_ERROR;
+        }
+
+        ref->conf = kcf;
+    }
+
+    return NGX_OK;
+}
+
+
+/* The kvroute upstream a location proxies to, when it has a zone (without
+ * one it balances by load alone and reads no body), or NULL. */
 
 ngx_http_kvroute_srv_conf_t *
 ngx_http_kvroute_upstream_of(ngx_http_request_t *r)
 {
-    ngx_http_upstream_conf_t     *ucf;
-    ngx_http_upstream_srv_conf_t *uscf;
-    ngx_http_kvroute_srv_conf_t  *kcf;
+    ngx_http_kvroute_loc_conf_t  *klcf;
 
-    /* ngx_http_proxy_loc_conf_t starts with its ngx_http_upstream_conf_t */
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvroute_module);
 
-    ucf = ngx_http_get_module_loc_conf(r, ngx_http_proxy_module);
-    if (ucf == NULL || ucf->upstream == NULL) {
+    if (klcf->upstream == NULL || klcf->upstream->conf->zone == NULL) {
         return NULL;
     }
 
-    uscf = ucf->upstream;
-
-    if (uscf->srv_conf == NULL) {
-        return NULL;
-    }
-
-    kcf = ngx_http_conf_upstream_srv_conf(uscf, ngx_http_kvroute_module);
-
-    if (kcf == NULL || kcf->uscf != uscf || kcf->zone == NULL) {
-        return NULL;
-    }
-
-    return kcf;
+    return klcf->upstream->conf;
 }
 
 
@@ -170,6 +267,10 @@ ngx_http_kvroute_precontent(ngx_http_request_t *r)
 
     ctx->status = NGX_DONE;
 
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvroute precontent: reading the body for upstream \"%V\"",
+                   &kcf->upstream_name);
+
     rc = ngx_http_read_client_request_body(r, ngx_http_kvroute_body_handler);
     if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
         return rc;
@@ -196,6 +297,11 @@ ngx_http_kvroute_resume(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
         ctx->status = NGX_HTTP_SERVICE_UNAVAILABLE;
         ngx_atomic_fetch_add(&ctx->conf->zone->sh->busy_rejects, 1);
     }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvroute precontent: fallback \"%s\", status %i",
+                   ngx_http_kvroute_fallback_names[ctx->fallback],
+                   ctx->status);
 
     r->preserve_body = 1;
 
@@ -399,34 +505,49 @@ ngx_http_kvroute_hold_handler(ngx_event_t *ev)
 /* Synchronous preparation, for init_peer when the precontent phase did not
  * see the request. */
 
-void
+ngx_int_t
 ngx_http_kvroute_prepare(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
 {
-    ngx_http_kvroute_task_t  t;
+    ngx_http_kvroute_task_t       t;
+    ngx_http_kvroute_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvroute_module);
+
+    if (klcf->upstream == NULL && !klcf->warned
+        && r == r->main && r->method == NGX_HTTP_POST)
+    {
+        klcf->warned = 1;
+        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
+                      "kvroute: a location without \"kvroute_upstream %V;\" "
+                      "proxies to it: its prompts are prepared on the event "
+                      "loop once the request to the server is built",
+                      &ctx->conf->upstream_name);
+    }
 
     if (ngx_http_kvroute_task_init(r, ctx, &t) != NGX_OK) {
-        return;
+        return NGX_OK;
     }
 
     /*
      * The request to the server is already built here: the body cannot be
-     * rewritten, so the operator's salt cannot reach the engine. Hashing
-     * with the body's own salt at least matches what the engine does.
+     * rewritten, so the operator's salt cannot reach the engine. Sending
+     * the client's own cache_salt instead would let it name another
+     * tenant's: refuse.
      */
 
     if (t.cfg.salt_combine) {
-        ngx_log_error(NGX_LOG_WARN, r->connection->log, 0,
-                      "kvroute: salt= is applied only where proxy_pass names "
-                      "the upstream (the body is read before proxying); "
-                      "this request keeps the client's cache_salt");
-        t.cfg.salt_combine = 0;
-        t.salt = NULL;
-        t.salt_len = 0;
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "kvroute: salt= needs \"kvroute_upstream %V;\" in the "
+                      "location (the body is rewritten before proxying): "
+                      "refused", &ctx->conf->upstream_name);
+        return NGX_ERROR;
     }
 
     kv_prompt_compute(&t.cfg, (char *) t.body, t.len, (char *) t.salt,
                       t.salt_len, &t.result);
     ngx_http_kvroute_finish(&t);
+
+    return NGX_OK;
 }
 
 
@@ -634,6 +755,12 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     }
     ctx->seq = t->result.seq;
     ctx->nseq = t->result.nseq;
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, t->request->connection->log, 0,
+                   "kvroute prompt: %uz blocks, %uL tokens (%uL from the turn "
+                   "cache), fallback \"%s\"", ctx->nseq, ctx->prompt_tokens,
+                   ctx->turn_cached_tokens,
+                   ngx_http_kvroute_fallback_names[ctx->fallback]);
 
     if (t->result.status != KV_PROMPT_OK) {
         ngx_log_error(NGX_LOG_INFO, t->request->connection->log, 0,

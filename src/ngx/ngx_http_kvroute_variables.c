@@ -9,19 +9,28 @@
 #include "ngx_http_kvroute.h"
 
 
+/* $kvroute_NAME for each X(NAME, ID) */
+#define NGX_HTTP_KVROUTE_VARIABLES(X)                                         \
+    X(worker, WORKER)                                                         \
+    X(overlap_blocks, OVERLAP)                                                \
+    X(prompt_blocks, PROMPT_BLOCKS)                                           \
+    X(prompt_tokens, PROMPT_TOKENS)                                           \
+    X(decision_us, DECISION_US)                                               \
+    X(cost, COST)                                                             \
+    X(turn_cached_tokens, TURN_CACHED)                                        \
+    X(fallback, FALLBACK)                                                     \
+    X(why, WHY)                                                               \
+    /* prefill= (disaggregated): the prefill server, or "local" */            \
+    X(prefill_worker, PREFILL_WORKER)                                         \
+    X(prefill_overlap_blocks, PREFILL_OVERLAP)                                \
+    X(prefill_reason, PREFILL_REASON)
+
+
+#define NGX_HTTP_KVROUTE_VAR_ID(name, id)  NGX_HTTP_KVROUTE_VAR_##id,
+
 typedef enum {
-    NGX_HTTP_KVROUTE_VAR_WORKER = 0,
-    NGX_HTTP_KVROUTE_VAR_OVERLAP,
-    NGX_HTTP_KVROUTE_VAR_PROMPT_BLOCKS,
-    NGX_HTTP_KVROUTE_VAR_PROMPT_TOKENS,
-    NGX_HTTP_KVROUTE_VAR_DECISION_US,
-    NGX_HTTP_KVROUTE_VAR_COST,
-    NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
-    NGX_HTTP_KVROUTE_VAR_FALLBACK,
-    NGX_HTTP_KVROUTE_VAR_WHY,
-    NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER,
-    NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP,
-    NGX_HTTP_KVROUTE_VAR_PREFILL_REASON
+    NGX_HTTP_KVROUTE_VARIABLES(NGX_HTTP_KVROUTE_VAR_ID)
+    NGX_HTTP_KVROUTE_VAR_N
 } ngx_http_kvroute_var_e;
 
 
@@ -29,48 +38,13 @@ static ngx_int_t ngx_http_kvroute_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 
 
+#define NGX_HTTP_KVROUTE_VAR(name, id)                                        \
+    { ngx_string("kvroute_" #name), NULL, ngx_http_kvroute_variable,          \
+      NGX_HTTP_KVROUTE_VAR_##id, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
 static ngx_http_variable_t  ngx_http_kvroute_vars[] = {
-
-    { ngx_string("kvroute_worker"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_WORKER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_overlap_blocks"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_OVERLAP, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_prompt_blocks"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_PROMPT_BLOCKS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_prompt_tokens"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_PROMPT_TOKENS, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_decision_us"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_DECISION_US, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_cost"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_COST, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_turn_cached_tokens"), NULL,
-      ngx_http_kvroute_variable, NGX_HTTP_KVROUTE_VAR_TURN_CACHED,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_fallback"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_FALLBACK, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_why"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_WHY, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    /* prefill= (disaggregated): the prefill server, or "local" */
-    { ngx_string("kvroute_prefill_worker"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_PREFILL_WORKER, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_prefill_overlap_blocks"), NULL,
-      ngx_http_kvroute_variable, NGX_HTTP_KVROUTE_VAR_PREFILL_OVERLAP,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("kvroute_prefill_reason"), NULL, ngx_http_kvroute_variable,
-      NGX_HTTP_KVROUTE_VAR_PREFILL_REASON, NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-      ngx_http_null_variable
+    NGX_HTTP_KVROUTE_VARIABLES(NGX_HTTP_KVROUTE_VAR)
+    ngx_http_null_variable
 };
 
 

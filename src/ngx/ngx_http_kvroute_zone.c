@@ -42,13 +42,34 @@ static ngx_int_t ngx_http_kvroute_register_servers(
 static int ngx_http_kvroute_pid_alive(pid_t pid);
 
 
+/*
+ * The parameters of "kvroute_zone" (ngx_http_kvroute_param.c); defaults
+ * are set where the zone conf is created (ngx_http_kvroute_zone_find).
+ */
+
+#define NGX_HTTP_KVROUTE_ZONE_OFF(field)                                      \
+    offsetof(ngx_http_kvroute_zone_t, field)
+
+static ngx_http_kvroute_param_t  ngx_http_kvroute_zone_params[] = {
+    { ngx_string("max_workers="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_ZONE_OFF(max_workers), 1, 4096, NULL },
+    { ngx_string("ttl="), NGX_HTTP_KVROUTE_P_MSEC,
+      NGX_HTTP_KVROUTE_ZONE_OFF(ttl), 1, 1e15, NULL },
+    { ngx_string("turn_cache="), NGX_HTTP_KVROUTE_P_SIZE,
+      NGX_HTTP_KVROUTE_ZONE_OFF(turn_size), 0, 1e15, NULL },
+    { ngx_string("turn_cache_ttl="), NGX_HTTP_KVROUTE_P_MSEC,
+      NGX_HTTP_KVROUTE_ZONE_OFF(turn_ttl), 1, 1e15, NULL },
+    { ngx_null_string, 0, 0, 0, 0, NULL }
+};
+
+
 char *
 ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     ssize_t                    size;
-    ngx_int_t                  n;
-    ngx_str_t                 *value, s;
+    ngx_int_t                  rc;
+    ngx_str_t                 *value;
     ngx_uint_t                 i;
     ngx_http_kvroute_zone_t   *zone;
 
@@ -78,62 +99,30 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 3; i < cf->args->nelts; i++) {
 
-        if (ngx_strncmp(value[i].data, "max_workers=", 12) == 0) {
-            n = ngx_atoi(value[i].data + 12, value[i].len - 12);
-            if (n < 1 || n > 4096) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\": expected 1..4096",
-                                   &value[i]);
-                return NGX_CONF_ERROR;
-            }
-            zone->max_workers = n;
-            continue;
+        rc = ngx_http_kvroute_param_set(cf, "kvroute_zone",
+                                        ngx_http_kvroute_zone_params, zone,
+                                        &value[i]);
+
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
         }
 
-        if (ngx_strncmp(value[i].data, "ttl=", 4) == 0) {
-            s.data = value[i].data + 4;
-            s.len = value[i].len - 4;
-            zone->ttl = ngx_parse_time(&s, 0);
-            if (zone->ttl == (ngx_msec_t) NGX_ERROR || zone->ttl == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\"", &value[i]);
-                return NGX_CONF_ERROR;
-            }
-            continue;
+        if (rc == NGX_DECLINED) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\"", &value[i]);
+            return NGX_CONF_ERROR;
         }
+    }
 
-        if (ngx_strncmp(value[i].data, "turn_cache=", 11) == 0) {
-            s.data = value[i].data + 11;
-            s.len = value[i].len - 11;
-            zone->turn_size = ngx_parse_size(&s);
-            if (zone->turn_size == NGX_ERROR
-                || (zone->turn_size && zone->turn_size > size / 2)
-                || (zone->turn_size
-                    && (size_t) zone->turn_size < kv_tcache_min_size()))
-            {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\": 0, or %uzk up to half "
-                                   "the zone", &value[i],
-                                   kv_tcache_min_size() / 1024 + 1);
-                return NGX_CONF_ERROR;
-            }
-            continue;
-        }
-
-        if (ngx_strncmp(value[i].data, "turn_cache_ttl=", 15) == 0) {
-            s.data = value[i].data + 15;
-            s.len = value[i].len - 15;
-            zone->turn_ttl = ngx_parse_time(&s, 0);
-            if (zone->turn_ttl == (ngx_msec_t) NGX_ERROR || zone->turn_ttl == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid \"%V\"", &value[i]);
-                return NGX_CONF_ERROR;
-            }
-            continue;
-        }
-
+    if (zone->turn_size != -1
+        && zone->turn_size
+        && (zone->turn_size > size / 2
+            || (size_t) zone->turn_size < kv_tcache_min_size()))
+    {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\"", &value[i]);
+                           "invalid \"turn_cache=%z\": 0, or %uzk up to half "
+                           "the zone", zone->turn_size,
+                           kv_tcache_min_size() / 1024 + 1);
         return NGX_CONF_ERROR;
     }
 

@@ -26,6 +26,7 @@ CONF = """
         client_max_body_size 8m;
         location /v1/ {
             access_log %(log)s kv;
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

@@ -253,7 +253,7 @@ def test_cpu_blocks_move_between_engines(tmp_path):
     assert np.array_equal(engine_logits(model, TOKENS, "--batch", "5", "--decode", "4"), cold)
 
 
-# --- config.json and checkpoint conventions (issue 21) --------------------------------
+# --- config.json and checkpoint conventions --------------------------------
 
 def add_tensors(model, tensors):
     """Rewrites model.safetensors with these f32 tensors added (or replaced)."""

@@ -164,7 +164,7 @@ def test_greedy_tokens_from_the_device_argmax_match_the_cpu_engine(stack, tmp_pa
     assert texts["cuda"] == texts["cpu"]
 
 
-# --- the kernels of issue 21 item 3 (split-K attention, bf16 KV cache, device sampling,
+# --- the decode path's kernels (docs/CUDA.md; split-K attention, bf16 KV cache, device sampling,
 # --- CUDA graphs, fused kernels), against the CPU engine on the emulation
 
 from test_cpu_engine import TOKENS, engine_logits, rel  # noqa: E402

@@ -34,6 +34,7 @@ CONF = """
         listen 127.0.0.1:%%(port)s;
         client_max_body_size 8m;
         location /v1/ {
+            kvroute_upstream decode;
             proxy_pass http://decode;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -45,6 +46,7 @@ CONF = """
             add_header X-Var-Prefilled-By "$upstream_http_x_kvroute_prefilled_by";
         }
         location /plain/ {
+            kvroute_upstream plain;
             proxy_pass http://plain/v1/;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -424,7 +426,7 @@ def test_prefill_misconfigured(stack, bad, why):
     kvroute_zone kv2 16m;
     upstream other { kvroute zone=kv2; server 127.0.0.1:1; }
     upstream decode { kvroute zone=kv %s; server 127.0.0.1:2; }
-    server { listen 127.0.0.1:%%(port)s; location / { proxy_pass http://decode; } }
+    server { listen 127.0.0.1:%%(port)s; location / { kvroute_upstream decode; proxy_pass http://decode; } }
 """ % bad
     n = kvt.Nginx(stack, conf, "", kvt.free_port(), 1)
     ok, out = n.check()
@@ -461,6 +463,7 @@ E2E = """
     server {
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
+            kvroute_upstream decode;
             proxy_pass http://decode;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

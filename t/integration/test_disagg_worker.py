@@ -1,5 +1,5 @@
 """Disaggregated prefill and decode between real kvworker processes
-(issue 17, the worker side): a decode worker given X-KVRoute-Prefill pulls
+(the worker side): a decode worker given X-KVRoute-Prefill pulls
 the prompt's KV from that prefill worker over POST /kvroute/v1/prefill
 (docs/PROTOCOL.md) and decodes; any failure falls back to a local prefill.
 Direct HTTP to the workers, no nginx."""

@@ -58,7 +58,7 @@ def nginx_t(nginx, prefix, so, http_conf, env=None):
 UPSTREAM = """
     kvroute_zone kv 8m;
     upstream u { kvroute zone=kv mode=approximate %s; server 127.0.0.1:1; }
-    server { listen 127.0.0.1:1; location / { proxy_pass http://u; } }
+    server { listen 127.0.0.1:1; location / { kvroute_upstream u; proxy_pass http://u; } }
 """
 
 

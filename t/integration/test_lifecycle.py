@@ -1,4 +1,4 @@
-"""Worker lifecycle (issue 23, finding 2): records and index slots are freed
+"""Worker lifecycle (docs/SECURITY.md, section 2): records and index slots are freed
 when a worker leaves, a worker restarting under a new id replaces its old
 one, and a full table evicts the stalest record instead of refusing live
 workers; thousands of ids churn through max_workers=4 while the real
@@ -118,6 +118,7 @@ NGINX_CONF = """
     server {
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             kvroute_debug_headers on;
         }

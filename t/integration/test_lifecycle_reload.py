@@ -1,5 +1,5 @@
 """Graceful reload and quit with prompts in the tokenization thread pool
-(issue 23, finding 3): `nginx -s reload` and `-s quit` used to drop every
+(docs/SECURITY.md, section 4): `nginx -s reload` and `-s quit` used to drop every
 request whose body (>= thread_threshold) was being tokenized in the pool:
 the task held no timer, so the exiting worker thought it was idle. Real
 nginx, nats-server, kvworker."""

@@ -1,4 +1,4 @@
-"""Prometheus output of kvroute_status and of kvworker (issue 22): real nginx
+"""Prometheus output of kvroute_status and of kvworker: real nginx
 with an events zone (real nats-server, real kvworker engines) and an
 approximate zone, checked with prometheus_client's parser, an
 OpenMetrics-style structure check (HELP and TYPE for every family, no family
@@ -38,8 +38,8 @@ CONF = """
     }
     server {
         listen 127.0.0.1:%%(port)s;
-        location /v1/ { proxy_pass http://llm; }
-        location /other/v1/ { proxy_pass http://other/v1/; }
+        location /v1/ { kvroute_upstream llm; proxy_pass http://llm; }
+        location /other/v1/ { kvroute_upstream other; proxy_pass http://other/v1/; }
         location = /kvroute/status { kvroute_status; }
         location = /metrics { kvroute_status prometheus; }
         location = /status.json { kvroute_status json; }

@@ -1,4 +1,4 @@
-"""Misconfigurations kvroute catches (issue 22), with real nginx (-t and
+"""Misconfigurations kvroute catches, with real nginx (-t and
 running), real nats-server and real kvworker engines."""
 import json
 import os
@@ -78,8 +78,8 @@ CONF = """
     server {
         listen 127.0.0.1:%%(port)s;
         kvroute_debug_headers on;
-        location /mis/v1/ { proxy_pass http://mis/v1/; }
-        location /ok/v1/ { proxy_pass http://ok/v1/; }
+        location /mis/v1/ { kvroute_upstream mis; proxy_pass http://mis/v1/; }
+        location /ok/v1/ { kvroute_upstream ok; proxy_pass http://ok/v1/; }
         location = /kvroute/status { kvroute_status; }
     }
 """

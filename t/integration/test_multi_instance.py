@@ -1,4 +1,4 @@
-"""Many nginx instances, one view (issue 18): three nginx instances on
+"""Many nginx instances, one view (docs/CONFIG.md, "Large fleets"): three nginx instances on
 loopback (separate processes, separate zones), one nats-server, kvworker
 mock engines publishing KV events and heartbeats every 100 ms.
 
@@ -30,6 +30,7 @@ CONF = """
     server {
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

@@ -1,4 +1,4 @@
-"""The OpenAI API as OpenAI clients see it (issue 22): the official `openai`
+"""The OpenAI API as OpenAI clients see it: the official `openai`
 Python client against a real kvworker, and through real nginx with the
 module, including the errors nginx and kvroute produce."""
 import concurrent.futures
@@ -164,6 +164,7 @@ NGINX_CONF = """
         client_max_body_size 64k;
         include %(errors)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_buffering off;

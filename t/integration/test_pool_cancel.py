@@ -1,5 +1,5 @@
 """A client that goes away while its prompt waits in the tokenization
-thread pool (issue 23, finding 7): the prompt is dropped unprepared, the
+thread pool (docs/SECURITY.md, section 4): the prompt is dropped unprepared, the
 request is never routed (nothing in the pending index, no request to a
 worker) and the requests ahead of it are unaffected. Real nginx,
 nats-server, kvworker."""

@@ -22,6 +22,7 @@ APPROX = """
         listen 127.0.0.1:%%(port)s;
         client_max_body_size 8m;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -78,6 +79,7 @@ EVENTS = """
     server {
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

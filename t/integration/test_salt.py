@@ -1,4 +1,4 @@
-"""The operator's cache salt (issue 23, finding 5): `salt=$var` reaches the
+"""The operator's cache salt (docs/SECURITY.md, section 5): `salt=$var` reaches the
 engine and no client can override it. nginx combines the operator's salt
 with the body's own (kv_prompt_salt: "<len>:<operator><client>"), hashes
 with that, and rewrites the proxied body so its only cache_salt is that
@@ -21,6 +21,7 @@ CONF = """
         listen 127.0.0.1:%%(port)s;
         client_body_buffer_size 1k;     # larger bodies go to a temp file
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -29,6 +30,7 @@ CONF = """
         location /raw/ {
             proxy_request_buffering off;
             rewrite ^/raw(/.*)$ $1 break;
+            kvroute_upstream llm;
             proxy_pass http://llm;
         }
         location = /kvroute/status { kvroute_status; }

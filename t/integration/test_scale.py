@@ -1,4 +1,4 @@
-"""Fleets of thousands of servers (issue 18): the load table sized from the
+"""Fleets of thousands of servers (docs/CONFIG.md, "Large fleets"): the load table sized from the
 configuration, every server's load counted, decisions over candidates.
 
 One kvworker process serves 4,096 mock engines on consecutive ports, so
@@ -26,6 +26,7 @@ CONF = """
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
             access_log %(log)s kv;
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

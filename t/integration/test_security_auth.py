@@ -1,4 +1,4 @@
-"""Publisher authentication (issue 23, findings 1 and 9): the documented
+"""Publisher authentication (docs/SECURITY.md, section 3): the documented
 nats-server setup (conf/nats/per-worker-auth.conf) with per-worker users and
 subject permissions, real kvworkers publishing on their per-worker subjects,
 the router reading only those; forgeries from another worker's user are
@@ -60,7 +60,7 @@ NGINX = """
     }
     server {
         listen 127.0.0.1:%%(port)s;
-        location /v1/ { proxy_pass http://llm; kvroute_debug_headers on; }
+        location /v1/ { kvroute_upstream llm; proxy_pass http://llm; kvroute_debug_headers on; }
         location = /kvroute/status { kvroute_status; }
     }
 """
@@ -145,7 +145,7 @@ ERR_NGINX = """
     }
     server {
         listen 127.0.0.1:%%(port)s;
-        location / { proxy_pass http://llm; }
+        location / { kvroute_upstream llm; proxy_pass http://llm; }
         location = /kvroute/status { kvroute_status; }
     }
 """

@@ -1,4 +1,4 @@
-"""Forged NATS messages without publisher authentication (issue 23, finding 1):
+"""Forged NATS messages without publisher authentication (docs/SECURITY.md, section 1):
 each attack from the adversarial pass, replayed with a real nats-server and
 tools/kvingest, must cost the victim at most one resync (docs/SECURITY.md)."""
 import json

@@ -1,4 +1,4 @@
-"""kvworker under hostile clients (issue 23, finding 8): bounded headers,
+"""kvworker under hostile clients (docs/SECURITY.md, section 5): bounded headers,
 idle and slow-header connections closed (long generations are not), accept
 paused instead of spinning when out of file descriptors, dump requests only
 answered to inboxes and rate-limited. Real kvworker, real nats-server."""

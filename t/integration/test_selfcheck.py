@@ -1,4 +1,4 @@
-"""Self-checking index (issue 23): nginx compares each response's
+"""Self-checking index (docs/SECURITY.md, section 6): nginx compares each response's
 usage.prompt_tokens_details.cached_tokens with the overlap the index
 predicted for the worker chosen; a worker whose predictions drift is
 resynced, or routed by load alone until they agree again.
@@ -31,6 +31,7 @@ CONF = """
     server {
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

@@ -24,6 +24,7 @@ CONF = """
         client_body_buffer_size 4m;
         client_max_body_size 8m;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

@@ -20,6 +20,7 @@ CONF = """
         listen 127.0.0.1:%%(port)s reuseport;
         client_body_buffer_size 1m;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             add_header X-KVRoute-Prompt-Tokens $kvroute_prompt_tokens always;
             add_header X-KVRoute-Turn-Cached $kvroute_turn_cached_tokens always;

@@ -1,5 +1,5 @@
 """kvworker parses a request body once however many prompts it holds
-(issue 23, finding 8: a 54 MB body of 64 prompts used to be parsed 64
+(docs/SECURITY.md, section 5: a 54 MB body of 64 prompts used to be parsed 64
 times on the event loop, stalling every other request for 34 s)."""
 import json
 

@@ -1,4 +1,4 @@
-"""vLLM / SGLang KV events over ZMQ (issue 19): real nginx with the module,
+"""vLLM / SGLang KV events over ZMQ: real nginx with the module,
 its helper process subscribed to publishers written from vLLM's schema
 (t/lib/vllm_pub.py, real libzmq PUB and ROUTER sockets), real kvworker mock
 engines as the upstream servers."""
@@ -22,6 +22,7 @@ CONF = """
     server {
         listen 127.0.0.1:%%(port)s;
         location /v1/ {
+            kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";

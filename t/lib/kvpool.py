@@ -22,7 +22,7 @@ CONF = """
         listen 127.0.0.1:%%(port)s;
         client_body_buffer_size 4m;
         client_max_body_size 8m;
-        location /v1/ { proxy_pass http://llm; proxy_read_timeout 120s; }
+        location /v1/ { kvroute_upstream llm; proxy_pass http://llm; proxy_read_timeout 120s; }
         location = /kvroute/status { kvroute_status; }
     }
 """

@@ -315,6 +315,15 @@ def chat(port, content, max_tokens=4, stream=False, model="kvroute-mock", **extr
     return post_json(port, "/v1/chat/completions", body)
 
 
+def canned_servers(ports, reply):
+    """http {} text for a trivial upstream: one server per port, each
+    answering every request with the JSON text reply (benchmarks of the
+    router alone)."""
+    return "    access_log off;\n" + "".join(
+        "    server { listen 127.0.0.1:%d; location / { default_type application/json;\n"
+        "             return 200 '%s'; } }\n" % (p, reply) for p in ports)
+
+
 def wait_until(pred, timeout=30.0, interval=0.05, what="condition"):
     """Polls pred until it returns a true value (returned); generous by
     default: the deadline only matters when the condition never comes."""
