@@ -1120,9 +1120,13 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
 
 /*
  * The chosen server will hold this prompt's blocks: the index itself in
- * approximate mode, the pending index in events mode, where only the
- * blocks past what its events already confirm are guesses (those its
- * events confirm are theirs to keep or remove).
+ * approximate mode, the pending index in events mode. The whole prompt
+ * goes into the pending index, the blocks its events already confirm too:
+ * a match credits a server only with a run from the prompt's first block,
+ * so guesses recorded past the confirmed part alone were never credited
+ * (the next request sharing the longer prefix saw only the confirmed part
+ * until the events came). The worker's own events still win: its Removed
+ * and Cleared drop the pending guesses as well (events.c).
  */
 
 void
@@ -1131,7 +1135,6 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
     const kv_route_server_t *s)
 {
     int                      slot;
-    size_t                   from;
     kv_index_t              *ix;
     ngx_http_kvroute_zone_t *zone = kcf->zone;
 
@@ -1141,21 +1144,11 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
         return;
     }
 
-    from = 0;
-
-    if (!zone->sh->approximate && s->trusted) {
-        from = s->overlap_index < ctx->nseq ? s->overlap_index : ctx->nseq;
-    }
-
-    if (from == ctx->nseq) {
-        return;
-    }
-
     ngx_shmtx_lock(&zone->shpool->mutex);
 
     slot = kv_index_worker_add(ix, p->worker_id, 0);
     if (slot >= 0) {
-        kv_index_record_at(ix, slot, ctx->seq, from, ctx->nseq,
+        kv_index_record_at(ix, slot, ctx->seq, 0, ctx->nseq,
                            (uint64_t) ngx_current_msec);
     }
 

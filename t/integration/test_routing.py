@@ -166,3 +166,38 @@ def test_worker_events_win_over_pending_guesses(stack, how, order):
     assert s == 200
     assert h["x-kvroute-overlap"] == "0", h
     pub.close()
+
+
+def test_pending_guesses_extend_confirmed_prefix(stack):
+    """A worker holds 40 blocks of a prompt by its own events and is sent
+    that prompt grown to 60 blocks; before it reports the 20 new ones, the
+    next request with the same 60 blocks must see overlap 60 on it (the
+    router's guess continues what the events confirm), as approximate mode
+    would. Guesses recorded past the confirmed part alone were never
+    credited: a match counts a run from the prompt's first block."""
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "50"])       # silent: no events of its own
+    a, b = w.ports
+    servers = ("server 127.0.0.1:%d;\nserver 127.0.0.1:%d;\n"
+               "kvroute_worker_id %d 127.0.0.1:%d;\nkvroute_worker_id %d 127.0.0.1:%d;"
+               % (a, b, WORKER, a, WORKER + 1, b))
+    ng = stack.nginx(EVENTS % {"nats": nats.url, "servers": servers})
+    kvt.wait_until(lambda: status(ng.port)["events"]["nats"] == "connected", what="connected")
+    prompt = ids("extend", 60 * 16)
+    seq = hashes(prompt)
+    assert len(seq) == 60
+    blocks = [{"block_hash": seq[i], "tokens_hash": hashes(prompt[i * 16:(i + 1) * 16])[0],
+               "mm_extra_info": None} for i in range(40)]
+    holder = "127.0.0.1:%d" % b
+    pub = kvnats.Nats(nats.port)
+    pub.publish(SUBJECT, dynamo_event(WORKER + 1, 1, {"stored": {
+        "parent_hash": None, "start_position": None, "blocks": blocks}}))
+    pub.flush()
+    kvt.wait_until(lambda: indexed(ng.port, holder) == 40, what="stored applied")
+    s, h, _, _ = complete(ng.port, prompt + [1, 2, 3])
+    assert s == 200
+    assert h["x-kvroute-worker"] == holder and h["x-kvroute-overlap"] == "40", h
+    s, h, _, _ = complete(ng.port, prompt + [4, 5, 6])
+    assert s == 200
+    assert h["x-kvroute-worker"] == holder and h["x-kvroute-overlap"] == "60", h
+    pub.close()
