@@ -6,11 +6,12 @@
  * positions by CAS on the tail; the one consumer owns the head.
  */
 #include <string.h>
+#include <time.h>
 
 #include "kv_dring.h"
 
 #define KV_DRING_MAGIC  0x6b766472696e6731ULL   /* "kvdring1" */
-#define STUCK_POLLS     250     /* pops that find a claimed cell unwritten: lost */
+#define STUCK_MS        2000    /* a claimed cell unwritten this long: lost */
 
 typedef struct {
     uint64_t        seq;
@@ -23,12 +24,21 @@ struct kv_dring {
     uint64_t            tail;           /* producers (CAS) */
     char                pad1[40];
     uint64_t            head;           /* the consumer */
-    uint64_t            stuck;          /* pops that found head claimed, unwritten */
+    uint64_t            stuck;          /* when head was first seen claimed, unwritten */
+    uint64_t            stuck_pos;
     int64_t             owner;          /* the consumer's pid */
     uint64_t            pushed, dropped, popped, lost;
     kv_dring_share_t    share;
     /* followed by the cells */
 };
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000 + 1;
+}
 
 static cell_t *cells(const kv_dring_t *r)
 {
@@ -95,7 +105,15 @@ int kv_dring_push(kv_dring_t *r, const kv_dring_rec_t *rec)
         }
     }
     c->rec = *rec;
-    __atomic_store_n(&c->seq, pos + 1, __ATOMIC_RELEASE);
+    /* a CAS, not a store: the consumer may have given this cell up (we
+     * were descheduled that long); then the record is lost, not the ring */
+    seq = pos;
+    if (!__atomic_compare_exchange_n(&c->seq, &seq, pos + 1, 0, __ATOMIC_RELEASE,
+                                     __ATOMIC_RELAXED))
+    {
+        __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
+        return -1;
+    }
     __atomic_fetch_add(&r->pushed, 1, __ATOMIC_RELAXED);
     return 0;
 }
@@ -116,14 +134,26 @@ int kv_dring_pop(kv_dring_t *r, kv_dring_rec_t *out)
             __atomic_fetch_add(&r->popped, 1, __ATOMIC_RELAXED);
             return 1;
         }
-        /* claimed but never written: its producer died between the claim
-         * and the write (a few instructions); after a long while, skip it */
-        if (__atomic_load_n(&r->tail, __ATOMIC_RELAXED) == pos
-            || ++r->stuck < STUCK_POLLS)
-        {
+        /* claimed but not written: its producer is between the claim and
+         * the write (a few instructions), or died there; after a long
+         * while, give the cell up, by CAS so that a producer finishing
+         * just now is read instead */
+        if (__atomic_load_n(&r->tail, __ATOMIC_RELAXED) == pos) {
             return 0;
         }
-        __atomic_store_n(&c->seq, pos + r->mask + 1, __ATOMIC_RELEASE);
+        if (r->stuck == 0 || r->stuck_pos != pos) {
+            r->stuck = now_ms();
+            r->stuck_pos = pos;
+            return 0;
+        }
+        if (now_ms() - r->stuck < STUCK_MS) {
+            return 0;
+        }
+        if (!__atomic_compare_exchange_n(&c->seq, &seq, pos + r->mask + 1, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        {
+            continue;       /* written meanwhile */
+        }
         r->head = ++pos;
         r->stuck = 0;
         __atomic_fetch_add(&r->lost, 1, __ATOMIC_RELAXED);

@@ -11,9 +11,10 @@
  *
  * Bounded: a full ring drops the record and counts it; nothing waits.
  * The cells carry sequence numbers (Vyukov's bounded queue), so a producer
- * that dies mid-write leaves one cell the consumer skips after a while
+ * that dies mid-write leaves one cell the consumer skips after two seconds
  * rather than a wedged ring: kv_dring_pop gives up on a cell that stays
- * unpublished and counts it lost.
+ * unpublished (by CAS, as the producer publishes: one of them wins) and
+ * counts it lost.
  *
  * Offsets only, no pointers: the region may be mapped at any address.
  */
