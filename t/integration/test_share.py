@@ -112,6 +112,14 @@ def test_approximate_turns_round_robin_land_on_one_worker(stack):
         assert st["dropped"] == 0 and st["rejected"] == 0, st
         assert ng.alerts() == []
 
+    # the same counters in Prometheus
+    from prometheus_client.parser import text_string_to_metric_families
+    s, _, body = kvt.request(ngs[0].port, "GET", "/kvroute/status?format=prometheus")
+    assert s == 200
+    fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert fams["kvroute_share_records_in"].samples[0].value == share(ngs[0].port)["records_in"]
+    assert "kvroute_share_dropped" in fams and "kvroute_share_rejected" in fams
+
 
 def hold(port, prompt, max_tokens=30000):
     from test_multi_instance import hold as h
