@@ -45,6 +45,7 @@ typedef struct {
 typedef struct {
     uint64_t    id;             /* 0: free */
     uint64_t    last_ms;
+    uint64_t    lease_ms;       /* ours, or the sender's if longer (at most a minute) */
     int64_t    *val;            /* [max_servers][NC] what it last said */
     uint64_t   *at;             /* [max_servers] when */
 } inst_t;
@@ -220,14 +221,14 @@ static void expire(kv_share_t *s, uint64_t now_ms)
             if (c == NC) {
                 continue;
             }
-            if (now_ms - in->at[k] > s->cfg.lease_ms) {
+            if (now_ms - in->at[k] > in->lease_ms) {
                 remote_set(s, in, k, zero);
                 s->st->expired++;
             } else {
                 live = 1;
             }
         }
-        if (!live && now_ms - in->last_ms > s->cfg.lease_ms) {
+        if (!live && now_ms - in->last_ms > in->lease_ms) {
             in->id = 0;
             s->st->instances--;
         }
@@ -301,6 +302,12 @@ int kv_share_receive(kv_share_t *s, const void *msg, size_t len, uint64_t now_ms
         goto bad;   /* more instances than tracked: refused, counted */
     }
     in->last_ms = now_ms;
+    in->lease_ms = get32(p + 20);
+    in->lease_ms = in->lease_ms > 60000 ? 60000 : in->lease_ms;
+    if (in->lease_ms < s->cfg.lease_ms) {
+        in->lease_ms = s->cfg.lease_ms;     /* a sender that refreshes less often than
+                                               we expire would flap */
+    }
     s->st->messages_in++;
 
     q = p + KV_SHARE_HEADER;

@@ -405,7 +405,18 @@ ngx_http_kvroute_share_manager(void *data)
             return 100;
         }
 
+        /* other instances' load goes through a row of this process, so
+         * that it leaves the totals with it if it dies */
         row = kv_load_claim_row(zone->sh->load, ngx_pid);
+        if (row < 0) {
+            if (!sc->failed++) {
+                ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
+                              "kvroute_share \"%V\": no free load row",
+                              &zone->name);
+            }
+            kv_dring_unclaim(ring, ngx_pid);
+            return 5000;
+        }
 
         sc->cfg.instance_id = ngx_http_kvroute_share_instance();
         sc->cfg.on_blocks = ngx_http_kvroute_share_blocks;
