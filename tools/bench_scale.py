@@ -11,6 +11,12 @@ instances  1, 2, 4, 8 nginx instances (separate processes and zones, one NATS,
            once): hit rate, TTFT, load spread (max/mean requests per engine),
            with worker_load=local and worker_load=max (heartbeats every 100 ms),
            and 8 instances in approximate mode (no events: per-gateway view).
+share      round 2 (shared decisions): 1, 2, 4, 8 instances at a rate where the
+           engines queue (BENCH_SCALE_RATE sessions/s, engines at
+           BENCH_SCALE_SPEEDUP), events (worker_load=max), approximate, and
+           approximate with kvroute_share; besides hit rate and TTFT, load
+           spread as max/mean worker busy time (kvworker_busy_seconds_total of
+           each engine) next to max/mean requests.
 converge   event-to-all-instances time: a raw NATS subscriber notes when each
            KV event of a fresh prompt arrives; every instance's status is
            polled until its index holds the new blocks.
@@ -38,6 +44,8 @@ DEC_REQUESTS = int(os.environ.get("BENCH_SCALE_DECISIONS", "500"))     # per siz
 SESSIONS_REQ = int(os.environ.get("BENCH_SCALE_REQUESTS", "400"))
 INSTANCES = [int(x) for x in os.environ.get("BENCH_SCALE_INSTANCES", "1,2,4,8").split(",")]
 ENGINES = int(os.environ.get("BENCH_SCALE_ENGINES", "8"))
+SHARE_RATE = os.environ.get("BENCH_SCALE_RATE", "32")
+SHARE_SPEEDUP = os.environ.get("BENCH_SCALE_SPEEDUP", "1")
 CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
 
 
@@ -171,6 +179,7 @@ def decision():
 INSTANCE_CONF = """
     kvroute_zone kv 32m;
     %(events)s
+    %(share)s
     upstream llm {
         zone llm 256k;
         kvroute zone=kv %(params)s;
@@ -193,10 +202,11 @@ INSTANCE_CONF = """
 """
 
 
-def instance_conf(nats_url, ports, mode, worker_load):
+def instance_conf(nats_url, ports, mode, worker_load, share=False):
     events = "" if mode == "approximate" else "kvroute_events %s zone=kv;" % nats_url
     params = "mode=%s worker_load=%s" % (mode, worker_load)
     return INSTANCE_CONF % {"events": events, "params": params,
+                            "share": "kvroute_share %s zone=kv;" % nats_url if share else "",
                             "servers": "\n".join("server 127.0.0.1:%d;" % p for p in ports)}
 
 
@@ -210,24 +220,38 @@ def wait_live(instances, n):
     kvt.wait_until(live, timeout=60, what="every instance sees every worker live")
 
 
-def sessions_trace(path):
+def sessions_trace(path, rate="16"):
     subprocess.run([os.path.join(kvt.BIN, "kvsynth"), "sessions", "--num-requests",
-                    str(SESSIONS_REQ), "--rate", "16", "--systems", "8",
+                    str(SESSIONS_REQ), "--rate", rate, "--systems", "8",
                     "--system-tokens", "1024", "--turns", "3:8", "--user-tokens", "64:256",
                     "--output-tokens", "16:64", "--think-s", "1:3:6", "--seed", "3",
                     "--out", path], check=True)
 
 
-def run_instances(st, nats, trace, m, mode, worker_load):
+def busy_seconds(ports):
+    """kvworker_busy_seconds_total of each engine (its simulated step time)."""
+    out = []
+    for p in ports:
+        for line in call(p, "GET", "/metrics")[1].decode().splitlines():
+            if line.startswith("kvworker_busy_seconds_total"):
+                out.append(float(line.split()[-1]))
+    return out
+
+
+def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4"):
     # a fresh fleet each run: cold caches, nothing learned
     w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
-                                          "--speedup", "4"])
+                                          "--speedup", speedup])
     ports = w.ports
-    instances = [st.nginx(instance_conf(nats.url, ports, mode, worker_load), workers=1)
+    instances = [st.nginx(instance_conf(nats.url, ports, mode, worker_load, share), workers=1)
                  for _ in range(m)]
     try:
         if mode == "events":
             wait_live(instances, len(ports))
+        if share:
+            kvt.wait_until(lambda: all(status(ng.port)["zones"]["kv"]["share"]["connected"]
+                                       for ng in instances),
+                           timeout=60, what="every share helper connected")
         with open(trace) as f:
             lines = f.readlines()
         procs = []
@@ -248,8 +272,19 @@ def run_instances(st, nats, trace, m, mode, worker_load):
         prompt = sum(s["prompt_tokens"] for s in sums)
         cached = sum(s["cached_tokens"] for s in sums)
         loads = list(per_engine.values())
+        busy = busy_seconds(ports)
+        shared = {}
+        if share:
+            for ng in instances:
+                for k, v in status(ng.port)["zones"]["kv"]["share"].items():
+                    if k in ("dropped", "rejected", "published", "records_in", "messages_out"):
+                        shared[k] = shared.get(k, 0) + v
         return {
-            "instances": m, "mode": mode, "worker_load": worker_load,
+            "instances": m, "mode": mode, "worker_load": worker_load, "share": share,
+            "busy_spread": round(max(busy) / statistics.mean(busy), 3) if busy and min(busy) >= 0
+                           and statistics.mean(busy) > 0 else None,
+            "busy_s": [round(b, 2) for b in busy],
+            "shared": shared,
             "completed": done, "errors": sum(s["errors"] for s in sums),
             "hit_rate": round(cached / prompt, 4) if prompt else None,
             "ttft_mean_ms": round(sum(s["ttft_ms"]["mean"] * s["completed"] for s in sums)
@@ -279,6 +314,27 @@ def instances_bench():
         r = run_instances(st, nats, trace, max(INSTANCES), "approximate", "local")
         print(json.dumps(r), flush=True)
         runs.append(r)
+        return runs
+    finally:
+        st.close()
+
+
+def share_bench():
+    """Round 2: shared decisions, busy-time spread, engines that queue."""
+    st = kvt.Stack("bench-scale")
+    try:
+        nats = st.nats()
+        trace = os.path.join(st.dir, "sessions.jsonl")
+        sessions_trace(trace, SHARE_RATE)
+        runs = []
+        for m in INSTANCES:
+            for mode, wl, share in (("events", "max", False), ("approximate", "local", False),
+                                    ("approximate", "local", True)):
+                if share and m == 1:
+                    continue
+                r = run_instances(st, nats, trace, m, mode, wl, share, SHARE_SPEEDUP)
+                print(json.dumps(r), flush=True)
+                runs.append(r)
         return runs
     finally:
         st.close()
@@ -380,7 +436,8 @@ def main():
     print("# bench-scale on %d CPUs, load average %s" % (os.cpu_count(), os.getloadavg()),
           flush=True)
     for w in which:
-        r = {"decision": decision, "instances": instances_bench, "converge": converge}[w]()
+        r = {"decision": decision, "instances": instances_bench, "share": share_bench,
+             "converge": converge}[w]()
         print(json.dumps({w: r}, indent=1), flush=True)
 
 

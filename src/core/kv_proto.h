@@ -9,6 +9,8 @@
  *   P.kvroute.heartbeat      announce / heartbeat (registry, timeouts, lag)
  *   P.kvroute.discover       the router asks every worker to announce
  *   P.kvroute.dump.<id>      request/reply: a worker's whole state (resync)
+ *   P.kvroute.decisions      nginx instance to instance: routing decisions
+ *                            and in-flight load (src/events/kv_share.c)
  *
  * Use: snprintf(subj, n, "%s" KV_PROTO_EVENTS, prefix).
  */
@@ -22,6 +24,7 @@
 #define KV_PROTO_HEARTBEAT       ".kvroute.heartbeat"
 #define KV_PROTO_DISCOVER        ".kvroute.discover"
 #define KV_PROTO_DUMP            ".kvroute.dump."       /* + worker id, or "*" */
+#define KV_PROTO_DECISIONS       ".kvroute.decisions"
 
 /* The event data variants (RouterEvent "data"); readers also take them
  * with a capital first letter, as Dynamo's serde writes them. */

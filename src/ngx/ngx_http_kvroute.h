@@ -22,6 +22,7 @@
 
 #include "kv_body.h"
 #include "kv_chat.h"
+#include "kv_dring.h"
 #include "kv_index.h"
 #include "kv_load.h"
 #include "kv_prefill.h"
@@ -103,6 +104,9 @@ typedef struct {
     void                           *turn_region;
     size_t                          turn_size;
     kv_tcache_t                    *turns;      /* turn-delta tokenization, or NULL */
+    void                           *share_region;
+    size_t                          share_size;
+    kv_dring_t                     *share;      /* kvroute_share's ring, or NULL */
 } ngx_http_kvroute_sh_t;
 
 
@@ -124,6 +128,7 @@ typedef struct {
     ngx_msec_t                      turn_ttl;       /* turn_cache_ttl= */
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
+    void                           *share_conf;     /* kvroute_share for this zone */
     ngx_str_t                       ref_file;       /* where it was first named */
     ngx_uint_t                      ref_line;
     ngx_str_t                       decl_file;      /* its kvroute_zone line */
@@ -384,6 +389,15 @@ void ngx_http_kvroute_events_exit_single(ngx_http_kvroute_zone_t *zone);
 ngx_uint_t ngx_http_kvroute_events_zmq(void *events_conf);
 ngx_int_t ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     ngx_http_kvroute_peer_t *p, kv_worker_rec_t *rec);
+
+/* shared decisions between instances (kvroute_share) */
+char *ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+size_t ngx_http_kvroute_share_size(ngx_http_kvroute_zone_t *zone);
+ngx_int_t ngx_http_kvroute_share_zone(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log);
+void ngx_http_kvroute_share_push(ngx_http_kvroute_zone_t *zone,
+    uint64_t worker_id, const uint64_t *seq, size_t from, size_t n);
 
 /* balancer */
 char *ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd,

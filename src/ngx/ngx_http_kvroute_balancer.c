@@ -1153,6 +1153,8 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    ngx_http_kvroute_share_push(zone, p->worker_id, ctx->seq, from, ctx->nseq);
 }
 
 

@@ -47,6 +47,13 @@ static ngx_command_t  ngx_http_kvroute_commands[] = {
       0,
       NULL },
 
+    { ngx_string("kvroute_share"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_UPS_CONF|NGX_CONF_1MORE,
+      ngx_http_kvroute_share_directive,
+      NGX_HTTP_SRV_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("kvroute_worker_id"),
       NGX_HTTP_UPS_CONF|NGX_CONF_TAKE2,
       ngx_http_kvroute_worker_id,

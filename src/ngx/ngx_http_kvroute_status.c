@@ -83,6 +83,31 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(expired, U, "kvroute_pending_expired_total", counter,                   \
       "Pending blocks expired unconfirmed")
 
+/* labels {zone}, JSON "share" (zones with kvroute_share) */
+#define NGX_HTTP_KVROUTE_SHARE_STATS(X)                                       \
+    X(connected, U, "kvroute_share_connected", gauge,                         \
+      "1 when the share helper is connected to NATS")                         \
+    X(queued, U, "kvroute_share_queued_total", counter,                       \
+      "Decision records queued in the ring by nginx workers")                 \
+    X(dropped, U, "kvroute_share_dropped_total", counter,                     \
+      "Decision records dropped: the ring was full")                          \
+    X(published, U, "kvroute_share_published_records_total", counter,         \
+      "Decision records published to other instances")                        \
+    X(messages_out, U, "kvroute_share_messages_out_total", counter,           \
+      "Messages published")                                                   \
+    X(messages_in, U, "kvroute_share_messages_in_total", counter,             \
+      "Messages from other instances applied")                                \
+    X(records_in, U, "kvroute_share_records_in_total", counter,               \
+      "Decision records from other instances applied")                        \
+    X(rejected, U, "kvroute_share_rejected_total", counter,                   \
+      "Malformed messages refused")                                           \
+    X(instances, U, "kvroute_share_instances", gauge,                         \
+      "Other instances heard within the lease")                               \
+    X(remote_requests, I, "kvroute_share_remote_requests", gauge,             \
+      "Requests in flight through other instances, as they last said")        \
+    X(expired, U, "kvroute_share_expired_total", counter,                     \
+      "Remote load entries dropped at the end of their lease")
+
 /* labels {zone}, JSON "turn_cache" (zones with turn_cache) */
 #define NGX_HTTP_KVROUTE_TURN_STATS(X)                                        \
     X(lookups, U, "kvroute_turn_cache_lookups_total", counter,                \
@@ -284,6 +309,10 @@ typedef struct {
 } ngx_http_kvroute_turn_snap_t;
 
 typedef struct {
+    NGX_HTTP_KVROUTE_SHARE_STATS(NGX_HTTP_KVROUTE_MEMBER)
+} ngx_http_kvroute_share_snap_t;
+
+typedef struct {
     NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_MEMBER)
 } ngx_http_kvroute_events_snap_t;
 
@@ -320,6 +349,8 @@ typedef struct {
     ngx_http_kvroute_index_snap_t     index;
     ngx_http_kvroute_pending_snap_t   pending;
     ngx_http_kvroute_turn_snap_t      turn;
+    ngx_http_kvroute_share_snap_t     share;
+    ngx_uint_t                        has_share;
     ngx_http_kvroute_events_snap_t    events;
     ngx_uint_t                        has_pending;
     ngx_uint_t                        has_turn;
@@ -915,6 +946,18 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
         s->has_turn = 1;
     }
 
+    if (sh->share) {
+        kv_dring_stats_t   rst;
+        kv_dring_share_t  *sst = kv_dring_share(sh->share);
+
+        kv_dring_stats(sh->share, &rst);
+        s->share = (ngx_http_kvroute_share_snap_t) { sst->connected,
+            rst.pushed, rst.dropped, sst->records_out, sst->messages_out,
+            sst->messages_in, sst->records_in, sst->rejected, sst->instances,
+            sst->remote_requests, sst->expired };
+        s->has_share = 1;
+    }
+
     for (i = 0; i < NGX_HTTP_KVROUTE_FB_N; i++) {
         s->fallbacks[i] = sh->fallbacks[i];
     }
@@ -967,6 +1010,13 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_snap_t *s)
         b = ngx_sprintf(b, ",\"turn_cache\":{");
         NGX_HTTP_KVROUTE_JSON(b, NGX_HTTP_KVROUTE_TURN_STATS,
                           ngx_http_kvroute_turn_snap_t, &s->turn);
+        b = ngx_sprintf(b, "}");
+    }
+
+    if (s->has_share) {
+        b = ngx_sprintf(b, ",\"share\":{");
+        NGX_HTTP_KVROUTE_JSON(b, NGX_HTTP_KVROUTE_SHARE_STATS,
+                          ngx_http_kvroute_share_snap_t, &s->share);
         b = ngx_sprintf(b, "}");
     }
 
@@ -1075,6 +1125,14 @@ ngx_http_kvroute_prom(u_char *b, ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
     {
         ngx_uint_t  n = nz;
         NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_PROM_ROW)
+    }
+#undef ITEM
+#undef PRESENT
+#define PRESENT(i)  zs[i].has_share
+#define ITEM(i)     zs[i].share
+    {
+        ngx_uint_t  n = nz;
+        NGX_HTTP_KVROUTE_SHARE_STATS(NGX_HTTP_KVROUTE_PROM_ROW)
     }
 #undef ITEM
 #undef PRESENT
@@ -1190,6 +1248,7 @@ ngx_http_kvroute_status_size(ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
                    NGX_HTTP_KVROUTE_INDEX_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_PENDING_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_COUNT)
+                   NGX_HTTP_KVROUTE_SHARE_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_COUNT));
 
         for (k = 0; k < zs[z].nworkers; k++) {

@@ -262,7 +262,8 @@ ngx_http_kvroute_zone_size(ngx_conf_t *cf, ngx_http_kvroute_zone_t *zone)
     need = kv_load_size(zone->load_servers, zone->load_rows, zone->load_groups)
            + kv_registry_min_size(zone->max_workers)
            + 2 * (kv_index_min_size(&icfg) + ngx_pagesize)
-           + 64 * ngx_pagesize;
+           + 64 * ngx_pagesize
+           + ngx_http_kvroute_share_size(zone);
 
     /* the slab pool's own page descriptors, and pages rounded up */
     pages = need / ngx_pagesize + 8;
@@ -350,6 +351,8 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
                           "when the zone is recreated", &zone->name);
         }
 
+        (void) ngx_http_kvroute_share_zone(zone, shpool, shm_zone->shm.log);
+
         return ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
     }
 
@@ -384,6 +387,7 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     }
 
     ngx_http_kvroute_zone_turns(zone, shpool, shm_zone->shm.log);
+    (void) ngx_http_kvroute_share_zone(zone, shpool, shm_zone->shm.log);
 
     if (ngx_http_kvroute_zone_index(zone, shpool, shm_zone->shm.log)
         != NGX_OK)
