@@ -1154,7 +1154,7 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
-    ngx_http_kvroute_share_push(zone, p->worker_id, ctx->seq, from, ctx->nseq);
+    ngx_http_kvroute_share_push(zone, p->worker_id, ctx->seq, 0, ctx->nseq);
 }
 
 
