@@ -93,6 +93,10 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
       NGX_HTTP_KVROUTE_OFF(thread_threshold), 0, 1e15 },
     { ngx_string("max_tokenize="), NGX_HTTP_KVROUTE_P_SIZE,
       NGX_HTTP_KVROUTE_OFF(max_tokenize), 0, 1e15 },
+    { ngx_string("tokenize_budget="), NGX_HTTP_KVROUTE_P_SIZE,
+      NGX_HTTP_KVROUTE_OFF(tokenize_budget), 0, 1e15 },
+    { ngx_string("tokenize_wait="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_OFF(tokenize_wait), 0, 86400 },
     { ngx_string("prefill_min_tokens="), NGX_HTTP_KVROUTE_P_U64,
       NGX_HTTP_KVROUTE_OFF(prefill_cfg.min_tokens), 0, 1e15 },
     { ngx_null_string, 0, 0, 0, 0 }

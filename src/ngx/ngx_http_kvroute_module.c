@@ -203,6 +203,8 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
     kcf->retry_after = 1;
     kcf->thread_threshold = 65536;
     kcf->max_tokenize = 4 * 1024 * 1024;
+    kcf->tokenize_budget = 8 * 1024 * 1024;
+    kcf->tokenize_wait = 10;
     kv_route_config_init(&kcf->route);
     kv_prefill_config_init(&kcf->prefill_cfg);
 
