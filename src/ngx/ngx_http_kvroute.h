@@ -191,6 +191,9 @@ struct ngx_http_kvroute_srv_conf_s {
     /* this worker process's tokenization queue (prompt.c), set on first use */
     ngx_queue_t                     tq;
     size_t                          tq_bytes;           /* bodies in the pool now */
+    ngx_atomic_t                    tq_posted;          /* tasks posted, ever */
+    ngx_atomic_t                    tq_started;         /* ... a thread took (atomic) */
+    ngx_event_t                     tq_retry;           /* pumps while one waits */
     ngx_http_complex_value_t       *salt;
     ngx_http_complex_value_t       *session;    /* session=VALUE, or NULL */
     ngx_uint_t                      session_off;    /* session=off */

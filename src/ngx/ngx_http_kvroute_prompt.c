@@ -71,6 +71,7 @@ static void ngx_http_kvroute_pool_reading(ngx_http_request_t *r);
 static void ngx_http_kvroute_tq_add(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_task_t *t);
 static void ngx_http_kvroute_tq_pump(ngx_http_kvroute_srv_conf_t *kcf);
+static void ngx_http_kvroute_tq_retry(ngx_event_t *ev);
 static void ngx_http_kvroute_tq_unqueue(ngx_http_kvroute_task_t *t);
 static void ngx_http_kvroute_tq_fallback(ngx_http_kvroute_task_t *t);
 static void ngx_http_kvroute_task_release(ngx_http_kvroute_task_t *t);
@@ -335,6 +336,8 @@ ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log)
 {
     ngx_http_kvroute_task_t  *t = data;
 
+    (void) ngx_atomic_fetch_add(&t->ctx->conf->tq_started, 1);
+
     if (__atomic_load_n(&t->cancelled, __ATOMIC_ACQUIRE)) {
         t->skipped = 1;
         return;
@@ -518,7 +521,12 @@ ngx_http_kvroute_tq_unqueue(ngx_http_kvroute_task_t *t)
 }
 
 
-/* Posts the queue's head while it fits the budget. */
+/*
+ * Posts the queue's head while it fits the budget and no posted task is
+ * still waiting for a thread: what waits in nginx's FIFO is out of the
+ * queue's order, so at most one does (the thread count is not known here;
+ * every completion pumps again, so the pool never idles with a queue).
+ */
 
 static void
 ngx_http_kvroute_tq_pump(ngx_http_kvroute_srv_conf_t *kcf)
@@ -538,6 +546,23 @@ ngx_http_kvroute_tq_pump(ngx_http_kvroute_srv_conf_t *kcf)
             return;
         }
 
+        if (kcf->tokenize_budget
+            && kcf->tq_posted != ngx_atomic_fetch_add(&kcf->tq_started, 0))
+        {
+            /* a thread may be free once it has taken that one: look again
+             * soon rather than at the next completion */
+
+            if (!kcf->tq_retry.timer_set) {
+                kcf->tq_retry.handler = ngx_http_kvroute_tq_retry;
+                kcf->tq_retry.data = kcf;
+                kcf->tq_retry.log = ngx_cycle->log;
+                kcf->tq_retry.cancelable = 1;
+                ngx_add_timer(&kcf->tq_retry, 5);
+            }
+
+            return;
+        }
+
         ngx_http_kvroute_tq_unqueue(t);
 
         if (ngx_thread_task_post(kcf->thread_pool, t->thread) != NGX_OK) {
@@ -549,6 +574,7 @@ ngx_http_kvroute_tq_pump(ngx_http_kvroute_srv_conf_t *kcf)
         }
 
         t->posted = 1;
+        kcf->tq_posted++;
         kcf->tq_bytes += t->len;
         ngx_atomic_fetch_add(&sh->tokenize_bytes, t->len);
 
@@ -610,6 +636,17 @@ ngx_http_kvroute_tq_fallback(ngx_http_kvroute_task_t *t)
 
     ngx_http_kvroute_resume(r, ctx);
     ngx_http_run_posted_requests(c);
+}
+
+#endif
+
+
+#if (NGX_THREADS)
+
+static void
+ngx_http_kvroute_tq_retry(ngx_event_t *ev)
+{
+    ngx_http_kvroute_tq_pump(ev->data);
 }
 
 #endif
