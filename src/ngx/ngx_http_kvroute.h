@@ -66,7 +66,8 @@
     X(MODEL,        "unknown_model",    KV_PROMPT_MODEL)                      \
     X(NO_MEMORY,    "no_memory",        KV_PROMPT_NO_MEMORY)                  \
     X(ALL_BUSY,     "all_busy",         -1)                                   \
-    X(PROMPT_CAPPED, "prompt_capped",   -1)  /* routed on max_tokenize bytes */
+    X(PROMPT_CAPPED, "prompt_capped",   -1)  /* routed on max_tokenize bytes */ \
+    X(TOKENIZE_WAIT, "tokenize_wait",   -1)  /* queued past tokenize_wait */
 
 
 #define NGX_HTTP_KVROUTE_FB_ENUM(name, str, prompt)  NGX_HTTP_KVROUTE_FB_##name,
@@ -85,6 +86,10 @@ typedef struct {
     ngx_atomic_t                    busy_rejects;
     ngx_atomic_t                    threaded;   /* prompts prepared in the thread pool */
     ngx_atomic_t                    threaded_cancelled; /* dropped: the client went away */
+    ngx_atomic_t                    tokenize_interrupted;   /* stopped mid-way: it went */
+    ngx_atomic_t                    tokenize_queued;    /* waiting in kvroute's queues now */
+    ngx_atomic_t                    tokenize_bytes;     /* body bytes in the pools now */
+    ngx_atomic_t                    tokenize_bytes_peak;    /* most in one worker's pool */
     ngx_atomic_t                    fallbacks[NGX_HTTP_KVROUTE_FB_N];
     ngx_atomic_t                    hist[NGX_HTTP_KVROUTE_HIST];
     ngx_atomic_t                    decision_us_sum;
@@ -188,6 +193,14 @@ struct ngx_http_kvroute_srv_conf_s {
 #if (NGX_THREADS)
     ngx_thread_pool_t              *thread_pool;
 #endif
+    size_t                          tokenize_budget;    /* bytes in the pool; 0: any */
+    ngx_msec_t                      tokenize_wait;      /* in the queue; 0: no bound */
+    /* this worker process's tokenization queue (prompt.c), set on first use */
+    ngx_queue_t                     tq;
+    size_t                          tq_bytes;           /* bodies in the pool now */
+    ngx_atomic_t                    tq_posted;          /* tasks posted, ever */
+    ngx_atomic_t                    tq_started;         /* ... a thread took (atomic) */
+    ngx_event_t                     tq_retry;           /* pumps while one waits */
     ngx_http_complex_value_t       *salt;
     ngx_http_complex_value_t       *session;    /* session=VALUE, or NULL */
     ngx_uint_t                      session_off;    /* session=off */

@@ -229,6 +229,8 @@ ngx_http_kvroute_create_srv_conf(ngx_conf_t *cf)
     kcf->retry_after = 1;
     kcf->thread_threshold = 65536;
     kcf->max_tokenize = 4 * 1024 * 1024;
+    kcf->tokenize_budget = 8 * 1024 * 1024;
+    kcf->tokenize_wait = 10000;
     kv_route_config_init(&kcf->route);
     kv_prefill_config_init(&kcf->prefill_cfg);
     kcf->prefill_kv_bytes = 131072;     /* kvworker's default: Llama-3-8B fp16 */

@@ -95,7 +95,7 @@ ngx_http_kvroute_param_set(ngx_conf_t *cf, const char *directive,
     case NGX_HTTP_KVROUTE_P_MSEC:
     case NGX_HTTP_KVROUTE_P_MS32:
         ms = ngx_parse_time(&s, 0);
-        if (ms == (ngx_msec_t) NGX_ERROR || ms == 0 || ms > p->max) {
+        if (ms == (ngx_msec_t) NGX_ERROR || ms < p->min || ms > p->max) {
             goto invalid;
         }
 
@@ -171,7 +171,8 @@ ngx_http_kvroute_param_invalid(ngx_conf_t *cf, const char *directive,
     case NGX_HTTP_KVROUTE_P_MS32:
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid parameter \"%V\" in \"%s\": expected a "
-                           "time above 0 (e.g. 500ms, 30s)", v, directive);
+                           "time%s (e.g. 500ms, 30s)", v, directive,
+                           p->min > 0 ? " above 0" : "");
         break;
 
     case NGX_HTTP_KVROUTE_P_DOUBLE:

@@ -11,6 +11,18 @@
  * tokenized in a thread pool instead of stalling the event loop. The
  * balancer's init_peer prepares synchronously when the handler did not run
  * (a location without the directive).
+ *
+ * Large prompts wait in kvroute's own queue (one per upstream and worker
+ * process) before nginx's thread pool, whose one FIFO queue let a 100 KB
+ * prompt wait 37.5 s behind 80 concurrent 1 MB ones. The queue is ordered
+ * shortest-first with aging, by one fixed key: arrival time plus 1 ms per
+ * KB of body. A small prompt thus passes big ones that arrived shortly
+ * before it, and no prompt is passed by one that arrived more than its
+ * own size's worth of milliseconds after it (no starvation). Prompts go to
+ * the pool while the bodies there total at most tokenize_budget (a body
+ * larger than the whole budget goes alone), which bounds the memory that
+ * tokenizing takes at once; one that waits longer than tokenize_wait is
+ * routed by load without tokenizing (fallback "tokenize_wait").
  */
 
 
@@ -28,11 +40,21 @@ typedef struct {
     size_t                     salt_len;
     kv_prompt_t                result;
 #if (NGX_THREADS)
+    ngx_thread_task_t         *thread;
+    ngx_queue_t                queue;   /* in conf->tq while not posted */
+    ngx_msec_t                 key;     /* the queue's order */
+    ngx_msec_t                 since;   /* queued at */
     ngx_event_t                hold;    /* armed while the task is in the pool */
+    unsigned                   posted:1;    /* in the pool, budget charged */
     int                        cancelled;   /* the client went (atomic) */
     int                        skipped;     /* so the thread did nothing */
+    int                        interrupted; /* so the tokenizer stopped early */
 #endif
 } ngx_http_kvroute_task_t;
+
+
+/* the queue's aging: a body is ordered as if it came 1 ms per KB later */
+#define NGX_HTTP_KVROUTE_TQ_AGE_SHIFT  10
 
 
 static void ngx_http_kvroute_body_handler(ngx_http_request_t *r);
@@ -46,6 +68,14 @@ static void ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log);
 static void ngx_http_kvroute_thread_event_handler(ngx_event_t *ev);
 static void ngx_http_kvroute_hold_handler(ngx_event_t *ev);
 static void ngx_http_kvroute_pool_reading(ngx_http_request_t *r);
+static void ngx_http_kvroute_tq_add(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_task_t *t);
+static void ngx_http_kvroute_tq_pump(ngx_http_kvroute_srv_conf_t *kcf);
+static void ngx_http_kvroute_tq_retry(ngx_event_t *ev);
+static void ngx_http_kvroute_tq_unqueue(ngx_http_kvroute_task_t *t);
+static void ngx_http_kvroute_tq_fallback(ngx_http_kvroute_task_t *t);
+static void ngx_http_kvroute_task_release(ngx_http_kvroute_task_t *t);
+static void ngx_http_kvroute_task_gone(ngx_http_kvroute_task_t *t);
 #endif
 
 
@@ -290,7 +320,8 @@ ngx_http_kvroute_resume(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx)
         ctx->status = ctx->salt_status;
 
     } else if ((ctx->fallback == NGX_HTTP_KVROUTE_FB_NONE
-         || ctx->fallback == NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED)
+         || ctx->fallback == NGX_HTTP_KVROUTE_FB_PROMPT_CAPPED
+         || ctx->fallback == NGX_HTTP_KVROUTE_FB_TOKENIZE_WAIT)
         && ngx_http_kvroute_all_busy(ctx->conf, r->pool))
     {
         ctx->fallback = NGX_HTTP_KVROUTE_FB_ALL_BUSY;
@@ -352,40 +383,42 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
 
         tp = task->ctx;
         *tp = t;
+        tp->thread = task;
 
         task->handler = ngx_http_kvroute_thread_handler;
         task->event.handler = ngx_http_kvroute_thread_event_handler;
         task->event.data = tp;
 
-        if (ngx_thread_task_post(ctx->conf->thread_pool, task) != NGX_OK) {
-            goto inline_;
-        }
-
+        /* the request waits on the queue, then the pool, as on aio */
         r->main->blocked++;
         r->aio = 1;
 
         /*
          * A gracefully exiting worker (reload, quit) stays while any
          * timer that is not cancelable is pending; nothing else tells it
-         * a request waits on the pool, so the task holds one until done.
+         * a request waits on the queue or the pool, so the task holds one
+         * until done (in the queue, it is also the wait bound).
          */
 
         tp->hold.handler = ngx_http_kvroute_hold_handler;
         tp->hold.data = tp;
         tp->hold.log = r->connection->log;
-        ngx_add_timer(&tp->hold, 60000);
 
         /*
-         * A client that goes away while its prompt waits in the pool: the
-         * request is terminated (nginx waits for the task before freeing
-         * it) and a task not yet started does nothing; it is never routed,
-         * so it leaves nothing in the pending index.
+         * A client that goes away while its prompt waits: the request is
+         * terminated (nginx waits for the task before freeing it); a task
+         * still in the queue is dropped at once, one not yet started in
+         * the pool does nothing, and a running one stops tokenizing at its
+         * next check. It is never routed, so it leaves nothing in the
+         * pending index.
          */
 
         ctx->task = tp;
         r->read_event_handler = ngx_http_kvroute_pool_reading;
 
         ngx_atomic_fetch_add(&ctx->conf->zone->sh->threaded, 1);
+
+        ngx_http_kvroute_tq_add(ctx->conf, tp);
 
         return;
     }
@@ -409,13 +442,24 @@ ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log)
 {
     ngx_http_kvroute_task_t  *t = data;
 
+    (void) ngx_atomic_fetch_add(&t->ctx->conf->tq_started, 1);
+
     if (__atomic_load_n(&t->cancelled, __ATOMIC_ACQUIRE)) {
         t->skipped = 1;
         return;
     }
 
+    kv_tokenizer_cancel_on(&t->cancelled);
+
     kv_prompt_compute(&t->cfg, (char *) t->body, t->len, (char *) t->salt,
                       t->salt_len, &t->result);
+
+    kv_tokenizer_cancel_on(NULL);
+
+    /* an encode cut short fails as if out of memory; the result is
+     * discarded either way */
+    t->interrupted = __atomic_load_n(&t->cancelled, __ATOMIC_ACQUIRE)
+                     && t->result.status == KV_PROMPT_NO_MEMORY;
 }
 
 
@@ -424,29 +468,83 @@ ngx_http_kvroute_thread_handler(void *data, ngx_log_t *log)
 static void
 ngx_http_kvroute_pool_reading(ngx_http_request_t *r)
 {
-    ngx_http_kvroute_ctx_t   *ctx;
-    ngx_http_kvroute_task_t  *t;
+    ngx_http_kvroute_ctx_t       *ctx;
+    ngx_http_kvroute_task_t      *t;
+    ngx_http_kvroute_srv_conf_t  *kcf;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvroute_module);
     t = ctx ? ctx->task : NULL;
 
     ngx_http_test_reading(r);
 
-    if (t && r->connection->error) {
-        __atomic_store_n(&t->cancelled, 1, __ATOMIC_RELEASE);
+    if (t == NULL || !r->connection->error) {
+        return;
     }
+
+    if (t->posted) {
+        __atomic_store_n(&t->cancelled, 1, __ATOMIC_RELEASE);
+        return;
+    }
+
+    /* still in kvroute's queue: dropped now, its place goes to the next */
+
+    kcf = t->ctx->conf;
+    ngx_atomic_fetch_add(&kcf->zone->sh->threaded_cancelled, 1);
+
+    ngx_http_kvroute_tq_unqueue(t);
+    ngx_http_kvroute_task_gone(t);
+    ngx_http_kvroute_tq_pump(kcf);
 }
 
 
 static void
 ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
 {
-    ngx_connection_t         *c;
-    ngx_http_request_t       *r;
-    ngx_http_kvroute_task_t  *t = ev->data;
+    ngx_connection_t             *c;
+    ngx_http_request_t           *r;
+    ngx_http_kvroute_task_t      *t = ev->data;
+    ngx_http_kvroute_sh_t        *sh;
+    ngx_http_kvroute_srv_conf_t  *kcf;
 
     r = t->request;
     c = r->connection;
+    kcf = t->ctx->conf;
+    sh = kcf->zone->sh;
+
+    /* its share of the budget goes to the next in the queue first */
+
+    kcf->tq_bytes -= t->len;
+    (void) ngx_atomic_fetch_add(&sh->tokenize_bytes, - (ngx_atomic_int_t) t->len);
+
+    if (t->skipped) {
+        ngx_atomic_fetch_add(&sh->threaded_cancelled, 1);
+    }
+
+    if (t->interrupted) {
+        ngx_atomic_fetch_add(&sh->tokenize_interrupted, 1);
+    }
+
+    ngx_http_kvroute_tq_pump(kcf);
+
+    if (c->error || r->done) {
+        ngx_http_kvroute_task_gone(t);
+        return;
+    }
+
+    ngx_http_kvroute_task_release(t);
+
+    ngx_http_kvroute_finish(t);
+    ngx_http_kvroute_resume(r, t->ctx);
+    ngx_http_run_posted_requests(c);
+}
+
+
+/* The request no longer waits on the task (done, dropped, fallen back). */
+
+static void
+ngx_http_kvroute_task_release(ngx_http_kvroute_task_t *t)
+{
+    ngx_http_request_t  *r = t->request;
 
     if (t->hold.timer_set) {
         ngx_del_timer(&t->hold);
@@ -455,34 +553,193 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
     r->main->blocked--;
     r->aio = 0;
     t->ctx->task = NULL;
+    r->read_event_handler = ngx_http_block_reading;
+}
 
-    if (c->error || r->done) {
 
-        /* terminated meanwhile (the client went): finish as nginx's own
-         * thread handlers do, with nothing routed */
+/* Terminated meanwhile (the client went): finish as nginx's own thread
+ * handlers do, with nothing routed. */
 
-        if (t->skipped) {
-            ngx_atomic_fetch_add(&t->ctx->conf->zone->sh->threaded_cancelled,
-                                 1);
-        }
+static void
+ngx_http_kvroute_task_gone(ngx_http_kvroute_task_t *t)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r = t->request;
 
-        kv_prompt_free(&t->result);
+    c = r->connection;
 
-        if (r->done) {
-            c->write->handler(c->write);
+    ngx_http_kvroute_task_release(t);
+    kv_prompt_free(&t->result);
 
-        } else {
-            r->write_event_handler(r);
-            ngx_http_run_posted_requests(c);
-        }
+    if (r->done) {
+        c->write->handler(c->write);
 
-        return;
+    } else {
+        r->write_event_handler(r);
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+static void
+ngx_http_kvroute_tq_add(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_task_t *t)
+{
+    ngx_queue_t              *q;
+    ngx_http_kvroute_task_t  *o;
+
+    if (kcf->tq.next == NULL) {
+        ngx_queue_init(&kcf->tq);
     }
 
-    r->read_event_handler = ngx_http_block_reading;
+    t->since = ngx_current_msec;
+    t->key = t->since + (ngx_msec_t) (t->len >> NGX_HTTP_KVROUTE_TQ_AGE_SHIFT);
 
+    /* after every key not above its own: FIFO among equals (keys are
+     * fixed, so one sorted insertion keeps the order) */
+
+    for (q = ngx_queue_last(&kcf->tq);
+         q != ngx_queue_sentinel(&kcf->tq);
+         q = ngx_queue_prev(q))
+    {
+        o = ngx_queue_data(q, ngx_http_kvroute_task_t, queue);
+
+        if ((ngx_msec_int_t) (o->key - t->key) <= 0) {
+            break;
+        }
+    }
+
+    ngx_queue_insert_after(q, &t->queue);
+    ngx_atomic_fetch_add(&kcf->zone->sh->tokenize_queued, 1);
+
+    ngx_add_timer(&t->hold, kcf->tokenize_wait ? kcf->tokenize_wait : 60000);
+
+    ngx_http_kvroute_tq_pump(kcf);
+}
+
+
+static void
+ngx_http_kvroute_tq_unqueue(ngx_http_kvroute_task_t *t)
+{
+    ngx_queue_remove(&t->queue);
+    (void) ngx_atomic_fetch_add(&t->ctx->conf->zone->sh->tokenize_queued, -1);
+}
+
+
+/*
+ * Posts the queue's head while it fits the budget and no posted task is
+ * still waiting for a thread: what waits in nginx's FIFO is out of the
+ * queue's order, so at most one does (the thread count is not known here;
+ * every completion pumps again, so the pool never idles with a queue).
+ */
+
+static void
+ngx_http_kvroute_tq_pump(ngx_http_kvroute_srv_conf_t *kcf)
+{
+    ngx_queue_t              *q;
+    ngx_atomic_uint_t         peak;
+    ngx_http_kvroute_sh_t    *sh = kcf->zone->sh;
+    ngx_http_kvroute_task_t  *t;
+
+    while (kcf->tq.next && !ngx_queue_empty(&kcf->tq)) {
+        q = ngx_queue_head(&kcf->tq);
+        t = ngx_queue_data(q, ngx_http_kvroute_task_t, queue);
+
+        if (kcf->tokenize_budget && kcf->tq_bytes
+            && kcf->tq_bytes + t->len > kcf->tokenize_budget)
+        {
+            return;
+        }
+
+        if (kcf->tokenize_budget
+            && kcf->tq_posted != ngx_atomic_fetch_add(&kcf->tq_started, 0))
+        {
+            /* a thread may be free once it has taken that one: look again
+             * soon rather than at the next completion */
+
+            if (!kcf->tq_retry.timer_set) {
+                kcf->tq_retry.handler = ngx_http_kvroute_tq_retry;
+                kcf->tq_retry.data = kcf;
+                kcf->tq_retry.log = ngx_cycle->log;
+                kcf->tq_retry.cancelable = 1;
+                ngx_add_timer(&kcf->tq_retry, 5);
+            }
+
+            return;
+        }
+
+        ngx_http_kvroute_tq_unqueue(t);
+
+        if (ngx_thread_task_post(kcf->thread_pool, t->thread) != NGX_OK) {
+
+            /* the pool's own queue is full (max_queue): by load */
+
+            ngx_http_kvroute_tq_fallback(t);
+            continue;
+        }
+
+        t->posted = 1;
+        kcf->tq_posted++;
+        kcf->tq_bytes += t->len;
+        ngx_atomic_fetch_add(&sh->tokenize_bytes, t->len);
+
+        for (peak = sh->tokenize_bytes_peak;
+             peak < kcf->tq_bytes
+             && !ngx_atomic_cmp_set(&sh->tokenize_bytes_peak, peak,
+                                    kcf->tq_bytes);
+             peak = sh->tokenize_bytes_peak)
+        {
+            /* void */
+        }
+
+        if (t->hold.timer_set) {
+            ngx_del_timer(&t->hold);
+        }
+
+        ngx_add_timer(&t->hold, 60000);
+    }
+}
+
+
+/*
+ * Waited past tokenize_wait (or the pool refused it): routed by load. The
+ * body is still parsed, on the event loop (a fraction of tokenizing's
+ * cost): token-id prompts route as usual, max_tokens, stream and session
+ * are read, and salt= can still be written into the body.
+ */
+
+static void
+ngx_http_kvroute_tq_fallback(ngx_http_kvroute_task_t *t)
+{
+    ngx_connection_t        *c;
+    ngx_http_request_t      *r = t->request;
+    ngx_http_kvroute_ctx_t  *ctx = t->ctx;
+
+    c = r->connection;
+
+    ngx_http_kvroute_task_release(t);
+
+    t->cfg.tokenizer = NULL;
+    t->cfg.chat = NULL;
+    t->cfg.turns = NULL;
+
+    kv_prompt_compute(&t->cfg, (char *) t->body, t->len, (char *) t->salt,
+                      t->salt_len, &t->result);
     ngx_http_kvroute_finish(t);
-    ngx_http_kvroute_resume(r, t->ctx);
+
+    if (ctx->fallback == NGX_HTTP_KVROUTE_FB_NO_TOKENIZER
+        || ctx->fallback == NGX_HTTP_KVROUTE_FB_NO_TEMPLATE)
+    {
+        ctx->fallback = NGX_HTTP_KVROUTE_FB_TOKENIZE_WAIT;
+        ctx->prompt_tokens = t->len / 4;    /* estimated, as max_tokenize's */
+    }
+
+    ngx_log_error(NGX_LOG_INFO, c->log, 0,
+                  "kvroute: prompt of %uz bytes waited %M ms for "
+                  "tokenization: routing by load only", t->len,
+                  (ngx_msec_t) (ngx_current_msec - t->since));
+
+    ngx_http_kvroute_resume(r, ctx);
     ngx_http_run_posted_requests(c);
 }
 
@@ -491,12 +748,36 @@ ngx_http_kvroute_thread_event_handler(ngx_event_t *ev)
 
 #if (NGX_THREADS)
 
-/* Tokenization still running after a minute: keep holding the worker. */
+static void
+ngx_http_kvroute_tq_retry(ngx_event_t *ev)
+{
+    ngx_http_kvroute_tq_pump(ev->data);
+}
+
+#endif
+
+
+#if (NGX_THREADS)
+
+/* In the queue past tokenize_wait: by load. In the pool after a minute:
+ * keep holding the worker. */
 
 static void
 ngx_http_kvroute_hold_handler(ngx_event_t *ev)
 {
-    ngx_add_timer(ev, 60000);
+    ngx_http_kvroute_task_t      *t = ev->data;
+    ngx_http_kvroute_srv_conf_t  *kcf = t->ctx->conf;
+
+    if (t->posted || kcf->tokenize_wait == 0) {
+        ngx_add_timer(ev, 60000);
+        return;
+    }
+
+    ngx_http_kvroute_tq_unqueue(t);
+    ngx_http_kvroute_tq_fallback(t);
+
+    /* the head may have been the one that did not fit */
+    ngx_http_kvroute_tq_pump(kcf);
 }
 
 #endif

@@ -46,6 +46,14 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Prompts prepared in the thread pool")                                  \
     X(threaded_cancelled, U, "kvroute_threaded_cancelled_total", counter,     \
       "Prompts dropped from the thread pool unprepared: the client had gone") \
+    X(tokenize_interrupted, U, "kvroute_tokenize_interrupted_total", counter, \
+      "Prompts whose tokenizing stopped part way: the client had gone")       \
+    X(tokenize_queued, U, "kvroute_tokenize_queued", gauge,                   \
+      "Prompts waiting in kvroute's queue for the thread pool")               \
+    X(tokenize_bytes, U, "kvroute_tokenize_bytes", gauge,                     \
+      "Body bytes of prompts in the thread pool (all worker processes)")      \
+    X(tokenize_bytes_peak, U, "kvroute_tokenize_bytes_peak", gauge,           \
+      "Most body bytes one worker process has had in the thread pool")        \
     X(load_rows_reaped, U, "kvroute_load_rows_reaped_total", counter,         \
       "Load rows of exited nginx processes reclaimed")
 
@@ -920,6 +928,10 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
     s->z.busy_rejects = sh->busy_rejects;
     s->z.threaded = sh->threaded;
     s->z.threaded_cancelled = sh->threaded_cancelled;
+    s->z.tokenize_interrupted = sh->tokenize_interrupted;
+    s->z.tokenize_queued = sh->tokenize_queued;
+    s->z.tokenize_bytes = sh->tokenize_bytes;
+    s->z.tokenize_bytes_peak = sh->tokenize_bytes_peak;
     s->z.load_rows_reaped = kv_load_reaped(sh->load);
 
     kv_index_stats(sh->index, &st);

@@ -315,10 +315,26 @@ static int flush_batch(enc_t *e)
     return rc;
 }
 
+/* kv_tokenizer_cancel_on: polled every 1024 pre-token words, so a cancel
+ * costs an atomic load per thousand words and stops within about a ms */
+static __thread const int *cancel_flag;
+static __thread unsigned   cancel_tick;
+
+void kv_tokenizer_cancel_on(const int *flag)
+{
+    cancel_flag = flag;
+}
+
 static int emit_piece(void *ctx, const char *p, size_t n)
 {
     enc_t   *e = ctx;
     piece_t *b;
+
+    if (cancel_flag && (++cancel_tick & 1023) == 0
+        && __atomic_load_n(cancel_flag, __ATOMIC_RELAXED))
+    {
+        return -1;
+    }
 
     if (e->t->byte_level) {
         if (wcache == NULL) {

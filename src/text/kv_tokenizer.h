@@ -74,6 +74,14 @@ typedef struct {
 
 void kv_tokenizer_work(kv_tok_work_t *out, int reset);
 
+/*
+ * Encodes on the calling thread stop early, returning -1 as on allocation
+ * failure, once *flag (read atomically) becomes nonzero: a prompt whose
+ * client has gone stops costing CPU (the router's thread pool). Checked
+ * between pre-token words, so one huge word is not interrupted. NULL: off.
+ */
+void kv_tokenizer_cancel_on(const int *flag);
+
 /* Frees ids held by out and zeroes it. */
 void kv_ids_free(kv_ids_t *out);
 

@@ -39,9 +39,15 @@ def test_client_gone_while_queued_is_dropped(stack):
         c.close()                                   # gone while six are ahead of it
         got = [f.result() for f in futs]
     assert [g[0] for g in got] == [200] * 6
-    st = kvt.wait_until(lambda: (lambda z: z if z["threaded_cancelled"] >= 1 else None)(zone(ng)),
+    # dropped unprepared (from kvroute's queue, or skipped in the pool); with
+    # two nginx workers its own may have had a thread free, and then its
+    # tokenizing is interrupted instead (test_pool_fair.py tests that case)
+    def gone(z):
+        return (z["threaded_cancelled"] - before["threaded_cancelled"]
+                + z["tokenize_interrupted"] - before["tokenize_interrupted"])
+    st = kvt.wait_until(lambda: (lambda z: z if gone(z) >= 1 else None)(zone(ng)),
                         timeout=60, what="the seventh dropped")
-    assert st["threaded_cancelled"] == before["threaded_cancelled"] + 1
+    assert gone(st) == 1
     assert st["decisions"] == before["decisions"] + 6      # the seventh was never routed
     log = ng.log()
     assert "left in connection" not in log and "aborting" not in log

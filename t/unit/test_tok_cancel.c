@@ -1,0 +1,83 @@
+/*
+ * kv_tokenizer_cancel_on: an encode on a thread whose flag is set stops
+ * early with -1 (the router's pool task whose client went); a flag that
+ * stays 0 changes nothing; the flag is per thread and can be cleared.
+ */
+#include <stdlib.h>
+
+#include "kvtest.h"
+#include "kv_prompt.h"
+
+static kv_tokenizer_t *qwen;
+
+static char *text_of(size_t words)
+{
+    char   *s = malloc(words * 8 + 1), *p = s;
+    size_t  i;
+
+    for (i = 0; i < words; i++) {
+        p += sprintf(p, "w%zu ", (i * 7919) % 100003);
+    }
+    return s;
+}
+
+TEST(flag_left_zero_changes_nothing)
+{
+    int       flag = 0;
+    char     *t = text_of(5000);
+    kv_ids_t  a = { 0 }, b = { 0 };
+
+    CHECK(kv_tokenizer_encode(qwen, t, strlen(t), 1, &a) > 0);
+    kv_tokenizer_cancel_on(&flag);
+    CHECK_EQ_U64(kv_tokenizer_encode(qwen, t, strlen(t), 1, &b), a.n);
+    kv_tokenizer_cancel_on(NULL);
+    CHECK(memcmp(a.ids, b.ids, a.n * sizeof(uint32_t)) == 0);
+    kv_ids_free(&a);
+    kv_ids_free(&b);
+    free(t);
+}
+
+TEST(flag_set_stops_the_encode)
+{
+    int       flag = 1;
+    char     *t = text_of(5000);
+    kv_ids_t  a = { 0 }, whole = { 0 };
+
+    CHECK(kv_tokenizer_encode(qwen, t, strlen(t), 1, &whole) > 0);
+    kv_tokenizer_cancel_on(&flag);
+    CHECK(kv_tokenizer_encode(qwen, t, strlen(t), 1, &a) == -1);
+    CHECK(a.n < whole.n / 2);           /* stopped within the first 1024 words */
+    kv_ids_free(&a);
+    kv_ids_free(&whole);
+    /* through kv_prompt: a failed prompt, nothing to route */
+    {
+        kv_prompt_config_t cfg = { qwen, NULL, NULL, 16, 0, NULL, 0 };
+        kv_prompt_t        out;
+        char              *body = malloc(strlen(t) + 32);
+
+        sprintf(body, "{\"prompt\":\"%s\"}", t);
+        CHECK(kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, &out) == KV_PROMPT_NO_MEMORY);
+        CHECK_EQ_U64(out.nseq, 0);
+        kv_prompt_free(&out);
+        free(body);
+    }
+    kv_tokenizer_cancel_on(NULL);
+    CHECK(kv_tokenizer_encode(qwen, t, strlen(t), 1, &a) > 0);
+    kv_ids_free(&a);
+    free(t);
+}
+
+int main(void)
+{
+    char err[512];
+
+    qwen = kv_tokenizer_load("conf/tokenizers/qwen2.5-instruct/tokenizer.json", err, sizeof(err));
+    if (qwen == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return 1;
+    }
+    RUN(flag_left_zero_changes_nothing);
+    RUN(flag_set_stops_the_encode);
+    kv_tokenizer_free(qwen);
+    return kvt_done();
+}
