@@ -384,6 +384,11 @@ ngx_uint_t ngx_http_kvroute_param_match(ngx_str_t *v, u_char *name,
 ngx_int_t ngx_http_kvroute_param_set(ngx_conf_t *cf, const char *directive,
     ngx_http_kvroute_param_t *table, void *conf, ngx_str_t *v);
 
+/* helpers' paths (the cache manager process hosts them) */
+char *ngx_http_kvroute_manager_path(ngx_conf_t *cf, const char *prefix,
+    ngx_http_kvroute_zone_t *zone, ngx_str_t path, ngx_path_manager_pt manager,
+    void *data, ngx_path_t **pp);
+
 /* zone */
 char *ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);

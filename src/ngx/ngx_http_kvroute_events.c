@@ -288,42 +288,61 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
-/* The cache manager process exists when some path has a manager. */
-
 static char *
 ngx_http_kvroute_events_add_path(ngx_conf_t *cf, ngx_http_kvroute_events_t *ev,
     ngx_str_t path)
 {
-    ngx_str_t                 name;
-    ngx_http_kvroute_zone_t  *zone = ev->zone;
+    return ngx_http_kvroute_manager_path(cf, "kvroute_", ev->zone, path,
+                                         ngx_http_kvroute_events_manager, ev,
+                                         &ev->path);
+}
 
-    ev->path = ngx_pcalloc(cf->pool, sizeof(ngx_path_t));
-    if (ev->path == NULL) {
+
+/*
+ * The cache manager process exists when some path has a manager: each
+ * helper (kvroute_events', kvroute_share's) adds one whose manager callback
+ * is its loop, named PREFIX + the zone's name unless path= names it.
+ */
+
+char *
+ngx_http_kvroute_manager_path(ngx_conf_t *cf, const char *prefix,
+    ngx_http_kvroute_zone_t *zone, ngx_str_t path, ngx_path_manager_pt manager,
+    void *data, ngx_path_t **pp)
+{
+    size_t       len;
+    ngx_str_t    name;
+    ngx_path_t  *p;
+
+    p = ngx_pcalloc(cf->pool, sizeof(ngx_path_t));
+    if (p == NULL) {
         return NGX_CONF_ERROR;
     }
 
     if (path.len == 0) {
-        name.len = sizeof("kvroute_") - 1 + zone->name.len;
+        len = ngx_strlen(prefix);
+        name.len = len + zone->name.len;
         name.data = ngx_pnalloc(cf->pool, name.len);
         if (name.data == NULL) {
             return NGX_CONF_ERROR;
         }
-        ngx_sprintf(name.data, "kvroute_%V", &zone->name);
+        ngx_sprintf(name.data, "%s%V", prefix, &zone->name);
         path = name;
     }
 
-    ev->path->name = path;
+    p->name = path;
 
-    if (ngx_conf_full_name(cf->cycle, &ev->path->name, 0) != NGX_OK) {
+    if (ngx_conf_full_name(cf->cycle, &p->name, 0) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
 
-    ev->path->manager = ngx_http_kvroute_events_manager;
-    ev->path->data = ev;
-    ev->path->conf_file = cf->conf_file->file.name.data;
-    ev->path->line = cf->conf_file->line;
+    p->manager = manager;
+    p->data = data;
+    p->conf_file = cf->conf_file->file.name.data;
+    p->line = cf->conf_file->line;
 
-    if (ngx_add_path(cf, &ev->path) != NGX_OK) {
+    *pp = p;
+
+    if (ngx_add_path(cf, pp) != NGX_OK) {
         return NGX_CONF_ERROR;
     }
 

@@ -32,8 +32,25 @@ typedef struct {
     ngx_path_t                 *path;
     kv_share_t                 *share;
     ngx_uint_t                  ring;       /* records */
+    ngx_uint_t                  batch;      /* records per message */
     ngx_uint_t                  failed;
 } ngx_http_kvroute_share_conf_t;
+
+
+#define NGX_HTTP_KVROUTE_SH_OFF(field)                                        \
+    offsetof(ngx_http_kvroute_share_conf_t, field)
+
+static ngx_http_kvroute_param_t  ngx_http_kvroute_share_params[] = {
+    { ngx_string("lease="), NGX_HTTP_KVROUTE_P_MS32,
+      NGX_HTTP_KVROUTE_SH_OFF(cfg.lease_ms), 1, 3600000, NULL },
+    { ngx_string("interval="), NGX_HTTP_KVROUTE_P_MS32,
+      NGX_HTTP_KVROUTE_SH_OFF(cfg.interval_ms), 1, 3600000, NULL },
+    { ngx_string("batch="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_SH_OFF(batch), 1, 64, NULL },
+    { ngx_string("ring="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_SH_OFF(ring), 16, 1048576, NULL },
+    { ngx_null_string, 0, 0, 0, 0, NULL }
+};
 
 
 static ngx_msec_t ngx_http_kvroute_share_manager(void *data);
@@ -67,9 +84,8 @@ char *
 ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
-    ngx_str_t                       *value, s, path, name;
-    ngx_int_t                        n;
-    ngx_msec_t                       ms;
+    ngx_str_t                       *value, s, path;
+    ngx_int_t                        rc;
     ngx_uint_t                       i;
     ngx_http_kvroute_zone_t         *zone;
     ngx_http_kvroute_srv_conf_t     *kcf;
@@ -107,24 +123,30 @@ ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-#define KV_PARAM(lit)                                                       \
-    (value[i].len > sizeof(lit) - 1                                         \
-     && ngx_strncmp(value[i].data, lit, sizeof(lit) - 1) == 0               \
-     && (s.data = value[i].data + sizeof(lit) - 1,                          \
-         s.len = value[i].len - (sizeof(lit) - 1), 1))
-
-#define KV_STR(lit, field)                                                  \
-    if (KV_PARAM(lit)) {                                                    \
-        if (ngx_http_kvroute_share_str(cf, &s, &sc->cfg.field) != NGX_CONF_OK) \
-        {                                                                   \
-            return NGX_CONF_ERROR;                                          \
-        }                                                                   \
-        continue;                                                           \
+#define KV_STR(lit, field)                                                    \
+    if (ngx_http_kvroute_param_is(&value[i], lit, &s)) {                      \
+        if (ngx_http_kvroute_share_str(cf, &s, &sc->cfg.field)                \
+            != NGX_CONF_OK)                                                   \
+        {                                                                     \
+            return NGX_CONF_ERROR;                                            \
+        }                                                                     \
+        continue;                                                             \
     }
 
     for (i = 2; i < cf->args->nelts; i++) {
 
-        if (KV_PARAM("zone=")) {
+        rc = ngx_http_kvroute_param_set(cf, "kvroute_share",
+                                        ngx_http_kvroute_share_params, sc,
+                                        &value[i]);
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
+        }
+
+        if (rc == NGX_OK) {
+            continue;
+        }
+
+        if (ngx_http_kvroute_param_is(&value[i], "zone=", &s)) {
             if (cf->cmd_type == NGX_HTTP_UPS_CONF) {
                 return "takes no zone= inside an upstream";
             }
@@ -141,38 +163,7 @@ ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         KV_STR("password=", password)
         KV_STR("token=", token)
 
-        if (KV_PARAM("lease=") || KV_PARAM("interval=")) {
-            ms = ngx_parse_time(&s, 0);
-            if (ms == (ngx_msec_t) NGX_ERROR || ms == 0 || ms > 3600000) {
-                goto invalid;
-            }
-            if (value[i].data[0] == 'l') {
-                sc->cfg.lease_ms = (uint32_t) ms;
-            } else {
-                sc->cfg.interval_ms = (uint32_t) ms;
-            }
-            continue;
-        }
-
-        if (KV_PARAM("batch=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n < 1 || n > 64) {
-                goto invalid;
-            }
-            sc->cfg.max_records = (uint32_t) n;
-            continue;
-        }
-
-        if (KV_PARAM("ring=")) {
-            n = ngx_atoi(s.data, s.len);
-            if (n < 16 || n > 1048576) {
-                goto invalid;
-            }
-            sc->ring = (ngx_uint_t) n;
-            continue;
-        }
-
-        if (KV_PARAM("path=")) {
+        if (ngx_http_kvroute_param_is(&value[i], "path=", &s)) {
             path = s;
             continue;
         }
@@ -181,7 +172,10 @@ ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
 #undef KV_STR
-#undef KV_PARAM
+
+    if (sc->batch) {
+        sc->cfg.max_records = (uint32_t) sc->batch;
+    }
 
     if (zone == NULL) {
         return "needs zone=NAME at http level";
@@ -203,37 +197,9 @@ ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
     /* the cache manager process hosts the helper: a path with a manager */
 
-    sc->path = ngx_pcalloc(cf->pool, sizeof(ngx_path_t));
-    if (sc->path == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    if (path.len == 0) {
-        name.len = sizeof("kvroute_share_") - 1 + zone->name.len;
-        name.data = ngx_pnalloc(cf->pool, name.len);
-        if (name.data == NULL) {
-            return NGX_CONF_ERROR;
-        }
-        ngx_sprintf(name.data, "kvroute_share_%V", &zone->name);
-        path = name;
-    }
-
-    sc->path->name = path;
-
-    if (ngx_conf_full_name(cf->cycle, &sc->path->name, 0) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
-
-    sc->path->manager = ngx_http_kvroute_share_manager;
-    sc->path->data = sc;
-    sc->path->conf_file = cf->conf_file->file.name.data;
-    sc->path->line = cf->conf_file->line;
-
-    if (ngx_add_path(cf, &sc->path) != NGX_OK) {
-        return NGX_CONF_ERROR;
-    }
-
-    return NGX_CONF_OK;
+    return ngx_http_kvroute_manager_path(cf, "kvroute_share_", zone, path,
+                                         ngx_http_kvroute_share_manager, sc,
+                                         &sc->path);
 
 invalid:
 

@@ -138,3 +138,18 @@ def test_block_size_mismatch_is_logged_shown_and_routed_by_load(stack):
     # once per nginx worker process, not once per request
     assert len(msgs) == 1, msgs
     assert not ng.alerts()
+
+
+def test_share_parameters_checked_by_nginx_t(stack):
+    good = """
+        kvroute_zone kv 8m;
+        kvroute_share nats://127.0.0.1:1 zone=kv lease=2s interval=50ms batch=32 ring=4096;
+        upstream llm { kvroute zone=kv; server 127.0.0.1:1; }"""
+    ok, out, _ = nginx_t(stack, good)
+    assert ok, out
+    for bad, says in (("batch=65", "in [1, 64]"), ("ring=8", "in [16, 1048576]"),
+                      ("lease=0", "time above 0"), ("interval=soon", "time above 0"),
+                      ("colour=red", 'invalid parameter "colour=red"')):
+        ok, out, _ = nginx_t(stack, good.replace("ring=4096", "ring=4096 " + bad))
+        assert not ok, bad
+        assert says in out, (bad, out)
