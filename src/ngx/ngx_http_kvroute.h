@@ -383,6 +383,8 @@ ngx_uint_t ngx_http_kvroute_param_match(ngx_str_t *v, u_char *name,
     size_t len, ngx_str_t *value);
 ngx_int_t ngx_http_kvroute_param_set(ngx_conf_t *cf, const char *directive,
     ngx_http_kvroute_param_t *table, void *conf, ngx_str_t *v);
+char *ngx_http_kvroute_param_cstr(ngx_conf_t *cf, ngx_str_t *s,
+    const char **out);
 
 /* helpers' paths (the cache manager process hosts them) */
 char *ngx_http_kvroute_manager_path(ngx_conf_t *cf, const char *prefix,

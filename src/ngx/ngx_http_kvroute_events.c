@@ -62,24 +62,6 @@ static ngx_int_t ngx_http_kvroute_events_zmq_start(
     ngx_http_kvroute_events_t *ev, ngx_log_t *log);
 
 
-static char *
-ngx_http_kvroute_events_str(ngx_conf_t *cf, ngx_str_t *s, const char **out)
-{
-    u_char  *p;
-
-    p = ngx_pnalloc(cf->pool, s->len + 1);
-    if (p == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_memcpy(p, s->data, s->len);
-    p[s->len] = '\0';
-    *out = (const char *) p;
-
-    return NGX_CONF_OK;
-}
-
-
 /* the parameters of "kvroute_events" that set one field: NATS, into its
  * kv_ingest_config_t; ZMQ, the replay timeout */
 
@@ -181,7 +163,7 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    if (ngx_http_kvroute_events_str(cf, &value[1], &c->servers)
+    if (ngx_http_kvroute_param_cstr(cf, &value[1], &c->servers)
         != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
@@ -189,7 +171,7 @@ ngx_http_kvroute_events_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
 #define KV_STR(lit, field)                                                  \
     if (ngx_http_kvroute_param_is(&value[i], lit, &s)) {                    \
-        if (ngx_http_kvroute_events_str(cf, &s, &c->field) != NGX_CONF_OK) { \
+        if (ngx_http_kvroute_param_cstr(cf, &s, &c->field) != NGX_CONF_OK) { \
             return NGX_CONF_ERROR;                                          \
         }                                                                   \
         continue;                                                           \

@@ -191,3 +191,23 @@ ngx_http_kvroute_param_invalid(ngx_conf_t *cf, const char *directive,
 
     return NGX_ERROR;
 }
+
+
+/* A parameter's value as a C string (cnats and the ingester take those). */
+
+char *
+ngx_http_kvroute_param_cstr(ngx_conf_t *cf, ngx_str_t *s, const char **out)
+{
+    u_char  *p;
+
+    p = ngx_pnalloc(cf->pool, s->len + 1);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memcpy(p, s->data, s->len);
+    p[s->len] = '\0';
+    *out = (const char *) p;
+
+    return NGX_CONF_OK;
+}

@@ -56,24 +56,6 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_share_params[] = {
 static ngx_msec_t ngx_http_kvroute_share_manager(void *data);
 
 
-static char *
-ngx_http_kvroute_share_str(ngx_conf_t *cf, ngx_str_t *s, const char **out)
-{
-    u_char  *p;
-
-    p = ngx_pnalloc(cf->pool, s->len + 1);
-    if (p == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ngx_memcpy(p, s->data, s->len);
-    p[s->len] = '\0';
-    *out = (const char *) p;
-
-    return NGX_CONF_OK;
-}
-
-
 /*
  * kvroute_share nats://h:p[,...] [zone=NAME] [prefix=P] [subject=S]
  *     [lease=T] [interval=T] [batch=N] [ring=N] [user=U password=P |
@@ -117,7 +99,7 @@ ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    if (ngx_http_kvroute_share_str(cf, &value[1], &sc->cfg.servers)
+    if (ngx_http_kvroute_param_cstr(cf, &value[1], &sc->cfg.servers)
         != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
@@ -125,7 +107,7 @@ ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
 #define KV_STR(lit, field)                                                    \
     if (ngx_http_kvroute_param_is(&value[i], lit, &s)) {                      \
-        if (ngx_http_kvroute_share_str(cf, &s, &sc->cfg.field)                \
+        if (ngx_http_kvroute_param_cstr(cf, &s, &sc->cfg.field)              \
             != NGX_CONF_OK)                                                   \
         {                                                                     \
             return NGX_CONF_ERROR;                                            \
