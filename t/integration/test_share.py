@@ -107,6 +107,11 @@ def test_approximate_turns_round_robin_land_on_one_worker(stack):
                 if x is not ng:
                     kvt.wait_until(lambda: share(x.port)["records_in"] > was,
                                    what="instance %d heard the decision" % x.port)
+                    # and that the request ended: the decision's message may
+                    # carry its load, and a holder still counted busy may
+                    # rightly lose the next turn to an idle server
+                    kvt.wait_until(lambda: share(x.port)["remote_requests"] == 0,
+                                   what="instance %d heard the request end" % x.port)
         assert len(where) == 1, (conv, where)
     for ng in ngs:
         st = share(ng.port)
