@@ -237,13 +237,35 @@ static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
     zlog("%s (%s): blocks cleared: %s", p->cfg.server, p->cfg.endpoint, why);
 }
 
+static void event_head(kv_event_t *ev, const zpub_t *p, uint32_t dp, kv_event_kind_t kind)
+{
+    memset(ev, 0, sizeof(*ev));
+    ev->worker_id = p->worker_id;
+    ev->dp_rank = dp;
+    ev->event_id = p->last_seq;
+    ev->kind = kind;
+}
+
+/* One decoded event into the index; a failure counts in the publisher's
+ * apply_errors and in the zone's, which the status page shows. */
+static int apply_event(kv_zmq_t *z, zpub_t *p, kv_event_t *ev, uint64_t now)
+{
+    char err[128];
+
+    if (kv_index_apply(z->ix, ev, now, err, sizeof(err)) == 0) {
+        return 0;
+    }
+    p->st.apply_errors++;
+    kv_registry_status_add(z->reg, KV_STATUS_OFF(apply_errors), 1);
+    return -1;
+}
+
 static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint32_t dp,
                          uint64_t now)
 {
     kv_event_t  ev;
     uint64_t    seed, bit = 1ULL << e->tier, m;
     size_t      i;
-    char        err[128];
 
     if (p->engine_bs != e->block_size) {
         p->engine_bs = e->block_size;
@@ -285,18 +307,12 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
         z->blocks[i].tokens_hash = kv_hash_block(e->tokens + i * e->block_size,
                                                  e->block_size, seed);
     }
-    memset(&ev, 0, sizeof(ev));
-    ev.worker_id = p->worker_id;
-    ev.dp_rank = dp;
-    ev.event_id = p->last_seq;
-    ev.kind = KV_EVENT_STORED;
+    event_head(&ev, p, dp, KV_EVENT_STORED);
     ev.has_parent = e->has_parent;
     ev.parent_hash = e->parent;
     ev.blocks = z->blocks;
     ev.n_blocks = e->n_hashes;
-    if (kv_index_apply(z->ix, &ev, now, err, sizeof(err)) != 0) {
-        p->st.apply_errors++;
-        kv_registry_status_add(z->reg, KV_STATUS_OFF(apply_errors), 1);
+    if (apply_event(z, p, &ev, now) != 0) {
         return;
     }
     for (i = 0; i < e->n_hashes; i++) {
@@ -311,7 +327,6 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
     kv_event_t  ev;
     uint64_t    bit = 1ULL << e->tier, m;
     size_t      i, n = 0;
-    char        err[128];
 
     if (kv_grow((void **) &z->rm, &z->cap_rm, e->n_hashes, sizeof(uint64_t)) != 0) {
         p->st.apply_errors++;
@@ -329,15 +344,11 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
     if (n == 0) {
         return;
     }
-    memset(&ev, 0, sizeof(ev));
-    ev.worker_id = p->worker_id;
-    ev.dp_rank = dp;
-    ev.event_id = p->last_seq;
-    ev.kind = KV_EVENT_REMOVED;
+    event_head(&ev, p, dp, KV_EVENT_REMOVED);
     ev.hashes = z->rm;
     ev.n_hashes = n;
-    if (kv_index_apply(z->ix, &ev, now, err, sizeof(err)) != 0) {
-        p->st.apply_errors++;
+    if (apply_event(z, p, &ev, now) != 0) {
+        return;
     }
     kv_registry_status_add(z->reg, KV_STATUS_OFF(blocks), n);
 }
