@@ -178,6 +178,80 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
     return pick;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n)
+{
+    qsort(v, n, sizeof(*v), by_value);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The fleet's prefill line per unit of weight from the measured servers;
+ * -1 when none is (or no memory). */
+static int fleet_line(const kv_route_server_t *s, size_t n, double *rate, double *base)
+{
+    double  small[2 * 64], *t = n <= 64 ? small : malloc(2 * n * sizeof(*t)), *b;
+    size_t  i, m = 0;
+
+    if (t == NULL) {
+        return -1;
+    }
+    b = t + n;
+    for (i = 0; i < n; i++) {
+        if (candidate(&s[i]) && s[i].prefill_rate > 0) {
+            t[m] = weight_of(&s[i]) / s[i].prefill_rate;
+            b[m] = s[i].prefill_base;
+            m++;
+        }
+    }
+    if (m > 0) {
+        *rate = 1 / median(t, m);
+        *base = median(b, m);
+    }
+    if (t != small) {
+        free(t);
+    }
+    return m > 0 ? 0 : -1;
+}
+
+/*
+ * How fast a server is believed to be. Its own learned line (kv_load.h) is
+ * noisy: identical engines behind one router learned bases of 45-225 ms
+ * and rates of 84-140 tokens/ms in one run (docs/BENCHMARKS.md, "Routing
+ * policy round 3"), so that one 8,000-token prompt looked 2.2x slower on
+ * one than on another, far past the slack; the noise then decided which
+ * prefix holder stayed in E and which spilled. So a server runs at the
+ * fleet's line (lrate per unit of weight, lbase; its weight is the
+ * operator's word on its speed; fleet_line), times its own factor f = its line's time
+ * over the fleet's for the request's prompt, believed only past
+ * KV_ROUTE_SPEED_BAND either way and only by what exceeds it: a server
+ * truly several times slower (or faster) still looks so, one within the
+ * noise looks like its peers. A server with no sample is the fleet.
+ */
+#define KV_ROUTE_SPEED_BAND  2.0
+
+static void speed(const kv_route_server_t *s, uint64_t tokens, double lrate, double lbase,
+                  double *rate, double *base)
+{
+    double fleet = weight_of(s) * lrate, x = tokens ? (double) tokens : 1, own, f = 1;
+
+    if (s->prefill_rate > 0) {
+        own = (s->prefill_base + x / s->prefill_rate) / (lbase + x / fleet);
+        if (own > KV_ROUTE_SPEED_BAND) {
+            f = own / KV_ROUTE_SPEED_BAND;
+        } else if (own < 1 / KV_ROUTE_SPEED_BAND) {
+            f = own * KV_ROUTE_SPEED_BAND;
+        }
+    }
+    *rate = fleet / f;
+    *base = lbase * f;
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
@@ -186,35 +260,31 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
     double   best = INFINITY, loads = 0, mean, rate, base, pace;
     double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
-    size_t   i, m = 0, nrate = 0, npace = 0;
+    size_t   i, m = 0, npace = 0;
     int      pick = -1, held_outside = 0, home = -1;
     uint32_t longest = 0;
 
-    /* a server the traffic has not measured yet is taken to be like those
-     * it has (per unit of weight); the configured defaults stand in only
-     * before any sample, so a new server neither looks faster than its
-     * measured peers (and draws every request) nor slower */
+    /* the fleet's line per unit of weight: the median base and the median
+     * time per token of the servers the traffic has measured (a median, so
+     * one server truly slower than the rest does not make them all look
+     * slow); the configured rate before any sample */
     for (i = 0; i < n; i++) {
-        if (candidate(&s[i]) && s[i].prefill_rate > 0) {
-            lrate += s[i].prefill_rate / weight_of(&s[i]);
-            lbase += s[i].prefill_base;
-            nrate++;
-        }
         if (candidate(&s[i]) && s[i].decode_pace > 0) {
             lpace += s[i].decode_pace;
             npace++;
         }
     }
-    lrate = nrate ? lrate / nrate : cfg->prefill_rate;
-    lbase = nrate ? lbase / nrate : 0;
     lpace = npace ? lpace / npace : cfg->decode_pace;
+    if (fleet_line(s, n, &lrate, &lbase) != 0) {
+        lrate = cfg->prefill_rate;
+        lbase = 0;
+    }
 
     for (i = 0; i < n; i++) {
         if (!candidate(&s[i])) {
             continue;
         }
-        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : lrate * weight_of(&s[i]);
-        base = s[i].prefill_rate > 0 ? s[i].prefill_base : lbase;
+        speed(&s[i], rq->prompt_tokens, lrate, lbase, &rate, &base);
         pace = s[i].decode_pace > 0 ? s[i].decode_pace : lpace;
         s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
         s[i].base = base;
