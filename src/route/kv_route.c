@@ -231,16 +231,21 @@ static int fleet_line(const kv_route_server_t *s, size_t n, double *rate, double
  * over the fleet's for the request's prompt, believed only past
  * KV_ROUTE_SPEED_BAND either way and only by what exceeds it: a server
  * truly several times slower (or faster) still looks so, one within the
- * noise looks like its peers. A server with no sample is the fleet.
+ * noise looks like its peers. Nor before KV_ROUTE_SPEED_SAMPLES samples:
+ * a learned mean starts at its first sample, which one stall of the
+ * machine can make ten times too slow; after as many samples as the
+ * mean's memory (16, kv_load.c), it rests on all of them. A server with
+ * fewer samples (or none) is the fleet.
  */
-#define KV_ROUTE_SPEED_BAND  2.0
+#define KV_ROUTE_SPEED_BAND     2.0
+#define KV_ROUTE_SPEED_SAMPLES  16
 
 static void speed(const kv_route_server_t *s, uint64_t tokens, double lrate, double lbase,
                   double *rate, double *base)
 {
     double fleet = weight_of(s) * lrate, x = tokens ? (double) tokens : 1, own, f = 1;
 
-    if (s->prefill_rate > 0) {
+    if (s->prefill_rate > 0 && s->prefill_samples >= KV_ROUTE_SPEED_SAMPLES) {
         own = (s->prefill_base + x / s->prefill_rate) / (lbase + x / fleet);
         if (own > KV_ROUTE_SPEED_BAND) {
             f = own / KV_ROUTE_SPEED_BAND;

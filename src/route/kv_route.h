@@ -22,8 +22,11 @@
  *   the tokens a server had to prefill, learned from its traffic (kv_load.h;
  *   queueing, batching and decode interference are in it), so a fixed part
  *   is not charged to every queued token; decode_pace likewise (ms per output
- *   token). A server with no sample takes the mean of those with one (per
- *   unit of weight); cfg's defaults stand in before any sample at all.
+ *   token). A decision runs every server at the fleet's line (median per
+ *   unit of weight) times the server's own factor, believed past 2x only
+ *   and after 16 samples (speed() in kv_route.c: the noise between
+ *   identical engines must not decide); cfg's defaults stand in before any
+ *   sample at all.
  *
  *   1. L: servers whose requests in flight per unit of weight are at most
  *      (1 + slack) * the mean + 1 (bounded load, so that decode load spreads
@@ -120,6 +123,7 @@ typedef struct {
     double      prefill_rate;       /* tokens/ms */
     double      prefill_base;       /* ms that no token adds (0 until learned) */
     double      decode_pace;        /* ms/token */
+    uint64_t    prefill_samples;    /* samples behind prefill_rate/base (0: unknown) */
     /* out: what the decision saw */
     int         busy;
     int         eligible;           /* in E (ttft) */

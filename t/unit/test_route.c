@@ -144,6 +144,7 @@ TEST(ttft_learned_rate_counts)
         s[0].prefill_tokens = 100 * bs;
         s[0].prefill_rate = 10;
         s[1].prefill_rate = 100;
+        s[0].prefill_samples = s[1].prefill_samples = 16;
         CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
         CHECK(fabs(r.estimate - 0.2 * bs) < 1e-9 * bs);
         s[0].prefill_rate = 1000;
@@ -164,7 +165,7 @@ TEST(ttft_learned_rate_counts)
  * at block sizes 16 and 32, where the prefix would spill; within the band
  * it runs at the fleet's line and stays. A holder
  * truly 8x slower than its peers (1 token/ms) with a queue as long as the
- * prompt still loses it. */
+ * prompt still loses it, once 16 samples say so. */
 TEST(ttft_holder_within_learned_noise_stays)
 {
     for (size_t k = 0; k < 3; k++) {
@@ -178,6 +179,7 @@ TEST(ttft_holder_within_learned_noise_stays)
         for (size_t i = 0; i < 4; i++) {
             s[i].prefill_rate = 8;
             s[i].prefill_base = 50;
+            s[i].prefill_samples = 100;
         }
         s[0].overlap_index = 10;
         s[0].prefill_rate = 12;
@@ -189,6 +191,12 @@ TEST(ttft_holder_within_learned_noise_stays)
         s[0].prefill_tokens = 12 * bs;
         CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) != 0);
         CHECK(r.why == KV_ROUTE_WHY_SPILL);
+        /* ... but not on fewer samples than the learned mean's memory:
+         * its first ones may be one stall of the machine */
+        s[0].prefill_samples = 15;
+        s[0].prefill_tokens = 0;
+        CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
     }
 }
 
