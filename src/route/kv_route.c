@@ -118,6 +118,7 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_L  1                         /* load bound */
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
+#define IN_Q  8                         /* ... and the queue within one prefill (cold) */
 
 /* The first server with a flag in mask in key's rendezvous order; -1 if
  * none. */
@@ -147,29 +148,49 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  *
  *   cost(s) = ttft(s) + r(s) x (tokens / rate(s) + (queued(s) ? 0 : base(s)))
  *
- * The lowest cost among the servers of C (load-bounded, and the queue it
- * would wait behind within the slack of its own prefill, which bounds what
- * its time to first token pays for the others' gain) wins; costs within one
- * output token's time are equal, and among those the first in the prefix's
- * rendezvous order (so independent routers agree on an idle fleet).
+ * Among the servers of Q (load-bounded, and the queue it would wait behind
+ * within one prefill of its own, plus a decode step, of the least queue),
+ * the fewest requests in flight per unit of weight win (least_conn's
+ * choice: a server's decode pace follows its batch), then the lowest cost
+ * (costs within one output token's time are equal), then the first in the
+ * prefix's rendezvous order (so independent routers agree on an idle fleet).
+ *
+ * Why Q and not C (the slack of its own prefill): at the fleet's line as
+ * learned under load (queueing and decode interference are in it: base
+ * 107-195 ms, 2-3 tokens/ms on the short workload) one queued 256-token
+ * prompt looks like ~100 ms, past C's ~60 ms + a decode step, while the
+ * engine batches it into the same step for a fraction of that. C then shut
+ * every server with one prompt queued out while any had none, whatever its
+ * requests in flight: cold requests went where nothing was queued, each
+ * started a prefill step of its own (each stalls all of the server's
+ * decoding streams) and batches spread unevenly: short-prompt ITL +35..61%
+ * over least_conn's (docs/BENCHMARKS.md, "Round 3b"). Q bounds the wait a
+ * cold request may take on for a less loaded server by its own service
+ * time, so its time to first token is at most about twice its own.
  */
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
 {
-    double  cost, best = INFINITY, own;
+    double  own, least = INFINITY, best = INFINITY;
     size_t  i;
     int     pick = -1;
 
     for (i = 0; i < n; i++) {
-        if (!(s[i].eligible & IN_C)) {
+        if (!(s[i].eligible & IN_Q)) {
             continue;
         }
         own = s[i].ttft - s[i].wait - s[i].base;
-        cost = s[i].ttft + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
-        s[i].cold = cost;
-        best = fmin(best, cost);
+        s[i].cold = s[i].ttft
+                    + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
+        least = fmin(least, load_of(&s[i]));
     }
     for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
+        if ((s[i].eligible & IN_Q) && load_of(&s[i]) == least) {
+            best = fmin(best, s[i].cold);
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_Q) && load_of(&s[i]) == least
+            && s[i].cold <= best + s[i].decode_ms / (double) out
             && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
         {
             pick = (int) i;
@@ -318,7 +339,8 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * session's home may be: the prefill queued ahead waits no longer than
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
-     * rate).
+     * rate). Q (in L), for cold requests: the queue within one prefill of
+     * the request's own of the least (pick_cold says why).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
@@ -326,6 +348,9 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
             s[i].eligible |= IN_C;
+        }
+        if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
+            s[i].eligible |= IN_Q;          /* cold: pick_cold */
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
             s[i].eligible |= IN_E;

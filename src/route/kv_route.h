@@ -34,6 +34,8 @@
  *      (1 + slack) * the best ttft in L + decode_pace(s) (estimates less than
  *      one output token's time apart are equal). C, in L: wait(s) at most the
  *      least wait in L + slack * the request's own prefill time there
+ *      + decode_pace(s). Q, in L, for cold requests: wait(s) at most the
+ *      least wait in L + the request's own prefill time there
  *      + decode_pace(s).
  *   2. Sticky: if some server in E holds part of the prompt, take the one
  *      with the longest cached prefix (ties: the session's home, then the
@@ -50,15 +52,15 @@
  *      the same while it lasts). Warm from the session's earlier turns when
  *      the index lost them or never knew (approximate mode after an
  *      eviction, events mode after an event gap).
- *   5. Cold: otherwise the lowest cost to everyone in C:
+ *   5. Cold: otherwise, in Q, the fewest requests in flight per unit of
+ *      weight (least_conn's choice), then the lowest cost to everyone:
  *        cold(s) = ttft(s) + requests(s) * (uncached / rate(s)
  *                                           + (wait(s) > 0 ? 0 : base(s)))
  *      its own time to first token plus the stall its prefill imposes on the
  *      server's requests in flight (no fixed part when it joins a queued
- *      prefill: engines batch those into one step). Nothing queued anywhere:
- *      the fewest requests (least_conn). Costs less than one output token's
- *      time apart are equal: the first in the prefix's rendezvous order, so
- *      independent routers place a new prefix alike.
+ *      prefill: engines batch those into one step). Costs less than one
+ *      output token's time apart are equal: the first in the prefix's
+ *      rendezvous order, so independent routers place a new prefix alike.
 
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *

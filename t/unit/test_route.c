@@ -411,6 +411,46 @@ TEST(no_reuse_cold_cost)
     }
 }
 
+/* Short prompts at the fleet's line as learned under load (base 150 ms,
+ * 2.5 tokens/ms: one 256-token prompt's prefill is ~250 ms, its queue
+ * ~100 ms): one short prompt queued must not shut a server out of a cold
+ * request while another has none queued; the request joins that queued
+ * prefill (the engine batches it into the same step) on the server with
+ * fewer requests in flight. A queue past the request's own prefill
+ * (plus a decode step) still does. Round 3 sent it to the idle queue with
+ * 14 requests in flight (docs/BENCHMARKS.md, "Round 3b"). */
+TEST(ttft_cold_joins_a_queue_within_one_prefill)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(256 / bs, bs);
+        kv_route_server_t s[3];
+        kv_route_result_t r;
+
+        idle(s, 3);
+        for (int i = 0; i < 3; i++) {
+            s[i].prefill_rate = 2.5;
+            s[i].prefill_base = 150;
+            s[i].prefill_samples = 100;
+            s[i].decode_pace = 30;
+            s[i].requests = 12;
+        }
+        s[0].requests = 8;
+        s[0].prefill_tokens = 256;              /* ~102 ms queued */
+        s[1].requests = 14;                     /* nothing queued */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        /* two such prompts queued still fit (205 ms < 252 + 30) ... */
+        s[0].prefill_tokens = 512;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+        /* ... three do not (307 ms): the idle queues, fewest requests */
+        s[0].prefill_tokens = 768;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+    }
+}
+
 static int home_of(uint64_t session, kv_route_server_t *s, size_t n, uint32_t bs)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
@@ -562,6 +602,7 @@ int main(void)
     RUN(busy_and_none);
     RUN(the_attempt_adds);
     RUN(no_reuse_cold_cost);
+    RUN(ttft_cold_joins_a_queue_within_one_prefill);
     RUN(session_home_is_stable_and_spread);
     RUN(session_saturated_home_passes_to_next);
     RUN(session_after_the_prefix_index);
