@@ -149,24 +149,26 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  *   cost(s) = ttft(s) + r(s) x (tokens / rate(s) + (queued(s) ? 0 : base(s)))
  *
  * Among the servers of Q (load-bounded, and the queue it would wait behind
- * within one prefill of its own, plus a decode step, of the least queue),
- * the fewest requests in flight per unit of weight win (least_conn's
- * choice: a server's decode pace follows its batch), then the lowest cost
- * (costs within one output token's time are equal), then the first in the
- * prefix's rendezvous order (so independent routers agree on an idle fleet).
+ * within the least queue + the slack of its own prefill + one prefill
+ * step's fixed part + a decode step), the fewest requests in flight per
+ * unit of weight win (least_conn's choice: a server's decode pace follows
+ * its batch), then the lowest cost (costs within one output token's time
+ * are equal), then the first in the prefix's rendezvous order (so
+ * independent routers agree on an idle fleet).
  *
- * Why Q and not C (the slack of its own prefill): at the fleet's line as
- * learned under load (queueing and decode interference are in it: base
- * 107-195 ms, 2-3 tokens/ms on the short workload) one queued 256-token
- * prompt looks like ~100 ms, past C's ~60 ms + a decode step, while the
- * engine batches it into the same step for a fraction of that. C then shut
- * every server with one prompt queued out while any had none, whatever its
- * requests in flight: cold requests went where nothing was queued, each
- * started a prefill step of its own (each stalls all of the server's
- * decoding streams) and batches spread unevenly: short-prompt ITL +35..61%
- * over least_conn's (docs/BENCHMARKS.md, "Round 3b"). Q bounds the wait a
- * cold request may take on for a less loaded server by its own service
- * time, so its time to first token is at most about twice its own.
+ * Why Q and not C (the slack of its own prefill): a request that joins a
+ * queued prefill is batched into that step, which spares each decoding
+ * stream there one step's fixed part (the base); C did not count that.
+ * At the fleet's line as learned under load (queueing and decode
+ * interference are in it: base 107-195 ms, 2-3 tokens/ms on the short
+ * workload) one queued 256-token prompt looks like ~100 ms, past C's
+ * ~60 ms + a decode step: C shut every server with one prompt queued out
+ * while any had none, whatever its requests in flight, so every cold
+ * request started a prefill step of its own (each stalls all of the
+ * server's decoding streams) and short-prompt ITL rose 35-61% over
+ * least_conn's (docs/BENCHMARKS.md, "Round 3b"). Q admits what the step
+ * it joins saves: for short prompts, where the base is most of a prefill,
+ * a queued prompt or two; for long ones it differs little from C.
  */
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
 {
@@ -339,8 +341,8 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * session's home may be: the prefill queued ahead waits no longer than
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
-     * rate). Q (in L), for cold requests: the queue within one prefill of
-     * the request's own of the least (pick_cold says why).
+     * rate). Q (in L), for cold requests: C's bound + the fixed part of a
+     * prefill step, which joining a queued prefill spares (pick_cold).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
@@ -349,7 +351,9 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         {
             s[i].eligible |= IN_C;
         }
-        if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
+        if (s[i].eligible
+            && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + s[i].base + grain)
+        {
             s[i].eligible |= IN_Q;          /* cold: pick_cold */
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {

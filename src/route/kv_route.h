@@ -35,8 +35,8 @@
  *      one output token's time apart are equal). C, in L: wait(s) at most the
  *      least wait in L + slack * the request's own prefill time there
  *      + decode_pace(s). Q, in L, for cold requests: wait(s) at most the
- *      least wait in L + the request's own prefill time there
- *      + decode_pace(s).
+ *      least wait in L + slack * the request's own prefill time there
+ *      + base(s) (the step it joins spares) + decode_pace(s).
  *   2. Sticky: if some server in E holds part of the prompt, take the one
  *      with the longest cached prefix (ties: the session's home, then the
  *      lower ttft + decode, then the fewer indexed blocks, then rendezvous).

@@ -441,7 +441,7 @@ TEST(ttft_cold_joins_a_queue_within_one_prefill)
         s[1].requests = 14;                     /* nothing queued */
         CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
         CHECK(r.why == KV_ROUTE_WHY_COLD);
-        /* two such prompts queued still fit (205 ms < 252 + 30) ... */
+        /* two such prompts queued still fit (205 ms < 63 + 150 + 30) ... */
         s[0].prefill_tokens = 512;
         CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
         /* ... three do not (307 ms): the idle queues, fewest requests */
