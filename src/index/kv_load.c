@@ -20,7 +20,7 @@
 
 #include "kv_load.h"
 
-#define KV_LOAD_MAGIC  0x6b766c6f61643035ULL   /* "kvload05": name hash, least-loaded order, prefill base, samples */
+#define KV_LOAD_MAGIC  0x6b766c6f61643034ULL   /* "kvload04": name hash, least-loaded order, prefill base */
 #define LEARN_WEIGHT   (1.0 / 16)
 #define ROW_REAPING    ((int64_t) -1)
 #define NIL            UINT32_MAX
@@ -38,7 +38,6 @@ typedef struct {
     double              prefill_tokens, prefill_ms;     /* learned means */
     double              prefill_tt, prefill_tm;         /* ... of tokens^2, tokens x ms */
     double              decode_tokens, decode_ms;
-    uint64_t            prefill_samples;                /* learned from, all time */
     /* the least-loaded order, under the lock */
     uint32_t            group;                  /* NIL: not placed */
     uint32_t            weight;
@@ -582,7 +581,6 @@ void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
                 load_double(&s->prefill_tt), load_double(&s->prefill_tm),
                 &out->prefill_rate, &out->prefill_base);
     out->decode_pace = ratio(load_double(&s->decode_ms), load_double(&s->decode_tokens));
-    out->prefill_samples = __atomic_load_n(&s->prefill_samples, __ATOMIC_RELAXED);
 }
 
 /* the first sample is the mean; later ones move it by LEARN_WEIGHT */
@@ -613,7 +611,6 @@ void kv_load_learn_prefill(kv_load_t *ld, uint32_t server, double tokens, double
      * fit of slightly mixed samples, never a wrong scale */
     learn(&s->prefill_tt, &s->prefill_tm, tokens * tokens, tokens * ms);
     learn(&s->prefill_tokens, &s->prefill_ms, tokens, ms);
-    __atomic_add_fetch(&s->prefill_samples, 1, __ATOMIC_RELAXED);
 }
 
 void kv_load_learn_decode(kv_load_t *ld, uint32_t server, double tokens, double ms)

@@ -52,7 +52,6 @@ typedef struct {
     double      prefill_rate;       /* learned prompt tokens per ms; 0: no sample yet */
     double      prefill_base;       /* learned ms of time to first byte that no token adds */
     double      decode_pace;        /* learned ms per output token; 0: no sample yet */
-    uint64_t    prefill_samples;    /* samples the prefill line has learned from */
 } kv_load_server_t;
 
 size_t     kv_load_size(uint32_t max_servers, uint32_t max_rows, uint32_t max_groups);

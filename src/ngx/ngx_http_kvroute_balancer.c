@@ -791,7 +791,6 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].requests = ls.active[KV_LOAD_REQUESTS];
             s[i].prefill_rate = ls.prefill_rate;
             s[i].prefill_base = ls.prefill_base;
-            s[i].prefill_samples = ls.prefill_samples;
             s[i].decode_pace = ls.decode_pace;
         }
 

@@ -118,7 +118,6 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_L  1                         /* load bound */
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
-#define IN_Q  8                         /* ... and the queue within one prefill (cold) */
 
 /* The first server with a flag in mask in key's rendezvous order; -1 if
  * none. */
@@ -148,136 +147,35 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  *
  *   cost(s) = ttft(s) + r(s) x (tokens / rate(s) + (queued(s) ? 0 : base(s)))
  *
- * Among the servers of Q (load-bounded, and the queue it would wait behind
- * within the least queue + the slack of its own prefill + one prefill
- * step's fixed part + a decode step), the fewest requests in flight per
- * unit of weight win (least_conn's choice: a server's decode pace follows
- * its batch), then the lowest cost (costs within one output token's time
- * are equal), then the first in the prefix's rendezvous order (so
- * independent routers agree on an idle fleet).
- *
- * Why Q and not C (the slack of its own prefill): a request that joins a
- * queued prefill is batched into that step, which spares each decoding
- * stream there one step's fixed part (the base); C did not count that.
- * At the fleet's line as learned under load (queueing and decode
- * interference are in it: base 107-195 ms, 2-3 tokens/ms on the short
- * workload) one queued 256-token prompt looks like ~100 ms, past C's
- * ~60 ms + a decode step: C shut every server with one prompt queued out
- * while any had none, whatever its requests in flight, so every cold
- * request started a prefill step of its own (each stalls all of the
- * server's decoding streams) and short-prompt ITL rose 35-61% over
- * least_conn's (docs/BENCHMARKS.md, "Round 3b"). Q admits what the step
- * it joins saves: for short prompts, where the base is most of a prefill,
- * a queued prompt or two; for long ones it differs little from C.
+ * The lowest cost among the servers of C (load-bounded, and the queue it
+ * would wait behind within the slack of its own prefill, which bounds what
+ * its time to first token pays for the others' gain) wins; costs within one
+ * output token's time are equal, and among those the first in the prefix's
+ * rendezvous order (so independent routers agree on an idle fleet).
  */
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
 {
-    double  own, least = INFINITY, best = INFINITY;
+    double  cost, best = INFINITY, own;
     size_t  i;
     int     pick = -1;
 
     for (i = 0; i < n; i++) {
-        if (!(s[i].eligible & IN_Q)) {
+        if (!(s[i].eligible & IN_C)) {
             continue;
         }
         own = s[i].ttft - s[i].wait - s[i].base;
-        s[i].cold = s[i].ttft
-                    + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
-        least = fmin(least, load_of(&s[i]));
+        cost = s[i].ttft + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
+        s[i].cold = cost;
+        best = fmin(best, cost);
     }
     for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_Q) && load_of(&s[i]) == least) {
-            best = fmin(best, s[i].cold);
-        }
-    }
-    for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_Q) && load_of(&s[i]) == least
-            && s[i].cold <= best + s[i].decode_ms / (double) out
+        if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
             && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
         {
             pick = (int) i;
         }
     }
     return pick;
-}
-
-static int by_value(const void *a, const void *b)
-{
-    double x = *(const double *) a, y = *(const double *) b;
-
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, size_t n)
-{
-    qsort(v, n, sizeof(*v), by_value);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-/* The fleet's prefill line per unit of weight from the measured servers;
- * -1 when none is (or no memory). */
-static int fleet_line(const kv_route_server_t *s, size_t n, double *rate, double *base)
-{
-    double  small[2 * 64], *t = n <= 64 ? small : malloc(2 * n * sizeof(*t)), *b;
-    size_t  i, m = 0;
-
-    if (t == NULL) {
-        return -1;
-    }
-    b = t + n;
-    for (i = 0; i < n; i++) {
-        if (candidate(&s[i]) && s[i].prefill_rate > 0) {
-            t[m] = weight_of(&s[i]) / s[i].prefill_rate;
-            b[m] = s[i].prefill_base;
-            m++;
-        }
-    }
-    if (m > 0) {
-        *rate = 1 / median(t, m);
-        *base = median(b, m);
-    }
-    if (t != small) {
-        free(t);
-    }
-    return m > 0 ? 0 : -1;
-}
-
-/*
- * How fast a server is believed to be. Its own learned line (kv_load.h) is
- * noisy: identical engines behind one router learned bases of 45-225 ms
- * and rates of 84-140 tokens/ms in one run (docs/BENCHMARKS.md, "Routing
- * policy round 3"), so that one 8,000-token prompt looked 2.2x slower on
- * one than on another, far past the slack; the noise then decided which
- * prefix holder stayed in E and which spilled. So a server runs at the
- * fleet's line (lrate per unit of weight, lbase; its weight is the
- * operator's word on its speed; fleet_line), times its own factor f = its line's time
- * over the fleet's for the request's prompt, believed only past
- * KV_ROUTE_SPEED_BAND either way and only by what exceeds it: a server
- * truly several times slower (or faster) still looks so, one within the
- * noise looks like its peers. Nor before KV_ROUTE_SPEED_SAMPLES samples:
- * a learned mean starts at its first sample, which one stall of the
- * machine can make ten times too slow; after as many samples as the
- * mean's memory (16, kv_load.c), it rests on all of them. A server with
- * fewer samples (or none) is the fleet.
- */
-#define KV_ROUTE_SPEED_BAND     2.0
-#define KV_ROUTE_SPEED_SAMPLES  16
-
-static void speed(const kv_route_server_t *s, uint64_t tokens, double lrate, double lbase,
-                  double *rate, double *base)
-{
-    double fleet = weight_of(s) * lrate, x = tokens ? (double) tokens : 1, own, f = 1;
-
-    if (s->prefill_rate > 0 && s->prefill_samples >= KV_ROUTE_SPEED_SAMPLES) {
-        own = (s->prefill_base + x / s->prefill_rate) / (lbase + x / fleet);
-        if (own > KV_ROUTE_SPEED_BAND) {
-            f = own / KV_ROUTE_SPEED_BAND;
-        } else if (own < 1 / KV_ROUTE_SPEED_BAND) {
-            f = own * KV_ROUTE_SPEED_BAND;
-        }
-    }
-    *rate = fleet / f;
-    *base = lbase * f;
 }
 
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
@@ -288,31 +186,35 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
     double   best = INFINITY, loads = 0, mean, rate, base, pace;
     double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
-    size_t   i, m = 0, npace = 0;
+    size_t   i, m = 0, nrate = 0, npace = 0;
     int      pick = -1, held_outside = 0, home = -1;
     uint32_t longest = 0;
 
-    /* the fleet's line per unit of weight: the median base and the median
-     * time per token of the servers the traffic has measured (a median, so
-     * one server truly slower than the rest does not make them all look
-     * slow); the configured rate before any sample */
+    /* a server the traffic has not measured yet is taken to be like those
+     * it has (per unit of weight); the configured defaults stand in only
+     * before any sample, so a new server neither looks faster than its
+     * measured peers (and draws every request) nor slower */
     for (i = 0; i < n; i++) {
+        if (candidate(&s[i]) && s[i].prefill_rate > 0) {
+            lrate += s[i].prefill_rate / weight_of(&s[i]);
+            lbase += s[i].prefill_base;
+            nrate++;
+        }
         if (candidate(&s[i]) && s[i].decode_pace > 0) {
             lpace += s[i].decode_pace;
             npace++;
         }
     }
+    lrate = nrate ? lrate / nrate : cfg->prefill_rate;
+    lbase = nrate ? lbase / nrate : 0;
     lpace = npace ? lpace / npace : cfg->decode_pace;
-    if (fleet_line(s, n, &lrate, &lbase) != 0) {
-        lrate = cfg->prefill_rate;
-        lbase = 0;
-    }
 
     for (i = 0; i < n; i++) {
         if (!candidate(&s[i])) {
             continue;
         }
-        speed(&s[i], rq->prompt_tokens, lrate, lbase, &rate, &base);
+        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : lrate * weight_of(&s[i]);
+        base = s[i].prefill_rate > 0 ? s[i].prefill_base : lbase;
         pace = s[i].decode_pace > 0 ? s[i].decode_pace : lpace;
         s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
         s[i].base = base;
@@ -341,8 +243,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * session's home may be: the prefill queued ahead waits no longer than
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
-     * rate). Q (in L), for cold requests: C's bound + the fixed part of a
-     * prefill step, which joining a queued prefill spares (pick_cold).
+     * rate).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
@@ -350,11 +251,6 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
             s[i].eligible |= IN_C;
-        }
-        if (s[i].eligible
-            && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + s[i].base + grain)
-        {
-            s[i].eligible |= IN_Q;          /* cold: pick_cold */
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
             s[i].eligible |= IN_E;

@@ -22,11 +22,8 @@
  *   the tokens a server had to prefill, learned from its traffic (kv_load.h;
  *   queueing, batching and decode interference are in it), so a fixed part
  *   is not charged to every queued token; decode_pace likewise (ms per output
- *   token). A decision runs every server at the fleet's line (median per
- *   unit of weight) times the server's own factor, believed past 2x only
- *   and after 16 samples (speed() in kv_route.c: the noise between
- *   identical engines must not decide); cfg's defaults stand in before any
- *   sample at all.
+ *   token). A server with no sample takes the mean of those with one (per
+ *   unit of weight); cfg's defaults stand in before any sample at all.
  *
  *   1. L: servers whose requests in flight per unit of weight are at most
  *      (1 + slack) * the mean + 1 (bounded load, so that decode load spreads
@@ -34,9 +31,7 @@
  *      (1 + slack) * the best ttft in L + decode_pace(s) (estimates less than
  *      one output token's time apart are equal). C, in L: wait(s) at most the
  *      least wait in L + slack * the request's own prefill time there
- *      + decode_pace(s). Q, in L, for cold requests: wait(s) at most the
- *      least wait in L + slack * the request's own prefill time there
- *      + base(s) (the step it joins spares) + decode_pace(s).
+ *      + decode_pace(s).
  *   2. Sticky: if some server in E holds part of the prompt, take the one
  *      with the longest cached prefix (ties: the session's home, then the
  *      lower ttft + decode, then the fewer indexed blocks, then rendezvous).
@@ -52,15 +47,15 @@
  *      the same while it lasts). Warm from the session's earlier turns when
  *      the index lost them or never knew (approximate mode after an
  *      eviction, events mode after an event gap).
- *   5. Cold: otherwise, in Q, the fewest requests in flight per unit of
- *      weight (least_conn's choice), then the lowest cost to everyone:
+ *   5. Cold: otherwise the lowest cost to everyone in C:
  *        cold(s) = ttft(s) + requests(s) * (uncached / rate(s)
  *                                           + (wait(s) > 0 ? 0 : base(s)))
  *      its own time to first token plus the stall its prefill imposes on the
  *      server's requests in flight (no fixed part when it joins a queued
- *      prefill: engines batch those into one step). Costs less than one
- *      output token's time apart are equal: the first in the prefix's
- *      rendezvous order, so independent routers place a new prefix alike.
+ *      prefill: engines batch those into one step). Nothing queued anywhere:
+ *      the fewest requests (least_conn). Costs less than one output token's
+ *      time apart are equal: the first in the prefix's rendezvous order, so
+ *      independent routers place a new prefix alike.
 
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *
@@ -125,7 +120,6 @@ typedef struct {
     double      prefill_rate;       /* tokens/ms */
     double      prefill_base;       /* ms that no token adds (0 until learned) */
     double      decode_pace;        /* ms/token */
-    uint64_t    prefill_samples;    /* samples behind prefill_rate/base (0: unknown) */
     /* out: what the decision saw */
     int         busy;
     int         eligible;           /* in E (ttft) */
