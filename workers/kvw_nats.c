@@ -437,6 +437,15 @@ static void nats_drop(struct kvw_nats *k)
     k->nc = NULL;
 }
 
+/* A new connection after the current pause. */
+static void renew_later(struct kvw_nats *k, natsStatus s)
+{
+    fprintf(stderr, "kvworker: nats: %s (retrying)\n", natsStatus_GetText(s));
+    nats_drop(k);
+    struct timeval tv = { k->renew_ms / 1000, (k->renew_ms % 1000) * 1000 };
+    evtimer_add(k->renew, &tv);
+}
+
 /* cnats closed the connection by itself: a new one, with a doubling pause
  * (250 ms to 5 s) while it keeps failing at once. Events of the meantime
  * are lost to routers as with any disconnection: they resync on announce. */
@@ -453,12 +462,8 @@ static void on_renew(evutil_socket_t fd, short what, void *arg)
         on_connected(k->nc, k);
         return;
     }
-    if (s != NATS_OK) {
-        fprintf(stderr, "kvworker: nats: %s (retrying)\n", natsStatus_GetText(s));
-        nats_drop(k);
-        struct timeval tv = { k->renew_ms / 1000, (k->renew_ms % 1000) * 1000 };
-        evtimer_add(k->renew, &tv);
-    }
+    if (s != NATS_OK)
+        renew_later(k, s);
     k->renew_ms = k->renew_ms >= 2500 ? 5000 : k->renew_ms * 2;
 }
 
@@ -518,6 +523,13 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
         return NULL;
     }
     s = nats_connect(k);
+    if (s == NATS_CONNECTION_CLOSED) {
+        /* the first handshake was cut within the connect call itself (the
+         * server accepted and closed at once): as on_closed, a new
+         * connection after a pause, not a worker that exits */
+        renew_later(k, s);
+        s = NATS_OK;
+    }
     if (s != NATS_OK) {
         char safe[512];
         kvw_nats_redact(cfg->nats_url, safe, sizeof(safe));
@@ -525,7 +537,7 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
         kvw_nats_stop(k);
         return NULL;
     }
-    if (natsConnection_Status(k->nc) == NATS_CONN_STATUS_CONNECTED)
+    if (k->nc && natsConnection_Status(k->nc) == NATS_CONN_STATUS_CONNECTED)
         on_connected(k->nc, k);     /* the first announce */
     struct timeval tv = { cfg->heartbeat_ms / 1000, (cfg->heartbeat_ms % 1000) * 1000 };
     event_add(k->heartbeat, &tv);
