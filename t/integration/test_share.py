@@ -4,12 +4,10 @@ worker heartbeats), one nats-server that only they use, kvworker mock
 engines. Each instance's helper publishes its decisions and its own
 in-flight load on P.kvroute.decisions and applies the others'
 (docs/PROTOCOL.md, "Shared decisions")."""
-import json
 import os
 import signal
 import struct
 import sys
-import zlib
 
 import pytest
 
@@ -17,44 +15,19 @@ import kvt
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "lib"))
 import kvnats  # noqa: E402
+import test_multi_instance as multi  # noqa: E402
 
 SUBJECT = "namespace.dynamo.component.backend.kvroute.decisions"
 
-CONF = """
-    kvroute_zone kv 16m;
-    kvroute_share %(nats)s zone=kv lease=1s;
-    upstream llm {
-        zone llm 64k;
-        kvroute zone=kv mode=approximate %(params)s;
-        %(servers)s
-        keepalive 8;
-    }
-    server {
-        listen 127.0.0.1:%%(port)s;
-        location /v1/ {
-            kvroute_upstream llm;
-            proxy_pass http://llm;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            kvroute_debug_headers on;
-        }
-        location = /kvroute/status { kvroute_status; }
-    }
-"""
+# test_multi_instance's stack, with instances that share decisions instead
+# of reading KV events
+CONF = (multi.CONF
+        .replace("kvroute_events %(nats)s zone=kv;",
+                 "kvroute_share %(nats)s zone=kv lease=1s;")
+        .replace("mode=events worker_load=max", "mode=approximate"))
+assert "kvroute_share" in CONF and "mode=approximate" in CONF
 
-ENGINES = 4
-
-
-def ids(name, n):
-    h = zlib.crc32(name.encode()) % 10000
-    return [1000 + (h * 31 + i) % 30000 for i in range(n)]
-
-
-def zone(port):
-    s, _, body = kvt.request(port, "GET", "/kvroute/status")
-    assert s == 200
-    return json.loads(body)["zones"]["kv"]
+ENGINES, ids, zone = multi.ENGINES, multi.ids, multi.zone
 
 
 def share(port):
@@ -128,8 +101,7 @@ def test_approximate_turns_round_robin_land_on_one_worker(stack):
 
 
 def hold(port, prompt, max_tokens=30000):
-    from test_multi_instance import hold as h
-    return h(port, prompt, max_tokens)
+    return multi.hold(port, prompt, max_tokens)
 
 
 def test_load_through_one_instance_steers_the_others(stack):
