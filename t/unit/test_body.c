@@ -124,6 +124,48 @@ TEST(id_arrays_every_spacing)
     free(buf);
 }
 
+/* The fast loop reads 8 bytes at a time and takes the digits at their
+ * head whole: ids of 1 to 10 digits (leading zeros too), then every byte
+ * value (the digit class's edges '/' ':' and bytes whose carry spills),
+ * then 5: only a comma makes two ids, and any other byte an error. */
+TEST(id_digits_then_every_byte)
+{
+    static const char *heads[] = { "7", "42", "150", "9999", "12345", "151643", "1234567",
+                                   "12345678", "123456789", "4294967295", "0", "007",
+                                   "0000042", "00000042" };
+    char      buf[128], err[128];
+    kv_body_t b;
+    size_t    h, len;
+    unsigned  c, pad;
+    int       rc;
+
+    for (h = 0; h < sizeof(heads) / sizeof(heads[0]); h++) {
+        for (c = 0; c < 256; c++) {
+            if (c >= '0' && c <= '9') {
+                continue;
+            }
+            for (pad = 0; pad < 3; pad++) {
+                len = (size_t) sprintf(buf, "{\"prompt\":[%s%s", pad == 1 ? "3," : "", heads[h]);
+                buf[len++] = (char) c;
+                len += (size_t) sprintf(buf + len, "5]%s", pad == 2 ? "}     " : "}");
+                rc = kv_body_parse(&b, buf, len, err, sizeof(err));
+                if (c == ',') {
+                    CHECK(rc == 0);
+                    CHECK_EQ_U64(b.n_ids, 2 + (pad == 1));
+                    if (rc == 0 && b.n_ids == 2 + (pad == 1)) {
+                        CHECK_EQ_U64(b.ids[pad == 1], strtoull(heads[h], NULL, 10));
+                        CHECK_EQ_U64(b.ids[1 + (pad == 1)], 5);
+                    }
+                } else if (rc != -1) {
+                    fprintf(stderr, "  %s then byte %u accepted\n", heads[h], c);
+                    CHECK(0);
+                }
+                kv_body_free(&b);
+            }
+        }
+    }
+}
+
 TEST(messages_span)
 {
     kv_body_t b;
@@ -208,6 +250,7 @@ int main(void)
     RUN(unicode_escapes);
     RUN(id_prompts);
     RUN(id_arrays_every_spacing);
+    RUN(id_digits_then_every_byte);
     RUN(messages_span);
     RUN(malformed_rejected);
     RUN(deep_nesting_refused);
