@@ -43,8 +43,8 @@
  * between in the filter, knows they hold every block between (a slot
  * lacking one would have a hole at the last one it lacks) and skips them;
  * otherwise it walks p+1..q. To know, when slot s loses a block, whether s
- * holds a child of it, each entry keeps `kids` (slots that stored a child
- * under it; a superset, one bit per slot mod 64). A hole listed for s is
+ * holds a child of it, each entry has a `kids` word in the side array
+ * (slots that stored a child under it; a superset, one bit per slot mod 64). A hole listed for s is
  * dropped when s holds the key again (its children become the entry's
  * kids) or s is cleared. If the table is full, the slot is marked lost and
  * every match walks until that slot is cleared; likewise a record whose
