@@ -3,12 +3,16 @@
  *
  * Layout (offsets from the region start, no pointers):
  *
- *   header | worker slots [max_workers] | entries [cap] | hole table |
- *   hole filter (bitmap, and its u16 counts) | engine map [map_cap]
+ *   header | worker slots [max_workers] | entries [cap] | kids [cap] |
+ *   hole table | hole filter (bitmap, and its u16 counts) | engine map [map_cap]
  *
  * An entry is one sequence hash with the set of worker slots holding it, a
  * bitmap of `words` u64 (max_workers rounded up to 64), and the time it
  * was last stored or recorded (for eviction and approximate-mode TTL).
+ * Entries hold only what readers read: with up to 128 slots one is 32
+ * bytes, aligned, two to a cache line, so a reader's probe is one miss
+ * (at 40 bytes, half the entries straddled two lines). The writer-only
+ * `kids` word of entry i lives in a side array at the same index.
  * Entries form an open-addressing table with linear probing; removal
  * shifts the rest of the probe run back (no tombstones), so probe chains
  * only ever reflect the live load (at most 0.8; eviction keeps it there).
@@ -39,8 +43,8 @@
  * between in the filter, knows they hold every block between (a slot
  * lacking one would have a hole at the last one it lacks) and skips them;
  * otherwise it walks p+1..q. To know, when slot s loses a block, whether s
- * holds a child of it, each entry keeps `kids` (slots that stored a child
- * under it; a superset, one bit per slot mod 64). A hole listed for s is
+ * holds a child of it, each entry has a `kids` word in the side array
+ * (slots that stored a child under it; a superset, one bit per slot mod 64). A hole listed for s is
  * dropped when s holds the key again (its children become the entry's
  * kids) or s is cleared. If the table is full, the slot is marked lost and
  * every match walks until that slot is cleared; likewise a record whose
@@ -59,7 +63,7 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303033ULL   /* "kvidx003": hole table since 003 */
+#define IX_MAGIC        0x6b76696478303034ULL   /* "kvidx004": kids beside the entries */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
@@ -81,7 +85,6 @@ typedef struct {
     kv_seqlock_t        lock;
     uint32_t            touch;          /* ms, mod 2^32; writer only */
     uint64_t            key;
-    uint64_t            kids;           /* slots that may hold a child; writer only */
     uint64_t            bits[];         /* words */
 } entry_t;
 
@@ -106,6 +109,7 @@ struct kv_index {
     uint64_t            map_cap;        /* map entries (power of two) */
     uint64_t            entry_size;
     uint64_t            off_slots, off_entries, off_map;
+    uint64_t            off_kids;       /* u64 per entry: slots that may hold a child (writer) */
     uint64_t            used;           /* live entries; writer */
     uint64_t            tombs;          /* unused (layout kept) */
     uint64_t            map_used;
@@ -134,6 +138,13 @@ static slot_t *slots(const kv_index_t *ix)
 static entry_t *entry(const kv_index_t *ix, uint64_t i)
 {
     return (entry_t *) (void *) ((char *) ix + ix->off_entries + i * ix->entry_size);
+}
+
+/* The kids word of entry i (writer only): a superset of the slots that
+ * stored a child under its key, one bit per slot mod 64. */
+static uint64_t *kids(const kv_index_t *ix, uint64_t i)
+{
+    return (uint64_t *) (void *) ((char *) ix + ix->off_kids) + i;
 }
 
 static map_t *map(const kv_index_t *ix)
@@ -218,9 +229,14 @@ static void defaults(kv_index_config_t *c, const kv_index_config_t *in)
     if (c->prune_ratio <= 0 || c->prune_ratio >= 1) c->prune_ratio = 0.8;
 }
 
+/* 32 or 64 bytes where that costs little (entries then never straddle a
+ * cache line: the table is 64-byte aligned); 40 and 48 (129-256 slots)
+ * stay as they are rather than pay a third more memory or worse. */
 static uint64_t entry_size(uint32_t words)
 {
-    return sizeof(entry_t) + (uint64_t) words * sizeof(uint64_t);
+    uint64_t es = sizeof(entry_t) + (uint64_t) words * sizeof(uint64_t);
+
+    return es <= 32 ? 32 : es > 48 && es <= 64 ? 64 : es;
 }
 
 /* The hole table holds up to 3/4 of hole_cap keys (u16 filter counters
@@ -254,7 +270,7 @@ static uint64_t table_bytes(uint64_t cap, uint64_t es, uint32_t words)
 {
     uint64_t h = hole_cap_for(cap);
 
-    return align64(cap * es)
+    return align64(cap * es) + align64(cap * sizeof(uint64_t))
            + align64(h * (1 + (uint64_t) words) * sizeof(uint64_t))
            + align64((1ULL << filter_bits_for(h)) / 8)
            + align64((uint64_t) sizeof(uint16_t) << filter_bits_for(h));
@@ -314,7 +330,8 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
     ix->hole_cap = hole_cap_for(cap);
     ix->hole_size = (1 + (uint64_t) ix->words) * sizeof(uint64_t);
     ix->filter_bits = filter_bits_for(ix->hole_cap);
-    ix->off_holes = ix->off_entries + align64(cap * es);
+    ix->off_kids = ix->off_entries + align64(cap * es);
+    ix->off_holes = ix->off_kids + align64(cap * sizeof(uint64_t));
     ix->off_filter = ix->off_holes + align64(ix->hole_cap * ix->hole_size);
     ix->off_counts = ix->off_filter + align64((1ULL << ix->filter_bits) / 8);
     ix->off_map = ix->off_counts + align64((uint64_t) sizeof(uint16_t) << ix->filter_bits);
@@ -371,19 +388,34 @@ static uint64_t get_bits(const entry_t *e, uint32_t w)
     return __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
 }
 
-/* Both cache lines of the key's home entry (an entry may straddle two). */
+static void prefetch(const void *p)
+{
+    /* inline asm on x86: gcc 12 dropped __builtin_prefetch here entirely */
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *) p));
+#else
+    __builtin_prefetch(p);
+#endif
+}
+
+/* The cache line(s) of the key's home entry: one, unless the entry
+ * straddles two (sizes other than 32 and 64 bytes). A second prefetch of
+ * a line already on its way is not free: it waits for a miss buffer. */
 static void prefetch_key(const kv_index_t *ix, uint64_t key)
 {
     const char *e = (const char *) entry(ix, mix(key) & (ix->cap - 1));
 
-    /* inline asm on x86: gcc 12 dropped __builtin_prefetch here entirely */
-#if defined(__x86_64__) || defined(__i386__)
-    __asm__ volatile("prefetcht0 %0" : : "m"(*e));
-    __asm__ volatile("prefetcht0 %0" : : "m"(e[ix->entry_size - 1]));
-#else
-    __builtin_prefetch(e);
-    __builtin_prefetch(e + ix->entry_size - 1);
-#endif
+    prefetch(e);
+    if (((uintptr_t) e & 63) + ix->entry_size > 64) {
+        prefetch(e + ix->entry_size - 1);
+    }
+}
+
+/* The writer's view of a key's home: its entry and its kids word. */
+static void prefetch_key_w(const kv_index_t *ix, uint64_t key)
+{
+    prefetch_key(ix, key);
+    prefetch(kids(ix, mix(key) & (ix->cap - 1)));
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */
@@ -594,7 +626,7 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
  * hole now. */
 static void note_loss(kv_index_t *ix, uint64_t i, uint32_t slot)
 {
-    if (entry(ix, i)->kids & kid_bit(slot)) {
+    if (*kids(ix, i) & kid_bit(slot)) {
         hole_add(ix, __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED), slot);
     }
 }
@@ -637,11 +669,11 @@ static void erase(kv_index_t *ix, uint64_t i)
             }
         }
         move_entry(ix, entry(ix, j), entry(ix, k));
-        entry(ix, j)->kids = entry(ix, k)->kids;
+        *kids(ix, j) = *kids(ix, k);
         j = k;
     }
 empty:
-    entry(ix, j)->kids = 0;
+    *kids(ix, j) = 0;
     ix->erases++;
     e = entry(ix, j);
     write_begin(e);
@@ -752,7 +784,7 @@ static void set_holder(kv_index_t *ix, uint64_t i, uint32_t slot, uint32_t now)
         return;
     }
     if (hole_fill(ix, __atomic_load_n(&e->key, __ATOMIC_RELAXED), slot)) {
-        e->kids |= kid_bit(slot);       /* the children it kept while away */
+        *kids(ix, i) |= kid_bit(slot);  /* the children it kept while away */
     }
     write_begin(e);
     set_bits(e, slot / 64, get_bits(e, slot / 64) | 1ULL << (slot % 64));
@@ -772,7 +804,7 @@ static void note_parent(kv_index_t *ix, uint64_t pk, int64_t *pi, uint64_t *seen
         *seen = ix->erases;
     }
     if (*pi >= 0 && test_bit(entry(ix, (uint64_t) *pi), slot)) {
-        entry(ix, (uint64_t) *pi)->kids |= kid_bit(slot);
+        *kids(ix, (uint64_t) *pi) |= kid_bit(slot);
     } else {
         hole_add(ix, pk, slot);
     }
@@ -1097,7 +1129,7 @@ static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t
 
             seq[j] = (i + j == 0 && !ev->has_parent) ? t : kv_hash_chain(parent, t);
             parent = seq[j];
-            prefetch_key(ix, norm_key(seq[j]));
+            prefetch_key_w(ix, norm_key(seq[j]));
         }
         for (j = 0; j < m; j++) {
             if (i + j > 0 || ev->has_parent) {
@@ -1203,7 +1235,7 @@ static void record_run(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_
     }
     for (i = 0; i < n; i++) {
         if (i + MATCH_AHEAD < n) {
-            prefetch_key(ix, norm_key(seq[i + MATCH_AHEAD]));
+            prefetch_key_w(ix, norm_key(seq[i + MATCH_AHEAD]));
         }
         if (have) {
             note_parent(ix, pk, &at, &seen, slot);

@@ -7,6 +7,9 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kv_body.h"
 #include "kv_hash.h"
@@ -93,10 +96,123 @@ static int push_id(scan_t *s, kv_body_t *b, size_t *cap, uint32_t id)
  * message stay the general scanner's. 0: the array ended (']' consumed);
  * 1: stopped; -1: out of memory.
  */
+/*
+ * The leading decimal digits of the 8 bytes at p, all at once (SWAR): their
+ * count, and when it is 1-7 their value in *v. A byte is a digit when its
+ * high nibble is 3 both as it is and with 6 added ('0'-'9', not ':'-'?');
+ * a carry out of a byte that is no digit only reaches bytes after it. The
+ * digits, moved to the top of the word, are combined in pairs, fours and
+ * eights by three multiplies. Ids are 1-6 digits: one step per id instead
+ * of one per byte. Big-endian machines return 8 (the byte loop's case).
+ */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+/* The value of the n (1-7) digits at the head of the 8 bytes in x. */
+static uint32_t swar_value(uint64_t x, unsigned n)
+{
+    x = (x - 0x3030303030303030ULL) << (8 * (8 - n));  /* digits last: leading zeros first */
+    x = (x * 10 + (x >> 8)) & 0x00ff00ff00ff00ffULL;
+    x = (x * 100 + (x >> 16)) & 0x0000ffff0000ffffULL;
+    x = (x * 10000 + (x >> 32)) & 0xffffffffULL;
+    return (uint32_t) x;
+}
+#endif
+
+static unsigned swar_digits(const char *p, uint32_t *v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t hi = 0xf0f0f0f0f0f0f0f0ULL, three = 0x3030303030303030ULL;
+    uint64_t       x, non;
+    unsigned       n;
+
+    memcpy(&x, p, 8);
+    non = ((x & hi) ^ three) | (((x + 0x0606060606060606ULL) & hi) ^ three);
+    n = non ? (unsigned) __builtin_ctzll(non) / 8 : 8;
+    if (n == 0 || n == 8) {
+        return n;
+    }
+    *v = swar_value(x, n);
+    return n;
+#else
+    (void) p;
+    (void) v;
+    return 8;
+#endif
+}
+
+#if defined(__SSE2__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define IDS_BLOCK 1
+
+/* One bit per byte of the 64 at p (bit i: byte i): digits, commas, spaces. */
+static void classify64(const char *p, uint64_t *dig, uint64_t *com, uint64_t *spc)
+{
+    const __m128i zero = _mm_set1_epi8('0'), nine = _mm_set1_epi8(9);
+    const __m128i comma = _mm_set1_epi8(','), space = _mm_set1_epi8(' ');
+    __m128i       v, t;
+    int           i;
+
+    *dig = *com = *spc = 0;
+    for (i = 0; i < 4; i++) {
+        v = _mm_loadu_si128((const __m128i *) (const void *) (p + 16 * i));
+        t = _mm_sub_epi8(v, zero);
+        *dig |= (uint64_t) (uint16_t) _mm_movemask_epi8(
+                    _mm_cmpeq_epi8(_mm_min_epu8(t, nine), t)) << (16 * i);
+        *com |= (uint64_t) (uint16_t) _mm_movemask_epi8(_mm_cmpeq_epi8(v, comma)) << (16 * i);
+        *spc |= (uint64_t) (uint16_t) _mm_movemask_epi8(_mm_cmpeq_epi8(v, space)) << (16 * i);
+    }
+}
+
+/*
+ * Many ids at once, without the one-after-another dependency of finding
+ * where each ends: p is at an id's first digit, with 72 bytes readable.
+ * Of the 64 bytes at p, the leading run of digits, commas and spaces is
+ * taken when it reads d+(, ?d+)* (each comma after a digit, no two commas
+ * together, each space just after a comma): then the k-th digit run ends
+ * just before the k-th comma, and each such id of 1-7 digits is stored in
+ * order (an id of 8 or more stops it there). Returns how many, 0 when the
+ * run is anything else (the caller goes on one id at a time), and sets
+ * *last to the comma after the last id taken.
+ */
+static size_t ids_block(const char *p, uint32_t *ids, const char **last)
+{
+    uint64_t dig, com, spc, ok, starts, x;
+    unsigned a, c;
+    size_t   k = 0;
+
+    classify64(p, &dig, &com, &spc);
+    ok = dig | com | spc;
+    if (~ok) {
+        ok = (1ULL << __builtin_ctzll(~ok)) - 1;
+        dig &= ok;
+        com &= ok;
+        spc &= ok;
+    }
+    if ((com & com << 1) || (spc & ~(com << 1)) || (com & ~(dig << 1))) {
+        return 0;
+    }
+    for (starts = dig & ~(dig << 1); com; com &= com - 1, starts &= starts - 1) {
+        a = (unsigned) __builtin_ctzll(starts);
+        c = (unsigned) __builtin_ctzll(com);
+        if (c - a > 7) {
+            break;
+        }
+        memcpy(&x, p + a, 8);
+        ids[k++] = swar_value(x, c - a);
+        *last = p + c;
+    }
+    return k;
+}
+#endif
+
 static int scan_ids_fast(scan_t *s, kv_body_t *b, int keep, size_t *cap, int *first)
 {
     const char *p = s->p, *end = s->end, *q, *at;
     uint64_t    v;
+    uint32_t    v32;
+    unsigned    n;
+#ifdef IDS_BLOCK
+    uint32_t    scratch[32];
+    size_t      k;
+#endif
     size_t      most = (size_t) (end - p) / 2 + 1;
     uint32_t   *grown;
 
@@ -123,8 +239,27 @@ static int scan_ids_fast(scan_t *s, kv_body_t *b, int keep, size_t *cap, int *fi
                 p++;
             }
         }
-        for (q = p, v = 0; q < end && q - p < 10 && (unsigned char) (*q - '0') < 10; q++) {
-            v = v * 10 + (uint64_t) (*q - '0');
+#ifdef IDS_BLOCK
+        /* at most 32 ids in 64 bytes: room for them all */
+        if (end - p >= 72 && (unsigned char) (*p - '0') < 10
+            && (!keep || *cap - b->n_ids >= 32))
+        {
+            k = ids_block(p, keep ? b->ids + b->n_ids : scratch, &q);
+            if (k > 0) {
+                b->n_ids += keep ? k : 0;
+                *first = 0;
+                p = q;
+                continue;
+            }
+        }
+#endif
+        if (end - p >= 8 && (n = swar_digits(p, &v32)) - 1 < 7) {
+            q = p + n;
+            v = v32;
+        } else {
+            for (q = p, v = 0; q < end && q - p < 10 && (unsigned char) (*q - '0') < 10; q++) {
+                v = v * 10 + (uint64_t) (*q - '0');
+            }
         }
         if (q == p || q >= end || (*q != ',' && *q != ']') || v > UINT32_MAX
             || (keep && b->n_ids == *cap))

@@ -124,6 +124,69 @@ TEST(id_arrays_every_spacing)
     free(buf);
 }
 
+/* The fast loop reads 8 bytes at a time and takes the digits at their
+ * head whole, and in long arrays classifies 64 bytes at once: ids of 1 to
+ * 10 digits (leading zeros too), then every byte value (the digit class's
+ * edges '/' ':' and bytes whose carry spills), then 5, alone or amid long
+ * runs of ids before and after (pad 3, 4): only a comma makes more ids,
+ * any other byte is an error. */
+TEST(id_digits_then_every_byte)
+{
+    static const char *heads[] = { "7", "42", "150", "9999", "12345", "151643", "1234567",
+                                   "12345678", "123456789", "4294967295", "0", "007",
+                                   "0000042", "00000042" };
+    char      buf[512], err[128];
+    kv_body_t b;
+    size_t    h, len, i, before;
+    unsigned  c, pad;
+    int       rc, bad;
+
+    for (h = 0; h < sizeof(heads) / sizeof(heads[0]); h++) {
+        for (c = 0; c < 256; c++) {
+            if (c >= '0' && c <= '9') {
+                continue;
+            }
+            for (pad = 0; pad < 5; pad++) {
+                len = (size_t) sprintf(buf, "{\"prompt\":[%s", pad == 1 ? "3," : "");
+                before = pad == 1;
+                for (i = 0; pad >= 3 && i < 5 + pad * 3; i++) {
+                    len += (size_t) sprintf(buf + len, i % 3 ? "%zu," : "%zu, ", i * 37);
+                    before++;
+                }
+                len += (size_t) sprintf(buf + len, "%s", heads[h]);
+                buf[len++] = (char) c;
+                len += (size_t) sprintf(buf + len, "5");
+                for (i = 0; pad >= 3 && i < 40; i++) {
+                    len += (size_t) sprintf(buf + len, ",%zu", i);
+                }
+                len += (size_t) sprintf(buf + len, "]%s", pad == 2 ? "}     " : "}");
+                rc = kv_body_parse(&b, buf, len, err, sizeof(err));
+                if (c == ',') {
+                    CHECK(rc == 0);
+                    CHECK_EQ_U64(b.n_ids, before + 2 + (pad >= 3 ? 40 : 0));
+                    bad = rc != 0 || b.n_ids != before + 2 + (pad >= 3 ? 40 : 0);
+                    for (i = 0; !bad && i < before; i++) {
+                        bad = b.ids[i] != (pad == 1 ? 3 : i * 37);
+                    }
+                    bad = bad || b.ids[before] != strtoull(heads[h], NULL, 10)
+                              || b.ids[before + 1] != 5;
+                    for (i = 0; !bad && pad >= 3 && i < 40; i++) {
+                        bad = b.ids[before + 2 + i] != i;
+                    }
+                    if (bad) {
+                        fprintf(stderr, "  wrong ids: %.*s\n", (int) len, buf);
+                        CHECK(0);
+                    }
+                } else if (rc != -1) {
+                    fprintf(stderr, "  %s then byte %u accepted\n", heads[h], c);
+                    CHECK(0);
+                }
+                kv_body_free(&b);
+            }
+        }
+    }
+}
+
 TEST(messages_span)
 {
     kv_body_t b;
@@ -208,6 +271,7 @@ int main(void)
     RUN(unicode_escapes);
     RUN(id_prompts);
     RUN(id_arrays_every_spacing);
+    RUN(id_digits_then_every_byte);
     RUN(messages_span);
     RUN(malformed_rejected);
     RUN(deep_nesting_refused);

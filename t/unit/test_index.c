@@ -824,6 +824,26 @@ TEST(match_jump_equals_walk_randomized)
     CHECK(evicted > 0);
 }
 
+/* Entries are 32 bytes up to 128 slots, 40 (straddling cache lines) for
+ * 129-192 and padded to 64 for 257-384, with the writer's kids words in a
+ * side array moved along with them: the jump against the walk for each
+ * size, in a table that evicts and one that does not. */
+TEST(match_jump_equals_walk_every_entry_size)
+{
+    static const uint32_t workers[3] = { 40, 150, 300 };
+    uint64_t checked = 0, holes = 0, evicted = 0, jumped = 0;
+    int      c;
+
+    for (c = 0; c < 3; c++) {
+        d_run(4242 + c, 8u << 20, workers[c], 0, 600, &checked, &holes, &evicted, &jumped);
+        d_run(5353 + c, 0, workers[c], 0, 600, &checked, &holes, &evicted, &jumped);
+    }
+    printf("  %llu queries compared, %llu blocks evicted\n", (unsigned long long) checked,
+           (unsigned long long) evicted);
+    CHECK(holes > 0);
+    CHECK(evicted > 0);
+}
+
 /* Requests longer than one batch of landings (512 blocks; 256 with 4,096
  * slots, whose bitmaps fill the batch sooner), workers holding prefixes
  * that end anywhere, holes, clears: the jump (landings, quarter search,
@@ -966,6 +986,7 @@ int main(void)
     RUN(approximate_prune_to_ratio);
     RUN(open_on_reuse);
     RUN(match_jump_equals_walk_randomized);
+    RUN(match_jump_equals_walk_every_entry_size);
     RUN(match_jump_long_requests_equal_walk);
     RUN(match_hole_table_overflow_walks);
     RUN(match_jump_sees_holes);
