@@ -9,6 +9,7 @@ import atexit
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -54,8 +55,33 @@ def _kill(proc, sig=signal.SIGTERM, timeout=5.0):
         _live.remove(proc)
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = f.read().split()
+            return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_ports = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
 def free_port():
-    """A loopback port nobody listens on right now."""
+    """A loopback port nobody listens on right now, below the kernel's
+    ephemeral range: a port the kernel hands out for bind(0) can be taken,
+    before the process we start binds it, as the local port of any outgoing
+    connection (every test opens many), and the process then exits with
+    "address in use". Below the range only an explicit bind can take it."""
+    lo, _ = _ephemeral_range()
+    for _ in range(100):
+        port = _ports.randrange(10000, max(lo, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
