@@ -49,7 +49,14 @@ struct kvw_pull {
     uint8_t                    *stage;      /* the frame being checked */
     struct event               *deadline;
     struct event               *fin;        /* the end, run outside libevent's callbacks */
+    struct event               *again;      /* CUDA IPC failed: ask again for bytes */
+    char                        host[256], addr[64];
+    int                         port;
     int                         over;       /* result decided: ignore further callbacks */
+    int                         offer_ipc;  /* this request offers CUDA IPC */
+    int                         retrying;   /* IPC failed: this reply is ignored, on_again asks again */
+    void                       *peer;       /* the prefill side's pool, mapped (IPC) */
+    uint64_t                   *src;        /* IPC: each block's offset in it, by prompt index */
     int                         ok;
     char                        why[320];
     kvw_pull_done_fn            done;
@@ -74,12 +81,72 @@ static void pull_free(kvw_pull_t *p)
         event_free(p->deadline);
     if (p->fin)
         event_free(p->fin);
+    if (p->again)
+        event_free(p->again);
     if (p->in)
         evbuffer_free(p->in);
     free(p->seq);
     free(p->local);
     free(p->stage);
+    free(p->src);
     free(p);
+}
+
+static int send_request(kvw_pull_t *p);
+static void conclude(kvw_pull_t *p, int ok, double delay_s, const char *why);
+
+/*
+ * CUDA IPC failed on this side (the handle would not open, a copy failed):
+ * the blocks allocated for the transfer are untouched, so the same pull asks
+ * the prefill worker again without offering IPC, for the byte stream (its
+ * prefix cache has the prompt by now). The address is remembered so later
+ * pulls from it do not offer IPC again. Run from the event loop, never from
+ * inside the connection's callbacks (the connection is freed here).
+ */
+static void on_again(evutil_socket_t fd, short what, void *arg)
+{
+    kvw_pull_t *p = arg;
+
+    if (p->over)
+        return;                         /* the deadline passed meanwhile */
+    if (p->conn) {
+        evhttp_connection_free(p->conn);    /* its callbacks see retrying and do nothing */
+        p->conn = NULL;
+    }
+    p->req = NULL;
+    evbuffer_drain(p->in, evbuffer_get_length(p->in));
+    p->rx.state = 0;
+    p->rx.got = 0;
+    p->rx.ipc = 0;
+    p->rx.ipc_offered = 0;
+    p->offer_ipc = 0;
+    p->peer = NULL;
+    p->retrying = 0;
+    if (send_request(p) != 0)
+        conclude(p, 0, 0, "cannot send the transfer request again (after CUDA IPC failed)");
+}
+
+static void ipc_failed(kvw_pull_t *p, const char *why)
+{
+    kvw_xfer_stats_t *st = p->st;
+
+    if (p->over || p->retrying)
+        return;
+    fprintf(stderr, "kvworker: transfer from %s: CUDA IPC failed, pulling bytes: %s\n", p->addr,
+            why);
+    st->ipc_fallbacks++;
+    snprintf(st->ipc_off[st->n_ipc_off++ % 8], sizeof(st->ipc_off[0]), "%s", p->addr);
+    p->retrying = 1;                    /* ignore the rest of this reply */
+    struct timeval tv = { 0, 0 };
+    evtimer_add(p->again, &tv);
+}
+
+static int ipc_refused_before(const kvw_xfer_stats_t *st, const char *addr)
+{
+    for (unsigned i = 0; i < 8 && i < st->n_ipc_off; i++)
+        if (strcmp(st->ipc_off[i], addr) == 0)
+            return 1;
+    return 0;
 }
 
 /* Decides the outcome once; the end runs from the event loop (on_fin). */
@@ -139,7 +206,7 @@ static void parse(kvw_pull_t *p)
 {
     char why[200];
 
-    while (!p->over) {
+    while (!p->over && !p->retrying) {
         size_t need = kvx_rx_need(&p->rx), used = 0;
         if (need == 0) {
             if (evbuffer_get_length(p->in) > 0)
@@ -161,7 +228,18 @@ static void parse(kvw_pull_t *p)
             fail(p, "refused the transfer: %s", why);
             return;
         }
-        if (ev == KVX_BLOCK) {
+        if (ev == KVX_IPC) {
+            char err[256];
+            p->peer = p->be->ipc_open(p->be, p->rx.pool.handle, p->rx.pool.pool_bytes, err,
+                                      sizeof(err));
+            if (p->peer == NULL) {
+                ipc_failed(p, err);
+                return;
+            }
+        }
+        if (ev == KVX_BLOCK && p->rx.ipc) {
+            p->src[blk.index] = blk.checksum;   /* copied once the whole stream is verified */
+        } else if (ev == KVX_BLOCK) {
             if (p->rx.block_bytes
                 && p->be->block_write(p->be, p->pin.table[blk.index], payload) != 0) {
                 fail(p, "%s", "block_write failed");
@@ -180,11 +258,24 @@ static void complete(kvw_pull_t *p)
     double link_s = 0;
 
     parse(p);
-    if (p->over)
+    if (p->over || p->retrying)
         return;
     if (kvx_rx_need(&p->rx) != 0) {
         fail(p, "%s", "the transfer stream ended early (truncated)");
         return;
+    }
+    if (p->rx.ipc) {
+        /* every frame verified: copy the blocks from the prefill side's pool, then commit */
+        char err[256];
+        uint32_t n = p->n_full - p->have;
+        if (p->be->blocks_copy_peer(p->be, p->peer, p->src + p->have, p->pin.table + p->have, n,
+                                    err, sizeof(err)) != 0) {
+            ipc_failed(p, err);
+            return;
+        }
+        p->st->pulled_ipc++;
+        p->st->pulled_blocks += n;
+        p->st->pulled_bytes += (uint64_t)n * p->rx.block_bytes;
     }
     if (p->be->simulated) {
         /* the mock's manifest: charge what its KV would take on the link */
@@ -201,7 +292,7 @@ static void on_chunk(struct evhttp_request *req, void *arg)
     kvw_pull_t *p = arg;
     struct evbuffer *b = evhttp_request_get_input_buffer(req);
 
-    if (p->over) {
+    if (p->over || p->retrying) {
         evbuffer_drain(b, evbuffer_get_length(b));
         return;
     }
@@ -221,7 +312,7 @@ static void on_done(struct evhttp_request *req, void *arg)
     kvw_pull_t *p = arg;
     char msg[300];
 
-    if (p->over)
+    if (p->over || p->retrying)
         return;
     if (req == NULL || evhttp_request_get_response_code(req) == 0) {
         fail(p, "%s", "prefill worker unreachable or the connection failed");
@@ -257,6 +348,8 @@ static void on_error(enum evhttp_request_error err, void *arg)
                        : err == EVREQ_HTTP_BUFFER_ERROR ? "connection error"
                        : err == EVREQ_HTTP_DATA_TOO_LONG ? "reply too long"
                        : "request cancelled";
+    if (p->retrying)
+        return;
     fail(p, "prefill worker: %s", what);
 }
 
@@ -310,9 +403,45 @@ static char *request_body(kvw_pull_t *p)
     json_object_set_new(j, "model_fp", json_string(hex));
     snprintf(hex, sizeof(hex), "%016" PRIx64, kvw_xfer_layout_fp(p->e));
     json_object_set_new(j, "layout_fp", json_string(hex));
+    if (p->offer_ipc)
+        json_object_set_new(j, "ipc", json_pack("{s:s}", "node", kvw_xfer_node_id()));
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;
+}
+
+static int send_request(kvw_pull_t *p)
+{
+    kvw_engine_t *e = p->e;
+    char *body = request_body(p);
+
+    p->conn = evhttp_connection_base_new(e->base, NULL, p->host, (ev_uint16_t)p->port);
+    p->req = evhttp_request_new(on_done, p);
+    if (body == NULL || p->conn == NULL || p->req == NULL) {
+        free(body);
+        if (p->req)
+            evhttp_request_free(p->req);
+        p->req = NULL;
+        return -1;
+    }
+    int secs = (e->cfg->xfer_timeout_ms + 999) / 1000;
+    evhttp_connection_set_timeout(p->conn, secs);
+    evhttp_connection_set_retries(p->conn, 0);
+    /* libevent reads 16 KB per callback by default: a transfer is MBs */
+    bufferevent_set_max_single_read(evhttp_connection_get_bufferevent(p->conn), 1 << 20);
+    evhttp_request_set_chunked_cb(p->req, on_chunk);
+    evhttp_request_set_error_cb(p->req, on_error);
+    struct evkeyvalq *hd = evhttp_request_get_output_headers(p->req);
+    evhttp_add_header(hd, "Host", p->addr);
+    evhttp_add_header(hd, "Content-Type", "application/json");
+    evhttp_add_header(hd, "Accept", KVX_CTYPE);
+    evbuffer_add(evhttp_request_get_output_buffer(p->req), body, strlen(body));
+    free(body);
+    if (evhttp_make_request(p->conn, p->req, EVHTTP_REQ_POST, KVX_PATH) != 0) {
+        p->req = NULL;      /* evhttp_make_request frees it on failure */
+        return -1;
+    }
+    return 0;
 }
 
 kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_t *r,
@@ -352,8 +481,10 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
     p->in = evbuffer_new();
     p->deadline = evtimer_new(e->base, on_deadline, p);
     p->fin = evtimer_new(e->base, on_fin, p);
+    p->again = evtimer_new(e->base, on_again, p);
+    p->src = calloc(p->n_full + 1, sizeof(uint64_t));
     if (p->seq == NULL || p->local == NULL || p->in == NULL || p->deadline == NULL
-        || p->fin == NULL) {
+        || p->fin == NULL || p->again == NULL || p->src == NULL) {
         *why = "out of memory";
         pull_free(p);
         return NULL;
@@ -387,32 +518,13 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
     p->rx.seq = p->seq;
     p->rx.local = p->local;
 
-    char *body = request_body(p);
-    p->conn = evhttp_connection_base_new(e->base, NULL, host, (ev_uint16_t)port);
-    p->req = evhttp_request_new(on_done, p);
-    if (body == NULL || p->conn == NULL || p->req == NULL) {
-        free(body);
-        if (p->req && p->conn == NULL)
-            evhttp_request_free(p->req);
-        *why = "cannot start the transfer request";
-        pull_free(p);
-        return NULL;
-    }
-    int secs = (e->cfg->xfer_timeout_ms + 999) / 1000;
-    evhttp_connection_set_timeout(p->conn, secs);
-    evhttp_connection_set_retries(p->conn, 0);
-    /* libevent reads 16 KB per callback by default: a transfer is MBs */
-    bufferevent_set_max_single_read(evhttp_connection_get_bufferevent(p->conn), 1 << 20);
-    evhttp_request_set_chunked_cb(p->req, on_chunk);
-    evhttp_request_set_error_cb(p->req, on_error);
-    struct evkeyvalq *hd = evhttp_request_get_output_headers(p->req);
-    evhttp_add_header(hd, "Host", addr);
-    evhttp_add_header(hd, "Content-Type", "application/json");
-    evhttp_add_header(hd, "Accept", KVX_CTYPE);
-    evbuffer_add(evhttp_request_get_output_buffer(p->req), body, strlen(body));
-    free(body);
-    if (evhttp_make_request(p->conn, p->req, EVHTTP_REQ_POST, KVX_PATH) != 0) {
-        p->req = NULL;      /* evhttp_make_request frees it on failure */
+    p->offer_ipc = p->be->ipc_open && p->be->blocks_copy_peer && p->be->block_bytes
+                   && kvw_xfer_node_id()[0] && !ipc_refused_before(st, addr);
+    p->rx.ipc_offered = p->offer_ipc;
+    snprintf(p->host, sizeof(p->host), "%s", host);
+    snprintf(p->addr, sizeof(p->addr), "%s", addr);
+    p->port = port;
+    if (send_request(p) != 0) {
         *why = "cannot send the transfer request";
         pull_free(p);
         return NULL;

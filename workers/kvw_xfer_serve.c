@@ -61,6 +61,8 @@ typedef struct {
     kvw_seq_blocks_t            pin;
     struct event               *timer;
     int                         computing, streaming;
+    int                         ipc_offered;    /* the decode side is on this node and can map */
+    int                         ipc;            /* streaming offsets into the exported pool */
     win_t                      *win;        /* frames being sent, read from the pool */
     uint64_t                   *seq, *local; /* the prompt's block hashes */
 } serve_t;
@@ -89,6 +91,29 @@ const char *kvw_role_name(int role)
 {
     return role == KVW_ROLE_PREFILL ? "prefill" : role == KVW_ROLE_DECODE ? "decode"
                                                                           : "aggregated";
+}
+
+/*
+ * This machine, for CUDA IPC: the kernel's boot id (the same for every
+ * process and container on one host, another after a reboot). Empty where it
+ * cannot be read: then IPC is never offered or accepted.
+ */
+const char *kvw_xfer_node_id(void)
+{
+    static char id[64];
+    static int done;
+
+    if (!done) {
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        done = 1;
+        if (f) {
+            if (fgets(id, sizeof(id), f) == NULL)
+                id[0] = '\0';
+            id[strcspn(id, "\n")] = '\0';
+            fclose(f);
+        }
+    }
+    return id;
 }
 
 static void refuse(struct evhttp_request *req, int code, const char *reason, const char *ecode,
@@ -133,7 +158,7 @@ static void on_close(struct evhttp_connection *conn, void *arg)
     serve_t *s = arg;
 
     s->conn = NULL;
-    if (evhttp_request_get_connection(s->http) == NULL)
+    if (s->http && evhttp_request_get_connection(s->http) == NULL)
         evhttp_request_free(s->http);
     serve_free(s);
 }
@@ -143,7 +168,50 @@ static void on_last_written(struct evhttp_connection *conn, void *arg)
     serve_t *s = arg;
 
     evhttp_send_reply_end(s->http);
+    if (s->ipc && s->conn) {
+        /*
+         * The decode side reads the blocks from our pool after the last frame:
+         * they stay pinned until it closes the connection (it copies first),
+         * or until --xfer-timeout-ms.
+         */
+        s->http = NULL;
+        return;
+    }
     serve_free(s);
+}
+
+/* CUDA IPC: the header, the exported pool, block offsets instead of payloads, the end. */
+static int send_ipc(serve_t *s, const kvx_ipc_t *pool)
+{
+    kvw_backend_t *be = kvw_sched_backend(s->e);
+    size_t len = KVX_IPC_LEN + (size_t)(s->n_full - s->first) * KVX_BLK_LEN + KVX_END_LEN;
+    uint8_t *buf = malloc(len), *p = buf;
+    struct evbuffer *b = evbuffer_new();
+
+    if (buf == NULL || b == NULL) {
+        free(buf);
+        if (b)
+            evbuffer_free(b);
+        return -1;
+    }
+    kvx_ipc_encode(pool, p);
+    p += KVX_IPC_LEN;
+    for (uint32_t i = s->first; i < s->n_full; i++) {
+        kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i],
+                            .checksum = (uint64_t)s->pin.table[i] * be->block_bytes };
+        kvx_block_encode(&blk, p);
+        p += KVX_BLK_LEN;
+        s->st->served_blocks++;
+        s->st->served_bytes += be->block_bytes;     /* moved, by the decode side's copy */
+    }
+    kvx_end_encode(s->n_full - s->first, p);
+    evbuffer_add(b, buf, len);
+    free(buf);
+    s->st->served++;
+    s->st->served_ipc++;
+    evhttp_send_reply_chunk_with_cb(s->http, b, on_last_written, s);
+    evbuffer_free(b);
+    return 0;
 }
 
 /*
@@ -211,9 +279,20 @@ static void start_stream(serve_t *s)
     };
     uint8_t hdr[KVX_HDR_LEN];
     struct evbuffer *b = evbuffer_new();
+    kvx_ipc_t pool;
+    char err[256];
 
     s->next = s->first;
     s->streaming = 1;
+    if (s->ipc_offered && s->n_full > s->first) {
+        if (be->ipc_export(be, pool.handle, &pool.pool_bytes, &pool.device, err,
+                           sizeof(err)) == 0) {
+            s->ipc = 1;
+            h.flags = KVX_F_IPC;
+        } else {
+            fprintf(stderr, "kvworker: transfer: CUDA IPC refused, sending bytes: %s\n", err);
+        }
+    }
     /* a window of whole frames: SEND_WINDOW, or one block if blocks are larger */
     size_t frame = KVX_BLK_LEN + be->block_bytes;
     size_t len = (frame < SEND_WINDOW ? SEND_WINDOW - SEND_WINDOW % frame : frame) + KVX_END_LEN;
@@ -232,6 +311,13 @@ static void start_stream(serve_t *s)
     evbuffer_add(b, hdr, sizeof(hdr));
     evhttp_send_reply_chunk(s->http, b);
     evbuffer_free(b);
+    if (s->ipc) {
+        if (send_ipc(s, &pool) != 0) {
+            evhttp_send_reply_end(s->http);     /* no end frame: the decode side refuses it */
+            serve_free(s);
+        }
+        return;
+    }
     send_more(s->conn, s);
 }
 
@@ -279,7 +365,9 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
 
     fprintf(stderr, "kvworker: transfer: timed out after %d ms (%s)\n",
             s->e->cfg->xfer_timeout_ms, s->streaming ? "streaming" : "computing");
-    if (s->streaming)
+    if (s->streaming && s->http == NULL)
+        ;                                   /* CUDA IPC: the decode side held the pin too long */
+    else if (s->streaming)
         evhttp_send_reply_end(s->http);     /* cut short: no end frame, refused downstream */
     else
         refuse(s->http, 503, "Service Unavailable", "prefill_timeout",
@@ -397,6 +485,12 @@ static int parse(serve_t *s, const char *body, size_t len, int *code, const char
         }
     }
     s->first = (uint32_t)json_array_size(have);
+    /* CUDA IPC, offered by a decode side on this machine, where this engine can export */
+    json_t *ipc = json_object_get(root, "ipc");
+    const char *node = json_string_value(json_object_get(ipc, "node"));
+    kvw_backend_t *be = kvw_sched_backend(e);
+    s->ipc_offered = node && *node && strcmp(node, kvw_xfer_node_id()) == 0 && be->ipc_export
+                     && be->block_bytes;
     rc = 0;
 out:
     json_decref(root);
