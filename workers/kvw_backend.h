@@ -74,6 +74,12 @@ struct kvw_backend {
     /* One block of all layers to/from host memory (block_bytes); NULL in the mock. */
     int  (*block_read)(kvw_backend_t *b, uint32_t block, void *dst);
     int  (*block_write)(kvw_backend_t *b, uint32_t block, const void *src);
+    /*
+     * Where a block lives when the pool is host memory (the cpu engine), so
+     * the transfer can send from it and receive into it without a copy;
+     * NULL where it is not (cuda: device memory, mock: none).
+     */
+    void *(*block_ptr)(kvw_backend_t *b, uint32_t block);
 
     /*
      * CUDA IPC between two processes on one node (docs/PROTOCOL.md, "CUDA

@@ -201,6 +201,37 @@ static void fail(kvw_pull_t *p, const char *fmt, const char *detail)
     conclude(p, 0, 0, why);
 }
 
+/*
+ * A pool in host memory (the cpu engine): the payload is copied out of the
+ * receive buffer straight into the block allocated for it and checked there
+ * (hashes, checksum). The block is private until the whole transfer is in
+ * and verified, so bytes that fail a check are never used: the pull fails
+ * and the block is released.
+ */
+static void receive_in_place(kvw_pull_t *p)
+{
+    size_t bb = (size_t)p->rx.block_bytes;
+    uint32_t want = (uint32_t)kvx_rx_next_block(&p->rx);
+    uint8_t *dst = want < p->n_full ? p->be->block_ptr(p->be, p->pin.table[want]) : NULL;
+    struct evbuffer_ptr at;
+    kvx_block_t blk;
+    char why[200];
+
+    if (dst == NULL || evbuffer_copyout(p->in, p->stage, KVX_BLK_LEN) != KVX_BLK_LEN
+        || evbuffer_ptr_set(p->in, &at, KVX_BLK_LEN, EVBUFFER_PTR_SET) != 0
+        || evbuffer_copyout_from(p->in, &at, dst, bb) != (ev_ssize_t)bb) {
+        fail(p, "%s", "cannot read the receive buffer");
+        return;
+    }
+    if (kvx_rx_block(&p->rx, p->stage, dst, &blk, why, sizeof(why)) != KVX_BLOCK) {
+        fail(p, "refused the transfer: %s", why);
+        return;
+    }
+    p->st->pulled_blocks++;
+    p->st->pulled_bytes += bb;
+    evbuffer_drain(p->in, KVX_BLK_LEN + bb);
+}
+
 /* Everything received so far, frame by frame: verified blocks are written at once. */
 static void parse(kvw_pull_t *p)
 {
@@ -215,6 +246,11 @@ static void parse(kvw_pull_t *p)
         }
         if (evbuffer_get_length(p->in) < need)
             return;
+        if (kvx_rx_next_block(&p->rx) >= 0 && !p->rx.ipc && p->rx.block_bytes
+            && p->be->block_ptr) {
+            receive_in_place(p);
+            continue;
+        }
         /* one copy, into a staging buffer reused for every frame */
         if (evbuffer_copyout(p->in, p->stage, need) != (ev_ssize_t)need) {
             fail(p, "%s", "cannot read the receive buffer");

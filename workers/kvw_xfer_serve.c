@@ -214,6 +214,67 @@ static int send_ipc(serve_t *s, const kvx_ipc_t *pool)
     return 0;
 }
 
+static void send_more(struct evhttp_connection *conn, void *arg);
+
+/*
+ * A pool in host memory (the cpu engine): each block's payload goes to the
+ * socket by reference, straight from the pinned block (no copy before the
+ * kernel's), its checksum computed there; only the 32-byte frame headers
+ * are written into the window. The blocks stay pinned until the stream has
+ * been written (or the connection is gone).
+ */
+static void send_from_pool(serve_t *s, struct evbuffer *b)
+{
+    kvw_backend_t *be = kvw_sched_backend(s->e);
+    size_t bytes = be->block_bytes, used = 0, queued = 0;
+
+    while (s->next < s->n_full && queued < SEND_WINDOW
+           && used + KVX_BLK_LEN + KVX_END_LEN <= s->win->len) {
+        uint32_t i = s->next++;
+        kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i] };
+        const uint8_t *payload = be->block_ptr(be, s->pin.table[i]);
+
+        if (payload == NULL) {
+            fprintf(stderr, "kvworker: transfer: block %u outside the pool\n", s->pin.table[i]);
+            evbuffer_free(b);
+            evhttp_send_reply_end(s->http);
+            serve_free(s);
+            return;
+        }
+        blk.checksum = kvx_checksum(payload, bytes);
+        kvx_block_encode(&blk, s->win->data + used);
+        /* one HTTP chunk per block: libevent hands the decode side whole chunks only */
+        if (evbuffer_get_length(b) > 0)
+            evhttp_send_reply_chunk(s->http, b);
+        if (evbuffer_add(b, s->win->data + used, KVX_BLK_LEN) != 0
+            || evbuffer_add_reference(b, payload, bytes, NULL, NULL) != 0) {
+            evbuffer_free(b);
+            evhttp_send_reply_end(s->http);     /* no end frame: the decode side refuses it */
+            serve_free(s);
+            return;
+        }
+        used += KVX_BLK_LEN;
+        queued += KVX_BLK_LEN + bytes;
+        s->st->served_blocks++;
+        s->st->served_bytes += bytes;
+    }
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(s->conn);
+    if (s->next == s->n_full) {
+        uint8_t end[KVX_END_LEN];
+        kvx_end_encode(s->n_full - s->first, end);
+        evbuffer_add(b, end, KVX_END_LEN);
+        s->st->served++;
+        /* the last callback only once every referenced byte is written: the pin holds till then */
+        bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
+    } else {
+        /* the next window is queued while this one is still being written */
+        bufferevent_setwatermark(bev, EV_WRITE, SEND_WINDOW / 2, 0);
+    }
+    evhttp_send_reply_chunk_with_cb(s->http, b, s->next < s->n_full ? send_more : on_last_written,
+                                    s);
+    evbuffer_free(b);
+}
+
 /*
  * Fills the window with block frames, read from the pool straight into it,
  * and hands it to the socket by reference; the callback comes when it has
@@ -230,6 +291,10 @@ static void send_more(struct evhttp_connection *conn, void *arg)
     if (b == NULL) {
         evhttp_send_reply_end(s->http);   /* no end frame: the decode side refuses it */
         serve_free(s);
+        return;
+    }
+    if (bytes && be->block_ptr) {
+        send_from_pool(s, b);
         return;
     }
     while (s->next < s->n_full && used + KVX_BLK_LEN + bytes + KVX_END_LEN <= s->win->len) {

@@ -177,8 +177,8 @@ static kvx_rx_ev_t read_ipc(kvx_rx_t *rx, const uint8_t *p, char *why, size_t wn
     return KVX_IPC;
 }
 
-static kvx_rx_ev_t read_block(kvx_rx_t *rx, const uint8_t *p, kvx_block_t *b,
-                              const uint8_t **payload, char *why, size_t wn)
+static kvx_rx_ev_t read_block(kvx_rx_t *rx, const uint8_t *p, const uint8_t *data,
+                              kvx_block_t *b, const uint8_t **payload, char *why, size_t wn)
 {
     if (memcmp(p, "KVB1", 4) != 0)
         return fail(why, wn, "block frame %llu: bad magic", (unsigned long long)rx->got);
@@ -201,14 +201,32 @@ static kvx_rx_ev_t read_block(kvx_rx_t *rx, const uint8_t *p, kvx_block_t *b,
                         (unsigned long long)rx->pool.pool_bytes);
         *payload = NULL;
     } else {
-        if (b->checksum != kvx_checksum(p + KVX_BLK_LEN, (size_t)rx->block_bytes))
+        if (b->checksum != kvx_checksum(data, (size_t)rx->block_bytes))
             return fail(why, wn, "block %llu: payload checksum mismatch",
                         (unsigned long long)want);
-        *payload = p + KVX_BLK_LEN;
+        *payload = data;
     }
     if (++rx->got == rx->count)
         rx->state = 2;
     return KVX_BLOCK;
+}
+
+int64_t kvx_rx_next_block(const kvx_rx_t *rx)
+{
+    return rx->state == 1 ? (int64_t)rx->first + rx->got : -1;
+}
+
+kvx_rx_ev_t kvx_rx_block(kvx_rx_t *rx, const uint8_t hdr[KVX_BLK_LEN], const uint8_t *payload,
+                         kvx_block_t *blk, char *why, size_t whylen)
+{
+    const uint8_t *out;
+
+    if (rx->state != 1 || rx->ipc)
+        return fail(why, whylen, "no block frame of the byte stream is due");
+    if (rx->block_bytes > KVX_MAX_BLOCK_BYTES)
+        return fail(why, whylen, "block payload of %llu bytes is over the %u limit",
+                    (unsigned long long)rx->block_bytes, KVX_MAX_BLOCK_BYTES);
+    return read_block(rx, hdr, payload, blk, &out, why, whylen);
 }
 
 kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *used,
@@ -231,7 +249,7 @@ kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *us
     if (rx->state == 4)
         return read_ipc(rx, buf, why, whylen);
     if (rx->state == 1)
-        return read_block(rx, buf, blk, payload, why, whylen);
+        return read_block(rx, buf, buf + KVX_BLK_LEN, blk, payload, why, whylen);
     if (memcmp(buf, "KVXE", 4) != 0 || get64(buf + 8) != XXH3_64bits(buf, 8))
         return fail(why, whylen, "bad end frame after %llu blocks", (unsigned long long)rx->got);
     if (get32(buf + 4) != rx->count)

@@ -107,6 +107,17 @@ typedef enum { KVX_MORE, KVX_HEADER, KVX_IPC, KVX_BLOCK, KVX_DONE, KVX_ERROR } k
 kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *used,
                         kvx_block_t *blk, const uint8_t **payload, char *why, size_t whylen);
 
+/*
+ * The same check of a block frame whose payload is elsewhere (received
+ * straight into the block it is meant for): hdr is the frame's 32 bytes,
+ * payload block_bytes. KVX_BLOCK or KVX_ERROR; only while a block frame of
+ * the byte stream is due (kvx_rx_next_block says which block that is).
+ */
+kvx_rx_ev_t kvx_rx_block(kvx_rx_t *rx, const uint8_t hdr[KVX_BLK_LEN], const uint8_t *payload,
+                         kvx_block_t *blk, char *why, size_t whylen);
+/* The prompt index of the block frame due next, or -1 if none is. */
+int64_t kvx_rx_next_block(const kvx_rx_t *rx);
+
 /* Bytes the next frame needs in one piece (to pull up a buffer). */
 size_t kvx_rx_need(const kvx_rx_t *rx);
 
