@@ -133,8 +133,11 @@ static void refuse(struct evhttp_request *req, int code, const char *reason, con
 
 static void serve_free(serve_t *s)
 {
-    if (s->conn)
+    if (s->conn) {
         evhttp_connection_set_closecb(s->conn, NULL, NULL);
+        /* a stream cut short left send_from_pool's watermark: the connection's next replies need 0 */
+        bufferevent_setwatermark(evhttp_connection_get_bufferevent(s->conn), EV_WRITE, 0, 0);
+    }
     if (s->computing) {
         s->st->computing--;
         if (s->req.engine)
