@@ -6,12 +6,16 @@ emulation), the decode side mapping it (cudaIpcOpenMemHandle) and copying
 the named blocks device to device. What the emulation cannot show (the
 real driver's and P2P's behaviour, speed) is in docs/CUDA.md."""
 import os
+import struct
 
 import pytest
 
 import kvt
 from test_cpu_engine import CONFIGS, QWEN_TOK, cuda_env, make
-from test_disagg_worker import MORE, PROMPT, addr, complete, metrics
+from test_disagg_worker import (BLK, HDR, MORE, PROMPT, Forger, addr, complete, metrics,
+                                xxh3)
+
+IPC = 96        # the IPC frame after the header (docs/PROTOCOL.md)
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +113,58 @@ def test_ipc_export_refused_sends_bytes(stack, model):
     assert m["kvworker_xfer_ipc_fallbacks_total"] == 0
     assert p["kvworker_xfer_served_ipc_total"] == 0 and p["kvworker_xfer_served_total"] == 1
     assert "cudaErrorNotSupported" in open(pre.log).read()
+
+
+def ipc_stream(d):
+    return len(d) >= HDR and struct.unpack_from("<I", d, 36)[0] & 1
+
+
+def stale_handle(d):
+    """The IPC frame's handle with another inode (a freed allocation's), re-checksummed."""
+    if not ipc_stream(d):
+        return d
+    b = bytearray(d)
+    b[HDR + 16 + 33] ^= 1
+    struct.pack_into("<Q", b, HDR + 88, xxh3(b[HDR:HDR + 88]))
+    return bytes(b)
+
+
+def offset_outside(d):
+    """The first block's offset past the end of the exported pool."""
+    if not ipc_stream(d):
+        return d
+    b = bytearray(d)
+    pool = struct.unpack_from("<Q", b, HDR + 8)[0]
+    struct.pack_into("<Q", b, HDR + IPC + 24, pool)
+    return bytes(b)
+
+
+def test_ipc_forged_streams(stack, model):
+    """A handle that no longer opens (stale: cudaErrorInvalidValue) is an IPC
+    failure: the pull is repeated as bytes. A block offset outside the
+    exported pool is a broken stream: refused, the request prefilled locally.
+    Either way the output is the aggregated one."""
+    agg = cuda_worker(stack, model, "aggregated")
+    pre = cuda_worker(stack, model, "prefill")
+    dec = decode(stack, model)
+    f = Forger(pre.ports[0])
+    try:
+        via = "127.0.0.1:%d" % f.port
+        f.edit = offset_outside
+        s, _, want = complete(agg, PROMPT)
+        s, h, got = complete(dec, PROMPT, prefill=via)
+        assert s == 200 and got == want
+        assert h["x-kvroute-prefilled-by"] == "local", h
+        assert "offset" in h["x-kvroute-prefill-fallback"], h
+        f.edit = stale_handle
+        s, _, want = complete(agg, "stale: " + PROMPT)
+        s, h, got = complete(dec, "stale: " + PROMPT, prefill=via)
+        assert s == 200 and got == want
+        assert h["x-kvroute-prefilled-by"] == via, h
+        m = metrics(dec)
+        assert m["kvworker_xfer_ipc_fallbacks_total"] == 1
+        assert m["kvworker_xfer_pulled_total"] == 1 and m["kvworker_xfer_pulled_ipc_total"] == 0
+        assert m["kvworker_xfer_fallbacks_total"] == 1
+        assert "cudaErrorInvalidValue" in open(dec.log).read()
+    finally:
+        f.close()

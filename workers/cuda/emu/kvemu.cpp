@@ -884,7 +884,6 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle, unsigned f
     }
     if (h.pid == (int32_t) getpid()) return set(cudaErrorDeviceUninitialized);
     if (!peer_ok(h.device, device_)) return set(cudaErrorPeerAccessUnsupported);
-    if (opened_.count({(long) h.pid, h.serial})) return set(cudaErrorAlreadyMapped);
     /* the exporter's descriptor: gone with its process or its cudaFree (a stale handle) */
     snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int) h.pid, (int) h.fd);
     snprintf(want, sizeof(want), "/memfd:kvemu-%d-%llu (deleted)", (int) h.pid,
@@ -898,6 +897,10 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle, unsigned f
         || (uint64_t) st.st_size != round_page(h.size ? h.size : 1)) {
         close(fd);
         return set(cudaErrorInvalidValue);
+    }
+    if (opened_.count({(long) h.pid, h.serial})) {     /* a valid handle, open here already */
+        close(fd);
+        return set(cudaErrorAlreadyMapped);
     }
     *p = map_between_guards(fd, h.size, &m.region, &m.region_len);
     close(fd);                      /* the mapping keeps the pages */
