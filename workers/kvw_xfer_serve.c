@@ -246,9 +246,6 @@ static void send_from_pool(serve_t *s, struct evbuffer *b)
         }
         blk.checksum = kvx_checksum(payload, bytes);
         kvx_block_encode(&blk, s->win->data + used);
-        /* one HTTP chunk per block: libevent hands the decode side whole chunks only */
-        if (evbuffer_get_length(b) > 0)
-            evhttp_send_reply_chunk(s->http, b);
         if (evbuffer_add(b, s->win->data + used, KVX_BLK_LEN) != 0
             || evbuffer_add_reference(b, payload, bytes, NULL, NULL) != 0) {
             evbuffer_free(b);
@@ -373,7 +370,14 @@ static void start_stream(serve_t *s)
         serve_free(s);
         return;
     }
+    /* the length is known up front: a Content-Length, no chunked framing for the decode side to undo */
+    uint64_t count = s->n_full - s->first, total = KVX_HDR_LEN + KVX_END_LEN
+                     + (s->ipc ? KVX_IPC_LEN + count * KVX_BLK_LEN
+                               : count * (KVX_BLK_LEN + be->block_bytes));
+    char clen[24];
+    snprintf(clen, sizeof(clen), "%" PRIu64, total);
     evhttp_add_header(evhttp_request_get_output_headers(s->http), "Content-Type", KVX_CTYPE);
+    evhttp_add_header(evhttp_request_get_output_headers(s->http), "Content-Length", clen);
     evhttp_send_reply_start(s->http, 200, "OK");
     kvx_header_encode(&h, hdr);
     evbuffer_add(b, hdr, sizeof(hdr));
