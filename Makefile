@@ -347,7 +347,7 @@ bench-scale: all
 
 # the KV transfer between two CPU-engine kvworkers on loopback (docs/BENCHMARKS.md)
 bench-xfer: all
-	@$(PY) tools/kvxfer-bench --build $(B)
+	@$(PY) tools/kvxfer-bench --build $(B) $(if $(COMPARE),--compare $(COMPARE))
 
 # SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
 bench-e2e: all

@@ -74,6 +74,32 @@ struct kvw_backend {
     /* One block of all layers to/from host memory (block_bytes); NULL in the mock. */
     int  (*block_read)(kvw_backend_t *b, uint32_t block, void *dst);
     int  (*block_write)(kvw_backend_t *b, uint32_t block, const void *src);
+    /*
+     * Where a block lives when the pool is host memory (the cpu engine), so
+     * the transfer can send from it and receive into it without a copy;
+     * NULL where it is not (cuda: device memory, mock: none).
+     */
+    void *(*block_ptr)(kvw_backend_t *b, uint32_t block);
+
+    /*
+     * CUDA IPC between two processes on one node (docs/PROTOCOL.md, "CUDA
+     * IPC"); NULL where the engine has none (mock, cpu). On failure -1 (NULL)
+     * with the reason in err, and the caller falls back to the byte stream.
+     *
+     * ipc_export: the pool's IPC handle (64 bytes), its size and device, once
+     * every write to the pool queued so far has completed (another process
+     * reads it next). ipc_open: maps another process's pool by its handle, or
+     * returns the mapping made before (kept until destroy); a token for
+     * blocks_copy_peer. blocks_copy_peer: n blocks, device to device, from
+     * the mapped pool at byte offsets src[i] into this pool's blocks dst[i];
+     * returns once the copies are complete.
+     */
+    int   (*ipc_export)(kvw_backend_t *b, uint8_t handle[64], uint64_t *pool_bytes,
+                        uint32_t *device, char *err, size_t errlen);
+    void *(*ipc_open)(kvw_backend_t *b, const uint8_t handle[64], uint64_t pool_bytes,
+                      char *err, size_t errlen);
+    int   (*blocks_copy_peer)(kvw_backend_t *b, void *peer, const uint64_t *src,
+                              const uint32_t *dst, uint32_t n, char *err, size_t errlen);
 
     void (*destroy)(kvw_backend_t *b);
 };

@@ -247,6 +247,13 @@ static int cpu_block_write(kvw_backend_t *b, uint32_t block, const void *src)
     return 0;
 }
 
+static void *cpu_block_ptr(kvw_backend_t *b, uint32_t block)
+{
+    cpu_t *e = (cpu_t *) b;
+
+    return block < b->num_blocks ? e->kv + block * e->block_floats : NULL;
+}
+
 static void cpu_destroy(kvw_backend_t *b)
 {
     cpu_t *e = (cpu_t *) b;
@@ -298,6 +305,7 @@ kvw_backend_t *kvw_cpu_backend_create(const kvw_backend_config_t *cfg, char *err
     e->b.step = cpu_step;
     e->b.block_read = cpu_block_read;
     e->b.block_write = cpu_block_write;
+    e->b.block_ptr = cpu_block_ptr;
     e->b.destroy = cpu_destroy;
     return &e->b;
 }

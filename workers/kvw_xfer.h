@@ -25,9 +25,14 @@
 typedef struct {
     /* prefill side */
     uint64_t    served, served_blocks, served_bytes, refused, overloaded;
+    uint64_t    served_ipc;         /* of served: by CUDA IPC (offsets, no payload) */
     uint32_t    computing;          /* prefills computing for a transfer now */
     /* decode side */
     uint64_t    pulled, pulled_blocks, pulled_bytes, fallbacks, local;
+    uint64_t    pulled_ipc;         /* of pulled: copied device to device by CUDA IPC */
+    uint64_t    ipc_fallbacks;      /* IPC failed (open, copy): pulled again as bytes */
+    char        ipc_off[8][64];     /* prefill addresses whose IPC failed: not offered again */
+    unsigned    n_ipc_off;
     double      link_s;             /* mock: modelled link time charged */
     double      pull_s;             /* wall time of successful pulls, request to verified */
 } kvw_xfer_stats_t;
@@ -65,5 +70,8 @@ uint64_t kvw_xfer_layout_fp(kvw_engine_t *e);
 double kvw_xfer_block_bytes(kvw_engine_t *e);
 
 const char *kvw_role_name(int role);
+
+/* This machine's identity for CUDA IPC (the boot id), "" if unknown. */
+const char *kvw_xfer_node_id(void);
 
 #endif

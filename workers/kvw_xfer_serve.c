@@ -61,6 +61,8 @@ typedef struct {
     kvw_seq_blocks_t            pin;
     struct event               *timer;
     int                         computing, streaming;
+    int                         ipc_offered;    /* the decode side is on this node and can map */
+    int                         ipc;            /* streaming offsets into the exported pool */
     win_t                      *win;        /* frames being sent, read from the pool */
     uint64_t                   *seq, *local; /* the prompt's block hashes */
 } serve_t;
@@ -91,6 +93,29 @@ const char *kvw_role_name(int role)
                                                                           : "aggregated";
 }
 
+/*
+ * This machine, for CUDA IPC: the kernel's boot id (the same for every
+ * process and container on one host, another after a reboot). Empty where it
+ * cannot be read: then IPC is never offered or accepted.
+ */
+const char *kvw_xfer_node_id(void)
+{
+    static char id[64];
+    static int done;
+
+    if (!done) {
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        done = 1;
+        if (f) {
+            if (fgets(id, sizeof(id), f) == NULL)
+                id[0] = '\0';
+            id[strcspn(id, "\n")] = '\0';
+            fclose(f);
+        }
+    }
+    return id;
+}
+
 static void refuse(struct evhttp_request *req, int code, const char *reason, const char *ecode,
                    const char *msg)
 {
@@ -108,8 +133,11 @@ static void refuse(struct evhttp_request *req, int code, const char *reason, con
 
 static void serve_free(serve_t *s)
 {
-    if (s->conn)
+    if (s->conn) {
         evhttp_connection_set_closecb(s->conn, NULL, NULL);
+        /* a stream cut short left send_from_pool's watermark: the connection's next replies need 0 */
+        bufferevent_setwatermark(evhttp_connection_get_bufferevent(s->conn), EV_WRITE, 0, 0);
+    }
     if (s->computing) {
         s->st->computing--;
         if (s->req.engine)
@@ -133,7 +161,7 @@ static void on_close(struct evhttp_connection *conn, void *arg)
     serve_t *s = arg;
 
     s->conn = NULL;
-    if (evhttp_request_get_connection(s->http) == NULL)
+    if (s->http && evhttp_request_get_connection(s->http) == NULL)
         evhttp_request_free(s->http);
     serve_free(s);
 }
@@ -143,7 +171,108 @@ static void on_last_written(struct evhttp_connection *conn, void *arg)
     serve_t *s = arg;
 
     evhttp_send_reply_end(s->http);
+    if (s->ipc && s->conn) {
+        /*
+         * The decode side reads the blocks from our pool after the last frame:
+         * they stay pinned until it closes the connection (it copies first),
+         * or until --xfer-timeout-ms.
+         */
+        s->http = NULL;
+        return;
+    }
     serve_free(s);
+}
+
+/* CUDA IPC: the header, the exported pool, block offsets instead of payloads, the end. */
+static int send_ipc(serve_t *s, const kvx_ipc_t *pool)
+{
+    kvw_backend_t *be = kvw_sched_backend(s->e);
+    size_t len = KVX_IPC_LEN + (size_t)(s->n_full - s->first) * KVX_BLK_LEN + KVX_END_LEN;
+    uint8_t *buf = malloc(len), *p = buf;
+    struct evbuffer *b = evbuffer_new();
+
+    if (buf == NULL || b == NULL) {
+        free(buf);
+        if (b)
+            evbuffer_free(b);
+        return -1;
+    }
+    kvx_ipc_encode(pool, p);
+    p += KVX_IPC_LEN;
+    for (uint32_t i = s->first; i < s->n_full; i++) {
+        kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i],
+                            .checksum = (uint64_t)s->pin.table[i] * be->block_bytes };
+        kvx_block_encode(&blk, p);
+        p += KVX_BLK_LEN;
+        s->st->served_blocks++;
+        s->st->served_bytes += be->block_bytes;     /* moved, by the decode side's copy */
+    }
+    kvx_end_encode(s->n_full - s->first, p);
+    evbuffer_add(b, buf, len);
+    free(buf);
+    s->st->served++;
+    s->st->served_ipc++;
+    evhttp_send_reply_chunk_with_cb(s->http, b, on_last_written, s);
+    evbuffer_free(b);
+    return 0;
+}
+
+static void send_more(struct evhttp_connection *conn, void *arg);
+
+/*
+ * A pool in host memory (the cpu engine): each block's payload goes to the
+ * socket by reference, straight from the pinned block (no copy before the
+ * kernel's), its checksum computed there; only the 32-byte frame headers
+ * are written into the window. The blocks stay pinned until the stream has
+ * been written (or the connection is gone).
+ */
+static void send_from_pool(serve_t *s, struct evbuffer *b)
+{
+    kvw_backend_t *be = kvw_sched_backend(s->e);
+    size_t bytes = be->block_bytes, used = 0, queued = 0;
+
+    while (s->next < s->n_full && queued < SEND_WINDOW
+           && used + KVX_BLK_LEN + KVX_END_LEN <= s->win->len) {
+        uint32_t i = s->next++;
+        kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i] };
+        const uint8_t *payload = be->block_ptr(be, s->pin.table[i]);
+
+        if (payload == NULL) {
+            fprintf(stderr, "kvworker: transfer: block %u outside the pool\n", s->pin.table[i]);
+            evbuffer_free(b);
+            evhttp_send_reply_end(s->http);
+            serve_free(s);
+            return;
+        }
+        blk.checksum = kvx_checksum(payload, bytes);
+        kvx_block_encode(&blk, s->win->data + used);
+        if (evbuffer_add(b, s->win->data + used, KVX_BLK_LEN) != 0
+            || evbuffer_add_reference(b, payload, bytes, NULL, NULL) != 0) {
+            evbuffer_free(b);
+            evhttp_send_reply_end(s->http);     /* no end frame: the decode side refuses it */
+            serve_free(s);
+            return;
+        }
+        used += KVX_BLK_LEN;
+        queued += KVX_BLK_LEN + bytes;
+        s->st->served_blocks++;
+        s->st->served_bytes += bytes;
+    }
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(s->conn);
+    if (s->next == s->n_full) {
+        uint8_t end[KVX_END_LEN];
+        kvx_end_encode(s->n_full - s->first, end);
+        evbuffer_add(b, end, KVX_END_LEN);
+        s->st->served++;
+        /* the last callback only once every referenced byte is written: the pin holds till then */
+        bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
+    } else {
+        /* the next window is queued while this one is still being written */
+        bufferevent_setwatermark(bev, EV_WRITE, SEND_WINDOW / 2, 0);
+    }
+    evhttp_send_reply_chunk_with_cb(s->http, b, s->next < s->n_full ? send_more : on_last_written,
+                                    s);
+    evbuffer_free(b);
 }
 
 /*
@@ -162,6 +291,10 @@ static void send_more(struct evhttp_connection *conn, void *arg)
     if (b == NULL) {
         evhttp_send_reply_end(s->http);   /* no end frame: the decode side refuses it */
         serve_free(s);
+        return;
+    }
+    if (bytes && be->block_ptr) {
+        send_from_pool(s, b);
         return;
     }
     while (s->next < s->n_full && used + KVX_BLK_LEN + bytes + KVX_END_LEN <= s->win->len) {
@@ -211,9 +344,20 @@ static void start_stream(serve_t *s)
     };
     uint8_t hdr[KVX_HDR_LEN];
     struct evbuffer *b = evbuffer_new();
+    kvx_ipc_t pool;
+    char err[256];
 
     s->next = s->first;
     s->streaming = 1;
+    if (s->ipc_offered && s->n_full > s->first) {
+        if (be->ipc_export(be, pool.handle, &pool.pool_bytes, &pool.device, err,
+                           sizeof(err)) == 0) {
+            s->ipc = 1;
+            h.flags = KVX_F_IPC;
+        } else {
+            fprintf(stderr, "kvworker: transfer: CUDA IPC refused, sending bytes: %s\n", err);
+        }
+    }
     /* a window of whole frames: SEND_WINDOW, or one block if blocks are larger */
     size_t frame = KVX_BLK_LEN + be->block_bytes;
     size_t len = (frame < SEND_WINDOW ? SEND_WINDOW - SEND_WINDOW % frame : frame) + KVX_END_LEN;
@@ -226,12 +370,26 @@ static void start_stream(serve_t *s)
         serve_free(s);
         return;
     }
+    /* the length is known up front: a Content-Length, no chunked framing for the decode side to undo */
+    uint64_t count = s->n_full - s->first, total = KVX_HDR_LEN + KVX_END_LEN
+                     + (s->ipc ? KVX_IPC_LEN + count * KVX_BLK_LEN
+                               : count * (KVX_BLK_LEN + be->block_bytes));
+    char clen[24];
+    snprintf(clen, sizeof(clen), "%" PRIu64, total);
     evhttp_add_header(evhttp_request_get_output_headers(s->http), "Content-Type", KVX_CTYPE);
+    evhttp_add_header(evhttp_request_get_output_headers(s->http), "Content-Length", clen);
     evhttp_send_reply_start(s->http, 200, "OK");
     kvx_header_encode(&h, hdr);
     evbuffer_add(b, hdr, sizeof(hdr));
     evhttp_send_reply_chunk(s->http, b);
     evbuffer_free(b);
+    if (s->ipc) {
+        if (send_ipc(s, &pool) != 0) {
+            evhttp_send_reply_end(s->http);     /* no end frame: the decode side refuses it */
+            serve_free(s);
+        }
+        return;
+    }
     send_more(s->conn, s);
 }
 
@@ -279,7 +437,9 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
 
     fprintf(stderr, "kvworker: transfer: timed out after %d ms (%s)\n",
             s->e->cfg->xfer_timeout_ms, s->streaming ? "streaming" : "computing");
-    if (s->streaming)
+    if (s->streaming && s->http == NULL)
+        ;                                   /* CUDA IPC: the decode side held the pin too long */
+    else if (s->streaming)
         evhttp_send_reply_end(s->http);     /* cut short: no end frame, refused downstream */
     else
         refuse(s->http, 503, "Service Unavailable", "prefill_timeout",
@@ -397,6 +557,12 @@ static int parse(serve_t *s, const char *body, size_t len, int *code, const char
         }
     }
     s->first = (uint32_t)json_array_size(have);
+    /* CUDA IPC, offered by a decode side on this machine, where this engine can export */
+    json_t *ipc = json_object_get(root, "ipc");
+    const char *node = json_string_value(json_object_get(ipc, "node"));
+    kvw_backend_t *be = kvw_sched_backend(e);
+    s->ipc_offered = node && *node && strcmp(node, kvw_xfer_node_id()) == 0 && be->ipc_export
+                     && be->block_bytes;
     rc = 0;
 out:
     json_decref(root);

@@ -66,7 +66,7 @@ void kvx_header_encode(const kvx_header_t *h, uint8_t out[KVX_HDR_LEN])
     put32(out + 24, h->block_size);
     put32(out + 28, h->first);
     put32(out + 32, h->count);
-    put32(out + 36, 0);
+    put32(out + 36, h->flags);
     put64(out + 40, h->block_bytes);
     put64(out + 48, h->kv_bytes_per_token);
     put64(out + 56, XXH3_64bits(out, 56));
@@ -88,11 +88,22 @@ void kvx_end_encode(uint32_t count, uint8_t out[KVX_END_LEN])
     put64(out + 8, XXH3_64bits(out, 8));
 }
 
+void kvx_ipc_encode(const kvx_ipc_t *ipc, uint8_t out[KVX_IPC_LEN])
+{
+    memcpy(out, "KVI1", 4);
+    put32(out + 4, ipc->device);
+    put64(out + 8, ipc->pool_bytes);
+    memcpy(out + 16, ipc->handle, KVX_IPC_HANDLE);
+    put64(out + 80, 0);
+    put64(out + 88, XXH3_64bits(out, 88));
+}
+
 size_t kvx_rx_need(const kvx_rx_t *rx)
 {
     switch (rx->state) {
     case 0:  return KVX_HDR_LEN;
-    case 1:  return KVX_BLK_LEN + (size_t)rx->block_bytes;
+    case 4:  return KVX_IPC_LEN;
+    case 1:  return KVX_BLK_LEN + (rx->ipc ? 0 : (size_t)rx->block_bytes);
     case 2:  return KVX_END_LEN;
     default: return 0;
     }
@@ -123,6 +134,7 @@ static kvx_rx_ev_t read_header(kvx_rx_t *rx, const uint8_t *p, char *why, size_t
     h->block_size = get32(p + 24);
     h->first = get32(p + 28);
     h->count = get32(p + 32);
+    h->flags = get32(p + 36);
     h->block_bytes = get64(p + 40);
     h->kv_bytes_per_token = get64(p + 48);
     if (h->version != KVX_VERSION)
@@ -142,12 +154,31 @@ static kvx_rx_ev_t read_header(kvx_rx_t *rx, const uint8_t *p, char *why, size_t
     if (h->first != rx->first || h->count != rx->count)
         return fail(why, wn, "blocks offered from %u (%u of them) are not the ones asked for",
                     h->first, h->count);
-    rx->state = rx->count ? 1 : 2;
+    if (h->flags & ~KVX_F_IPC)
+        return fail(why, wn, "unknown header flags %#x", h->flags);
+    if ((h->flags & KVX_F_IPC) && (!rx->ipc_offered || rx->block_bytes == 0))
+        return fail(why, wn, "CUDA IPC chosen but not offered");
+    rx->ipc = (h->flags & KVX_F_IPC) != 0;
+    rx->state = rx->ipc ? 4 : rx->count ? 1 : 2;
     return KVX_HEADER;
 }
 
-static kvx_rx_ev_t read_block(kvx_rx_t *rx, const uint8_t *p, kvx_block_t *b,
-                              const uint8_t **payload, char *why, size_t wn)
+static kvx_rx_ev_t read_ipc(kvx_rx_t *rx, const uint8_t *p, char *why, size_t wn)
+{
+    if (memcmp(p, "KVI1", 4) != 0 || get64(p + 88) != XXH3_64bits(p, 88) || get64(p + 80) != 0)
+        return fail(why, wn, "bad CUDA IPC frame");
+    rx->pool.device = get32(p + 4);
+    rx->pool.pool_bytes = get64(p + 8);
+    memcpy(rx->pool.handle, p + 16, KVX_IPC_HANDLE);
+    if (rx->pool.pool_bytes < rx->block_bytes)
+        return fail(why, wn, "CUDA IPC pool of %llu bytes holds no block",
+                    (unsigned long long)rx->pool.pool_bytes);
+    rx->state = rx->count ? 1 : 2;
+    return KVX_IPC;
+}
+
+static kvx_rx_ev_t read_block(kvx_rx_t *rx, const uint8_t *p, const uint8_t *data,
+                              kvx_block_t *b, const uint8_t **payload, char *why, size_t wn)
 {
     if (memcmp(p, "KVB1", 4) != 0)
         return fail(why, wn, "block frame %llu: bad magic", (unsigned long long)rx->got);
@@ -161,12 +192,41 @@ static kvx_rx_ev_t read_block(kvx_rx_t *rx, const uint8_t *p, kvx_block_t *b,
     if (b->seq_hash != rx->seq[want] || b->local_hash != rx->local[want])
         return fail(why, wn, "block %u: hash %016llx is not the prompt's", want,
                     (unsigned long long)b->seq_hash);
-    if (b->checksum != kvx_checksum(p + KVX_BLK_LEN, (size_t)rx->block_bytes))
-        return fail(why, wn, "block %llu: payload checksum mismatch", (unsigned long long)want);
-    *payload = p + KVX_BLK_LEN;
+    if (rx->ipc) {
+        /* an offset in the prefill side's pool: a whole block inside it */
+        if (b->checksum % rx->block_bytes != 0
+            || b->checksum > rx->pool.pool_bytes - rx->block_bytes)
+            return fail(why, wn, "block %u: offset %llu is not a block of the %llu-byte pool",
+                        want, (unsigned long long)b->checksum,
+                        (unsigned long long)rx->pool.pool_bytes);
+        *payload = NULL;
+    } else {
+        if (b->checksum != kvx_checksum(data, (size_t)rx->block_bytes))
+            return fail(why, wn, "block %llu: payload checksum mismatch",
+                        (unsigned long long)want);
+        *payload = data;
+    }
     if (++rx->got == rx->count)
         rx->state = 2;
     return KVX_BLOCK;
+}
+
+int64_t kvx_rx_next_block(const kvx_rx_t *rx)
+{
+    return rx->state == 1 ? (int64_t)rx->first + rx->got : -1;
+}
+
+kvx_rx_ev_t kvx_rx_block(kvx_rx_t *rx, const uint8_t hdr[KVX_BLK_LEN], const uint8_t *payload,
+                         kvx_block_t *blk, char *why, size_t whylen)
+{
+    const uint8_t *out;
+
+    if (rx->state != 1 || rx->ipc)
+        return fail(why, whylen, "no block frame of the byte stream is due");
+    if (rx->block_bytes > KVX_MAX_BLOCK_BYTES)
+        return fail(why, whylen, "block payload of %llu bytes is over the %u limit",
+                    (unsigned long long)rx->block_bytes, KVX_MAX_BLOCK_BYTES);
+    return read_block(rx, hdr, payload, blk, &out, why, whylen);
 }
 
 kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *used,
@@ -186,8 +246,10 @@ kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *us
     *used = need;
     if (rx->state == 0)
         return read_header(rx, buf, why, whylen);
+    if (rx->state == 4)
+        return read_ipc(rx, buf, why, whylen);
     if (rx->state == 1)
-        return read_block(rx, buf, blk, payload, why, whylen);
+        return read_block(rx, buf, buf + KVX_BLK_LEN, blk, payload, why, whylen);
     if (memcmp(buf, "KVXE", 4) != 0 || get64(buf + 8) != XXH3_64bits(buf, 8))
         return fail(why, whylen, "bad end frame after %llu blocks", (unsigned long long)rx->got);
     if (get32(buf + 4) != rx->count)

@@ -1010,6 +1010,117 @@ static void device_errors(void)
           && cudaSetDevice(2) == cudaErrorInvalidDevice ? 0 : 1);
 }
 
+/* --- CUDA IPC: another process maps an allocation ------------------------------ */
+
+static cudaIpcMemHandle_t ipc_h;
+static const size_t       IPC_N = 3000;     /* floats: not a whole number of pages */
+
+static void ipc_child_maps(void)
+{
+    float              *m = NULL, *m2 = NULL, host[IPC_N];
+    cudaIpcMemHandle_t  junk;
+    int                 ok = 1;
+
+    ok &= cudaIpcOpenMemHandle((void **) &m, ipc_h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
+    ok &= cudaMemcpy(host, m, sizeof(host), cudaMemcpyDeviceToHost) == cudaSuccess;
+    for (size_t i = 0; ok && i < IPC_N; i++) ok &= host[i] == (float) i;
+    /* one open per handle and process, as the driver */
+    ok &= cudaIpcOpenMemHandle((void **) &m2, ipc_h, 0) == cudaErrorAlreadyMapped;
+    cudaGetLastError();
+    /* a kernel writes through the mapping: the exporter sees it */
+    KVW_LAUNCH(k_fill, 1, 32, 0, (cudaStream_t) 0, m, 7.0f);
+    ok &= cudaDeviceSynchronize() == cudaSuccess;
+    /* a mapping is device memory of its own size; cudaFree is not how it goes */
+    ok &= cudaMemcpy(host, m + 1, sizeof(host), cudaMemcpyDeviceToHost) == cudaErrorInvalidValue;
+    ok &= cudaFree(m) == cudaErrorInvalidValue;
+    ok &= cudaIpcGetMemHandle(&junk, m) == cudaErrorInvalidValue;  /* not this process's */
+    cudaGetLastError();
+    ok &= cudaIpcCloseMemHandle(m) == cudaSuccess;
+    ok &= cudaIpcCloseMemHandle(m) == cudaErrorInvalidValue;
+    cudaGetLastError();
+    _exit(ok ? 0 : 1);
+}
+
+static void ipc_child_garbage(void)
+{
+    cudaIpcMemHandle_t bad = ipc_h;
+    void              *m = NULL;
+    int                ok = 1;
+
+    bad.reserved[0] ^= 1;                   /* not a handle */
+    ok &= cudaIpcOpenMemHandle(&m, bad, 0) == cudaErrorInvalidValue && m == NULL;
+    bad = ipc_h;
+    bad.reserved[33] ^= 1;                  /* another inode: not that allocation */
+    ok &= cudaIpcOpenMemHandle(&m, bad, 0) == cudaErrorInvalidValue;
+    bad = ipc_h;
+    bad.reserved[50] ^= 1;                  /* another machine's boot id */
+    ok &= cudaIpcOpenMemHandle(&m, bad, 0) == cudaErrorInvalidValue;
+    cudaGetLastError();
+    _exit(ok ? 0 : 1);
+}
+
+static void ipc_child_no_peer(void)
+{
+    void *m = NULL;
+    int   can = 1, ok = 1;
+
+    setenv("KVW_CUDAEMU_DEVICES", "2", 1);
+    setenv("KVW_CUDAEMU_NO_PEER", "1", 1);
+    ok &= cudaSetDevice(1) == cudaSuccess;
+    ok &= cudaDeviceCanAccessPeer(&can, 1, 0) == cudaSuccess && can == 0;
+    ok &= cudaIpcOpenMemHandle(&m, ipc_h, cudaIpcMemLazyEnablePeerAccess)
+          == cudaErrorPeerAccessUnsupported;
+    unsetenv("KVW_CUDAEMU_NO_PEER");        /* peers that can reach each other: it opens */
+    ok &= cudaDeviceCanAccessPeer(&can, 1, 0) == cudaSuccess && can == 1;
+    ok &= cudaIpcOpenMemHandle(&m, ipc_h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
+    cudaGetLastError();
+    _exit(ok ? 0 : 1);
+}
+
+static void ipc_child_stale(void)
+{
+    void *m = NULL;
+
+    _exit(cudaIpcOpenMemHandle(&m, ipc_h, 0) == cudaErrorInvalidValue && m == NULL ? 0 : 1);
+}
+
+static void ipc_child_unsupported(void)
+{
+    float *d;
+    int    ok;
+
+    setenv("KVW_CUDAEMU_IPC", "0", 1);
+    ok = cudaMalloc((void **) &d, 64) == cudaSuccess
+         && cudaIpcGetMemHandle(&ipc_h, d) == cudaErrorNotSupported;
+    _exit(ok ? 0 : 1);
+}
+
+TEST(ipc_maps_an_allocation_into_another_process)
+{
+    float  *d, host[IPC_N];
+    void   *self = NULL;
+
+    for (size_t i = 0; i < IPC_N; i++) host[i] = (float) i;
+    CHECK(cudaMalloc((void **) &d, sizeof(host)) == cudaSuccess);
+    CHECK(cudaMemcpy(d, host, sizeof(host), cudaMemcpyHostToDevice) == cudaSuccess);
+    /* only the base of a device allocation */
+    CHECK(cudaIpcGetMemHandle(&ipc_h, d + 1) == cudaErrorInvalidValue);
+    CHECK(cudaIpcGetMemHandle(&ipc_h, host) == cudaErrorInvalidValue);
+    cudaGetLastError();
+    CHECK(cudaIpcGetMemHandle(&ipc_h, d) == cudaSuccess);
+    /* the exporting process cannot open its own handle */
+    CHECK(cudaIpcOpenMemHandle(&self, ipc_h, 0) == cudaErrorDeviceUninitialized);
+    cudaGetLastError();
+    CHECK(in_child(ipc_child_maps) == 0);
+    CHECK(cudaMemcpy(host, d, sizeof(host), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(host[0] == 7.0f && host[31] == 7.0f && host[32] == 32.0f);
+    CHECK(in_child(ipc_child_garbage) == 0);
+    CHECK(in_child(ipc_child_no_peer) == 0);
+    CHECK(cudaFree(d) == cudaSuccess);
+    CHECK(in_child(ipc_child_stale) == 0);      /* freed: the handle is stale */
+    CHECK(in_child(ipc_child_unsupported) == 0);
+}
+
 TEST(barrier_in_divergent_code_is_reported)
 {
     CHECK(in_child(divergent) == 0);
@@ -1043,6 +1154,7 @@ int main(void)
     RUN(fused_norms_match_the_kernels_they_replace);
     RUN(graphs_replay_what_was_captured);
     RUN(device_sampling_picks_what_kvw_sample_picks);
+    RUN(ipc_maps_an_allocation_into_another_process);
     RUN(barrier_in_divergent_code_is_reported);
     RUN(device_count_errors_and_devices_can_be_faked);
     return kvt_done();

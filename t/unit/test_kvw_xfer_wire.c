@@ -24,6 +24,7 @@ static size_t stream(uint8_t *out, kvx_header_t *h)
     h->count = NB;
     h->block_bytes = BB;
     h->kv_bytes_per_token = 0;
+    h->flags = 0;
     kvx_header_encode(h, out);
     n += KVX_HDR_LEN;
     for (uint32_t i = 1; i <= NB; i++) {
@@ -214,6 +215,101 @@ TEST(fingerprints_differ)
     CHECK(kvx_layout_fp(16, 0, 1000) != kvx_layout_fp(16, 0, 2000));
 }
 
+/* A CUDA IPC stream of blocks 1..3: header with KVX_F_IPC, the pool, offsets, the end. */
+static size_t ipc_stream(uint8_t *out, uint64_t pool_bytes, uint64_t off2)
+{
+    kvx_header_t h;
+    kvx_ipc_t pool = { .device = 0, .pool_bytes = pool_bytes };
+    size_t n = 0;
+
+    stream(out, &h);
+    h.flags = KVX_F_IPC;
+    kvx_header_encode(&h, out);
+    n += KVX_HDR_LEN;
+    memset(pool.handle, 0xab, sizeof(pool.handle));
+    kvx_ipc_encode(&pool, out + n);
+    n += KVX_IPC_LEN;
+    for (uint32_t i = 1; i <= NB; i++) {
+        kvx_block_t b = { .index = i, .seq_hash = seq[i], .local_hash = loc[i],
+                          .checksum = i == 2 ? off2 : (uint64_t)i * 7 * BB };
+        kvx_block_encode(&b, out + n);
+        n += KVX_BLK_LEN;
+    }
+    kvx_end_encode(NB, out + n);
+    return n + KVX_END_LEN;
+}
+
+/* Feeds an IPC stream; the last event, the offsets seen in offs. */
+static kvx_rx_ev_t feed_ipc(kvx_rx_t *rx, const uint8_t *buf, size_t len, uint64_t *offs,
+                            int *saw_pool, char *why, size_t wn)
+{
+    size_t off = 0, used;
+    kvx_rx_ev_t ev;
+
+    *saw_pool = 0;
+    why[0] = '\0';
+    for (;;) {
+        kvx_block_t b;
+        const uint8_t *payload = (const uint8_t *)"x";
+        ev = kvx_rx_feed(rx, buf + off, len - off, &used, &b, &payload, why, wn);
+        if (ev == KVX_IPC)
+            *saw_pool = rx->pool.pool_bytes > 0 && rx->pool.handle[63] == 0xab;
+        if (ev == KVX_BLOCK) {
+            CHECK(payload == NULL);
+            offs[b.index] = b.checksum;
+        }
+        if (ev == KVX_MORE || ev == KVX_ERROR || ev == KVX_DONE)
+            return ev;
+        off += used;
+    }
+}
+
+TEST(ipc_offsets_checked_and_only_when_offered)
+{
+    uint8_t buf[1024];
+    uint64_t offs[8] = {0};
+    kvx_rx_t rx;
+    char why[256];
+    int pool;
+    size_t n = ipc_stream(buf, 64 * BB, 5 * BB);
+
+    /* not offered: refused at the header */
+    expect(&rx);
+    CHECK(feed_ipc(&rx, buf, n, offs, &pool, why, sizeof(why)) == KVX_ERROR);
+    CHECK(strstr(why, "not offered") != NULL);
+    expect(&rx);
+    rx.ipc_offered = 1;
+    CHECK(feed_ipc(&rx, buf, n, offs, &pool, why, sizeof(why)) == KVX_DONE);
+    CHECK(pool);
+    CHECK_EQ_U64(offs[1], 7 * BB);
+    CHECK_EQ_U64(offs[2], 5 * BB);
+    CHECK_EQ_U64(offs[3], 21 * BB);
+    /* an offset that is not a whole block of the pool */
+    n = ipc_stream(buf, 64 * BB, 5 * BB + 1);
+    expect(&rx);
+    rx.ipc_offered = 1;
+    CHECK(feed_ipc(&rx, buf, n, offs, &pool, why, sizeof(why)) == KVX_ERROR);
+    CHECK(strstr(why, "offset") != NULL);
+    n = ipc_stream(buf, 64 * BB, 64 * BB);
+    expect(&rx);
+    rx.ipc_offered = 1;
+    CHECK(feed_ipc(&rx, buf, n, offs, &pool, why, sizeof(why)) == KVX_ERROR);
+    /* a corrupt IPC frame */
+    n = ipc_stream(buf, 64 * BB, 5 * BB);
+    buf[KVX_HDR_LEN + 20] ^= 1;
+    expect(&rx);
+    rx.ipc_offered = 1;
+    CHECK(feed_ipc(&rx, buf, n, offs, &pool, why, sizeof(why)) == KVX_ERROR);
+    CHECK(strstr(why, "IPC frame") != NULL);
+    /* block hashes still checked */
+    n = ipc_stream(buf, 64 * BB, 5 * BB);
+    buf[KVX_HDR_LEN + KVX_IPC_LEN + KVX_BLK_LEN + 8] ^= 1;
+    expect(&rx);
+    rx.ipc_offered = 1;
+    CHECK(feed_ipc(&rx, buf, n, offs, &pool, why, sizeof(why)) == KVX_ERROR);
+    CHECK(strstr(why, "hash") != NULL);
+}
+
 int main(void)
 {
     RUN(round_trip);
@@ -221,5 +317,6 @@ int main(void)
     RUN(corruption_refused_with_reason);
     RUN(truncated_and_trailing);
     RUN(fingerprints_differ);
+    RUN(ipc_offsets_checked_and_only_when_offered);
     return kvt_done();
 }

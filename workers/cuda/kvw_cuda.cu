@@ -69,6 +69,7 @@ typedef struct {
 } kvc_graph;
 
 #define KVC_MAX_GRAPHS   16
+#define KVC_MAX_PEERS    8       /* other processes' pools mapped by CUDA IPC */
 #define KVC_CUBLAS_WS    ((size_t) 32 << 20)
 
 typedef struct {
@@ -115,6 +116,16 @@ typedef struct {
     int            *d_best, *h_best;    /* [cap_out] each logit row's argmax (greedy tokens) */
     void           *act;
     int            *d_meta, *h_meta;
+    /* CUDA IPC (docs/PROTOCOL.md): this pool exported, other processes' pools mapped */
+    int             exported;
+    cudaIpcMemHandle_t ipc;
+    struct {
+        cudaIpcMemHandle_t h;
+        void          *base;
+        uint64_t       bytes;
+        unsigned long  used;            /* clock of the last open, for eviction */
+    }               peers[KVC_MAX_PEERS];
+    unsigned        n_peers;
     char            err[256];
     char            unhealthy[256];     /* b.unhealthy points here once the device is lost */
 } cuda_t;
@@ -808,6 +819,112 @@ static int cuda_step(kvw_backend_t *b, kvw_step_seq_t *seqs, uint32_t n, double 
     return 0;
 }
 
+/* --- CUDA IPC between processes on one node (docs/PROTOCOL.md) -------------- */
+
+static int ipc_err(char *err, size_t errlen, const char *what, cudaError_t ce)
+{
+    cudaGetLastError();                 /* IPC errors are not sticky: clear it for the steps */
+    snprintf(err, errlen, "%s: %s (%s)", what, cudaGetErrorString(ce), cudaGetErrorName(ce));
+    return -1;
+}
+
+static int cuda_ipc_export(kvw_backend_t *b, uint8_t handle[64], uint64_t *pool_bytes,
+                           uint32_t *device, char *err, size_t errlen)
+{
+    cuda_t     *e = (cuda_t *) b;
+    cudaError_t ce;
+
+    if (b->unhealthy) return ipc_err(err, errlen, "engine unhealthy", cudaErrorIllegalState);
+    if ((ce = cudaSetDevice(e->device)) != cudaSuccess) return ipc_err(err, errlen, "cudaSetDevice", ce);
+    if (!e->exported) {
+        if ((ce = cudaIpcGetMemHandle(&e->ipc, e->kv)) != cudaSuccess)
+            return ipc_err(err, errlen, "cudaIpcGetMemHandle", ce);
+        e->exported = 1;
+    }
+    /* the prefill's KV writes were queued on our stream: complete before another process reads */
+    if ((ce = cudaStreamSynchronize(e->st)) != cudaSuccess)
+        return ipc_err(err, errlen, "cudaStreamSynchronize", ce);
+    memcpy(handle, e->ipc.reserved, 64);
+    *pool_bytes = (uint64_t) b->num_blocks * b->block_bytes;
+    *device = (uint32_t) e->device;
+    return 0;
+}
+
+static void *cuda_ipc_open(kvw_backend_t *b, const uint8_t handle[64], uint64_t pool_bytes,
+                           char *err, size_t errlen)
+{
+    cuda_t     *e = (cuda_t *) b;
+    cudaError_t ce;
+    unsigned    i, slot = 0;
+    void       *base = NULL;
+
+    /* a handle is opened once per process (the driver refuses a second open) */
+    for (i = 0; i < e->n_peers; i++) {
+        if (!memcmp(e->peers[i].h.reserved, handle, 64) && e->peers[i].bytes == pool_bytes) {
+            e->peers[i].used = ++e->clock;
+            return e->peers[i].base;
+        }
+    }
+    if ((ce = cudaSetDevice(e->device)) != cudaSuccess) {
+        ipc_err(err, errlen, "cudaSetDevice", ce);
+        return NULL;
+    }
+    if (e->n_peers < KVC_MAX_PEERS) {
+        slot = e->n_peers;
+    } else {
+        /* the least recently used mapping goes (a prefill worker that restarted, or left) */
+        for (i = 1; i < KVC_MAX_PEERS; i++)
+            if (e->peers[i].used < e->peers[slot].used) slot = i;
+        cudaIpcCloseMemHandle(e->peers[slot].base);
+        cudaGetLastError();
+        e->n_peers--;
+        e->peers[slot] = e->peers[e->n_peers];
+        slot = e->n_peers;
+    }
+    cudaIpcMemHandle_t h;
+    memcpy(h.reserved, handle, 64);
+    if ((ce = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
+        ipc_err(err, errlen, "cudaIpcOpenMemHandle", ce);
+        return NULL;
+    }
+    e->peers[slot].h = h;
+    e->peers[slot].base = base;
+    e->peers[slot].bytes = pool_bytes;
+    e->peers[slot].used = ++e->clock;
+    e->n_peers++;
+    return base;
+}
+
+static int cuda_blocks_copy_peer(kvw_backend_t *b, void *peer, const uint64_t *src,
+                                 const uint32_t *dst, uint32_t n, char *err, size_t errlen)
+{
+    cuda_t     *e = (cuda_t *) b;
+    cudaError_t ce;
+    uint64_t    bytes = 0;
+    uint32_t    i;
+
+    for (i = 0; i < e->n_peers; i++)
+        if (e->peers[i].base == peer) bytes = e->peers[i].bytes;
+    if (b->unhealthy) return ipc_err(err, errlen, "engine unhealthy", cudaErrorIllegalState);
+    if ((ce = cudaSetDevice(e->device)) != cudaSuccess) return ipc_err(err, errlen, "cudaSetDevice", ce);
+    for (i = 0; i < n; i++) {
+        if (dst[i] >= b->num_blocks || bytes < b->block_bytes || src[i] > bytes - b->block_bytes) {
+            snprintf(err, errlen, "block copy %u: offset %llu or block %u outside the pools", i,
+                     (unsigned long long) src[i], dst[i]);
+            return -1;
+        }
+        /* on our stream: a later step is ordered after it */
+        ce = cudaMemcpyAsync((char *) e->kv + (size_t) dst[i] * b->block_bytes,
+                             (const char *) peer + src[i], b->block_bytes,
+                             cudaMemcpyDeviceToDevice, e->st);
+        if (ce != cudaSuccess) return ipc_err(err, errlen, "cudaMemcpyAsync (peer)", ce);
+    }
+    /* complete before the prefill side lets its blocks go (device-to-device copies are async) */
+    if ((ce = cudaStreamSynchronize(e->st)) != cudaSuccess)
+        return ipc_err(err, errlen, "cudaStreamSynchronize", ce);
+    return 0;
+}
+
 /* --- KV blocks, lifetime -------------------------------------------------- */
 
 static int cuda_block_read(kvw_backend_t *b, uint32_t block, void *dst)
@@ -848,6 +965,7 @@ static void cuda_destroy(kvw_backend_t *b)
                 e->dev_sampled, e->host_sampled, e->tc_steps);
     }
     drop_graphs(e);
+    for (unsigned i = 0; i < e->n_peers; i++) cudaIpcCloseMemHandle(e->peers[i].base);
     if (e->L) {
         for (l = 0; l < e->layers; l++) {
             dlayer_t *d = &e->L[l];
@@ -1045,6 +1163,11 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     e->b.step = cuda_step;
     e->b.block_read = cuda_block_read;
     e->b.block_write = cuda_block_write;
+    if (!(getenv("KVW_CUDA_IPC") && !strcmp(getenv("KVW_CUDA_IPC"), "0"))) {
+        e->b.ipc_export = cuda_ipc_export;
+        e->b.ipc_open = cuda_ipc_open;
+        e->b.blocks_copy_peer = cuda_blocks_copy_peer;
+    }
     e->b.destroy = cuda_destroy;
     return 0;
 }

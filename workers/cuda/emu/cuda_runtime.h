@@ -6,7 +6,8 @@
  * cuda_bf16.h, cublas_v2.h); kvemu.cpp implements them.
  *
  * What is emulated:
- *  - device memory is host memory (malloc: ASan sees every out-of-bounds
+ *  - device memory is host memory (a memfd mapped between guard pages, the
+ *    slack after the end poisoned: ASan sees every out-of-bounds
  *    access), filled with NaN bytes when allocated; every copy and cuBLAS
  *    operand is checked to lie inside one allocation of the right kind;
  *  - streams: kernel launches, async copies and cuBLAS calls are queued and
@@ -91,6 +92,9 @@ typedef enum cudaError {
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
     cudaErrorNoKernelImageForDevice = 209,
+    cudaErrorDeviceUninitialized = 201,
+    cudaErrorAlreadyMapped = 208,
+    cudaErrorPeerAccessUnsupported = 217,
     cudaErrorUnsupportedPtxVersion = 222,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorIllegalState = 401,
@@ -104,6 +108,7 @@ typedef enum cudaError {
     cudaErrorInvalidAddressSpace = 717,
     cudaErrorInvalidPc = 718,
     cudaErrorLaunchFailure = 719,
+    cudaErrorNotSupported = 801,
     cudaErrorSystemDriverMismatch = 803,
     cudaErrorCompatNotSupportedOnDevice = 804,
     cudaErrorStreamCaptureUnsupported = 900,
@@ -176,6 +181,32 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
                             cudaStream_t st = 0);
 cudaError_t cudaMemset(void *p, int v, size_t n);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st = 0);
+
+/*
+ * CUDA IPC: a device allocation exported by one process and mapped by
+ * another on the same machine. Every cudaMalloc here is a memfd mapping, so
+ * the handle (the exporter's pid, the memfd's descriptor, inode, size and
+ * serial, and the boot id) lets another process map the same pages. As the
+ * driver: only the base of an allocation can be exported; the exporting
+ * process cannot open its own handle (cudaErrorDeviceUninitialized, "invalid
+ * device context"); a handle already open in this process is
+ * cudaErrorAlreadyMapped; a handle whose allocation was freed or whose
+ * process is gone, one from another machine or garbage is
+ * cudaErrorInvalidValue; a mapping is undone with cudaIpcCloseMemHandle
+ * (cudaFree refuses it). KVW_CUDAEMU_NO_PEER=1: devices that differ cannot
+ * reach each other (cudaErrorPeerAccessUnsupported, cudaDeviceCanAccessPeer
+ * 0); KVW_CUDAEMU_IPC=0: the platform has no IPC (cudaErrorNotSupported).
+ */
+typedef struct cudaIpcMemHandle_st {
+    char reserved[64];
+} cudaIpcMemHandle_t;
+
+#define cudaIpcMemLazyEnablePeerAccess 0x01
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *dev_ptr);
+cudaError_t cudaIpcOpenMemHandle(void **dev_ptr, cudaIpcMemHandle_t handle, unsigned flags);
+cudaError_t cudaIpcCloseMemHandle(void *dev_ptr);
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer_device);
 
 cudaError_t cudaStreamCreate(cudaStream_t *st);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *st, unsigned flags);

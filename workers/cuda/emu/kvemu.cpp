@@ -10,11 +10,14 @@
  * __syncwarp) or ends, then the next one runs.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <deque>
 #include <functional>
@@ -68,6 +71,24 @@ namespace {
 std::recursive_mutex             lock_;
 std::map<uintptr_t, size_t>      dev_;          /* device allocations: base -> size */
 std::map<uintptr_t, size_t>      pinned_;       /* cudaMallocHost */
+
+/*
+ * Where a device allocation lives: a memfd (so cudaIpcGetMemHandle can hand
+ * it to another process) mapped between two inaccessible guard pages; the
+ * slack after the allocation's end, up to the page, is poisoned for ASan.
+ */
+struct mapping {
+    void     *region;               /* guard page, data, guard page */
+    size_t    region_len;
+    int       fd;                   /* the memfd (-1: an imported mapping, fd closed) */
+    uint64_t  serial;               /* this process's allocation number, in the memfd's name */
+    int       device;
+};
+std::map<uintptr_t, mapping>     maps_;         /* every device allocation: base -> mapping */
+std::set<uintptr_t>              imported_;     /* bases opened by cudaIpcOpenMemHandle */
+std::map<std::pair<long, uint64_t>, uintptr_t> opened_;  /* (pid, serial) -> base here */
+uint64_t                         serial_;
+int                              device_;       /* cudaSetDevice */
 std::set<kvemu_stream *>         streams_;
 std::set<kvemu_cublas *>         handles_;
 std::set<kvemu_event *>          events_;
@@ -578,10 +599,12 @@ cudaError_t cudaSetDevice(int device)
     int n = 0;
 
     if (cudaGetDeviceCount(&n) != cudaSuccess) return last_;
-    return device >= 0 && device < n ? cudaSuccess : set(cudaErrorInvalidDevice);
+    if (device < 0 || device >= n) return set(cudaErrorInvalidDevice);
+    device_ = device;
+    return cudaSuccess;
 }
 
-cudaError_t cudaGetDevice(int *device) { *device = 0; return cudaSuccess; }
+cudaError_t cudaGetDevice(int *device) { *device = device_; return cudaSuccess; }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int device)
 {
@@ -627,6 +650,8 @@ const char *cudaGetErrorName(cudaError_t e)
     N(cudaErrorInvalidMemcpyDirection); N(cudaErrorInsufficientDriver);
     N(cudaErrorDevicesUnavailable); N(cudaErrorNoDevice); N(cudaErrorInvalidDevice);
     N(cudaErrorNoKernelImageForDevice); N(cudaErrorUnsupportedPtxVersion);
+    N(cudaErrorDeviceUninitialized); N(cudaErrorAlreadyMapped);
+    N(cudaErrorPeerAccessUnsupported); N(cudaErrorNotSupported);
     N(cudaErrorInvalidResourceHandle); N(cudaErrorNotReady); N(cudaErrorIllegalAddress);
     N(cudaErrorLaunchTimeout); N(cudaErrorAssert); N(cudaErrorHardwareStackError);
     N(cudaErrorIllegalInstruction); N(cudaErrorMisalignedAddress);
@@ -654,6 +679,10 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorDeviceUninitialized: return "invalid device context";
+    case cudaErrorAlreadyMapped: return "resource already mapped";
+    case cudaErrorPeerAccessUnsupported: return "peer access is not supported between these two devices";
+    case cudaErrorNotSupported: return "operation not supported";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorSystemDriverMismatch:
@@ -664,17 +693,68 @@ const char *cudaGetErrorString(cudaError_t e)
     }
 }
 
+namespace {
+
+size_t page_size(void) { return (size_t) sysconf(_SC_PAGESIZE); }
+
+size_t round_page(size_t n) { return (n + page_size() - 1) / page_size() * page_size(); }
+
+/* Maps len bytes of fd between two guard pages; the data's address, or NULL. */
+void *map_between_guards(int fd, size_t n, void **region, size_t *region_len)
+{
+    size_t pg = page_size(), len = round_page(n ? n : 1);
+    char  *r = (char *) mmap(NULL, len + 2 * pg, PROT_NONE,
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+
+    if (r == MAP_FAILED) return NULL;
+    if (mmap(r + pg, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        munmap(r, len + 2 * pg);
+        return NULL;
+    }
+#if KVEMU_ASAN
+    if (len > n) __asan_poison_memory_region(r + pg + n, len - n);
+#endif
+    *region = r;
+    *region_len = len + 2 * pg;
+    return r + pg;
+}
+
+void unmap(const mapping &m)
+{
+#if KVEMU_ASAN
+    __asan_unpoison_memory_region(m.region, m.region_len);
+#endif
+    munmap(m.region, m.region_len);
+    if (m.fd >= 0) close(m.fd);
+}
+
+}  // namespace
+
 cudaError_t cudaMalloc(void **p, size_t n)
 {
     LOCK;
     STICKY;
     NO_CAPTURE("cudaMalloc");
+    mapping m;
+    char    name[64];
+
     *p = NULL;
     if (n > total_mem() - dev_used_) return set(cudaErrorMemoryAllocation);
-    *p = malloc(n ? n : 1);
-    if (*p == NULL) return set(cudaErrorMemoryAllocation);
+    m.serial = ++serial_;
+    m.device = device_;
+    snprintf(name, sizeof(name), "kvemu-%ld-%llu", (long) getpid(),
+             (unsigned long long) m.serial);
+    m.fd = memfd_create(name, MFD_CLOEXEC);
+    if (m.fd < 0 || ftruncate(m.fd, (off_t) round_page(n ? n : 1)) != 0
+        || (*p = map_between_guards(m.fd, n, &m.region, &m.region_len)) == NULL) {
+        complain("cudaMalloc(%zu): cannot map a memfd: %s", n, strerror(errno));
+        if (m.fd >= 0) close(m.fd);
+        *p = NULL;
+        return set(cudaErrorMemoryAllocation);
+    }
     memset(*p, 0xff, n);            /* NaN: a read of memory never written shows */
     dev_[(uintptr_t) *p] = n;
+    maps_[(uintptr_t) *p] = m;
     dev_used_ += n;
     return cudaSuccess;
 }
@@ -690,10 +770,170 @@ cudaError_t cudaFree(void *p)
         complain("cudaFree(%p): not a device allocation", p);
         return set(cudaErrorInvalidValue);
     }
+    if (imported_.count((uintptr_t) p)) {
+        complain("cudaFree(%p): an IPC mapping (cudaIpcCloseMemHandle undoes it)", p);
+        return set(cudaErrorInvalidValue);
+    }
     dev_used_ -= it->second;
     dev_.erase(it);
-    free(p);
+    unmap(maps_[(uintptr_t) p]);
+    maps_.erase((uintptr_t) p);
     return sticky_ != cudaSuccess ? set(sticky_) : cudaSuccess;
+}
+
+/* --- CUDA IPC (cuda_runtime.h) ------------------------------------------------------- */
+
+namespace {
+
+/* The handle's bytes (64, as the toolkit's): what another process needs to find the memfd. */
+struct ipc_handle {
+    char      magic[4];             /* "KVEM" */
+    int32_t   device;
+    int32_t   pid;
+    int32_t   fd;
+    uint64_t  serial;
+    uint64_t  size;
+    uint64_t  ino;
+    char      boot[24];             /* the first 24 characters of the boot id */
+};
+static_assert(sizeof(ipc_handle) == 64, "an IPC handle is 64 bytes");
+
+void boot_id(char out[24])
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    char  line[64] = "";
+
+    memset(out, 0, 24);
+    if (f) {
+        if (fgets(line, sizeof(line), f) == NULL) line[0] = '\0';
+        fclose(f);
+    }
+    memcpy(out, line, strnlen(line, 24));
+}
+
+int ipc_off(void)
+{
+    const char *v = getenv("KVW_CUDAEMU_IPC");
+
+    return v && !strcmp(v, "0");
+}
+
+int peer_ok(int a, int b)
+{
+    const char *v = getenv("KVW_CUDAEMU_NO_PEER");
+
+    return a == b || !(v && !strcmp(v, "1"));
+}
+
+}  // namespace
+
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer)
+{
+    int n = 0;
+
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return last_;
+    if (device < 0 || device >= n || peer < 0 || peer >= n) return set(cudaErrorInvalidDevice);
+    *can = device != peer && peer_ok(device, peer);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *p)
+{
+    LOCK;
+    STICKY;
+    ipc_handle h;
+    struct stat st;
+
+    if (ipc_off()) return set(cudaErrorNotSupported);
+    auto it = maps_.find((uintptr_t) p);
+    if (handle == NULL || it == maps_.end() || imported_.count((uintptr_t) p)
+        || fstat(it->second.fd, &st) != 0) {
+        complain("cudaIpcGetMemHandle(%p): not the base of a device allocation of this process", p);
+        return set(cudaErrorInvalidValue);
+    }
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, "KVEM", 4);
+    h.device = it->second.device;
+    h.pid = (int32_t) getpid();
+    h.fd = it->second.fd;
+    h.serial = it->second.serial;
+    h.size = dev_[(uintptr_t) p];
+    h.ino = (uint64_t) st.st_ino;
+    boot_id(h.boot);
+    memcpy(handle->reserved, &h, sizeof(h));
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t handle, unsigned flags)
+{
+    LOCK;
+    STICKY;
+    ipc_handle h;
+    char       path[64], link[128], want[64], boot[24];
+    struct stat st;
+    mapping    m;
+    int        fd;
+
+    *p = NULL;
+    if (ipc_off()) return set(cudaErrorNotSupported);
+    memcpy(&h, handle.reserved, sizeof(h));
+    boot_id(boot);
+    if (memcmp(h.magic, "KVEM", 4) != 0 || memcmp(h.boot, boot, sizeof(boot)) != 0
+        || flags & ~(unsigned) cudaIpcMemLazyEnablePeerAccess) {
+        return set(cudaErrorInvalidValue);      /* garbage, or a handle of another machine */
+    }
+    if (h.pid == (int32_t) getpid()) return set(cudaErrorDeviceUninitialized);
+    if (!peer_ok(h.device, device_)) return set(cudaErrorPeerAccessUnsupported);
+    /* the exporter's descriptor: gone with its process or its cudaFree (a stale handle) */
+    snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int) h.pid, (int) h.fd);
+    snprintf(want, sizeof(want), "/memfd:kvemu-%d-%llu (deleted)", (int) h.pid,
+             (unsigned long long) h.serial);
+    ssize_t ln = readlink(path, link, sizeof(link) - 1);
+    if (ln < 0) return set(cudaErrorInvalidValue);
+    link[ln] = '\0';
+    if (strcmp(link, want) != 0) return set(cudaErrorInvalidValue);
+    if ((fd = open(path, O_RDWR | O_CLOEXEC)) < 0) return set(cudaErrorInvalidValue);
+    if (fstat(fd, &st) != 0 || (uint64_t) st.st_ino != h.ino
+        || (uint64_t) st.st_size != round_page(h.size ? h.size : 1)) {
+        close(fd);
+        return set(cudaErrorInvalidValue);
+    }
+    if (opened_.count({(long) h.pid, h.serial})) {     /* a valid handle, open here already */
+        close(fd);
+        return set(cudaErrorAlreadyMapped);
+    }
+    *p = map_between_guards(fd, h.size, &m.region, &m.region_len);
+    close(fd);                      /* the mapping keeps the pages */
+    if (*p == NULL) return set(cudaErrorMemoryAllocation);
+    m.fd = -1;
+    m.serial = h.serial;
+    m.device = h.device;
+    dev_[(uintptr_t) *p] = h.size;
+    maps_[(uintptr_t) *p] = m;
+    imported_.insert((uintptr_t) *p);
+    opened_[{(long) h.pid, h.serial}] = (uintptr_t) *p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p)
+{
+    LOCK;
+    if (!imported_.count((uintptr_t) p)) {
+        complain("cudaIpcCloseMemHandle(%p): not a mapping from cudaIpcOpenMemHandle", p);
+        return set(cudaErrorInvalidValue);
+    }
+    drain_all();                    /* copies from it complete first */
+    for (auto it = opened_.begin(); it != opened_.end(); ++it) {
+        if (it->second == (uintptr_t) p) {
+            opened_.erase(it);
+            break;
+        }
+    }
+    imported_.erase((uintptr_t) p);
+    dev_.erase((uintptr_t) p);
+    unmap(maps_[(uintptr_t) p]);
+    maps_.erase((uintptr_t) p);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMallocHost(void **p, size_t n)

@@ -1,0 +1,170 @@
+"""CUDA IPC between a prefill and a decode worker on one node
+(docs/PROTOCOL.md, "CUDA IPC"), on the host emulation of CUDA (kvemu,
+workers/cuda/emu): two real kvworker processes with the CUDA engine, the
+prefill side exporting its KV pool (cudaIpcGetMemHandle, a memfd under the
+emulation), the decode side mapping it (cudaIpcOpenMemHandle) and copying
+the named blocks device to device. What the emulation cannot show (the
+real driver's and P2P's behaviour, speed) is in docs/CUDA.md."""
+import os
+import struct
+
+import pytest
+
+import kvt
+from test_cpu_engine import CONFIGS, QWEN_TOK, cuda_env, make
+from test_disagg_worker import (BLK, HDR, MORE, PROMPT, Forger, addr, complete, metrics,
+                                xxh3)
+
+IPC = 96        # the IPC frame after the header (docs/PROTOCOL.md)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make(tmp_path_factory.mktemp("ipc"), "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+
+
+def cuda_worker(stack, model, role, extra=(), env_extra=None):
+    env = cuda_env("emu-forward")
+    env.update(env_extra or {})
+    port = kvt.free_port()
+    p = stack.spawn([os.path.join(kvt.BIN, "kvworker"), "--engine", "cuda", "--model", model,
+                     "--port", str(port), "--num-blocks", "128", "--role", role] + list(extra),
+                    "worker-%s-%d.log" % (role, port), env=env)
+    kvt.wait_port(port, proc=p, what="kvworker")
+    p.ports = [port]
+    return p
+
+
+def decode(stack, model, extra=(), env_extra=None):
+    return cuda_worker(stack, model, "decode", ["--disagg-min-tokens", "1"] + list(extra),
+                       env_extra)
+
+
+def test_ipc_split_output_equals_aggregated(stack, model):
+    """The decode worker maps the prefill worker's pool and copies the blocks
+    device to device: the same greedy output as an aggregated worker, also
+    when part of the prompt is already cached on the decode side."""
+    agg = cuda_worker(stack, model, "aggregated")
+    pre = cuda_worker(stack, model, "prefill")
+    dec = decode(stack, model)
+    s, _, want = complete(agg, PROMPT)
+    assert s == 200, want
+    s, h, got = complete(dec, PROMPT, prefill=addr(pre))
+    assert s == 200, got
+    assert h["x-kvroute-prefilled-by"] == addr(pre), h
+    assert got == want
+    m, p = metrics(dec), metrics(pre)
+    assert m["kvworker_xfer_pulled_total"] == 1 and m["kvworker_xfer_pulled_ipc_total"] == 1
+    assert m["kvworker_xfer_ipc_fallbacks_total"] == 0 and m["kvworker_xfer_fallbacks_total"] == 0
+    assert p["kvworker_xfer_served_ipc_total"] == 1
+    assert m["kvworker_xfer_pulled_blocks_total"] >= 4
+    assert m["kvworker_xfer_pulled_bytes_total"] == p["kvworker_xfer_served_bytes_total"] > 0
+    # the prompt's first blocks are now cached on the decode side: only the rest moves
+    blocks = m["kvworker_xfer_pulled_blocks_total"]
+    s, _, want = complete(agg, PROMPT + MORE)
+    s, h, got = complete(dec, PROMPT + MORE, prefill=addr(pre))
+    assert s == 200 and h["x-kvroute-prefilled-by"] == addr(pre), h
+    assert got == want
+    m = metrics(dec)
+    assert m["kvworker_xfer_pulled_ipc_total"] == 2
+    assert 0 < m["kvworker_xfer_pulled_blocks_total"] - blocks < blocks
+
+
+def test_ipc_open_refused_falls_back_to_bytes(stack, model):
+    """The decode worker's device cannot reach the prefill worker's
+    (KVW_CUDAEMU_NO_PEER: cudaIpcOpenMemHandle fails with
+    cudaErrorPeerAccessUnsupported): the same pull asks again for the byte
+    stream, the output is the aggregated one, and IPC is not offered to that
+    prefill worker again."""
+    agg = cuda_worker(stack, model, "aggregated")
+    pre = cuda_worker(stack, model, "prefill")
+    dec = decode(stack, model, ["--device", "1"],
+                 {"KVW_CUDAEMU_DEVICES": "2", "KVW_CUDAEMU_NO_PEER": "1"})
+    s, _, want = complete(agg, PROMPT)
+    s, h, got = complete(dec, PROMPT, prefill=addr(pre))
+    assert s == 200 and h["x-kvroute-prefilled-by"] == addr(pre), (h, got)
+    assert got == want
+    m, p = metrics(dec), metrics(pre)
+    assert m["kvworker_xfer_ipc_fallbacks_total"] == 1 and m["kvworker_xfer_pulled_ipc_total"] == 0
+    assert m["kvworker_xfer_pulled_total"] == 1 and m["kvworker_xfer_fallbacks_total"] == 0
+    assert p["kvworker_xfer_served_ipc_total"] == 1 and p["kvworker_xfer_served_total"] == 2
+    log = open(dec.log).read()
+    assert "CUDA IPC failed" in log and "cudaErrorPeerAccessUnsupported" in log, log
+    # not offered again: the next pull is bytes from the start
+    s, _, want = complete(agg, PROMPT + MORE)
+    s, h, got = complete(dec, PROMPT + MORE, prefill=addr(pre))
+    assert s == 200 and got == want
+    m, p = metrics(dec), metrics(pre)
+    assert m["kvworker_xfer_ipc_fallbacks_total"] == 1 and m["kvworker_xfer_pulled_total"] == 2
+    assert p["kvworker_xfer_served_ipc_total"] == 1
+
+
+def test_ipc_export_refused_sends_bytes(stack, model):
+    """A prefill worker that cannot export (KVW_CUDAEMU_IPC=0: no IPC on this
+    platform) answers the offer with the byte stream."""
+    agg = cuda_worker(stack, model, "aggregated")
+    pre = cuda_worker(stack, model, "prefill", env_extra={"KVW_CUDAEMU_IPC": "0"})
+    dec = decode(stack, model)
+    s, _, want = complete(agg, PROMPT)
+    s, h, got = complete(dec, PROMPT, prefill=addr(pre))
+    assert s == 200 and h["x-kvroute-prefilled-by"] == addr(pre) and got == want
+    m, p = metrics(dec), metrics(pre)
+    assert m["kvworker_xfer_pulled_total"] == 1 and m["kvworker_xfer_pulled_ipc_total"] == 0
+    assert m["kvworker_xfer_ipc_fallbacks_total"] == 0
+    assert p["kvworker_xfer_served_ipc_total"] == 0 and p["kvworker_xfer_served_total"] == 1
+    assert "cudaErrorNotSupported" in open(pre.log).read()
+
+
+def ipc_stream(d):
+    return len(d) >= HDR and struct.unpack_from("<I", d, 36)[0] & 1
+
+
+def stale_handle(d):
+    """The IPC frame's handle with another inode (a freed allocation's), re-checksummed."""
+    if not ipc_stream(d):
+        return d
+    b = bytearray(d)
+    b[HDR + 16 + 33] ^= 1
+    struct.pack_into("<Q", b, HDR + 88, xxh3(b[HDR:HDR + 88]))
+    return bytes(b)
+
+
+def offset_outside(d):
+    """The first block's offset past the end of the exported pool."""
+    if not ipc_stream(d):
+        return d
+    b = bytearray(d)
+    pool = struct.unpack_from("<Q", b, HDR + 8)[0]
+    struct.pack_into("<Q", b, HDR + IPC + 24, pool)
+    return bytes(b)
+
+
+def test_ipc_forged_streams(stack, model):
+    """A handle that no longer opens (stale: cudaErrorInvalidValue) is an IPC
+    failure: the pull is repeated as bytes. A block offset outside the
+    exported pool is a broken stream: refused, the request prefilled locally.
+    Either way the output is the aggregated one."""
+    agg = cuda_worker(stack, model, "aggregated")
+    pre = cuda_worker(stack, model, "prefill")
+    dec = decode(stack, model)
+    f = Forger(pre.ports[0])
+    try:
+        via = "127.0.0.1:%d" % f.port
+        f.edit = offset_outside
+        s, _, want = complete(agg, PROMPT)
+        s, h, got = complete(dec, PROMPT, prefill=via)
+        assert s == 200 and got == want
+        assert h["x-kvroute-prefilled-by"] == "local", h
+        assert "offset" in h["x-kvroute-prefill-fallback"], h
+        f.edit = stale_handle
+        s, _, want = complete(agg, "stale: " + PROMPT)
+        s, h, got = complete(dec, "stale: " + PROMPT, prefill=via)
+        assert s == 200 and got == want
+        assert h["x-kvroute-prefilled-by"] == via, h
+        m = metrics(dec)
+        assert m["kvworker_xfer_ipc_fallbacks_total"] == 1
+        assert m["kvworker_xfer_pulled_total"] == 1 and m["kvworker_xfer_pulled_ipc_total"] == 0
+        assert m["kvworker_xfer_fallbacks_total"] == 1
+        assert "cudaErrorInvalidValue" in open(dec.log).read()
+    finally:
+        f.close()
