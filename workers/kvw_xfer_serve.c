@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -155,6 +156,20 @@ static void serve_free(serve_t *s)
     free(s);
 }
 
+/*
+ * A stream that cannot be finished. It has a Content-Length, so ending the
+ * reply early would leave the decode side waiting for the missing bytes
+ * until its deadline: shut the socket instead, so it reads the cut at once
+ * and prefills locally (libevent then fails and frees the connection).
+ */
+static void cut_short(serve_t *s)
+{
+    if (s->conn)
+        shutdown(bufferevent_getfd(evhttp_connection_get_bufferevent(s->conn)), SHUT_RDWR);
+    evhttp_send_reply_end(s->http);
+    serve_free(s);
+}
+
 /* The decode side went away (or the connection failed): let everything go. */
 static void on_close(struct evhttp_connection *conn, void *arg)
 {
@@ -240,8 +255,7 @@ static void send_from_pool(serve_t *s, struct evbuffer *b)
         if (payload == NULL) {
             fprintf(stderr, "kvworker: transfer: block %u outside the pool\n", s->pin.table[i]);
             evbuffer_free(b);
-            evhttp_send_reply_end(s->http);
-            serve_free(s);
+            cut_short(s);
             return;
         }
         blk.checksum = kvx_checksum(payload, bytes);
@@ -249,8 +263,7 @@ static void send_from_pool(serve_t *s, struct evbuffer *b)
         if (evbuffer_add(b, s->win->data + used, KVX_BLK_LEN) != 0
             || evbuffer_add_reference(b, payload, bytes, NULL, NULL) != 0) {
             evbuffer_free(b);
-            evhttp_send_reply_end(s->http);     /* no end frame: the decode side refuses it */
-            serve_free(s);
+            cut_short(s);
             return;
         }
         used += KVX_BLK_LEN;
@@ -289,8 +302,7 @@ static void send_more(struct evhttp_connection *conn, void *arg)
     size_t bytes = be->block_bytes, used = 0;
 
     if (b == NULL) {
-        evhttp_send_reply_end(s->http);   /* no end frame: the decode side refuses it */
-        serve_free(s);
+        cut_short(s);
         return;
     }
     if (bytes && be->block_ptr) {
@@ -305,8 +317,7 @@ static void send_more(struct evhttp_connection *conn, void *arg)
         if (bytes && be->block_read(be, s->pin.table[i], payload) != 0) {
             fprintf(stderr, "kvworker: transfer: block_read %u failed\n", s->pin.table[i]);
             evbuffer_free(b);
-            evhttp_send_reply_end(s->http);
-            serve_free(s);
+            cut_short(s);
             return;
         }
         blk.checksum = kvx_checksum(payload, bytes);
@@ -385,8 +396,7 @@ static void start_stream(serve_t *s)
     evbuffer_free(b);
     if (s->ipc) {
         if (send_ipc(s, &pool) != 0) {
-            evhttp_send_reply_end(s->http);     /* no end frame: the decode side refuses it */
-            serve_free(s);
+            cut_short(s);
         }
         return;
     }
@@ -439,9 +449,10 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
             s->e->cfg->xfer_timeout_ms, s->streaming ? "streaming" : "computing");
     if (s->streaming && s->http == NULL)
         ;                                   /* CUDA IPC: the decode side held the pin too long */
-    else if (s->streaming)
-        evhttp_send_reply_end(s->http);     /* cut short: no end frame, refused downstream */
-    else
+    else if (s->streaming) {
+        cut_short(s);                       /* no end frame: refused downstream */
+        return;
+    } else
         refuse(s->http, 503, "Service Unavailable", "prefill_timeout",
                "the prefill did not finish in time");
     serve_free(s);
