@@ -118,6 +118,7 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_L  1                         /* load bound */
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
+#define IN_Q  8                         /* ... and the queue within its own prefill */
 
 /* The first server with a flag in mask in key's rendezvous order; -1 if
  * none. */
@@ -137,39 +138,55 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
 }
 
 /*
- * Cold: nobody holds the prompt, so its prefill is the same work anywhere;
- * what differs is what it costs everyone. On server s, with r requests in
- * flight, it waits for the prefill queued there and then stalls each of
- * those r decoding streams while it prefills: for its tokens, and for the
- * fixed part of a prefill step (the learned base) unless a prefill is
- * already queued there, which it joins (engines batch queued prefills into
- * one step). So, in ms of everyone's latency:
+ * Cold: no server's cached overlap saves the request a meaningful part of
+ * its prefill, so its prefill is the same work anywhere and the estimate
+ * has nothing to tell the servers apart that counting requests does not:
+ * choose the way least_conn does, the fewest requests in flight per unit
+ * of weight, among the servers of Q (load-bounded, and not a queue far
+ * above the others': one that would more than double the request's time
+ * to first token against the least queue). Ties: the lower estimate
+ * (estimates within one output token's time are equal), then the first in
+ * the prefix's rendezvous order (so independent routers agree on an idle
+ * fleet).
  *
- *   cost(s) = ttft(s) + r(s) x (tokens / rate(s) + (queued(s) ? 0 : base(s)))
- *
- * The lowest cost among the servers of C (load-bounded, and the queue it
- * would wait behind within the slack of its own prefill, which bounds what
- * its time to first token pays for the others' gain) wins; costs within one
- * output token's time are equal, and among those the first in the prefix's
- * rendezvous order (so independent routers agree on an idle fleet).
+ * Why not a cost: round 2's cold cost (its own time to first token plus
+ * the stall its prefill imposes on each request in flight there) weighs
+ * every request in flight by the server's learned line, and those lines
+ * differ between identical servers by 2x and more in their fixed part
+ * (docs/BENCHMARKS.md, round 3), so for short prompts the noise times the
+ * requests in flight outweighed a request more or less: a server that
+ * learned a low base took cold requests up to the load bound, and decode
+ * batches spread worse than counting connections (short-prompt ITL
+ * +13..17% over least_conn's on a quiet machine, "Round 3b"). A queue
+ * bound at the slack of the request's own prefill (C) shut out a server
+ * with one short prompt queued, which the engine batches into the same
+ * step, while any had none: each cold request then started a prefill step
+ * of its own, stalling every decoding stream there ("Round 3b"). Q's bound
+ * is the request's own prefill time there (the base included), so a long
+ * queue is still avoided.
  */
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
 {
-    double  cost, best = INFINITY, own;
+    double  least = INFINITY, best = INFINITY;
     size_t  i;
     int     pick = -1;
 
     for (i = 0; i < n; i++) {
-        if (!(s[i].eligible & IN_C)) {
-            continue;
+        if (s[i].eligible & IN_Q) {
+            s[i].cold = load_of(&s[i]);
+            least = fmin(least, s[i].cold);
         }
-        own = s[i].ttft - s[i].wait - s[i].base;
-        cost = s[i].ttft + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
-        s[i].cold = cost;
-        best = fmin(best, cost);
     }
     for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
+        if ((s[i].eligible & IN_Q) && s[i].cold <= least) {
+            best = fmin(best, s[i].ttft);
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if (!(s[i].eligible & IN_Q) || s[i].cold > least) {
+            continue;
+        }
+        if (s[i].ttft <= best + s[i].decode_ms / (double) out
             && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
         {
             pick = (int) i;
@@ -243,7 +260,8 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * session's home may be: the prefill queued ahead waits no longer than
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
-     * rate).
+     * rate). Q (in L), for cold requests: the queue waits no longer than the
+     * least queue's by the request's own service time there (pick_cold).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
@@ -251,6 +269,9 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
             s[i].eligible |= IN_C;
+        }
+        if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
+            s[i].eligible |= IN_Q;
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
             s[i].eligible |= IN_E;
