@@ -144,10 +144,13 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  * choose the way least_conn does, the fewest requests in flight per unit
  * of weight, among the servers of Q (load-bounded, and not a queue far
  * above the others': one that would more than double the request's time
- * to first token against the least queue). Ties: the lower estimate
- * (estimates within one output token's time are equal), then the first in
- * the prefix's rendezvous order (so independent routers agree on an idle
- * fleet).
+ * to first token against the least queue). Ties: the first in the
+ * prefix's rendezvous order (so independent routers agree on an idle
+ * fleet), blind to the queues, as least_conn's rotation is: preferring the
+ * server with nothing queued among equals sends each cold request to a
+ * prefill step of its own, which stalls every decoding stream there (with
+ * the estimate as the tie-break short-prompt ITL was +27% over
+ * least_conn's, docs/BENCHMARKS.md, round 4).
  *
  * Why not a cost: round 2's cold cost (its own time to first token plus
  * the stall its prefill imposes on each request in flight there) weighs
@@ -165,9 +168,9 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  * is the request's own prefill time there (the base included), so a long
  * queue is still avoided.
  */
-static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
+static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
 {
-    double  least = INFINITY, best = INFINITY;
+    double  least = INFINITY;
     size_t  i;
     int     pick = -1;
 
@@ -178,15 +181,7 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
         }
     }
     for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_Q) && s[i].cold <= least) {
-            best = fmin(best, s[i].ttft);
-        }
-    }
-    for (i = 0; i < n; i++) {
-        if (!(s[i].eligible & IN_Q) || s[i].cold > least) {
-            continue;
-        }
-        if (s[i].ttft <= best + s[i].decode_ms / (double) out
+        if ((s[i].eligible & IN_Q) && s[i].cold <= least
             && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
         {
             pick = (int) i;
@@ -304,7 +299,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         pick = first_in_order(s, n, key, IN_E);
     } else {
         *why = KV_ROUTE_WHY_COLD;
-        pick = pick_cold(s, n, key, out);
+        pick = pick_cold(s, n, key);
     }
 
     /* report E membership */

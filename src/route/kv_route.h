@@ -53,10 +53,10 @@
  *      at most the least wait in L + the request's own prefill time there
  *      (ttft - wait) + decode_pace(s) (a queue that would more than double
  *      its time to first token is avoided; one a short prompt joins is
- *      not: engines batch queued prefills into one step). Ties: the lower
- *      ttft (within one output token's time equal), then the first in the
- *      prefix's rendezvous order, so independent routers place a new
- *      prefix alike. The estimate does not rank cold servers otherwise:
+ *      not: engines batch queued prefills into one step). Ties: the first
+ *      in the prefix's rendezvous order, blind to queues as least_conn is,
+ *      so independent routers place a new prefix alike. The estimate does
+ *      not rank cold servers otherwise:
  *      its per-server noise (learned lines of identical engines differ 2x)
  *      times the requests in flight outweighed a request more or less, and
  *      decode load spread worse than least_conn's (kv_route.c, pick_cold).
