@@ -190,6 +190,49 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
     return pick;
 }
 
+/*
+ * Cold, for servers that decode nothing (a prefill pool, kv_prefill.h:
+ * every decode pace 0): nobody holds the prompt, so its prefill is the same
+ * work anywhere; what differs is what it costs everyone. On server s, with r requests in
+ * flight, it waits for the prefill queued there and then stalls each of
+ * those r decoding streams while it prefills: for its tokens, and for the
+ * fixed part of a prefill step (the learned base) unless a prefill is
+ * already queued there, which it joins (engines batch queued prefills into
+ * one step). So, in ms of everyone's latency:
+ *
+ *   cost(s) = ttft(s) + r(s) x (tokens / rate(s) + (queued(s) ? 0 : base(s)))
+ *
+ * The lowest cost among the servers of C (load-bounded, and the queue it
+ * would wait behind within the slack of its own prefill, which bounds what
+ * its time to first token pays for the others' gain) wins; costs within one
+ * output token's time are equal, and among those the first in the prefix's
+ * rendezvous order (so independent routers agree on an idle fleet).
+ */
+static int pick_cold_cost(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
+{
+    double  cost, best = INFINITY, own;
+    size_t  i;
+    int     pick = -1;
+
+    for (i = 0; i < n; i++) {
+        if (!(s[i].eligible & IN_C)) {
+            continue;
+        }
+        own = s[i].ttft - s[i].wait - s[i].base;
+        cost = s[i].ttft + (double) s[i].requests * (own + (s[i].wait > 0 ? 0 : s[i].base));
+        s[i].cold = cost;
+        best = fmin(best, cost);
+    }
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
+            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+        {
+            pick = (int) i;
+        }
+    }
+    return pick;
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
@@ -199,7 +242,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     double   best = INFINITY, loads = 0, mean, rate, base, pace;
     double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
     size_t   i, m = 0, nrate = 0, npace = 0;
-    int      pick = -1, held_outside = 0, home = -1;
+    int      pick = -1, held_outside = 0, home = -1, decodes = 0;
     uint32_t longest = 0;
 
     /* a server the traffic has not measured yet is taken to be like those
@@ -233,6 +276,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
         s[i].saved = (double) (rq->prompt_tokens - uncached(&s[i], rq, bs)) / rate;
         s[i].decode_ms = (double) out * pace;
+        decodes |= pace > 0;
         loads += load_of(&s[i]);
         m++;
     }
@@ -300,7 +344,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         pick = first_in_order(s, n, key, IN_E);
     } else {
         *why = KV_ROUTE_WHY_COLD;
-        pick = pick_cold(s, n, key);
+        pick = decodes ? pick_cold(s, n, key) : pick_cold_cost(s, n, key, out);
     }
 
     /* report E membership */

@@ -60,6 +60,9 @@
  *      its per-server noise (learned lines of identical engines differ 2x)
  *      times the requests in flight outweighed a request more or less, and
  *      decode load spread worse than least_conn's (kv_route.c, pick_cold).
+ *      Servers that decode nothing (a prefill pool, kv_prefill.h: every
+ *      decode pace 0) keep round 2's rule, the lowest cost to everyone in
+ *      C (pick_cold_cost): there the estimate is the whole story.
 
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *
