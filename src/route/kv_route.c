@@ -274,7 +274,6 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
         s[i].base = base;
         s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
-        s[i].saved = (double) (rq->prompt_tokens - uncached(&s[i], rq, bs)) / rate;
         s[i].decode_ms = (double) out * pace;
         decodes |= pace > 0;
         loads += load_of(&s[i]);
@@ -313,7 +312,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
             s[i].eligible |= IN_Q;
         }
-        if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain + s[i].saved) {
+        if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
             s[i].eligible |= IN_E;
         }
     }
@@ -415,7 +414,6 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
         s[i].eligible = 0;
         s[i].ttft = 0;
         s[i].wait = 0;
-        s[i].saved = 0;
         s[i].base = 0;
         s[i].cold = 0;
         s[i].decode_ms = 0;

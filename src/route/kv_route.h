@@ -132,7 +132,6 @@ typedef struct {
     int         eligible;           /* in E (ttft) */
     double      ttft;               /* ms (ttft) or cost (dynamo) */
     double      wait;               /* ms of prefill queued ahead (ttft) */
-    double      saved;              /* ms of prefill its cached prefix spares (ttft) */
     double      base;               /* ms of the base used (ttft) */
     double      cold;               /* cold cost, ms of everyone's latency (ttft) */
     double      decode_ms;
