@@ -118,6 +118,7 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_L  1                         /* load bound */
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
+#define IN_Q  8                         /* ... and the queue within its own prefill */
 
 /* The first server with a flag in mask in key's rendezvous order; -1 if
  * none. */
@@ -137,8 +138,62 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
 }
 
 /*
- * Cold: nobody holds the prompt, so its prefill is the same work anywhere;
- * what differs is what it costs everyone. On server s, with r requests in
+ * Cold: no server's cached overlap saves the request a meaningful part of
+ * its prefill, so its prefill is the same work anywhere and the estimate
+ * has nothing to tell the servers apart that counting requests does not:
+ * choose the way least_conn does, the fewest requests in flight per unit
+ * of weight, among the servers of Q (load-bounded, and not a queue far
+ * above the others': one that would more than double the request's time
+ * to first token against the least queue). Ties: the first in the
+ * prefix's rendezvous order (so independent routers agree on an idle
+ * fleet), blind to the queues, as least_conn's rotation is: preferring the
+ * server with nothing queued among equals sends each cold request to a
+ * prefill step of its own, which stalls every decoding stream there (with
+ * the estimate as the tie-break short-prompt ITL was +27% over
+ * least_conn's, docs/BENCHMARKS.md, round 4).
+ *
+ * Why not a cost: round 2's cold cost (its own time to first token plus
+ * the stall its prefill imposes on each request in flight there) weighs
+ * every request in flight by the server's learned line, and those lines
+ * differ between identical servers by 2x and more in their fixed part
+ * (docs/BENCHMARKS.md, round 3), so for short prompts the noise times the
+ * requests in flight outweighed a request more or less: a server that
+ * learned a low base took cold requests up to the load bound, and decode
+ * batches spread worse than counting connections (short-prompt ITL
+ * +13..17% over least_conn's on a quiet machine, "Round 3b"). A queue
+ * bound at the slack of the request's own prefill (C) shut out a server
+ * with one short prompt queued, which the engine batches into the same
+ * step, while any had none: each cold request then started a prefill step
+ * of its own, stalling every decoding stream there ("Round 3b"). Q's bound
+ * is the request's own prefill time there (the base included), so a long
+ * queue is still avoided.
+ */
+static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
+{
+    double  least = INFINITY;
+    size_t  i;
+    int     pick = -1;
+
+    for (i = 0; i < n; i++) {
+        if (s[i].eligible & IN_Q) {
+            s[i].cold = load_of(&s[i]);
+            least = fmin(least, s[i].cold);
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_Q) && s[i].cold <= least
+            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+        {
+            pick = (int) i;
+        }
+    }
+    return pick;
+}
+
+/*
+ * Cold, for servers that decode nothing (a prefill pool, kv_prefill.h:
+ * every decode pace 0): nobody holds the prompt, so its prefill is the same
+ * work anywhere; what differs is what it costs everyone. On server s, with r requests in
  * flight, it waits for the prefill queued there and then stalls each of
  * those r decoding streams while it prefills: for its tokens, and for the
  * fixed part of a prefill step (the learned base) unless a prefill is
@@ -153,7 +208,7 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  * output token's time are equal, and among those the first in the prefix's
  * rendezvous order (so independent routers agree on an idle fleet).
  */
-static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
+static int pick_cold_cost(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
 {
     double  cost, best = INFINITY, own;
     size_t  i;
@@ -187,7 +242,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     double   best = INFINITY, loads = 0, mean, rate, base, pace;
     double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
     size_t   i, m = 0, nrate = 0, npace = 0;
-    int      pick = -1, held_outside = 0, home = -1;
+    int      pick = -1, held_outside = 0, home = -1, decodes = 0;
     uint32_t longest = 0;
 
     /* a server the traffic has not measured yet is taken to be like those
@@ -220,6 +275,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         s[i].base = base;
         s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
         s[i].decode_ms = (double) out * pace;
+        decodes |= pace > 0;
         loads += load_of(&s[i]);
         m++;
     }
@@ -243,7 +299,8 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * session's home may be: the prefill queued ahead waits no longer than
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
-     * rate).
+     * rate). Q (in L), for cold requests: the queue waits no longer than the
+     * least queue's by the request's own service time there (pick_cold).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
@@ -251,6 +308,9 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
             s[i].eligible |= IN_C;
+        }
+        if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
+            s[i].eligible |= IN_Q;
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
             s[i].eligible |= IN_E;
@@ -283,7 +343,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         pick = first_in_order(s, n, key, IN_E);
     } else {
         *why = KV_ROUTE_WHY_COLD;
-        pick = pick_cold(s, n, key, out);
+        pick = decodes ? pick_cold(s, n, key) : pick_cold_cost(s, n, key, out);
     }
 
     /* report E membership */

@@ -47,15 +47,22 @@
  *      the same while it lasts). Warm from the session's earlier turns when
  *      the index lost them or never knew (approximate mode after an
  *      eviction, events mode after an event gap).
- *   5. Cold: otherwise the lowest cost to everyone in C:
- *        cold(s) = ttft(s) + requests(s) * (uncached / rate(s)
- *                                           + (wait(s) > 0 ? 0 : base(s)))
- *      its own time to first token plus the stall its prefill imposes on the
- *      server's requests in flight (no fixed part when it joins a queued
- *      prefill: engines batch those into one step). Nothing queued anywhere:
- *      the fewest requests (least_conn). Costs less than one output token's
- *      time apart are equal: the first in the prefix's rendezvous order, so
- *      independent routers place a new prefix alike.
+ *   5. Cold: otherwise (nobody holds any of it, so its prefill is the same
+ *      work anywhere) least_conn's choice: the fewest requests in flight
+ *      per unit of weight among the servers of Q, those of L whose wait is
+ *      at most the least wait in L + the request's own prefill time there
+ *      (ttft - wait) + decode_pace(s) (a queue that would more than double
+ *      its time to first token is avoided; one a short prompt joins is
+ *      not: engines batch queued prefills into one step). Ties: the first
+ *      in the prefix's rendezvous order, blind to queues as least_conn is,
+ *      so independent routers place a new prefix alike. The estimate does
+ *      not rank cold servers otherwise:
+ *      its per-server noise (learned lines of identical engines differ 2x)
+ *      times the requests in flight outweighed a request more or less, and
+ *      decode load spread worse than least_conn's (kv_route.c, pick_cold).
+ *      Servers that decode nothing (a prefill pool, kv_prefill.h: every
+ *      decode pace 0) keep round 2's rule, the lowest cost to everyone in
+ *      C (pick_cold_cost): there the estimate is the whole story.
 
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *

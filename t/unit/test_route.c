@@ -309,13 +309,10 @@ TEST(the_attempt_adds)
     CHECK_STR(kv_route_why_name(r.why), "sticky");
 }
 
-/* No reuse anywhere: the cold cost. With the learned fixed part of a
- * prefill (base 160 ms, 40 ms per 256 tokens), a short prompt joins the
- * prefill queued on a server (no new fixed stall for its streams) rather
- * than start a new one on a server with as many streams; with equal queues
- * the fewest requests win (least_conn's choice); a long queue is avoided.
- * Block sizes 16-64. */
-TEST(no_reuse_cold_cost)
+/* No reuse anywhere: least_conn's choice, the fewest requests in flight
+ * per unit of weight; the estimate only keeps a request off a queue that
+ * would more than double its time to first token. Block sizes 16-64. */
+TEST(no_reuse_fewest_requests)
 {
     for (size_t k = 0; k < 3; k++) {
         uint32_t bs = sizes[k];
@@ -333,20 +330,129 @@ TEST(no_reuse_cold_cost)
             s[i].requests = 8;
         }
         s[0].requests = 9;
-        s[2].prefill_tokens = 256;              /* one short prompt queued */
-        /* 2: 160 + 80 + 8 x 40 = 560; 1: 200 + 8 x 200 = 1800 */
+        s[2].prefill_tokens = 256;              /* one short prompt queued: 40 ms */
+        /* fewer requests win over the idle queue */
+        s[2].requests = 7;
         CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
-        CHECK(r.why == KV_ROUTE_WHY_COLD);
-        CHECK(fabs(s[2].cold - 560) < 1e-9 && fabs(s[1].cold - 1800) < 1e-9);
         CHECK(fabs(r.estimate - (160 + 80)) < 1e-9);
-        /* nothing queued anywhere: the fewest requests */
-        s[2].prefill_tokens = 0;
-        s[2].requests = 9;
-        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 1);
-        /* a long queue: 160 + 40 x 41 + 9 x 40 = 2160 > 1800 */
-        s[2].requests = 8;
+        CHECK(fabs(s[2].cold - 7) < 1e-9 && fabs(s[1].cold - 8) < 1e-9);
+        /* a long queue (1,640 ms against an own prefill of 200) is not */
         s[2].prefill_tokens = 40 * 256;
         CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 1);
+        /* weights: 16 requests on weight 2 are 8 per unit, fewer than 9 */
+        s[2].prefill_tokens = 0;
+        s[2].requests = 16;
+        s[2].weight = 2;
+        s[2].prefill_rate = 2 * 256.0 / 40;
+        s[1].requests = 9;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+    }
+}
+
+/* The learned lines of identical engines differ by 2x and more (round 3:
+ * base 45-225 ms); for a cold request that noise must not outweigh a
+ * request in flight: the server with fewer requests wins whatever line it
+ * learned. Round 2's cold cost (own time to first token + requests x own
+ * prefill) sent it to the low-base server with more requests (1,430 ms
+ * against 3,530), up to the load bound. */
+TEST(no_reuse_line_noise_does_not_decide)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(256 / bs, bs);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+
+        cfg.decode_pace = 30;
+        idle(s, 2);
+        s[0].prefill_rate = 3;
+        s[0].prefill_base = 45;
+        s[0].requests = 10;
+        s[1].prefill_rate = 2;
+        s[1].prefill_base = 225;
+        s[1].requests = 9;
+        for (int i = 0; i < 2; i++) {
+            s[i].decode_pace = 30;
+        }
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        s[0].requests = 8;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+    }
+}
+
+/* Equal requests in flight: the prefix's rendezvous order, not the
+ * estimate. Preferring the server with nothing queued sends each cold
+ * request to a prefill step of its own, which stalls every decoding stream
+ * there; least_conn is blind to queues and batches more (docs/BENCHMARKS.md,
+ * round 4: ITL +27% over least_conn with the estimate as the tie-break).
+ * So over many first blocks both servers of a tie are chosen, a queued
+ * one too. */
+TEST(no_reuse_ties_ignore_the_queue)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+        int seen[2] = { 0, 0 };
+
+        cfg.decode_pace = 30;
+        for (uint64_t first = 1; first <= 64; first++) {
+            uint64_t q[16] = { first * 7919 };
+            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0 };
+
+            idle(s, 2);
+            for (int i = 0; i < 2; i++) {
+                s[i].prefill_rate = 2.5;
+                s[i].prefill_base = 150;
+                s[i].decode_pace = 30;
+                s[i].requests = 9;
+            }
+            s[0].prefill_tokens = 256;          /* 102 ms queued, within 252 */
+            CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) >= 0);
+            CHECK(r.why == KV_ROUTE_WHY_COLD);
+            seen[r.pick]++;
+        }
+        CHECK(seen[0] > 8 && seen[1] > 8);
+    }
+}
+
+/* Short prompts at the fleet's line as learned under load (base 150 ms,
+ * 2.5 tokens/ms: one 256-token prompt's own prefill is ~252 ms, its queue
+ * ~102 ms): one or two short prompts queued do not shut a server with
+ * fewer requests in flight out (the engine batches the request into the
+ * same step); a queue past its own prefill (plus a decode step) does.
+ * Round 3's rule (C) sent it to an idle queue with 14 requests in flight
+ * (docs/BENCHMARKS.md, "Round 3b"). */
+TEST(no_reuse_joins_a_queue_within_one_prefill)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(256 / bs, bs);
+        kv_route_server_t s[3];
+        kv_route_result_t r;
+
+        cfg.decode_pace = 30;
+        idle(s, 3);
+        for (int i = 0; i < 3; i++) {
+            s[i].prefill_rate = 2.5;
+            s[i].prefill_base = 150;
+            s[i].decode_pace = 30;
+            s[i].requests = 12;
+        }
+        s[0].requests = 8;
+        s[0].prefill_tokens = 256;
+        s[1].requests = 14;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        s[0].prefill_tokens = 512;              /* 205 ms < 252 + 30 */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+        s[0].prefill_tokens = 768;              /* 307 ms: the fewest of the rest */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
     }
 }
 
@@ -499,7 +605,10 @@ int main(void)
     RUN(untrusted_index_pending_still_counts);
     RUN(busy_and_none);
     RUN(the_attempt_adds);
-    RUN(no_reuse_cold_cost);
+    RUN(no_reuse_fewest_requests);
+    RUN(no_reuse_line_noise_does_not_decide);
+    RUN(no_reuse_joins_a_queue_within_one_prefill);
+    RUN(no_reuse_ties_ignore_the_queue);
     RUN(session_home_is_stable_and_spread);
     RUN(session_saturated_home_passes_to_next);
     RUN(session_after_the_prefix_index);
