@@ -12,9 +12,10 @@ instances  1, 2, 4, 8 nginx instances (separate processes and zones, one NATS,
            with worker_load=local and worker_load=max (heartbeats every 100 ms),
            and 8 instances in approximate mode (no events: per-gateway view).
 share      round 2 (shared decisions): 1, 2, 4, 8 instances at a rate where the
-           engines queue (BENCH_SCALE_RATE sessions/s, engines at
-           BENCH_SCALE_SPEEDUP), events (worker_load=max), approximate, and
-           approximate with kvroute_share; besides hit rate and TTFT, load
+           engines queue (BENCH_SCALE_RATE sessions/s, BENCH_SCALE_ENGINES engines
+           at BENCH_SCALE_SPEEDUP), one instance in events (worker_load=max) and
+           approximate mode, 2+ instances in BENCH_SCALE_MODES (events,
+           approximate, approximate+share, events+share); besides hit rate and TTFT, load
            spread as max/mean worker busy time (kvworker_busy_seconds_total of
            each engine) next to max/mean requests.
 converge   event-to-all-instances time: a raw NATS subscriber notes when each
@@ -47,6 +48,9 @@ ENGINES = int(os.environ.get("BENCH_SCALE_ENGINES", "8"))
 SHARE_RATE = os.environ.get("BENCH_SCALE_RATE", "32")
 SHARE_SPEEDUP = os.environ.get("BENCH_SCALE_SPEEDUP", "1")
 CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
+# share: the modes run at 2+ instances (one instance runs events and approximate alone)
+SHARE_MODES = os.environ.get("BENCH_SCALE_MODES",
+                             "events,approximate,approximate+share").split(",")
 
 
 def pct(xs, q):
@@ -243,6 +247,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
     w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
                                           "--speedup", speedup])
     ports = w.ports
+    load0 = os.getloadavg()[0]
     instances = [st.nginx(instance_conf(nats.url, ports, mode, worker_load, share), workers=1)
                  for _ in range(m)]
     try:
@@ -284,13 +289,15 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
             "busy_spread": round(max(busy) / statistics.mean(busy), 3) if busy and min(busy) >= 0
                            and statistics.mean(busy) > 0 else None,
             "busy_s": [round(b, 2) for b in busy],
+            "requests": [per_engine.get(k, 0) for k in sorted(per_engine)],
             "shared": shared,
             "completed": done, "errors": sum(s["errors"] for s in sums),
             "hit_rate": round(cached / prompt, 4) if prompt else None,
             "ttft_mean_ms": round(sum(s["ttft_ms"]["mean"] * s["completed"] for s in sums)
                                   / max(1, done), 1),
             "spread_max_over_mean": round(max(loads) / statistics.mean(loads), 3),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "engines": len(ports), "speedup": speedup,
         }
     finally:
         for ng in instances:
@@ -327,11 +334,13 @@ def share_bench():
         trace = os.path.join(st.dir, "sessions.jsonl")
         sessions_trace(trace, SHARE_RATE)
         runs = []
+        modes = {"events": ("events", "max", False),
+                 "approximate": ("approximate", "local", False),
+                 "approximate+share": ("approximate", "local", True),
+                 "events+share": ("events", "max", True)}
         for m in INSTANCES:
-            for mode, wl, share in (("events", "max", False), ("approximate", "local", False),
-                                    ("approximate", "local", True)):
-                if share and m == 1:
-                    continue
+            for name in (["events", "approximate"] if m == 1 else SHARE_MODES):
+                mode, wl, share = modes[name]
                 r = run_instances(st, nats, trace, m, mode, wl, share, SHARE_SPEEDUP)
                 print(json.dumps(r), flush=True)
                 runs.append(r)
