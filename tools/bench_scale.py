@@ -49,6 +49,7 @@ SHARE_RATE = os.environ.get("BENCH_SCALE_RATE", "32")
 SHARE_SPEEDUP = os.environ.get("BENCH_SCALE_SPEEDUP", "1")
 CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
 # share: the modes run at 2+ instances (one instance runs events and approximate alone)
+EXTRA_PARAMS = os.environ.get("BENCH_SCALE_PARAMS", "")   # more kvroute parameters
 SHARE_MODES = os.environ.get("BENCH_SCALE_MODES",
                              "events,approximate,approximate+share").split(",")
 
@@ -184,6 +185,7 @@ INSTANCE_CONF = """
     kvroute_zone kv 32m;
     %(events)s
     %(share)s
+    log_format why '$upstream_addr $kvroute_why $kvroute_overlap_blocks';
     upstream llm {
         zone llm 256k;
         kvroute zone=kv %(params)s;
@@ -195,6 +197,7 @@ INSTANCE_CONF = """
         client_body_buffer_size 1m;
         client_max_body_size 8m;
         location /v1/ {
+            access_log logs/why.log why;
             kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
@@ -208,7 +211,7 @@ INSTANCE_CONF = """
 
 def instance_conf(nats_url, ports, mode, worker_load, share=False):
     events = "" if mode == "approximate" else "kvroute_events %s zone=kv;" % nats_url
-    params = "mode=%s worker_load=%s" % (mode, worker_load)
+    params = "mode=%s worker_load=%s %s" % (mode, worker_load, EXTRA_PARAMS)
     return INSTANCE_CONF % {"events": events, "params": params,
                             "share": "kvroute_share %s zone=kv;" % nats_url if share else "",
                             "servers": "\n".join("server 127.0.0.1:%d;" % p for p in ports)}
@@ -278,6 +281,15 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         cached = sum(s["cached_tokens"] for s in sums)
         loads = list(per_engine.values())
         busy = busy_seconds(ports)
+        # each engine's decisions by reason (cold, sticky, spill, ...), all instances
+        whys = {}
+        for ng in instances:
+            with open(os.path.join(ng.prefix, "logs", "why.log")) as f:
+                for line in f:
+                    a = line.split()
+                    if len(a) >= 2:
+                        e = whys.setdefault(a[0].rsplit(":", 1)[-1], {})
+                        e[a[1]] = e.get(a[1], 0) + 1
         shared = {}
         if share:
             for ng in instances:
@@ -290,6 +302,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
                            and statistics.mean(busy) > 0 else None,
             "busy_s": [round(b, 2) for b in busy],
             "requests": [per_engine.get(k, 0) for k in sorted(per_engine)],
+            "why": {k: whys[k] for k in sorted(whys)},
             "shared": shared,
             "completed": done, "errors": sum(s["errors"] for s in sums),
             "hit_rate": round(cached / prompt, 4) if prompt else None,
@@ -297,7 +310,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
                                   / max(1, done), 1),
             "spread_max_over_mean": round(max(loads) / statistics.mean(loads), 3),
             "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
-            "engines": len(ports), "speedup": speedup,
+            "engines": len(ports), "speedup": speedup, "params": EXTRA_PARAMS,
         }
     finally:
         for ng in instances:
