@@ -828,7 +828,14 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             }
         }
 
-        if (s[i].overlap_index || s[i].overlap_pending) {
+        /*
+         * ttft: every candidate's (a cold prefix goes first to a server
+         * holding none); dynamo breaks its ties with it among holders only
+         */
+
+        if (kcf->route.policy == KV_ROUTE_TTFT
+            || s[i].overlap_index || s[i].overlap_pending)
+        {
             s[i].tree_blocks = ngx_http_kvroute_tree_blocks(sh->index, p);
         }
     }

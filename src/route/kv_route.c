@@ -153,6 +153,25 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  * output token's time are equal, and among those the first in the prefix's
  * rendezvous order (so independent routers agree on an idle fleet).
  */
+/*
+ * Among cold candidates of equal cost, a server whose index holds nothing
+ * comes before the rendezvous order: on an idle fleet the rendezvous hash
+ * alone puts distinct prefixes on the same server about as often as chance
+ * (8 system prompts over 8 idle engines: two on one engine nearly always),
+ * and a second prefix there leaves another engine nothing to be sticky
+ * with (busy-time spread 1.4 at one instance, docs/BENCHMARKS.md
+ * "Scale-out round 3"). Every instance sees the same events (or shared
+ * decisions), so they still agree; between empty servers, and between
+ * servers that hold something, the rendezvous order decides as before.
+ */
+static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
+{
+    if ((a->tree_blocks == 0) != (b->tree_blocks == 0)) {
+        return a->tree_blocks == 0;
+    }
+    return rendezvous(key, a) < rendezvous(key, b);
+}
+
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
 {
     double  cost, best = INFINITY, own;
@@ -170,7 +189,7 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
     }
     for (i = 0; i < n; i++) {
         if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
-            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+            && (pick < 0 || colder(&s[i], &s[pick], key)))
         {
             pick = (int) i;
         }

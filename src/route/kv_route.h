@@ -54,7 +54,9 @@
  *      server's requests in flight (no fixed part when it joins a queued
  *      prefill: engines batch those into one step). Nothing queued anywhere:
  *      the fewest requests (least_conn). Costs less than one output token's
- *      time apart are equal: the first in the prefix's rendezvous order, so
+ *      time apart are equal: a server whose index holds nothing first (so an
+ *      idle fleet's distinct prefixes do not pile onto one server by
+ *      chance), then the first in the prefix's rendezvous order, so
  *      independent routers place a new prefix alike.
 
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
