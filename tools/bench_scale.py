@@ -12,9 +12,10 @@ instances  1, 2, 4, 8 nginx instances (separate processes and zones, one NATS,
            with worker_load=local and worker_load=max (heartbeats every 100 ms),
            and 8 instances in approximate mode (no events: per-gateway view).
 share      round 2 (shared decisions): 1, 2, 4, 8 instances at a rate where the
-           engines queue (BENCH_SCALE_RATE sessions/s, engines at
-           BENCH_SCALE_SPEEDUP), events (worker_load=max), approximate, and
-           approximate with kvroute_share; besides hit rate and TTFT, load
+           engines queue (BENCH_SCALE_RATE sessions/s, BENCH_SCALE_ENGINES engines
+           at BENCH_SCALE_SPEEDUP), one instance in events (worker_load=max) and
+           approximate mode, 2+ instances in BENCH_SCALE_MODES (events,
+           approximate, approximate+share, events+share); besides hit rate and TTFT, load
            spread as max/mean worker busy time (kvworker_busy_seconds_total of
            each engine) next to max/mean requests.
 converge   event-to-all-instances time: a raw NATS subscriber notes when each
@@ -47,6 +48,10 @@ ENGINES = int(os.environ.get("BENCH_SCALE_ENGINES", "8"))
 SHARE_RATE = os.environ.get("BENCH_SCALE_RATE", "32")
 SHARE_SPEEDUP = os.environ.get("BENCH_SCALE_SPEEDUP", "1")
 CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
+# share: the modes run at 2+ instances (one instance runs events and approximate alone)
+EXTRA_PARAMS = os.environ.get("BENCH_SCALE_PARAMS", "")   # more kvroute parameters
+SHARE_MODES = os.environ.get("BENCH_SCALE_MODES",
+                             "events,approximate,approximate+share").split(",")
 
 
 def pct(xs, q):
@@ -180,6 +185,7 @@ INSTANCE_CONF = """
     kvroute_zone kv 32m;
     %(events)s
     %(share)s
+    log_format why '$upstream_addr $kvroute_why $kvroute_overlap_blocks';
     upstream llm {
         zone llm 256k;
         kvroute zone=kv %(params)s;
@@ -191,6 +197,7 @@ INSTANCE_CONF = """
         client_body_buffer_size 1m;
         client_max_body_size 8m;
         location /v1/ {
+            access_log logs/why.log why;
             kvroute_upstream llm;
             proxy_pass http://llm;
             proxy_http_version 1.1;
@@ -204,7 +211,7 @@ INSTANCE_CONF = """
 
 def instance_conf(nats_url, ports, mode, worker_load, share=False):
     events = "" if mode == "approximate" else "kvroute_events %s zone=kv;" % nats_url
-    params = "mode=%s worker_load=%s" % (mode, worker_load)
+    params = "mode=%s worker_load=%s %s" % (mode, worker_load, EXTRA_PARAMS)
     return INSTANCE_CONF % {"events": events, "params": params,
                             "share": "kvroute_share %s zone=kv;" % nats_url if share else "",
                             "servers": "\n".join("server 127.0.0.1:%d;" % p for p in ports)}
@@ -243,6 +250,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
     w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
                                           "--speedup", speedup])
     ports = w.ports
+    load0 = os.getloadavg()[0]
     instances = [st.nginx(instance_conf(nats.url, ports, mode, worker_load, share), workers=1)
                  for _ in range(m)]
     try:
@@ -273,6 +281,15 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         cached = sum(s["cached_tokens"] for s in sums)
         loads = list(per_engine.values())
         busy = busy_seconds(ports)
+        # each engine's decisions by reason (cold, sticky, spill, ...), all instances
+        whys = {}
+        for ng in instances:
+            with open(os.path.join(ng.prefix, "logs", "why.log")) as f:
+                for line in f:
+                    a = line.split()
+                    if len(a) >= 2:
+                        e = whys.setdefault(a[0].rsplit(":", 1)[-1], {})
+                        e[a[1]] = e.get(a[1], 0) + 1
         shared = {}
         if share:
             for ng in instances:
@@ -284,13 +301,16 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
             "busy_spread": round(max(busy) / statistics.mean(busy), 3) if busy and min(busy) >= 0
                            and statistics.mean(busy) > 0 else None,
             "busy_s": [round(b, 2) for b in busy],
+            "requests": [per_engine.get(k, 0) for k in sorted(per_engine)],
+            "why": {k: whys[k] for k in sorted(whys)},
             "shared": shared,
             "completed": done, "errors": sum(s["errors"] for s in sums),
             "hit_rate": round(cached / prompt, 4) if prompt else None,
             "ttft_mean_ms": round(sum(s["ttft_ms"]["mean"] * s["completed"] for s in sums)
                                   / max(1, done), 1),
             "spread_max_over_mean": round(max(loads) / statistics.mean(loads), 3),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "engines": len(ports), "speedup": speedup, "params": EXTRA_PARAMS,
         }
     finally:
         for ng in instances:
@@ -327,11 +347,13 @@ def share_bench():
         trace = os.path.join(st.dir, "sessions.jsonl")
         sessions_trace(trace, SHARE_RATE)
         runs = []
+        modes = {"events": ("events", "max", False),
+                 "approximate": ("approximate", "local", False),
+                 "approximate+share": ("approximate", "local", True),
+                 "events+share": ("events", "max", True)}
         for m in INSTANCES:
-            for mode, wl, share in (("events", "max", False), ("approximate", "local", False),
-                                    ("approximate", "local", True)):
-                if share and m == 1:
-                    continue
+            for name in (["events", "approximate"] if m == 1 else SHARE_MODES):
+                mode, wl, share = modes[name]
                 r = run_instances(st, nats, trace, m, mode, wl, share, SHARE_SPEEDUP)
                 print(json.dumps(r), flush=True)
                 runs.append(r)

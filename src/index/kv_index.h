@@ -135,6 +135,8 @@ size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
                            kv_overlap_t *out, size_t cap);
 
 int      kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank);
+/* Workers holding a slot now (a scan's result stays valid while it holds). */
+uint64_t kv_index_workers(const kv_index_t *ix);
 /* worker_id and dp_rank of a slot in use: 0, or -1 for a free slot. */
 int      kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_id,
                               uint32_t *dp_rank);

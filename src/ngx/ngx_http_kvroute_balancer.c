@@ -582,6 +582,7 @@ ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
                                                            &p->explicit_id);
             p->reg = -1;
             p->slot = -1;
+            p->slot_miss = 0;
 
             len = ngx_snprintf(name, sizeof(name), "%V/%V",
                                &kcf->upstream_name, &peer->server) - name;
@@ -731,6 +732,7 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     p->reg = i;
     p->reg_miss = 0;
     p->worker_id = rec->worker_id;
+    p->slot_miss = 0;           /* another id: search again */
 
     return NGX_OK;
 }
@@ -742,14 +744,27 @@ static uint64_t
 ngx_http_kvroute_tree_blocks(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
 {
     uint32_t  dp;
-    uint64_t  wid;
+    uint64_t  wid, workers;
 
     if (p->slot < 0
         || kv_index_worker_info(ix, (uint32_t) p->slot, &wid, &dp) != 0
         || wid != p->worker_id)
     {
+        /*
+         * the search scans every slot: a server the index does not hold
+         * (most of a large fleet, read for every candidate by the cold
+         * rule) is searched again only when the index's workers changed
+         */
+
+        workers = kv_index_workers(ix);
+
+        if (p->slot < 0 && p->slot_miss == workers + 1) {
+            return 0;
+        }
+
         p->slot = kv_index_worker_find(ix, p->worker_id, 0);
         if (p->slot < 0) {
+            p->slot_miss = workers + 1;
             return 0;
         }
     }
@@ -828,7 +843,14 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             }
         }
 
-        if (s[i].overlap_index || s[i].overlap_pending) {
+        /*
+         * ttft: every candidate's (a cold prefix goes first to a server
+         * holding none); dynamo breaks its ties with it among holders only
+         */
+
+        if (kcf->route.policy == KV_ROUTE_TTFT
+            || s[i].overlap_index || s[i].overlap_pending)
+        {
             s[i].tree_blocks = ngx_http_kvroute_tree_blocks(sh->index, p);
         }
     }

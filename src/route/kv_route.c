@@ -138,15 +138,35 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
 }
 
 /*
+ * Among cold candidates of equal cost, a server whose index holds nothing
+ * comes before the rendezvous order: on an idle fleet the rendezvous hash
+ * alone puts distinct prefixes on the same server about as often as chance
+ * (8 system prompts over 8 idle engines: two on one engine nearly always),
+ * and a second prefix there leaves another engine nothing to be sticky
+ * with (busy-time spread 1.4 at one instance, docs/BENCHMARKS.md
+ * "Scale-out round 3"). Every instance sees the same events (or shared
+ * decisions), so they still agree; between empty servers, and between
+ * servers that hold something, the rendezvous order decides as before.
+ */
+static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
+{
+    if ((a->tree_blocks == 0) != (b->tree_blocks == 0)) {
+        return a->tree_blocks == 0;
+    }
+    return rendezvous(key, a) < rendezvous(key, b);
+}
+
+/*
  * Cold: no server's cached overlap saves the request a meaningful part of
  * its prefill, so its prefill is the same work anywhere and the estimate
  * has nothing to tell the servers apart that counting requests does not:
  * choose the way least_conn does, the fewest requests in flight per unit
  * of weight, among the servers of Q (load-bounded, and not a queue far
  * above the others': one that would more than double the request's time
- * to first token against the least queue). Ties: the first in the
- * prefix's rendezvous order (so independent routers agree on an idle
- * fleet), blind to the queues, as least_conn's rotation is: preferring the
+ * to first token against the least queue). Ties: a server the index
+ * holds nothing of, then the first in the prefix's rendezvous order
+ * (colder(); so independent routers agree on an idle fleet), blind to the
+ * queues, as least_conn's rotation is: preferring the
  * server with nothing queued among equals sends each cold request to a
  * prefill step of its own, which stalls every decoding stream there (with
  * the estimate as the tie-break short-prompt ITL was +27% over
@@ -182,7 +202,7 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
     }
     for (i = 0; i < n; i++) {
         if ((s[i].eligible & IN_Q) && s[i].cold <= least
-            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+            && (pick < 0 || colder(&s[i], &s[pick], key)))
         {
             pick = (int) i;
         }
@@ -205,8 +225,7 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
  * The lowest cost among the servers of C (load-bounded, and the queue it
  * would wait behind within the slack of its own prefill, which bounds what
  * its time to first token pays for the others' gain) wins; costs within one
- * output token's time are equal, and among those the first in the prefix's
- * rendezvous order (so independent routers agree on an idle fleet).
+ * output token's time are equal, and among those colder() decides.
  */
 static int pick_cold_cost(kv_route_server_t *s, size_t n, uint64_t key, uint64_t out)
 {
@@ -225,7 +244,7 @@ static int pick_cold_cost(kv_route_server_t *s, size_t n, uint64_t key, uint64_t
     }
     for (i = 0; i < n; i++) {
         if ((s[i].eligible & IN_C) && s[i].cold <= best + s[i].decode_ms / (double) out
-            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+            && (pick < 0 || colder(&s[i], &s[pick], key)))
         {
             pick = (int) i;
         }

@@ -53,9 +53,11 @@
  *      at most the least wait in L + the request's own prefill time there
  *      (ttft - wait) + decode_pace(s) (a queue that would more than double
  *      its time to first token is avoided; one a short prompt joins is
- *      not: engines batch queued prefills into one step). Ties: the first
- *      in the prefix's rendezvous order, blind to queues as least_conn is,
- *      so independent routers place a new prefix alike. The estimate does
+ *      not: engines batch queued prefills into one step). Ties: a server
+ *      whose index holds nothing first (so an idle fleet's distinct
+ *      prefixes do not pile onto one server by chance), then the first in
+ *      the prefix's rendezvous order, blind to queues as least_conn is, so
+ *      independent routers place a new prefix alike. The estimate does
  *      not rank cold servers otherwise:
  *      its per-server noise (learned lines of identical engines differ 2x)
  *      times the requests in flight outweighed a request more or less, and
