@@ -168,8 +168,7 @@ typedef struct {
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
     uint32_t                        reg_records;    /* the registry's records then */
     ngx_int_t                       slot;       /* index slot last seen for it */
-    uint64_t                        slot_miss;  /* 1 + the index's workers when a
-                                                   lookup last found none; 0: none */
+    uint64_t                        slot_miss;  /* the slots' read that had none */
     ngx_uint_t                      block_size_logged;  /* a mismatch, logged */
 } ngx_http_kvroute_peer_t;
 
