@@ -745,8 +745,9 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
  * index: searching the slots for each absent server on every decision, or
  * again each time the index's workers change (while a fleet starts they
  * change between most decisions), costs servers x slots. One pass over the
- * slots per change instead, at most every 100 ms: a server that joined
- * meanwhile only reads as holding nothing (a tie-break) a little longer.
+ * slots per change instead (not throttled by time: a server read as
+ * holding nothing while it holds would make instances that see the same
+ * events place a new prefix differently).
  */
 
 typedef struct {
@@ -758,7 +759,6 @@ static struct {
     kv_index_t               *index;
     uint64_t                  workers;
     uint64_t                  generation;  /* of this read, from 1 */
-    ngx_msec_t                built;
     ngx_uint_t                n;
     ngx_uint_t                cap;
     ngx_http_kvroute_slot_t  *by_id;
@@ -785,8 +785,7 @@ ngx_http_kvroute_slots_read(kv_index_t *ix)
     workers = kv_index_workers(ix);
 
     if (ngx_http_kvroute_slots.index == ix
-        && (ngx_http_kvroute_slots.workers == workers
-            || ngx_current_msec - ngx_http_kvroute_slots.built < 100))
+        && ngx_http_kvroute_slots.workers == workers)
     {
         return;
     }
@@ -819,7 +818,6 @@ ngx_http_kvroute_slots_read(kv_index_t *ix)
     ngx_http_kvroute_slots.index = ix;
     ngx_http_kvroute_slots.generation++;
     ngx_http_kvroute_slots.workers = workers;
-    ngx_http_kvroute_slots.built = ngx_current_msec;
 }
 
 

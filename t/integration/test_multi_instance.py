@@ -114,15 +114,25 @@ def test_cold_prefix_placed_alike_by_every_instance(fleet):
     """The same new prompt sent to the three instances at once: no event
     about it can guide them, and they still agree (the rendezvous order
     depends on the prompt and the servers' ids alone). Each round starts
-    once every instance's view of the engines' load is the same (idle);
-    prompts are short, so estimates of time to first token, which each
-    instance learns from its own traffic, count as equal."""
+    once every instance's view of the engines' load is the same (idle),
+    and of which engines hold anything: the cold tie-break puts a server
+    holding nothing first (kv_route.c, colder), so while the previous
+    round's events are still on their way to one instance the instances
+    may rightly differ; prompts are short, so estimates of time to first
+    token, which each instance learns from its own traffic, count as
+    equal."""
     import concurrent.futures
     _, _, _, ngs = fleet
+
+    def holders(port):
+        return sorted(k for k, v in indexed(port).items() if v)
+
     for j in range(6):
         for ng in ngs:
             kvt.wait_until(lambda: not any(reported_blocks(ng.port).values()),
                            what="instance %d sees the engines idle" % ng.port)
+        kvt.wait_until(lambda: len({tuple(holders(ng.port)) for ng in ngs}) == 1,
+                       what="every instance sees the same engines holding blocks")
         prompt = ids("cold-%d" % j, 64)
         with concurrent.futures.ThreadPoolExecutor(3) as ex:
             where = set(ex.map(lambda ng: complete(ng.port, prompt), ngs))
