@@ -145,8 +145,10 @@ static int first_in_order(const kv_route_server_t *s, size_t n, uint64_t key, in
  * and a second prefix there leaves another engine nothing to be sticky
  * with (busy-time spread 1.4 at one instance, docs/BENCHMARKS.md
  * "Scale-out round 3"). Every instance sees the same events (or shared
- * decisions), so they still agree; between empty servers, and between
- * servers that hold something, the rendezvous order decides as before.
+ * decisions), so they still agree once those have reached them (within
+ * the event lag they may differ, where rendezvous alone would not);
+ * between empty servers, and between servers that hold something, the
+ * rendezvous order decides as before.
  */
 static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
 {
