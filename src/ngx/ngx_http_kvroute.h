@@ -168,7 +168,6 @@ typedef struct {
     ngx_msec_t                      reg_miss;   /* when a lookup last found none */
     uint32_t                        reg_records;    /* the registry's records then */
     ngx_int_t                       slot;       /* index slot last seen for it */
-    uint64_t                        slot_miss;  /* the slots' read that had none */
     ngx_uint_t                      block_size_logged;  /* a mismatch, logged */
 } ngx_http_kvroute_peer_t;
 
@@ -229,6 +228,8 @@ struct ngx_http_kvroute_srv_conf_s {
     ngx_uint_t                      nby_load;
     ngx_int_t                      *by_id;      /* open addressing: primary + 1 */
     ngx_uint_t                      id_mask;
+    uint64_t                        slots_read; /* 1 + the index's workers when
+                                                   every peer's slot was set */
     kv_ring_point_t                *ring;
     size_t                          nring;
 };
@@ -484,6 +485,8 @@ void ngx_http_kvroute_block_size_check(ngx_http_kvroute_srv_conf_t *kcf,
 ngx_int_t ngx_http_kvroute_candidates_init(ngx_cycle_t *cycle,
     ngx_http_kvroute_srv_conf_t *kcf);
 void ngx_http_kvroute_candidates_refresh(ngx_http_kvroute_srv_conf_t *kcf);
+void ngx_http_kvroute_candidates_slots(ngx_http_kvroute_srv_conf_t *kcf,
+    kv_index_t *ix);
 void ngx_http_kvroute_candidates_match(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_ctx_t *ctx, ngx_pool_t *pool, ngx_log_t *log);
 ngx_http_kvroute_cand_t *ngx_http_kvroute_candidates(

@@ -582,7 +582,6 @@ ngx_http_kvroute_init_worker_peers(ngx_cycle_t *cycle,
                                                            &p->explicit_id);
             p->reg = -1;
             p->slot = -1;
-            p->slot_miss = 0;
 
             len = ngx_snprintf(name, sizeof(name), "%V/%V",
                                &kcf->upstream_name, &peer->server) - name;
@@ -732,141 +731,16 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
     p->reg = i;
     p->reg_miss = 0;
     p->worker_id = rec->worker_id;
-    p->slot_miss = 0;           /* another id: look it up again */
 
     return NGX_OK;
 }
 
 
-/*
- * The index's live workers by id, sorted, as this process last read them.
- * The cold rule reads the blocks of every candidate (a server holding
- * nothing goes first), and most of a large fleet may be absent from the
- * index: searching the slots for each absent server on every decision, or
- * again each time the index's workers change (while a fleet starts they
- * change between most decisions), costs servers x slots. One pass over the
- * slots per change instead (not throttled by time: a server read as
- * holding nothing while it holds would make instances that see the same
- * events place a new prefix differently).
- */
-
-typedef struct {
-    uint64_t    worker_id;
-    uint32_t    slot;
-} ngx_http_kvroute_slot_t;
-
-static struct {
-    kv_index_t               *index;
-    uint64_t                  workers;
-    uint64_t                  generation;  /* of this read, from 1 */
-    ngx_uint_t                n;
-    ngx_uint_t                cap;
-    ngx_http_kvroute_slot_t  *by_id;
-} ngx_http_kvroute_slots;
-
-
-static int
-ngx_http_kvroute_slot_cmp(const void *a, const void *b)
-{
-    uint64_t  x = ((const ngx_http_kvroute_slot_t *) a)->worker_id;
-    uint64_t  y = ((const ngx_http_kvroute_slot_t *) b)->worker_id;
-
-    return (x > y) - (x < y);
-}
-
-
-static void
-ngx_http_kvroute_slots_read(kv_index_t *ix)
-{
-    uint32_t   i, max, dp;
-    uint64_t   wid, workers;
-    ngx_http_kvroute_slot_t  *a;
-
-    workers = kv_index_workers(ix);
-
-    if (ngx_http_kvroute_slots.index == ix
-        && ngx_http_kvroute_slots.workers == workers)
-    {
-        return;
-    }
-
-    max = kv_index_max_workers(ix);
-
-    if (ngx_http_kvroute_slots.cap < max) {
-        a = ngx_alloc(max * sizeof(ngx_http_kvroute_slot_t), ngx_cycle->log);
-        if (a == NULL) {
-            return;
-        }
-        ngx_free(ngx_http_kvroute_slots.by_id);
-        ngx_http_kvroute_slots.by_id = a;
-        ngx_http_kvroute_slots.cap = max;
-    }
-
-    a = ngx_http_kvroute_slots.by_id;
-    ngx_http_kvroute_slots.n = 0;
-
-    for (i = 0; i < max; i++) {
-        if (kv_index_worker_info(ix, i, &wid, &dp) == 0 && dp == 0) {
-            a[ngx_http_kvroute_slots.n].worker_id = wid;
-            a[ngx_http_kvroute_slots.n++].slot = i;
-        }
-    }
-
-    ngx_qsort(a, ngx_http_kvroute_slots.n, sizeof(ngx_http_kvroute_slot_t),
-              ngx_http_kvroute_slot_cmp);
-
-    ngx_http_kvroute_slots.index = ix;
-    ngx_http_kvroute_slots.generation++;
-    ngx_http_kvroute_slots.workers = workers;
-}
-
-
-static ngx_int_t
-ngx_http_kvroute_slot_of(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
-{
-    uint64_t    worker_id = p->worker_id;
-    ngx_uint_t  lo, hi, mid;
-    ngx_http_kvroute_slot_t  *a;
-
-    ngx_http_kvroute_slots_read(ix);
-
-    if (ngx_http_kvroute_slots.index != ix) {
-        return -1;
-    }
-
-    /* not in this read, already looked up: most of a large fleet, each decision */
-
-    if (p->slot_miss == ngx_http_kvroute_slots.generation) {
-        return -1;
-    }
-
-    a = ngx_http_kvroute_slots.by_id;
-    lo = 0;
-    hi = ngx_http_kvroute_slots.n;
-
-    while (lo < hi) {
-        mid = lo + (hi - lo) / 2;
-        if (a[mid].worker_id < worker_id) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-
-    if (lo < ngx_http_kvroute_slots.n && a[lo].worker_id == worker_id) {
-        return a[lo].slot;
-    }
-
-    p->slot_miss = ngx_http_kvroute_slots.generation;
-
-    return -1;
-}
-
-
-/* Blocks the index holds for server p (the tie-break), by a cached slot. */
+/* Blocks the index holds for server p (the tie-break), by its slot. */
 
 static uint64_t
-ngx_http_kvroute_tree_blocks(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
+ngx_http_kvroute_tree_blocks(ngx_http_kvroute_srv_conf_t *kcf, kv_index_t *ix,
+    ngx_http_kvroute_peer_t *p)
 {
     uint32_t  dp;
     uint64_t  wid;
@@ -875,8 +749,12 @@ ngx_http_kvroute_tree_blocks(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
         || kv_index_worker_info(ix, (uint32_t) p->slot, &wid, &dp) != 0
         || wid != p->worker_id || dp != 0)
     {
-        p->slot = ngx_http_kvroute_slot_of(ix, p);
-        if (p->slot < 0) {
+        ngx_http_kvroute_candidates_slots(kcf, ix);
+
+        if (p->slot < 0
+            || kv_index_worker_info(ix, (uint32_t) p->slot, &wid, &dp) != 0
+            || wid != p->worker_id || dp != 0)
+        {
             return 0;
         }
     }
@@ -959,7 +837,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
         /* the holders' blocks break dynamo's ties */
 
         if (s[i].overlap_index || s[i].overlap_pending) {
-            s[i].tree_blocks = ngx_http_kvroute_tree_blocks(sh->index, p);
+            s[i].tree_blocks = ngx_http_kvroute_tree_blocks(kcf, sh->index, p);
             cold = 0;
         }
     }
@@ -973,7 +851,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
 
     if (cold && kcf->route.policy == KV_ROUTE_TTFT) {
         for (i = 0; i < n; i++) {
-            s[i].tree_blocks = ngx_http_kvroute_tree_blocks(sh->index,
+            s[i].tree_blocks = ngx_http_kvroute_tree_blocks(kcf, sh->index,
                                                   &kcf->peers[cand[i].k]);
         }
     }

@@ -121,6 +121,8 @@ ngx_http_kvroute_candidates_index(ngx_http_kvroute_srv_conf_t *kcf)
         kcf->by_id[h] = 0;
     }
 
+    kcf->slots_read = 0;
+
     for (k = 0; k < kcf->nprimary; k++) {
         kcf->peers[k].mapped_id = kcf->peers[k].worker_id;
 
@@ -202,6 +204,59 @@ ngx_http_kvroute_candidates_refresh(ngx_http_kvroute_srv_conf_t *kcf)
     if (changed) {
         (void) ngx_http_kvroute_candidates_index(kcf);
     }
+}
+
+
+/*
+ * Every primary's index slot (-1: the index holds nothing of it), in one
+ * pass over the slots through the worker id hash, redone only when the
+ * index's workers changed. The cold rule reads every candidate's blocks,
+ * and most of a large fleet may be absent from the index: a search over
+ * the slots per absent server, on every decision or whenever the workers
+ * change (between most decisions while a fleet starts), costs servers x
+ * slots. Not throttled by time: a server read as holding nothing while it
+ * holds would make instances that saw the same events place a new prefix
+ * differently.
+ */
+
+void
+ngx_http_kvroute_candidates_slots(ngx_http_kvroute_srv_conf_t *kcf,
+    kv_index_t *ix)
+{
+    uint32_t    i, max, dp;
+    uint64_t    wid, workers;
+    ngx_uint_t  h, k;
+
+    workers = kv_index_workers(ix);
+
+    if (kcf->by_id == NULL || kcf->slots_read == workers + 1) {
+        return;
+    }
+
+    for (k = 0; k < kcf->nprimary; k++) {
+        kcf->peers[k].slot = -1;
+    }
+
+    max = kv_index_max_workers(ix);
+
+    for (i = 0; i < max; i++) {
+        if (kv_index_worker_info(ix, i, &wid, &dp) != 0 || dp != 0) {
+            continue;
+        }
+
+        for (h = ngx_http_kvroute_id_slot(kcf, wid);
+             kcf->by_id[h];
+             h = (h + 1) & kcf->id_mask)
+        {
+            k = kcf->by_id[h] - 1;
+
+            if (kcf->peers[k].worker_id == wid) {
+                kcf->peers[k].slot = i;
+            }
+        }
+    }
+
+    kcf->slots_read = workers + 1;
 }
 
 
