@@ -71,7 +71,7 @@
 #define JUMP            16                       /* match: blocks skipped per landing */
 #define JUMP_BATCH      32                       /* match: landings read per round */
 #define JUMP_BATCH_WORDS 1024                    /* match: bitmap words they may use */
-#define WALK_AHEAD      24                       /* match: walked entries in flight */
+#define INNER_AHEAD     48                       /* match: entries inside spans prefetched per batch */
 
 typedef struct {
     uint64_t            worker_id;
@@ -1443,6 +1443,32 @@ static int any_hole(const kv_index_t *ix, const uint64_t *seq, size_t from, size
     return hit;
 }
 
+/* The filter bit of each key of seq[from..to) into fb[0..to-from): pure
+ * arithmetic, done while the landings' misses are in flight so that only
+ * the filter loads are left for after them. */
+static void filter_slots(const kv_index_t *ix, const uint64_t *seq, size_t from, size_t to,
+                         uint32_t *fb)
+{
+    size_t i;
+
+    for (i = from; i < to; i++) {
+        fb[i - from] = (uint32_t) filter_slot(ix, norm_key(seq[i]));
+    }
+}
+
+/* any_hole over filter bits filter_slots computed. */
+static int any_hole_at(const kv_index_t *ix, const uint32_t *fb, size_t n)
+{
+    const uint64_t *f = filter(ix);
+    uint64_t        hit = 0;
+    size_t          i;
+
+    for (i = 0; i < n; i++) {
+        hit |= __atomic_load_n(&f[fb[i] / 64], __ATOMIC_RELAXED) >> (fb[i] % 64);
+    }
+    return (int) (hit & 1);
+}
+
 /*
  * Where each alive slot that lacks block q stops in p+1..q, when no key in
  * p+1..q-1 is a hole: then a slot holding block p holds a leading run of
@@ -1544,28 +1570,25 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
 {
     uint64_t alive[64], sup[64], land[JUMP_BATCH_WORDS], d;
     uint32_t words = ix->words < 64 ? ix->words : 64, w, batch, fetched;
-    uint8_t  kind[JUMP_BATCH];
+    uint32_t fb[JUMP_BATCH * JUMP];
+    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH];
     size_t   p, q, i, j, nl, found = 0;
 
     if (n <= 2 * JUMP || __atomic_load_n(&ix->lost_slots, __ATOMIC_ACQUIRE) != 0) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
     batch = JUMP_BATCH_WORDS / words < JUMP_BATCH ? JUMP_BATCH_WORDS / words : JUMP_BATCH;
-    for (p = 0, j = 0; p < n - 1 && j < batch; j++) {
-        p = landing(p, n);
-        prefetch_key(ix, norm_key(seq[p]));
-    }
-    if (!read_holders(ix, norm_key(seq[0]), alive)) {
-        return 0;
-    }
+    prefetch_key(ix, norm_key(seq[0]));
     for (p = 0; p < n - 1; p = q) {
-        /* round 1: the landings of this batch (the first batch's are on
-         * their way already) */
+        /* round 1: the landings of this batch (with block 0 for the first),
+         * and meanwhile the filter bits of the keys between */
         for (q = p, nl = 0; q < n - 1 && nl < batch; nl++) {
             q = landing(q, n);
-            if (p > 0) {
-                prefetch_key(ix, norm_key(seq[q]));
-            }
+            prefetch_key(ix, norm_key(seq[q]));
+        }
+        filter_slots(ix, seq, p + 1, q, fb);
+        if (p == 0 && !read_holders(ix, norm_key(seq[0]), alive)) {
+            return 0;
         }
         for (j = 0, q = p; j < nl; j++) {
             q = landing(q, n);
@@ -1575,7 +1598,8 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         /* round 2: the filter bits between; what each span needs, and
-         * (round 3, issued now) prefetches of what that step reads first */
+         * prefetches of every entry that step reads (a searched span's
+         * inner blocks all at once: one round of misses, not two) */
         memcpy(sup, alive, words * sizeof(uint64_t));
         for (j = 0, q = p, fetched = 0; j < nl; j++) {
             size_t from = q + 1;
@@ -1587,26 +1611,26 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 sup[w] &= land[j * words + w];
                 live |= sup[w] != 0;
             }
-            kind[j] = any_hole(ix, seq, from, q) ? SPAN_WALK : d ? SPAN_SEARCH : SPAN_SKIP;
-            for (i = from; kind[j] == SPAN_WALK && i < q && fetched < WALK_AHEAD; i++) {
+            kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_WALK
+                      : d ? SPAN_SEARCH : SPAN_SKIP;
+            inner[j] = kind[j] != SPAN_SKIP && fetched + (q - from) <= INNER_AHEAD;
+            for (i = from; inner[j] && i < q; i++) {
                 prefetch_key(ix, norm_key(seq[i]));
-                fetched++;
             }
-            for (i = 1; kind[j] == SPAN_SEARCH && i < 4; i++) {
-                prefetch_key(ix, norm_key(seq[from - 1 + (q - from + 1) * i / 4]));
-            }
+            fetched += inner[j] ? (uint32_t) (q - from) : 0;
             if (!live) {
                 nl = j + 1;         /* no slot outlives this span */
                 break;
             }
         }
-        /* round 4: the quarter points, to prefetch inside the quarters */
+        /* round 3, only for spans past the prefetch budget: their quarter
+         * points, to prefetch inside the quarters */
         memcpy(sup, alive, words * sizeof(uint64_t));
         for (j = 0, q = p; j < nl; j++) {
             size_t from = q + 1;
 
             q = landing(q, n);
-            if (kind[j] == SPAN_SEARCH) {
+            if (kind[j] == SPAN_SEARCH && !inner[j]) {
                 search_span(ix, seq, from - 1, q, &land[j * words], sup, words, out, cap,
                             &found, 1);
             }
@@ -1614,7 +1638,7 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 sup[w] &= land[j * words + w];
             }
         }
-        /* round 5: in order, with the true alive set */
+        /* round 4: in order, with the true alive set */
         for (j = 0, q = p; j < nl; j++) {
             size_t from = q + 1;
 
@@ -1639,8 +1663,8 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 }
                 /* a hole listed meanwhile: walk */
             }
-            for (i = from; i < q && i < from + MATCH_AHEAD; i++) {
-                prefetch_key(ix, norm_key(seq[i]));     /* if round 3 did not */
+            for (i = from; !inner[j] && i < q && i < from + MATCH_AHEAD; i++) {
+                prefetch_key(ix, norm_key(seq[i]));
             }
             if (!walk_span(ix, seq, from, q, alive, words, out, cap, &found)) {
                 return live_only(ix, out, found);
