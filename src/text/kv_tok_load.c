@@ -644,6 +644,24 @@ static int spm_words_independent(const kv_tokenizer_t *t)
     return 1;
 }
 
+/* pair_rank (kv_tok_int.h): every pair of bytes' merge, looked up once. */
+static int pair_table(kv_tokenizer_t *t)
+{
+    uint32_t a, b;
+
+    t->pair_rank = malloc(65536 * sizeof(uint32_t));
+    if (t->pair_rank == NULL) {
+        return -1;
+    }
+    for (a = 0; a < 256; a++) {
+        for (b = 0; b < 256; b++) {
+            t->pair_rank[a << 8 | b] = kv_tok_merge_rank(t, t->byte_id[a], t->byte_id[b]);
+        }
+    }
+    t->memory += 65536 * sizeof(uint32_t);
+    return 0;
+}
+
 static void fallback_table(kv_tokenizer_t *t)
 {
     char     buf[8];
@@ -717,7 +735,7 @@ kv_tokenizer_t *kv_tokenizer_load_buffer(const char *buf, size_t len, char *err,
                 goto fail;
             }
         }
-        if (words_table(t) != 0) {
+        if (words_table(t) != 0 || pair_table(t) != 0) {
             refuse(&l, "out of memory");
             goto fail;
         }
@@ -778,6 +796,7 @@ void kv_tokenizer_free(kv_tokenizer_t *t)
     free(t->words_arena);
     free(t->merges);
     free(t->merge_id);
+    free(t->pair_rank);
     free(t->added);
     free(t->is_special);
     free(t->prefix_ids);
