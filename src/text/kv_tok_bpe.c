@@ -72,7 +72,8 @@ static int merge_loop(const kv_tokenizer_t *t, uint32_t *id, uint32_t *rank, siz
             break;
         }
         work.merges++;
-        id[best] = t->merge_id[rank[best]];
+        id[best] = t->merge_base >= 0 ? rank[best] + (uint32_t) t->merge_base
+                                      : t->merge_id[rank[best]];
         memmove(&id[best + 1], &id[best + 2], (n - best - 2) * sizeof(uint32_t));
         if (best + 2 < n) {
             memmove(&rank[best + 1], &rank[best + 2], (n - best - 3) * sizeof(uint32_t));

@@ -76,6 +76,8 @@ struct kv_tokenizer {
 
     kv_tok_merge_t *merges;
     uint32_t       *merge_id;           /* rank -> the id the merge makes */
+    int64_t         merge_base;         /* >= 0: merge_id[rank] is rank + merge_base for
+                                           every rank (GPT-2, Qwen2.5): no load */
     uint32_t       *pair_rank;          /* byte-level: [a << 8 | b] the rank of merging
                                            bytes a, b (UINT32_MAX: none); 256 KB, so a
                                            word's first round of lookups stays in cache */
