@@ -1539,7 +1539,89 @@ static int search_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size
     return 1;
 }
 
-enum { SPAN_SKIP, SPAN_SEARCH, SPAN_WALK };
+/* walk_span with its first MATCH_AHEAD entries prefetched first. */
+static int walk_from(const kv_index_t *ix, const uint64_t *seq, size_t from, size_t to,
+                     uint64_t *alive, uint32_t words, kv_overlap_t *out, size_t cap,
+                     size_t *found)
+{
+    size_t i;
+
+    for (i = from; i <= to && i < from + MATCH_AHEAD; i++) {
+        prefetch_key(ix, norm_key(seq[i]));
+    }
+    return walk_span(ix, seq, from, to, alive, words, out, cap, found);
+}
+
+static int fb_hit(const kv_index_t *ix, uint32_t b)
+{
+    return (__atomic_load_n(&filter(ix)[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
+}
+
+/*
+ * A span p+1..q some of whose keys the filter lists (fb: their filter
+ * bits, fb[0] the key p+1's): each listed key h is read as if it were a
+ * landing, and the pieces between (no listed key inside) are skipped or
+ * searched as spans are. A slot lacking h stops at or before h (h a hole
+ * of it or not), found by the search of the piece below h; a slot holding
+ * both ends of a piece with no hole inside holds all of it. So a hole
+ * costs one entry read, not the walk of its 15 neighbours. The pieces'
+ * keys are read again from the filter after the listed entries: a key
+ * listed meanwhile makes it walk, as does a span with over SPLIT_MAX listed
+ * keys. at_q: the holders of q. 1 while any slot is alive.
+ */
+#define SPLIT_MAX 4
+
+static int split_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size_t q,
+                      const uint32_t *fb, const uint64_t *at_q, uint64_t *alive,
+                      uint32_t words, kv_overlap_t *out, size_t cap, size_t *found)
+{
+    uint64_t has[SPLIT_MAX + 1][64], d;
+    size_t   at[SPLIT_MAX + 2], m = 0, i, k;
+    uint32_t w;
+
+    at[0] = p;
+    for (i = p + 1; i < q; i++) {
+        if (fb_hit(ix, fb[i - p - 1])) {
+            if (m == SPLIT_MAX) {
+                return walk_from(ix, seq, p + 1, q, alive, words, out, cap, found);
+            }
+            at[++m] = i;
+        }
+    }
+    at[m + 1] = q;
+    for (k = 1; k <= m; k++) {
+        if (!read_holders(ix, norm_key(seq[at[k]]), has[k - 1])) {
+            memset(has[k - 1], 0, words * sizeof(uint64_t));
+        }
+    }
+    memcpy(has[m], at_q, words * sizeof(uint64_t));
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    for (k = 0; k <= m; k++) {
+        if (any_hole_at(ix, &fb[at[k] - p], at[k + 1] - at[k] - 1)) {
+            return walk_from(ix, seq, p + 1, q, alive, words, out, cap, found);
+        }
+    }
+    for (k = 0; k <= m; k++) {
+        for (w = 0, d = 0; w < words; w++) {
+            d |= alive[w] & ~has[k][w];
+        }
+        if (!d) {
+            continue;               /* every alive slot holds at[k]..at[k + 1] */
+        }
+        if (!search_span(ix, seq, at[k], at[k + 1], has[k], alive, words, out, cap, found, 0)) {
+            return walk_from(ix, seq, at[k] + 1, q, alive, words, out, cap, found);
+        }
+        for (w = 0, d = 0; w < words; w++) {
+            d |= alive[w];
+        }
+        if (!d) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT };
 
 /*
  * The jump: from a position p that every alive slot holds (with all of
@@ -1611,13 +1693,18 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 sup[w] &= land[j * words + w];
                 live |= sup[w] != 0;
             }
-            kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_WALK
+            kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
                       : d ? SPAN_SEARCH : SPAN_SKIP;
-            inner[j] = kind[j] != SPAN_SKIP && fetched + (q - from) <= INNER_AHEAD;
+            inner[j] = kind[j] == SPAN_SEARCH && fetched + (q - from) <= INNER_AHEAD;
             for (i = from; inner[j] && i < q; i++) {
                 prefetch_key(ix, norm_key(seq[i]));
             }
             fetched += inner[j] ? (uint32_t) (q - from) : 0;
+            for (i = from; kind[j] == SPAN_SPLIT && i < q; i++) {
+                if (fb_hit(ix, fb[i - p - 1])) {
+                    prefetch_key(ix, norm_key(seq[i]));     /* split_span reads these */
+                }
+            }
             if (!live) {
                 nl = j + 1;         /* no slot outlives this span */
                 break;
@@ -1646,7 +1733,15 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
             for (w = 0, d = 0; w < words; w++) {
                 d |= alive[w] & ~land[j * words + w];
             }
-            if (kind[j] != SPAN_WALK) {
+            if (kind[j] == SPAN_SPLIT) {
+                if (!split_span(ix, seq, from - 1, q, &fb[from - p - 1], &land[j * words], alive,
+                                words, out, cap, &found))
+                {
+                    return live_only(ix, out, found);
+                }
+                continue;
+            }
+            {
                 if (!d) {
                     continue;       /* all alive hold from..q */
                 }
@@ -1663,10 +1758,7 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 }
                 /* a hole listed meanwhile: walk */
             }
-            for (i = from; !inner[j] && i < q && i < from + MATCH_AHEAD; i++) {
-                prefetch_key(ix, norm_key(seq[i]));
-            }
-            if (!walk_span(ix, seq, from, q, alive, words, out, cap, &found)) {
+            if (!walk_from(ix, seq, from, q, alive, words, out, cap, &found)) {
                 return live_only(ix, out, found);
             }
         }
