@@ -1629,18 +1629,22 @@ enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT };
  * p+1..q-1 may be a hole of anyone (the filter), every alive slot holds all
  * of p+1..q: one that lacked some k in there would have a hole at the last
  * such k (it holds k+1). So the blocks between are skipped. If some slots
- * lack q, search_span finds where each stops; if the filter lists a key
- * between, the blocks p+1..q are walked one by one, as kv_index_match_walk
- * does. Either way the answer and its order are the walk's.
+ * lack q, search_span finds where each stops; if the filter lists keys
+ * between, split_span reads them and treats the pieces between as spans
+ * (the blocks are walked one by one, as kv_index_match_walk does, only
+ * when over SPLIT_MAX keys are listed or the filter changed meanwhile).
+ * Either way the answer and its order are the walk's.
  *
- * Memory is the cost (a miss per entry: several hundred ns on a loaded VM,
- * and a bounded number in flight), so the reads go in rounds whose misses
- * overlap, per batch of up to JUMP_BATCH landings: all landings at once;
- * then, after a fence, the filter bits of every key between; then the
- * quarter points of each span to search and the entries of each span to
- * walk; then the blocks inside the quarters. Which spans need work is
- * decided with a superset of the alive slots (alive at p, less those
- * lacking each landing) and checked again against the true set.
+ * Memory is the cost (a miss per entry: 0.1-2 us alone on this VM, ~30 ns
+ * each when a dozen or more are in flight), so the reads go in dependent
+ * rounds whose misses overlap, per batch of up to JUMP_BATCH landings:
+ * block 0, all landings and the first span's blocks at once (the filter
+ * bits of the keys between are computed meanwhile); then, after a fence,
+ * the filter bits, and every entry of each span to search (up to
+ * INNER_AHEAD) or listed key to split on; then the answers, in order.
+ * Which spans need work is decided with a superset of the alive slots
+ * (alive at p, less those lacking each landing) and checked again against
+ * the true set.
  *
  * Under a concurrent writer, a hole is listed (filter first) before the
  * block that makes it is cleared, and the filter of a key is read after
@@ -1668,6 +1672,16 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
             q = landing(q, n);
             prefetch_key(ix, norm_key(seq[q]));
         }
+        if (p == 0) {
+            /* the first span's blocks too, before anything is known:
+             * requests share their first blocks with more workers than
+             * any later ones (a system prompt, a conversation's start),
+             * so that span is the one most often searched; read now,
+             * its search costs no round of misses of its own */
+            for (i = 1; i < JUMP; i++) {
+                prefetch_key(ix, norm_key(seq[i]));
+            }
+        }
         filter_slots(ix, seq, p + 1, q, fb);
         if (p == 0 && !read_holders(ix, norm_key(seq[0]), alive)) {
             return 0;
@@ -1685,7 +1699,7 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
         memcpy(sup, alive, words * sizeof(uint64_t));
         for (j = 0, q = p, fetched = 0; j < nl; j++) {
             size_t from = q + 1;
-            int    live = 0;
+            int    live = 0, early;
 
             q = landing(q, n);
             for (w = 0, d = 0; w < words; w++) {
@@ -1695,11 +1709,12 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
             }
             kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
                       : d ? SPAN_SEARCH : SPAN_SKIP;
-            inner[j] = kind[j] == SPAN_SEARCH && fetched + (q - from) <= INNER_AHEAD;
-            for (i = from; inner[j] && i < q; i++) {
+            early = p == 0 && j == 0;       /* prefetched in round 1 */
+            inner[j] = kind[j] == SPAN_SEARCH && (early || fetched + (q - from) <= INNER_AHEAD);
+            for (i = from; inner[j] && !early && i < q; i++) {
                 prefetch_key(ix, norm_key(seq[i]));
             }
-            fetched += inner[j] ? (uint32_t) (q - from) : 0;
+            fetched += inner[j] && !early ? (uint32_t) (q - from) : 0;
             for (i = from; kind[j] == SPAN_SPLIT && i < q; i++) {
                 if (fb_hit(ix, fb[i - p - 1])) {
                     prefetch_key(ix, norm_key(seq[i]));     /* split_span reads these */
