@@ -42,7 +42,8 @@
  * sees them all hold block q = p + 16 too, and finds none of the keys
  * between in the filter, knows they hold every block between (a slot
  * lacking one would have a hole at the last one it lacks) and skips them;
- * otherwise it walks p+1..q. To know, when slot s loses a block, whether s
+ * otherwise it searches where slots stop, reading the keys the filter
+ * lists as extra landings (kv_index_match). To know, when slot s loses a block, whether s
  * holds a child of it, each entry has a `kids` word in the side array
  * (slots that stored a child under it; a superset, one bit per slot mod 64). A hole listed for s is
  * dropped when s holds the key again (its children become the entry's
