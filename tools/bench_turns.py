@@ -136,7 +136,8 @@ def main():
             follow = [int(r[0]) for r in rows if r[3] != "1"]
             ftok = [int(r[1]) for r in rows if r[3] == "1"]
             cached = [int(r[2]) for r in rows if r[3] != "1"]
-            res[side] = {"first_p50_us": pct(first, .5), "first_p99_us": pct(first, .99),
+            res[side] = {"first_p50_us": pct(first, .5), "first_p90_us": pct(first, .9),
+                         "first_p99_us": pct(first, .99),
                          "follow_p50_us": pct(follow, .5), "follow_p99_us": pct(follow, .99),
                          "first_tokens_p50": pct(ftok, .5), "n_first": len(first),
                          "n_follow": len(follow),

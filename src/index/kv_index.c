@@ -42,7 +42,8 @@
  * sees them all hold block q = p + 16 too, and finds none of the keys
  * between in the filter, knows they hold every block between (a slot
  * lacking one would have a hole at the last one it lacks) and skips them;
- * otherwise it walks p+1..q. To know, when slot s loses a block, whether s
+ * otherwise it searches where slots stop, reading the keys the filter
+ * lists as extra landings (kv_index_match). To know, when slot s loses a block, whether s
  * holds a child of it, each entry has a `kids` word in the side array
  * (slots that stored a child under it; a superset, one bit per slot mod 64). A hole listed for s is
  * dropped when s holds the key again (its children become the entry's
@@ -71,7 +72,7 @@
 #define JUMP            16                       /* match: blocks skipped per landing */
 #define JUMP_BATCH      32                       /* match: landings read per round */
 #define JUMP_BATCH_WORDS 1024                    /* match: bitmap words they may use */
-#define WALK_AHEAD      24                       /* match: walked entries in flight */
+#define INNER_AHEAD     48                       /* match: entries inside spans prefetched per batch */
 
 typedef struct {
     uint64_t            worker_id;
@@ -1443,6 +1444,32 @@ static int any_hole(const kv_index_t *ix, const uint64_t *seq, size_t from, size
     return hit;
 }
 
+/* The filter bit of each key of seq[from..to) into fb[0..to-from): pure
+ * arithmetic, done while the landings' misses are in flight so that only
+ * the filter loads are left for after them. */
+static void filter_slots(const kv_index_t *ix, const uint64_t *seq, size_t from, size_t to,
+                         uint32_t *fb)
+{
+    size_t i;
+
+    for (i = from; i < to; i++) {
+        fb[i - from] = (uint32_t) filter_slot(ix, norm_key(seq[i]));
+    }
+}
+
+/* any_hole over filter bits filter_slots computed. */
+static int any_hole_at(const kv_index_t *ix, const uint32_t *fb, size_t n)
+{
+    const uint64_t *f = filter(ix);
+    uint64_t        hit = 0;
+    size_t          i;
+
+    for (i = 0; i < n; i++) {
+        hit |= __atomic_load_n(&f[fb[i] / 64], __ATOMIC_RELAXED) >> (fb[i] % 64);
+    }
+    return (int) (hit & 1);
+}
+
 /*
  * Where each alive slot that lacks block q stops in p+1..q, when no key in
  * p+1..q-1 is a hole: then a slot holding block p holds a leading run of
@@ -1513,7 +1540,89 @@ static int search_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size
     return 1;
 }
 
-enum { SPAN_SKIP, SPAN_SEARCH, SPAN_WALK };
+/* walk_span with its first MATCH_AHEAD entries prefetched first. */
+static int walk_from(const kv_index_t *ix, const uint64_t *seq, size_t from, size_t to,
+                     uint64_t *alive, uint32_t words, kv_overlap_t *out, size_t cap,
+                     size_t *found)
+{
+    size_t i;
+
+    for (i = from; i <= to && i < from + MATCH_AHEAD; i++) {
+        prefetch_key(ix, norm_key(seq[i]));
+    }
+    return walk_span(ix, seq, from, to, alive, words, out, cap, found);
+}
+
+static int fb_hit(const kv_index_t *ix, uint32_t b)
+{
+    return (__atomic_load_n(&filter(ix)[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
+}
+
+/*
+ * A span p+1..q some of whose keys the filter lists (fb: their filter
+ * bits, fb[0] the key p+1's): each listed key h is read as if it were a
+ * landing, and the pieces between (no listed key inside) are skipped or
+ * searched as spans are. A slot lacking h stops at or before h (h a hole
+ * of it or not), found by the search of the piece below h; a slot holding
+ * both ends of a piece with no hole inside holds all of it. So a hole
+ * costs one entry read, not the walk of its 15 neighbours. The pieces'
+ * keys are read again from the filter after the listed entries: a key
+ * listed meanwhile makes it walk, as does a span with over SPLIT_MAX listed
+ * keys. at_q: the holders of q. 1 while any slot is alive.
+ */
+#define SPLIT_MAX 4
+
+static int split_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size_t q,
+                      const uint32_t *fb, const uint64_t *at_q, uint64_t *alive,
+                      uint32_t words, kv_overlap_t *out, size_t cap, size_t *found)
+{
+    uint64_t has[SPLIT_MAX + 1][64], d;
+    size_t   at[SPLIT_MAX + 2], m = 0, i, k;
+    uint32_t w;
+
+    at[0] = p;
+    for (i = p + 1; i < q; i++) {
+        if (fb_hit(ix, fb[i - p - 1])) {
+            if (m == SPLIT_MAX) {
+                return walk_from(ix, seq, p + 1, q, alive, words, out, cap, found);
+            }
+            at[++m] = i;
+        }
+    }
+    at[m + 1] = q;
+    for (k = 1; k <= m; k++) {
+        if (!read_holders(ix, norm_key(seq[at[k]]), has[k - 1])) {
+            memset(has[k - 1], 0, words * sizeof(uint64_t));
+        }
+    }
+    memcpy(has[m], at_q, words * sizeof(uint64_t));
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    for (k = 0; k <= m; k++) {
+        if (any_hole_at(ix, &fb[at[k] - p], at[k + 1] - at[k] - 1)) {
+            return walk_from(ix, seq, p + 1, q, alive, words, out, cap, found);
+        }
+    }
+    for (k = 0; k <= m; k++) {
+        for (w = 0, d = 0; w < words; w++) {
+            d |= alive[w] & ~has[k][w];
+        }
+        if (!d) {
+            continue;               /* every alive slot holds at[k]..at[k + 1] */
+        }
+        if (!search_span(ix, seq, at[k], at[k + 1], has[k], alive, words, out, cap, found, 0)) {
+            return walk_from(ix, seq, at[k] + 1, q, alive, words, out, cap, found);
+        }
+        for (w = 0, d = 0; w < words; w++) {
+            d |= alive[w];
+        }
+        if (!d) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT };
 
 /*
  * The jump: from a position p that every alive slot holds (with all of
@@ -1521,18 +1630,22 @@ enum { SPAN_SKIP, SPAN_SEARCH, SPAN_WALK };
  * p+1..q-1 may be a hole of anyone (the filter), every alive slot holds all
  * of p+1..q: one that lacked some k in there would have a hole at the last
  * such k (it holds k+1). So the blocks between are skipped. If some slots
- * lack q, search_span finds where each stops; if the filter lists a key
- * between, the blocks p+1..q are walked one by one, as kv_index_match_walk
- * does. Either way the answer and its order are the walk's.
+ * lack q, search_span finds where each stops; if the filter lists keys
+ * between, split_span reads them and treats the pieces between as spans
+ * (the blocks are walked one by one, as kv_index_match_walk does, only
+ * when over SPLIT_MAX keys are listed or the filter changed meanwhile).
+ * Either way the answer and its order are the walk's.
  *
- * Memory is the cost (a miss per entry: several hundred ns on a loaded VM,
- * and a bounded number in flight), so the reads go in rounds whose misses
- * overlap, per batch of up to JUMP_BATCH landings: all landings at once;
- * then, after a fence, the filter bits of every key between; then the
- * quarter points of each span to search and the entries of each span to
- * walk; then the blocks inside the quarters. Which spans need work is
- * decided with a superset of the alive slots (alive at p, less those
- * lacking each landing) and checked again against the true set.
+ * Memory is the cost (a miss per entry: 0.1-2 us alone on this VM, ~30 ns
+ * each when a dozen or more are in flight), so the reads go in dependent
+ * rounds whose misses overlap, per batch of up to JUMP_BATCH landings:
+ * block 0, all landings and the first span's blocks at once (the filter
+ * bits of the keys between are computed meanwhile); then, after a fence,
+ * the filter bits, and every entry of each span to search (up to
+ * INNER_AHEAD) or listed key to split on; then the answers, in order.
+ * Which spans need work is decided with a superset of the alive slots
+ * (alive at p, less those lacking each landing) and checked again against
+ * the true set.
  *
  * Under a concurrent writer, a hole is listed (filter first) before the
  * block that makes it is cleared, and the filter of a key is read after
@@ -1544,28 +1657,35 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
 {
     uint64_t alive[64], sup[64], land[JUMP_BATCH_WORDS], d;
     uint32_t words = ix->words < 64 ? ix->words : 64, w, batch, fetched;
-    uint8_t  kind[JUMP_BATCH];
+    uint32_t fb[JUMP_BATCH * JUMP];
+    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH];
     size_t   p, q, i, j, nl, found = 0;
 
     if (n <= 2 * JUMP || __atomic_load_n(&ix->lost_slots, __ATOMIC_ACQUIRE) != 0) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
     batch = JUMP_BATCH_WORDS / words < JUMP_BATCH ? JUMP_BATCH_WORDS / words : JUMP_BATCH;
-    for (p = 0, j = 0; p < n - 1 && j < batch; j++) {
-        p = landing(p, n);
-        prefetch_key(ix, norm_key(seq[p]));
-    }
-    if (!read_holders(ix, norm_key(seq[0]), alive)) {
-        return 0;
-    }
+    prefetch_key(ix, norm_key(seq[0]));
     for (p = 0; p < n - 1; p = q) {
-        /* round 1: the landings of this batch (the first batch's are on
-         * their way already) */
+        /* round 1: the landings of this batch (with block 0 for the first),
+         * and meanwhile the filter bits of the keys between */
         for (q = p, nl = 0; q < n - 1 && nl < batch; nl++) {
             q = landing(q, n);
-            if (p > 0) {
-                prefetch_key(ix, norm_key(seq[q]));
+            prefetch_key(ix, norm_key(seq[q]));
+        }
+        if (p == 0) {
+            /* the first span's blocks too, before anything is known:
+             * requests share their first blocks with more workers than
+             * any later ones (a system prompt, a conversation's start),
+             * so that span is the one most often searched; read now,
+             * its search costs no round of misses of its own */
+            for (i = 1; i < JUMP; i++) {
+                prefetch_key(ix, norm_key(seq[i]));
             }
+        }
+        filter_slots(ix, seq, p + 1, q, fb);
+        if (p == 0 && !read_holders(ix, norm_key(seq[0]), alive)) {
+            return 0;
         }
         for (j = 0, q = p; j < nl; j++) {
             q = landing(q, n);
@@ -1575,11 +1695,12 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         /* round 2: the filter bits between; what each span needs, and
-         * (round 3, issued now) prefetches of what that step reads first */
+         * prefetches of every entry that step reads (a searched span's
+         * inner blocks all at once: one round of misses, not two) */
         memcpy(sup, alive, words * sizeof(uint64_t));
         for (j = 0, q = p, fetched = 0; j < nl; j++) {
             size_t from = q + 1;
-            int    live = 0;
+            int    live = 0, early;
 
             q = landing(q, n);
             for (w = 0, d = 0; w < words; w++) {
@@ -1587,26 +1708,32 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 sup[w] &= land[j * words + w];
                 live |= sup[w] != 0;
             }
-            kind[j] = any_hole(ix, seq, from, q) ? SPAN_WALK : d ? SPAN_SEARCH : SPAN_SKIP;
-            for (i = from; kind[j] == SPAN_WALK && i < q && fetched < WALK_AHEAD; i++) {
+            kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
+                      : d ? SPAN_SEARCH : SPAN_SKIP;
+            early = p == 0 && j == 0;       /* prefetched in round 1 */
+            inner[j] = kind[j] == SPAN_SEARCH && (early || fetched + (q - from) <= INNER_AHEAD);
+            for (i = from; inner[j] && !early && i < q; i++) {
                 prefetch_key(ix, norm_key(seq[i]));
-                fetched++;
             }
-            for (i = 1; kind[j] == SPAN_SEARCH && i < 4; i++) {
-                prefetch_key(ix, norm_key(seq[from - 1 + (q - from + 1) * i / 4]));
+            fetched += inner[j] && !early ? (uint32_t) (q - from) : 0;
+            for (i = from; kind[j] == SPAN_SPLIT && i < q; i++) {
+                if (fb_hit(ix, fb[i - p - 1])) {
+                    prefetch_key(ix, norm_key(seq[i]));     /* split_span reads these */
+                }
             }
             if (!live) {
                 nl = j + 1;         /* no slot outlives this span */
                 break;
             }
         }
-        /* round 4: the quarter points, to prefetch inside the quarters */
+        /* round 3, only for spans past the prefetch budget: their quarter
+         * points, to prefetch inside the quarters */
         memcpy(sup, alive, words * sizeof(uint64_t));
         for (j = 0, q = p; j < nl; j++) {
             size_t from = q + 1;
 
             q = landing(q, n);
-            if (kind[j] == SPAN_SEARCH) {
+            if (kind[j] == SPAN_SEARCH && !inner[j]) {
                 search_span(ix, seq, from - 1, q, &land[j * words], sup, words, out, cap,
                             &found, 1);
             }
@@ -1614,7 +1741,7 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 sup[w] &= land[j * words + w];
             }
         }
-        /* round 5: in order, with the true alive set */
+        /* round 4: in order, with the true alive set */
         for (j = 0, q = p; j < nl; j++) {
             size_t from = q + 1;
 
@@ -1622,7 +1749,15 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
             for (w = 0, d = 0; w < words; w++) {
                 d |= alive[w] & ~land[j * words + w];
             }
-            if (kind[j] != SPAN_WALK) {
+            if (kind[j] == SPAN_SPLIT) {
+                if (!split_span(ix, seq, from - 1, q, &fb[from - p - 1], &land[j * words], alive,
+                                words, out, cap, &found))
+                {
+                    return live_only(ix, out, found);
+                }
+                continue;
+            }
+            {
                 if (!d) {
                     continue;       /* all alive hold from..q */
                 }
@@ -1639,10 +1774,7 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 }
                 /* a hole listed meanwhile: walk */
             }
-            for (i = from; i < q && i < from + MATCH_AHEAD; i++) {
-                prefetch_key(ix, norm_key(seq[i]));     /* if round 3 did not */
-            }
-            if (!walk_span(ix, seq, from, q, alive, words, out, cap, &found)) {
+            if (!walk_from(ix, seq, from, q, alive, words, out, cap, &found)) {
                 return live_only(ix, out, found);
             }
         }

@@ -47,17 +47,20 @@ void kv_tokenizer_work(kv_tok_work_t *out, int reset)
     }
 }
 
-/* Ranks of adjacent pairs kept in an array: each merge re-reads only the
- * two pairs it changed, so a word costs O(n) merge lookups. */
-static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t *out)
+uint32_t kv_tok_merge_rank(const kv_tokenizer_t *t, uint32_t a, uint32_t b)
 {
-    uint32_t rank[SHORT_WORD];
-    size_t   i, best;
+    return merge_of(t, a, b);
+}
+
+/* Ranks of adjacent pairs kept in an array (rank[i]: of id[i], id[i + 1],
+ * given): each merge re-reads only the two pairs it changed, so a word
+ * costs O(n) merge lookups. */
+static int merge_loop(const kv_tokenizer_t *t, uint32_t *id, uint32_t *rank, size_t n,
+                      kv_ids_t *out)
+{
+    size_t i, best;
 
     work.symbols += n;
-    for (i = 0; i + 1 < n; i++) {
-        rank[i] = merge_of(t, id[i], id[i + 1]);
-    }
     while (n > 1) {
         best = 0;
         for (i = 1; i + 1 < n; i++) {
@@ -69,7 +72,8 @@ static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t
             break;
         }
         work.merges++;
-        id[best] = t->merge_id[rank[best]];
+        id[best] = t->merge_base >= 0 ? rank[best] + (uint32_t) t->merge_base
+                                      : t->merge_id[rank[best]];
         memmove(&id[best + 1], &id[best + 2], (n - best - 2) * sizeof(uint32_t));
         if (best + 2 < n) {
             memmove(&rank[best + 1], &rank[best + 2], (n - best - 3) * sizeof(uint32_t));
@@ -88,6 +92,17 @@ static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t
         }
     }
     return 0;
+}
+
+static int merge_short(const kv_tokenizer_t *t, uint32_t *id, size_t n, kv_ids_t *out)
+{
+    uint32_t rank[SHORT_WORD];
+    size_t   i;
+
+    for (i = 0; i + 1 < n; i++) {
+        rank[i] = merge_of(t, id[i], id[i + 1]);
+    }
+    return merge_loop(t, id, rank, n, out);
 }
 
 /* --- long words: a bucket queue over merge ranks ----------------------------
@@ -500,5 +515,38 @@ int kv_tok_bpe_word(const kv_tokenizer_t *t, const uint32_t *syms, size_t n, kv_
     if (id != local) {
         free(id);
     }
+    return rc;
+}
+
+int kv_tok_bpe_bytes(const kv_tokenizer_t *t, const uint8_t *p, size_t n, kv_ids_t *out)
+{
+    uint32_t id[SHORT_WORD], rank[SHORT_WORD], *syms;
+    size_t   i;
+    int      rc;
+
+    if (n == 0) {
+        return 0;
+    }
+    if (n == 1) {
+        return kv_ids_push(out, t->byte_id[p[0]]);
+    }
+    if (n <= SHORT_WORD && t->pair_rank != NULL) {
+        for (i = 0; i < n; i++) {
+            id[i] = t->byte_id[p[i]];
+        }
+        for (i = 0; i + 1 < n; i++) {
+            rank[i] = t->pair_rank[(uint32_t) p[i] << 8 | p[i + 1]];
+        }
+        return merge_loop(t, id, rank, n, out);
+    }
+    syms = malloc(n * sizeof(uint32_t));
+    if (syms == NULL) {
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        syms[i] = t->byte_id[p[i]];
+    }
+    rc = kv_tok_bpe_word(t, syms, n, out);
+    free(syms);
     return rc;
 }

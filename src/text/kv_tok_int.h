@@ -76,6 +76,11 @@ struct kv_tokenizer {
 
     kv_tok_merge_t *merges;
     uint32_t       *merge_id;           /* rank -> the id the merge makes */
+    int64_t         merge_base;         /* >= 0: merge_id[rank] is rank + merge_base for
+                                           every rank (GPT-2, Qwen2.5): no load */
+    uint32_t       *pair_rank;          /* byte-level: [a << 8 | b] the rank of merging
+                                           bytes a, b (UINT32_MAX: none); 256 KB, so a
+                                           word's first round of lookups stays in cache */
     uint32_t        merges_mask;
     uint32_t        n_merges;           /* ranks are 0..n_merges-1 */
 
@@ -115,6 +120,10 @@ void    kv_tok_word_prefetch(const kv_tokenizer_t *t, const char *s, size_t len)
 /* One word (pre-token) to ids; appends to out. -1 on allocation failure. */
 int kv_tok_bpe_word(const kv_tokenizer_t *t, const uint32_t *syms, size_t n,
                     kv_ids_t *out);
+/* The same for a byte-level word given as its raw bytes (t->pair_rank set). */
+int kv_tok_bpe_bytes(const kv_tokenizer_t *t, const uint8_t *p, size_t n, kv_ids_t *out);
+/* The rank of merging ids (a, b); UINT32_MAX if none applies. */
+uint32_t kv_tok_merge_rank(const kv_tokenizer_t *t, uint32_t a, uint32_t b);
 
 /* Splits text[0..len) into pre-tokens: calls emit for each piece. */
 typedef int (*kv_tok_emit_fn)(void *ctx, const char *piece, size_t len);

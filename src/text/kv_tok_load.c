@@ -252,6 +252,35 @@ static int add_merge(kv_tokenizer_t *t, const char *a, size_t al, const char *b,
     }
 }
 
+/* merge_base (kv_tok_int.h): in vocabularies built with their merges
+ * (GPT-2, Qwen2.5) merge r makes id r + 256; checked for every merge in
+ * the table, else -1 and merge_id is read. */
+static void dense_merge_ids(kv_tokenizer_t *t)
+{
+    uint64_t i, base = 0;
+    int      first = 1;
+
+    t->merge_base = -1;
+    for (i = 0; i <= t->merges_mask; i++) {
+        uint32_t r;
+
+        if (t->merges[i] == UINT64_MAX) {
+            continue;
+        }
+        r = (uint32_t) (t->merges[i] & KV_TOK_RANK_MASK);
+        if (first) {
+            if (t->merge_id[r] < r) {
+                return;
+            }
+            base = t->merge_id[r] - r;
+            first = 0;
+        } else if ((uint64_t) t->merge_id[r] != r + base) {
+            return;
+        }
+    }
+    t->merge_base = first ? -1 : (int64_t) base;
+}
+
 static int load_merges(kv_tokenizer_t *t, json_t *merges, load_t *l)
 {
     size_t n = json_array_size(merges), cap, i;
@@ -304,6 +333,7 @@ static int load_merges(kv_tokenizer_t *t, json_t *merges, load_t *l)
             return refuse(l, "merges[%zu] is neither \"a b\" nor [a, b]", i);
         }
     }
+    dense_merge_ids(t);
     return 0;
 }
 
@@ -644,6 +674,24 @@ static int spm_words_independent(const kv_tokenizer_t *t)
     return 1;
 }
 
+/* pair_rank (kv_tok_int.h): every pair of bytes' merge, looked up once. */
+static int pair_table(kv_tokenizer_t *t)
+{
+    uint32_t a, b;
+
+    t->pair_rank = malloc(65536 * sizeof(uint32_t));
+    if (t->pair_rank == NULL) {
+        return -1;
+    }
+    for (a = 0; a < 256; a++) {
+        for (b = 0; b < 256; b++) {
+            t->pair_rank[a << 8 | b] = kv_tok_merge_rank(t, t->byte_id[a], t->byte_id[b]);
+        }
+    }
+    t->memory += 65536 * sizeof(uint32_t);
+    return 0;
+}
+
 static void fallback_table(kv_tokenizer_t *t)
 {
     char     buf[8];
@@ -677,6 +725,7 @@ kv_tokenizer_t *kv_tokenizer_load_buffer(const char *buf, size_t len, char *err,
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    t->merge_base = -1;
     do {
         static uint32_t tags;
 
@@ -717,7 +766,7 @@ kv_tokenizer_t *kv_tokenizer_load_buffer(const char *buf, size_t len, char *err,
                 goto fail;
             }
         }
-        if (words_table(t) != 0) {
+        if (words_table(t) != 0 || pair_table(t) != 0) {
             refuse(&l, "out of memory");
             goto fail;
         }
@@ -778,6 +827,7 @@ void kv_tokenizer_free(kv_tokenizer_t *t)
     free(t->words_arena);
     free(t->merges);
     free(t->merge_id);
+    free(t->pair_rank);
     free(t->added);
     free(t->is_special);
     free(t->prefix_ids);

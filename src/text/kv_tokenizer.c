@@ -211,7 +211,7 @@ static int byte_level_word(enc_t *e, const piece_t *pc)
 {
     const kv_tokenizer_t *t = e->t;
     const char           *p = pc->p;
-    size_t                n = pc->n, i, before = e->out->n;
+    size_t                n = pc->n, before = e->out->n;
     int64_t               id;
     int                   rc;
 
@@ -221,13 +221,7 @@ static int byte_level_word(enc_t *e, const piece_t *pc)
     if (id >= 0) {
         rc = kv_ids_push(e->out, (uint32_t) id);
     } else {
-        if (reserve(e, n) != 0) {
-            return -1;
-        }
-        for (i = 0; i < n; i++) {
-            e->syms[i] = t->byte_id[(uint8_t) p[i]];
-        }
-        rc = kv_tok_bpe_word(t, e->syms, n, e->out);
+        rc = kv_tok_bpe_bytes(t, (const uint8_t *) p, n, e->out);
     }
     if (rc == 0 && pc->set != UINT32_MAX && e->out->n - before <= WCACHE_IDS) {
         wcache_put(t, pc->set, pc->key, e->out->ids + before, e->out->n - before);

@@ -13,6 +13,7 @@
 
 #include "kvtest.h"
 #include "kv_tokenizer.h"
+#include "kv_tok_int.h"
 
 static const char *models[] = {
     "gpt2", "phi-3-mini-4k-instruct", "qwen2.5-instruct", "smollm3-3b",
@@ -473,6 +474,63 @@ TEST(word_cache_keeps_tokenizers_apart)
     free(text);
 }
 
+/* kv_tok_bpe_bytes starts a word's merging from the 256 KB byte-pair rank
+ * table instead of the merge table: the same ids as kv_tok_bpe_word from
+ * the byte ids, for every pair of bytes and 20,000 random words of 3-60
+ * bytes (past the short-word limit too), in each byte-level tokenizer. */
+TEST(byte_pair_table_equals_merge_table)
+{
+    static const char *byte_level[] = { "gpt2", "qwen2.5-instruct", "smollm3-3b" };
+    char            path[256], err[512];
+    uint8_t         w[64];
+    uint32_t        syms[64], x = 12345;
+    size_t          m, k, n, bad = 0, words = 0;
+
+    for (m = 0; m < 3; m++) {
+        kv_tokenizer_t *t;
+
+        snprintf(path, sizeof(path), "conf/tokenizers/%s/tokenizer.json", byte_level[m]);
+        t = kv_tokenizer_load(path, err, sizeof(err));
+        CHECK(t != NULL && t->pair_rank != NULL);
+        if (t == NULL) {
+            return;
+        }
+        for (k = 0; k < 65536 + 20000; k++) {
+            kv_ids_t a = { 0 }, b = { 0 };
+            size_t   i;
+
+            if (k < 65536) {
+                n = 2;
+                w[0] = (uint8_t) (k >> 8);
+                w[1] = (uint8_t) k;
+            } else {
+                /* mostly letters, so merges run deep; any byte sometimes */
+                x = x * 1103515245u + 12345u;
+                n = 3 + (x >> 8) % 58;
+                for (i = 0; i < n; i++) {
+                    x = x * 1103515245u + 12345u;
+                    w[i] = (x >> 24) % 8 ? (uint8_t) ("etaoinshrdlu "[(x >> 12) % 13])
+                                         : (uint8_t) (x >> 16);
+                }
+            }
+            for (i = 0; i < n; i++) {
+                syms[i] = t->byte_id[w[i]];
+            }
+            CHECK(kv_tok_bpe_bytes(t, w, n, &a) == 0);
+            CHECK(kv_tok_bpe_word(t, syms, n, &b) == 0);
+            if (a.n != b.n || memcmp(a.ids, b.ids, a.n * sizeof(uint32_t)) != 0) {
+                bad++;
+            }
+            words++;
+            kv_ids_free(&a);
+            kv_ids_free(&b);
+        }
+        kv_tokenizer_free(t);
+    }
+    printf("  %zu words compared\n", words);
+    CHECK_EQ_U64(bad, 0);
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -485,5 +543,6 @@ int main(void)
     RUN(merge_ids_near_the_packing_limit);
     RUN(one_megabyte_word_costs_linear_work);
     RUN(word_cache_keeps_tokenizers_apart);
+    RUN(byte_pair_table_equals_merge_table);
     return kvt_done();
 }
