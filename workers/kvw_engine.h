@@ -80,7 +80,19 @@ struct kvw_config {
     double      link_gbps;              /* mock: link the KV crosses, Gb/s (400: RDMA) */
     double      kv_bytes_per_token;     /* mock: modelled KV bytes per token (131072) */
     int         xfer_timeout_ms;        /* a transfer's deadline, either side (30000) */
+    int         xfer_fault;             /* KVW_FAULT_*: testing only, off (none) by default */
+    uint32_t    xfer_fault_at;          /* ... at the stream's block this many after the first */
 };
+
+/*
+ * --xfer-fault KIND:N, for tests only: the prefill side of a transfer fails
+ * on purpose once N block frames have been sent, so that the mid-stream
+ * failure paths (the stream cut short, kvw_xfer_serve.c) can be driven by a
+ * real process: "read" (the block's read from the pool fails), "alloc" (the
+ * next window's buffer cannot be allocated), "stall" (nothing more is sent,
+ * until the serve timeout cuts the stream).
+ */
+enum { KVW_FAULT_NONE = 0, KVW_FAULT_READ, KVW_FAULT_ALLOC, KVW_FAULT_STALL };
 
 enum { KVW_ROLE_AGGREGATED = 0, KVW_ROLE_PREFILL, KVW_ROLE_DECODE };
 

@@ -235,6 +235,32 @@ static int send_ipc(serve_t *s, const kvx_ipc_t *pool)
 static void send_more(struct evhttp_connection *conn, void *arg);
 
 /*
+ * --xfer-fault (testing only, off by default): the fault of this kind hits
+ * at stream block i (counted from the first block sent). Logged, so that a
+ * test can tell the injected failure from a real one.
+ */
+static int fault_at(const serve_t *s, int kind, uint32_t i)
+{
+    if (s->e->cfg->xfer_fault != kind || i - s->first < s->e->cfg->xfer_fault_at)
+        return 0;
+    fprintf(stderr, "kvworker: transfer: --xfer-fault %s injected at block %u\n",
+            kind == KVW_FAULT_READ ? "read" : kind == KVW_FAULT_ALLOC ? "alloc" : "stall",
+            i - s->first);
+    return 1;
+}
+
+/* Where this window's frames stop: the stream's end, or an injected window fault. */
+static uint32_t window_end(const serve_t *s)
+{
+    int k = s->e->cfg->xfer_fault;
+    uint64_t at = (uint64_t)s->first + s->e->cfg->xfer_fault_at;
+
+    if ((k == KVW_FAULT_ALLOC || k == KVW_FAULT_STALL) && s->next < at && at < s->n_full)
+        return (uint32_t)at;
+    return s->n_full;
+}
+
+/*
  * A pool in host memory (the cpu engine): each block's payload goes to the
  * socket by reference, straight from the pinned block (no copy before the
  * kernel's), its checksum computed there; only the 32-byte frame headers
@@ -245,12 +271,14 @@ static void send_from_pool(serve_t *s, struct evbuffer *b)
 {
     kvw_backend_t *be = kvw_sched_backend(s->e);
     size_t bytes = be->block_bytes, used = 0, queued = 0;
+    uint32_t stop = window_end(s);
 
-    while (s->next < s->n_full && queued < SEND_WINDOW
+    while (s->next < stop && queued < SEND_WINDOW
            && used + KVX_BLK_LEN + KVX_END_LEN <= s->win->len) {
         uint32_t i = s->next++;
         kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i] };
-        const uint8_t *payload = be->block_ptr(be, s->pin.table[i]);
+        const uint8_t *payload = fault_at(s, KVW_FAULT_READ, i) ? NULL
+                                 : be->block_ptr(be, s->pin.table[i]);
 
         if (payload == NULL) {
             fprintf(stderr, "kvworker: transfer: block %u outside the pool\n", s->pin.table[i]);
@@ -300,21 +328,31 @@ static void send_more(struct evhttp_connection *conn, void *arg)
     kvw_backend_t *be = kvw_sched_backend(s->e);
     struct evbuffer *b = evbuffer_new();
     size_t bytes = be->block_bytes, used = 0;
+    uint32_t stop = window_end(s);
 
+    if (b != NULL && fault_at(s, KVW_FAULT_ALLOC, s->next)) {
+        evbuffer_free(b);
+        b = NULL;
+    }
     if (b == NULL) {
         cut_short(s);
+        return;
+    }
+    if (fault_at(s, KVW_FAULT_STALL, s->next)) {
+        evbuffer_free(b);               /* on_timeout cuts the stream */
         return;
     }
     if (bytes && be->block_ptr) {
         send_from_pool(s, b);
         return;
     }
-    while (s->next < s->n_full && used + KVX_BLK_LEN + bytes + KVX_END_LEN <= s->win->len) {
+    while (s->next < stop && used + KVX_BLK_LEN + bytes + KVX_END_LEN <= s->win->len) {
         uint32_t i = s->next++;
         kvx_block_t blk = { .index = i, .seq_hash = s->seq[i], .local_hash = s->local[i] };
         uint8_t *payload = s->win->data + used + KVX_BLK_LEN;
 
-        if (bytes && be->block_read(be, s->pin.table[i], payload) != 0) {
+        if (fault_at(s, KVW_FAULT_READ, i)
+            || (bytes && be->block_read(be, s->pin.table[i], payload) != 0)) {
             fprintf(stderr, "kvworker: transfer: block_read %u failed\n", s->pin.table[i]);
             evbuffer_free(b);
             cut_short(s);

@@ -67,7 +67,11 @@ static void usage(FILE *f)
         "  --xfer-timeout-ms N           a transfer's deadline, either side (default 30000)\n"
         "  --link-gbps X|nvlink|pcie|rdma  mock: the link KV crosses, Gb/s (default rdma = 400;\n"
         "                                nvlink = 3600, pcie = 512)\n"
-        "  --kv-bytes-per-token N        mock: modelled KV bytes per token (default 131072)\n");
+        "  --kv-bytes-per-token N        mock: modelled KV bytes per token (default 131072)\n"
+        "  --xfer-fault KIND:N           TESTING ONLY (off by default): prefill side, fail every\n"
+        "                                transfer after N blocks: read (a block read fails),\n"
+        "                                alloc (a send buffer cannot be allocated), stall (send\n"
+        "                                nothing more until --xfer-timeout-ms cuts the stream)\n");
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg)
@@ -90,7 +94,30 @@ enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
     O_DEVICE, O_ROLE, O_DISAGG_MIN, O_PREFILL_LIMIT, O_XFER_TIMEOUT, O_LINK, O_KVBPT,
+    O_XFER_FAULT,
 };
+
+/* --xfer-fault KIND:N (testing only, kvw_engine.h). */
+static int parse_fault(const char *v, int *kind, uint32_t *at)
+{
+    static const char *kinds[] = { "read", "alloc", "stall" };
+    const char *colon = strchr(v, ':');
+    char *end;
+
+    if (colon == NULL)
+        return -1;
+    for (int i = 0; i < 3; i++) {
+        if ((size_t)(colon - v) == strlen(kinds[i]) && !strncmp(v, kinds[i], colon - v)) {
+            unsigned long n = strtoul(colon + 1, &end, 10);
+            if (colon[1] < '0' || colon[1] > '9' || *end != '\0' || n > UINT32_MAX)
+                return -1;
+            *kind = KVW_FAULT_READ + i;
+            *at = (uint32_t)n;
+            return 0;
+        }
+    }
+    return -1;
+}
 
 /* Link bandwidths by name, Gb/s per direction (docs/PROTOCOL.md). */
 static int parse_link(const char *v, double *out)
@@ -128,7 +155,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"idle-timeout", 1, 0, O_IDLE}, {"device", 1, 0, O_DEVICE},
         {"role", 1, 0, O_ROLE}, {"disagg-min-tokens", 1, 0, O_DISAGG_MIN},
         {"prefill-queue-limit", 1, 0, O_PREFILL_LIMIT}, {"xfer-timeout-ms", 1, 0, O_XFER_TIMEOUT},
-        {"link-gbps", 1, 0, O_LINK}, {"kv-bytes-per-token", 1, 0, O_KVBPT}, {0, 0, 0, 0}
+        {"link-gbps", 1, 0, O_LINK}, {"kv-bytes-per-token", 1, 0, O_KVBPT},
+        {"xfer-fault", 1, 0, O_XFER_FAULT}, {0, 0, 0, 0}
     };
     int c;
 
@@ -180,6 +208,12 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case O_PREFILL_LIMIT: cfg->prefill_queue_limit = atoi(optarg); break;
         case O_XFER_TIMEOUT: cfg->xfer_timeout_ms = atoi(optarg); break;
         case O_KVBPT: cfg->kv_bytes_per_token = atof(optarg); break;
+        case O_XFER_FAULT:
+            if (parse_fault(optarg, &cfg->xfer_fault, &cfg->xfer_fault_at)) {
+                fprintf(stderr, "kvworker: --xfer-fault takes read:N, alloc:N or stall:N\n");
+                return -1;
+            }
+            break;
         case O_LINK:
             if (parse_link(optarg, &cfg->link_gbps)) {
                 fprintf(stderr, "kvworker: --link-gbps takes a positive number, nvlink, pcie "

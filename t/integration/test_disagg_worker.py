@@ -69,7 +69,7 @@ def metrics(w):
     return out
 
 
-def complete(w, prompt, prefill=None, stream=False, chat=False, max_tokens=8):
+def complete(w, prompt, prefill=None, stream=False, chat=False, max_tokens=8, timeout=60):
     """(status, headers, text) of a greedy request, streamed or not."""
     body = {"max_tokens": max_tokens, "temperature": 0, "stream": stream}
     if chat:
@@ -78,7 +78,7 @@ def complete(w, prompt, prefill=None, stream=False, chat=False, max_tokens=8):
         body["prompt"] = prompt
     path = "/v1/chat/completions" if chat else "/v1/completions"
     headers = {"X-KVRoute-Prefill": prefill} if prefill else {}
-    status, hdrs, data = kvt.request(w.ports[0], "POST", path, body, headers, timeout=60)
+    status, hdrs, data = kvt.request(w.ports[0], "POST", path, body, headers, timeout=timeout)
     if status != 200:
         return status, hdrs, data.decode()
     if not stream:
@@ -192,6 +192,73 @@ def test_prefill_killed_mid_request_falls_back(stack, model):
     s, h, got = out["r"]
     assert s == 200 and got == want
     assert h["x-kvroute-prefilled-by"] == "local" and h["x-kvroute-prefill-fallback"]
+
+
+# --- the prefill side fails mid-stream (kvw_xfer_serve.c cut_short, --xfer-fault) ----
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory):
+    """Blocks large enough that a transfer spans several send windows (4 MB):
+    32 layers, 2 KV heads of 64, f32: 512 KiB per 16-token block, 7 per window;
+    little compute per token (hidden 128, a narrow MLP)."""
+    d = str(tmp_path_factory.mktemp("disagg-big") / "tiny")
+    r = subprocess.run([TINY, "--out", d, "--tokenizer", QWEN_TOK, "--seed", "7", "--layers",
+                        "32", "--hidden", "128", "--heads", "2", "--kv-heads", "2",
+                        "--intermediate", "64"], capture_output=True, text=True, cwd=kvt.TOP)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+FAULT_AT = 10       # blocks sent before the fault: past the first window (7 blocks)
+
+
+@pytest.mark.parametrize("kind", ["read", "alloc", "stall"])
+def test_prefill_fails_mid_stream(stack, big_model, kind):
+    """The prefill worker has sent the reply's head and its first window of blocks when
+    it fails (a block read, a send buffer's allocation, or nothing more is sent until
+    its serve timeout): it cuts the connection, the decode worker sees the cut at once
+    (its own deadline is ten minutes, the request's two), prefills locally, and
+    answers what the aggregated worker answers; nothing of the cut stream is used."""
+    agg = cpu(stack, big_model)
+    # the serve timeout counts from the request's arrival, the prefill's compute included
+    # (seconds under the sanitizers): long enough that "stall" is what it cuts
+    pre = cpu(stack, big_model, "prefill", ["--xfer-fault", "%s:%d" % (kind, FAULT_AT),
+                                            "--xfer-timeout-ms", "15000"])
+    dec = cpu(stack, big_model, "decode", ["--disagg-min-tokens", "1",
+                                           "--xfer-timeout-ms", "600000"])
+    prompt = PROMPT * 4
+    status, _, data = kvt.request(agg.ports[0], "POST", "/v1/completions",
+                                  {"prompt": prompt, "max_tokens": 1}, timeout=60)
+    assert status == 200, data
+    n_blocks = json.loads(data)["usage"]["prompt_tokens"] // 16
+    assert n_blocks > FAULT_AT + 2, n_blocks       # the fault lands inside the stream
+    s, _, want = complete(agg, prompt)
+    assert s == 200, want
+    s, h, got = complete(dec, prompt, prefill=addr(pre), timeout=120)
+    assert s == 200, got
+    assert h["x-kvroute-prefilled-by"] == "local", h
+    # the reply's head had arrived (a refusal or a dead peer reads otherwise): a cut stream
+    assert "closed mid-transfer" in h["x-kvroute-prefill-fallback"], (h, open(pre.log).read()[-3000:])
+    assert got == want
+    m, p = metrics(dec), metrics(pre)
+    assert m["kvworker_xfer_fallbacks_total"] == 1 and m["kvworker_xfer_pulled_total"] == 0
+    # blocks had arrived, and were checked, before the cut (window 2 is only queued once
+    # half of window 1 reached the socket); they were dropped, never joined the cache
+    assert 0 < m["kvworker_xfer_pulled_blocks_total"] < n_blocks
+    # the prefill side queued the first window(s), then failed: no transfer was served whole
+    assert FAULT_AT <= p["kvworker_xfer_served_blocks_total"] < n_blocks
+    assert p["kvworker_xfer_served_total"] == 0
+    with open(pre.log, errors="replace") as f:
+        log = f.read()
+    assert "--xfer-fault %s injected at block %d" % (kind, FAULT_AT) in log, log[-2000:]
+    if kind == "stall":
+        assert "timed out after 15000 ms (streaming)" in log, log[-2000:]
+    # the prefill worker let its pins go and still serves (every transfer fails the same way)
+    kvt.wait_until(lambda: metrics(pre)["kvworker_kv_blocks_active"] == 0,
+                   what="the prefill worker's pins released")
+    s, h, got = complete(dec, "Again. " + prompt, prefill=addr(pre), timeout=120)
+    assert s == 200 and h["x-kvroute-prefilled-by"] == "local", h
+    assert metrics(dec)["kvworker_xfer_fallbacks_total"] == 2
 
 
 def established(port):
