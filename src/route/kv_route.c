@@ -118,6 +118,7 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_L  1                         /* load bound */
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
+#define IN_Q  8                         /* ... and the queue within its own prefill */
 
 /* The first server with a flag in mask in key's rendezvous order; -1 if
  * none. */
@@ -161,33 +162,17 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * Cold: no server's cached overlap saves the request a meaningful part of
  * its prefill, so its prefill is the same work anywhere and the estimate
  * has nothing to tell the servers apart that counting requests does not:
- * choose as least_conn does, the fewest requests in flight per unit of
- * weight (the least loaded server is always in L), whatever is queued
- * there. Ties: a server the index holds nothing of, then the first in the
- * prefix's rendezvous order (colder()).
- *
- * Why no queue bound: round 4 passed over a server whose queue exceeded
- * the request's own prefill time (Q), which least_conn never does; 3% of
- * short prompts then went to a server with one or two requests more, and
- * short-prompt ITL was +3..+8% over least_conn's in the same runs against
- * +2% without the bound (docs/BENCHMARKS.md, round 5). A request decodes
- * far longer than it waits for a few queued prompts (256-token prompts:
- * ~250 ms of prefill, ~2.5 s of decode; mooncake: ~120 ms and ~1.2 s), and
- * engines batch queued prefills into one step, so a decoding stream more
- * costs more than a queue.
- *
- * Why rendezvous and not a rotation among ties: least_conn breaks ties by
- * a weighted rotation, even over time, where rendezvous is random over
- * unrelated prompts; but a rotation (a counter) measured no better than
- * rendezvous on short prompts (round 5: +4%/+4% ITL against +3%/+8%, run
- * noise of 4%), and independent nginx instances would place the same new
- * prefix differently among equals (on an idle fleet, or with
- * worker_load=max under load, where they count the same requests), where
- * rendezvous makes them agree (t/integration/test_multi_instance.py,
- * test_cold_spread.py). Preferring the server with
- * nothing queued among equals was worse still: each cold request starts a
- * prefill step of its own, which stalls every decoding stream there (ITL
- * +27%, round 4).
+ * choose the way least_conn does, the fewest requests in flight per unit
+ * of weight, among the servers of Q (load-bounded, and not a queue far
+ * above the others': one that would more than double the request's time
+ * to first token against the least queue). Ties: a server the index
+ * holds nothing of, then the first in the prefix's rendezvous order
+ * (colder(); so independent routers agree on an idle fleet), blind to the
+ * queues, as least_conn's rotation is: preferring the
+ * server with nothing queued among equals sends each cold request to a
+ * prefill step of its own, which stalls every decoding stream there (with
+ * the estimate as the tie-break short-prompt ITL was +27% over
+ * least_conn's, docs/BENCHMARKS.md, round 4).
  *
  * Why not a cost: round 2's cold cost (its own time to first token plus
  * the stall its prefill imposes on each request in flight there) weighs
@@ -197,7 +182,13 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * requests in flight outweighed a request more or less: a server that
  * learned a low base took cold requests up to the load bound, and decode
  * batches spread worse than counting connections (short-prompt ITL
- * +13..17% over least_conn's on a quiet machine, "Round 3b").
+ * +13..17% over least_conn's on a quiet machine, "Round 3b"). A queue
+ * bound at the slack of the request's own prefill (C) shut out a server
+ * with one short prompt queued, which the engine batches into the same
+ * step, while any had none: each cold request then started a prefill step
+ * of its own, stalling every decoding stream there ("Round 3b"). Q's bound
+ * is the request's own prefill time there (the base included), so a long
+ * queue is still avoided.
  */
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
 {
@@ -206,13 +197,13 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
     int     pick = -1;
 
     for (i = 0; i < n; i++) {
-        if (s[i].eligible & IN_L) {
+        if (s[i].eligible & IN_Q) {
             s[i].cold = load_of(&s[i]);
             least = fmin(least, s[i].cold);
         }
     }
     for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_L) && s[i].cold <= least
+        if ((s[i].eligible & IN_Q) && s[i].cold <= least
             && (pick < 0 || colder(&s[i], &s[pick], key)))
         {
             pick = (int) i;
@@ -336,10 +327,12 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * peer (73-87% of the load-bounded oracle; with it 92-93%, and
      * sysprompt 99% against 78%, docs/BENCHMARKS.md, round 5). L still
      * bounds the holder's requests, so a hot prefix spreads as before.
-     * C (in L), where a session's home may be: the prefill queued ahead
-     * waits no longer than the least queue's by the slack of the request's
-     * own service time (on an idle fleet every server, whatever the noise
-     * in each one's learned rate).
+     * C (in L), where a
+     * session's home may be: the prefill queued ahead waits no longer than
+     * the least queue's by the slack of the request's own service time (on
+     * an idle fleet every server, whatever the noise in each one's learned
+     * rate). Q (in L), for cold requests: the queue waits no longer than the
+     * least queue's by the request's own service time there (pick_cold).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
@@ -347,6 +340,9 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
             && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
             s[i].eligible |= IN_C;
+        }
+        if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
+            s[i].eligible |= IN_Q;
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain + s[i].saved) {
             s[i].eligible |= IN_E;

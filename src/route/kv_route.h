@@ -52,9 +52,11 @@
  *      eviction, events mode after an event gap).
  *   5. Cold: otherwise (nobody holds any of it, so its prefill is the same
  *      work anywhere) least_conn's choice: the fewest requests in flight
- *      per unit of weight, whatever is queued there (a request decodes far
- *      longer than it waits behind a few queued prompts, and engines batch
- *      queued prefills into one step). Ties: a server
+ *      per unit of weight among the servers of Q, those of L whose wait is
+ *      at most the least wait in L + the request's own prefill time there
+ *      (ttft - wait) + decode_pace(s) (a queue that would more than double
+ *      its time to first token is avoided; one a short prompt joins is
+ *      not: engines batch queued prefills into one step). Ties: a server
  *      whose index holds nothing first (so an idle fleet's distinct
  *      prefixes do not pile onto one server by chance), then the first in
  *      the prefix's rendezvous order, blind to queues as least_conn is, so
