@@ -174,6 +174,23 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * the estimate as the tie-break short-prompt ITL was +27% over
  * least_conn's, docs/BENCHMARKS.md, round 4).
  *
+ * Why Q's bound stays, though least_conn has none: without it (round 5,
+ * alternated A/B, 4 runs) short-prompt ITL was +2..+6% over least_conn's
+ * against +3..+8% with it, but mooncake's time to first token went from
+ * -34..-36% against least_conn's to -18%, and sysprompt's hit rate from
+ * 99% of the oracle to 91%: a cold long prompt behind a long queue costs
+ * more than a decoding stream more does; a bound at the slack of its
+ * decode time instead lost mooncake alike (-19%).
+ *
+ * Why rendezvous and not a rotation among ties (least_conn's weighted
+ * rotation is even over time, rendezvous random over unrelated prompts): a
+ * rotation measured no better on short prompts (+4/+4/+7% ITL against
+ * +8/+3/+8%, the same runs; two runs of least_conn alone differ by 4%), and
+ * independent nginx instances would then place the same new prefix
+ * differently among equals (on an idle fleet, or under worker_load=max,
+ * where they count the same requests), where rendezvous makes them agree
+ * (t/integration/test_multi_instance.py, test_cold_spread.py).
+ *
  * Why not a cost: round 2's cold cost (its own time to first token plus
  * the stall its prefill imposes on each request in flight there) weighs
  * every request in flight by the server's learned line, and those lines
