@@ -174,6 +174,23 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * the estimate as the tie-break short-prompt ITL was +27% over
  * least_conn's, docs/BENCHMARKS.md, round 4).
  *
+ * Why Q's bound stays, though least_conn has none: without it (round 5,
+ * alternated A/B, 4 runs) short-prompt ITL was +2..+6% over least_conn's
+ * against +3..+8% with it, but mooncake's time to first token went from
+ * -34..-36% against least_conn's to -18%, and sysprompt's hit rate from
+ * 99% of the oracle to 91%: a cold long prompt behind a long queue costs
+ * more than a decoding stream more does; a bound at the slack of its
+ * decode time instead lost mooncake alike (-19%).
+ *
+ * Why rendezvous and not a rotation among ties (least_conn's weighted
+ * rotation is even over time, rendezvous random over unrelated prompts): a
+ * rotation measured no better on short prompts (+4/+4/+7% ITL against
+ * +8/+3/+8%, the same runs; two runs of least_conn alone differ by 4%), and
+ * independent nginx instances would then place the same new prefix
+ * differently among equals (on an idle fleet, or under worker_load=max,
+ * where they count the same requests), where rendezvous makes them agree
+ * (t/integration/test_multi_instance.py, test_cold_spread.py).
+ *
  * Why not a cost: round 2's cold cost (its own time to first token plus
  * the stall its prefill imposes on each request in flight there) weighs
  * every request in flight by the server's learned line, and those lines
@@ -295,6 +312,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
         s[i].base = base;
         s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
+        s[i].saved = (double) (rq->prompt_tokens - uncached(&s[i], rq, bs)) / rate;
         s[i].decode_ms = (double) out * pace;
         decodes |= pace > 0;
         loads += load_of(&s[i]);
@@ -315,8 +333,18 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     }
 
     /*
-     * E (in L): within the slack of the best estimate; estimates closer
-     * than one output token's time apart are equal. C (in L), where a
+     * E (in L): within the slack of the best estimate, plus the prefill
+     * the server's cached prefix spares the request (saved; 0 for a server
+     * holding none of it); estimates closer than one output token's time
+     * apart are equal. The credit keeps a holder until its queue costs
+     * more than the work a spill would redo: the spill prefills the whole
+     * prompt again, which delays every request queued behind it there and
+     * puts the prefix on one more server's cache. Without it, mooncake's
+     * lost hits were 95% spills of holders 20-90k tokens behind an idle
+     * peer (73-87% of the load-bounded oracle; with it 92-93%, and
+     * sysprompt 99% against 78%, docs/BENCHMARKS.md, round 5). L still
+     * bounds the holder's requests, so a hot prefix spreads as before.
+     * C (in L), where a
      * session's home may be: the prefill queued ahead waits no longer than
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
@@ -333,7 +361,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
             s[i].eligible |= IN_Q;
         }
-        if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain) {
+        if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain + s[i].saved) {
             s[i].eligible |= IN_E;
         }
     }
@@ -435,6 +463,7 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
         s[i].eligible = 0;
         s[i].ttft = 0;
         s[i].wait = 0;
+        s[i].saved = 0;
         s[i].base = 0;
         s[i].cold = 0;
         s[i].decode_ms = 0;

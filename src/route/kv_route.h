@@ -29,7 +29,10 @@
  *      (1 + slack) * the mean + 1 (bounded load, so that decode load spreads
  *      nearly as evenly as least_conn's). E, in L: ttft(s) at most
  *      (1 + slack) * the best ttft in L + decode_pace(s) (estimates less than
- *      one output token's time apart are equal). C, in L: wait(s) at most the
+ *      one output token's time apart are equal) + saved(s), the prefill
+ *      time its cached prefix spares the request (cached tokens /
+ *      prefill_rate(s)): a holder stays until its queue costs more than
+ *      the work a spill would redo. C, in L: wait(s) at most the
  *      least wait in L + slack * the request's own prefill time there
  *      + decode_pace(s).
  *   2. Sticky: if some server in E holds part of the prompt, take the one
@@ -134,6 +137,7 @@ typedef struct {
     int         eligible;           /* in E (ttft) */
     double      ttft;               /* ms (ttft) or cost (dynamo) */
     double      wait;               /* ms of prefill queued ahead (ttft) */
+    double      saved;              /* ms of prefill its cached prefix spares (ttft) */
     double      base;               /* ms of the base used (ttft) */
     double      cold;               /* cold cost, ms of everyone's latency (ttft) */
     double      decode_ms;
