@@ -254,6 +254,50 @@ static int pick_cold_cost(kv_route_server_t *s, size_t n, uint64_t key, uint64_t
     return pick;
 }
 
+/*
+ * Spill: the servers holding the prefix are all outside E (saturated), so
+ * the request goes to a server of E that holds none of it, and that server
+ * joins the prefix's set: the set grows by one server each time all of its
+ * members are saturated, and no faster (the next request finds the new
+ * member in E and sticks to it), so it stays as small as the prefix's load
+ * allows and warm. Which server joins: the fewest requests in flight per
+ * unit of weight (as the cold rule), then the fewest blocks indexed per
+ * unit of weight, then the prefix's rendezvous order. The blocks come
+ * before the rendezvous order because the rendezvous order alone gave
+ * each hot prefix the same few servers: 8 hot prefixes over 64 engines
+ * left 13-27 engines without a single request and a busy-time spread of
+ * 2.0-2.6 (docs/BENCHMARKS.md, "Scale-out round 3"); a server holding
+ * little draws little sticky traffic, so it is where the spread has room.
+ * Every input is the same on every instance that sees the same load and
+ * events, so instances still agree.
+ */
+static int spill_before(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
+{
+    double   la = load_of(a), lb = load_of(b);
+    uint64_t ba = a->tree_blocks * weight_of(b), bb = b->tree_blocks * weight_of(a);
+
+    if (la != lb) {
+        return la < lb;
+    }
+    if (ba != bb) {
+        return ba < bb;
+    }
+    return rendezvous(key, a) < rendezvous(key, b);
+}
+
+static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key)
+{
+    size_t i;
+    int    pick = -1;
+
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_E) && (pick < 0 || spill_before(&s[i], &s[pick], key))) {
+            pick = (int) i;
+        }
+    }
+    return pick;
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
@@ -361,7 +405,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         }
     } else if (held_outside) {
         *why = KV_ROUTE_WHY_SPILL;
-        pick = first_in_order(s, n, key, IN_E);
+        pick = pick_spill(s, n, key);
     } else {
         *why = KV_ROUTE_WHY_COLD;
         pick = decodes ? pick_cold(s, n, key) : pick_cold_cost(s, n, key, out);
