@@ -1,8 +1,9 @@
 /* The spill rule (kv_route.c, pick_spill): when every server holding a
  * prefix is saturated, the request goes to the server of E with the fewest
- * requests in flight, then the fewest indexed blocks, then the prefix's
- * rendezvous order, so hot prefixes spread over the whole fleet rather than
- * over the few servers each one's rendezvous order ranks first (issue 18,
+ * requests in flight, then the fewest indexed blocks (give or take one
+ * prompt's), then the prefix's rendezvous order, so hot prefixes spread over
+ * the whole fleet rather than over the few servers each one's rendezvous
+ * order ranks first (issue 18,
  * docs/BENCHMARKS.md "Scale-out round 4"). */
 #include "kvtest.h"
 #include "kv_route.h"
@@ -97,7 +98,8 @@ TEST(idle_server_before_emptier_busy_one)
 }
 
 /* Blocks count per unit of weight: a server of weight 2 holding 300 blocks
- * holds less per unit than one of weight 1 holding 200. */
+ * holds less per unit than one of weight 1 holding 300, by more than one
+ * prompt's blocks. */
 TEST(blocks_per_unit_of_weight)
 {
     kv_route_config_t   cfg = config();
@@ -111,7 +113,7 @@ TEST(blocks_per_unit_of_weight)
     }
     idle(s, 3);
     saturate(&s[0]);
-    s[1].tree_blocks = 200;
+    s[1].tree_blocks = 300;
     s[2].tree_blocks = 300;
     s[2].weight = 2;
     CHECK(kv_route_pick(s, 3, &rq, &cfg, 1, &r) == 2);
@@ -169,6 +171,41 @@ TEST(hot_prefixes_cover_the_fleet)
     }
 }
 
+/* Prefixes spilling at once (several nginx instances, none of which has
+ * heard of the others' spills yet) onto an idle fleet of empty servers go
+ * to different ones, by each prefix's rendezvous order, not all to one;
+ * and a server holding more than one prompt's blocks above the emptiest is
+ * never chosen while those are idle. */
+TEST(simultaneous_spills_of_distinct_prefixes_spread)
+{
+    kv_route_config_t  cfg = config();
+    kv_route_server_t  s[16];
+    kv_route_result_t  r;
+    uint64_t           q[BLOCKS];
+    int                hit[16] = { 0 }, distinct = 0;
+
+    for (int p = 0; p < 8; p++) {
+        kv_route_request_t rq = { BLOCKS * 16, q, BLOCKS, 0, 0 };
+        int                a;
+
+        for (int k = 0; k < BLOCKS; k++) {
+            q[k] = (uint64_t) (p + 11) * 7777777u + k;
+        }
+        idle(s, 16);
+        saturate(&s[0]);
+        for (int i = 8; i < 16; i++) {
+            s[i].tree_blocks = BLOCKS + 1;     /* more than a prompt above the empty */
+        }
+        a = kv_route_pick(s, 16, &rq, &cfg, 1, &r);
+        CHECK(r.why == KV_ROUTE_WHY_SPILL);
+        CHECK(a >= 1 && a < 8);
+        if (a >= 0 && !hit[a]++) {
+            distinct++;
+        }
+    }
+    CHECK(distinct >= 3);
+}
+
 /* The set grows only while its members are saturated: once the spill's
  * target holds the prompt and has room, the next request sticks to it. */
 TEST(set_grows_only_when_saturated)
@@ -205,6 +242,7 @@ int main(void)
     RUN(idle_server_before_emptier_busy_one);
     RUN(blocks_per_unit_of_weight);
     RUN(hot_prefixes_cover_the_fleet);
+    RUN(simultaneous_spills_of_distinct_prefixes_spread);
     RUN(set_grows_only_when_saturated);
     return kvt_done();
 }
