@@ -23,7 +23,9 @@ converge   event-to-all-instances time: a raw NATS subscriber notes when each
            polled until its index holds the new blocks.
 
 Usage: tools/bench-scale [decision|instances|converge ...]; BENCH_SCALE_* env
-variables shorten or lengthen the runs (see below).
+variables shorten or lengthen the runs (see below); BENCH_SCALE_WORKER_ARGS adds
+kvworker arguments (e.g. "--heartbeat-ms 1000 --load-ms 50"); each share run
+counts the workers' heartbeats (heartbeats_per_request).
 """
 import http.client
 import json
