@@ -23,7 +23,9 @@ converge   event-to-all-instances time: a raw NATS subscriber notes when each
            polled until its index holds the new blocks.
 
 Usage: tools/bench-scale [decision|instances|converge ...]; BENCH_SCALE_* env
-variables shorten or lengthen the runs (see below).
+variables shorten or lengthen the runs (see below); BENCH_SCALE_WORKER_ARGS adds
+kvworker arguments (e.g. "--heartbeat-ms 1000 --load-ms 50"); each share run
+counts the workers' heartbeats (heartbeats_per_request).
 """
 import http.client
 import json
@@ -52,6 +54,8 @@ CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
 EXTRA_PARAMS = os.environ.get("BENCH_SCALE_PARAMS", "")   # more kvroute parameters
 SHARE_MODES = os.environ.get("BENCH_SCALE_MODES",
                              "events,approximate,approximate+share").split(",")
+# more kvworker arguments, e.g. "--load-ms 50" (a heartbeat when the load changed)
+WORKER_ARGS = os.environ.get("BENCH_SCALE_WORKER_ARGS", "").split()
 
 
 def pct(xs, q):
@@ -248,9 +252,12 @@ def busy_seconds(ports):
 def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4"):
     # a fresh fleet each run: cold caches, nothing learned
     w = st.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
-                                          "--speedup", speedup])
+                                          "--speedup", speedup] + WORKER_ARGS)
     ports = w.ports
     load0 = os.getloadavg()[0]
+    # counts the heartbeats the run costs (only those: a light thread)
+    sub = Subscriber(nats.port, b"SUB *.*.*.*.kvroute.heartbeat 1\r\n")
+    sub.start()
     instances = [st.nginx(instance_conf(nats.url, ports, mode, worker_load, share), workers=1)
                  for _ in range(m)]
     try:
@@ -263,6 +270,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         with open(trace) as f:
             lines = f.readlines()
         procs = []
+        hb0, t0 = sub.heartbeats, time.monotonic()
         for k, ng in enumerate(instances):
             part = os.path.join(st.dir, "part-%d-%d.jsonl" % (m, k))
             with open(part, "w") as f:
@@ -272,6 +280,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
                  "http://127.0.0.1:%d" % ng.port, "--block-size", "16", "--speedup", "1"],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         sums = [json.loads(p.communicate()[0]) for p in procs]
+        heartbeats, secs = sub.heartbeats - hb0, time.monotonic() - t0
         per_engine = {}
         for ng in instances:
             for s in status(ng.port)["zones"]["kv"]["upstreams"]["llm"]:
@@ -311,12 +320,17 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
             "spread_max_over_mean": round(max(loads) / statistics.mean(loads), 3),
             "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "engines": len(ports), "speedup": speedup, "params": EXTRA_PARAMS,
+            "worker_args": " ".join(WORKER_ARGS),
+            # worker -> NATS; NATS delivers each to every instance
+            "heartbeats": heartbeats, "heartbeats_per_s": round(heartbeats / secs, 1),
+            "heartbeats_per_request": round(heartbeats / max(1, done), 2),
         }
     finally:
         for ng in instances:
             ng.stop()
         st.nginxes = [n for n in st.nginxes if n not in instances]
         kvt._kill(w)
+        sub.close()
 
 
 def instances_bench():
@@ -367,18 +381,21 @@ def share_bench():
 class Subscriber(threading.Thread):
     """A raw NATS client: notes the arrival time of every KV event."""
 
-    def __init__(self, port):
+    def __init__(self, port, subs=b"SUB *.*.*.*.kv-events 1\r\nSUB > 2\r\n"):
         super().__init__(daemon=True)
         self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.sendall(b'CONNECT {"verbose":false}\r\nSUB *.*.*.*.kv-events 1\r\n'
-                          b'SUB > 2\r\nPING\r\n')
+        self.sock.sendall(b'CONNECT {"verbose":false}\r\n' + subs + b'PING\r\n')
         self.times = []
+        self.heartbeats = 0
         self.lock = threading.Lock()
 
     def run(self):
         buf = b""
         while True:
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                return
             if not data:
                 return
             now = time.monotonic()
@@ -393,12 +410,21 @@ class Subscriber(threading.Thread):
                     if parts[1].endswith(b"kv-events"):
                         with self.lock:
                             self.times.append(now)
+                    elif b".heartbeat" in parts[1]:
+                        self.heartbeats += 1
                     buf = rest[size + 2:]
                 elif line.startswith(b"PING"):
                     self.sock.sendall(b"PONG\r\n")
                     buf = rest
                 else:
                     buf = rest
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
 
     def count(self):
         with self.lock:

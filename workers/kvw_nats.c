@@ -33,6 +33,11 @@ typedef struct {
     natsSubscription   *sub_dump;       /* P.kvroute.dump.<its id>: only its own */
     uint64_t            dump_window_ms; /* rate limit: start of the current second */
     int                 dumps_in_window;
+    /* --load-ms: the load last published, when, and the timer that
+     * publishes a change made within load_ms of it */
+    uint64_t            sent_ms, sent_prefill;
+    uint32_t            sent_waiting, sent_running;
+    struct event       *load_timer;
 } pub_t;
 
 /* A dump is the whole cache (megabytes), and anyone who can publish can
@@ -74,6 +79,7 @@ struct kvw_nats {
 };
 
 static natsStatus nats_connect(struct kvw_nats *k);
+static void report_load(pub_t *p);
 
 uint64_t kvw_worker_id_for(const char *host, int port)
 {
@@ -255,6 +261,15 @@ static void publish_pending(pub_t *p)
 static void on_step(void *ctx, kvw_engine_t *e)
 {
     publish_pending(ctx);
+    report_load(ctx);
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 static void send_heartbeat(pub_t *p, const char *type)
@@ -290,6 +305,45 @@ static void send_heartbeat(pub_t *p, const char *type)
     json_decref(model);
     publish(k, p->subj_heartbeat, b);
     evbuffer_free(b);
+    p->sent_ms = mono_ms();
+    p->sent_prefill = l.active_prefill_tokens;
+    p->sent_waiting = l.waiting;
+    p->sent_running = l.running;
+}
+
+/*
+ * --load-ms: a heartbeat as soon as an engine's load changed, at most one
+ * per load_ms, and the last change within that window when it ends.
+ * Routers in front of the same engine see only their own requests in
+ * flight; with worker_load=max the rest comes from the worker's report,
+ * which the periodic heartbeat leaves up to a whole interval old
+ * (docs/BENCHMARKS.md, "Scale-out round 4").
+ */
+static void report_load(pub_t *p)
+{
+    kvw_sched_load_t l;
+    uint64_t now, due;
+
+    if (p->k->cfg->load_ms <= 0 || p->load_timer == NULL || p->e->unhealthy)
+        return;
+    kvw_sched_load(p->e, &l);
+    if (l.active_prefill_tokens == p->sent_prefill && l.waiting == p->sent_waiting
+        && l.running == p->sent_running)
+        return;
+    now = mono_ms();
+    due = p->sent_ms + (uint64_t)p->k->cfg->load_ms;
+    if (now >= due) {
+        send_heartbeat(p, KV_PROTO_TICK);
+    } else if (!evtimer_pending(p->load_timer, NULL)) {
+        struct timeval tv = { (time_t)((due - now) / 1000),
+                              (suseconds_t)((due - now) % 1000) * 1000 };
+        evtimer_add(p->load_timer, &tv);
+    }
+}
+
+static void on_load_timer(evutil_socket_t fd, short what, void *arg)
+{
+    report_load(arg);
 }
 
 static void on_heartbeat(evutil_socket_t fd, short what, void *arg)
@@ -503,6 +557,8 @@ kvw_nats_t *kvw_nats_start(const kvw_config_t *cfg, struct event_base *base,
         snprintf(p->address, sizeof(p->address), "%s:%d", cfg->host, engines[i]->port);
         kvw_blocks_set_sink(kvw_sched_blocks(engines[i]), on_event, p);
         kvw_sched_set_step_hook(engines[i], on_step, p);
+        if (cfg->load_ms > 0)
+            p->load_timer = evtimer_new(base, on_load_timer, p);
     }
     k->wake = event_new(base, -1, 0, on_wake, k);
     k->renew = evtimer_new(base, on_renew, k);
@@ -578,6 +634,8 @@ void kvw_nats_stop(kvw_nats_t *k)
         }
         if (k->pubs[i].pending)
             evbuffer_free(k->pubs[i].pending);
+        if (k->pubs[i].load_timer)
+            event_free(k->pubs[i].load_timer);
     }
     /* jobs queued by cnats threads: those threads are gone after Destroy */
     while (k->jobs) {

@@ -526,6 +526,8 @@ static int sched_submit(kvw_engine_t *e, kvw_req_t *r)
     sc->st.prompt_tokens += r->n_prompt;
     if (!sc->busy)
         event_active(sc->kick, EV_TIMEOUT, 0);
+    if (sc->hook)           /* the load changed: --load-ms reports it now */
+        sc->hook(sc->hook_ctx, &sc->base);
     return 0;
 }
 

@@ -50,6 +50,7 @@ int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin
 void kvw_sched_load(kvw_engine_t *e, kvw_sched_load_t *out);
 
 /* Called at the end of every step, after its KV events were flushed to the sink. */
+/* called after each step and after each submit (the load changed) */
 typedef void (*kvw_step_hook_fn)(void *ctx, kvw_engine_t *e);
 void kvw_sched_set_step_hook(kvw_engine_t *e, kvw_step_hook_fn fn, void *ctx);
 

@@ -35,6 +35,8 @@ static void usage(FILE *f)
         "  --namespace NS                subject prefix namespace.NS... (default dynamo)\n"
         "  --component NAME              ...component.NAME (default backend)\n"
         "  --heartbeat-ms N              heartbeat interval (default 1000)\n"
+        "  --load-ms N                   also a heartbeat when an engine's load changed, at most\n"
+        "                                one per N ms per engine (default 0: off)\n"
         "  --idle-timeout SEC            close a connection idle or sending headers this long\n"
         "                                (default 60; 0: never)\n"
         "  --nats-subjects per-worker    publish on P.kv-events.<id>, P.kvroute.heartbeat.<id>\n"
@@ -91,7 +93,7 @@ static int parse_bool(const char *v, int *out)
 }
 
 enum {
-    O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
+    O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_LOAD_MS, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
     O_DEVICE, O_ROLE, O_DISAGG_MIN, O_PREFILL_LIMIT, O_XFER_TIMEOUT, O_LINK, O_KVBPT,
     O_XFER_FAULT,
@@ -146,7 +148,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"model", 1, 0, 'm'}, {"block-size", 1, 0, 'b'}, {"num-blocks", 1, 0, 'B'},
         {"speedup", 1, 0, 's'}, {"help", 0, 0, 'h'},
         {"namespace", 1, 0, O_NS}, {"component", 1, 0, O_COMPONENT},
-        {"heartbeat-ms", 1, 0, O_HEARTBEAT}, {"max-num-seqs", 1, 0, O_MAX_SEQS},
+        {"heartbeat-ms", 1, 0, O_HEARTBEAT}, {"load-ms", 1, 0, O_LOAD_MS}, {"max-num-seqs", 1, 0, O_MAX_SEQS},
         {"max-num-batched-tokens", 1, 0, O_MAX_BATCHED}, {"max-model-len", 1, 0, O_MAX_LEN},
         {"watermark", 1, 0, O_WATERMARK}, {"enable-prefix-caching", 1, 0, O_PREFIX},
         {"enable-chunked-prefill", 1, 0, O_CHUNKED}, {"decode-speedup", 1, 0, O_DECODE_SPEEDUP},
@@ -175,6 +177,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case O_NS: cfg->ns = optarg; break;
         case O_COMPONENT: cfg->component = optarg; break;
         case O_HEARTBEAT: cfg->heartbeat_ms = atoi(optarg); break;
+        case O_LOAD_MS: cfg->load_ms = atoi(optarg); break;
         case O_MAX_SEQS: cfg->max_num_seqs = atoi(optarg); break;
         case O_MAX_BATCHED: cfg->max_num_batched_tokens = atoi(optarg); break;
         case O_MAX_LEN: cfg->max_model_len = atoi(optarg); break;
@@ -248,7 +251,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
     }
     if (cfg->block_size < 1 || cfg->num_blocks < 1 || cfg->speedup <= 0
         || cfg->decode_speedup <= 0 || cfg->max_num_seqs < 1
-        || cfg->max_num_batched_tokens < 1 || cfg->heartbeat_ms < 1
+        || cfg->max_num_batched_tokens < 1 || cfg->heartbeat_ms < 1 || cfg->load_ms < 0
         || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0
         || cfg->device < 0 || cfg->disagg_min_tokens < 0 || cfg->prefill_queue_limit < 1
         || cfg->xfer_timeout_ms < 1 || !(cfg->kv_bytes_per_token > 0)) {

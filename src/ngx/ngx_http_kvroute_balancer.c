@@ -979,6 +979,7 @@ ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
     ngx_http_kvroute_peer_data_t  *pd = data;
 
     time_t                          now;
+    uint64_t                        rnd;
     ngx_int_t                       rc;
     ngx_uint_t                      i, k, n, all;
     kv_route_server_t              *s;
@@ -1037,9 +1038,28 @@ again:
     }
 
     cfg = kcf->route;
+    rnd = (uint64_t) ngx_random() << 32 ^ ngx_random();
 
-    (void) kv_route_pick(s, n, &rq, &cfg,
-                         (uint64_t) ngx_random() << 32 ^ ngx_random(), &res);
+    (void) kv_route_pick(s, n, &rq, &cfg, rnd, &res);
+
+    if (res.why == KV_ROUTE_WHY_SPILL) {
+        /*
+         * a spill goes to the server of E holding the fewest blocks
+         * (kv_route.c, pick_spill): the gather read only the holders'
+         * block counts, so read the others' and decide again; spills are
+         * few, so most decisions do not pay for the reads
+         */
+
+        for (i = 0; i < n; i++) {
+            if (s[i].overlap_index == 0 && s[i].overlap_pending == 0) {
+                s[i].tree_blocks = ngx_http_kvroute_tree_blocks(kcf,
+                                       kcf->zone->sh->index,
+                                       &kcf->peers[cand[i].k]);
+            }
+        }
+
+        (void) kv_route_pick(s, n, &rq, &cfg, rnd, &res);
+    }
 
     if (res.pick == KV_ROUTE_BUSY) {
         /* the precontent check let it through: never fail for that */

@@ -271,6 +271,56 @@ static int pick_cold_cost(kv_route_server_t *s, size_t n, uint64_t key, uint64_t
     return pick;
 }
 
+/*
+ * Spill: the servers holding the prefix are all outside E (saturated), so
+ * the request goes to a server of E that holds none of it, and that server
+ * joins the prefix's set: the set grows by one server each time all of its
+ * members are saturated, and no faster (the next request finds the new
+ * member in E and sticks to it), so it stays as small as the prefix's load
+ * allows, and warm. Which server joins: among those of E with the fewest
+ * requests in flight per unit of weight (as the cold rule), those holding
+ * the fewest indexed blocks per unit of weight, give or take one prompt's
+ * blocks (band), and among them the first in the prefix's rendezvous order.
+ *
+ * The blocks come first because the rendezvous order alone gave each hot
+ * prefix the same few servers: 8 hot prefixes over 64 engines left 13-27
+ * engines without a single request and a busy-time spread of 2.0-2.6
+ * (docs/BENCHMARKS.md, "Scale-out round 3"); a server holding little draws
+ * little sticky traffic, so it is where the spread has room. The band and
+ * the rendezvous order after it keep distinct prefixes spilling at once
+ * apart: nginx instances that learn of each other's requests only from the
+ * workers' reports and events (tens of ms late) would otherwise all send
+ * their spills to the one emptiest server ("Scale-out round 4"). Every input
+ * is the same on instances that see the same load and events, so they
+ * agree.
+ */
+static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double band)
+{
+    double least = INFINITY, fewest = INFINITY;
+    size_t i;
+    int    pick = -1;
+
+    for (i = 0; i < n; i++) {
+        if (s[i].eligible & IN_E) {
+            least = fmin(least, load_of(&s[i]));
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_E) && load_of(&s[i]) <= least) {
+            fewest = fmin(fewest, (double) s[i].tree_blocks / weight_of(&s[i]));
+        }
+    }
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_E) && load_of(&s[i]) <= least
+            && (double) s[i].tree_blocks / weight_of(&s[i]) < fewest + band
+            && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
+        {
+            pick = (int) i;
+        }
+    }
+    return pick;
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
@@ -389,7 +439,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         }
     } else if (held_outside) {
         *why = KV_ROUTE_WHY_SPILL;
-        pick = first_in_order(s, n, key, IN_E);
+        pick = pick_spill(s, n, key, rq->nseq > 0 ? (double) rq->nseq : 1);
     } else {
         *why = KV_ROUTE_WHY_COLD;
         pick = decodes ? pick_cold(s, n, key) : pick_cold_cost(s, n, key, out);
