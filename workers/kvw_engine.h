@@ -72,7 +72,7 @@ struct kvw_config {
     const char *component;              /* "backend" */
     int         nats_per_worker;        /* publish on P.kv-events.<id> and
                                            P.kvroute.heartbeat.<id> (docs/SECURITY.md) */
-    int         load_ms;                /* 0: load only in heartbeats; N: also a heartbeat
+    int         load_ms;                /* 50; 0: load only in heartbeats; N: also a heartbeat
                                            when the load changed, at most one per N ms */
 
     /* disaggregated prefill/decode (kvw_xfer.h, docs/PROTOCOL.md) */

@@ -27,7 +27,7 @@ void kvw_config_defaults(kvw_config_t *cfg)
     cfg->enable_prefix_caching = 1;
     cfg->enable_chunked_prefill = 1;
     cfg->heartbeat_ms = 1000;
-    cfg->load_ms = 0;                   /* load only in the periodic heartbeat */
+    cfg->load_ms = 50;                  /* load fresh while it changes: Scale-out round 4 */
     cfg->idle_timeout_s = 60;
     cfg->ns = "dynamo";
     cfg->component = "backend";

@@ -36,7 +36,7 @@ static void usage(FILE *f)
         "  --component NAME              ...component.NAME (default backend)\n"
         "  --heartbeat-ms N              heartbeat interval (default 1000)\n"
         "  --load-ms N                   also a heartbeat when an engine's load changed, at most\n"
-        "                                one per N ms per engine (default 0: off)\n"
+        "                                one per N ms per engine (default 50; 0: off)\n"
         "  --idle-timeout SEC            close a connection idle or sending headers this long\n"
         "                                (default 60; 0: never)\n"
         "  --nats-subjects per-worker    publish on P.kv-events.<id>, P.kvroute.heartbeat.<id>\n"

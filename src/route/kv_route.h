@@ -39,9 +39,12 @@
  *      with the longest cached prefix (ties: the session's home, then the
  *      lower ttft + decode, then the fewer indexed blocks, then rendezvous).
  *   3. Spill: a server outside E holds the prefix (it is saturated): take the
- *      first server of E in the prefix's rendezvous order (a hash of the
- *      first block with each server's id), so a hot prefix grows onto a
- *      bounded, stable set of workers that stays warm.
+ *      server of E with the fewest requests in flight per unit of weight,
+ *      then the fewest indexed blocks per unit of weight (give or take one
+ *      prompt's blocks), then the first in the prefix's rendezvous order
+ *      (a hash of the first block with each server's id): a hot prefix
+ *      grows onto one more server each time its set saturates, and the
+ *      servers holding little are seeded first (kv_route.c, pick_spill).
  *   4. Session: nobody holds it and rq->session is set (a hash of the
  *      operator's session value, OpenAI's prompt_cache_key or user): the
  *      session's home, the first server of C in the session's rendezvous
@@ -157,7 +160,7 @@ typedef struct {
 typedef enum {
     KV_ROUTE_WHY_NONE = 0,
     KV_ROUTE_WHY_STICKY,                /* the longest cached prefix within the slack */
-    KV_ROUTE_WHY_SPILL,                 /* its holders saturated: rendezvous in E */
+    KV_ROUTE_WHY_SPILL,                 /* its holders saturated: least loaded in E */
     KV_ROUTE_WHY_COLD,                  /* nobody holds it: least requests, rendezvous */
     KV_ROUTE_WHY_COST,                  /* dynamo: the lowest cost */
     KV_ROUTE_WHY_SESSION                /* nobody known to hold it: the session's home */
