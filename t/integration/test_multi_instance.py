@@ -63,6 +63,15 @@ def reported_blocks(port):
     return {w["address"]: w["active_decode_blocks"] for w in zone(port)["events"]["workers"]}
 
 
+def reported_idle(port, address):
+    """the engine's last report: nothing queued for prefill, nothing decoding
+    (a report sent while a short request was queued says 0 decode blocks)"""
+    for w in zone(port)["events"]["workers"]:
+        if w["address"] == address:
+            return w["active_decode_blocks"] == 0 and w["active_prefill_tokens"] == 0
+    return False
+
+
 def complete(port, prompt, max_tokens=1):
     s, h, _, raw = kvt.post_json(port, "/v1/completions",
                                  {"model": "kvroute-mock", "prompt": prompt,
@@ -190,9 +199,10 @@ def test_load_through_one_instance_steers_the_others(stack):
         assert zone(ng.port)["requests"] == 0          # it sent nothing itself
     for i in range(8):
         ng = (b, c)[i % 2]
-        # a report is up to a heartbeat old: the previous fresh request may
-        # still show on the idle engine; wait until it does not
-        kvt.wait_until(lambda: reported_blocks(ng.port)[min(idle)] == 0
+        # a report is up to a heartbeat old (or --load-ms: the previous fresh
+        # request's own submit reported it queued): it may still show on the
+        # idle engine; wait until nothing does
+        kvt.wait_until(lambda: reported_idle(ng.port, min(idle))
                        and all(reported_blocks(ng.port)[x] > 0 for x in busy),
                        what="the idle engine reported idle, the busy ones busy")
         assert complete(ng.port, ids("fresh-%d" % i, 64)) in idle, zone(ng.port)["events"]
