@@ -122,8 +122,11 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 
 /*
  * The most prompt tokens one engine step is taken to prefill: vLLM's
- * chunked-prefill budget (max_num_batched_tokens) is 2,048 by default on
- * most hardware (8,192 on the largest GPUs), SGLang's chunk 2,048-8,192.
+ * chunked-prefill budget (max_num_batched_tokens) for its API server is
+ * 2,048 by default, 8,192 on GPUs of 70 GB and more; SGLang's
+ * chunked_prefill_size likewise grows with GPU memory from 2,048. The
+ * smallest is taken: too small means a long prompt shares a step less
+ * often, never that it waits behind a longer queue.
  * A cold request joins a longer queue only by its own prefill up to this
  * many tokens (pick_cold): what a request batched into a step shares with
  * the queued prompts is that step, not its whole prefill.
