@@ -118,7 +118,20 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_L  1                         /* load bound */
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
-#define IN_Q  8                         /* ... and the queue within its own prefill */
+#define IN_Q  8                         /* ... and the queue within its own first step */
+
+/*
+ * The most prompt tokens one engine step is taken to prefill: vLLM's
+ * chunked-prefill budget (max_num_batched_tokens) for its API server is
+ * 2,048 by default, 8,192 on GPUs of 70 GB and more; SGLang's
+ * chunked_prefill_size likewise grows with GPU memory from 2,048. The
+ * smallest is taken: too small means a long prompt shares a step less
+ * often, never that it waits behind a longer queue.
+ * A cold request joins a longer queue only by its own prefill up to this
+ * many tokens (pick_cold): what a request batched into a step shares with
+ * the queued prompts is that step, not its whole prefill.
+ */
+#define KV_ROUTE_STEP_TOKENS  2048
 
 /* The first server with a flag in mask in key's rendezvous order; -1 if
  * none. */
@@ -182,6 +195,20 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * more than a decoding stream more does; a bound at the slack of its
  * decode time instead lost mooncake alike (-19%).
  *
+ * Why Q's bound is one engine step of the request's prefill, not all of it
+ * (round 5b): what a cold request gains by joining a queue is a share of
+ * the step those queued prompts will run in (no prefill step of its own,
+ * no extra stall for the streams decoding there); that is worth a wait of
+ * at most one step, the step's fixed part (the learned base) plus its
+ * tokens (at most KV_ROUTE_STEP_TOKENS of the request's own). Round 4-5's
+ * bound was the request's whole own prefill: for a short prompt that is
+ * less than a step and nothing changes, but a 20k-token prompt could join
+ * a queue ~1.7 s longer than the least while another stood empty, and on
+ * bench-disagg's mix of 8-32k and 0.5-2k-token prompts with no reuse the
+ * aggregated fleet's mean time to first token was +29-31% against round
+ * 3's placement, long and short prompts alike (docs/BENCHMARKS.md,
+ * "Disaggregation round 4" and "Round 5b").
+ *
  * Why rendezvous and not a rotation among ties (least_conn's weighted
  * rotation is even over time, rendezvous random over unrelated prompts): a
  * rotation measured no better on short prompts (+4/+4/+7% ITL against
@@ -204,8 +231,8 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * with one short prompt queued, which the engine batches into the same
  * step, while any had none: each cold request then started a prefill step
  * of its own, stalling every decoding stream there ("Round 3b"). Q's bound
- * is the request's own prefill time there (the base included), so a long
- * queue is still avoided.
+ * is the request's own prefill time there (the base included) up to one
+ * step's worth of tokens, so a long queue is still avoided.
  */
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
 {
@@ -321,6 +348,13 @@ static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double
     return pick;
 }
 
+/* prompt tokens per ms: the learned rate, or lrate (the measured servers'
+ * mean per unit of weight) scaled by the weight before a sample */
+static double rate_of(const kv_route_server_t *s, double lrate)
+{
+    return s->prefill_rate > 0 ? s->prefill_rate : lrate * weight_of(s);
+}
+
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
@@ -328,7 +362,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
     double   best = INFINITY, loads = 0, mean, rate, base, pace;
-    double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain;
+    double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain, own, step;
     size_t   i, m = 0, nrate = 0, npace = 0;
     int      pick = -1, held_outside = 0, home = -1, decodes = 0;
     uint32_t longest = 0;
@@ -356,7 +390,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         if (!candidate(&s[i])) {
             continue;
         }
-        rate = s[i].prefill_rate > 0 ? s[i].prefill_rate : lrate * weight_of(&s[i]);
+        rate = rate_of(&s[i], lrate);
         base = s[i].prefill_rate > 0 ? s[i].prefill_base : lbase;
         pace = s[i].decode_pace > 0 ? s[i].decode_pace : lpace;
         s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
@@ -399,16 +433,19 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
      * rate). Q (in L), for cold requests: the queue waits no longer than the
-     * least queue's by the request's own service time there (pick_cold).
+     * least queue's by the request's own service time there, its tokens
+     * counted up to one engine step's (KV_ROUTE_STEP_TOKENS; pick_cold).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
+        own = s[i].ttft - s[i].wait - s[i].base;
+        step = KV_ROUTE_STEP_TOKENS / rate_of(&s[i], lrate);
         if (s[i].eligible
             && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
             s[i].eligible |= IN_C;
         }
-        if (s[i].eligible && s[i].wait <= minwait + (s[i].ttft - s[i].wait) + grain) {
+        if (s[i].eligible && s[i].wait <= minwait + s[i].base + fmin(own, step) + grain) {
             s[i].eligible |= IN_Q;
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain + s[i].saved) {

@@ -57,8 +57,10 @@
  *      work anywhere) least_conn's choice: the fewest requests in flight
  *      per unit of weight among the servers of Q, those of L whose wait is
  *      at most the least wait in L + the request's own prefill time there
- *      (ttft - wait) + decode_pace(s) (a queue that would more than double
- *      its time to first token is avoided; one a short prompt joins is
+ *      (ttft - wait), its tokens counted up to one engine step's (2,048,
+ *      KV_ROUTE_STEP_TOKENS in kv_route.c), + decode_pace(s) (a queue that
+ *      would more than double its time to first token, or hold a long
+ *      prompt more than a step, is avoided; one a short prompt joins is
  *      not: engines batch queued prefills into one step). Ties: a server
  *      whose index holds nothing first (so an idle fleet's distinct
  *      prefixes do not pile onto one server by chance), then the first in

@@ -458,6 +458,43 @@ TEST(no_reuse_joins_a_queue_within_one_prefill)
     }
 }
 
+/* A long cold prompt (20,480 tokens, ~1.7 s of its own prefill at 12
+ * tokens/ms) with one server's queue empty and another with fewer requests
+ * in flight but 1.5 s of prefill queued: the empty queue. Round 5's bound
+ * (the request's whole own prefill) let it join the 1.5 s queue, so long
+ * prompts waited behind one another while a queue stood empty (the
+ * aggregated fleet's mean TTFT +29-31% against round 3's on bench-disagg's
+ * mix, docs/BENCHMARKS.md "Round 5b"). A queue shorter than one engine
+ * step's worth of tokens (2,048) ahead of the least is still joined: the
+ * prompt's first chunk shares that step. */
+TEST(no_reuse_long_prompt_avoids_a_long_queue)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(20480 / bs, bs);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+
+        cfg.decode_pace = 30;
+        idle(s, 2);
+        for (int i = 0; i < 2; i++) {
+            s[i].prefill_rate = 12;
+            s[i].prefill_base = 60;
+            s[i].decode_pace = 30;
+        }
+        s[0].requests = 6;
+        s[1].requests = 3;
+        s[1].prefill_tokens = 18000;            /* 1,500 ms queued */
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.why == KV_ROUTE_WHY_COLD);
+        s[1].prefill_tokens = 1024;             /* 85 ms < 60 + 171 + 30 */
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+        s[1].prefill_tokens = 4096;             /* 341 ms */
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+    }
+}
+
 static int home_of(uint64_t session, kv_route_server_t *s, size_t n, uint32_t bs)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
@@ -611,6 +648,7 @@ int main(void)
     RUN(no_reuse_line_noise_does_not_decide);
     RUN(no_reuse_joins_a_queue_within_one_prefill);
     RUN(no_reuse_ties_ignore_the_queue);
+    RUN(no_reuse_long_prompt_avoids_a_long_queue);
     RUN(session_home_is_stable_and_spread);
     RUN(session_saturated_home_passes_to_next);
     RUN(session_after_the_prefix_index);
