@@ -2,19 +2,14 @@
  * little is left to prefill, else the prefill server by overlap and prefill
  * load, never a failure when the prefill pool is down or busy. */
 #include "kvtest.h"
+#include "route_fleet.h"
 #include "kv_prefill.h"
 
 static const uint64_t seq[128] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
 
 static void idle(kv_route_server_t *s, size_t n)
 {
-    memset(s, 0, n * sizeof(*s));
-    for (size_t i = 0; i < n; i++) {
-        s[i].usable = 1;
-        s[i].weight = 1;
-        s[i].trusted = 1;
-        s[i].id = 9000 + i;
-    }
+    route_fleet_idle(s, n, 9000, 1);
 }
 
 static kv_route_config_t config(uint32_t bs)

@@ -2,6 +2,7 @@
  * at block sizes 16, 32 and 64. */
 #include <math.h>
 #include "kvtest.h"
+#include "route_fleet.h"
 #include "kv_route.h"
 
 static const uint32_t sizes[] = { 16, 32, 64 };
@@ -20,13 +21,7 @@ static kv_route_config_t config(kv_route_policy_t policy, uint32_t bs)
 
 static void idle(kv_route_server_t *s, size_t n)
 {
-    memset(s, 0, n * sizeof(*s));
-    for (size_t i = 0; i < n; i++) {
-        s[i].usable = 1;
-        s[i].weight = 1;
-        s[i].trusted = 1;
-        s[i].id = 7000 + i;
-    }
+    route_fleet_idle(s, n, 7000, 1);
 }
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)

@@ -3,19 +3,14 @@
  * prefix's rendezvous order (issue 18, docs/BENCHMARKS.md "Scale-out
  * round 3"). */
 #include "kvtest.h"
+#include "route_fleet.h"
 #include "kv_route.h"
 
 #define N 8
 
 static void idle(kv_route_server_t *s, size_t n)
 {
-    memset(s, 0, n * sizeof(*s));
-    for (size_t i = 0; i < n; i++) {
-        s[i].usable = 1;
-        s[i].weight = 1;
-        s[i].trusted = 1;
-        s[i].id = 9100 + 17 * i;
-    }
+    route_fleet_idle(s, n, 9100, 17);
 }
 
 static kv_route_config_t config(void)

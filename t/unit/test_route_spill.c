@@ -6,6 +6,7 @@
  * order ranks first (issue 18,
  * docs/BENCHMARKS.md "Scale-out round 4"). */
 #include "kvtest.h"
+#include "route_fleet.h"
 #include "kv_route.h"
 
 #define N      8
@@ -14,13 +15,7 @@
 
 static void idle(kv_route_server_t *s, size_t n)
 {
-    memset(s, 0, n * sizeof(*s));
-    for (size_t i = 0; i < n; i++) {
-        s[i].usable = 1;
-        s[i].weight = 1;
-        s[i].trusted = 1;
-        s[i].id = 7300 + 29 * i;
-    }
+    route_fleet_idle(s, n, 7300, 29);
 }
 
 static kv_route_config_t config(void)
