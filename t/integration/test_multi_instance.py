@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import zlib
 
 import pytest
@@ -63,12 +64,17 @@ def reported_blocks(port):
     return {w["address"]: w["active_decode_blocks"] for w in zone(port)["events"]["workers"]}
 
 
-def reported_idle(port, address):
-    """the engine's last report: nothing queued for prefill, nothing decoding
-    (a report sent while a short request was queued says 0 decode blocks)"""
+def reported_idle_since(port, address, since):
+    """the engine's last report arrived after `since` (time.monotonic()) and
+    says nothing queued for prefill and nothing decoding: a report sent while
+    the previous short request was queued says 0 decode blocks but its
+    prompt queued, and one from before that request says idle but may still
+    be followed by it (kvworker --load-ms reports the submit)"""
+    t = time.monotonic()
     for w in zone(port)["events"]["workers"]:
         if w["address"] == address:
-            return w["active_decode_blocks"] == 0 and w["active_prefill_tokens"] == 0
+            return (t - w["seen_ms_ago"] / 1000.0 > since
+                    and w["active_decode_blocks"] == 0 and w["active_prefill_tokens"] == 0)
     return False
 
 
@@ -197,15 +203,17 @@ def test_load_through_one_instance_steers_the_others(stack):
         kvt.wait_until(lambda: all(reported_blocks(ng.port)[x] > 0 for x in busy),
                        what="the engines' reports reach instance %d" % ng.port)
         assert zone(ng.port)["requests"] == 0          # it sent nothing itself
+    done = time.monotonic()
     for i in range(8):
         ng = (b, c)[i % 2]
         # a report is up to a heartbeat old (or --load-ms: the previous fresh
         # request's own submit reported it queued): it may still show on the
-        # idle engine; wait until nothing does
-        kvt.wait_until(lambda: reported_idle(ng.port, min(idle))
+        # idle engine; wait for a report sent after that request, saying idle
+        kvt.wait_until(lambda: reported_idle_since(ng.port, min(idle), done)
                        and all(reported_blocks(ng.port)[x] > 0 for x in busy),
                        what="the idle engine reported idle, the busy ones busy")
         assert complete(ng.port, ids("fresh-%d" % i, 64)) in idle, zone(ng.port)["events"]
+        done = time.monotonic()
 
     # A dies with its requests in flight: the engines cancel them when the
     # connections drop, and report it
