@@ -380,9 +380,7 @@ static void answer_dump(struct kvw_nats *k, job_t *j)
     json_decref(req);
     if (!ok || strncmp(j->reply, "_INBOX.", 7) != 0)
         return;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    uint64_t now = mono_ms();
     if (now >= p->dump_window_ms + 1000) {
         p->dump_window_ms = now;
         p->dumps_in_window = 0;

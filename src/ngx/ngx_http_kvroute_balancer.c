@@ -736,25 +736,30 @@ ngx_http_kvroute_peer_record(ngx_http_kvroute_zone_t *zone,
 }
 
 
+/* Whether p's slot still names p's worker (rank 0) in the index. */
+
+static ngx_int_t
+ngx_http_kvroute_slot_valid(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
+{
+    uint32_t  dp;
+    uint64_t  wid;
+
+    return p->slot >= 0
+           && kv_index_worker_info(ix, (uint32_t) p->slot, &wid, &dp) == 0
+           && wid == p->worker_id && dp == 0;
+}
+
+
 /* Blocks the index holds for server p (the tie-break), by its slot. */
 
 static uint64_t
 ngx_http_kvroute_tree_blocks(ngx_http_kvroute_srv_conf_t *kcf, kv_index_t *ix,
     ngx_http_kvroute_peer_t *p)
 {
-    uint32_t  dp;
-    uint64_t  wid;
-
-    if (p->slot < 0
-        || kv_index_worker_info(ix, (uint32_t) p->slot, &wid, &dp) != 0
-        || wid != p->worker_id || dp != 0)
-    {
+    if (!ngx_http_kvroute_slot_valid(ix, p)) {
         ngx_http_kvroute_candidates_slots(kcf, ix);
 
-        if (p->slot < 0
-            || kv_index_worker_info(ix, (uint32_t) p->slot, &wid, &dp) != 0
-            || wid != p->worker_id || dp != 0)
-        {
+        if (!ngx_http_kvroute_slot_valid(ix, p)) {
             return 0;
         }
     }
