@@ -21,4 +21,14 @@ static inline void route_fleet_idle(kv_route_server_t *s, size_t n, uint64_t fir
     }
 }
 
+/* the default configuration at block size bs */
+static inline kv_route_config_t route_fleet_config(uint32_t bs)
+{
+    kv_route_config_t cfg;
+
+    kv_route_config_init(&cfg);
+    cfg.block_size = bs;
+    return cfg;
+}
+
 #endif

@@ -14,11 +14,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_config_t config(uint32_t bs)
 {
-    kv_route_config_t cfg;
-
-    kv_route_config_init(&cfg);
-    cfg.block_size = bs;
-    return cfg;
+    return route_fleet_config(bs);
 }
 
 /* The chosen decode worker: idle, never measured, holding overlap blocks. */

@@ -20,11 +20,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_config_t config(void)
 {
-    kv_route_config_t cfg;
-
-    kv_route_config_init(&cfg);
-    cfg.block_size = 16;
-    return cfg;
+    return route_fleet_config(16);
 }
 
 /* s[i] holds the whole prompt and has so much prefill queued that its
