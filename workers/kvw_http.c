@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "kvw_sched.h"
+#include "kv_clock.h"
 #include "kvw_text.h"
 #include "kvw_xfer.h"
 #include "kvw_xfer_wire.h"
@@ -71,13 +72,6 @@ struct group {
     int                          started;   /* SSE headers sent */
     part_t                     **parts;
 };
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
 
 /*
  * A HEAD request gets the headers a GET would, Content-Length included, and
@@ -250,7 +244,7 @@ void kvw_req_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len)
         return;
     }
     if (r->n_output++ == 0)
-        r->first_token_us = now_us();
+        r->first_token_us = kv_clock_us();
     /* an empty delta still goes out when streaming: clients time tokens by events */
     if (r->stream && len == 0) {
         part_t *p = r->front;
@@ -533,7 +527,7 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     for (size_t i = 0; i < n; i++) {
         g->parts[i]->g = g;
         g->parts[i]->req.front = g->parts[i];
-        g->parts[i]->req.arrival_us = now_us();
+        g->parts[i]->req.arrival_us = kv_clock_us();
     }
     if (h->engine->cfg->role == KVW_ROLE_DECODE && decode_start(h, g, req))
         return;     /* the KV is on its way: submitted when it is in place */
@@ -744,7 +738,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
         h = h->next;
     if (h == NULL)
         return;
-    uint64_t now = now_us();
+    uint64_t now = kv_clock_us();
 
     h->accept_errors++;
     if (now > h->last_accept_error_us + 5000000)

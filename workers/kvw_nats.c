@@ -1,4 +1,5 @@
 #include "kvw_nats.h"
+#include "kv_clock.h"
 #include "kv_hash.h"
 #include "kv_proto.h"
 
@@ -9,7 +10,6 @@
 #include <string.h>
 #include <sys/random.h>
 #include <unistd.h>
-#include <time.h>
 
 #include <event2/buffer.h>
 #include <jansson.h>
@@ -264,14 +264,6 @@ static void on_step(void *ctx, kvw_engine_t *e)
     report_load(ctx);
 }
 
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static void send_heartbeat(pub_t *p, const char *type)
 {
     struct kvw_nats *k = p->k;
@@ -305,7 +297,7 @@ static void send_heartbeat(pub_t *p, const char *type)
     json_decref(model);
     publish(k, p->subj_heartbeat, b);
     evbuffer_free(b);
-    p->sent_ms = mono_ms();
+    p->sent_ms = kv_clock_ms();
     p->sent_prefill = l.active_prefill_tokens;
     p->sent_waiting = l.waiting;
     p->sent_running = l.running;
@@ -330,7 +322,7 @@ static void report_load(pub_t *p)
     if (l.active_prefill_tokens == p->sent_prefill && l.waiting == p->sent_waiting
         && l.running == p->sent_running)
         return;
-    now = mono_ms();
+    now = kv_clock_ms();
     due = p->sent_ms + (uint64_t)p->k->cfg->load_ms;
     if (now >= due) {
         send_heartbeat(p, KV_PROTO_TICK);
@@ -380,7 +372,7 @@ static void answer_dump(struct kvw_nats *k, job_t *j)
     json_decref(req);
     if (!ok || strncmp(j->reply, "_INBOX.", 7) != 0)
         return;
-    uint64_t now = mono_ms();
+    uint64_t now = kv_clock_ms();
     if (now >= p->dump_window_ms + 1000) {
         p->dump_window_ms = now;
         p->dumps_in_window = 0;

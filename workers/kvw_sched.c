@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "kv_hash.h"
+#include "kv_clock.h"
 #include "kvw_text.h"
 
 /* A request as the scheduler sees it. */
@@ -75,13 +76,6 @@ typedef struct {
     void               *hook_ctx;
     kvw_sched_load_t    st;
 } sched_t;
-
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
-}
 
 /* --- queues --------------------------------------------------------------- */
 
@@ -416,7 +410,7 @@ static void start_step(sched_t *sc)
      * when its timer callback ran, so loop latency does not pile up over
      * a generation; a loop more than 2 ms behind restarts from now.
      */
-    uint64_t now = now_us();
+    uint64_t now = kv_clock_us();
     uint64_t start = sc->due_us && sc->due_us + 2000 > now ? sc->due_us : now;
     uint64_t wait = 0;
     if (sc->be->simulated && ms > 0) {

@@ -23,13 +23,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <nats/nats.h>
 
 #include <pthread.h>
 
 #include "kv_hash.h"
+#include "kv_clock.h"
 #include "kv_proto.h"
 #include "kv_share.h"
 
@@ -462,20 +462,12 @@ void kv_share_tick(kv_share_t *s, uint64_t now_ms)
 
 /* --- NATS --------------------------------------------------------------- */
 
-uint64_t kv_share_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
-}
-
 static void on_msg(natsConnection *nc, natsSubscription *sub, natsMsg *m, void *arg)
 {
     (void) nc;
     (void) sub;
     kv_share_receive(arg, natsMsg_GetData(m), (size_t) natsMsg_GetDataLength(m),
-                     kv_share_now_ms());
+                     kv_clock_ms());
     natsMsg_Destroy(m);
 }
 

@@ -81,9 +81,6 @@ void kv_share_destroy(kv_share_t *s);
  * (malformed; counted in kv_dring_share()->rejected). */
 int  kv_share_receive(kv_share_t *s, const void *msg, size_t len, uint64_t now_ms);
 
-/* The clock tick and receive use (monotonic milliseconds). */
-uint64_t kv_share_now_ms(void);
-
 /* The key a load entry names its server by (the load table's name,
  * "upstream/host:port": instances that share must name them alike). */
 uint64_t kv_share_server_key(const char *name, size_t len);

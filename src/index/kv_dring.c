@@ -6,8 +6,8 @@
  * positions by CAS on the tail; the one consumer owns the head.
  */
 #include <string.h>
-#include <time.h>
 
+#include "kv_clock.h"
 #include "kv_dring.h"
 
 #define KV_DRING_MAGIC  0x6b766472696e6731ULL   /* "kvdring1" */
@@ -32,12 +32,10 @@ struct kv_dring {
     /* followed by the cells */
 };
 
+/* never 0: r->stuck == 0 means "no stuck cell seen" */
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000 + 1;
+    return kv_clock_ms() + 1;
 }
 
 static cell_t *cells(const kv_dring_t *r)

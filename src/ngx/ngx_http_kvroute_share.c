@@ -17,6 +17,7 @@
 
 
 #include "ngx_http_kvroute.h"
+#include "kv_clock.h"
 #include "kv_share.h"
 #include "kv_ingest.h"
 
@@ -395,7 +396,7 @@ ngx_http_kvroute_share_manager(void *data)
                       sc->cfg.instance_id, err);
     }
 
-    kv_share_tick(sc->share, kv_share_now_ms());
+    kv_share_tick(sc->share, kv_clock_ms());
 
     return sc->cfg.interval_ms ? ngx_min(sc->cfg.interval_ms, 100) : 20;
 }

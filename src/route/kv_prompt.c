@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include "kv_body.h"
+#include "kv_clock.h"
 #include "kv_hash.h"
 #include "kv_prompt.h"
 #include "kv_request.h"
@@ -38,7 +39,7 @@ static kv_prompt_status_t encode(const kv_prompt_config_t *cfg, const char *text
         out->capped = 1;
     }
     if ((cfg->turns
-         ? kv_turn_encode(cfg->turns, cfg->tokenizer, kind, text, cut, kv_turn_now_ms(), ids,
+         ? kv_turn_encode(cfg->turns, cfg->tokenizer, kind, text, cut, kv_clock_ms(), ids,
                           &info)
          : kv_request_encode(cfg->tokenizer, kind, text, cut, ids)) < 0)
     {

@@ -8,14 +8,6 @@
 #include "kv_turn.h"
 #include "kv_unicode.h"
 
-uint64_t kv_turn_now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t) ts.tv_sec * 1000 + (uint64_t) ts.tv_nsec / 1000000;
-}
-
 static int push_all(kv_ids_t *ids, const uint32_t *src, size_t n)
 {
     uint32_t *grown;

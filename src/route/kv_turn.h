@@ -36,13 +36,10 @@ typedef struct {
 
 /*
  * As kv_request_encode(tok, kind, text, len, ids); info may be NULL. now_ms:
- * a monotonic clock shared by the processes (CLOCK_MONOTONIC), for the TTL.
+ * a monotonic clock shared by the processes (kv_clock_ms()), for the TTL.
  */
 long kv_turn_encode(const kv_turn_t *tc, const kv_tokenizer_t *tok, kv_request_kind_t kind,
                     const char *text, size_t len, uint64_t now_ms, kv_ids_t *ids,
                     kv_turn_info_t *info);
-
-/* CLOCK_MONOTONIC in milliseconds. */
-uint64_t kv_turn_now_ms(void);
 
 #endif
