@@ -12,9 +12,11 @@
  * helper that wakes up finds a different generation and knows it lost.
  */
 #include "kv_registry.h"
+#include "kv_clock.h"
 #include "kv_seqlock.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -169,18 +171,42 @@ static void copy_words(void *dst, const void *src, size_t n)
 
 _Static_assert(sizeof(kv_worker_rec_t) % sizeof(uint64_t) == 0, "record is whole words");
 
-int kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
+/* 1: a whole copy of a used record; 0: the record is free; -1: a writer
+ * held it for all of KV_SEQLOCK_READ_TRIES rounds. */
+static int read_slot(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
 {
     if (i < 0 || (uint32_t)i >= reg->max_workers)
-        return -1;
+        return 0;
     const reg_slot_t *s = &reg->slots[i];
     kv_seqread_t rd = { 0, 0 };
     do {
         if (!kv_seqlock_read_begin(&s->seq, &rd))
-            return -1;      /* routing then goes without this record */
+            return -1;
         copy_words(out, &s->rec, sizeof(*out));
     } while (!kv_seqlock_read_end(&s->seq, &rd));
-    return out->state == KV_WORKER_FREE ? -1 : 0;
+    return out->state != KV_WORKER_FREE;
+}
+
+int kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
+{
+    /* held too long: routing then goes without this record */
+    return read_slot(reg, i, out) == 1 ? 0 : -1;
+}
+
+int kv_registry_read_wait(const kv_registry_t *reg, int i, kv_worker_rec_t *out)
+{
+    uint64_t until = 0;
+    for (;;) {
+        int r = read_slot(reg, i, out);
+        if (r >= 0)
+            return r == 1 ? 0 : -1;
+        uint64_t now = kv_clock_ms();
+        if (until == 0)
+            until = now + KV_REGISTRY_WAIT_MS;
+        else if (now >= until)
+            return -1;
+        sched_yield();      /* the writer was preempted inside its section */
+    }
 }
 
 static uint32_t scan_bound(const kv_registry_t *reg)

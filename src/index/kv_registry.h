@@ -146,8 +146,17 @@ void kv_registry_status_set(kv_registry_t *reg, size_t field, uint64_t v);
 
 /* --- readers (any process) ---------------------------------------------- */
 
-/* Consistent copy of record i: 0, or -1 if the record is free. */
+/* Consistent copy of record i: 0, or -1 if the record is free, or if a
+ * writer held it for the whole of the reader's bounded spin (routing then
+ * goes without the record rather than wait). */
 int  kv_registry_read(const kv_registry_t *reg, int i, kv_worker_rec_t *out);
+/* The same for readers that must not miss a used record (the status page):
+ * a writer preempted inside its section (a loaded machine) is waited for,
+ * yielding the CPU, for up to KV_REGISTRY_WAIT_MS; -1 only if the record
+ * is free or the writer stays stuck (killed mid-write: the next helper
+ * repairs it). */
+#define KV_REGISTRY_WAIT_MS 100
+int  kv_registry_read_wait(const kv_registry_t *reg, int i, kv_worker_rec_t *out);
 int  kv_registry_find(const kv_registry_t *reg, uint64_t worker_id, uint32_t dp_rank);
 /* Records ever used (the bound of every scan): grows when a new worker
  * announces itself into a never-used record. */

@@ -759,7 +759,9 @@ ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
     }
 
     for (i = 0; i < n; i++) {
-        if (kv_registry_read(reg, i, &w) != 0) {
+        /* waits out a preempted writer: a worker that vanished from
+         * the page for a moment would read as gone */
+        if (kv_registry_read_wait(reg, i, &w) != 0) {
             continue;
         }
 
