@@ -24,7 +24,7 @@ SUBJECT = "namespace.dynamo.component.backend.kvroute.decisions"
 CONF = (multi.CONF
         .replace("kvroute_events %(nats)s zone=kv;",
                  "kvroute_share %(nats)s zone=kv lease=1s;")
-        .replace("mode=events worker_load=max", "mode=approximate"))
+        .replace("mode=events worker_load=%(load)s", "mode=approximate"))
 assert "kvroute_share" in CONF and "mode=approximate" in CONF
 
 ENGINES, ids, zone = multi.ENGINES, multi.ids, multi.zone
