@@ -444,7 +444,7 @@ TEST(open_on_reuse)
  */
 #define CW        8         /* workers */
 #define CCHAINS   256
-#define CLEN      72        /* over 32: the reader takes the jump path */
+#define CLEN      200       /* over 128: the reader takes the jump path, its long spans too */
 
 typedef struct {
     _Atomic int         done;
