@@ -1643,11 +1643,22 @@ enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT };
  * (alive at p, less those lacking each landing) and checked again against
  * the true set.
  *
+ * The argument holds for a span of any length, so the first pass lands
+ * over the request at 16, 32, 64, 128 and then every COARSE_MAX blocks
+ * (next_landing): where every alive slot holds a long prefix (one worker
+ * with the whole conversation, the usual case past the first blocks), 5
+ * landings vouch for 256 blocks instead of 16. A long span that some alive
+ * slot stops in, or whose keys the filter lists, is matched again by the
+ * same rounds with landings every JUMP blocks (match_spans, not coarse),
+ * its landings prefetched in round 2: one more round of misses, only for
+ * the spans where an overlap ends.
+ *
  * Under a concurrent writer, a hole is listed (filter first) before the
  * block that makes it is cleared, and the filter of a key is read after
  * the entries that bound its span: a skipped block was held when its
  * filter was read, as a walked block is when its entry is read.
  */
+
 /* The next landing after q, at most end: JUMP blocks on, or, in a coarse
  * pass (the first, over the whole request), twice as far as q from the
  * start, up to COARSE_MAX (16, 32, 64, 128, 256, 384...): one entry then
