@@ -73,6 +73,8 @@
 #define JUMP_BATCH      32                       /* match: landings read per round */
 #define JUMP_BATCH_WORDS 1024                    /* match: bitmap words they may use */
 #define INNER_AHEAD     48                       /* match: entries inside spans prefetched per batch */
+#define COARSE_MAX      128                      /* match: the longest span landed over first */
+#define FB_MAX          (JUMP_BATCH * JUMP)      /* match: keys between one batch's landings */
 
 typedef struct {
     uint64_t            worker_id;
@@ -1426,12 +1428,6 @@ size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
     return live_only(ix, out, found);
 }
 
-/* The jump's next landing after p in a request of n blocks. */
-static size_t landing(size_t p, size_t n)
-{
-    return p + JUMP < n - 1 ? p + JUMP : n - 1;
-}
-
 /* 1 if the filter says some key of seq[from..to) may be a hole. Read after
  * the entries whose run it vouches for. */
 static int any_hole(const kv_index_t *ix, const uint64_t *seq, size_t from, size_t to)
@@ -1647,30 +1643,61 @@ enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT };
  * (alive at p, less those lacking each landing) and checked again against
  * the true set.
  *
+ * The argument holds for a span of any length, so the first pass lands
+ * over the request at 16, 32, 64, 128 and then every COARSE_MAX blocks
+ * (next_landing): where every alive slot holds a long prefix (one worker
+ * with the whole conversation, the usual case past the first blocks), 5
+ * landings vouch for 256 blocks instead of 16. A long span that some alive
+ * slot stops in, or whose keys the filter lists, is matched again by the
+ * same rounds with landings every JUMP blocks (match_spans, not coarse),
+ * its landings prefetched in round 2: one more round of misses, only for
+ * the spans where an overlap ends.
+ *
  * Under a concurrent writer, a hole is listed (filter first) before the
  * block that makes it is cleared, and the filter of a key is read after
  * the entries that bound its span: a skipped block was held when its
  * filter was read, as a walked block is when its entry is read.
  */
-size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
-                      kv_overlap_t *out, size_t cap)
-{
-    uint64_t alive[64], sup[64], land[JUMP_BATCH_WORDS], d;
-    uint32_t words = ix->words < 64 ? ix->words : 64, w, batch, fetched;
-    uint32_t fb[JUMP_BATCH * JUMP];
-    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH];
-    size_t   p, q, i, j, nl, found = 0;
 
-    if (n <= 2 * JUMP || __atomic_load_n(&ix->lost_slots, __ATOMIC_ACQUIRE) != 0) {
-        return kv_index_match_walk(ix, seq, n, out, cap);
+/* The next landing after q, at most end: JUMP blocks on, or, in a coarse
+ * pass (the first, over the whole request), twice as far as q from the
+ * start, up to COARSE_MAX (16, 32, 64, 128, 256, 384...): one entry then
+ * vouches for a long run every alive slot holds, and only a coarse span
+ * some slot stops in is landed in again every JUMP blocks. */
+static size_t next_landing(size_t q, size_t end, int coarse)
+{
+    size_t step = JUMP;
+
+    if (coarse && q >= JUMP) {
+        step = q < COARSE_MAX ? q : COARSE_MAX;
     }
-    batch = JUMP_BATCH_WORDS / words < JUMP_BATCH ? JUMP_BATCH_WORDS / words : JUMP_BATCH;
-    prefetch_key(ix, norm_key(seq[0]));
-    for (p = 0; p < n - 1; p = q) {
+    return q + step < end ? q + step : end;
+}
+
+/*
+ * The spans from p (every alive slot holds 0..p) to end, landing as
+ * next_landing says, in batches of up to `batch` landings and FB_MAX keys
+ * between. 1 if any slot is still alive at end (it holds 0..end), 0 if
+ * none: the overlaps are in out either way. p == 0 also reads block 0.
+ */
+static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size_t end,
+                       int coarse, uint64_t *alive, uint32_t words, uint32_t batch,
+                       kv_overlap_t *out, size_t cap, size_t *found)
+{
+    uint64_t sup[64], land[JUMP_BATCH_WORDS], d;
+    uint32_t fb[FB_MAX], w, fetched;
+    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH];
+    size_t   lq[JUMP_BATCH], q, i, j, nl, nq, from;
+
+    for (; p < end; p = lq[nl - 1]) {
         /* round 1: the landings of this batch (with block 0 for the first),
          * and meanwhile the filter bits of the keys between */
-        for (q = p, nl = 0; q < n - 1 && nl < batch; nl++) {
-            q = landing(q, n);
+        for (q = p, nl = 0; q < end && nl < batch; nl++) {
+            nq = next_landing(q, end, coarse);
+            if (nq - p - 1 > FB_MAX) {
+                break;              /* nl > 0: a landing is at most COARSE_MAX on */
+            }
+            lq[nl] = q = nq;
             prefetch_key(ix, norm_key(seq[q]));
         }
         if (p == 0) {
@@ -1679,7 +1706,7 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
              * any later ones (a system prompt, a conversation's start),
              * so that span is the one most often searched; read now,
              * its search costs no round of misses of its own */
-            for (i = 1; i < JUMP; i++) {
+            for (i = 1; i < JUMP && i < lq[0]; i++) {
                 prefetch_key(ix, norm_key(seq[i]));
             }
         }
@@ -1687,22 +1714,22 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
         if (p == 0 && !read_holders(ix, norm_key(seq[0]), alive)) {
             return 0;
         }
-        for (j = 0, q = p; j < nl; j++) {
-            q = landing(q, n);
-            if (!read_holders(ix, norm_key(seq[q]), &land[j * words])) {
+        for (j = 0; j < nl; j++) {
+            if (!read_holders(ix, norm_key(seq[lq[j]]), &land[j * words])) {
                 memset(&land[j * words], 0, words * sizeof(uint64_t));
             }
         }
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
         /* round 2: the filter bits between; what each span needs, and
          * prefetches of every entry that step reads (a searched span's
-         * inner blocks all at once: one round of misses, not two) */
+         * inner blocks all at once: one round of misses, not two; a long
+         * span's landings every JUMP blocks) */
         memcpy(sup, alive, words * sizeof(uint64_t));
-        for (j = 0, q = p, fetched = 0; j < nl; j++) {
-            size_t from = q + 1;
-            int    live = 0, early;
+        for (j = 0, fetched = 0; j < nl; j++) {
+            int live = 0, early;
 
-            q = landing(q, n);
+            from = (j ? lq[j - 1] : p) + 1;
+            q = lq[j];
             for (w = 0, d = 0; w < words; w++) {
                 d |= sup[w] & ~land[j * words + w];
                 sup[w] &= land[j * words + w];
@@ -1710,15 +1737,24 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
             }
             kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
                       : d ? SPAN_SEARCH : SPAN_SKIP;
-            early = p == 0 && j == 0;       /* prefetched in round 1 */
-            inner[j] = kind[j] == SPAN_SEARCH && (early || fetched + (q - from) <= INNER_AHEAD);
-            for (i = from; inner[j] && !early && i < q; i++) {
-                prefetch_key(ix, norm_key(seq[i]));
-            }
-            fetched += inner[j] && !early ? (uint32_t) (q - from) : 0;
-            for (i = from; kind[j] == SPAN_SPLIT && i < q; i++) {
-                if (fb_hit(ix, fb[i - p - 1])) {
-                    prefetch_key(ix, norm_key(seq[i]));     /* split_span reads these */
+            if (q - from >= JUMP) {
+                /* a long span to land in again (round 4) */
+                inner[j] = 0;
+                for (i = from - 1 + JUMP; kind[j] != SPAN_SKIP && i < q; i += JUMP) {
+                    prefetch_key(ix, norm_key(seq[i]));
+                }
+            } else {
+                early = p == 0 && j == 0;       /* prefetched in round 1 */
+                inner[j] = kind[j] == SPAN_SEARCH
+                           && (early || fetched + (q - from) <= INNER_AHEAD);
+                for (i = from; inner[j] && !early && i < q; i++) {
+                    prefetch_key(ix, norm_key(seq[i]));
+                }
+                fetched += inner[j] && !early ? (uint32_t) (q - from) : 0;
+                for (i = from; kind[j] == SPAN_SPLIT && i < q; i++) {
+                    if (fb_hit(ix, fb[i - p - 1])) {
+                        prefetch_key(ix, norm_key(seq[i]));     /* split_span reads these */
+                    }
                 }
             }
             if (!live) {
@@ -1726,60 +1762,84 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                 break;
             }
         }
-        /* round 3, only for spans past the prefetch budget: their quarter
-         * points, to prefetch inside the quarters */
+        /* round 3, only for short spans past the prefetch budget: their
+         * quarter points, to prefetch inside the quarters */
         memcpy(sup, alive, words * sizeof(uint64_t));
-        for (j = 0, q = p; j < nl; j++) {
-            size_t from = q + 1;
-
-            q = landing(q, n);
-            if (kind[j] == SPAN_SEARCH && !inner[j]) {
+        for (j = 0; j < nl; j++) {
+            from = (j ? lq[j - 1] : p) + 1;
+            q = lq[j];
+            if (kind[j] == SPAN_SEARCH && !inner[j] && q - from < JUMP) {
                 search_span(ix, seq, from - 1, q, &land[j * words], sup, words, out, cap,
-                            &found, 1);
+                            found, 1);
             }
             for (w = 0; w < words; w++) {
                 sup[w] &= land[j * words + w];
             }
         }
         /* round 4: in order, with the true alive set */
-        for (j = 0, q = p; j < nl; j++) {
-            size_t from = q + 1;
-
-            q = landing(q, n);
+        for (j = 0; j < nl; j++) {
+            from = (j ? lq[j - 1] : p) + 1;
+            q = lq[j];
             for (w = 0, d = 0; w < words; w++) {
                 d |= alive[w] & ~land[j * words + w];
             }
-            if (kind[j] == SPAN_SPLIT) {
-                if (!split_span(ix, seq, from - 1, q, &fb[from - p - 1], &land[j * words], alive,
-                                words, out, cap, &found))
+            if (q - from >= JUMP) {
+                if (kind[j] == SPAN_SKIP || (kind[j] == SPAN_SEARCH && !d)) {
+                    continue;       /* all alive hold from..q */
+                }
+                if (!match_spans(ix, seq, from - 1, q, 0, alive, words, batch, out, cap,
+                                 found))
                 {
-                    return live_only(ix, out, found);
+                    return 0;
                 }
                 continue;
             }
-            {
-                if (!d) {
-                    continue;       /* all alive hold from..q */
-                }
-                if (search_span(ix, seq, from - 1, q, &land[j * words], alive, words, out,
-                                cap, &found, 0))
+            if (kind[j] == SPAN_SPLIT) {
+                if (!split_span(ix, seq, from - 1, q, &fb[from - p - 1], &land[j * words], alive,
+                                words, out, cap, found))
                 {
-                    for (w = 0, d = 0; w < words; w++) {
-                        d |= alive[w];
-                    }
-                    if (!d) {
-                        return live_only(ix, out, found);
-                    }
-                    continue;
+                    return 0;
                 }
-                /* a hole listed meanwhile: walk */
+                continue;
             }
-            if (!walk_from(ix, seq, from, q, alive, words, out, cap, &found)) {
-                return live_only(ix, out, found);
+            if (!d) {
+                continue;           /* all alive hold from..q */
+            }
+            if (search_span(ix, seq, from - 1, q, &land[j * words], alive, words, out,
+                            cap, found, 0))
+            {
+                for (w = 0, d = 0; w < words; w++) {
+                    d |= alive[w];
+                }
+                if (!d) {
+                    return 0;
+                }
+                continue;
+            }
+            /* a hole listed meanwhile: walk */
+            if (!walk_from(ix, seq, from, q, alive, words, out, cap, found)) {
+                return 0;
             }
         }
     }
-    step(alive, NULL, words, (uint32_t) n, out, cap, &found);
+    return 1;
+}
+
+size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                      kv_overlap_t *out, size_t cap)
+{
+    uint64_t alive[64];
+    uint32_t words = ix->words < 64 ? ix->words : 64, batch;
+    size_t   found = 0;
+
+    if (n <= 2 * JUMP || __atomic_load_n(&ix->lost_slots, __ATOMIC_ACQUIRE) != 0) {
+        return kv_index_match_walk(ix, seq, n, out, cap);
+    }
+    batch = JUMP_BATCH_WORDS / words < JUMP_BATCH ? JUMP_BATCH_WORDS / words : JUMP_BATCH;
+    prefetch_key(ix, norm_key(seq[0]));
+    if (match_spans(ix, seq, 0, n - 1, 1, alive, words, batch, out, cap, &found)) {
+        step(alive, NULL, words, (uint32_t) n, out, cap, &found);
+    }
     return live_only(ix, out, found);
 }
 

@@ -123,9 +123,10 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms);
  * of seq[0..n) it holds; up to cap entries in out, in the order they stop
  * (ties by slot), return the count. It stops at the first block no slot
  * holds (it reads at most 512 hashes of seq past that one, to prefetch
- * their entries). Requests over 32 blocks skip 16 blocks at a time where
- * no held prefix ends and no block is a hole (see kv_index.c); the answer
- * is kv_index_match_walk's. seq must be a chain (seq[i] = the key of
+ * their entries). Requests over 32 blocks skip runs of blocks (16, 32, 64,
+ * then 128 at a time; 16 inside a run where a held prefix ends) where no
+ * held prefix ends and no block is a hole (see kv_index.c); the answer is
+ * kv_index_match_walk's. seq must be a chain (seq[i] = the key of
  * blocks 0..i), as kv_hash computes it. */
 size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                       kv_overlap_t *out, size_t cap);

@@ -444,7 +444,7 @@ TEST(open_on_reuse)
  */
 #define CW        8         /* workers */
 #define CCHAINS   256
-#define CLEN      72        /* over 32: the reader takes the jump path */
+#define CLEN      200       /* over 128: the reader takes the jump path, its long spans too */
 
 typedef struct {
     _Atomic int         done;
@@ -970,6 +970,105 @@ TEST(match_jump_sees_holes)
     free(ix);
 }
 
+/* The coarse pass (kv_index.c next_landing): landings at 16, 32, 64, 128,
+ * then every 128 blocks, and 16 blocks apart only inside a long span some
+ * slot stops in or the filter lists a key of. Many workers hold prefixes
+ * ending at every position (inside long spans, just before and after a
+ * coarse landing), with holes anywhere, one worker with a single hole in
+ * an otherwise whole chain: the match against the walk for requests of
+ * every length up to 700 blocks, and requests that leave the chain there. */
+TEST(match_coarse_spans_equal_walk)
+{
+    enum { L = 700, NW = 40 };
+    static const size_t edge[] = { 63, 64, 65, 127, 128, 129, 255, 256, 257, 383, 384, 385 };
+    static uint64_t tok[L], seq[L], q[L];
+    uint64_t rng = 0x2545F4914F6CDD1DULL, compared = 0, holes = 0;
+    int      c, k, bad = 0;
+
+    chain(3 << 20, L, tok, seq);
+    for (c = 0; c < 2 && !bad; c++) {
+        kv_index_config_t cfg = { .max_workers = c ? 200 : 48 };
+        kv_index_t       *ix = make(32u << 20, &cfg);
+        kv_index_stats_t  st;
+
+        for (k = 0; k < 600 && !bad; k++) {
+            uint64_t w = 1 + d_rnd_u(&rng) % NW, r = d_rnd_u(&rng) % 20;
+            size_t   len, i, n, j, cut;
+
+            len = r % 2 ? edge[d_rnd_u(&rng) % 12] + d_rnd_u(&rng) % 3 - 1
+                        : 1 + d_rnd_u(&rng) % L;
+            len = len > L ? L : len;
+            if (r < 10) {
+                /* a prefix ending at len, in events of up to 512 */
+                for (i = 0; i < len; i += n) {
+                    n = len - i < 512 ? len - i : 512;
+                    store(ix, w, 0, i > 0, i ? seq[i - 1] : 0, &seq[i], &tok[i], n);
+                }
+            } else if (r < 15) {
+                remove_hashes(ix, w, 0, &seq[len - 1], 1);       /* a hole, or the tail */
+            } else if (r < 18) {
+                /* worker 100: the whole chain with one hole, moved about */
+                store(ix, 100, 0, 0, 0, seq, tok, 512);
+                store(ix, 100, 0, 1, seq[511], &seq[512], &tok[512], L - 512);
+                remove_hashes(ix, 100, 0, &seq[len - 1], 1);
+            } else {
+                kv_event_t ev = { .worker_id = w, .kind = KV_EVENT_CLEARED };
+
+                kv_index_apply(ix, &ev, 1000, err, sizeof(err));
+            }
+            kv_index_stats(ix, &st);
+            holes += st.holes > 0;
+            for (i = 0; i < 4 && !bad; i++) {
+                n = i == 0 ? L : i == 1 ? edge[d_rnd_u(&rng) % 12] : 33 + d_rnd_u(&rng) % (L - 33);
+                bad |= !d_same(ix, seq, n, 1 + d_rnd_u(&rng) % 128);
+                memcpy(q, seq, sizeof(q));
+                cut = d_rnd_u(&rng) % L;
+                for (j = cut; j < L; j++) {
+                    q[j] = kv_hash_chain(j ? q[j - 1] : 7, 9000 + j);
+                }
+                bad |= !d_same(ix, q, n, 128);
+                compared += 2;
+            }
+        }
+        free(ix);
+    }
+    printf("  %llu queries compared, %llu steps with holes listed\n",
+           (unsigned long long) compared, (unsigned long long) holes);
+    CHECK(!bad);
+    CHECK(holes > 100);
+}
+
+/* One worker holds 0..699; a hole at each position in turn, alone and
+ * with a second worker stopping at each coarse landing's neighbours: the
+ * overlap is the hole's position every time (a coarse span skipped over a
+ * hole would report 700). */
+TEST(match_coarse_spans_see_every_hole)
+{
+    enum { L = 700 };
+    static uint64_t tok[L], seq[L];
+    kv_index_t *ix = make(16u << 20, NULL);
+    size_t      h;
+    int         a, bad = 0;
+
+    chain(5 << 20, L, tok, seq);
+    for (h = 1; h < L && !bad; h++) {
+        store(ix, 1, 0, 0, 0, seq, tok, 512);
+        store(ix, 1, 0, 1, seq[511], &seq[512], &tok[512], L - 512);
+        if (h % 7 == 0) {
+            store(ix, 2, 0, 0, 0, seq, tok, h % 129 + 1);
+        }
+        a = kv_index_worker_find(ix, 1, 0);
+        remove_hashes(ix, 1, 0, &seq[h], 1);
+        if (overlap(ix, a, seq, L) != h || !d_same(ix, seq, L, 64)) {
+            fprintf(stderr, "  hole at %zu: overlap %u\n", h, overlap(ix, a, seq, L));
+            bad = 1;
+        }
+        remove_hashes(ix, 2, 0, seq, 1);        /* worker 2 starts over */
+    }
+    CHECK(!bad);
+    free(ix);
+}
+
 int main(void)
 {
     RUN(stored_kvworker_style);
@@ -990,6 +1089,8 @@ int main(void)
     RUN(match_jump_long_requests_equal_walk);
     RUN(match_hole_table_overflow_walks);
     RUN(match_jump_sees_holes);
+    RUN(match_coarse_spans_equal_walk);
+    RUN(match_coarse_spans_see_every_hole);
     RUN(concurrent_reader_sees_consistent_overlaps);
     return kvt_done();
 }
