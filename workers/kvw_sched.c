@@ -290,15 +290,91 @@ static uint32_t chunk_for(sched_t *sc, const sreq_t *s, uint32_t budget)
     return budget == (uint32_t)sc->base.cfg->max_num_batched_tokens ? (uint32_t)left : 0;
 }
 
+/*
+ * A request whose prompt KV arrived by transfer (pinned) needs about a block
+ * of compute before it decodes. It waits ahead of the waiting prompts (behind
+ * earlier pinned ones), and the prompt chunks of running requests leave room
+ * for it (pinned_reserve): it then waits one step for its first token, not
+ * every chunk of a local prefill running or queued before it, at the cost of
+ * a few tokens of those chunks. Without this a decode worker that prefills
+ * one long prompt locally holds every pulled request for the whole prefill.
+ */
+static void queue_pinned(sched_t *sc, sreq_t *s)
+{
+    sreq_t *after = NULL;
+
+    if (s->queue != Q_WAITING)
+        return;
+    for (sreq_t *w = sc->waiting.head; w != s && w->pin.table; w = w->next)
+        after = w;
+    if (after == s->prev)
+        return;
+    q_remove(&sc->waiting, s);
+    if (after == NULL) {
+        q_push_front(&sc->waiting, s);
+        return;
+    }
+    s->prev = after;
+    s->next = after->next;
+    if (after->next) after->next->prev = s; else sc->waiting.tail = s;
+    after->next = s;
+    sc->waiting.n++;
+}
+
+/* An admitted pinned request runs ahead of the running requests still
+ * prefilling: from its next step it decodes, and running requests are given
+ * tokens in order, so behind a long prompt's chunks it would get none until
+ * that prompt is done (a decode worker's stall, the ITL the split exists to
+ * keep low). Decoding requests stay first, as they were admitted. */
+static void run_before_prompts(sched_t *sc, sreq_t *s)
+{
+    sreq_t *p = sc->running.head;
+
+    while (p && p->decoding)
+        p = p->next;
+    if (p == NULL) {
+        q_push_back(&sc->running, s);
+        return;
+    }
+    s->next = p;
+    s->prev = p->prev;
+    if (p->prev) p->prev->next = s; else sc->running.head = s;
+    p->prev = s;
+    sc->running.n++;
+}
+
+/* The tokens the pinned requests at the head of the waiting queue need to be
+ * admitted this step (at most half the budget: running prompts progress). */
+static uint32_t pinned_reserve(sched_t *sc, uint32_t budget)
+{
+    uint32_t bs = kvw_blocks_block_size(sc->bm), need = 0;
+    uint32_t room = (uint32_t)sc->base.cfg->max_num_seqs > sc->running.n
+                    ? (uint32_t)sc->base.cfg->max_num_seqs - sc->running.n : 0;
+
+    if (!sc->base.cfg->enable_chunked_prefill)
+        return 0;
+    for (sreq_t *w = sc->waiting.head; w && w->pin.table && room > 0; w = w->next, room--) {
+        size_t have = (size_t)w->pin.n * bs;
+        need += have < w->n_tokens ? (uint32_t)(w->n_tokens - have) : 1;
+        if (need >= budget / 2)
+            return budget / 2;
+    }
+    return need;
+}
+
 /* Running requests first; returns 1 if one had to be preempted. */
 static int schedule_running(sched_t *sc, uint32_t *budget)
 {
     int preempted = 0;
     sreq_t *s = sc->running.head;
+    uint32_t reserve = pinned_reserve(sc, *budget);
 
     while (s != NULL && *budget > 0) {
         sreq_t *next = s->next;
-        uint32_t n = chunk_for(sc, s, *budget);
+        /* a prompt's chunk leaves the pinned requests their room */
+        uint32_t room = !s->decoding && reserve ? (*budget > reserve ? *budget - reserve : 0)
+                                                : *budget;
+        uint32_t n = room ? chunk_for(sc, s, room) : 0;
         if (n == 0) {
             s = next;
             continue;
@@ -354,6 +430,7 @@ static void schedule_waiting(sched_t *sc, uint32_t *budget)
             s->n_computed = 0;
             break;
         }
+        int pinned = s->pin.table != NULL;
         drop_pin(sc, s);
         if (!s->admitted_once) {
             s->admitted_once = 1;
@@ -361,7 +438,10 @@ static void schedule_waiting(sched_t *sc, uint32_t *budget)
             sc->st.cached_tokens += cached;
         }
         unqueue(sc, s);
-        q_push_back(&sc->running, s);
+        if (pinned)
+            run_before_prompts(sc, s);
+        else
+            q_push_back(&sc->running, s);
         s->queue = Q_RUNNING;
         if (batch_add(sc, s, n))
             return;
@@ -640,6 +720,7 @@ int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin
     }
     s->pin = *pin;
     memset(pin, 0, sizeof(*pin));
+    queue_pinned((sched_t *)e, s);
     return 0;
 }
 

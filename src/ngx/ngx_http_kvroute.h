@@ -298,6 +298,8 @@ typedef struct {
     uint64_t                        prefill_queued;
     uint64_t                        prefill_open_ns;
     double                          prefill_xfer_ms;    /* its transfer estimate */
+    double                          prefill_remote_ms;  /* rule 4's TTFT estimates */
+    double                          prefill_local_ms;   /* (stall left out); 0: none */
 } ngx_http_kvroute_ctx_t;
 
 

@@ -209,6 +209,8 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
     ctx->prefill_peer = NULL;
     ctx->prefill_remote = 0;
     ctx->prefill_why = KV_PREFILL_LOCAL_NONE;
+    ctx->prefill_remote_ms = 0;
+    ctx->prefill_local_ms = 0;
 
     if (res == NULL || pkcf == NULL || pkcf->peers == NULL
         || pkcf->nprimary == 0)
@@ -272,6 +274,8 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
                            (uint64_t) ngx_random() << 32 ^ ngx_random(), &pr);
 
     ctx->prefill_why = pr.why;
+    ctx->prefill_remote_ms = pr.remote_ms;
+    ctx->prefill_local_ms = pr.local_ttft_ms;
 
     ngx_log_debug6(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "kvroute prefill: %s, %uL tokens uncached at the decode "

@@ -23,7 +23,11 @@
     /* prefill= (disaggregated): the prefill server, or "local" */            \
     X(prefill_worker, PREFILL_WORKER)                                         \
     X(prefill_overlap_blocks, PREFILL_OVERLAP)                                \
-    X(prefill_reason, PREFILL_REASON)
+    X(prefill_reason, PREFILL_REASON)                                         \
+    /* conditional disaggregation's two TTFT estimates (ms), for checking  \
+     * them against the response's $upstream_header_time */                \
+    X(prefill_remote_ms, PREFILL_REMOTE_MS)                                   \
+    X(prefill_local_ms, PREFILL_LOCAL_MS)
 
 
 #define NGX_HTTP_KVROUTE_VAR_ID(name, id)  NGX_HTTP_KVROUTE_VAR_##id,
@@ -72,6 +76,7 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
 {
     u_char                  *p;
+    double                   d;
     const char              *s;
     ngx_http_kvroute_ctx_t  *ctx;
 
@@ -164,6 +169,17 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
         s = kv_prefill_why_name(ctx->prefill_why);
         v->data = (u_char *) s;
         v->len = ngx_strlen(s);
+        break;
+
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_REMOTE_MS:
+    case NGX_HTTP_KVROUTE_VAR_PREFILL_LOCAL_MS:
+        d = data == NGX_HTTP_KVROUTE_VAR_PREFILL_REMOTE_MS
+            ? ctx->prefill_remote_ms : ctx->prefill_local_ms;
+        if (ctx->conf->prefill == NULL || ctx->chosen == NULL || d <= 0) {
+            v->not_found = 1;
+            return NGX_OK;
+        }
+        v->len = ngx_sprintf(p, "%.1f", d) - p;
         break;
 
     default: /* NGX_HTTP_KVROUTE_VAR_FALLBACK */

@@ -96,7 +96,8 @@ int kv_prefill_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq
 
         out->xfer_ms = pc->xfer_ms_per_token * (double) out->uncached_local;
         out->remote_ms = out->route.estimate + out->xfer_ms;
-        out->local_ms = base + (double) d->prefill_tokens / rate + own
+        out->local_ttft_ms = base + (double) d->prefill_tokens / rate + own;
+        out->local_ms = out->local_ttft_ms
                         + pc->stall_weight * (double) d->requests * own;
 
         if (out->local_ms * (1 + pc->margin) < out->remote_ms) {

@@ -82,6 +82,8 @@ typedef struct {
     uint64_t            uncached_local;     /* at the decode worker */
     double              remote_ms;          /* rule 4's estimates (0: not made) */
     double              local_ms;           /* ... local, the stall included */
+    double              local_ttft_ms;      /* ... local, the stall left out: this
+                                               request's own time to first token */
     double              xfer_ms;            /* the transfer's part of remote_ms */
     kv_route_result_t   route;              /* the prefill pick (REMOTE only) */
 } kv_prefill_result_t;

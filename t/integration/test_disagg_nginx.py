@@ -44,6 +44,7 @@ CONF = """
             add_header X-Var-Prefill-Overlap "$kvroute_prefill_overlap_blocks";
             add_header X-Var-Prefill-Reason "$kvroute_prefill_reason";
             add_header X-Var-Prefilled-By "$upstream_http_x_kvroute_prefilled_by";
+            add_header X-Var-Prefill-Est "$kvroute_prefill_remote_ms $kvroute_prefill_local_ms";
         }
         location /plain/ {
             kvroute_upstream plain;
@@ -234,6 +235,7 @@ def test_prefill_worker_chosen_by_overlap(stack, decoders):
         assert h["x-kvroute-worker"] == decode
         assert h["x-kvroute-overlap"] == "102"
         assert h["x-kvroute-prefill-reason"] == "short"
+        assert h.get("x-var-prefill-est", "").strip() == ""     # no estimate made
         assert h["x-kvroute-prefill-worker"] == "local"
         assert "x-var-prefill-overlap" not in h or h["x-var-prefill-overlap"] == ""
     seen = decoders[0].seen + decoders[1].seen
@@ -319,6 +321,7 @@ def test_prefill_min_tokens(stack, decoders):
     ng, _, _ = start(stack, decoders, None, params="prefill_min_tokens=4000")
     s, h, _, _ = complete(ng.port, ids("mid", 2048))
     assert s == 200 and h["x-kvroute-prefill-reason"] == "short"
+    assert h.get("x-var-prefill-est", "").strip() == ""    # no estimate made
     s, h, _, _ = complete(ng.port, ids("big", 4096 + 16))
     assert s == 200 and h["x-kvroute-prefill-reason"] == "remote"
 
@@ -367,6 +370,13 @@ def test_loaded_prefill_pool_prefills_locally(stack, decoders):
             t.join(30)
     reasons = [out[n][1]["x-var-prefill-reason"] for n in ("q1", "q2", "q3")]
     assert reasons == ["remote", "remote", "faster"]
+    # the two TTFT estimates behind each decision ($kvroute_prefill_remote_ms,
+    # $kvroute_prefill_local_ms; the stall left out): the idle pool 256 ms
+    # against an idle decode server's 256, then 512 against 256
+    est = [[float(x) for x in out[n][1]["x-var-prefill-est"].split()]
+           for n in ("q1", "q2", "q3")]
+    assert est[0] == pytest.approx([256, 256], abs=1)
+    assert est[2] == pytest.approx([512, 256], abs=1)
     assert all(out[n][0] == 200 for n in out)
     h = out["q3"][1]
     assert h["x-kvroute-prefill-worker"] == "local"

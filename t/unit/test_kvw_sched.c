@@ -382,6 +382,49 @@ TEST(pinned_submit_uses_transferred_blocks)
     event_base_free(base);
 }
 
+/*
+ * A pulled request (pinned) on a worker busy with a long chunked prefill,
+ * behind another waiting prompt: it is admitted at the next step beside the
+ * running prompt's chunk (which leaves it room) and ahead of the waiting
+ * prompt, instead of waiting for both prefills. Budget 64: a's 300 tokens
+ * run 64, then 62 beside b's 2 (its 48 transferred tokens cached), then 63
+ * beside b's decode, which runs ahead of a's chunks from then on.
+ */
+TEST(pinned_request_not_held_behind_local_prefill)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 64, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    kvw_blocks_t *bm = kvw_sched_blocks(e);
+    kvw_seq_blocks_t pin = {0};
+    tr_t a, b, w;
+
+    tr_init(&a, 0, 300, 1000, 2);
+    tr_init(&w, 1, 200, 5000, 2);
+    tr_init(&b, 2, 50, 9000, 2);
+    CHECK(e->ops->submit(e, &a.r) == 0);
+    event_base_loop(base, EVLOOP_ONCE);             /* a's first chunk is under way */
+    CHECK_EQ_U64(tb->n_steps, 1);
+    CHECK(e->ops->submit(e, &w.r) == 0);
+    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
+    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
+    kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
+    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin) == 0);
+    run(base);
+    CHECK(a.done && b.done && w.done);
+    CHECK_EQ_U64(b.r.cached_tokens, 48);
+    CHECK_EQ_U64(tb->step_tokens[0][0], 64);
+    CHECK_EQ_U64(tb->step_n[1], 2);                 /* a's chunk and b's tail */
+    CHECK_EQ_U64(tb->step_tokens[1][0], 62);
+    CHECK_EQ_U64(tb->step_tokens[1][1], 2);
+    CHECK_EQ_U64(tb->step_n[2], 2);                 /* b decodes first, beside a's chunk */
+    CHECK_EQ_U64(tb->step_tokens[2][0], 1);
+    CHECK_EQ_U64(tb->step_tokens[2][1], 63);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
 TEST(too_long_prompt_refused)
 {
     struct event_base *base = event_base_new();
@@ -409,5 +452,6 @@ int main(void)
     RUN(long_stop_strings_match_incrementally);
     RUN(too_long_prompt_refused);
     RUN(pinned_submit_uses_transferred_blocks);
+    RUN(pinned_request_not_held_behind_local_prefill);
     return kvt_done();
 }

@@ -229,6 +229,8 @@ TEST(conditional_local_when_faster)
     CHECK(kv_prefill_pick(s, 2, &rq, &d, &pc, &cfg, &cfg, 0, &r) >= 0);
     CHECK(r.why == KV_PREFILL_REMOTE);
     CHECK(r.local_ms > 1023.99 && r.local_ms < 1024.01);
+    /* the request's own TTFT estimate leaves the others' stall out */
+    CHECK(r.local_ttft_ms > 255.99 && r.local_ttft_ms < 256.01);
     d.requests = 29;
     CHECK(kv_prefill_pick(s, 2, &rq, &d, &pc, &cfg, &cfg, 0, &r) == -1);
     CHECK(r.why == KV_PREFILL_LOCAL_FASTER);
@@ -257,7 +259,7 @@ TEST(conditional_local_when_faster)
     pc.conditional = 0;
     CHECK(kv_prefill_pick(s, 2, &rq, &d, &pc, &cfg, &cfg, 0, &r) >= 0);
     CHECK(r.why == KV_PREFILL_REMOTE);
-    CHECK(r.remote_ms == 0 && r.local_ms == 0);
+    CHECK(r.remote_ms == 0 && r.local_ms == 0 && r.local_ttft_ms == 0);
     pc.conditional = 1;
     CHECK(kv_prefill_pick(s, 2, &rq, NULL, &pc, &cfg, &cfg, 0, &r) >= 0);
     CHECK(r.why == KV_PREFILL_REMOTE);
