@@ -119,6 +119,7 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
 #define IN_Q  8                         /* ... and the queue within its own first step */
+#define IN_K  16                        /* in E or Q, and under the bounded-load capacity */
 
 /*
  * The most prompt tokens one engine step is taken to prefill: vLLM's
@@ -321,27 +322,101 @@ static int pick_cold_cost(kv_route_server_t *s, size_t n, uint64_t key, uint64_t
  * is the same on instances that see the same load and events, so they
  * agree.
  */
-static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double band)
+static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double band, int mask)
 {
     double least = INFINITY, fewest = INFINITY;
     size_t i;
     int    pick = -1;
 
     for (i = 0; i < n; i++) {
-        if (s[i].eligible & IN_E) {
+        if (s[i].eligible & mask) {
             least = fmin(least, load_of(&s[i]));
         }
     }
     for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_E) && load_of(&s[i]) <= least) {
+        if ((s[i].eligible & mask) && load_of(&s[i]) <= least) {
             fewest = fmin(fewest, (double) s[i].tree_blocks / weight_of(&s[i]));
         }
     }
     for (i = 0; i < n; i++) {
-        if ((s[i].eligible & IN_E) && load_of(&s[i]) <= least
+        if ((s[i].eligible & mask) && load_of(&s[i]) <= least
             && (double) s[i].tree_blocks / weight_of(&s[i]) < fewest + band
             && (pick < 0 || rendezvous(key, &s[i]) < rendezvous(key, &s[pick])))
         {
+            pick = (int) i;
+        }
+    }
+    return pick;
+}
+
+/*
+ * Shared head: the longest prefix any server of E holds is held by two
+ * servers or more (every candidate counted, saturated or not), so it is a
+ * head that several conversations share (a system prompt) and the request
+ * starts a branch of its own there, not the continuation of one server's
+ * conversation. Where the branch goes, its conversation's later turns go
+ * (they stick to it), so the choice places future load, and the sticky
+ * rule alone would put every new branch on the head's holders until their
+ * queue passes a whole prefill (E's saved credit) or their requests the
+ * mean's slack + 1 (L): on 64 engines, where the mean is below one request,
+ * that left 11-24 engines without a single request and a busy-time spread
+ * of 1.9-2.3 (docs/BENCHMARKS.md, "Routing round 7").
+ *
+ * So a branch is placed with bounded loads (Mirrokni, Thorup, Zadimoghaddam,
+ * consistent hashing with bounded loads): a server may take it only while
+ * its requests in flight, this one included, stay within the capacity
+ * ceil((1 + slack) x (requests in flight + 1) x weight / total weight),
+ * and only if it is in E or in Q (the cold rule's queue bound: a server
+ * seeded with the head prefills it as a cold request would, so the same
+ * bound on the queue it waits behind; E alone would hold only the head's
+ * holders, whose cached estimate no idle server's full prefill is within
+ * the slack of): K. Among K, a server holding part of the prompt sticks as
+ * before (stickier()); if none does, the spill order (pick_spill: fewest
+ * requests, fewest blocks within a band, rendezvous) seeds a new server,
+ * which then holds the head too. The capacity is the mean's, rounded up:
+ * where servers run many requests each (8 engines under load) it is L's
+ * bound give or take one, where they run less than one (a large fleet) it
+ * keeps a new branch off a holder busy with another while some server is
+ * idle. A continuation (its longest prefix held by one server) keeps the
+ * sticky rule: moving it would redo its whole conversation. If K is empty
+ * (never at a capacity of at least one), the sticky rule decides.
+ */
+static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t longest,
+                       const kv_route_server_t *home, double slack, double band,
+                       kv_route_why_t *why)
+{
+    double  reqs = 0, weights = 0, cap;
+    size_t  i, holders = 0, k = 0;
+    int     pick = -1, held = 0;
+
+    for (i = 0; i < n; i++) {
+        if (candidate(&s[i])) {
+            reqs += (double) s[i].requests;
+            weights += weight_of(&s[i]);
+            holders += kv_route_overlap(&s[i]) >= longest;
+        }
+    }
+    if (holders < 2) {
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        cap = ceil((1 + slack) * (reqs + 1) * weight_of(&s[i]) / weights);
+        if ((s[i].eligible & (IN_E | IN_Q)) && (double) s[i].requests + 1 <= cap) {
+            s[i].eligible |= IN_K;
+            held |= kv_route_overlap(&s[i]) > 0;
+            k++;
+        }
+    }
+    if (k == 0) {
+        return -1;
+    }
+    if (!held) {
+        *why = KV_ROUTE_WHY_SPILL;
+        return pick_spill(s, n, key, band, IN_K);
+    }
+    *why = KV_ROUTE_WHY_STICKY;
+    for (i = 0; i < n; i++) {
+        if ((s[i].eligible & IN_K) && (pick < 0 || stickier(&s[i], &s[pick], key, home))) {
             pick = (int) i;
         }
     }
@@ -465,6 +540,12 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     if (longest == 0 && !held_outside && home >= 0) {
         *why = KV_ROUTE_WHY_SESSION;
         pick = home;
+    } else if (longest > 0
+               && (pick = pick_shared(s, n, key, longest, home >= 0 ? &s[home] : NULL,
+                                      cfg->slack, rq->nseq > 0 ? (double) rq->nseq : 1,
+                                      why)) >= 0)
+    {
+        /* a branch off a shared head, placed with bounded loads */
     } else if (longest > 0) {
         *why = KV_ROUTE_WHY_STICKY;
         for (i = 0; i < n; i++) {
@@ -476,7 +557,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         }
     } else if (held_outside) {
         *why = KV_ROUTE_WHY_SPILL;
-        pick = pick_spill(s, n, key, rq->nseq > 0 ? (double) rq->nseq : 1);
+        pick = pick_spill(s, n, key, rq->nseq > 0 ? (double) rq->nseq : 1, IN_E);
     } else {
         *why = KV_ROUTE_WHY_COLD;
         pick = decodes ? pick_cold(s, n, key) : pick_cold_cost(s, n, key, out);

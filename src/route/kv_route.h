@@ -38,6 +38,14 @@
  *   2. Sticky: if some server in E holds part of the prompt, take the one
  *      with the longest cached prefix (ties: the session's home, then the
  *      lower ttft + decode, then the fewer indexed blocks, then rendezvous).
+ *      But if that longest prefix is held by two servers or more (a shared
+ *      head, such as a system prompt: the request starts a conversation of
+ *      its own there), only servers within the bounded-load capacity
+ *      ceil((1 + slack) x (requests in flight + 1) x weight / total weight)
+ *      take it (K, those of E or of the cold rule's Q within it): the
+ *      longest cached prefix among K, or, if no server of K holds any of
+ *      it, K's first in the spill order, which is then seeded with the head
+ *      (kv_route.c, pick_shared).
  *   3. Spill: a server outside E holds the prefix (it is saturated): take the
  *      server of E with the fewest requests in flight per unit of weight,
  *      then the fewest indexed blocks per unit of weight (give or take one

@@ -198,7 +198,10 @@ TEST(simultaneous_spills_of_distinct_prefixes_spread)
 }
 
 /* The set grows only while its members are saturated: once the spill's
- * target holds the prompt and has room, the next request sticks to it. */
+ * target holds the prompt and has room, the next request sticks to it.
+ * Room, now that two servers hold the prompt, is also the bounded-load
+ * capacity of a branch off a shared head (kv_route.c, pick_shared): the
+ * fleet runs two requests a server, so a third is within it. */
 TEST(set_grows_only_when_saturated)
 {
     kv_route_config_t   cfg = config();
@@ -220,9 +223,11 @@ TEST(set_grows_only_when_saturated)
     }
 
     idle(s, N);
+    for (int i = 0; i < N; i++) {
+        s[i].requests = 2;
+    }
     saturate(&s[0]);
     s[a].overlap_pending = BLOCKS;      /* the decision just made */
-    s[a].requests = 1;
     CHECK(kv_route_pick(s, N, &rq, &cfg, 2, &r) == a);
     CHECK(r.why == KV_ROUTE_WHY_STICKY);
 }

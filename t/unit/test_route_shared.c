@@ -1,0 +1,200 @@
+/* A branch off a shared head (kv_route.c, pick_shared): a request whose
+ * longest cached prefix is held by two servers or more (a system prompt)
+ * starts a conversation of its own, and goes to a holder only while the
+ * holder is within the bounded-load capacity ceil((1 + slack) x (requests
+ * in flight + 1) / servers); otherwise it seeds a new server by the spill
+ * order. A continuation (its prefix held by one server) sticks as before
+ * (issue 18, docs/BENCHMARKS.md "Routing round 7"). At block sizes 16, 32
+ * and 64. */
+#include "kvtest.h"
+#include "route_fleet.h"
+#include "kv_route.h"
+
+#define BIG    64
+#define HEAD   48                       /* blocks of the shared head */
+#define BLOCKS 56                       /* the prompt: the head and its own 8 */
+#define CONVERSATIONS 48
+
+static const uint32_t sizes[] = { 16, 32, 64 };
+
+static void idle(kv_route_server_t *s, size_t n)
+{
+    route_fleet_idle(s, n, 5100, 37);
+}
+
+static void prompt(uint64_t *q, uint64_t head, uint64_t own)
+{
+    for (int k = 0; k < BLOCKS; k++) {
+        q[k] = k < HEAD ? head * 1000003u + k : own * 7919u + k;
+    }
+}
+
+/* 64 servers, the head held by two of them, each running one request,
+ * the rest idle: the new branch goes to an idle server (a spill, seeding
+ * it), the same one whatever the order the servers are listed in. On main
+ * it stuck to a holder. */
+TEST(branch_leaves_busy_holders_for_an_idle_server)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG], t[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+        int                 a, b;
+
+        prompt(q, 3, 1);
+        idle(s, BIG);
+        for (int i = 0; i < 2; i++) {
+            s[i * 9].overlap_index = HEAD;
+            s[i * 9].requests = 1;
+            s[i * 9].tree_blocks = 400;
+        }
+        for (int i = 0; i < BIG; i++) {
+            t[BIG - 1 - i] = s[i];
+        }
+        a = kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
+        CHECK(r.why == KV_ROUTE_WHY_SPILL);
+        CHECK(a >= 0 && s[a].requests == 0 && s[a].overlap_index == 0);
+        b = kv_route_pick(t, BIG, &rq, &cfg, 77, &r);
+        CHECK(a >= 0 && b >= 0 && s[a].id == t[b].id);
+    }
+}
+
+/* A holder with room (nothing in flight) takes the branch: the head is
+ * reused while it costs no balance. */
+TEST(branch_sticks_to_a_holder_with_room)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+
+        prompt(q, 4, 2);
+        idle(s, BIG);
+        s[5].overlap_index = HEAD;
+        s[5].requests = 1;
+        s[20].overlap_index = HEAD;     /* idle holder */
+        CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == 20);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+    }
+}
+
+/* A continuation: its conversation is held by one server (longer than the
+ * head the others hold), which runs a request: it sticks, since moving it
+ * would redo the whole conversation. */
+TEST(continuation_sticks_though_its_server_is_busy)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+
+        prompt(q, 5, 3);
+        idle(s, BIG);
+        s[2].overlap_index = HEAD;
+        s[2].requests = 1;
+        s[11].overlap_index = BLOCKS - 2;
+        s[11].requests = 1;
+        CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == 11);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+    }
+}
+
+/* Under load the capacity is the mean's rounded up, L's bound give or take
+ * one: 8 servers running 3 requests each, the head on two of them; the
+ * branch sticks to a holder (capacity ceil(1.25 x 25 / 8) = 4). */
+TEST(loaded_fleet_branch_sticks)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[8];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+        int                 a;
+
+        prompt(q, 6, 4);
+        idle(s, 8);
+        for (int i = 0; i < 8; i++) {
+            s[i].requests = 3;
+        }
+        s[1].overlap_index = HEAD;
+        s[6].overlap_index = HEAD;
+        a = kv_route_pick(s, 8, &rq, &cfg, 1, &r);
+        CHECK(a == 1 || a == 6);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+    }
+}
+
+/*
+ * New conversations over eight shared heads on 64 servers, arriving while
+ * the earlier ones still run (each keeps one request in flight): every
+ * head starts on two servers; each new branch goes to a holder with room
+ * or seeds an idle server. While the capacity is one request (48
+ * conversations: ceil(1.25 x 49 / 64) = 1) each runs on a server of its
+ * own, where the sticky rule alone (main) put them on the heads' holders
+ * up to L's bound (mean x 1.25 + 1) and left much of the fleet idle.
+ */
+TEST(new_conversations_cover_the_fleet)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS], running[BIG] = { 0 }, blocks[BIG] = { 0 };
+        int                 holds[8][BIG], used = 0;
+
+        memset(holds, 0, sizeof(holds));
+        for (int h = 0; h < 8; h++) {
+            holds[h][h] = 1;            /* two copies: the head is shared */
+            holds[h][h + 8] = 1;
+            blocks[h] += HEAD;
+            blocks[h + 8] += HEAD;
+        }
+        for (int c = 0; c < CONVERSATIONS; c++) {
+            int h = c % 8, a;
+
+            prompt(q, 10 + h, 100 + c);
+            kv_route_request_t rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+
+            idle(s, BIG);
+            for (int i = 0; i < BIG; i++) {
+                s[i].requests = running[i];
+                s[i].tree_blocks = blocks[i];
+                s[i].overlap_index = holds[h][i] ? HEAD : 0;
+            }
+            a = kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
+            CHECK(a >= 0);
+            if (a < 0) {
+                return;
+            }
+            if (running[a] == 0) {
+                used++;
+            }
+            running[a]++;
+            blocks[a] += BLOCKS;
+            holds[h][a] = 1;
+        }
+        CHECK(used == CONVERSATIONS);
+    }
+}
+
+int main(void)
+{
+    RUN(branch_leaves_busy_holders_for_an_idle_server);
+    RUN(branch_sticks_to_a_holder_with_room);
+    RUN(continuation_sticks_though_its_server_is_busy);
+    RUN(loaded_fleet_branch_sticks);
+    RUN(new_conversations_cover_the_fleet);
+    return kvt_done();
+}
