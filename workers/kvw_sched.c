@@ -105,6 +105,20 @@ static void q_push_front(queue_t *q, sreq_t *s)
     q->n++;
 }
 
+/* s goes right after `after` (at the front if NULL). */
+static void q_insert_after(queue_t *q, sreq_t *after, sreq_t *s)
+{
+    if (after == NULL) {
+        q_push_front(q, s);
+        return;
+    }
+    s->prev = after;
+    s->next = after->next;
+    if (after->next) after->next->prev = s; else q->tail = s;
+    after->next = s;
+    q->n++;
+}
+
 static void unqueue(sched_t *sc, sreq_t *s)
 {
     if (s->queue == Q_WAITING)
@@ -310,15 +324,7 @@ static void queue_pinned(sched_t *sc, sreq_t *s)
     if (after == s->prev)
         return;
     q_remove(&sc->waiting, s);
-    if (after == NULL) {
-        q_push_front(&sc->waiting, s);
-        return;
-    }
-    s->prev = after;
-    s->next = after->next;
-    if (after->next) after->next->prev = s; else sc->waiting.tail = s;
-    after->next = s;
-    sc->waiting.n++;
+    q_insert_after(&sc->waiting, after, s);
 }
 
 /* An admitted pinned request runs ahead of the running requests still
@@ -332,15 +338,10 @@ static void run_before_prompts(sched_t *sc, sreq_t *s)
 
     while (p && p->decoding)
         p = p->next;
-    if (p == NULL) {
+    if (p == NULL)
         q_push_back(&sc->running, s);
-        return;
-    }
-    s->next = p;
-    s->prev = p->prev;
-    if (p->prev) p->prev->next = s; else sc->running.head = s;
-    p->prev = s;
-    sc->running.n++;
+    else
+        q_insert_after(&sc->running, p->prev, s);
 }
 
 /* The tokens the pinned requests at the head of the waiting queue need to be
