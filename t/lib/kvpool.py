@@ -28,14 +28,14 @@ CONF = """
 """
 
 
-def setup(stack):
+def setup(stack, workers=2):
     nats = stack.nats()
     w = stack.worker(engines=2, extra=["--speedup", "1000", "--nats", nats.url,
                                        "--tokenizer", QWEN + "/tokenizer.json",
                                        "--num-blocks", "65536"])
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
     conf = CONF % {"nats": nats.url, "dir": QWEN, "servers": servers}
-    ng = stack.nginx(conf, main_conf=MAIN)
+    ng = stack.nginx(conf, main_conf=MAIN, workers=workers)
     return ng, conf
 
 
