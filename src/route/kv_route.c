@@ -30,7 +30,8 @@ uint32_t kv_route_overlap(const kv_route_server_t *s)
 
 const char *kv_route_why_name(kv_route_why_t why)
 {
-    static const char *names[] = { "", "sticky", "spill", "cold", "cost", "session" };
+    static const char *names[] = { "", "sticky", "spill", "cold", "cost", "session", "shared",
+                                   "seed" };
 
     return (unsigned) why < sizeof(names) / sizeof(names[0]) ? names[why] : "";
 }
@@ -411,10 +412,10 @@ static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t lo
         return -1;
     }
     if (!held) {
-        *why = KV_ROUTE_WHY_SPILL;
+        *why = KV_ROUTE_WHY_SEED;
         return pick_spill(s, n, key, band, IN_K);
     }
-    *why = KV_ROUTE_WHY_STICKY;
+    *why = KV_ROUTE_WHY_SHARED;
     for (i = 0; i < n; i++) {
         if ((s[i].eligible & IN_K) && (pick < 0 || stickier(&s[i], &s[pick], key, home))) {
             pick = (int) i;

@@ -173,7 +173,9 @@ typedef enum {
     KV_ROUTE_WHY_SPILL,                 /* its holders saturated: least loaded in E */
     KV_ROUTE_WHY_COLD,                  /* nobody holds it: least requests, rendezvous */
     KV_ROUTE_WHY_COST,                  /* dynamo: the lowest cost */
-    KV_ROUTE_WHY_SESSION                /* nobody known to hold it: the session's home */
+    KV_ROUTE_WHY_SESSION,               /* nobody known to hold it: the session's home */
+    KV_ROUTE_WHY_SHARED,                /* a branch off a shared head, kept on a holder */
+    KV_ROUTE_WHY_SEED                   /* a branch off a shared head, seeding a server */
 } kv_route_why_t;
 
 typedef struct {
@@ -199,7 +201,7 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
  * router's recent decisions in any case. */
 uint32_t kv_route_overlap(const kv_route_server_t *s);
 
-/* "sticky", "spill", "cold", "cost", "session" or "" */
+/* "sticky", "spill", "cold", "cost", "session", "shared", "seed" or "" */
 const char *kv_route_why_name(kv_route_why_t why);
 
 #endif

@@ -201,7 +201,7 @@ TEST(ttft_hot_prefix_spills_to_one_next_server)
     s[2].prefill_tokens = 100000;
     s[first].overlap_pending = 12;
     CHECK(kv_route_pick(s, 6, &rq, &cfg, 0, &r) == first);
-    CHECK(r.why == KV_ROUTE_WHY_STICKY);
+    CHECK(r.why == KV_ROUTE_WHY_SHARED);        /* two hold it now: a shared head */
 }
 
 TEST(requests_bound_spreads_decode)
@@ -586,7 +586,7 @@ TEST(session_after_the_prefix_index)
         s[home].overlap_index = 3;
         s[(home + 2) % 4].overlap_index = 3;
         CHECK(kv_route_pick(s, 4, &rq, &cfg, 0, &r) == home);
-        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+        CHECK(r.why == KV_ROUTE_WHY_SHARED);
 
         /* only a saturated server holds it: spill by the prefix, not home */
         idle(s, 4);

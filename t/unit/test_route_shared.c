@@ -55,7 +55,8 @@ TEST(branch_leaves_busy_holders_for_an_idle_server)
             t[BIG - 1 - i] = s[i];
         }
         a = kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
-        CHECK(r.why == KV_ROUTE_WHY_SPILL);
+        CHECK(r.why == KV_ROUTE_WHY_SEED);
+        CHECK_STR(kv_route_why_name(r.why), "seed");
         CHECK(a >= 0 && s[a].requests == 0 && s[a].overlap_index == 0);
         b = kv_route_pick(t, BIG, &rq, &cfg, 77, &r);
         CHECK(a >= 0 && b >= 0 && s[a].id == t[b].id);
@@ -80,7 +81,8 @@ TEST(branch_sticks_to_a_holder_with_room)
         s[5].requests = 1;
         s[20].overlap_index = HEAD;     /* idle holder */
         CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == 20);
-        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+        CHECK(r.why == KV_ROUTE_WHY_SHARED);
+        CHECK_STR(kv_route_why_name(r.why), "shared");
     }
 }
 
@@ -131,7 +133,7 @@ TEST(loaded_fleet_branch_sticks)
         s[6].overlap_index = HEAD;
         a = kv_route_pick(s, 8, &rq, &cfg, 1, &r);
         CHECK(a == 1 || a == 6);
-        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+        CHECK(r.why == KV_ROUTE_WHY_SHARED);
     }
 }
 

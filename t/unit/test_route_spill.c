@@ -229,7 +229,7 @@ TEST(set_grows_only_when_saturated)
     saturate(&s[0]);
     s[a].overlap_pending = BLOCKS;      /* the decision just made */
     CHECK(kv_route_pick(s, N, &rq, &cfg, 2, &r) == a);
-    CHECK(r.why == KV_ROUTE_WHY_STICKY);
+    CHECK(r.why == KV_ROUTE_WHY_SHARED);        /* s[0] holds it too */
 }
 
 int main(void)
