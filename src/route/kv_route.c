@@ -382,27 +382,28 @@ static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double
  * sticky rule: moving it would redo its whole conversation. If K is empty
  * (never at a capacity of at least one), the sticky rule decides.
  *
- * The rule acts only while the fleet runs fewer requests than it has
- * servers (per unit of weight, this one included: requests + 1 <= total
- * weight), where the capacity is one or two requests and a holder's second
- * branch means another server sits idle for want of it. Once the fleet
- * runs a request a server or more, the sticky rule's own load bound (L:
- * the mean's slack + 1) already spreads the load, and the capacity, the
- * mean rounded up, is stricter than L by about one request: on 8 engines
- * at about two requests a server it seeded branches off holders running
- * three (their queue empty: a 256-word question behind nothing), each
- * redoing a 2,048-word head elsewhere. There the rule cost text's hit
- * rate 0.626 -> 0.608-0.613 (88% of the load-bounded oracle) and chat's
- * 0.646 -> 0.637 (TTFT +2%); gated, text 0.626 (90%), chat 0.647 (TTFT -3%
- * against the ungated rule), and 64 engines kept their figures
- * (docs/BENCHMARKS.md, "Routing round 8"). A gate on "some server is idle"
- * would change nothing there: the seeds went to servers that were idle at
- * that moment, holding other groups' heads. Comparing the seed's estimated
- * time to first token with the holder's instead (seed only where it is
- * lower) won text back (0.636) but not chat (0.634), and at 64 engines lost
- * what the rule was for (busy spread 2.0-2.2 against 1.6-1.8, hit 0.78-0.80
- * against 0.81): an idle server's full prefill rarely beats a holder's
- * estimate, whose queue the learned lines see late.
+ * The rule acts only while the fleet runs at most about a request a
+ * server: requests in flight, this one included, at most (1 + slack) x the
+ * total weight, where the capacity is one or two requests and a holder's
+ * next branch would leave a server idle for want of it. Beyond that the
+ * sticky rule decides, and its own load bound (L: the mean's slack + 1)
+ * spreads the load: the capacity, the mean rounded up, is stricter than L
+ * by about one request, and on 8 engines at about two requests a server it
+ * seeded branches off holders running three with nothing queued (a
+ * 256-word question behind nothing), each redoing a 2,048-word head
+ * elsewhere: text's hit rate 0.608-0.622 against 0.626 before the rule
+ * (88-90% of the load-bounded oracle), chat's 0.637 against 0.646. With
+ * the gate, text 0.640 and chat 0.644, and 64 engines keep the rule's
+ * figures (docs/BENCHMARKS.md, "Routing round 8"). Tried and dropped there:
+ * a gate at one request a server (no slack) won chat (0.647) and text
+ * (0.626) but, 64 engines running about one request a server, it turned
+ * the rule off half the time there (8 instances: busy spread 1.85 against
+ * 1.70, hit -0.006); a gate on "some server is idle" changes nothing on 8
+ * engines, whose seeds went to servers idle at that moment; comparing the
+ * seed's estimated time to first token with the holder's (seed only where
+ * lower) won text (0.636) but not chat (0.634) and lost the 64-engine gain
+ * (spread 2.0-2.2 against 1.6-1.8, hit 0.78-0.80 against 0.81): an idle
+ * server's full prefill rarely beats a holder's estimate.
  */
 static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t longest,
                        const kv_route_server_t *home, double slack, double band,
@@ -419,7 +420,7 @@ static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t lo
             holders += kv_route_overlap(&s[i]) >= longest;
         }
     }
-    if (holders < 2 || reqs + 1 > weights) {
+    if (holders < 2 || reqs + 1 > (1 + slack) * weights) {
         return -1;
     }
     for (i = 0; i < n; i++) {
