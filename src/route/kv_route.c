@@ -392,9 +392,11 @@ static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double
  * seeded branches off holders running three with nothing queued (a
  * 256-word question behind nothing), each redoing a 2,048-word head
  * elsewhere: text's hit rate 0.608-0.622 against 0.626 before the rule
- * (88-90% of the load-bounded oracle), chat's 0.637 against 0.646. With
- * the gate, text 0.640 and chat 0.644, and 64 engines keep the rule's
- * figures (docs/BENCHMARKS.md, "Routing round 8"). Tried and dropped there:
+ * (88-90% of the load-bounded oracle), chat's 0.633-0.637 against 0.646.
+ * With the gate, in the same runs, text 0.631-0.640 (91-92%) and chat
+ * 0.639-0.647 (four runs each), hotprefix, sysprompt and mooncake within
+ * main's run-to-run range, and 64 engines keep the rule's figures
+ * (docs/BENCHMARKS.md, "Routing round 8"). Tried and dropped there:
  * a gate at one request a server (no slack) won chat (0.647) and text
  * (0.626) but, 64 engines running about one request a server, it turned
  * the rule off half the time there (8 instances: busy spread 1.85 against
