@@ -381,6 +381,31 @@ static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double
  * idle. A continuation (its longest prefix held by one server) keeps the
  * sticky rule: moving it would redo its whole conversation. If K is empty
  * (never at a capacity of at least one), the sticky rule decides.
+ *
+ * The rule acts only while the fleet runs at most about a request a
+ * server: requests in flight, this one included, at most (1 + slack) x the
+ * total weight, where the capacity is one or two requests and a holder's
+ * next branch would leave a server idle for want of it. Beyond that the
+ * sticky rule decides, and its own load bound (L: the mean's slack + 1)
+ * spreads the load: the capacity, the mean rounded up, is stricter than L
+ * by about one request, and on 8 engines at about two requests a server it
+ * seeded branches off holders running three with nothing queued (a
+ * 256-word question behind nothing), each redoing a 2,048-word head
+ * elsewhere: text's hit rate 0.608-0.622 against 0.626 before the rule
+ * (88-90% of the load-bounded oracle), chat's 0.633-0.637 against 0.646.
+ * With the gate, in the same runs, text 0.631-0.640 (91-92%) and chat
+ * 0.639-0.647 (four runs each), hotprefix, sysprompt and mooncake within
+ * main's run-to-run range, and 64 engines keep the rule's figures
+ * (docs/BENCHMARKS.md, "Routing round 8"). Tried and dropped there:
+ * a gate at one request a server (no slack) won chat (0.647) and text
+ * (0.626) but, 64 engines running about one request a server, it turned
+ * the rule off half the time there (8 instances: busy spread 1.85 against
+ * 1.70, hit -0.006); a gate on "some server is idle" changes nothing on 8
+ * engines, whose seeds went to servers idle at that moment; comparing the
+ * seed's estimated time to first token with the holder's (seed only where
+ * lower) won text (0.636) but not chat (0.634) and lost the 64-engine gain
+ * (spread 2.0-2.2 against 1.6-1.8, hit 0.78-0.80 against 0.81): an idle
+ * server's full prefill rarely beats a holder's estimate.
  */
 static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t longest,
                        const kv_route_server_t *home, double slack, double band,
@@ -397,7 +422,7 @@ static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t lo
             holders += kv_route_overlap(&s[i]) >= longest;
         }
     }
-    if (holders < 2) {
+    if (holders < 2 || reqs + 1 > (1 + slack) * weights) {
         return -1;
     }
     for (i = 0; i < n; i++) {

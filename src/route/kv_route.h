@@ -45,7 +45,9 @@
  *      take it (K, those of E or of the cold rule's Q within it): the
  *      longest cached prefix among K, or, if no server of K holds any of
  *      it, K's first in the spill order, which is then seeded with the head
- *      (kv_route.c, pick_shared).
+ *      (kv_route.c, pick_shared). Only while the fleet runs about a
+ *      request a server or less (requests in flight + 1 <= (1 + slack) x
+ *      total weight); beyond, the sticky rule decides (L spreads the load).
  *   3. Spill: a server outside E holds the prefix (it is saturated): take the
  *      server of E with the fewest requests in flight per unit of weight,
  *      then the fewest indexed blocks per unit of weight (give or take one

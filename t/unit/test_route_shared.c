@@ -4,8 +4,9 @@
  * holder is within the bounded-load capacity ceil((1 + slack) x (requests
  * in flight + 1) / servers); otherwise it seeds a new server by the spill
  * order. A continuation (its prefix held by one server) sticks as before
- * (issue 18, docs/BENCHMARKS.md "Routing round 7"). At block sizes 16, 32
- * and 64. */
+ * (issue 18, docs/BENCHMARKS.md "Routing round 7"). The rule acts only while
+ * the fleet runs at most (1 + slack) requests a server, this one included
+ * (issue 16, "Routing round 8"). At block sizes 16, 32 and 64. */
 #include "kvtest.h"
 #include "route_fleet.h"
 #include "kv_route.h"
@@ -110,9 +111,10 @@ TEST(continuation_sticks_though_its_server_is_busy)
     }
 }
 
-/* Under load the capacity is the mean's rounded up, L's bound give or take
- * one: 8 servers running 3 requests each, the head on two of them; the
- * branch sticks to a holder (capacity ceil(1.25 x 25 / 8) = 4). */
+/* Under load (more than 1 + slack requests a server) the rule stands aside and the
+ * sticky rule decides: 8 servers running 3 requests each, the head on two
+ * of them; the branch sticks to a holder (main: the same holder, as a
+ * "shared" decision within the capacity ceil(1.25 x 25 / 8) = 4). */
 TEST(loaded_fleet_branch_sticks)
 {
     for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
@@ -133,7 +135,84 @@ TEST(loaded_fleet_branch_sticks)
         s[6].overlap_index = HEAD;
         a = kv_route_pick(s, 8, &rq, &cfg, 1, &r);
         CHECK(a == 1 || a == 6);
-        CHECK(r.why == KV_ROUTE_WHY_SHARED);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+    }
+}
+
+/*
+ * Round 8: 8 servers at about two requests each, the head's two holders
+ * running three with nothing queued (decoding). The capacity,
+ * ceil(1.25 x 19 / 8) = 3, shut the holders out, and main seeded the head
+ * on a server running two, redoing the 48-block head there for a 8-block
+ * question that the holders' empty queues would have served at once (text's
+ * and chat's lost hits, docs/BENCHMARKS.md "Routing round 8"). With more
+ * than (1 + slack) requests a server in flight the rule stands aside: the
+ * branch sticks to a holder (L's bound, 1.25 x 2.25 + 1, still admits it).
+ */
+TEST(loaded_fleet_branch_stays_on_a_busy_holder)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[8];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+        int                 a;
+
+        prompt(q, 7, 5);
+        idle(s, 8);
+        for (int i = 0; i < 8; i++) {
+            s[i].requests = 2;
+            s[i].tree_blocks = 300;
+        }
+        s[1].overlap_index = HEAD;
+        s[1].requests = 3;
+        s[6].overlap_index = HEAD;
+        s[6].requests = 3;
+        a = kv_route_pick(s, 8, &rq, &cfg, 1, &r);
+        CHECK(a == 1 || a == 6);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+        CHECK(r.overlap == HEAD);
+    }
+}
+
+/* The boundary: 64 servers, 80 requests in flight (a request each, the
+ * head's two holders and 14 others two): with this one, more than
+ * (1 + slack) x 64 = 80, so the rule stands aside and the branch sticks to
+ * a holder. Three servers fall idle (77 in flight, this one the 78th) and
+ * it acts: the capacity, ceil(1.25 x 78 / 64) = 2, shuts the holders out
+ * and the branch seeds an idle server. */
+TEST(branch_seeds_only_near_a_request_a_server)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+        int                 a;
+
+        prompt(q, 8, 6);
+        idle(s, BIG);
+        for (int i = 0; i < BIG; i++) {
+            s[i].requests = i >= 48 && i < 62 ? 2 : 1;
+        }
+        s[3].overlap_index = HEAD;
+        s[3].requests = 2;
+        s[40].overlap_index = HEAD;
+        s[40].requests = 2;
+        a = kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
+        CHECK(a == 3 || a == 40);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+
+        s[17].requests = 0;
+        s[29].requests = 0;
+        s[33].requests = 0;
+        a = kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
+        CHECK(a == 17 || a == 29 || a == 33);
+        CHECK(r.why == KV_ROUTE_WHY_SEED);
     }
 }
 
@@ -197,6 +276,8 @@ int main(void)
     RUN(branch_sticks_to_a_holder_with_room);
     RUN(continuation_sticks_though_its_server_is_busy);
     RUN(loaded_fleet_branch_sticks);
+    RUN(loaded_fleet_branch_stays_on_a_busy_holder);
+    RUN(branch_seeds_only_near_a_request_a_server);
     RUN(new_conversations_cover_the_fleet);
     return kvt_done();
 }

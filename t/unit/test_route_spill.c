@@ -199,9 +199,10 @@ TEST(simultaneous_spills_of_distinct_prefixes_spread)
 
 /* The set grows only while its members are saturated: once the spill's
  * target holds the prompt and has room, the next request sticks to it.
- * Room, now that two servers hold the prompt, is also the bounded-load
- * capacity of a branch off a shared head (kv_route.c, pick_shared): the
- * fleet runs two requests a server, so a third is within it. */
+ * The fleet runs two requests a server, so the rule for a branch off a
+ * shared head (kv_route.c, pick_shared; two servers now hold the prompt)
+ * stands aside and the sticky rule decides (routing round 8; before it, a
+ * "shared" decision within the bounded-load capacity, the same server). */
 TEST(set_grows_only_when_saturated)
 {
     kv_route_config_t   cfg = config();
@@ -229,7 +230,7 @@ TEST(set_grows_only_when_saturated)
     saturate(&s[0]);
     s[a].overlap_pending = BLOCKS;      /* the decision just made */
     CHECK(kv_route_pick(s, N, &rq, &cfg, 2, &r) == a);
-    CHECK(r.why == KV_ROUTE_WHY_SHARED);        /* s[0] holds it too */
+    CHECK(r.why == KV_ROUTE_WHY_STICKY);
 }
 
 int main(void)
