@@ -64,7 +64,7 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303034ULL   /* "kvidx004": kids beside the entries */
+#define IX_MAGIC        0x6b76696478303035ULL   /* "kvidx005": slots with holes listed */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
@@ -82,6 +82,7 @@ typedef struct {
     uint32_t            in_use;
     uint64_t            blocks;
     uint64_t            lost;           /* a hole of this slot is not in the hole table */
+    uint64_t            holes;          /* hole-table keys listing this slot (writer) */
 } slot_t;
 
 typedef struct {
@@ -129,6 +130,7 @@ struct kv_index {
     uint32_t            pad;
     uint64_t            lost_slots;     /* slots with lost set; readers walk while > 0 */
     uint64_t            erases;         /* writer: entries moved or freed (stale indexes) */
+    uint64_t            holey[64];      /* slots with holes > 0 (readers: see the jump) */
 };
 
 /* --- layout -------------------------------------------------------------- */
@@ -496,6 +498,36 @@ static int maybe_hole(const kv_index_t *ix, uint64_t key)
     return (__atomic_load_n(&filter(ix)[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
 }
 
+/*
+ * Per slot, how many hole-table keys list it, and readers' bitmap of the
+ * slots listed at all (holey). A slot that holds both ends of a span and
+ * has no hole listed anywhere holds all of the span, so while no alive slot
+ * is holey a reader needs no filter bit of the keys between (the filter
+ * answers for every slot at once; this answers for every key at once).
+ * Set before the change that makes the hole (as the filter), cleared only
+ * when the last listing goes (a refill, or the slot cleared).
+ */
+static void holes_inc(kv_index_t *ix, uint32_t slot)
+{
+    slot_t   *s = &slots(ix)[slot];
+    uint64_t *hw = &ix->holey[slot / 64];
+
+    if (s->holes++ == 0) {
+        __atomic_store_n(hw, *hw | 1ULL << (slot % 64), __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+    }
+}
+
+static void holes_dec(kv_index_t *ix, uint32_t slot)
+{
+    slot_t   *s = &slots(ix)[slot];
+    uint64_t *hw = &ix->holey[slot / 64];
+
+    if (--s->holes == 0) {
+        __atomic_store_n(hw, *hw & ~(1ULL << (slot % 64)), __ATOMIC_RELAXED);
+    }
+}
+
 static void mark_lost(kv_index_t *ix, uint32_t slot)
 {
     slot_t *s = &slots(ix)[slot];
@@ -517,7 +549,10 @@ static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
 
     if (at >= 0) {
         h = hole(ix, (uint64_t) at);
-        h[1 + slot / 64] |= 1ULL << (slot % 64);
+        if (!(h[1 + slot / 64] >> (slot % 64) & 1)) {
+            h[1 + slot / 64] |= 1ULL << (slot % 64);
+            holes_inc(ix, slot);
+        }
         return;
     }
     if (ix->hole_used + 1 > ix->hole_cap * 3 / 4) {
@@ -533,6 +568,7 @@ static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
     h[1 + slot / 64] = 1ULL << (slot % 64);
     bump(&ix->hole_used, 1);
     filter_bump(ix, key, 1);
+    holes_inc(ix, slot);
     __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
@@ -593,6 +629,7 @@ static int hole_fill(kv_index_t *ix, uint64_t key, uint32_t slot)
     if (hole_empty(ix, h)) {
         hole_del(ix, (uint64_t) at);
     }
+    holes_dec(ix, slot);
     return 1;
 }
 
@@ -622,6 +659,12 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
             s->lost = 0;
             bump(&ix->lost_slots, -1);
         }
+        if (mask[i / 64] >> (i % 64) & 1) {
+            s->holes = 0;
+        }
+    }
+    for (w = 0; w < ix->words && w < 64; w++) {
+        __atomic_store_n(&ix->holey[w], ix->holey[w] & ~mask[w], __ATOMIC_RELAXED);
     }
 }
 
@@ -1453,6 +1496,20 @@ static void filter_slots(const kv_index_t *ix, const uint64_t *seq, size_t from,
     }
 }
 
+/* 1 if some slot of set may have a hole anywhere (holes_inc); read, as
+ * the filter, after the entries whose run it vouches for. 0: the filter
+ * need not be read for these slots. */
+static int holes_among(const kv_index_t *ix, const uint64_t *set, uint32_t words)
+{
+    uint64_t d = 0;
+    uint32_t w;
+
+    for (w = 0; w < words; w++) {
+        d |= set[w] & __atomic_load_n(&ix->holey[w], __ATOMIC_RELAXED);
+    }
+    return d != 0;
+}
+
 /* any_hole over filter bits filter_slots computed. */
 static int any_hole_at(const kv_index_t *ix, const uint32_t *fb, size_t n)
 {
@@ -1528,7 +1585,7 @@ static int search_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size
         return 1;
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (any_hole(ix, seq, p + 1, q)) {
+    if (holes_among(ix, alive, words) && any_hole(ix, seq, p + 1, q)) {
         *found = found0;
         return 0;
     }
@@ -1593,7 +1650,7 @@ static int split_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size_
     }
     memcpy(has[m], at_q, words * sizeof(uint64_t));
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    for (k = 0; k <= m; k++) {
+    for (k = 0; k <= m && holes_among(ix, alive, words); k++) {
         if (any_hole_at(ix, &fb[at[k] - p], at[k + 1] - at[k] - 1)) {
             return walk_from(ix, seq, p + 1, q, alive, words, out, cap, found);
         }
@@ -1684,7 +1741,7 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
                        int coarse, uint64_t *alive, uint32_t words, uint32_t batch,
                        kv_overlap_t *out, size_t cap, size_t *found)
 {
-    uint64_t sup[64], land[JUMP_BATCH_WORDS], d;
+    uint64_t sup[64], land[JUMP_BATCH_WORDS], hw[64], d, need;
     uint32_t fb[FB_MAX], w, fetched;
     uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH];
     size_t   lq[JUMP_BATCH], q, i, j, nl, nq, from;
@@ -1710,7 +1767,6 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
                 prefetch_key(ix, norm_key(seq[i]));
             }
         }
-        filter_slots(ix, seq, p + 1, q, fb);
         if (p == 0 && !read_holders(ix, norm_key(seq[0]), alive)) {
             return 0;
         }
@@ -1725,17 +1781,24 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
          * inner blocks all at once: one round of misses, not two; a long
          * span's landings every JUMP blocks) */
         memcpy(sup, alive, words * sizeof(uint64_t));
+        for (w = 0; w < words; w++) {
+            hw[w] = __atomic_load_n(&ix->holey[w], __ATOMIC_RELAXED);
+        }
         for (j = 0, fetched = 0; j < nl; j++) {
             int live = 0, early;
 
             from = (j ? lq[j - 1] : p) + 1;
             q = lq[j];
-            for (w = 0, d = 0; w < words; w++) {
+            for (w = 0, d = 0, need = 0; w < words; w++) {
+                need |= sup[w] & hw[w];     /* an alive slot with holes listed */
                 d |= sup[w] & ~land[j * words + w];
                 sup[w] &= land[j * words + w];
                 live |= sup[w] != 0;
             }
-            kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
+            if (need) {
+                filter_slots(ix, seq, from, q, &fb[from - p - 1]);
+            }
+            kind[j] = need && any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
                       : d ? SPAN_SEARCH : SPAN_SKIP;
             if (q - from >= JUMP) {
                 /* a long span to land in again (round 4) */
