@@ -64,7 +64,7 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303035ULL   /* "kvidx005": slots with holes listed */
+#define IX_MAGIC        0x6b76696478303034ULL   /* "kvidx004": kids beside the entries */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
@@ -82,7 +82,6 @@ typedef struct {
     uint32_t            in_use;
     uint64_t            blocks;
     uint64_t            lost;           /* a hole of this slot is not in the hole table */
-    uint64_t            holes;          /* hole-table keys listing this slot (writer) */
 } slot_t;
 
 typedef struct {
@@ -130,7 +129,6 @@ struct kv_index {
     uint32_t            pad;
     uint64_t            lost_slots;     /* slots with lost set; readers walk while > 0 */
     uint64_t            erases;         /* writer: entries moved or freed (stale indexes) */
-    uint64_t            holey[64];      /* slots with holes > 0 (readers: see the jump) */
 };
 
 /* --- layout -------------------------------------------------------------- */
@@ -498,36 +496,6 @@ static int maybe_hole(const kv_index_t *ix, uint64_t key)
     return (__atomic_load_n(&filter(ix)[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
 }
 
-/*
- * Per slot, how many hole-table keys list it, and readers' bitmap of the
- * slots listed at all (holey). A slot that holds both ends of a span and
- * has no hole listed anywhere holds all of the span, so while no alive slot
- * is holey a reader needs no filter bit of the keys between (the filter
- * answers for every slot at once; this answers for every key at once).
- * Set before the change that makes the hole (as the filter), cleared only
- * when the last listing goes (a refill, or the slot cleared).
- */
-static void holes_inc(kv_index_t *ix, uint32_t slot)
-{
-    slot_t   *s = &slots(ix)[slot];
-    uint64_t *hw = &ix->holey[slot / 64];
-
-    if (s->holes++ == 0) {
-        __atomic_store_n(hw, *hw | 1ULL << (slot % 64), __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_RELEASE);
-    }
-}
-
-static void holes_dec(kv_index_t *ix, uint32_t slot)
-{
-    slot_t   *s = &slots(ix)[slot];
-    uint64_t *hw = &ix->holey[slot / 64];
-
-    if (--s->holes == 0) {
-        __atomic_store_n(hw, *hw & ~(1ULL << (slot % 64)), __ATOMIC_RELAXED);
-    }
-}
-
 static void mark_lost(kv_index_t *ix, uint32_t slot)
 {
     slot_t *s = &slots(ix)[slot];
@@ -549,10 +517,7 @@ static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
 
     if (at >= 0) {
         h = hole(ix, (uint64_t) at);
-        if (!(h[1 + slot / 64] >> (slot % 64) & 1)) {
-            h[1 + slot / 64] |= 1ULL << (slot % 64);
-            holes_inc(ix, slot);
-        }
+        h[1 + slot / 64] |= 1ULL << (slot % 64);
         return;
     }
     if (ix->hole_used + 1 > ix->hole_cap * 3 / 4) {
@@ -568,7 +533,6 @@ static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
     h[1 + slot / 64] = 1ULL << (slot % 64);
     bump(&ix->hole_used, 1);
     filter_bump(ix, key, 1);
-    holes_inc(ix, slot);
     __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
@@ -629,7 +593,6 @@ static int hole_fill(kv_index_t *ix, uint64_t key, uint32_t slot)
     if (hole_empty(ix, h)) {
         hole_del(ix, (uint64_t) at);
     }
-    holes_dec(ix, slot);
     return 1;
 }
 
@@ -659,12 +622,6 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
             s->lost = 0;
             bump(&ix->lost_slots, -1);
         }
-        if (mask[i / 64] >> (i % 64) & 1) {
-            s->holes = 0;
-        }
-    }
-    for (w = 0; w < ix->words && w < 64; w++) {
-        __atomic_store_n(&ix->holey[w], ix->holey[w] & ~mask[w], __ATOMIC_RELAXED);
     }
 }
 
@@ -1496,20 +1453,6 @@ static void filter_slots(const kv_index_t *ix, const uint64_t *seq, size_t from,
     }
 }
 
-/* 1 if some slot of set may have a hole anywhere (holes_inc); read, as
- * the filter, after the entries whose run it vouches for. 0: the filter
- * need not be read for these slots. */
-static int holes_among(const kv_index_t *ix, const uint64_t *set, uint32_t words)
-{
-    uint64_t d = 0;
-    uint32_t w;
-
-    for (w = 0; w < words; w++) {
-        d |= set[w] & __atomic_load_n(&ix->holey[w], __ATOMIC_RELAXED);
-    }
-    return d != 0;
-}
-
 /* any_hole over filter bits filter_slots computed. */
 static int any_hole_at(const kv_index_t *ix, const uint32_t *fb, size_t n)
 {
@@ -1585,7 +1528,7 @@ static int search_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size
         return 1;
     }
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    if (holes_among(ix, alive, words) && any_hole(ix, seq, p + 1, q)) {
+    if (any_hole(ix, seq, p + 1, q)) {
         *found = found0;
         return 0;
     }
@@ -1650,7 +1593,7 @@ static int split_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size_
     }
     memcpy(has[m], at_q, words * sizeof(uint64_t));
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    for (k = 0; k <= m && holes_among(ix, alive, words); k++) {
+    for (k = 0; k <= m; k++) {
         if (any_hole_at(ix, &fb[at[k] - p], at[k + 1] - at[k] - 1)) {
             return walk_from(ix, seq, p + 1, q, alive, words, out, cap, found);
         }
@@ -1675,7 +1618,50 @@ static int split_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size_
     return 1;
 }
 
-enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT };
+enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT, SPAN_SPLIT_LONG };
+
+/*
+ * A long span p+1..q (a coarse one) whose keys the filter lists at the
+ * nl positions at[] (read from fb in round 2, their entries prefetched),
+ * every alive slot holding q: 1 if every alive slot holds each listed key
+ * and the filter, read again after those entries, lists no other key of
+ * the span; then every alive slot holds all of p+1..q (one lacking some
+ * key would lack the last such k while holding k+1, so k would be a hole
+ * listed, and every listed key is held). 0 otherwise: the caller lands in
+ * the span every JUMP blocks as before. Most such spans are listed for a
+ * key that is no alive slot's hole (the filter's false positives, another
+ * worker's hole): one entry instead of a round of landings.
+ */
+static int split_long(const kv_index_t *ix, const uint64_t *seq, size_t p, size_t q,
+                      const uint32_t *fb, const size_t *at, size_t nl, const uint64_t *alive,
+                      uint32_t words)
+{
+    uint64_t has[64], d;
+    size_t   i, k;
+    uint32_t w;
+
+    for (k = 0; k < nl; k++) {
+        if (!read_holders(ix, norm_key(seq[at[k]]), has)) {
+            return 0;
+        }
+        for (w = 0, d = 0; w < words; w++) {
+            d |= alive[w] & ~has[w];
+        }
+        if (d) {
+            return 0;
+        }
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    for (i = p + 1, k = 0; i < q; i++) {
+        if (fb_hit(ix, fb[i - p - 1])) {
+            if (k == nl || at[k] != i) {
+                return 0;           /* listed meanwhile */
+            }
+            k++;
+        }
+    }
+    return 1;
+}
 
 /*
  * The jump: from a position p that every alive slot holds (with all of
@@ -1741,10 +1727,10 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
                        int coarse, uint64_t *alive, uint32_t words, uint32_t batch,
                        kv_overlap_t *out, size_t cap, size_t *found)
 {
-    uint64_t sup[64], land[JUMP_BATCH_WORDS], hw[64], d, need;
+    uint64_t sup[64], land[JUMP_BATCH_WORDS], d;
     uint32_t fb[FB_MAX], w, fetched;
-    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH];
-    size_t   lq[JUMP_BATCH], q, i, j, nl, nq, from;
+    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH], nlisted[JUMP_BATCH];
+    size_t   lq[JUMP_BATCH], listed[JUMP_BATCH][SPLIT_MAX], q, i, j, nl, nq, from;
 
     for (; p < end; p = lq[nl - 1]) {
         /* round 1: the landings of this batch (with block 0 for the first),
@@ -1767,6 +1753,7 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
                 prefetch_key(ix, norm_key(seq[i]));
             }
         }
+        filter_slots(ix, seq, p + 1, q, fb);
         if (p == 0 && !read_holders(ix, norm_key(seq[0]), alive)) {
             return 0;
         }
@@ -1781,29 +1768,43 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
          * inner blocks all at once: one round of misses, not two; a long
          * span's landings every JUMP blocks) */
         memcpy(sup, alive, words * sizeof(uint64_t));
-        for (w = 0; w < words; w++) {
-            hw[w] = __atomic_load_n(&ix->holey[w], __ATOMIC_RELAXED);
-        }
         for (j = 0, fetched = 0; j < nl; j++) {
             int live = 0, early;
 
             from = (j ? lq[j - 1] : p) + 1;
             q = lq[j];
-            for (w = 0, d = 0, need = 0; w < words; w++) {
-                need |= sup[w] & hw[w];     /* an alive slot with holes listed */
+            for (w = 0, d = 0; w < words; w++) {
                 d |= sup[w] & ~land[j * words + w];
                 sup[w] &= land[j * words + w];
                 live |= sup[w] != 0;
             }
-            if (need) {
-                filter_slots(ix, seq, from, q, &fb[from - p - 1]);
-            }
-            kind[j] = need && any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
+            kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
                       : d ? SPAN_SEARCH : SPAN_SKIP;
             if (q - from >= JUMP) {
-                /* a long span to land in again (round 4) */
+                /* a long span to land in again (round 4), or, if every
+                 * alive slot may hold q and few keys are listed, to
+                 * read those keys only (split_long) */
                 inner[j] = 0;
-                for (i = from - 1 + JUMP; kind[j] != SPAN_SKIP && i < q; i += JUMP) {
+                if (kind[j] == SPAN_SPLIT && !d) {
+                    nlisted[j] = 0;
+                    for (i = from; i < q && nlisted[j] <= SPLIT_MAX; i++) {
+                        if (fb_hit(ix, fb[i - p - 1])) {
+                            if (nlisted[j] < SPLIT_MAX) {
+                                listed[j][nlisted[j]] = i;
+                            }
+                            nlisted[j]++;
+                        }
+                    }
+                    if (nlisted[j] <= SPLIT_MAX) {
+                        kind[j] = SPAN_SPLIT_LONG;
+                        for (i = 0; i < nlisted[j]; i++) {
+                            prefetch_key(ix, norm_key(seq[listed[j][i]]));
+                        }
+                    }
+                }
+                for (i = from - 1 + JUMP;
+                     kind[j] != SPAN_SKIP && kind[j] != SPAN_SPLIT_LONG && i < q; i += JUMP)
+                {
                     prefetch_key(ix, norm_key(seq[i]));
                 }
             } else {
@@ -1849,6 +1850,12 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
             if (q - from >= JUMP) {
                 if (kind[j] == SPAN_SKIP || (kind[j] == SPAN_SEARCH && !d)) {
                     continue;       /* all alive hold from..q */
+                }
+                if (kind[j] == SPAN_SPLIT_LONG && !d
+                    && split_long(ix, seq, from - 1, q, &fb[from - p - 1], listed[j], nlisted[j],
+                                  alive, words))
+                {
+                    continue;       /* all alive hold from..q and every listed key */
                 }
                 if (!match_spans(ix, seq, from - 1, q, 0, alive, words, batch, out, cap,
                                  found))
