@@ -1618,7 +1618,50 @@ static int split_span(const kv_index_t *ix, const uint64_t *seq, size_t p, size_
     return 1;
 }
 
-enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT };
+enum { SPAN_SKIP, SPAN_SEARCH, SPAN_SPLIT, SPAN_SPLIT_LONG };
+
+/*
+ * A long span p+1..q (a coarse one) whose keys the filter lists at the
+ * nl positions at[] (read from fb in round 2, their entries prefetched),
+ * every alive slot holding q: 1 if every alive slot holds each listed key
+ * and the filter, read again after those entries, lists no other key of
+ * the span; then every alive slot holds all of p+1..q (one lacking some
+ * key would lack the last such k while holding k+1, so k would be a hole
+ * listed, and every listed key is held). 0 otherwise: the caller lands in
+ * the span every JUMP blocks as before. Most such spans are listed for a
+ * key that is no alive slot's hole (the filter's false positives, another
+ * worker's hole): one entry instead of a round of landings.
+ */
+static int split_long(const kv_index_t *ix, const uint64_t *seq, size_t p, size_t q,
+                      const uint32_t *fb, const size_t *at, size_t nl, const uint64_t *alive,
+                      uint32_t words)
+{
+    uint64_t has[64], d;
+    size_t   i, k;
+    uint32_t w;
+
+    for (k = 0; k < nl; k++) {
+        if (!read_holders(ix, norm_key(seq[at[k]]), has)) {
+            return 0;
+        }
+        for (w = 0, d = 0; w < words; w++) {
+            d |= alive[w] & ~has[w];
+        }
+        if (d) {
+            return 0;
+        }
+    }
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    for (i = p + 1, k = 0; i < q; i++) {
+        if (fb_hit(ix, fb[i - p - 1])) {
+            if (k == nl || at[k] != i) {
+                return 0;           /* listed meanwhile */
+            }
+            k++;
+        }
+    }
+    return 1;
+}
 
 /*
  * The jump: from a position p that every alive slot holds (with all of
@@ -1686,8 +1729,8 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
 {
     uint64_t sup[64], land[JUMP_BATCH_WORDS], d;
     uint32_t fb[FB_MAX], w, fetched;
-    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH];
-    size_t   lq[JUMP_BATCH], q, i, j, nl, nq, from;
+    uint8_t  kind[JUMP_BATCH], inner[JUMP_BATCH], nlisted[JUMP_BATCH];
+    size_t   lq[JUMP_BATCH], listed[JUMP_BATCH][SPLIT_MAX], q, i, j, nl, nq, from;
 
     for (; p < end; p = lq[nl - 1]) {
         /* round 1: the landings of this batch (with block 0 for the first),
@@ -1738,9 +1781,30 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
             kind[j] = any_hole_at(ix, &fb[from - p - 1], q - from) ? SPAN_SPLIT
                       : d ? SPAN_SEARCH : SPAN_SKIP;
             if (q - from >= JUMP) {
-                /* a long span to land in again (round 4) */
+                /* a long span to land in again (round 4), or, if every
+                 * alive slot may hold q and few keys are listed, to
+                 * read those keys only (split_long) */
                 inner[j] = 0;
-                for (i = from - 1 + JUMP; kind[j] != SPAN_SKIP && i < q; i += JUMP) {
+                if (kind[j] == SPAN_SPLIT && !d) {
+                    nlisted[j] = 0;
+                    for (i = from; i < q && nlisted[j] <= SPLIT_MAX; i++) {
+                        if (fb_hit(ix, fb[i - p - 1])) {
+                            if (nlisted[j] < SPLIT_MAX) {
+                                listed[j][nlisted[j]] = i;
+                            }
+                            nlisted[j]++;
+                        }
+                    }
+                    if (nlisted[j] <= SPLIT_MAX) {
+                        kind[j] = SPAN_SPLIT_LONG;
+                        for (i = 0; i < nlisted[j]; i++) {
+                            prefetch_key(ix, norm_key(seq[listed[j][i]]));
+                        }
+                    }
+                }
+                for (i = from - 1 + JUMP;
+                     kind[j] != SPAN_SKIP && kind[j] != SPAN_SPLIT_LONG && i < q; i += JUMP)
+                {
                     prefetch_key(ix, norm_key(seq[i]));
                 }
             } else {
@@ -1786,6 +1850,12 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
             if (q - from >= JUMP) {
                 if (kind[j] == SPAN_SKIP || (kind[j] == SPAN_SEARCH && !d)) {
                     continue;       /* all alive hold from..q */
+                }
+                if (kind[j] == SPAN_SPLIT_LONG && !d
+                    && split_long(ix, seq, from - 1, q, &fb[from - p - 1], listed[j], nlisted[j],
+                                  alive, words))
+                {
+                    continue;       /* all alive hold from..q and every listed key */
                 }
                 if (!match_spans(ix, seq, from - 1, q, 0, alive, words, batch, out, cap,
                                  found))

@@ -1069,6 +1069,119 @@ TEST(match_coarse_spans_see_every_hole)
     free(ix);
 }
 
+/* The holey bitmap (kv_index.c holes_inc): a span whose alive slots have
+ * no hole listed anywhere is skipped without reading the filter. So each
+ * slot's count must follow its listings exactly: two slots listed at the
+ * same key (the second listing joins an existing hole entry), one refilled
+ * while the other is not, a slot with two holes refilling one, a slot
+ * cleared while listed and holed again, and a hole of one slot while every
+ * other alive slot has none. Each overlap is checked against the walk and
+ * against the position of the hole. */
+TEST(match_holes_listed_per_slot)
+{
+    enum { L = 300 };
+    static uint64_t tok[L], seq[L];
+    kv_index_t *ix = make(16u << 20, NULL);
+    kv_event_t  clr = { .worker_id = 2, .kind = KV_EVENT_CLEARED };
+    int         a, b, c;
+
+    chain(7 << 20, L, tok, seq);
+    store(ix, 1, 0, 0, 0, seq, tok, L);
+    store(ix, 2, 0, 0, 0, seq, tok, L);
+    store(ix, 3, 0, 0, 0, seq, tok, L);
+    a = kv_index_worker_find(ix, 1, 0);
+    b = kv_index_worker_find(ix, 2, 0);
+    c = kv_index_worker_find(ix, 3, 0);
+    /* b and c lose block 100: one hole key listing both */
+    remove_hashes(ix, 2, 0, &seq[100], 1);
+    remove_hashes(ix, 3, 0, &seq[100], 1);
+    CHECK_EQ_U64(overlap(ix, b, seq, L), 100);
+    CHECK_EQ_U64(overlap(ix, c, seq, L), 100);
+    CHECK(d_same(ix, seq, L, 64));
+    /* b refills: c is still listed there (its count must not be b's) */
+    store(ix, 2, 0, 1, seq[99], &seq[100], &tok[100], 1);
+    CHECK_EQ_U64(overlap(ix, b, seq, L), L);
+    CHECK_EQ_U64(overlap(ix, c, seq, L), 100);
+    CHECK(d_same(ix, seq, L, 64));
+    /* c gets a second hole, refills the first: still one listed */
+    remove_hashes(ix, 3, 0, &seq[200], 1);
+    store(ix, 3, 0, 1, seq[99], &seq[100], &tok[100], 1);
+    CHECK_EQ_U64(overlap(ix, c, seq, L), 200);
+    CHECK(d_same(ix, seq, L, 64));
+    store(ix, 3, 0, 1, seq[199], &seq[200], &tok[200], 1);
+    CHECK_EQ_U64(overlap(ix, c, seq, L), L);
+    CHECK(d_same(ix, seq, L, 64));
+    /* b cleared while listed, then stored and holed again */
+    remove_hashes(ix, 2, 0, &seq[150], 1);
+    kv_index_apply(ix, &clr, 1000, err, sizeof(err));
+    store(ix, 2, 0, 0, 0, seq, tok, L);
+    CHECK_EQ_U64(overlap(ix, b, seq, L), L);
+    remove_hashes(ix, 2, 0, &seq[250], 1);
+    CHECK_EQ_U64(overlap(ix, b, seq, L), 250);
+    CHECK_EQ_U64(overlap(ix, a, seq, L), L);
+    CHECK(d_same(ix, seq, L, 64));
+    /* a hole of a slot that is not alive there leaves the others' skip */
+    remove_hashes(ix, 2, 0, &seq[10], 1);
+    CHECK_EQ_U64(overlap(ix, b, seq, L), 10);
+    CHECK_EQ_U64(overlap(ix, c, seq, L), L);
+    CHECK(d_same(ix, seq, L, 64));
+    free(ix);
+}
+
+/* split_long (kv_index.c): a long span listed in the filter for a few
+ * keys is settled by reading them. Worker 1 holds the whole chain; worker
+ * 3 stops at 10 but holds the rest, with holes inside the span 128..255
+ * (listed keys worker 1 holds: the span is skipped); worker 2 holds the
+ * whole chain with a hole at each of those listed positions in turn, and
+ * at a second listed key after one worker 1 holds; then more keys listed
+ * than are read (the span is landed in as before). */
+TEST(match_long_span_listed_keys)
+{
+    enum { L = 300 };
+    static uint64_t tok[L], seq[L];
+    static const size_t at[] = { 129, 130, 160, 200, 254 };
+    kv_index_t *ix = make(16u << 20, NULL);
+    size_t      i, k, h;
+    int         a, b, bad = 0;
+
+    chain(9 << 20, L, tok, seq);
+    store(ix, 1, 0, 0, 0, seq, tok, L);
+    store(ix, 3, 0, 0, 0, seq, tok, L);
+    remove_hashes(ix, 3, 0, &seq[10], 1);
+    a = kv_index_worker_find(ix, 1, 0);
+    for (k = 1; k <= 5 && !bad; k++) {
+        /* worker 3's holes: the first k of at[] */
+        remove_hashes(ix, 3, 0, &seq[at[k - 1]], 1);
+        bad |= overlap(ix, a, seq, L) != L || !d_same(ix, seq, L, 64);
+        for (i = 0; i < k && !bad; i++) {
+            store(ix, 2, 0, 0, 0, seq, tok, L);
+            b = kv_index_worker_find(ix, 2, 0);
+            h = at[i];
+            remove_hashes(ix, 2, 0, &seq[h], 1);
+            if (overlap(ix, b, seq, L) != h || overlap(ix, a, seq, L) != L
+                || !d_same(ix, seq, L, 64))
+            {
+                fprintf(stderr, "  %zu listed, worker 2's hole at %zu: overlap %u\n", k, h,
+                        overlap(ix, b, seq, L));
+                bad = 1;
+            }
+            /* a hole of worker 2 past a listed key both hold */
+            store(ix, 2, 0, 1, seq[h - 1], &seq[h], &tok[h], 1);
+            remove_hashes(ix, 2, 0, &seq[250], 1);
+            if (overlap(ix, b, seq, L) != 250 || !d_same(ix, seq, L, 64)) {
+                fprintf(stderr, "  %zu listed, worker 2's hole at 250: overlap %u\n", k,
+                        overlap(ix, b, seq, L));
+                bad = 1;
+            }
+            kv_event_t clr = { .worker_id = 2, .kind = KV_EVENT_CLEARED };
+
+            kv_index_apply(ix, &clr, 1000, err, sizeof(err));
+        }
+    }
+    CHECK(!bad);
+    free(ix);
+}
+
 int main(void)
 {
     RUN(stored_kvworker_style);
@@ -1091,6 +1204,8 @@ int main(void)
     RUN(match_jump_sees_holes);
     RUN(match_coarse_spans_equal_walk);
     RUN(match_coarse_spans_see_every_hole);
+    RUN(match_holes_listed_per_slot);
+    RUN(match_long_span_listed_keys);
     RUN(concurrent_reader_sees_consistent_overlaps);
     return kvt_done();
 }
