@@ -1047,11 +1047,11 @@ again:
 
     (void) kv_route_pick(s, n, &rq, &cfg, rnd, &res);
 
-    if (res.why == KV_ROUTE_WHY_SPILL) {
+    if (kv_route_why_reads_blocks(res.why)) {
         /*
-         * a spill goes to the server of E holding the fewest blocks
+         * a spill or a seed goes to the server holding the fewest blocks
          * (kv_route.c, pick_spill): the gather read only the holders'
-         * block counts, so read the others' and decide again; spills are
+         * block counts, so read the others' and decide again; they are
          * few, so most decisions do not pay for the reads
          */
 

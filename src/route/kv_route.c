@@ -36,6 +36,11 @@ const char *kv_route_why_name(kv_route_why_t why)
     return (unsigned) why < sizeof(names) / sizeof(names[0]) ? names[why] : "";
 }
 
+int kv_route_why_reads_blocks(kv_route_why_t why)
+{
+    return why == KV_ROUTE_WHY_SPILL || why == KV_ROUTE_WHY_SEED;
+}
+
 static uint64_t prefill_load(const kv_route_server_t *s, const kv_route_config_t *cfg)
 {
     if (cfg->worker_load == KV_ROUTE_LOAD_MAX && s->reported

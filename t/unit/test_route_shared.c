@@ -64,6 +64,51 @@ TEST(branch_leaves_busy_holders_for_an_idle_server)
     }
 }
 
+/* A seed goes to the server holding the fewest blocks, which the caller
+ * must read for every candidate when kv_route_why_reads_blocks() says so:
+ * nginx reads only the holders' counts before the first decision, and
+ * once 'seed' was told apart from 'spill' it no longer read the others'
+ * for seeds, so rendezvous alone placed them (64 engines: 11-13 engines
+ * without a request against 2-3, docs/BENCHMARKS.md "Routing round 8
+ * (lead)"). This drives the same two passes: the seed is the one server
+ * holding nothing, whatever rendezvous says. */
+TEST(seed_decided_again_with_every_server_blocks)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+
+        for (int empty = 30; empty < 34; empty++) {
+            prompt(q, 8 + empty, 6);
+            idle(s, BIG);
+            for (int i = 0; i < 2; i++) {
+                s[i * 9].overlap_index = HEAD;
+                s[i * 9].requests = 1;
+                s[i * 9].tree_blocks = 400;
+            }
+            kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
+            CHECK(r.why == KV_ROUTE_WHY_SEED);
+            CHECK(kv_route_why_reads_blocks(r.why));
+            for (int i = 0; i < BIG; i++) {
+                if (s[i].overlap_index == 0) {
+                    s[i].tree_blocks = i == empty ? 0 : 500;
+                }
+            }
+            CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == empty);
+            CHECK(r.why == KV_ROUTE_WHY_SEED);
+        }
+    }
+    CHECK(kv_route_why_reads_blocks(KV_ROUTE_WHY_SPILL));
+    CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_SHARED));
+    CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_STICKY));
+    CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_COLD));
+    CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_SESSION));
+}
+
 /* A holder with room (nothing in flight) takes the branch: the head is
  * reused while it costs no balance. */
 TEST(branch_sticks_to_a_holder_with_room)
@@ -273,6 +318,7 @@ TEST(new_conversations_cover_the_fleet)
 int main(void)
 {
     RUN(branch_leaves_busy_holders_for_an_idle_server);
+    RUN(seed_decided_again_with_every_server_blocks);
     RUN(branch_sticks_to_a_holder_with_room);
     RUN(continuation_sticks_though_its_server_is_busy);
     RUN(loaded_fleet_branch_sticks);
