@@ -11,8 +11,9 @@ pick_spill: fewest requests in flight, then fewest indexed blocks (within a
 band of one prompt's blocks), then the rendezvous order of the prompt's first
 block. Without the re-read every non-holder counts 0 blocks and rendezvous
 alone decides: with C holding many blocks and D few, some of the prompts
-below go to C (the engines' worker ids are fixed, so which ones is too).
-With it, every one goes to D.
+below go to C (the engines' worker ids are fixed, so which ones is too:
+with the re-read limited to spills, 4 of the 8 seeds went to C; with it
+removed, those 4 and 5 of the 8 spills). With it, every one goes to D.
 
 Load comes from the workers' reports (worker_load=max): the requests that
 keep A and B busy are sent to them directly, never through nginx, so each
@@ -135,7 +136,10 @@ class Busy:
 
 def make_fleet(stack):
     nats = stack.nats()
-    w = stack.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "100",
+    # heartbeats every 250 ms: a report is believed for 10 of them and a
+    # silent worker goes stale after 3, margin for a loaded machine; every
+    # load change (a request in, one out) is reported at once (--load-ms)
+    w = stack.worker(engines=ENGINES, extra=["--nats", nats.url, "--heartbeat-ms", "250",
                                              "--worker-id", str(FIRST_ID)])
     ids = "\n".join("kvroute_worker_id %d %s;" % (FIRST_ID + i, addr(p))
                     for i, p in enumerate(w.ports))
@@ -158,7 +162,7 @@ def fill(ng, wport, prompts):
                    what="%s indexed %d blocks" % (addr(wport), want))
 
 
-def keep_busy(ng, wport, n, stack_of):
+def keep_busy(ng, wport, n, busy):
     """n requests in flight on the engine, and a heartbeat in nginx that
     counts them all: started one by one, each waits for the engine to run
     it; then a report that could only have been sent with all n running
@@ -166,7 +170,7 @@ def keep_busy(ng, wport, n, stack_of):
     block of each other: the earlier never end)."""
     prompts = [tokens("busy-%d-%d" % (wport, i), (i + 1) * 40 * BS) for i in range(n)]
     for i, p in enumerate(prompts):
-        stack_of.append(Busy(wport, p))
+        busy.append(Busy(wport, p))
         kvt.wait_until(lambda: running(wport) >= i + 1,
                        what="%s runs %d requests" % (addr(wport), i + 1))
     floor = len(prompts[-1]) // BS + (n - 1)
