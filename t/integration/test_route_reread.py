@@ -181,8 +181,9 @@ def keep_busy(ng, wport, n, busy):
 
 def settled(ng, wports, busy_ports):
     """Nothing nginx sent is in flight, and the engines not kept busy ran
-    nothing when they last reported (reports from before the last request
-    was sent are not taken)."""
+    nothing when they last reported (a report that came before the last
+    request ended is not taken: a stale one saying D runs a request would
+    lift the capacity to 2 and let A take the branch)."""
     since = time.monotonic()
     kvt.wait_until(lambda: nginx_idle(ng.port), what="nginx counts nothing in flight")
     for p in wports:
