@@ -349,13 +349,14 @@ bench-scale: all
 bench-xfer: all
 	@$(PY) tools/kvxfer-bench --build $(B) $(if $(COMPARE),--compare $(COMPARE))
 
-# SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it
+# SUITE=1: the workload suite (docs/BENCHMARKS.md "Workload suite"), SUITE_RUNS=N repeats it,
+# SEED=N generates its traces from another seed
 bench-e2e: all
 	@tools/bench-e2e --build $(B) $(if $(TRACE),--trace $(TRACE)) \
 	    $(if $(REQUESTS),--requests $(REQUESTS)) $(if $(ENGINES),--engines $(ENGINES)) \
 	    $(if $(SPEEDUP),--speedup $(SPEEDUP)) \
 	    $(if $(filter-out 0,$(SUITE)),--suite $(if $(SUITE_RUNS),--runs $(SUITE_RUNS)) \
-	        $(if $(WORKLOADS),--workloads $(WORKLOADS)))
+	        $(if $(WORKLOADS),--workloads $(WORKLOADS)) $(if $(SEED),--seed $(SEED)))
 
 # disaggregation: 8 mock engines as 8 aggregated, 4 prefill + 4 decode, 2 + 6 (docs/BENCHMARKS.md)
 bench-disagg: all
