@@ -69,8 +69,8 @@ TEST(branch_leaves_busy_holders_for_an_idle_server)
  * nginx reads only the holders' counts before the first decision, and
  * once 'seed' was told apart from 'spill' it no longer read the others'
  * for seeds, so rendezvous alone placed them (64 engines: 11-13 engines
- * without a request against 2-3, docs/BENCHMARKS.md "Routing round 8
- * (lead)"). This drives the same two passes: the seed is the one server
+ * without a request against 2-5, docs/BENCHMARKS.md "Scale-out round
+ * 5"). This drives the same two passes: the seed is the one server
  * holding nothing, whatever rendezvous says. */
 TEST(seed_decided_again_with_every_server_blocks)
 {
