@@ -6,7 +6,10 @@
  * order. A continuation (its prefix held by one server) sticks as before
  * (issue 18, docs/BENCHMARKS.md "Routing round 7"). The rule acts only while
  * the fleet runs at most (1 + slack) requests a server, this one included
- * (issue 16, "Routing round 8"). At block sizes 16, 32 and 64. */
+ * (issue 16, "Routing round 8"). A server whose indexed blocks are above
+ * (1 + slack) x the candidates' mean + the branch's own takes no branch (the
+ * resident bound, issue 18, "Scale-out round 6"). At block sizes 16, 32
+ * and 64. */
 #include "kvtest.h"
 #include "route_fleet.h"
 #include "kv_route.h"
