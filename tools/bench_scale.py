@@ -189,7 +189,8 @@ INSTANCE_CONF = """
     kvroute_zone kv 32m;
     %(events)s
     %(share)s
-    log_format why '$upstream_addr $kvroute_why $kvroute_overlap_blocks';
+    log_format why '$upstream_addr $kvroute_why $kvroute_overlap_blocks '
+                   '$kvroute_prompt_tokens $msec $request_time';
     upstream llm {
         zone llm 256k;
         kvroute zone=kv %(params)s;
@@ -320,6 +321,9 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
             "spread_max_over_mean": round(max(loads) / statistics.mean(loads), 3),
             "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "engines": len(ports), "speedup": speedup, "params": EXTRA_PARAMS,
+            # each instance's why.log (prompt tokens, end time and duration per
+            # request: enough to match a line to its trace request offline)
+            "logs": [os.path.join(ng.prefix, "logs", "why.log") for ng in instances],
             "worker_args": " ".join(WORKER_ARGS),
             # worker -> NATS; NATS delivers each to every instance
             "heartbeats": heartbeats, "heartbeats_per_s": round(heartbeats / secs, 1),

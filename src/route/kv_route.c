@@ -38,7 +38,8 @@ const char *kv_route_why_name(kv_route_why_t why)
 
 int kv_route_why_reads_blocks(kv_route_why_t why)
 {
-    return why == KV_ROUTE_WHY_SPILL || why == KV_ROUTE_WHY_SEED;
+    return why == KV_ROUTE_WHY_SPILL || why == KV_ROUTE_WHY_SEED
+           || why == KV_ROUTE_WHY_SHARED;
 }
 
 static uint64_t prefill_load(const kv_route_server_t *s, const kv_route_config_t *cfg)
@@ -387,6 +388,20 @@ static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double
  * sticky rule: moving it would redo its whole conversation. If K is empty
  * (never at a capacity of at least one), the sticky rule decides.
  *
+ * The resident bound: where a branch goes, its conversation's later turns
+ * go, so what a server takes now adds to its work for the conversation's
+ * life, which its requests in flight at this instant do not show. On 64
+ * engines, holders with room at the moment took branch after branch: the
+ * busiest engines ran 13-17 conversations against a mean of 9, a busy-time
+ * spread of 1.5-1.7 (docs/BENCHMARKS.md, "Scale-out round 6"). So K also
+ * leaves out a server whose indexed blocks per unit of weight (tree_blocks,
+ * what its conversations stored; every instance sees the same through the
+ * events) are above (1 + slack) x the candidates' mean plus the branch's
+ * own blocks (the prompt past the head): the branch goes to a holder
+ * nearer the fleet's share, or seeds one. When every cache is full (a
+ * real cluster) the blocks are equal everywhere, every server is within
+ * the bound and the rule is the one before it.
+ *
  * The rule acts only while the fleet runs at most about a request a
  * server: requests in flight, this one included, at most (1 + slack) x the
  * total weight, where the capacity is one or two requests and a holder's
@@ -416,7 +431,7 @@ static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t lo
                        const kv_route_server_t *home, double slack, double band,
                        kv_route_why_t *why)
 {
-    double  reqs = 0, weights = 0, cap;
+    double  reqs = 0, weights = 0, blocks = 0, cap, most;
     size_t  i, holders = 0, k = 0;
     int     pick = -1, held = 0;
 
@@ -424,15 +439,20 @@ static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t lo
         if (candidate(&s[i])) {
             reqs += (double) s[i].requests;
             weights += weight_of(&s[i]);
+            blocks += (double) s[i].tree_blocks;
             holders += kv_route_overlap(&s[i]) >= longest;
         }
     }
     if (holders < 2 || reqs + 1 > (1 + slack) * weights) {
         return -1;
     }
+    /* the resident bound (above): band is the prompt's blocks */
+    most = (1 + slack) * blocks / weights + fmax(0, band - (double) longest);
     for (i = 0; i < n; i++) {
         cap = ceil((1 + slack) * (reqs + 1) * weight_of(&s[i]) / weights);
-        if ((s[i].eligible & (IN_E | IN_Q)) && (double) s[i].requests + 1 <= cap) {
+        if ((s[i].eligible & (IN_E | IN_Q)) && (double) s[i].requests + 1 <= cap
+            && (double) s[i].tree_blocks / weight_of(&s[i]) <= most)
+        {
             s[i].eligible |= IN_K;
             held |= kv_route_overlap(&s[i]) > 0;
             k++;

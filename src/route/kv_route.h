@@ -208,8 +208,10 @@ const char *kv_route_why_name(kv_route_why_t why);
 
 /*
  * 1 where the rule chose by every candidate's indexed blocks (tree_blocks):
- * spill and seed (pick_spill). A caller that filled tree_blocks only for the
- * prompt's holders must fill the others' and decide again for these.
+ * spill and seed (pick_spill), and shared (pick_shared bounds a holder's
+ * blocks against the other candidates'). A caller that filled tree_blocks
+ * only for the prompt's holders must fill the others' and decide again for
+ * these.
  */
 int kv_route_why_reads_blocks(kv_route_why_t why);
 

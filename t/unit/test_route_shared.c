@@ -6,7 +6,10 @@
  * order. A continuation (its prefix held by one server) sticks as before
  * (issue 18, docs/BENCHMARKS.md "Routing round 7"). The rule acts only while
  * the fleet runs at most (1 + slack) requests a server, this one included
- * (issue 16, "Routing round 8"). At block sizes 16, 32 and 64. */
+ * (issue 16, "Routing round 8"). A server whose indexed blocks are above
+ * (1 + slack) x the candidates' mean + the branch's own takes no branch (the
+ * resident bound, issue 18, "Scale-out round 6"). At block sizes 16, 32
+ * and 64. */
 #include "kvtest.h"
 #include "route_fleet.h"
 #include "kv_route.h"
@@ -15,6 +18,7 @@
 #define HEAD   48                       /* blocks of the shared head */
 #define BLOCKS 56                       /* the prompt: the head and its own 8 */
 #define CONVERSATIONS 48
+#define LIFE   40                       /* a conversation's own blocks over its turns */
 
 static const uint32_t sizes[] = { 16, 32, 64 };
 
@@ -103,7 +107,7 @@ TEST(seed_decided_again_with_every_server_blocks)
         }
     }
     CHECK(kv_route_why_reads_blocks(KV_ROUTE_WHY_SPILL));
-    CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_SHARED));
+    CHECK(kv_route_why_reads_blocks(KV_ROUTE_WHY_SHARED));
     CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_STICKY));
     CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_COLD));
     CHECK(!kv_route_why_reads_blocks(KV_ROUTE_WHY_SESSION));
@@ -315,6 +319,144 @@ TEST(new_conversations_cover_the_fleet)
     }
 }
 
+/*
+ * The resident bound (issue 18, docs/BENCHMARKS.md "Scale-out round 6"): a
+ * holder with room takes a branch only while the blocks it holds per unit
+ * of weight are within (1 + slack) x the fleet's mean + the branch's own
+ * blocks. Two idle holders, one far above the fleet's blocks: the other
+ * takes the branch; both far above: it seeds a server holding the fewest
+ * (within a prompt), the same one whatever the order the servers are listed
+ * in (instances agree).
+ */
+TEST(branch_leaves_holders_far_above_the_fleets_blocks)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG], t[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+        int                 a, b;
+
+        prompt(q, 12, 7);
+        idle(s, BIG);
+        for (int i = 0; i < BIG; i++) {
+            s[i].tree_blocks = 200 + 10 * (uint64_t) (i * 7 % 13);
+        }
+        s[4].overlap_index = HEAD;
+        s[4].tree_blocks = 1000;        /* mean about 272: bound about 348 */
+        s[30].overlap_index = HEAD;
+        s[30].tree_blocks = 340;
+        CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == 30);
+        CHECK(r.why == KV_ROUTE_WHY_SHARED);
+
+        s[30].tree_blocks = 900;
+        a = kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
+        CHECK(r.why == KV_ROUTE_WHY_SEED);
+        CHECK(a >= 0 && s[a].overlap_index == 0 && s[a].tree_blocks < 200 + BLOCKS);
+        for (int i = 0; i < BIG; i++) {
+            t[BIG - 1 - i] = s[i];
+        }
+        b = kv_route_pick(t, BIG, &rq, &cfg, 99, &r);
+        CHECK(a >= 0 && b >= 0 && s[a].id == t[b].id);
+
+        /* weights: blocks per unit of weight; a holder of weight 4 holding
+         * 900 blocks holds 225 a unit, within the bound */
+        s[30].weight = 4;
+        CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == 30);
+        CHECK(r.why == KV_ROUTE_WHY_SHARED);
+    }
+}
+
+/*
+ * Full caches (every engine's cache full, as in a real cluster): the
+ * blocks are equal everywhere, every holder is within the bound and the
+ * rule is the one before it: the idle holder takes the branch.
+ */
+TEST(full_caches_branch_sticks_to_a_holder)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS];
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+
+        prompt(q, 13, 8);
+        idle(s, BIG);
+        for (int i = 0; i < BIG; i++) {
+            s[i].tree_blocks = 16384;
+        }
+        s[9].overlap_index = HEAD;
+        s[9].requests = 1;
+        s[41].overlap_index = HEAD;
+        CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == 41);
+        CHECK(r.why == KV_ROUTE_WHY_SHARED);
+    }
+}
+
+/*
+ * Conversations that arrive one at a time on an idle fleet (each done
+ * before the next: no request in flight to tell the servers apart), over
+ * eight heads each held by two servers; each conversation stores LIFE
+ * blocks of its own over its turns. Without the resident bound every
+ * branch goes to an idle holder, so the 16 first holders take all 192
+ * conversations (12 each) and 48 servers none; with it a holder takes a
+ * branch only while its blocks are within the bound, the others are
+ * seeded, and no server ends far above the mean.
+ */
+TEST(idle_fleet_conversations_spread_by_blocks)
+{
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+        uint32_t            bs = sizes[z];
+        kv_route_config_t   cfg = route_fleet_config(bs);
+        kv_route_server_t   s[BIG];
+        kv_route_result_t   r;
+        uint64_t            q[BLOCKS], blocks[BIG] = { 0 }, total = 0, most = 0;
+        int                 holds[8][BIG], convs[BIG] = { 0 }, used = 0, seeds = 0;
+
+        memset(holds, 0, sizeof(holds));
+        for (int h = 0; h < 8; h++) {
+            holds[h][h] = 1;
+            holds[h][h + 8] = 1;
+            blocks[h] += HEAD;
+            blocks[h + 8] += HEAD;
+            total += 2 * HEAD;
+        }
+        for (int c = 0; c < 192; c++) {
+            int h = c % 8, a;
+
+            prompt(q, 20 + h, 300 + c);
+            kv_route_request_t rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
+
+            idle(s, BIG);
+            for (int i = 0; i < BIG; i++) {
+                s[i].tree_blocks = blocks[i];
+                s[i].overlap_index = holds[h][i] ? HEAD : 0;
+            }
+            a = kv_route_pick(s, BIG, &rq, &cfg, 1, &r);
+            CHECK(a >= 0);
+            if (a < 0) {
+                return;
+            }
+            CHECK(blocks[a] <= 1.25 * (double) total / BIG + BLOCKS - HEAD);
+            seeds += r.why == KV_ROUTE_WHY_SEED;
+            used += convs[a]++ == 0;
+            blocks[a] += (holds[h][a] ? 0 : HEAD) + LIFE;
+            total += (holds[h][a] ? 0 : HEAD) + LIFE;
+            holds[h][a] = 1;
+        }
+        for (int i = 0; i < BIG; i++) {
+            most = blocks[i] > most ? blocks[i] : most;
+        }
+        CHECK(used > 32);
+        CHECK(seeds > 0);
+        CHECK(most <= 1.5 * (double) total / BIG);
+    }
+}
+
 int main(void)
 {
     RUN(branch_leaves_busy_holders_for_an_idle_server);
@@ -325,5 +467,8 @@ int main(void)
     RUN(loaded_fleet_branch_stays_on_a_busy_holder);
     RUN(branch_seeds_only_near_a_request_a_server);
     RUN(new_conversations_cover_the_fleet);
+    RUN(branch_leaves_holders_far_above_the_fleets_blocks);
+    RUN(full_caches_branch_sticks_to_a_holder);
+    RUN(idle_fleet_conversations_spread_by_blocks);
     return kvt_done();
 }
