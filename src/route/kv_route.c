@@ -216,12 +216,14 @@ static int sharer(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * step of its own that stalls all of its streams. The opposite order (the
  * estimate as the tie-break: nothing queued first) made short-prompt ITL
  * +27% over least_conn's (docs/BENCHMARKS.md, round 4); rendezvous alone,
- * blind to the queues, +3..+14% over rounds 5-10; this order -2..+2% in
- * the same runs as round 10's (the streams decoding where each request
- * arrived, from the decision logs: 8.1-8.2 on average, least_conn's
- * 8.1-8.4, rendezvous alone 8.6-9.4). A queued prefill may already be
- * running, and the request then waits for its step to end (time to first
- * token +1..+4% against rendezvous alone); Q bounds that wait to a step.
+ * blind to the queues, -1..+15% over rounds 5-10; this order -4..+2% in
+ * round 10's five runs (seeds 16-18), where rendezvous alone was +5..+15%
+ * in the same runs, and the streams decoding where each request arrived
+ * (from the decision logs) were fewer than with rendezvous alone in every
+ * run. A queued prefill may already be running, and the request then
+ * waits for its step to end: time to first token +3..+6% against
+ * rendezvous alone's, +1..+4% against least_conn's; Q bounds that wait to
+ * a step.
  *
  * Why Q's bound stays, though least_conn has none: without it (round 5,
  * alternated A/B, 4 runs) short-prompt ITL was +2..+6% over least_conn's

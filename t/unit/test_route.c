@@ -383,7 +383,7 @@ TEST(no_reuse_line_noise_does_not_decide)
  * with none, whatever the prefix (the request may share its step, and
  * fewer of its requests are decoding: fewer streams stalled by a step of
  * the request's own; docs/BENCHMARKS.md, round 10: short-prompt ITL
- * within 2% of least_conn's where rendezvous alone was +3..+14%). The
+ * -4..+2% against least_conn's where rendezvous alone was +5..+15%). The
  * opposite order, the estimate's (nothing queued first), sent each cold
  * request to a prefill step of its own: ITL +27% (round 4). Between two
  * servers both with or both without a queue the prefix's rendezvous order
