@@ -125,7 +125,7 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
 #define IN_L  1                         /* load bound */
 #define IN_E  2                         /* ... and the estimate within the slack */
 #define IN_C  4                         /* ... and the queue within the slack */
-#define IN_Q  8                         /* ... and the queue within its own first step */
+#define IN_Q  8                         /* ... and the queue within one step of the least */
 #define IN_K  16                        /* in E or Q, and under the bounded-load capacity */
 
 /*
@@ -135,9 +135,10 @@ static int stickier(const kv_route_server_t *a, const kv_route_server_t *b, uint
  * chunked_prefill_size likewise grows with GPU memory from 2,048. The
  * smallest is taken: too small means a long prompt shares a step less
  * often, never that it waits behind a longer queue.
- * A cold request joins a longer queue only by its own prefill up to this
- * many tokens (pick_cold): what a request batched into a step shares with
- * the queued prompts is that step, not its whole prefill.
+ * A cold request joins a queue up to one step longer than the least (the
+ * step's fixed part and this many tokens, pick_cold): what a request
+ * batched into a step shares with the queued prompts is that step, not its
+ * whole prefill.
  */
 #define KV_ROUTE_STEP_TOKENS  2048
 
@@ -180,20 +181,50 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
 }
 
 /*
+ * pick_cold's order among servers with the fewest requests in flight:
+ * colder()'s, with a server that has a prefill queued (wait > 0) before
+ * one that has none, after the empty-index rule and before rendezvous
+ * (pick_cold says why).
+ */
+static int sharer(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
+{
+    if ((a->tree_blocks == 0) != (b->tree_blocks == 0)) {
+        return a->tree_blocks == 0;
+    }
+    if ((a->wait > 0) != (b->wait > 0)) {
+        return a->wait > 0;
+    }
+    return rendezvous(key, a) < rendezvous(key, b);
+}
+
+/*
  * Cold: no server's cached overlap saves the request a meaningful part of
  * its prefill, so its prefill is the same work anywhere and the estimate
  * has nothing to tell the servers apart that counting requests does not:
  * choose the way least_conn does, the fewest requests in flight per unit
- * of weight, among the servers of Q (load-bounded, and not a queue far
- * above the others': one that would more than double the request's time
- * to first token against the least queue). Ties: a server the index
- * holds nothing of, then the first in the prefix's rendezvous order
- * (colder(); so independent routers agree on an idle fleet), blind to the
- * queues, as least_conn's rotation is: preferring the
- * server with nothing queued among equals sends each cold request to a
- * prefill step of its own, which stalls every decoding stream there (with
- * the estimate as the tie-break short-prompt ITL was +27% over
- * least_conn's, docs/BENCHMARKS.md, round 4).
+ * of weight, among the servers of Q (load-bounded, and not a queue more
+ * than one engine step above the least queue). Ties (sharer()): a server
+ * the index holds nothing of, then a server with a prefill queued, then
+ * the first in the prefix's rendezvous order (so independent routers agree
+ * on an idle fleet).
+ *
+ * Why a queued prefill first among ties (round 10): what a cold prompt
+ * costs everyone else is the stall its prefill step puts on every stream
+ * decoding where it runs. Among servers with as many requests in flight,
+ * one whose queued prompts have not had their first token yet has fewer
+ * streams decoding, and a prefill step the new prompt may share (engines
+ * batch queued prefills into one step); one with nothing queued gives it a
+ * step of its own that stalls all of its streams. The opposite order (the
+ * estimate as the tie-break: nothing queued first) made short-prompt ITL
+ * +27% over least_conn's (docs/BENCHMARKS.md, round 4); rendezvous alone,
+ * blind to the queues, -1..+15% over rounds 5-10; this order -4..+2% in
+ * round 10's five runs (seeds 16-18), where rendezvous alone was +5..+15%
+ * in the same runs, and the streams decoding where each request arrived
+ * (from the decision logs) were fewer than with rendezvous alone in every
+ * run. A queued prefill may already be running, and the request then
+ * waits for its step to end: time to first token +3..+6% against
+ * rendezvous alone's, +1..+4% against least_conn's; Q bounds that wait to
+ * a step.
  *
  * Why Q's bound stays, though least_conn has none: without it (round 5,
  * alternated A/B, 4 runs) short-prompt ITL was +2..+6% over least_conn's
@@ -203,12 +234,18 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * more than a decoding stream more does; a bound at the slack of its
  * decode time instead lost mooncake alike (-19%).
  *
- * Why Q's bound is one engine step of the request's prefill, not all of it
- * (round 5b): what a cold request gains by joining a queue is a share of
- * the step those queued prompts will run in (no prefill step of its own,
- * no extra stall for the streams decoding there); that is worth a wait of
- * at most one step, the step's fixed part (the learned base) plus its
- * tokens (at most KV_ROUTE_STEP_TOKENS of the request's own). Round 4-5's
+ * Why Q's bound is one engine step, not the request's whole prefill
+ * (round 5b) nor its own first step (round 10): what a cold request gains
+ * by joining a queue is a share of the step those queued prompts will run
+ * in (no prefill step of its own, no extra stall for the streams decoding
+ * there); that is worth a wait of at most one step, the step's fixed part
+ * (the learned base) plus KV_ROUTE_STEP_TOKENS tokens, whatever the
+ * request's own size. Round 5b's bound counted the request's own tokens up
+ * to a step's: for a 256-token prompt a queue of three such prompts above
+ * the least shut a server out, and 26-68 of 720 short requests went to a
+ * server with more requests in flight than the least (ITL +5..+15% over
+ * least_conn's, against +3..+7% with the whole step, the same runs; for a
+ * prompt of a step or more the two bounds are the same). Round 4-5's
  * bound was the request's whole own prefill: for a short prompt that is
  * less than a step and nothing changes, but a 20k-token prompt could join
  * a queue ~1.7 s longer than the least while another stood empty, and on
@@ -217,10 +254,11 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * 3's placement, long and short prompts alike (docs/BENCHMARKS.md,
  * "Disaggregation round 4" and "Round 5b").
  *
- * Why rendezvous and not a rotation among ties (least_conn's weighted
- * rotation is even over time, rendezvous random over unrelated prompts): a
- * rotation measured no better on short prompts (+4/+4/+7% ITL against
- * +8/+3/+8%, the same runs; two runs of least_conn alone differ by 4%), and
+ * Why rendezvous and not a rotation among the last ties (least_conn's
+ * weighted rotation is even over time, rendezvous random over unrelated
+ * prompts): a rotation measured no better on short prompts (+4/+4/+7% ITL
+ * against +8/+3/+8%, the same runs; two runs of least_conn alone differ by
+ * 4%, round 5), and
  * independent nginx instances would then place the same new prefix
  * differently among equals (on an idle fleet, or under worker_load=max,
  * where they count the same requests), where rendezvous makes them agree
@@ -239,8 +277,7 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * with one short prompt queued, which the engine batches into the same
  * step, while any had none: each cold request then started a prefill step
  * of its own, stalling every decoding stream there ("Round 3b"). Q's bound
- * is the request's own prefill time there (the base included) up to one
- * step's worth of tokens, so a long queue is still avoided.
+ * is one step there (the base included), so a long queue is still avoided.
  */
 static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
 {
@@ -256,7 +293,7 @@ static int pick_cold(kv_route_server_t *s, size_t n, uint64_t key)
     }
     for (i = 0; i < n; i++) {
         if ((s[i].eligible & IN_Q) && s[i].cold <= least
-            && (pick < 0 || colder(&s[i], &s[pick], key)))
+            && (pick < 0 || sharer(&s[i], &s[pick], key)))
         {
             pick = (int) i;
         }
@@ -488,7 +525,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
     uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
     double   best = INFINITY, loads = 0, mean, rate, base, pace;
-    double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain, own, step;
+    double   lrate = 0, lbase = 0, lpace = 0, minwait = INFINITY, grain, step;
     size_t   i, m = 0, nrate = 0, npace = 0;
     int      pick = -1, held_outside = 0, home = -1, decodes = 0;
     uint32_t longest = 0;
@@ -559,19 +596,19 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
      * the least queue's by the slack of the request's own service time (on
      * an idle fleet every server, whatever the noise in each one's learned
      * rate). Q (in L), for cold requests: the queue waits no longer than the
-     * least queue's by the request's own service time there, its tokens
-     * counted up to one engine step's (KV_ROUTE_STEP_TOKENS; pick_cold).
+     * least queue's by one engine step there, its fixed part (the base) and
+     * KV_ROUTE_STEP_TOKENS tokens, whatever the request's own size
+     * (pick_cold).
      */
     for (i = 0; i < n; i++) {
         grain = s[i].decode_ms / (double) out;
-        own = s[i].ttft - s[i].wait - s[i].base;
         step = KV_ROUTE_STEP_TOKENS / rate_of(&s[i], lrate);
         if (s[i].eligible
             && s[i].wait <= minwait + cfg->slack * (s[i].ttft - s[i].wait) + grain)
         {
             s[i].eligible |= IN_C;
         }
-        if (s[i].eligible && s[i].wait <= minwait + s[i].base + fmin(own, step) + grain) {
+        if (s[i].eligible && s[i].wait <= minwait + s[i].base + step + grain) {
             s[i].eligible |= IN_Q;
         }
         if (s[i].eligible && s[i].ttft <= best * (1 + cfg->slack) + grain + s[i].saved) {
