@@ -1112,6 +1112,28 @@ void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
  * misses overlap instead of following one another. */
 #define STORE_GROUP 32
 
+/*
+ * Room for n new entries before an event's blocks go in, so that the event
+ * never evicts blocks it has just stored to make room for its later ones:
+ * at equal ages (one millisecond's events) the sample's first entry goes,
+ * which may be one of them, leaving a hole in the run the worker just
+ * reported (where an event evicted itself used to depend on where its keys
+ * happened to lie). Blocks already indexed need no room, so a full table
+ * runs up to one event's blocks below its cap; upsert still evicts if an
+ * event brings more new blocks than this made room for (over half the cap).
+ */
+static void make_room(kv_index_t *ix, uint64_t n, uint32_t now)
+{
+    double limit = (double) ix->cap * MAX_LOAD;
+
+    if ((double) n > limit / 2) {
+        n = (uint64_t) (limit / 2);
+    }
+    while (ix->used > 0 && (double) (ix->used + n) > limit) {
+        evict_one(ix, &ix->evicted, now);
+    }
+}
+
 static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t now,
                         char *err, size_t errlen)
 {
@@ -1119,6 +1141,8 @@ static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t
     int64_t  at = -1;
     size_t   i, j, m;
 
+    make_room(ix, ev->n_blocks, now);
+    seen = ix->erases;
     if (ev->has_parent) {
         parent = map_seq(ix, (uint32_t) slot, ev->parent_hash, 0);
         at = find(ix, norm_key(parent));
