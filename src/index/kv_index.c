@@ -16,6 +16,13 @@
  * Entries form an open-addressing table with linear probing; removal
  * shifts the rest of the probe run back (no tombstones), so probe chains
  * only ever reflect the live load (at most 0.8; eviction keeps it there).
+ * A key's probe starts at the first entry of the cache line its hash names
+ * (home): with 32-byte entries a probe that passes its first entry then
+ * stays in the line the reader prefetched, where one starting in a line's
+ * second half crosses into the next line, a dependent miss. Lines crossed
+ * per entry read at a load of 0.48: 0.23 before, 0.16 so (simulated); the
+ * slowest 1 % of kvindex-bench's matches crossed 13 lines, the median 4
+ * (docs/BENCHMARKS.md, round 7).
  *
  * Concurrency: one writer (the caller serialises writers: the event helper
  * process in nginx, or the slab mutex in approximate mode), readers in any
@@ -64,7 +71,7 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303034ULL   /* "kvidx004": kids beside the entries */
+#define IX_MAGIC        0x6b76696478303035ULL   /* "kvidx005": homes at cache line starts */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
@@ -114,7 +121,7 @@ struct kv_index {
     uint64_t            off_slots, off_entries, off_map;
     uint64_t            off_kids;       /* u64 per entry: slots that may hold a child (writer) */
     uint64_t            used;           /* live entries; writer */
-    uint64_t            tombs;          /* unused (layout kept) */
+    uint64_t            home_mask;      /* cap - 1, less the index bits within a line (home) */
     uint64_t            map_used;
     uint64_t            hand;           /* eviction scan position */
     uint64_t            last_expire;
@@ -193,6 +200,15 @@ static uint64_t mix(uint64_t x)
     x *= 0xc4ceb9fe1a85ec53ULL;
     x ^= x >> 33;
     return x;
+}
+
+/* The entry a key's probe starts at: the start of the cache line its hash
+ * names (home_mask clears the index bits of entries sharing a line: with
+ * 32-byte entries the lowest one; none with 64 bytes or with sizes that
+ * straddle lines). Writer and readers must agree on it. */
+static uint64_t home(const kv_index_t *ix, uint64_t key)
+{
+    return mix(key) & ix->home_mask;
 }
 
 static uint64_t norm_key(uint64_t k)
@@ -330,6 +346,7 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
     ix->cap = cap;
     ix->map_cap = mcap;
     ix->entry_size = es;
+    ix->home_mask = (cap - 1) & ~(64 % es == 0 ? 64 / es - 1 : 0);
     ix->hole_cap = hole_cap_for(cap);
     ix->hole_size = (1 + (uint64_t) ix->words) * sizeof(uint64_t);
     ix->filter_bits = filter_bits_for(ix->hole_cap);
@@ -406,7 +423,7 @@ static void prefetch(const void *p)
  * a line already on its way is not free: it waits for a miss buffer. */
 static void prefetch_key(const kv_index_t *ix, uint64_t key)
 {
-    const char *e = (const char *) entry(ix, mix(key) & (ix->cap - 1));
+    const char *e = (const char *) entry(ix, home(ix, key));
 
     prefetch(e);
     if (((uintptr_t) e & 63) + ix->entry_size > 64) {
@@ -418,7 +435,7 @@ static void prefetch_key(const kv_index_t *ix, uint64_t key)
 static void prefetch_key_w(const kv_index_t *ix, uint64_t key)
 {
     prefetch_key(ix, key);
-    prefetch(kids(ix, mix(key) & (ix->cap - 1)));
+    prefetch(kids(ix, home(ix, key)));
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */
@@ -426,7 +443,7 @@ static int64_t find(const kv_index_t *ix, uint64_t key)
 {
     uint64_t i, mask = ix->cap - 1, k;
 
-    for (i = mix(key) & mask;; i = (i + 1) & mask) {
+    for (i = home(ix, key);; i = (i + 1) & mask) {
         k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
         if (k == key) {
             return (int64_t) i;
@@ -655,7 +672,7 @@ static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
  * place just before the copy, misses it and sees a shorter overlap. */
 static void erase(kv_index_t *ix, uint64_t i)
 {
-    uint64_t mask = ix->cap - 1, j = i, k, key, home;
+    uint64_t mask = ix->cap - 1, j = i, k, key, h;
     entry_t *e;
     uint32_t w;
 
@@ -665,9 +682,9 @@ static void erase(kv_index_t *ix, uint64_t i)
             if (key == KEY_EMPTY) {
                 goto empty;
             }
-            home = mix(key) & mask;
+            h = home(ix, key);
             /* entry k may fill the hole at j unless its home lies in (j, k] */
-            if (j <= k ? (home <= j || home > k) : (home <= j && home > k)) {
+            if (j <= k ? (h <= j || h > k) : (h <= j && h > k)) {
                 break;
             }
         }
@@ -751,7 +768,7 @@ static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
     int      evicted = 0;
 
 again:
-    for (i = mix(key) & mask;; i = (i + 1) & mask) {
+    for (i = home(ix, key);; i = (i + 1) & mask) {
         k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
         if (k == key) {
             return i;
@@ -1112,6 +1129,28 @@ void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
  * misses overlap instead of following one another. */
 #define STORE_GROUP 32
 
+/*
+ * Room for n new entries before an event's blocks go in, so that the event
+ * never evicts blocks it has just stored to make room for its later ones:
+ * at equal ages (one millisecond's events) the sample's first entry goes,
+ * which may be one of them, leaving a hole in the run the worker just
+ * reported (where an event evicted itself used to depend on where its keys
+ * happened to lie). Blocks already indexed need no room, so a full table
+ * runs up to one event's blocks below its cap; upsert still evicts if an
+ * event brings more new blocks than this made room for (over half the cap).
+ */
+static void make_room(kv_index_t *ix, uint64_t n, uint32_t now)
+{
+    double limit = (double) ix->cap * MAX_LOAD;
+
+    if ((double) n > limit / 2) {
+        n = (uint64_t) (limit / 2);
+    }
+    while (ix->used > 0 && (double) (ix->used + n) > limit) {
+        evict_one(ix, &ix->evicted, now);
+    }
+}
+
 static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t now,
                         char *err, size_t errlen)
 {
@@ -1119,6 +1158,8 @@ static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t
     int64_t  at = -1;
     size_t   i, j, m;
 
+    make_room(ix, ev->n_blocks, now);
+    seen = ix->erases;
     if (ev->has_parent) {
         parent = map_seq(ix, (uint32_t) slot, ev->parent_hash, 0);
         at = find(ix, norm_key(parent));
@@ -1317,7 +1358,7 @@ static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
     uint64_t mask = ix->cap - 1, i, k, n;
     uint32_t w;
 
-    for (i = mix(key) & mask, n = 0; n < ix->cap; i = (i + 1) & mask, n++) {
+    for (i = home(ix, key), n = 0; n < ix->cap; i = (i + 1) & mask, n++) {
         entry_t *e = entry(ix, i);
 
         kv_seqread_t rd = { 0, 0 };

@@ -1182,6 +1182,100 @@ TEST(match_long_span_listed_keys)
     free(ix);
 }
 
+/*
+ * Keys probe from the start of the cache line their hash names (32-byte
+ * entries: two homes share a line). A table filled to just under its
+ * eviction point (long probe runs that cross lines), then blocks removed
+ * all over it (each last holder's removal shifts the rest of its run back)
+ * and stored again: every worker's overlap on every chain is what a plain
+ * model of who holds what says, for the jump and the walk alike.
+ */
+TEST(match_homes_at_line_starts)
+{
+    enum { W = 6, C = 16, MAXCH = 256 };
+    kv_index_config_t cfg = { .max_workers = 64 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    static uint64_t   tok[MAXCH][C], seq[MAXCH][C];
+    static uint8_t    held[MAXCH][W][C];
+    uint64_t          rs = 0x2545F4914F6CDD1DULL, checked = 0;
+    size_t            nch, c, i, w, b, round;
+    int               slot[W], bad = 0;
+
+    kv_index_stats(ix, &st);
+    nch = (st.capacity - 8) / C;
+    CHECK(nch <= MAXCH);
+    for (c = 0; c < nch; c++) {
+        chain((uint64_t) (c + 1) << 32, C, tok[c], seq[c]);
+        for (w = 0; w < W; w++) {
+            rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+            b = w == c % W ? C : rs % (C + 1);      /* one holds it whole */
+            if (b > 0) {
+                store(ix, w + 1, 0, 0, 0, seq[c], tok[c], b);
+            }
+            for (i = 0; i < b; i++) {
+                held[c][w][i] = 1;
+            }
+        }
+    }
+    for (w = 0; w < W; w++) {
+        slot[w] = kv_index_worker_find(ix, w + 1, 0);
+    }
+    for (round = 0; round < 6 && !bad; round++) {
+        /* removals anywhere (some the block's last holder: entries erased,
+         * runs shifted back), then some blocks stored again */
+        for (i = 0; i < nch * C / 3; i++) {
+            rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+            c = rs % nch;
+            w = (rs >> 20) % W;
+            b = (rs >> 40) % C;
+            if (held[c][w][b]) {
+                remove_hashes(ix, w + 1, 0, &seq[c][b], 1);
+                held[c][w][b] = 0;
+            }
+        }
+        for (i = 0; i < nch * C / 4; i++) {
+            rs ^= rs << 13; rs ^= rs >> 7; rs ^= rs << 17;
+            c = rs % nch;
+            w = (rs >> 20) % W;
+            b = (rs >> 40) % C;
+            if (!held[c][w][b] && (b == 0 || held[c][w][b - 1])) {
+                store(ix, w + 1, 0, b > 0, b > 0 ? seq[c][b - 1] : 0, &seq[c][b], &tok[c][b], 1);
+                held[c][w][b] = 1;
+            }
+        }
+        for (c = 0; c < nch && !bad; c++) {
+            for (w = 0; w < W; w++) {
+                kv_overlap_t out[64];
+                uint32_t     want = 0, got = 0, walked = 0;
+                size_t       k, n;
+
+                while (want < C && held[c][w][want]) {
+                    want++;
+                }
+                n = kv_index_match_walk(ix, seq[c], C, out, 64);
+                for (k = 0; k < n; k++) {
+                    walked = (int) out[k].slot == slot[w] ? out[k].blocks : walked;
+                }
+                got = overlap(ix, slot[w], seq[c], C);
+                checked++;
+                if (got != want || walked != want) {
+                    fprintf(stderr, "  round %zu chain %zu worker %zu: match %u walk %u, holds %u\n",
+                            round, c, w, got, walked, want);
+                    bad = 1;
+                    break;
+                }
+            }
+        }
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.evicted, 0);
+    printf("  %llu overlaps checked against the model, %llu blocks held at the end\n",
+           (unsigned long long) checked, (unsigned long long) st.blocks);
+    CHECK(!bad);
+    free(ix);
+}
+
 int main(void)
 {
     RUN(stored_kvworker_style);
@@ -1206,6 +1300,7 @@ int main(void)
     RUN(match_coarse_spans_see_every_hole);
     RUN(match_holes_listed_per_slot);
     RUN(match_long_span_listed_keys);
+    RUN(match_homes_at_line_starts);
     RUN(concurrent_reader_sees_consistent_overlaps);
     return kvt_done();
 }
