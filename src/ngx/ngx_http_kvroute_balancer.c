@@ -1050,9 +1050,10 @@ again:
     if (kv_route_why_reads_blocks(res.why)) {
         /*
          * a spill or a seed goes to the server holding the fewest blocks
-         * (kv_route.c, pick_spill): the gather read only the holders'
-         * block counts, so read the others' and decide again; they are
-         * few, so most decisions do not pay for the reads
+         * (kv_route.c, pick_spill), and a shared-head branch only to one
+         * within the resident bound (pick_shared): the gather read only
+         * the holders' block counts, so read the other candidates' and
+         * decide again; only these rules pay for the reads
          */
 
         for (i = 0; i < n; i++) {
