@@ -63,6 +63,22 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
+def busy_union(intervals):
+    """Seconds covered by the union of (start, end) intervals: an engine's busy
+    time, which on the mock engine is flat in the batch (tools/bench_scale_*.py)."""
+    tot, cur = 0.0, None
+    for a, b in sorted(intervals):
+        if cur is None or a > cur[1]:
+            if cur:
+                tot += cur[1] - cur[0]
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    if cur:
+        tot += cur[1] - cur[0]
+    return tot
+
+
 def port_run(n):
     """n consecutive free ports below the ephemeral range."""
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:

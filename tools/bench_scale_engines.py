@@ -8,6 +8,7 @@ usage: tools/bench_scale_engines.py TRACE RUN.json
   RUN.json: one run's JSON line from bench-scale's output (it names its why.log files).
 Writes RUN.json.analysis.json (per engine; per request: engine, rule, overlap, start, duration)."""
 import json, sys, collections, heapq, statistics as st
+from bench_scale import busy_union
 
 trace = [json.loads(l) for l in open(sys.argv[1])]
 run = json.loads(open(sys.argv[2]).read())
@@ -62,16 +63,7 @@ for i, (e, why, ov, s, d) in place.items():
     if convs[conv_of[i]][0] == i:
         q["first"][why] += 1
 
-def union(iv):
-    tot, cur = 0.0, None
-    for a, b in sorted(iv):
-        if cur is None or a > cur[1]:
-            if cur: tot += cur[1] - cur[0]
-            cur = [a, b]
-        else:
-            cur[1] = max(cur[1], b)
-    if cur: tot += cur[1] - cur[0]
-    return tot
+union = busy_union
 
 print("run: instances %d, hit %s, TTFT %s, busy spread %s, unmatched %d of %d"
       % (m, run["hit_rate"], run["ttft_mean_ms"], run["busy_spread"], unmatched, len(trace)))

@@ -8,6 +8,7 @@ A request's service interval is modelled on the mock engine (speedup 0.5):
 [t, t + (prefill(uncached) + 6 ms x output) / 0.5]; an engine's busy time is the
 union of its requests' intervals (busy time is flat in the batch)."""
 import json, sys, collections, random, statistics as st, heapq
+from bench_scale import busy_union
 E = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 trace = [json.loads(l) for l in open(sys.argv[1])]
 convs = collections.OrderedDict()
@@ -28,15 +29,7 @@ if len(sys.argv) > 3:   # measured durations from a run's analysis (analyze.py)
         i = int(i); a0 = trace[i]["timestamp"] / 1000
         iv[i] = (a0, a0 + v[4])
 work = {k: sum(iv[i][1] - iv[i][0] for i in v) for k, v in convs.items()}
-def union(xs):
-    tot, cur = 0.0, None
-    for a, b in sorted(xs):
-        if cur is None or a > cur[1]:
-            if cur: tot += cur[1]-cur[0]
-            cur = [a, b]
-        else: cur[1] = max(cur[1], b)
-    if cur: tot += cur[1]-cur[0]
-    return tot
+union = busy_union
 def spread(assign):
     per = collections.defaultdict(list)
     for k, e in assign.items(): per[e] += [iv[i] for i in convs[k]]
