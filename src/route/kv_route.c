@@ -188,13 +188,10 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  */
 static int sharer(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
 {
-    if ((a->tree_blocks == 0) != (b->tree_blocks == 0)) {
-        return a->tree_blocks == 0;
-    }
-    if ((a->wait > 0) != (b->wait > 0)) {
+    if ((a->tree_blocks == 0) == (b->tree_blocks == 0) && (a->wait > 0) != (b->wait > 0)) {
         return a->wait > 0;
     }
-    return rendezvous(key, a) < rendezvous(key, b);
+    return colder(a, b, key);
 }
 
 /*
