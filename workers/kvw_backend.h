@@ -134,7 +134,11 @@ typedef struct {
     uint32_t    max_seqs;       /* cuda: and this many sequences a step */
 } kvw_backend_config_t;
 
-/* The mock's polynomial model (ms, before --speedup), for tests and tools. */
+/* The mock's polynomial model (ms, before --speedup), for tests and tools:
+ * prefill(T) = SQUARE T^2 + PER_TOKEN T + FIXED for T > 0 tokens in a step. */
+#define KVW_MOCK_PREFILL_SQUARE     4.209989e-07
+#define KVW_MOCK_PREFILL_PER_TOKEN  1.518344e-02
+#define KVW_MOCK_PREFILL_FIXED      1.650142e+01
 double kvw_mock_poly_prefill_ms(double new_tokens);
 double kvw_mock_poly_decode_ms(double kv_usage);
 

@@ -55,7 +55,8 @@ double kvw_mock_poly_prefill_ms(double t)
 {
     if (t <= 0)
         return 0;
-    return 4.209989e-07 * t * t + 1.518344e-02 * t + 1.650142e+01;
+    return KVW_MOCK_PREFILL_SQUARE * t * t + KVW_MOCK_PREFILL_PER_TOKEN * t
+           + KVW_MOCK_PREFILL_FIXED;
 }
 
 double kvw_mock_poly_decode_ms(double p)

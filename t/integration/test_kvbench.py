@@ -303,6 +303,59 @@ def test_oracle_engine_blocks_inside_trace_blocks(tmp_path):
     assert s["ideal_cached_tokens"] == 32 and s["oracle_cached_tokens"] == 32
 
 
+# The mock's prefill model (workers/kvw_mock_model.c), worked by hand:
+# prefill(16) = 16.74446, prefill(32) = 16.98772 ms.
+def test_oracle_floor_by_hand(tmp_path):
+    """Same fleet as test_oracle_load_bound_by_hand, engine speedup 2. The engine computes at
+    least one token, so a fully cached 32-token prompt still computes its last 16-token block.
+    Ideal hits 0, 16, 0, 32 -> computed 32, 16, 32, 16; oracle hits 0, 0, 0, 16 -> 32, 32, 32,
+    16. The order-free floor takes the ideal's 48 hits of 128 tokens as a total: (80 tokens x
+    0.01518344 + 4 steps x 16.50142) / 4 / 2. Without --floor-speedup there is no floor."""
+    args = ["--engines", 2, "--cache-tokens", 32, "--block-size", 16, "--trace-block-size", 16,
+            "--balance", 1.5]
+    s = oracle_json(oracle_trace(tmp_path), *args, "--floor-speedup", 2)
+    assert s["ideal_floor_ttft_ms"] == pytest.approx((2 * 16.98772 + 2 * 16.74446) / 4 / 2,
+                                                     abs=1e-3)
+    assert s["oracle_floor_ttft_ms"] == pytest.approx((3 * 16.98772 + 16.74446) / 4 / 2,
+                                                      abs=1e-3)
+    assert s["any_order_floor_ttft_ms"] == pytest.approx((80 * 0.01518344 + 4 * 16.50142) / 8,
+                                                         abs=1e-3)
+    assert s["floor_budget"] == 8192
+    assert "ideal_floor_ttft_ms" not in oracle_json(oracle_trace(tmp_path), *args)
+
+
+def floor_json(records, *args):
+    r = subprocess.run([KVBENCH, "floor", "--records", records] + [str(a) for a in args],
+                       capture_output=True, text=True, timeout=60, env=kvt.sanitizer_env())
+    return r
+
+
+def test_floor_of_recorded_requests(tmp_path):
+    """kvbench floor reads a replay's records: a 20,000-token prompt with a budget of 8,192
+    tokens a step is cheapest in 3 steps (3 x prefill(6,667) = 409.31 ms; 2 steps 420.87, 4
+    steps 411.77); with a budget of 30,000 the floor still splits it in 3, since one step
+    (488.57 ms) costs more. Failed requests and lines that are not records are skipped."""
+    rec = tmp_path / "records.jsonl"
+    rec.write_text("\n".join([
+        json.dumps({"prompt_tokens": 32, "cached_tokens": 32, "ttft_ms": 20.0, "status": 200}),
+        json.dumps({"prompt_tokens": 20000, "cached_tokens": 0, "ttft_ms": 500.0,
+                    "status": 200}),
+        json.dumps({"prompt_tokens": 64, "cached_tokens": 0, "ttft_ms": None, "status": 0}),
+        "not json"]) + "\n")
+    for budget in (8192, 30000):
+        r = floor_json(str(rec), "--block-size", 16, "--floor-speedup", 1,
+                       "--floor-budget", budget)
+        assert r.returncode == 0, r.stderr
+        f = json.loads(r.stdout)
+        assert f["requests"] == 2 and f["skipped"] == 2
+        assert f["ttft_ms"] == pytest.approx(260.0)
+        assert f["floor_ttft_ms"] == pytest.approx((16.74446 + 409.30625) / 2, abs=1e-3)
+    r = floor_json(str(tmp_path / "missing.jsonl"), "--floor-speedup", 1)
+    assert r.returncode == 2 and "missing.jsonl" in r.stderr and r.stdout == ""
+    r = floor_json(str(rec))            # no --floor-speedup: nothing to compute
+    assert r.returncode == 2 and "--floor-speedup" in r.stderr
+
+
 def test_oracle_is_deterministic_and_rejects_bad_options(tmp_path):
     t = oracle_trace(tmp_path)
     args = ["--engines", 2, "--cache-tokens", 32, "--block-size", 16]

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_hash.h"
+#include "kvb_floor.h"
 
 #define NIL UINT32_MAX
 
@@ -162,6 +163,13 @@ static void serve(lru_t *c, const uint64_t *keys, uint32_t n)
         lru_touch(c, keys[k]);
 }
 
+static double floor_ms(const kvb_oracle_opts_t *o, uint32_t len, uint64_t cached)
+{
+    return o->floor_speedup > 0
+           ? kvb_floor_ttft_ms(len, cached, o->block_size, o->floor_budget, o->floor_speedup)
+           : 0;
+}
+
 int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_result_t *res,
                    char *err, size_t errlen)
 {
@@ -173,8 +181,10 @@ int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_r
 
     memset(res, 0, sizeof(*res));
     if (o->engines == 0 || o->engines > 4096 || o->block_size == 0
-        || o->trace_block_size == 0 || !(o->balance >= 1.0)) {
-        snprintf(err, errlen, "need 1 <= engines <= 4096, block sizes > 0 and balance >= 1");
+        || o->trace_block_size == 0 || !(o->balance >= 1.0)
+        || (o->floor_speedup > 0 && o->floor_budget == 0)) {
+        snprintf(err, errlen, "need 1 <= engines <= 4096, block sizes > 0, balance >= 1 "
+                 "and a token budget > 0 with floors");
         return -1;
     }
     uint64_t cap = o->cache_tokens / o->block_size;
@@ -211,7 +221,9 @@ int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_r
         uint64_t total = 0;
 
         res->prompt_tokens += len;
-        res->ideal_cached += (uint64_t)cached_prefix(&ideal, keys, n) * o->block_size;
+        uint64_t ideal_hit = (uint64_t)cached_prefix(&ideal, keys, n) * o->block_size;
+        res->ideal_cached += ideal_hit;
+        res->ideal_floor_ms += floor_ms(o, len, ideal_hit);
         serve(&ideal, keys, n);
 
         for (uint32_t e = 0; e < o->engines; e++) {
@@ -235,6 +247,7 @@ int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_r
             res->fallbacks++;
         }
         res->oracle_cached += (uint64_t)have[best] * o->block_size;
+        res->oracle_floor_ms += floor_ms(o, len, (uint64_t)have[best] * o->block_size);
         work[best] += cost[best];
         serve(&eng[best], keys, n);
     }
@@ -246,6 +259,12 @@ int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_r
         res->evictions += eng[e].evictions;
     }
     res->work_spread = sum ? (double)max * o->engines / (double)sum : 1.0;
+    if (t->n > 0 && o->floor_speedup > 0) {
+        res->any_order_floor_ms = kvb_floor_any_order_ms(res->prompt_tokens - res->ideal_cached,
+                                                         t->n, o->floor_speedup);
+        res->oracle_floor_ms /= (double)t->n;
+        res->ideal_floor_ms /= (double)t->n;
+    }
     res->oracle_hit_rate = res->prompt_tokens
                            ? (double)res->oracle_cached / (double)res->prompt_tokens : 0;
     res->ideal_hit_rate = res->prompt_tokens

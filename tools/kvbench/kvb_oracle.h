@@ -26,6 +26,15 @@
  *      the first, so a prompt's head is fresher than its tail and eviction
  *      takes tails before heads, as vLLM frees blocks.
  * The ideal is the same walk with one engine and a cache that never evicts.
+ *
+ * With floor_speedup > 0 it also gives, for both, the mean TTFT floor of
+ * kvb_floor.h: what each request's uncached part takes alone on an idle mock
+ * engine. The ideal's floor holds for requests computed in arrival order; a
+ * router that lets a later request compute a shared prefix first moves that
+ * hit to the earlier one, which changes the mean by their two prompts'
+ * different marginal cost. The any-order floor (kvb_floor_any_order_ms)
+ * needs no order: it uses only the ideal's total hits, which no schedule
+ * exceeds.
  */
 #ifndef KVB_ORACLE_H
 #define KVB_ORACLE_H
@@ -41,6 +50,8 @@ typedef struct {
     uint32_t    block_size;         /* engine KV block, tokens */
     uint32_t    trace_block_size;   /* tokens per trace hash id */
     double      balance;            /* >= 1: the load bound of rule 2 */
+    double      floor_speedup;      /* the engines' --speedup; 0: no floors */
+    uint32_t    floor_budget;       /* the engines' --max-num-batched-tokens */
 } kvb_oracle_opts_t;
 
 typedef struct {
@@ -51,6 +62,8 @@ typedef struct {
     uint64_t    evictions;          /* blocks evicted over the whole fleet */
     double      oracle_hit_rate, ideal_hit_rate;
     double      work_spread;        /* max / mean assigned uncached prompt tokens */
+    double      oracle_floor_ms, ideal_floor_ms;    /* mean TTFT floors (kvb_floor.h) */
+    double      any_order_floor_ms;
 } kvb_oracle_result_t;
 
 /* -1 with a reason in err on bad options or no memory. */

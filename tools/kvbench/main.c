@@ -6,10 +6,15 @@
  *   kvbench replay --trace FILE --url URL [options]   one JSON summary line
  *   kvbench ideal  --trace FILE [--max-requests N]    the trace's ideal reuse
  *   kvbench oracle --trace FILE [--engines N] [--cache-tokens C] [--block-size B]
- *                  [--balance F] [--trace-block-size TB]
+ *                  [--balance F] [--trace-block-size TB] [--floor-speedup S]
  *       the hit rate of a load-bounded longest-prefix oracle on a fleet of N
  *       engines with C-token LRU caches, and the infinite single-cache bound
- *       (kvb_oracle.h has the exact rule)
+ *       (kvb_oracle.h has the exact rule); with --floor-speedup, the mean TTFT
+ *       floor of both on mock engines of that --speedup (kvb_floor.h)
+ *   kvbench floor --records FILE --floor-speedup S [--block-size B] [--floor-budget N]
+ *       the mean TTFT floor of the requests a replay recorded (their prompt and
+ *       cached tokens) beside their measured mean TTFT: how much of it was
+ *       compute and how much waiting
  *
  * Prompts: every trace hash id expands on its own into one block of
  * --block-size token ids (or, with --text, words that are one token each in
@@ -26,6 +31,7 @@
 #include <sys/resource.h>
 
 #include "kv_trace.h"
+#include "kvb_floor.h"
 #include "kvb_oracle.h"
 #include "kvb_replay.h"
 #include "kvb_stats.h"
@@ -36,8 +42,12 @@ static void usage(FILE *f)
           "       kvbench ideal --trace FILE [--max-requests N]\n"
           "       kvbench oracle --trace FILE [--engines N] [--cache-tokens C] [--block-size B]\n"
           "                      [--balance F] [--trace-block-size TB] [--max-requests N]\n"
+          "                      [--floor-speedup S] [--floor-budget N]\n"
+          "       kvbench floor --records FILE --floor-speedup S [--block-size B] [--floor-budget N]\n"
           "  oracle: --engines 8, --cache-tokens 2097152 (per engine), --block-size 64 (the\n"
-          "  engines' KV block), --balance 1.1 (load bound), --trace-block-size 512\n"
+          "  engines' KV block), --balance 1.1 (load bound), --trace-block-size 512;\n"
+          "  --floor-speedup S: also the mean TTFT floor on mock engines of --speedup S\n"
+          "  with a step budget of --floor-budget tokens (default 8192)\n"
           "  --url URL          http://host:port[/path] (path default /v1/completions)\n"
           "  --text             text prompts (words) instead of token-id prompts\n"
           "  --chat             chat requests (default path /v1/chat/completions): the text\n"
@@ -80,7 +90,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         {"model", 1, 0, 'm'}, {"block-size", 1, 0, 'b'}, {"vocab", 1, 0, 'v'},
         {"records", 1, 0, 'r'}, {"timeout", 1, 0, 'T'}, {"help", 0, 0, 'h'},
         {"engines", 1, 0, 'E'}, {"cache-tokens", 1, 0, 'C'}, {"balance", 1, 0, 'L'},
-        {"trace-block-size", 1, 0, 'B'}, {0, 0, 0, 0},
+        {"trace-block-size", 1, 0, 'B'}, {"floor-speedup", 1, 0, 'F'},
+        {"floor-budget", 1, 0, 'G'}, {0, 0, 0, 0},
     };
     double v;
     int c;
@@ -95,6 +106,7 @@ static int parse_args(int argc, char **argv, args_t *a)
     a->oracle.block_size = 64;
     a->oracle.trace_block_size = 512;
     a->oracle.balance = 1.1;
+    a->oracle.floor_budget = 8192;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 't': a->trace = optarg; break;
@@ -129,6 +141,14 @@ static int parse_args(int argc, char **argv, args_t *a)
         case 'L':
             if (parse_num("--balance", optarg, 1, 1e6, &a->oracle.balance)) return -1;
             break;
+        case 'F':
+            if (parse_num("--floor-speedup", optarg, 1e-6, 1e9, &a->oracle.floor_speedup))
+                return -1;
+            break;
+        case 'G':
+            if (parse_num("--floor-budget", optarg, 1, 1 << 24, &v)) return -1;
+            a->oracle.floor_budget = (uint32_t)v;
+            break;
         case 'B':
             if (parse_num("--trace-block-size", optarg, 1, 1 << 20, &v)) return -1;
             a->oracle.trace_block_size = (uint32_t)v;
@@ -148,8 +168,9 @@ static int parse_args(int argc, char **argv, args_t *a)
         fprintf(stderr, "kvbench: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
-    if (a->trace == NULL) {
-        fprintf(stderr, "kvbench: --trace FILE is required\n");
+    if (a->trace == NULL && (a->records == NULL || !(a->oracle.floor_speedup > 0))) {
+        fprintf(stderr, "kvbench: --trace FILE is required (floor: --records FILE "
+                "--floor-speedup S)\n");
         return -1;
     }
     return 0;
@@ -411,7 +432,7 @@ static int cmd_oracle(const args_t *a)
            "\"oracle_cached_tokens\":%llu,\"ideal_cached_tokens\":%llu,"
            "\"oracle_hit_rate\":%.6f,\"ideal_hit_rate\":%.6f,\"oracle_share_of_ideal\":%.6f,"
            "\"oracle_work_spread\":%.6f,\"fallbacks\":%llu,\"evictions\":%llu,"
-           "\"ideal_reuse_trace_blocks\":%.6f}\n",
+           "\"ideal_reuse_trace_blocks\":%.6f",
            t.n, o->engines, (unsigned long long)o->cache_tokens, o->block_size,
            o->trace_block_size, o->balance, (unsigned long long)r.prompt_tokens,
            (unsigned long long)r.oracle_cached, (unsigned long long)r.ideal_cached,
@@ -419,6 +440,12 @@ static int cmd_oracle(const args_t *a)
            r.ideal_hit_rate > 0 ? r.oracle_hit_rate / r.ideal_hit_rate : 0.0,
            r.work_spread, (unsigned long long)r.fallbacks, (unsigned long long)r.evictions,
            kv_trace_ideal_reuse(&t));
+    if (o->floor_speedup > 0)
+        printf(",\"floor_speedup\":%g,\"floor_budget\":%u,\"oracle_floor_ttft_ms\":%.3f,"
+               "\"ideal_floor_ttft_ms\":%.3f,\"any_order_floor_ttft_ms\":%.3f",
+               o->floor_speedup, o->floor_budget, r.oracle_floor_ms, r.ideal_floor_ms,
+               r.any_order_floor_ms);
+    printf("}\n");
     fprintf(stderr, "oracle: %zu requests, %u engines x %llu tokens (block %u), balance %g: "
             "hit rate %.3f (%.0f%% of ideal %.3f), prefill work max/mean %.2f, %llu fallbacks\n",
             t.n, o->engines, (unsigned long long)o->cache_tokens, o->block_size, o->balance,
@@ -426,6 +453,58 @@ static int cmd_oracle(const args_t *a)
                                                     : 0.0,
             r.ideal_hit_rate, r.work_spread, (unsigned long long)r.fallbacks);
     kv_trace_free(&t);
+    return 0;
+}
+
+/* One record's floor; 0 when the line is not a completed request. */
+static int record_floor(const char *line, const args_t *a, double *ttft, double *low)
+{
+    json_t *r = json_loads(line, JSON_ALLOW_NUL, NULL);
+    json_t *p = json_object_get(r, "prompt_tokens"), *c = json_object_get(r, "cached_tokens");
+    json_t *t = json_object_get(r, "ttft_ms"), *st = json_object_get(r, "status");
+    int ok = json_is_integer(p) && json_is_integer(c) && json_is_number(t)
+             && json_integer_value(st) == 200 && json_integer_value(p) > 0
+             && json_integer_value(p) <= UINT32_MAX && json_integer_value(c) >= 0;
+
+    if (ok) {
+        *ttft = json_number_value(t);
+        *low = kvb_floor_ttft_ms((uint32_t)json_integer_value(p),
+                                   (uint64_t)json_integer_value(c), a->oracle.block_size,
+                                   a->oracle.floor_budget, a->oracle.floor_speedup);
+    }
+    json_decref(r);
+    return ok;
+}
+
+static int cmd_floor(const args_t *a)
+{
+    FILE *f = fopen(a->records, "r");
+    char *line = NULL;
+    size_t cap = 0, n = 0, skipped = 0;
+    double ttft_sum = 0, floor_sum = 0, ttft, low;
+
+    if (f == NULL) {
+        fprintf(stderr, "kvbench: %s: %s\n", a->records, strerror(errno));
+        return 2;
+    }
+    while (getline(&line, &cap, f) > 0) {
+        if (record_floor(line, a, &ttft, &low)) {
+            ttft_sum += ttft;
+            floor_sum += low;
+            n++;
+        } else {
+            skipped++;
+        }
+    }
+    free(line);
+    fclose(f);
+    if (n == 0) {
+        fprintf(stderr, "kvbench: %s: no completed requests\n", a->records);
+        return 2;
+    }
+    printf("{\"requests\":%zu,\"skipped\":%zu,\"ttft_ms\":%.3f,\"floor_ttft_ms\":%.3f,"
+           "\"over_floor\":%.4f}\n", n, skipped, ttft_sum / n, floor_sum / n,
+           floor_sum > 0 ? ttft_sum / floor_sum : 0.0);
     return 0;
 }
 
@@ -438,7 +517,8 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "replay") != 0 && strcmp(cmd, "ideal") != 0 && strcmp(cmd, "oracle") != 0) {
+    if (strcmp(cmd, "replay") != 0 && strcmp(cmd, "ideal") != 0 && strcmp(cmd, "oracle") != 0
+        && strcmp(cmd, "floor") != 0) {
         fprintf(stderr, "kvbench: unknown command '%s'\n", cmd);
         usage(stderr);
         return 2;
@@ -447,5 +527,7 @@ int main(int argc, char **argv)
         return 2;
     if (strcmp(cmd, "oracle") == 0)
         return cmd_oracle(&a);
+    if (strcmp(cmd, "floor") == 0)
+        return cmd_floor(&a);
     return strcmp(cmd, "replay") == 0 ? cmd_replay(&a) : cmd_ideal(&a);
 }
