@@ -21,10 +21,14 @@
  * run moves one on, so every run is in order of home. The mean probe is
  * linear probing's, but its spread is not: a full zone (load 0.76) puts
  * no key more than ~23 entries from its home where first-come placement
- * left some 200 away, and a 20-key match's p99 crosses 26 cache lines
- * instead of 49 (simulated; 8 instead of 11 at the bench's 0.48). And a
- * probe for an absent key stops at the first entry nearer its home than
- * the probe has come (1.1 lines crossed instead of 4.1 at 0.76).
+ * left some 200 away. Measured in kvindex-bench at 0.76 (docs/BENCHMARKS.md,
+ * round 8): probe steps per match p99 68 instead of 210, and 50 instead
+ * of 163 on average in the slowest 1 % of matches (the median rises, 24
+ * from 10: more keys sit an entry or two off). Readers still stop only at an empty entry: stopping
+ * at the first entry nearer its home (the other half of Robin Hood) costs
+ * a hash of that entry's key per probe step, which in that bench took
+ * more off every match than it saved (no absent keys there; it would
+ * shorten probes for absent keys, ~1 line instead of ~4 at 0.76).
  * A key's probe starts at the first entry of the cache line its hash names
  * (home): with 32-byte entries a probe that passes its first entry then
  * stays in the line the reader prefetched, where one starting in a line's
@@ -45,8 +49,7 @@
  * An insert moves the rest of the run one on from its far end down, each
  * entry written at its new place before its old place is overwritten, so
  * a reader (probing upwards) finds a key present throughout at one place
- * or the other, and never stops early on an entry passing through (each
- * copy is at least as far from its home as the entry it replaces was).
+ * or the other.
  * A removal's backward shift can still hide an entry from a reader that
  * passed its new place just before the copy: it sees a shorter overlap,
  * which costs a cache hit, never a wrong answer about an entry it did
@@ -454,9 +457,9 @@ static void prefetch_key_w(const kv_index_t *ix, uint64_t key)
     prefetch(kids(ix, home(ix, key)));
 }
 
-/* 1 if the live key k at entry i lies nearer its home than d entries: a
- * probe that has come d entries from its own home stops there, since the
- * runs are in order of home (Robin Hood), so its key is not further on. */
+/* 1 if the live key k at entry i lies nearer its home than d entries: an
+ * insert whose probe has come d entries from its own home takes its place
+ * (Robin Hood; the runs stay in order of home). */
 static int nearer(const kv_index_t *ix, uint64_t k, uint64_t i, uint64_t d)
 {
     return ((i - home(ix, k)) & (ix->cap - 1)) < d;
@@ -465,14 +468,14 @@ static int nearer(const kv_index_t *ix, uint64_t k, uint64_t i, uint64_t d)
 /* The entry holding key, or -1 (writer view; no locking needed). */
 static int64_t find(const kv_index_t *ix, uint64_t key)
 {
-    uint64_t i, mask = ix->cap - 1, k, d;
+    uint64_t i, mask = ix->cap - 1, k;
 
-    for (i = home(ix, key), d = 0;; i = (i + 1) & mask, d++) {
+    for (i = home(ix, key);; i = (i + 1) & mask) {
         k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
         if (k == key) {
             return (int64_t) i;
         }
-        if (k == KEY_EMPTY || nearer(ix, k, i, d)) {
+        if (k == KEY_EMPTY) {
             return -1;
         }
     }
@@ -790,9 +793,10 @@ static int must_evict(const kv_index_t *ix)
  * its run move one on, the last first, each written at its new place
  * before its old place is overwritten. A reader probing upwards for one
  * of them reads its old place before its new one, so it finds it at one
- * or the other; and a copy at j came from j - 1, one entry further from
- * its home than the entry it replaces, which in a run in order of home
- * was at least as far from its own: no reader stops early on it (nearer).
+ * or the other, and every entry of the run stays live meanwhile, so no
+ * reader stops short at an empty one. (The textbook insert, carrying each
+ * displaced entry up, leaves it nowhere for a moment: the forked reader
+ * of test_index's concurrent_reader_sees_displaced_entries catches that.)
  * Entry i still holds its old key and holders; the caller rewrites it.
  */
 static void make_gap(kv_index_t *ix, uint64_t i)
@@ -1438,7 +1442,7 @@ static int read_holders(const kv_index_t *ix, uint64_t key, uint64_t *bits)
         if (k == key) {
             return 1;
         }
-        if (k == KEY_EMPTY || nearer(ix, k, i, n)) {
+        if (k == KEY_EMPTY) {
             return 0;
         }
     }
