@@ -16,19 +16,6 @@
  * Entries form an open-addressing table with linear probing; removal
  * shifts the rest of the probe run back (no tombstones), so probe chains
  * only ever reflect the live load (at most 0.8; eviction keeps it there).
- * Placement is Robin Hood: an insert takes the place of the first entry
- * nearer its own home than the new key is to its home, and the rest of the
- * run moves one on, so every run is in order of home. The mean probe is
- * linear probing's, but its spread is not: a full zone (load 0.76) puts
- * no key more than ~23 entries from its home where first-come placement
- * left some 200 away. Measured in kvindex-bench at 0.76 (docs/BENCHMARKS.md,
- * round 8): probe steps per match p99 68 instead of 210, and 50 instead
- * of 163 on average in the slowest 1 % of matches (the median rises, 24
- * from 10: more keys sit an entry or two off). Readers still stop only at an empty entry: stopping
- * at the first entry nearer its home (the other half of Robin Hood) costs
- * a hash of that entry's key per probe step, which in that bench took
- * more off every match than it saved (no absent keys there; it would
- * shorten probes for absent keys, ~1 line instead of ~4 at 0.76).
  * A key's probe starts at the first entry of the cache line its hash names
  * (home): with 32-byte entries a probe that passes its first entry then
  * stays in the line the reader prefetched, where one starting in a line's
@@ -45,15 +32,9 @@
  * in other processes that may die at any moment (an epoch held by a dead
  * reader would block reclamation forever), and entries are never freed,
  * only rewritten in place, so a reader can never touch freed memory; the
- * retry loop is the whole price. Probe chains may change under a reader.
- * An insert moves the rest of the run one on from its far end down, each
- * entry written at its new place before its old place is overwritten, so
- * a reader (probing upwards) finds a key present throughout at one place
- * or the other.
- * A removal's backward shift can still hide an entry from a reader that
- * passed its new place just before the copy: it sees a shorter overlap,
- * which costs a cache hit, never a wrong answer about an entry it did
- * read. A reader
+ * retry loop is the whole price. Probe chains may change under a reader; a reader that
+ * misses an entry moved by the writer sees a shorter overlap, which costs
+ * a cache hit, never a wrong answer about an entry it did read. A reader
  * that finds a lock odd for KV_SEQLOCK_READ_TRIES rounds (a writer
  * descheduled or killed mid-write) treats that entry as absent rather than
  * wait. Being alone, the
@@ -90,7 +71,7 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303036ULL   /* "kvidx006": Robin Hood order in runs */
+#define IX_MAGIC        0x6b76696478303035ULL   /* "kvidx005": homes at cache line starts */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
@@ -457,14 +438,6 @@ static void prefetch_key_w(const kv_index_t *ix, uint64_t key)
     prefetch(kids(ix, home(ix, key)));
 }
 
-/* 1 if the live key k at entry i lies nearer its home than d entries: an
- * insert whose probe has come d entries from its own home takes its place
- * (Robin Hood; the runs stay in order of home). */
-static int nearer(const kv_index_t *ix, uint64_t k, uint64_t i, uint64_t d)
-{
-    return ((i - home(ix, k)) & (ix->cap - 1)) < d;
-}
-
 /* The entry holding key, or -1 (writer view; no locking needed). */
 static int64_t find(const kv_index_t *ix, uint64_t key)
 {
@@ -694,8 +667,7 @@ static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
 
 /* Empties entry i by shifting the later members of its probe run back
  * (no tombstones, so probes and the load stay what the live entries make
- * them). In a run in order of home only the next entry can move, and only
- * if it is not at its home, so the order stays. A moved entry is written at its new place before its old place is
+ * them). A moved entry is written at its new place before its old place is
  * reused: a reader finds it at one or the other, or, if it passed the new
  * place just before the copy, misses it and sees a shorter overlap. */
 static void erase(kv_index_t *ix, uint64_t i)
@@ -788,50 +760,20 @@ static int must_evict(const kv_index_t *ix)
     return ix->used > 0 && (double) (ix->used + 1) > (double) ix->cap * MAX_LOAD;
 }
 
-/*
- * Frees entry i (live) for an insert: the entries from i to the end of
- * its run move one on, the last first, each written at its new place
- * before its old place is overwritten. A reader probing upwards for one
- * of them reads its old place before its new one, so it finds it at one
- * or the other, and every entry of the run stays live meanwhile, so no
- * reader stops short at an empty one. (The textbook insert, carrying each
- * displaced entry up, leaves it nowhere for a moment: the forked reader
- * of test_index's concurrent_reader_sees_displaced_entries catches that.)
- * Entry i still holds its old key and holders; the caller rewrites it.
- */
-static void make_gap(kv_index_t *ix, uint64_t i)
-{
-    uint64_t mask = ix->cap - 1, j, end;
-
-    for (end = i; __atomic_load_n(&entry(ix, end)->key, __ATOMIC_RELAXED) != KEY_EMPTY;
-         end = (end + 1) & mask)
-    {
-        /* void: the load is at most MAX_LOAD, an empty entry is near */
-    }
-    for (j = end; j != i; j = (j - 1) & mask) {
-        move_entry(ix, entry(ix, j), entry(ix, (j - 1) & mask));
-        *kids(ix, j) = *kids(ix, (j - 1) & mask);
-    }
-    ix->erases++;           /* entries moved: indexes the writer holds are stale */
-}
-
-/* The entry for key, created (with no holders) if absent: one probe. A new
- * key goes where its probe stops (Robin Hood): an empty entry, or the
- * first one nearer its home, which moves on with the rest of its run. */
+/* The entry for key, created (with no holders) if absent: one probe. */
 static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
 {
-    uint64_t mask = ix->cap - 1, i, k, d;
+    uint64_t mask = ix->cap - 1, i, k;
     entry_t *e;
-    uint32_t w;
     int      evicted = 0;
 
 again:
-    for (i = home(ix, key), d = 0;; i = (i + 1) & mask, d++) {
+    for (i = home(ix, key);; i = (i + 1) & mask) {
         k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
         if (k == key) {
             return i;
         }
-        if (k == KEY_EMPTY || nearer(ix, k, i, d)) {
+        if (k == KEY_EMPTY) {
             break;
         }
     }
@@ -843,17 +785,10 @@ again:
         evicted = 1;
         goto again;
     }
-    if (k != KEY_EMPTY) {
-        make_gap(ix, i);
-    }
     e = entry(ix, i);
     write_begin(e);
     __atomic_store_n(&e->key, key, __ATOMIC_RELAXED);
-    for (w = 0; k != KEY_EMPTY && w < ix->words; w++) {
-        set_bits(e, w, 0);
-    }
     write_end(e);
-    *kids(ix, i) = 0;
     e->touch = now;
     ix->used++;
     __atomic_store_n(&ix->live, ix->used, __ATOMIC_RELAXED);
