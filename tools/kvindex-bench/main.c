@@ -4,6 +4,11 @@
  *
  *   --blocks N          blocks to index (default 1000000); the region is
  *                       sized so that its capacity just covers N
+ *   --capacity N        size the region for N blocks instead (>= --blocks):
+ *                       the table's load is blocks / entries, and entries
+ *                       are a power of two, so this sets the load a match
+ *                       probes at (1M blocks: 2^21 entries, load 0.48, by
+ *                       default; --capacity 2000000 gives 2^22, load 0.24)
  *   --workers N         worker slots in use (default 64)
  *   --request-blocks N  blocks per document and per match (default 256)
  *   --readers N         reader threads matching while the writer ingests (1)
@@ -45,7 +50,7 @@
 
 #define CHUNK 16
 
-static uint64_t blocks_n = 1000000, workers_n = 64, req_n = 256, readers_n = 1;
+static uint64_t blocks_n = 1000000, room_n = 0, workers_n = 64, req_n = 256, readers_n = 1;
 static double   seconds = 2.0;
 static int      hugepages;
 static int      hot_request;
@@ -187,8 +192,8 @@ static int cmp_d(const void *a, const void *b)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: kvindex-bench [--blocks N] [--workers N] [--request-blocks N] "
-                    "[--readers N] [--seconds S] [--hugepages] [--hot-request]\n");
+    fprintf(stderr, "usage: kvindex-bench [--blocks N] [--capacity N] [--workers N] "
+                    "[--request-blocks N] [--readers N] [--seconds S] [--hugepages] [--hot-request]\n");
     exit(2);
 }
 
@@ -220,6 +225,7 @@ int main(int argc, char **argv)
         }
         if (i + 1 >= (size_t) argc) usage();
         if (!strcmp(argv[i], "--blocks")) blocks_n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--capacity")) room_n = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--workers")) workers_n = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--request-blocks")) req_n = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--readers")) readers_n = strtoull(argv[++i], NULL, 10);
@@ -227,6 +233,7 @@ int main(int argc, char **argv)
         else usage();
     }
     if (workers_n == 0 || workers_n > 4096 || req_n < CHUNK || blocks_n < req_n) usage();
+    if (room_n < blocks_n) room_n = blocks_n;
     req_n = req_n / CHUNK * CHUNK;
     ndocs = blocks_n / req_n;
     docs = malloc(ndocs * req_n * sizeof(uint64_t));
@@ -239,7 +246,7 @@ int main(int argc, char **argv)
             docs[d * req_n + k] = k == 0 ? t : kv_hash_chain(docs[d * req_n + k - 1], t);
         }
     }
-    ix = make_index(blocks_n, &size);
+    ix = make_index(room_n, &size);
 
     /* 1. every doc stored whole by one worker (all distinct blocks), then
      * as many stores again by other workers of random prefixes */
@@ -279,7 +286,7 @@ int main(int argc, char **argv)
         kv_index_t *saved = ix;
         size_t      limit = nev / 2 < 65536 ? nev / 2 : 65536;
 
-        ix = make_index(blocks_n, &size2);
+        ix = make_index(room_n, &size2);
         jcap = limit * (CHUNK * 90 + 256);
         json = malloc(jcap);
         joff = malloc((limit + 1) * sizeof(size_t));
