@@ -214,7 +214,10 @@ uint32_t kv_route_overlap(const kv_route_server_t *s);
  * and the pending index credits them as overlap, but without this the
  * rules that count blocks (spill, seed and the shared head's resident
  * bound, the cold and sticky ties) saw a server that had just been given a
- * prefix as empty until its prefill ended.
+ * prefix as empty until its prefill ended. (A response that is not
+ * streamed counts as queued until it ends, so its prompt is counted twice
+ * from its prefill to its end: one prompt per such request, too many
+ * rather than none.)
  */
 uint64_t kv_route_tree_blocks(uint64_t indexed, int index_lags, const kv_route_server_t *s,
                               const kv_route_config_t *cfg);
