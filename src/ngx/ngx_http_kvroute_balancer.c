@@ -769,6 +769,24 @@ ngx_http_kvroute_tree_blocks(ngx_http_kvroute_srv_conf_t *kcf, kv_index_t *ix,
 
 
 /*
+ * tree_blocks for server p, whose s has its load filled: the index's
+ * count, and in events mode the prompts sent to p that its events cannot
+ * have reported yet (kv_route_tree_blocks): approximate mode's index has
+ * them from the decision on, so both modes count what the router sent.
+ */
+
+static uint64_t
+ngx_http_kvroute_resident(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_peer_t *p, const kv_route_server_t *s)
+{
+    ngx_http_kvroute_sh_t  *sh = kcf->zone->sh;
+
+    return kv_route_tree_blocks(ngx_http_kvroute_tree_blocks(kcf, sh->index, p),
+                                !sh->approximate, s, &kcf->route);
+}
+
+
+/*
  * The decision's inputs for the candidates (candidates.c), read from shared
  * memory before the peers lock is taken (the registry's seqlock may spin);
  * usable and weight are filled under the lock.
@@ -842,7 +860,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
         /* the holders' blocks break dynamo's ties */
 
         if (s[i].overlap_index || s[i].overlap_pending) {
-            s[i].tree_blocks = ngx_http_kvroute_tree_blocks(kcf, sh->index, p);
+            s[i].tree_blocks = ngx_http_kvroute_resident(kcf, p, &s[i]);
             cold = 0;
         }
     }
@@ -856,8 +874,8 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
 
     if (cold && kcf->route.policy == KV_ROUTE_TTFT) {
         for (i = 0; i < n; i++) {
-            s[i].tree_blocks = ngx_http_kvroute_tree_blocks(kcf, sh->index,
-                                                  &kcf->peers[cand[i].k]);
+            s[i].tree_blocks = ngx_http_kvroute_resident(kcf,
+                                                  &kcf->peers[cand[i].k], &s[i]);
         }
     }
 }
@@ -1058,9 +1076,8 @@ again:
 
         for (i = 0; i < n; i++) {
             if (s[i].overlap_index == 0 && s[i].overlap_pending == 0) {
-                s[i].tree_blocks = ngx_http_kvroute_tree_blocks(kcf,
-                                       kcf->zone->sh->index,
-                                       &kcf->peers[cand[i].k]);
+                s[i].tree_blocks = ngx_http_kvroute_resident(kcf,
+                                       &kcf->peers[cand[i].k], &s[i]);
             }
         }
 

@@ -62,6 +62,14 @@ static uint64_t decode_load(const kv_route_server_t *s, const kv_route_config_t 
     return s->decode_blocks;
 }
 
+uint64_t kv_route_tree_blocks(uint64_t indexed, int index_lags, const kv_route_server_t *s,
+                              const kv_route_config_t *cfg)
+{
+    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+
+    return index_lags ? indexed + (prefill_load(s, cfg) + bs - 1) / bs : indexed;
+}
+
 static uint32_t weight_of(const kv_route_server_t *s)
 {
     return s->weight ? s->weight : 1;

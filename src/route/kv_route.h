@@ -133,7 +133,7 @@ typedef struct {
     uint32_t    overlap_index;      /* leading blocks the index credits it with */
     uint32_t    overlap_pending;    /* ... the router's recent decisions credit it with */
     int         trusted;            /* the index follows its events (or approximate mode) */
-    uint64_t    tree_blocks;        /* blocks indexed for it (a tie-break) */
+    uint64_t    tree_blocks;        /* blocks it holds: kv_route_tree_blocks() */
     /* this router's count */
     uint64_t    prefill_tokens;     /* uncached prompt tokens before their first byte */
     uint64_t    decode_blocks;      /* blocks held by requests in flight */
@@ -202,6 +202,25 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
 /* The overlap a server is credited with: the index's when trusted, and the
  * router's recent decisions in any case. */
 uint32_t kv_route_overlap(const kv_route_server_t *s);
+
+/*
+ * What to put in tree_blocks for server s (filled in but for tree_blocks):
+ * the blocks the index holds for it (indexed), and, where the index learns
+ * of a request's blocks only from the worker's events (index_lags: events
+ * mode, where the engine reports them Stored after their prefill), the
+ * blocks of the prompts sent to s that have not had their first byte yet
+ * (its queued prefill tokens, in blocks, rounded up). The router knows it
+ * sent those; approximate mode records them in its index at the decision,
+ * and the pending index credits them as overlap, but without this the
+ * rules that count blocks (spill, seed and the shared head's resident
+ * bound, the cold and sticky ties) saw a server that had just been given a
+ * prefix as empty until its prefill ended. (A response that is not
+ * streamed counts as queued until it ends, so its prompt is counted twice
+ * from its prefill to its end: one prompt per such request, too many
+ * rather than none.)
+ */
+uint64_t kv_route_tree_blocks(uint64_t indexed, int index_lags, const kv_route_server_t *s,
+                              const kv_route_config_t *cfg);
 
 /* "sticky", "spill", "cold", "cost", "session", "shared", "seed" or "" */
 const char *kv_route_why_name(kv_route_why_t why);
