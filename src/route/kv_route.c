@@ -438,15 +438,11 @@ static int pick_spill(const kv_route_server_t *s, size_t n, uint64_t key, double
  * spread of 1.5-1.7 (docs/BENCHMARKS.md, "Scale-out round 6"). So K also
  * leaves out a server whose indexed blocks per unit of weight (tree_blocks,
  * what its conversations stored; every instance sees the same through the
- * events) are above the fewest any server that could take the branch
- * holds, plus the slack x the candidates' mean, plus the branch's own
- * blocks (the prompt past the head): the branch goes to a holder near the
- * emptiest, or seeds the emptiest. A bound at (1 + slack) x the mean
- * instead left the emptiest where they were (an engine seeded late in the
- * run, 0-3 s busy against 10) and the busiest at 1.34-1.49 x the mean
- * ("Scale-out round 6"). When every cache is full (a real cluster) the
- * blocks are equal everywhere, every server is within the bound and the
- * rule is the one before it.
+ * events) are above (1 + slack) x the candidates' mean plus the branch's
+ * own blocks (the prompt past the head): the branch goes to a holder
+ * nearer the fleet's share, or seeds one. When every cache is full (a
+ * real cluster) the blocks are equal everywhere, every server is within
+ * the bound and the rule is the one before it.
  *
  * The rule acts only while the fleet runs at most about a request a
  * server: requests in flight, this one included, at most (1 + slack) x the
@@ -477,7 +473,7 @@ static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t lo
                        const kv_route_server_t *home, double slack, double band,
                        kv_route_why_t *why)
 {
-    double  reqs = 0, weights = 0, blocks = 0, least = INFINITY, cap, most;
+    double  reqs = 0, weights = 0, blocks = 0, cap, most;
     size_t  i, holders = 0, k = 0;
     int     pick = -1, held = 0;
 
@@ -493,13 +489,7 @@ static int pick_shared(kv_route_server_t *s, size_t n, uint64_t key, uint32_t lo
         return -1;
     }
     /* the resident bound (above): band is the prompt's blocks */
-    for (i = 0; i < n; i++) {
-        cap = ceil((1 + slack) * (reqs + 1) * weight_of(&s[i]) / weights);
-        if ((s[i].eligible & (IN_E | IN_Q)) && (double) s[i].requests + 1 <= cap) {
-            least = fmin(least, (double) s[i].tree_blocks / weight_of(&s[i]));
-        }
-    }
-    most = least + slack * blocks / weights + fmax(0, band - (double) longest);
+    most = (1 + slack) * blocks / weights + fmax(0, band - (double) longest);
     for (i = 0; i < n; i++) {
         cap = ceil((1 + slack) * (reqs + 1) * weight_of(&s[i]) / weights);
         if ((s[i].eligible & (IN_E | IN_Q)) && (double) s[i].requests + 1 <= cap

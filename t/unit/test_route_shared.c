@@ -7,9 +7,9 @@
  * (issue 18, docs/BENCHMARKS.md "Routing round 7"). The rule acts only while
  * the fleet runs at most (1 + slack) requests a server, this one included
  * (issue 16, "Routing round 8"). A server whose indexed blocks are above
- * the fewest any candidate holds + slack x the candidates' mean + the
- * branch's own takes no branch (the resident bound, issue 18, "Scale-out
- * round 6"). At block sizes 16, 32 and 64. */
+ * (1 + slack) x the candidates' mean + the branch's own takes no branch (the
+ * resident bound, issue 18, "Scale-out round 6"). At block sizes 16, 32
+ * and 64. */
 #include "kvtest.h"
 #include "route_fleet.h"
 #include "kv_route.h"
@@ -322,8 +322,8 @@ TEST(new_conversations_cover_the_fleet)
 /*
  * The resident bound (issue 18, docs/BENCHMARKS.md "Scale-out round 6"): a
  * holder with room takes a branch only while the blocks it holds per unit
- * of weight are within the fewest any candidate holds + slack x the
- * fleet's mean + the branch's own blocks. Two idle holders, one far above the fleet's blocks: the other
+ * of weight are within (1 + slack) x the fleet's mean + the branch's own
+ * blocks. Two idle holders, one far above the fleet's blocks: the other
  * takes the branch; both far above: it seeds a server holding the fewest
  * (within a prompt), the same one whatever the order the servers are listed
  * in (instances agree).
@@ -345,9 +345,9 @@ TEST(branch_leaves_holders_far_above_the_fleets_blocks)
             s[i].tree_blocks = 200 + 10 * (uint64_t) (i * 7 % 13);
         }
         s[4].overlap_index = HEAD;
-        s[4].tree_blocks = 1000;        /* least 200, mean about 272: bound about 276 */
+        s[4].tree_blocks = 1000;        /* mean about 272: bound about 348 */
         s[30].overlap_index = HEAD;
-        s[30].tree_blocks = 270;
+        s[30].tree_blocks = 340;
         CHECK(kv_route_pick(s, BIG, &rq, &cfg, 1, &r) == 30);
         CHECK(r.why == KV_ROUTE_WHY_SHARED);
 
@@ -414,7 +414,7 @@ TEST(idle_fleet_conversations_spread_by_blocks)
         kv_route_config_t   cfg = route_fleet_config(bs);
         kv_route_server_t   s[BIG];
         kv_route_result_t   r;
-        uint64_t            q[BLOCKS], blocks[BIG] = { 0 }, total = 0, most = 0, least;
+        uint64_t            q[BLOCKS], blocks[BIG] = { 0 }, total = 0, most = 0;
         int                 holds[8][BIG], convs[BIG] = { 0 }, used = 0, seeds = 0;
 
         memset(holds, 0, sizeof(holds));
@@ -432,7 +432,6 @@ TEST(idle_fleet_conversations_spread_by_blocks)
             kv_route_request_t rq = { BLOCKS * bs, q, BLOCKS, 0, 0 };
 
             idle(s, BIG);
-            least = UINT64_MAX;
             for (int i = 0; i < BIG; i++) {
                 s[i].tree_blocks = blocks[i];
                 s[i].overlap_index = holds[h][i] ? HEAD : 0;
@@ -443,10 +442,6 @@ TEST(idle_fleet_conversations_spread_by_blocks)
                 return;
             }
             CHECK(blocks[a] <= 1.25 * (double) total / BIG + BLOCKS - HEAD);
-            for (int i = 0; i < BIG; i++) {
-                least = blocks[i] < least ? blocks[i] : least;
-            }
-            CHECK(blocks[a] <= least + 0.25 * (double) total / BIG + BLOCKS - HEAD);
             seeds += r.why == KV_ROUTE_WHY_SEED;
             used += convs[a]++ == 0;
             blocks[a] += (holds[h][a] ? 0 : HEAD) + LIFE;
@@ -456,7 +451,7 @@ TEST(idle_fleet_conversations_spread_by_blocks)
         for (int i = 0; i < BIG; i++) {
             most = blocks[i] > most ? blocks[i] : most;
         }
-        CHECK(used == BIG);
+        CHECK(used > 32);
         CHECK(seeds > 0);
         CHECK(most <= 1.5 * (double) total / BIG);
     }
