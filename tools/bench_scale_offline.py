@@ -9,12 +9,12 @@ A request's service interval is modelled on the mock engine (speedup 0.5):
 union of its requests' intervals (busy time is flat in the batch)."""
 import json, sys, collections, random, statistics as st, heapq
 from bench_scale import busy_union
+from mock_model import prefill_ms as pre
 E = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 trace = [json.loads(l) for l in open(sys.argv[1])]
 convs = collections.OrderedDict()
 for i, r in enumerate(trace):
     convs.setdefault((r["hash_ids"][0] >> 32, r["hash_ids"][64]), []).append(i)
-def pre(t): return 0 if t <= 0 else 4.209989e-07*t*t + 1.518344e-02*t + 1.650142e+01
 iv = {}
 for k, v in convs.items():
     for j, i in enumerate(v):
