@@ -42,6 +42,11 @@ int kv_route_why_reads_blocks(kv_route_why_t why)
            || why == KV_ROUTE_WHY_SHARED;
 }
 
+static uint32_t block_size_of(const kv_route_config_t *cfg)
+{
+    return cfg->block_size ? cfg->block_size : 16;
+}
+
 static uint64_t prefill_load(const kv_route_server_t *s, const kv_route_config_t *cfg)
 {
     if (cfg->worker_load == KV_ROUTE_LOAD_MAX && s->reported
@@ -65,7 +70,7 @@ static uint64_t decode_load(const kv_route_server_t *s, const kv_route_config_t 
 uint64_t kv_route_tree_blocks(uint64_t indexed, int index_lags, const kv_route_server_t *s,
                               const kv_route_config_t *cfg)
 {
-    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+    uint32_t bs = block_size_of(cfg);
 
     return index_lags ? indexed + (prefill_load(s, cfg) + bs - 1) / bs : indexed;
 }
@@ -526,7 +531,7 @@ static double rate_of(const kv_route_server_t *s, double lrate)
 static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                      const kv_route_config_t *cfg, uint64_t rnd, kv_route_why_t *why)
 {
-    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+    uint32_t bs = block_size_of(cfg);
     uint64_t out = rq->max_tokens ? rq->max_tokens : cfg->max_tokens ? cfg->max_tokens : 1;
     uint64_t key = rq->nseq ? rq->seq[0] : rnd;
     double   best = INFINITY, loads = 0, mean, rate, base, pace;
@@ -678,7 +683,7 @@ static int pick_dynamo(kv_route_server_t *s, size_t n, const kv_route_request_t 
     }
     sc.overlap_weight = cfg->overlap_weight;
     sc.temperature = cfg->temperature;
-    sc.block_size = cfg->block_size ? cfg->block_size : 16;
+    sc.block_size = block_size_of(cfg);
     sc.busy_prefill_tokens = 0;             /* kv_route_pick judged busy */
     sc.busy_decode_blocks = 0;
     for (i = 0; i < n; i++) {
@@ -706,7 +711,7 @@ static int pick_dynamo(kv_route_server_t *s, size_t n, const kv_route_request_t 
 int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                   const kv_route_config_t *cfg, uint64_t rnd, kv_route_result_t *out)
 {
-    uint32_t bs = cfg->block_size ? cfg->block_size : 16;
+    uint32_t bs = block_size_of(cfg);
     size_t   i, usable = 0, busy_n = 0;
     int      pick;
 

@@ -246,8 +246,9 @@ int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_r
             best = low;
             res->fallbacks++;
         }
-        res->oracle_cached += (uint64_t)have[best] * o->block_size;
-        res->oracle_floor_ms += floor_ms(o, len, (uint64_t)have[best] * o->block_size);
+        uint64_t oracle_hit = (uint64_t)have[best] * o->block_size;
+        res->oracle_cached += oracle_hit;
+        res->oracle_floor_ms += floor_ms(o, len, oracle_hit);
         work[best] += cost[best];
         serve(&eng[best], keys, n);
     }

@@ -456,7 +456,7 @@ static int cmd_oracle(const args_t *a)
     return 0;
 }
 
-/* One record's floor; 0 when the line is not a completed request. */
+/* One record's TTFT and floor; 0 when the line is not a completed request. */
 static int record_floor(const char *line, const args_t *a, double *ttft, double *low)
 {
     json_t *r = json_loads(line, JSON_ALLOW_NUL, NULL);
@@ -469,8 +469,8 @@ static int record_floor(const char *line, const args_t *a, double *ttft, double 
     if (ok) {
         *ttft = json_number_value(t);
         *low = kvb_floor_ttft_ms((uint32_t)json_integer_value(p),
-                                   (uint64_t)json_integer_value(c), a->oracle.block_size,
-                                   a->oracle.floor_budget, a->oracle.floor_speedup);
+                                 (uint64_t)json_integer_value(c), a->oracle.block_size,
+                                 a->oracle.floor_budget, a->oracle.floor_speedup);
     }
     json_decref(r);
     return ok;
