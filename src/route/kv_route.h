@@ -37,7 +37,7 @@
  *      + decode_pace(s).
  *   2. Sticky: if some server in E holds part of the prompt, take the one
  *      with the longest cached prefix (ties: the session's home, then the
- *      lower ttft + decode, then the fewer indexed blocks, then rendezvous).
+ *      lower ttft, then the fewer indexed blocks, then rendezvous).
  *      But if that longest prefix is held by two servers or more (a shared
  *      head, such as a system prompt: the request starts a conversation of
  *      its own there), only servers within the bounded-load capacity

@@ -136,6 +136,37 @@ TEST(ttft_learned_rate_counts)
     CHECK_EQ_U64(r.prefill_tokens, 0);
 }
 
+/* Two servers cache the same prefix: the one whose first token comes
+ * sooner wins, whatever their learned decode paces. Output tokens x pace
+ * used to break this tie: learned paces of identical engines differ by a
+ * third (9-12 ms a token on Mooncake's conversation trace), which over a
+ * few hundred output tokens outweighed any queue, so a new conversation
+ * went behind a long prefill on the server that had learned the lowest
+ * pace (docs/BENCHMARKS.md, "Routing round 12"). */
+TEST(ttft_equal_prefix_goes_to_the_sooner_first_token)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_request_t rq = request(12, bs);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+
+        idle(s, 2);
+        for (int i = 0; i < 2; i++) {
+            s[i].overlap_index = 4;
+            s[i].requests = 1;          /* past the shared head's gate */
+        }
+        s[0].decode_pace = 30;          /* 256 x 30 ms, nothing queued */
+        s[1].decode_pace = 10;          /* 256 x 10 ms, 4 blocks queued */
+        s[1].prefill_tokens = 4 * bs;
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.why == KV_ROUTE_WHY_STICKY);
+        s[0].prefill_tokens = 5 * bs;   /* now its queue is the longer */
+        CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) == 1);
+    }
+}
+
 /* Nobody holds the prefix: the fewest requests, then the rendezvous order
  * of its first block, the same whatever the order of the servers or the
  * random draw (independent routers agree). */
@@ -648,6 +679,7 @@ int main(void)
     RUN(ttft_sticky_until_saturated);
     RUN(ttft_longest_prefix_within_the_slack);
     RUN(ttft_learned_rate_counts);
+    RUN(ttft_equal_prefix_goes_to_the_sooner_first_token);
     RUN(ttft_cold_rendezvous_agrees);
     RUN(ttft_hot_prefix_spills_to_one_next_server);
     RUN(requests_bound_spreads_decode);
