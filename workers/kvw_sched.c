@@ -493,6 +493,8 @@ static void start_step(sched_t *sc)
      */
     uint64_t now = kv_clock_us();
     uint64_t start = sc->due_us && sc->due_us + 2000 > now ? sc->due_us : now;
+    if (sc->be->simulated && sc->due_us && start == now && now > sc->due_us)
+        sc->st.late_ms += (double)(now - sc->due_us) / 1e3;     /* the host starved the loop */
     uint64_t wait = 0;
     if (sc->be->simulated && ms > 0) {
         sc->due_us = start + (uint64_t)(ms * 1000.0);

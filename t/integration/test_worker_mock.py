@@ -1,7 +1,10 @@
 """kvworker --engine mock over HTTP: OpenAI shapes, errors, the step schedule
 of Dynamo's perf model, client disconnects."""
 import json
+import os
+import signal
 import socket
+import time
 
 import kvt
 
@@ -119,6 +122,31 @@ def test_client_disconnect_frees_blocks(stack):
     m = metrics(port)
     assert m["kvworker_requests_running"] == 0 and m["kvworker_requests_cancelled_total"] == 1
     assert m["kvworker_kv_blocks_used"] >= 31       # the prompt's full blocks stay cached
+
+
+def test_a_starved_engine_counts_its_late_steps(stack):
+    """The mock engine's timings are only faithful while the host gives its
+    loop the CPU; when it does not, kvworker_late_seconds_total says how
+    much simulated time was lost (bench-e2e reports it for each run). The
+    worker is stopped (SIGSTOP) for 300 ms mid-generation: its next step
+    starts that late, and the counter shows it."""
+    w = stack.worker()                  # speedup 1: steps of ~10 ms, a long generation
+    port = w.ports[0]
+    body = json.dumps({"prompt": "z" * 500, "max_tokens": 100000, "stream": True,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while b"data: " not in got:
+        got += sock.recv(4096)
+    before = metrics(port)["kvworker_late_seconds_total"]
+    os.kill(w.pid, signal.SIGSTOP)
+    time.sleep(0.3)                     # the starvation itself, not a wait for a condition
+    os.kill(w.pid, signal.SIGCONT)
+    kvt.wait_until(lambda: metrics(port)["kvworker_late_seconds_total"] - before >= 0.25,
+                   what="the stopped time counted as late")
+    sock.close()
 
 
 def test_idle_engine_runs_the_modeled_schedule(stack):
