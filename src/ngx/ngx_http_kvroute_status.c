@@ -89,7 +89,9 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(blocks, U, "kvroute_pending_blocks", gauge,                             \
       "Blocks of recent decisions not yet confirmed by events")               \
     X(expired, U, "kvroute_pending_expired_total", counter,                   \
-      "Pending blocks expired unconfirmed")
+      "Pending blocks expired unconfirmed")                                   \
+    X(evicted, U, "kvroute_pending_evicted_total", counter,                   \
+      "Pending blocks dropped for room before their TTL (a full pending index)")
 
 /* labels {zone}, JSON "share" (zones with kvroute_share) */
 #define NGX_HTTP_KVROUTE_SHARE_STATS(X)                                       \
