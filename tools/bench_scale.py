@@ -256,12 +256,14 @@ def sessions_trace(path, rate="16"):
                     "--out", path], check=True)
 
 
-def busy_seconds(ports):
-    """kvworker_busy_seconds_total of each engine (its simulated step time)."""
+def engine_counters(ports, name="kvworker_busy_seconds_total"):
+    """A counter of each engine's /metrics: by default its busy time (its
+    simulated step time); kvworker_late_seconds_total is the simulated time
+    the host's CPU took from it (a disturbed run if well above 0)."""
     out = []
     for p in ports:
         for line in call(p, "GET", "/metrics")[1].decode().splitlines():
-            if line.startswith("kvworker_busy_seconds_total"):
+            if line.startswith(name):
                 out.append(float(line.split()[-1]))
     return out
 
@@ -306,7 +308,8 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         prompt = sum(s["prompt_tokens"] for s in sums)
         cached = sum(s["cached_tokens"] for s in sums)
         loads = list(per_engine.values())
-        busy = busy_seconds(ports)
+        busy = engine_counters(ports)
+        late = engine_counters(ports, "kvworker_late_seconds_total")
         # each engine's decisions by reason (cold, sticky, spill, ...), all instances
         whys = {}
         for ng in instances:
@@ -327,6 +330,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
             "busy_spread": round(max(busy) / statistics.mean(busy), 3) if busy and min(busy) >= 0
                            and statistics.mean(busy) > 0 else None,
             "busy_s": [round(b, 2) for b in busy],
+            "late_s": round(sum(late), 2),
             "requests": [per_engine.get(k, 0) for k in sorted(per_engine)],
             "why": {k: whys[k] for k in sorted(whys)},
             "shared": shared,

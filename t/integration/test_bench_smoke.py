@@ -78,6 +78,8 @@ def test_round_robin_runs_clean(bench):
     # load spread from every engine's kvworker_busy_seconds_total
     assert len(rr["busy_s"]) == ENGINES and all(b > 0 for b in rr["busy_s"])
     assert rr["load_spread"] >= 1 and "/oracle" in out and "spread" in out
+    # the host's share of the run: every engine's kvworker_late_seconds_total, summed
+    assert rr["late_s"] is not None and rr["late_s"] >= 0 and "late s" in out
 
 
 @NOT_MERGED
