@@ -104,8 +104,9 @@ def test_bad_requests_get_openai_errors(stack):
     assert s == 200
 
 
-def test_client_disconnect_frees_blocks(stack):
-    port = stack.worker().ports[0]      # speedup 1: a long generation
+def open_long_stream(port):
+    """A streamed generation of 100,000 tokens, its first token read: the
+    socket, which ends it when closed."""
     body = json.dumps({"prompt": "z" * 500, "max_tokens": 100000, "stream": True,
                        "ignore_eos": True}).encode()
     sock = socket.create_connection(("127.0.0.1", port))
@@ -114,6 +115,12 @@ def test_client_disconnect_frees_blocks(stack):
     got = b""
     while b"data: " not in got:
         got += sock.recv(4096)
+    return sock
+
+
+def test_client_disconnect_frees_blocks(stack):
+    port = stack.worker().ports[0]      # speedup 1: a long generation
+    sock = open_long_stream(port)
     m = metrics(port)
     assert m["kvworker_requests_running"] == 1 and m["kvworker_kv_blocks_active"] >= 32
     sock.close()
@@ -132,14 +139,7 @@ def test_a_starved_engine_counts_its_late_steps(stack):
     starts that late, and the counter shows it."""
     w = stack.worker()                  # speedup 1: steps of ~10 ms, a long generation
     port = w.ports[0]
-    body = json.dumps({"prompt": "z" * 500, "max_tokens": 100000, "stream": True,
-                       "ignore_eos": True}).encode()
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
-    got = b""
-    while b"data: " not in got:
-        got += sock.recv(4096)
+    sock = open_long_stream(port)
     before = metrics(port)["kvworker_late_seconds_total"]
     os.kill(w.pid, signal.SIGSTOP)
     time.sleep(0.3)                     # the starvation itself, not a wait for a condition
