@@ -637,8 +637,8 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_busy_seconds_total", "counter",
            "time spent in steps (simulated time for the mock engine)", e, l.busy_ms / 1e3);
     metric(b, "kvworker_late_seconds_total", "counter",
-           "mock engine: time its steps started behind their simulated schedule (more than 2 ms "
-           "late), which the host's CPU took from it; nonzero means timings are not faithful",
+           "mock engine: time its steps started too far behind their simulated schedule to "
+           "catch up (50 ms), which the host's CPU took from it; nonzero: timings not faithful",
            e, l.late_ms / 1e3);
     const kvw_xfer_stats_t *x = &h->xs;
     evbuffer_add_printf(b, "# HELP kvworker_role the worker's role (--role)\n"
