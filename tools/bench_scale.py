@@ -256,16 +256,19 @@ def sessions_trace(path, rate="16"):
                     "--out", path], check=True)
 
 
-def engine_counters(ports, name="kvworker_busy_seconds_total"):
-    """A counter of each engine's /metrics: by default its busy time (its
-    simulated step time); kvworker_late_seconds_total is the simulated time
-    the host's CPU took from it (a disturbed run if well above 0)."""
-    out = []
+def busy_and_late(ports):
+    """Each engine's busy time (kvworker_busy_seconds_total, its simulated
+    step time) and late time (kvworker_late_seconds_total, simulated time
+    the host's CPU took from it: a disturbed run if well above 0), from one
+    read of its /metrics."""
+    busy, late = [], []
     for p in ports:
         for line in call(p, "GET", "/metrics")[1].decode().splitlines():
-            if line.startswith(name):
-                out.append(float(line.split()[-1]))
-    return out
+            if line.startswith("kvworker_busy_seconds_total"):
+                busy.append(float(line.split()[-1]))
+            elif line.startswith("kvworker_late_seconds_total"):
+                late.append(float(line.split()[-1]))
+    return busy, late
 
 
 def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4"):
@@ -308,8 +311,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         prompt = sum(s["prompt_tokens"] for s in sums)
         cached = sum(s["cached_tokens"] for s in sums)
         loads = list(per_engine.values())
-        busy = engine_counters(ports)
-        late = engine_counters(ports, "kvworker_late_seconds_total")
+        busy, late = busy_and_late(ports)
         # each engine's decisions by reason (cold, sticky, spill, ...), all instances
         whys = {}
         for ng in instances:

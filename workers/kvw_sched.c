@@ -498,8 +498,9 @@ static void start_step(sched_t *sc)
      * routinely waits a few ms behind the others'.
      */
     uint64_t now = kv_clock_us();
-    uint64_t start = sc->due_us && sc->due_us + CATCH_UP_US > now ? sc->due_us : now;
-    if (sc->be->simulated && sc->due_us && start == now && now > sc->due_us)
+    int behind = sc->due_us && now >= sc->due_us + CATCH_UP_US;     /* too far to catch up */
+    uint64_t start = sc->due_us && !behind ? sc->due_us : now;
+    if (behind && sc->be->simulated)
         sc->st.late_ms += (double)(now - sc->due_us) / 1e3;     /* the host starved the loop */
     uint64_t wait = 0;
     if (sc->be->simulated && ms > 0) {

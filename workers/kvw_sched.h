@@ -30,7 +30,7 @@ typedef struct {
     uint64_t    prompt_tokens, generation_tokens, cached_tokens;
     uint64_t    prefix_query_tokens, prefix_hit_tokens;
     double      busy_ms;    /* sum of step times (simulated for mock): the engine's busy time */
-    double      late_ms;    /* simulated steps started late: time the host's CPU lost them */
+    double      late_ms;    /* simulated steps too late to catch up: time the host took */
 } kvw_sched_load_t;
 
 /* Takes ownership of backend. */
