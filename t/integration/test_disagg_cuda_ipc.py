@@ -3,15 +3,18 @@
 workers/cuda/emu): two real kvworker processes with the CUDA engine, the
 prefill side exporting its KV pool (cudaIpcGetMemHandle, a memfd under the
 emulation), the decode side mapping it (cudaIpcOpenMemHandle) and copying
-the named blocks device to device. What the emulation cannot show (the
-real driver's and P2P's behaviour, speed) is in docs/CUDA.md."""
+the named blocks device to device. The split and forged-stream tests run
+on a real GPU too (target "gpu", the nvcc build; skipped where there is
+none). What the emulation cannot show (the real driver's and P2P's
+behaviour, speed) is in docs/CUDA.md."""
 import os
 import struct
+import subprocess
 
 import pytest
 
 import kvt
-from test_cpu_engine import CONFIGS, QWEN_TOK, cuda_env, make
+from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, cuda_env, make
 from test_disagg_worker import (BLK, HDR, MORE, PROMPT, Forger, addr, complete, metrics,
                                 xxh3)
 
@@ -23,8 +26,19 @@ def model(tmp_path_factory):
     return make(tmp_path_factory.mktemp("ipc"), "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
 
 
-def cuda_worker(stack, model, role, extra=(), env_extra=None):
-    env = cuda_env("emu-forward")
+def require_gpu(model, target):
+    """Skips a "gpu" run where libkvcuda.so is not built or no GPU answers."""
+    if target != "gpu":
+        return
+    r = subprocess.run([ENGINE, "info", "--engine", "cuda", "--model", model, "--num-blocks",
+                        "16"], capture_output=True, text=True, env=cuda_env("gpu"))
+    if r.returncode != 0 and "no CUDA device" in r.stderr:
+        pytest.skip("no GPU: " + r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+
+
+def cuda_worker(stack, model, role, extra=(), env_extra=None, target="emu-forward"):
+    env = cuda_env(target)
     env.update(env_extra or {})
     port = kvt.free_port()
     p = stack.spawn([os.path.join(kvt.BIN, "kvworker"), "--engine", "cuda", "--model", model,
@@ -35,18 +49,20 @@ def cuda_worker(stack, model, role, extra=(), env_extra=None):
     return p
 
 
-def decode(stack, model, extra=(), env_extra=None):
+def decode(stack, model, extra=(), env_extra=None, target="emu-forward"):
     return cuda_worker(stack, model, "decode", ["--disagg-min-tokens", "1"] + list(extra),
-                       env_extra)
+                       env_extra, target)
 
 
-def test_ipc_split_output_equals_aggregated(stack, model):
+@pytest.mark.parametrize("target", ["emu-forward", "gpu"])
+def test_ipc_split_output_equals_aggregated(stack, model, target):
     """The decode worker maps the prefill worker's pool and copies the blocks
     device to device: the same greedy output as an aggregated worker, also
     when part of the prompt is already cached on the decode side."""
-    agg = cuda_worker(stack, model, "aggregated")
-    pre = cuda_worker(stack, model, "prefill")
-    dec = decode(stack, model)
+    require_gpu(model, target)
+    agg = cuda_worker(stack, model, "aggregated", target=target)
+    pre = cuda_worker(stack, model, "prefill", target=target)
+    dec = decode(stack, model, target=target)
     s, _, want = complete(agg, PROMPT)
     assert s == 200, want
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
@@ -121,10 +137,22 @@ def ipc_stream(d):
 
 def stale_handle(d):
     """The IPC frame's handle with another inode (a freed allocation's), re-checksummed."""
+    return forged_handle(d, lambda h: h.__setitem__(33, h[33] ^ 1))
+
+
+def garbage_handle(d):
+    """The IPC frame's handle with every byte flipped (the real driver's handle
+    is opaque: which bytes it reads is not ours to know), re-checksummed."""
+    return forged_handle(d, lambda h: h.__setitem__(slice(0, 64), bytes(x ^ 0xff for x in h)))
+
+
+def forged_handle(d, edit):
     if not ipc_stream(d):
         return d
     b = bytearray(d)
-    b[HDR + 16 + 33] ^= 1
+    h = bytearray(b[HDR + 16:HDR + 80])
+    edit(h)
+    b[HDR + 16:HDR + 80] = h
     struct.pack_into("<Q", b, HDR + 88, xxh3(b[HDR:HDR + 88]))
     return bytes(b)
 
@@ -139,14 +167,17 @@ def offset_outside(d):
     return bytes(b)
 
 
-def test_ipc_forged_streams(stack, model):
-    """A handle that no longer opens (stale: cudaErrorInvalidValue) is an IPC
-    failure: the pull is repeated as bytes. A block offset outside the
-    exported pool is a broken stream: refused, the request prefilled locally.
-    Either way the output is the aggregated one."""
-    agg = cuda_worker(stack, model, "aggregated")
-    pre = cuda_worker(stack, model, "prefill")
-    dec = decode(stack, model)
+@pytest.mark.parametrize("target", ["emu-forward", "gpu"])
+def test_ipc_forged_streams(stack, model, target):
+    """A handle that no longer opens (stale: cudaErrorInvalidValue on the
+    emulation; the real driver's own error on a GPU) is an IPC failure: the
+    pull is repeated as bytes. A block offset outside the exported pool is a
+    broken stream: refused, the request prefilled locally. Either way the
+    output is the aggregated one."""
+    require_gpu(model, target)
+    agg = cuda_worker(stack, model, "aggregated", target=target)
+    pre = cuda_worker(stack, model, "prefill", target=target)
+    dec = decode(stack, model, target=target)
     f = Forger(pre.ports[0])
     try:
         via = "127.0.0.1:%d" % f.port
@@ -156,7 +187,7 @@ def test_ipc_forged_streams(stack, model):
         assert s == 200 and got == want
         assert h["x-kvroute-prefilled-by"] == "local", h
         assert "offset" in h["x-kvroute-prefill-fallback"], h
-        f.edit = stale_handle
+        f.edit = garbage_handle if target == "gpu" else stale_handle
         s, _, want = complete(agg, "stale: " + PROMPT)
         s, h, got = complete(dec, "stale: " + PROMPT, prefill=via)
         assert s == 200 and got == want
@@ -165,6 +196,9 @@ def test_ipc_forged_streams(stack, model):
         assert m["kvworker_xfer_ipc_fallbacks_total"] == 1
         assert m["kvworker_xfer_pulled_total"] == 1 and m["kvworker_xfer_pulled_ipc_total"] == 0
         assert m["kvworker_xfer_fallbacks_total"] == 1
-        assert "cudaErrorInvalidValue" in open(dec.log).read()
+        log = open(dec.log).read()
+        assert "CUDA IPC failed" in log, log
+        if target != "gpu":
+            assert "cudaErrorInvalidValue" in log, log
     finally:
         f.close()
