@@ -640,6 +640,13 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
            "mock engine: time its steps started too far behind their simulated schedule to "
            "catch up (50 ms), which the host's CPU took from it; nonzero: timings not faithful",
            e, l.late_ms / 1e3);
+    metric(b, "kvworker_first_token_seconds_total", "counter",
+           "sum over requests of the time from submit to the end of the step that produced "
+           "the first token, as scheduled (simulated time for the mock engine)",
+           e, l.first_token_ms / 1e3);
+    metric(b, "kvworker_first_tokens_total", "counter",
+           "requests that got their first token (the count of the sum above)", e,
+           (double)l.first_tokens);
     const kvw_xfer_stats_t *x = &h->xs;
     evbuffer_add_printf(b, "# HELP kvworker_role the worker's role (--role)\n"
                         "# TYPE kvworker_role gauge\nkvworker_role{engine=\"%d\",role=\"%s\"} 1\n",

@@ -20,6 +20,8 @@ typedef struct sreq {
     int                 decoding;   /* prompt (and any recompute) done */
     int                 in_batch;
     int                 admitted_once;
+    int                 first_given;    /* its first token was produced */
+    uint64_t            submit_us;      /* when the engine was given it */
     kvw_seq_blocks_t    blocks;
     kvw_seq_blocks_t    pin;        /* transferred blocks held until admission (kvw_xfer.h) */
     uint64_t            seed;       /* local hash seed (cache salt) */
@@ -515,6 +517,24 @@ static void start_step(sched_t *sc)
     evtimer_add(sc->done, &tv);
 }
 
+/*
+ * The time to first token as the engine scheduled it: from submit to the
+ * end of the step that produced the first token, that step's due time on
+ * a simulated engine (not when the loop got round to it). Routing is what
+ * sets it; a host short of CPU delays the delivery after it, which the
+ * client's own TTFT also counts, so the two side by side tell the router's
+ * share from the host's.
+ */
+static void first_token(sched_t *sc, sreq_t *s)
+{
+    uint64_t end = sc->be->simulated && sc->due_us ? sc->due_us : kv_clock_us();
+
+    s->first_given = 1;
+    sc->st.first_tokens++;
+    if (end > s->submit_us)
+        sc->st.first_token_ms += (double)(end - s->submit_us) / 1e3;
+}
+
 static void end_step(evutil_socket_t fd, short what, void *arg)
 {
     sched_t *sc = arg;
@@ -541,6 +561,8 @@ static void end_step(evutil_socket_t fd, short what, void *arg)
         if (!it->sample)
             continue;
         s->decoding = 1;
+        if (!s->first_given)
+            first_token(sc, s);
         uint32_t tok = sc->seqs[i].next_token;
         if (s->n_tokens + 1 > s->cap) {
             size_t c = s->cap * 2 + 16;
@@ -596,6 +618,7 @@ static int sched_submit(kvw_engine_t *e, kvw_req_t *r)
     memcpy(s->tokens, r->prompt, r->n_prompt * sizeof(uint32_t));
     s->n_tokens = r->n_prompt;
     s->req = r;
+    s->submit_us = kv_clock_us();
     if (stops_init(s, r) < 0) {
         sreq_free(s);
         return -1;

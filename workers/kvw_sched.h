@@ -31,6 +31,8 @@ typedef struct {
     uint64_t    prefix_query_tokens, prefix_hit_tokens;
     double      busy_ms;    /* sum of step times (simulated for mock): the engine's busy time */
     double      late_ms;    /* simulated steps too late to catch up: time the host took */
+    double      first_token_ms;     /* sum of scheduled times to first token (kvw_sched.c) */
+    uint64_t    first_tokens;
 } kvw_sched_load_t;
 
 /* Takes ownership of backend. */

@@ -80,6 +80,8 @@ def test_round_robin_runs_clean(bench):
     assert rr["load_spread"] >= 1 and "/oracle" in out and "spread" in out
     # the host's share of the run: every engine's kvworker_late_seconds_total, summed
     assert rr["late_s"] is not None and rr["late_s"] >= 0 and "late s" in out
+    # the engines' own time to first token: scheduled, so never past the client's
+    assert 0 < rr["engine_ttft_mean_ms"] <= rr["ttft_mean_ms"] and "eng TTFT" in out
 
 
 @NOT_MERGED

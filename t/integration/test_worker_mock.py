@@ -149,6 +149,37 @@ def test_a_starved_engine_counts_its_late_steps(stack):
     sock.close()
 
 
+def test_first_token_time_is_the_engines_schedule(stack):
+    """kvworker_first_token_seconds_total sums each request's time to first
+    token as the engine scheduled it: the step's due time, not when the
+    loop delivered it. The worker is stopped (SIGSTOP) for 300 ms as soon as
+    the request is sent, within its one prefill step (or before it read the
+    request): the client waits that long on top, the engine's figure does
+    not count it."""
+    w = stack.worker()                  # speedup 1: the prefill step takes milliseconds
+    port = w.ports[0]
+    body = json.dumps({"prompt": "y" * 2000, "max_tokens": 1}).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    t0 = time.monotonic()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    os.kill(w.pid, signal.SIGSTOP)
+    time.sleep(0.3)                     # the stall itself, not a wait for a condition
+    os.kill(w.pid, signal.SIGCONT)
+    got = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    client = time.monotonic() - t0
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    m = metrics(port)
+    assert m["kvworker_first_tokens_total"] == 1
+    assert 0 < m["kvworker_first_token_seconds_total"] < client - 0.25, (m, client)
+
+
 def test_idle_engine_runs_the_modeled_schedule(stack):
     """A 4096-token prompt and 30 tokens on an idle engine: one prefill step
     (it fits the token budget) and 29 decode steps, each timed by Dynamo's
