@@ -93,3 +93,14 @@ def test_kvroute_hit_rate_beats_round_robin(bench, policy):
         pytest.xfail("%s not accepted by this module: %s" % (policy, kv["skipped"]))
     assert kv["errors"] == 0, out
     assert kv["hit_rate"] > rr["hit_rate"], out
+
+
+def test_a_policy_named_twice_is_refused(tmp_path):
+    """Two runs of one policy would write the same files and summary key: the
+    second would silently replace the first. bench-e2e says so and starts
+    nothing."""
+    r = subprocess.run([sys.executable, os.path.join(TOP, "tools", "bench-e2e"), "--build",
+                        kvt.BUILD, "--policies", "round_robin,least_conn,round_robin",
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode != 0 and "round_robin named twice" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
