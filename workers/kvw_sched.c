@@ -20,7 +20,6 @@ typedef struct sreq {
     int                 decoding;   /* prompt (and any recompute) done */
     int                 in_batch;
     int                 admitted_once;
-    int                 first_given;    /* its first token was produced */
     uint64_t            submit_us;      /* when the engine was given it */
     kvw_seq_blocks_t    blocks;
     kvw_seq_blocks_t    pin;        /* transferred blocks held until admission (kvw_xfer.h) */
@@ -529,7 +528,6 @@ static void first_token(sched_t *sc, sreq_t *s)
 {
     uint64_t end = sc->be->simulated && sc->due_us ? sc->due_us : kv_clock_us();
 
-    s->first_given = 1;
     sc->st.first_tokens++;
     if (end > s->submit_us)
         sc->st.first_token_ms += (double)(end - s->submit_us) / 1e3;
@@ -561,7 +559,7 @@ static void end_step(evutil_socket_t fd, short what, void *arg)
         if (!it->sample)
             continue;
         s->decoding = 1;
-        if (!s->first_given)
+        if (s->n_tokens == s->req->n_prompt)    /* none generated yet (a recompute keeps them) */
             first_token(sc, s);
         uint32_t tok = sc->seqs[i].next_token;
         if (s->n_tokens + 1 > s->cap) {

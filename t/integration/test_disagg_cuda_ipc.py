@@ -137,22 +137,21 @@ def ipc_stream(d):
 
 def stale_handle(d):
     """The IPC frame's handle with another inode (a freed allocation's), re-checksummed."""
-    return forged_handle(d, lambda h: h.__setitem__(33, h[33] ^ 1))
+    return forged_handle(d, lambda h: h[:33] + bytes([h[33] ^ 1]) + h[34:])
 
 
 def garbage_handle(d):
     """The IPC frame's handle with every byte flipped (the real driver's handle
     is opaque: which bytes it reads is not ours to know), re-checksummed."""
-    return forged_handle(d, lambda h: h.__setitem__(slice(0, 64), bytes(x ^ 0xff for x in h)))
+    return forged_handle(d, lambda h: bytes(x ^ 0xff for x in h))
 
 
 def forged_handle(d, edit):
+    """d with its IPC frame's 64-byte handle replaced by edit(handle)."""
     if not ipc_stream(d):
         return d
     b = bytearray(d)
-    h = bytearray(b[HDR + 16:HDR + 80])
-    edit(h)
-    b[HDR + 16:HDR + 80] = h
+    b[HDR + 16:HDR + 80] = edit(bytes(b[HDR + 16:HDR + 80]))
     struct.pack_into("<Q", b, HDR + 88, xxh3(b[HDR:HDR + 88]))
     return bytes(b)
 
