@@ -402,7 +402,8 @@ static void prefilled_by(group_t *g, const char *who, const char *why)
     }
 }
 
-static void on_pulled(void *arg, kvw_seq_blocks_t *pin, const char *why)
+static void on_pulled(void *arg, kvw_seq_blocks_t *pin, const kvx_token_t *first,
+                      const char *why)
 {
     part_t *p = arg;
     group_t *g = p->g;
@@ -415,7 +416,9 @@ static void on_pulled(void *arg, kvw_seq_blocks_t *pin, const char *why)
     p->req.engine = h->engine;
     if (pin) {
         prefilled_by(g, addr ? addr : "?", NULL);
-        rc = kvw_sched_submit_pinned(h->engine, &p->req, pin);
+        rc = kvw_sched_submit_pinned(h->engine, &p->req, pin, first ? &first->token : NULL,
+                                     first ? first->rng : 0);
+        h->xs.first_given += rc == 0 && first;
     } else {
         h->xs.local++;
         prefilled_by(g, "local", why);
@@ -589,6 +592,8 @@ static const xfer_counter_t xfer_counters[] = {
                "KV transfers copied device to device by CUDA IPC (of pulled)"),
     XFER_COUNT(ipc_fallbacks, "kvworker_xfer_ipc_fallbacks_total",
                "CUDA IPC failures (open, copy) that pulled the blocks again as bytes"),
+    XFER_COUNT(first_given, "kvworker_xfer_first_tokens_total",
+               "first output tokens sampled by the prefill worker, sent with the KV (of pulled)"),
     XFER_COUNT(fallbacks, "kvworker_xfer_fallbacks_total",
                "transfers that failed and were prefilled locally"),
     XFER_COUNT(local, "kvworker_local_prefills_total",

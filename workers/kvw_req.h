@@ -42,6 +42,7 @@ struct kvw_req {
     size_t      cached_tokens;  /* prompt tokens served from the prefix cache */
     uint64_t    arrival_us;
     uint64_t    first_token_us;
+    uint64_t    rng;            /* the sampler's state after the token last emitted */
 
     /* owned by the HTTP front */
     void       *front;

@@ -20,6 +20,7 @@ typedef struct sreq {
     int                 decoding;   /* prompt (and any recompute) done */
     int                 in_batch;
     int                 admitted_once;
+    int                 given;      /* tokens[req->n_prompt], sampled by a prefill worker, not yet delivered */
     uint64_t            submit_us;      /* when the engine was given it */
     kvw_seq_blocks_t    blocks;
     kvw_seq_blocks_t    pin;        /* transferred blocks held until admission (kvw_xfer.h) */
@@ -77,6 +78,7 @@ typedef struct {
     size_t              max_len;    /* longest sequence this engine can ever hold */
     kvw_step_hook_fn    hook;
     void               *hook_ctx;
+    uint32_t            n_given;    /* requests with a given token to deliver (at least) */
     kvw_sched_load_t    st;
 } sched_t;
 
@@ -217,6 +219,7 @@ static int deliver(sched_t *sc, sreq_t *s, uint32_t tok)
 
     s->n_out++;
     sc->st.generation_tokens++;
+    r->rng = s->rng;
     if (kvw_backend_is_eos(sc->be, tok) && !r->ignore_eos) {
         kvw_req_emit(r, tok, "", 0);
         finish(sc, s, KVW_FINISH_STOP);
@@ -533,6 +536,43 @@ static void first_token(sched_t *sc, sreq_t *s)
         sc->st.first_token_ms += (double)(end - s->submit_us) / 1e3;
 }
 
+/*
+ * The first token a prefill worker sampled (kvw_sched_submit_pinned): the
+ * client gets it now, as it would have from an aggregated engine at the end
+ * of the step that finished the prompt, not after this engine's next step,
+ * which computes the prompt's last partial block and the token itself to
+ * sample the second one. Returns 1 when the request is done (a stop, eos,
+ * or max_tokens 1).
+ */
+static int deliver_given(sched_t *sc, sreq_t *s)
+{
+    uint64_t now = kv_clock_us();
+
+    s->given = 0;
+    sc->st.first_tokens++;
+    if (now > s->submit_us)
+        sc->st.first_token_ms += (double)(now - s->submit_us) / 1e3;
+    return deliver(sc, s, s->tokens[s->req->n_prompt]);
+}
+
+/* Every given token not yet delivered, of requests outside a step's batch. */
+static void deliver_all_given(sched_t *sc)
+{
+    queue_t *qs[2] = { &sc->waiting, &sc->running };
+    uint32_t left = 0;
+
+    for (int i = 0; i < 2; i++) {
+        for (sreq_t *s = qs[i]->head, *next; s; s = next) {
+            next = s->next;             /* deliver may finish and free s */
+            if (s->given && !s->in_batch)
+                deliver_given(sc, s);
+            else
+                left += s->given;
+        }
+    }
+    sc->n_given = left;
+}
+
 static void end_step(evutil_socket_t fd, short what, void *arg)
 {
     sched_t *sc = arg;
@@ -551,6 +591,8 @@ static void end_step(evutil_socket_t fd, short what, void *arg)
             finish(sc, s, KVW_FINISH_ABORT);
             continue;
         }
+        if (s->given && deliver_given(sc, s))
+            continue;
         if (s->queue != Q_RUNNING)  /* preempted after this step was planned: cannot be */
             continue;
         s->n_computed += it->n;
@@ -589,6 +631,8 @@ static void on_kick(evutil_socket_t fd, short what, void *arg)
 {
     sched_t *sc = arg;
 
+    if (sc->n_given)
+        deliver_all_given(sc);
     if (!sc->busy)
         start_step(sc);
     if (!sc->busy)
@@ -740,18 +784,31 @@ kvw_engine_t *kvw_sched_create(const kvw_config_t *cfg, struct event_base *base,
 kvw_blocks_t *kvw_sched_blocks(kvw_engine_t *e) { return ((sched_t *)e)->bm; }
 kvw_backend_t *kvw_sched_backend(kvw_engine_t *e) { return ((sched_t *)e)->be; }
 
-int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin)
+int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin,
+                            const uint32_t *first, uint64_t rng)
 {
+    sched_t *sc = (sched_t *)e;
     int rc = sched_submit(e, r);
     sreq_t *s = r->engine_data;
 
     if (rc != 0 || s == NULL) {
-        kvw_blocks_release(((sched_t *)e)->bm, pin);
+        kvw_blocks_release(sc->bm, pin);
         return rc;
     }
     s->pin = *pin;
     memset(pin, 0, sizeof(*pin));
-    queue_pinned((sched_t *)e, s);
+    queue_pinned(sc, s);
+    if (first) {
+        /* the sequence goes on from the given token (its KV is computed in the
+         * next step with the prompt's tail), the sampler from its state after
+         * it; the token itself goes out from the kick, after the caller has
+         * sent the reply's headers */
+        s->tokens[s->n_tokens++] = *first;
+        s->rng = rng;
+        s->given = 1;
+        sc->n_given++;
+        event_active(sc->kick, EV_TIMEOUT, 0);
+    }
     return 0;
 }
 

@@ -47,9 +47,13 @@ kvw_backend_t *kvw_sched_backend(kvw_engine_t *e);
  * registered (kvw_xfer.h): the scheduler takes over pin, the transfer's
  * references on them, and drops it once admission has referenced the blocks
  * itself (or the request ends), so they cannot be evicted in between.
- * pin is released even when the submit fails.
+ * pin is released even when the submit fails. first (or NULL): the first
+ * output token, sampled by the prefill worker with the request's own
+ * parameters, and rng the sampler's state after it; it is delivered from
+ * the event loop's next turn, ahead of any step.
  */
-int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin);
+int kvw_sched_submit_pinned(kvw_engine_t *e, kvw_req_t *r, kvw_seq_blocks_t *pin,
+                            const uint32_t *first, uint64_t rng);
 void kvw_sched_load(kvw_engine_t *e, kvw_sched_load_t *out);
 
 /* Called at the end of every step, after its KV events were flushed to the sink. */

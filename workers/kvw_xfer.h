@@ -16,6 +16,7 @@
 
 #include "kvw_blocks.h"
 #include "kvw_engine.h"
+#include "kvw_xfer_wire.h"
 
 #define KVW_HDR_PREFILL     "X-KVRoute-Prefill"
 #define KVW_HDR_PREFILLED   "X-KVRoute-Prefilled-By"
@@ -30,6 +31,7 @@ typedef struct {
     /* decode side */
     uint64_t    pulled, pulled_blocks, pulled_bytes, fallbacks, local;
     uint64_t    pulled_ipc;         /* of pulled: copied device to device by CUDA IPC */
+    uint64_t    first_given;        /* of pulled: the first token came with the KV */
     uint64_t    ipc_fallbacks;      /* IPC failed (open, copy): pulled again as bytes */
     char        ipc_off[8][64];     /* prefill addresses whose IPC failed: not offered again */
     unsigned    n_ipc_off;
@@ -45,10 +47,12 @@ typedef struct kvw_pull kvw_pull_t;
 /*
  * The end of a pull, called once, never from inside kvw_pull_start. pin:
  * the prompt's blocks, filled, verified and registered, to hand to
- * kvw_sched_submit_pinned (ownership passes); NULL: prefill locally, why
- * says why.
+ * kvw_sched_submit_pinned (ownership passes), with first, the first output
+ * token the prefill worker sampled (NULL if it sent none); pin NULL:
+ * prefill locally, why says why.
  */
-typedef void (*kvw_pull_done_fn)(void *arg, kvw_seq_blocks_t *pin, const char *why);
+typedef void (*kvw_pull_done_fn)(void *arg, kvw_seq_blocks_t *pin, const kvx_token_t *first,
+                                 const char *why);
 
 /*
  * Starts pulling r's prompt blocks from the prefill worker at addr

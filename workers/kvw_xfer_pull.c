@@ -206,16 +206,18 @@ static void on_fin(evutil_socket_t fd, short what, void *arg)
         p->st->pulled++;
         p->st->pull_s += since(&p->t0);
         kvw_seq_blocks_t pin = p->pin;
+        kvx_token_t first = p->rx.token;
+        int has_first = p->rx.has_token;
         memset(&p->pin, 0, sizeof(p->pin));
         pull_free(p);
-        done(darg, &pin, NULL);     /* which submits (or releases) pin */
+        done(darg, &pin, has_first ? &first : NULL, NULL);  /* which submits (or releases) pin */
         return;
     }
     char why[sizeof(p->why)];
     snprintf(why, sizeof(why), "%s", p->why);
     p->st->fallbacks++;
     pull_free(p);       /* releases the half-filled blocks: never used */
-    done(darg, NULL, why);
+    done(darg, NULL, NULL, why);
 }
 
 static void fail(kvw_pull_t *p, const char *fmt, const char *detail)
@@ -580,6 +582,11 @@ static char *request_body(kvw_pull_t *p)
     json_object_set_new(j, "layout_fp", json_string(hex));
     if (p->offer_ipc)
         json_object_set_new(j, "ipc", json_pack("{s:s}", "node", kvw_xfer_node_id()));
+    /* ask for the first output token, sampled as this side would sample it */
+    json_object_set_new(j, "sample", json_pack("{s:f,s:f,s:i,s:I}", "temperature",
+                                               p->r->temperature, "top_p", p->r->top_p,
+                                               "top_k", p->r->top_k, "seed",
+                                               (json_int_t)p->r->seed));
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;
@@ -704,6 +711,7 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
     p->offer_ipc = p->be->ipc_open && p->be->blocks_copy_peer && p->be->block_bytes
                    && kvw_xfer_node_id()[0] && !ipc_refused_before(st, addr);
     p->rx.ipc_offered = p->offer_ipc;
+    p->rx.token_asked = 1;
     snprintf(p->host, sizeof(p->host), "%s", host);
     snprintf(p->addr, sizeof(p->addr), "%s", addr);
     p->port = port;

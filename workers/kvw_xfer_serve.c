@@ -62,6 +62,9 @@ typedef struct {
     kvw_seq_blocks_t            pin;
     struct event               *timer;
     int                         computing, streaming;
+    int                         want_token;     /* the decode side asked for the first token */
+    int                         has_token;      /* ... and the prefill sampled it */
+    kvx_token_t                 token;
     int                         ipc_offered;    /* the decode side is on this node and can map */
     int                         ipc;            /* streaming offsets into the exported pool */
     win_t                      *win;        /* frames being sent, read from the pool */
@@ -398,11 +401,13 @@ static void start_stream(serve_t *s)
 
     s->next = s->first;
     s->streaming = 1;
+    if (s->has_token)
+        h.flags |= KVX_F_TOKEN;
     if (s->ipc_offered && s->n_full > s->first) {
         if (be->ipc_export(be, pool.handle, &pool.pool_bytes, &pool.device, err,
                            sizeof(err)) == 0) {
             s->ipc = 1;
-            h.flags = KVX_F_IPC;
+            h.flags |= KVX_F_IPC;
         } else {
             fprintf(stderr, "kvworker: transfer: CUDA IPC refused, sending bytes: %s\n", err);
         }
@@ -421,6 +426,7 @@ static void start_stream(serve_t *s)
     }
     /* the length is known up front: a Content-Length, no chunked framing for the decode side to undo */
     uint64_t count = s->n_full - s->first, total = KVX_HDR_LEN + KVX_END_LEN
+                     + (s->has_token ? KVX_TOK_LEN : 0)
                      + (s->ipc ? KVX_IPC_LEN + count * KVX_BLK_LEN
                                : count * (KVX_BLK_LEN + be->block_bytes));
     char clen[24];
@@ -430,6 +436,11 @@ static void start_stream(serve_t *s)
     evhttp_send_reply_start(s->http, 200, "OK");
     kvx_header_encode(&h, hdr);
     evbuffer_add(b, hdr, sizeof(hdr));
+    if (s->has_token) {
+        uint8_t tok[KVX_TOK_LEN];
+        kvx_token_encode(&s->token, tok);
+        evbuffer_add(b, tok, sizeof(tok));
+    }
     evhttp_send_reply_chunk(s->http, b);
     evbuffer_free(b);
     if (s->ipc) {
@@ -458,7 +469,18 @@ static void pin_and_stream(serve_t *s)
     start_stream(s);
 }
 
-static void hook_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len) {}
+/* The one token the prefill samples: sent to the decode side with the KV, when asked. */
+static void hook_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len)
+{
+    serve_t *s = r->front;
+
+    if (s->want_token && !s->has_token) {
+        s->token.token = token;
+        s->token.rng = r->rng;
+        s->has_token = 1;
+    }
+}
+
 static void hook_emit_text(kvw_req_t *r, const char *text, size_t len) {}
 
 static void hook_finish(kvw_req_t *r, kvw_finish_t why)
@@ -508,6 +530,32 @@ static int parse_hex(json_t *v, uint64_t *out)
 }
 
 /* Reads the request into s; on a refusal fills code/ecode/msg. */
+/*
+ * "sample" (optional): the decode side's sampling parameters, asking for the
+ * first output token to come back with the KV (docs/PROTOCOL.md). The token
+ * is sampled as the decode side would have: the same parameters and seed,
+ * and the same default seed (a hash of the prompt) when none was given.
+ */
+static int parse_sample(serve_t *s, json_t *o)
+{
+    json_t *t = json_object_get(o, "temperature"), *p = json_object_get(o, "top_p");
+    json_t *k = json_object_get(o, "top_k"), *seed = json_object_get(o, "seed");
+
+    if (o == NULL)
+        return 0;
+    if (!json_is_object(o) || !json_is_number(t) || !json_is_number(p) || !json_is_integer(k)
+        || !json_is_integer(seed) || !(json_number_value(t) >= 0)
+        || !(json_number_value(p) > 0 && json_number_value(p) <= 1) || json_integer_value(k) < 0
+        || json_integer_value(k) > INT32_MAX)
+        return -1;
+    s->want_token = 1;
+    s->req.temperature = json_number_value(t);
+    s->req.top_p = json_number_value(p);
+    s->req.top_k = (int)json_integer_value(k);
+    s->req.seed = (uint64_t)json_integer_value(seed);
+    return 0;
+}
+
 static int parse(serve_t *s, const char *body, size_t len, int *code, const char **ecode,
                  char *msg, size_t msglen)
 {
@@ -612,6 +660,12 @@ static int parse(serve_t *s, const char *body, size_t len, int *code, const char
     kvw_backend_t *be = kvw_sched_backend(e);
     s->ipc_offered = node && *node && strcmp(node, kvw_xfer_node_id()) == 0 && be->ipc_export
                      && be->block_bytes;
+    if (parse_sample(s, json_object_get(root, "sample")) != 0) {
+        *code = 400;
+        snprintf(msg, msglen, "sample must be an object of temperature >= 0, top_p in (0, 1], "
+                 "top_k >= 0 and an integer seed");
+        goto out;
+    }
     rc = 0;
 out:
     json_decref(root);
@@ -683,8 +737,10 @@ void kvw_xfer_serve(kvw_engine_t *e, kvw_xfer_stats_t *st, struct evhttp_request
     }
     s->req.max_tokens = 1;
     s->req.ignore_eos = 1;
-    s->req.temperature = 0;
-    s->req.top_p = 1;
+    if (!s->want_token) {
+        s->req.temperature = 0;
+        s->req.top_p = 1;
+    }
     s->req.model = strdup(e->cfg->model);
     s->req.hooks = &hooks;
     s->req.front = s;

@@ -98,10 +98,19 @@ void kvx_ipc_encode(const kvx_ipc_t *ipc, uint8_t out[KVX_IPC_LEN])
     put64(out + 88, XXH3_64bits(out, 88));
 }
 
+void kvx_token_encode(const kvx_token_t *t, uint8_t out[KVX_TOK_LEN])
+{
+    memcpy(out, "KVT1", 4);
+    put32(out + 4, t->token);
+    put64(out + 8, t->rng);
+    put64(out + 16, XXH3_64bits(out, 16));
+}
+
 size_t kvx_rx_need(const kvx_rx_t *rx)
 {
     switch (rx->state) {
     case 0:  return KVX_HDR_LEN;
+    case 5:  return KVX_TOK_LEN;
     case 4:  return KVX_IPC_LEN;
     case 1:  return KVX_BLK_LEN + (rx->ipc ? 0 : (size_t)rx->block_bytes);
     case 2:  return KVX_END_LEN;
@@ -118,6 +127,12 @@ static kvx_rx_ev_t fail(char *why, size_t n, const char *fmt, ...)
     vsnprintf(why, n, fmt, ap);
     va_end(ap);
     return KVX_ERROR;
+}
+
+/* The frame due after the header and the token frame. */
+static int after_token(const kvx_rx_t *rx)
+{
+    return rx->ipc ? 4 : rx->count ? 1 : 2;
 }
 
 static kvx_rx_ev_t read_header(kvx_rx_t *rx, const uint8_t *p, char *why, size_t wn)
@@ -154,13 +169,26 @@ static kvx_rx_ev_t read_header(kvx_rx_t *rx, const uint8_t *p, char *why, size_t
     if (h->first != rx->first || h->count != rx->count)
         return fail(why, wn, "blocks offered from %u (%u of them) are not the ones asked for",
                     h->first, h->count);
-    if (h->flags & ~KVX_F_IPC)
+    if (h->flags & ~(KVX_F_IPC | KVX_F_TOKEN))
         return fail(why, wn, "unknown header flags %#x", h->flags);
     if ((h->flags & KVX_F_IPC) && (!rx->ipc_offered || rx->block_bytes == 0))
         return fail(why, wn, "CUDA IPC chosen but not offered");
+    if ((h->flags & KVX_F_TOKEN) && !rx->token_asked)
+        return fail(why, wn, "a first token sent but not asked for");
     rx->ipc = (h->flags & KVX_F_IPC) != 0;
-    rx->state = rx->ipc ? 4 : rx->count ? 1 : 2;
+    rx->state = (h->flags & KVX_F_TOKEN) ? 5 : after_token(rx);
     return KVX_HEADER;
+}
+
+static kvx_rx_ev_t read_token(kvx_rx_t *rx, const uint8_t *p, char *why, size_t wn)
+{
+    if (memcmp(p, "KVT1", 4) != 0 || get64(p + 16) != XXH3_64bits(p, 16))
+        return fail(why, wn, "bad first-token frame");
+    rx->token.token = get32(p + 4);
+    rx->token.rng = get64(p + 8);
+    rx->has_token = 1;
+    rx->state = after_token(rx);
+    return KVX_TOKEN;
 }
 
 static kvx_rx_ev_t read_ipc(kvx_rx_t *rx, const uint8_t *p, char *why, size_t wn)
@@ -246,6 +274,8 @@ kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *us
     *used = need;
     if (rx->state == 0)
         return read_header(rx, buf, why, whylen);
+    if (rx->state == 5)
+        return read_token(rx, buf, why, whylen);
     if (rx->state == 4)
         return read_ipc(rx, buf, why, whylen);
     if (rx->state == 1)

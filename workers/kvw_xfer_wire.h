@@ -13,8 +13,13 @@
  *                       mock, whose transfer is a manifest
  *   end      16 bytes   "KVXE", block count, checksum of the end frame
  *
+ * With the first output token (flag KVX_F_TOKEN, only when the request asked
+ * for it and the prefill side sampled it): a token frame follows the header
+ * (24 bytes: "KVT1", the token, the sampler's state after it, checksum), so
+ * the decode side can send the client that token as soon as the KV is in.
+ *
  * With CUDA IPC (flag KVX_F_IPC in the header, only when the request offered
- * it): an IPC frame follows the header (96 bytes: "KVI1", device, pool
+ * it): an IPC frame follows the header (and the token frame) (96 bytes: "KVI1", device, pool
  * bytes, the pool's cudaIpcMemHandle_t, checksum), and block frames carry no
  * payload: their last field is the block's byte offset in that pool, which
  * the decode side copies device to device.
@@ -33,7 +38,9 @@
 #define KVX_END_LEN     16
 #define KVX_IPC_LEN     96
 #define KVX_IPC_HANDLE  64
+#define KVX_TOK_LEN     24
 #define KVX_F_IPC       1u      /* header flag: blocks are read from the prefill side's pool */
+#define KVX_F_TOKEN     2u      /* header flag: a token frame follows (the first output token) */
 #define KVX_PATH        "/kvroute/v1/prefill"
 #define KVX_CTYPE       "application/x-kvroute-kv"
 /* a block's payload is refused above this (a corrupt length must not allocate 4 GB) */
@@ -46,7 +53,7 @@ typedef struct {
     uint32_t    block_size;         /* tokens per block */
     uint32_t    first;              /* index in the prompt of the first block sent */
     uint32_t    count;              /* blocks that follow */
-    uint32_t    flags;              /* KVX_F_IPC or 0 */
+    uint32_t    flags;              /* KVX_F_IPC, KVX_F_TOKEN or 0 */
     uint64_t    block_bytes;        /* payload bytes per block (0: a manifest) */
     uint64_t    kv_bytes_per_token; /* the mock's modelled KV size (0 for real engines) */
 } kvx_header_t;
@@ -65,6 +72,12 @@ typedef struct {
     uint8_t     handle[KVX_IPC_HANDLE];
 } kvx_ipc_t;
 
+/* The first output token, sampled where the prompt was prefilled. */
+typedef struct {
+    uint32_t    token;
+    uint64_t    rng;                /* the sampler's state after drawing it */
+} kvx_token_t;
+
 /* Identity of the model's KV: the served name and vocabulary size. */
 uint64_t kvx_model_fp(const char *model, uint32_t vocab_size);
 /* Identity of the block layout: block size, bytes per block, modelled bytes per token. */
@@ -75,6 +88,7 @@ void kvx_header_encode(const kvx_header_t *h, uint8_t out[KVX_HDR_LEN]);
 void kvx_block_encode(const kvx_block_t *b, uint8_t out[KVX_BLK_LEN]);
 void kvx_end_encode(uint32_t count, uint8_t out[KVX_END_LEN]);
 void kvx_ipc_encode(const kvx_ipc_t *ipc, uint8_t out[KVX_IPC_LEN]);
+void kvx_token_encode(const kvx_token_t *t, uint8_t out[KVX_TOK_LEN]);
 
 /*
  * The receiving side: what it expects, then frames fed in as they arrive.
@@ -87,21 +101,25 @@ typedef struct {
     uint32_t        block_size, first, count;
     const uint64_t *seq, *local;    /* the prompt's own hashes, indexed by block */
     int             ipc_offered;    /* the request offered CUDA IPC: KVX_F_IPC is acceptable */
+    int             token_asked;    /* the request asked for the first token: KVX_F_TOKEN is */
     /* state */
-    int             state;          /* 0 header, 4 IPC frame, 1 blocks, 2 end, 3 done */
+    int             state;          /* 0 header, 5 token, 4 IPC frame, 1 blocks, 2 end, 3 done */
+    int             has_token;      /* the token frame arrived and passed its check */
+    kvx_token_t     token;
     int             ipc;            /* the header chose IPC: blocks carry offsets, no payload */
     kvx_ipc_t       pool;           /* with ipc: the prefill side's pool */
     uint32_t        got;
     kvx_header_t    hdr;
 } kvx_rx_t;
 
-typedef enum { KVX_MORE, KVX_HEADER, KVX_IPC, KVX_BLOCK, KVX_DONE, KVX_ERROR } kvx_rx_ev_t;
+typedef enum { KVX_MORE, KVX_HEADER, KVX_TOKEN, KVX_IPC, KVX_BLOCK, KVX_DONE, KVX_ERROR } kvx_rx_ev_t;
 
 /*
  * Reads at most one frame from buf[0..len). *used gets the bytes it took
  * (0 with KVX_MORE: feed it more). KVX_BLOCK: *blk and *payload (inside buf,
  * block_bytes long) are the verified block (with IPC: *payload is NULL and
- * blk->checksum the verified offset in rx->pool). KVX_IPC: rx->pool is the
+ * blk->checksum the verified offset in rx->pool). KVX_TOKEN: rx->token is
+ * the first output token (rx->has_token). KVX_IPC: rx->pool is the
  * prefill side's exported pool. KVX_ERROR: why says what.
  */
 kvx_rx_ev_t kvx_rx_feed(kvx_rx_t *rx, const uint8_t *buf, size_t len, size_t *used,

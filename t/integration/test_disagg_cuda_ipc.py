@@ -15,7 +15,7 @@ import pytest
 
 import kvt
 from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, cuda_env, make
-from test_disagg_worker import (BLK, HDR, MORE, PROMPT, Forger, addr, complete, metrics,
+from test_disagg_worker import (BLK, HDR, blocks_at, MORE, PROMPT, Forger, addr, complete, metrics,
                                 xxh3)
 
 IPC = 96        # the IPC frame after the header (docs/PROTOCOL.md)
@@ -150,9 +150,9 @@ def forged_handle(d, edit):
     """d with its IPC frame's 64-byte handle replaced by edit(handle)."""
     if not ipc_stream(d):
         return d
-    b = bytearray(d)
-    b[HDR + 16:HDR + 80] = edit(bytes(b[HDR + 16:HDR + 80]))
-    struct.pack_into("<Q", b, HDR + 88, xxh3(b[HDR:HDR + 88]))
+    b, at = bytearray(d), blocks_at(d)     # the IPC frame follows the header and token frames
+    b[at + 16:at + 80] = edit(bytes(b[at + 16:at + 80]))
+    struct.pack_into("<Q", b, at + 88, xxh3(b[at:at + 88]))
     return bytes(b)
 
 
@@ -160,9 +160,9 @@ def offset_outside(d):
     """The first block's offset past the end of the exported pool."""
     if not ipc_stream(d):
         return d
-    b = bytearray(d)
-    pool = struct.unpack_from("<Q", b, HDR + 8)[0]
-    struct.pack_into("<Q", b, HDR + IPC + 24, pool)
+    b, at = bytearray(d), blocks_at(d)
+    pool = struct.unpack_from("<Q", b, at + 8)[0]
+    struct.pack_into("<Q", b, at + IPC + 24, pool)
     return bytes(b)
 
 

@@ -24,7 +24,7 @@ import kvnats
 TINY = os.path.join(kvt.BIN, "kvtiny-model")
 QWEN_TOK = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct", "tokenizer.json")
 PATH = "/kvroute/v1/prefill"
-HDR, BLK, END = 64, 32, 16
+HDR, BLK, END, TOK = 64, 32, 16, 24
 
 _xxh = ctypes.CDLL("libxxhash.so.0")
 _xxh.XXH3_64bits.restype = ctypes.c_uint64
@@ -69,9 +69,12 @@ def metrics(w):
     return out
 
 
-def complete(w, prompt, prefill=None, stream=False, chat=False, max_tokens=8, timeout=60):
-    """(status, headers, text) of a greedy request, streamed or not."""
+def complete(w, prompt, prefill=None, stream=False, chat=False, max_tokens=8, timeout=60,
+             **sampling):
+    """(status, headers, text) of a greedy request (or sampled, with sampling's fields),
+    streamed or not."""
     body = {"max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    body.update(sampling)
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -114,10 +117,47 @@ def test_split_output_equals_aggregated(trio, chat, stream):
     assert got == want
     m, p = metrics(dec), metrics(pre)
     assert m["kvworker_xfer_pulled_total"] == 1 and m["kvworker_xfer_fallbacks_total"] == 0
+    # the first token came with the KV, sampled by the prefill worker
+    assert m["kvworker_xfer_first_tokens_total"] == 1
     assert m["kvworker_xfer_pulled_blocks_total"] >= 4
     # real bytes moved: the engine's blocks, all layers, K and V
     assert m["kvworker_xfer_pulled_bytes_total"] == p["kvworker_xfer_served_bytes_total"] > 0
     assert p["kvworker_xfer_served_total"] == 1
+
+
+@pytest.mark.parametrize("sampling", [
+    {"temperature": 0.9, "top_p": 0.95, "top_k": 40, "seed": 1234},
+    {"temperature": 1.3},                       # no seed: both sides seed from the prompt
+    {"temperature": 0.7, "seed": -5},           # a negative seed: 64 bits either way
+], ids=["seeded", "unseeded", "negative-seed"])
+def test_split_sampled_output_equals_aggregated(trio, sampling):
+    """Sampled, not greedy: the prefill worker samples the first token with the
+    request's own parameters and seed, and the decode worker goes on from the
+    sampler's state after it, so the answer is the aggregated worker's, token
+    for token (one sample draw more or less on either side would change it)."""
+    agg, pre, dec = trio
+    s, _, want = complete(agg, PROMPT, max_tokens=24, **sampling)
+    assert s == 200, want
+    s, h, got = complete(dec, PROMPT, prefill=addr(pre), max_tokens=24, **sampling)
+    assert s == 200 and h["x-kvroute-prefilled-by"] == addr(pre), (h, got)
+    assert got == want
+    assert metrics(dec)["kvworker_xfer_first_tokens_total"] == 1
+    # a greedy answer differs from these (else the test would not test sampling)
+    assert complete(agg, PROMPT, max_tokens=24)[2] != want
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_split_one_token_answer(trio, stream):
+    """max_tokens 1: the given first token is the whole answer; the decode
+    worker finishes the request without a step of its own."""
+    agg, pre, dec = trio
+    s, _, want = complete(agg, PROMPT, max_tokens=1, stream=stream)
+    s, h, got = complete(dec, PROMPT, prefill=addr(pre), max_tokens=1, stream=stream)
+    assert s == 200 and h["x-kvroute-prefilled-by"] == addr(pre), (h, got)
+    assert got == want and got != ""
+    m = metrics(dec)
+    assert m["kvworker_xfer_first_tokens_total"] == 1
+    assert m["kvworker_generation_tokens_total"] == 1
 
 
 def test_part_cached_on_decode_side(trio):
@@ -328,6 +368,12 @@ def reheader(data, **fields):
     return bytes(h) + data[HDR:]
 
 
+def blocks_at(data):
+    """Where the first block frame starts: after the header and, when its flags say
+    so (KVX_F_TOKEN), the first-token frame."""
+    return HDR + (TOK if struct.unpack_from("<I", data, 36)[0] & 2 else 0)
+
+
 def flip(data, at):
     b = bytearray(data)
     b[at] ^= 0x40
@@ -339,9 +385,10 @@ FORGERIES = {
     "block_size": (lambda d: reheader(d, block_size=32), "block size"),
     "layout_fp": (lambda d: reheader(d, layout_fp=99), "layout fingerprint"),
     "block_bytes": (lambda d: reheader(d, block_bytes=1024), "block bytes"),
-    "bad_hash": (lambda d: flip(d, HDR + 8), "is not the prompt's"),
-    "bad_payload": (lambda d: flip(d, HDR + BLK + 100), "checksum"),
-    "truncated": (lambda d: d[:HDR + BLK + 1000], "truncated"),
+    "bad_hash": (lambda d: flip(d, blocks_at(d) + 8), "is not the prompt's"),
+    "bad_payload": (lambda d: flip(d, blocks_at(d) + BLK + 100), "checksum"),
+    "bad_first_token": (lambda d: flip(d, HDR + 4), "first-token frame"),
+    "truncated": (lambda d: d[:blocks_at(d) + BLK + 1000], "truncated"),
     "no_end_frame": (lambda d: d[:-END], "truncated"),
     "garbage": (lambda d: b"\x00" * len(d), "magic"),
     "trailing": (lambda d: d + b"xx", "after the end"),

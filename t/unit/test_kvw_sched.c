@@ -19,6 +19,7 @@ typedef struct {
     uint32_t        step_n[MAX_STEPS];          /* sequences in the step */
     uint32_t        step_tokens[MAX_STEPS][8];  /* tokens per sequence */
     uint32_t        eos_at;                     /* position where EOS is sampled, 0: never */
+    double          step_ms;                    /* simulated step time (with b.simulated) */
 } tb_t;
 
 static int tb_step(kvw_backend_t *b, kvw_step_seq_t *q, uint32_t n, double *ms)
@@ -34,7 +35,7 @@ static int tb_step(kvw_backend_t *b, kvw_step_seq_t *q, uint32_t n, double *ms)
         uint32_t pos = q[i].pos + q[i].n_tokens;
         q[i].next_token = t->eos_at && pos == t->eos_at ? 1 : 'a' + pos % 26;
     }
-    *ms = 0;
+    *ms = t->step_ms;
     return 0;
 }
 
@@ -359,7 +360,7 @@ TEST(pinned_submit_uses_transferred_blocks)
     CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);          /* the 3 full blocks */
     kvw_blocks_commit(bm, &pin, a.r.prompt, 48);
     CHECK_EQ_U64(kvw_blocks_active(bm), 3);
-    CHECK(kvw_sched_submit_pinned(e, &a.r, &pin) == 0);
+    CHECK(kvw_sched_submit_pinned(e, &a.r, &pin, NULL, 0) == 0);
     CHECK(pin.table == NULL);                               /* the scheduler owns it */
     run(base);
     CHECK(a.done && a.why == KVW_FINISH_LENGTH);
@@ -373,7 +374,7 @@ TEST(pinned_submit_uses_transferred_blocks)
     kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
     CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
     kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
-    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin) == 0);
+    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin, NULL, 0) == 0);
     e->ops->cancel(e, &b.r);
     CHECK_EQ_U64(kvw_blocks_active(bm), 0);
     run(base);
@@ -410,7 +411,7 @@ TEST(pinned_request_not_held_behind_local_prefill)
     kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
     CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
     kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
-    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin) == 0);
+    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin, NULL, 0) == 0);
     run(base);
     CHECK(a.done && b.done && w.done);
     CHECK_EQ_U64(b.r.cached_tokens, 48);
@@ -421,6 +422,71 @@ TEST(pinned_request_not_held_behind_local_prefill)
     CHECK_EQ_U64(tb->step_n[2], 2);                 /* b decodes first, beside a's chunk */
     CHECK_EQ_U64(tb->step_tokens[2][0], 1);
     CHECK_EQ_U64(tb->step_tokens[2][1], 63);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+/*
+ * A pulled request whose first token came sampled from the prefill worker:
+ * the client gets that token at the loop's next turn, while this engine is
+ * still in the middle of a long step, and not after the step that computes
+ * its tail; that step then computes the tail and the given token (3 tokens:
+ * 2 of the prompt's last partial block and the token) and samples the second
+ * token, so the output is the one the engine itself would have produced
+ * ('a' + position % 26: "yz" for a 50-token prompt). With max_tokens 1 the
+ * given token ends the request before any step of its own; a given EOS
+ * stops it.
+ */
+TEST(given_first_token_delivered_before_the_step)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 64, 0);
+    tb_t *tb = tb_new(64, 16);
+    kvw_engine_t *e;
+    kvw_blocks_t *bm;
+    kvw_seq_blocks_t pin = {0};
+    tr_t a, b, one, eos;
+    uint32_t y = 'a' + 50 % 26, stop = 1;
+
+    tb->b.simulated = 1;
+    tb->step_ms = 200;                              /* a step long enough to be in */
+    e = kvw_sched_create(&c, base, 0, &tb->b);
+    bm = kvw_sched_blocks(e);
+    tr_init(&a, 0, 300, 1000, 2);
+    tr_init(&b, 1, 50, 9000, 2);
+    tr_init(&one, 2, 50, 20000, 1);
+    tr_init(&eos, 3, 50, 30000, 4);
+    CHECK(e->ops->submit(e, &a.r) == 0);
+    event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);  /* a's first chunk is under way */
+    CHECK_EQ_U64(tb->n_steps, 1);
+    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
+    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
+    kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
+    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin, &y, 77) == 0);
+    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, one.r.prompt, 50);
+    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
+    kvw_blocks_commit(bm, &pin, one.r.prompt, 48);
+    CHECK(kvw_sched_submit_pinned(e, &one.r, &pin, &y, 77) == 0);
+    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, eos.r.prompt, 50);
+    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
+    kvw_blocks_commit(bm, &pin, eos.r.prompt, 48);
+    CHECK(kvw_sched_submit_pinned(e, &eos.r, &pin, &stop, 77) == 0);
+    CHECK_EQ_U64(b.r.n_output, 0);                  /* not from inside the submit */
+    event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    CHECK_EQ_U64(tb->n_steps, 1);                   /* the first step is still running */
+    CHECK_EQ_U64(b.r.n_output, 1);
+    CHECK(b.len == 1 && b.out[0] == 'y');
+    CHECK(b.r.rng == 77);                           /* the sampler goes on from the given state */
+    CHECK(!b.done);
+    CHECK(one.done && one.why == KVW_FINISH_LENGTH && one.len == 1 && one.out[0] == 'y');
+    CHECK(eos.done && eos.why == KVW_FINISH_STOP && eos.r.n_output == 1);
+    run(base);
+    CHECK(a.done && b.done);
+    CHECK(b.why == KVW_FINISH_LENGTH && b.len == 2 && memcmp(b.out, "yz", 2) == 0);
+    CHECK_EQ_U64(b.r.cached_tokens, 48);
+    CHECK_EQ_U64(tb->step_n[1], 2);                 /* a's chunk and b's tail with its token */
+    CHECK_EQ_U64(tb->step_tokens[1][1], 3);
+    CHECK_EQ_U64(kvw_blocks_active(bm), 0);
     e->ops->destroy(e);
     event_base_free(base);
 }
@@ -453,5 +519,6 @@ int main(void)
     RUN(too_long_prompt_refused);
     RUN(pinned_submit_uses_transferred_blocks);
     RUN(pinned_request_not_held_behind_local_prefill);
+    RUN(given_first_token_delivered_before_the_step);
     return kvt_done();
 }

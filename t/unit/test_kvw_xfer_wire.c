@@ -310,6 +310,58 @@ TEST(ipc_offsets_checked_and_only_when_offered)
     CHECK(strstr(why, "hash") != NULL);
 }
 
+/* The stream of stream() with a token frame after the header. */
+static size_t token_stream(uint8_t *buf, const kvx_token_t *t)
+{
+    uint8_t plain[1024];
+    kvx_header_t h;
+    size_t n = stream(plain, &h);
+
+    h.flags = KVX_F_TOKEN;
+    kvx_header_encode(&h, buf);
+    kvx_token_encode(t, buf + KVX_HDR_LEN);
+    memcpy(buf + KVX_HDR_LEN + KVX_TOK_LEN, plain + KVX_HDR_LEN, n - KVX_HDR_LEN);
+    return n + KVX_TOK_LEN;
+}
+
+TEST(first_token_frame_checked_and_only_when_asked)
+{
+    uint8_t buf[1100];
+    kvx_token_t t = { .token = 151643, .rng = 0x0123456789abcdefULL };
+    kvx_rx_t rx;
+    char why[256];
+    int blocks;
+    size_t n = token_stream(buf, &t);
+
+    expect(&rx);
+    rx.token_asked = 1;
+    CHECK(feed_all(&rx, buf, n, &blocks, why, sizeof(why)) == KVX_DONE);
+    CHECK_EQ_U64(blocks, NB);
+    CHECK(rx.has_token);
+    CHECK_EQ_U64(rx.token.token, 151643);
+    CHECK_EQ_U64(rx.token.rng, 0x0123456789abcdefULL);
+    /* a peer that sends it unasked is refused */
+    expect(&rx);
+    CHECK(feed_all(&rx, buf, n, &blocks, why, sizeof(why)) == KVX_ERROR);
+    CHECK(strstr(why, "not asked") != NULL);
+    /* asked and not sent: a stream as before, no token */
+    n = stream(buf, &(kvx_header_t){0});
+    expect(&rx);
+    rx.token_asked = 1;
+    CHECK(feed_all(&rx, buf, n, &blocks, why, sizeof(why)) == KVX_DONE);
+    CHECK(!rx.has_token);
+    /* a flipped bit in the token or its state fails the frame's checksum */
+    for (size_t at = 4; at < 16; at += 11) {
+        n = token_stream(buf, &t);
+        buf[KVX_HDR_LEN + at] ^= 4;
+        expect(&rx);
+        rx.token_asked = 1;
+        CHECK(feed_all(&rx, buf, n, &blocks, why, sizeof(why)) == KVX_ERROR);
+        CHECK(strstr(why, "first-token frame") != NULL);
+        CHECK(!rx.has_token);
+    }
+}
+
 int main(void)
 {
     RUN(round_trip);
@@ -318,5 +370,6 @@ int main(void)
     RUN(truncated_and_trailing);
     RUN(fingerprints_differ);
     RUN(ipc_offsets_checked_and_only_when_offered);
+    RUN(first_token_frame_checked_and_only_when_asked);
     return kvt_done();
 }
