@@ -525,12 +525,11 @@ static void start_step(sched_t *sc)
  * a simulated engine (not when the loop got round to it). Routing is what
  * sets it; a host short of CPU delays the delivery after it, which the
  * client's own TTFT also counts, so the two side by side tell the router's
- * share from the host's.
+ * share from the host's. end: when the token was out (for a token a prefill
+ * worker sampled, its delivery here).
  */
-static void first_token(sched_t *sc, sreq_t *s)
+static void first_token(sched_t *sc, sreq_t *s, uint64_t end)
 {
-    uint64_t end = sc->be->simulated && sc->due_us ? sc->due_us : kv_clock_us();
-
     sc->st.first_tokens++;
     if (end > s->submit_us)
         sc->st.first_token_ms += (double)(end - s->submit_us) / 1e3;
@@ -546,12 +545,8 @@ static void first_token(sched_t *sc, sreq_t *s)
  */
 static int deliver_given(sched_t *sc, sreq_t *s)
 {
-    uint64_t now = kv_clock_us();
-
     s->given = 0;
-    sc->st.first_tokens++;
-    if (now > s->submit_us)
-        sc->st.first_token_ms += (double)(now - s->submit_us) / 1e3;
+    first_token(sc, s, kv_clock_us());      /* now: no step of this engine produced it */
     return deliver(sc, s, s->tokens[s->req->n_prompt]);
 }
 
@@ -602,7 +597,7 @@ static void end_step(evutil_socket_t fd, short what, void *arg)
             continue;
         s->decoding = 1;
         if (s->n_tokens == s->req->n_prompt)    /* none generated yet (a recompute keeps them) */
-            first_token(sc, s);
+            first_token(sc, s, sc->be->simulated && sc->due_us ? sc->due_us : kv_clock_us());
         uint32_t tok = sc->seqs[i].next_token;
         if (s->n_tokens + 1 > s->cap) {
             size_t c = s->cap * 2 + 16;

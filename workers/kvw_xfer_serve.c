@@ -529,7 +529,6 @@ static int parse_hex(json_t *v, uint64_t *out)
     return *end == '\0' ? 0 : -1;
 }
 
-/* Reads the request into s; on a refusal fills code/ecode/msg. */
 /*
  * "sample" (optional): the decode side's sampling parameters, asking for the
  * first output token to come back with the KV (docs/PROTOCOL.md). The token
@@ -556,6 +555,7 @@ static int parse_sample(serve_t *s, json_t *o)
     return 0;
 }
 
+/* Reads the request into s; on a refusal fills code/ecode/msg. */
 static int parse(serve_t *s, const char *body, size_t len, int *code, const char **ecode,
                  char *msg, size_t msglen)
 {
