@@ -429,7 +429,8 @@ TEST(pinned_request_not_held_behind_local_prefill)
 /*
  * A pulled request whose first token came sampled from the prefill worker:
  * the client gets that token at the loop's next turn, while this engine is
- * still in the middle of a long step, and not after the step that computes
+ * still in the middle of a long step (2 s, so the order does not hang on
+ * the host's speed), and not after the step that computes
  * its tail; that step then computes the tail and the given token (3 tokens:
  * 2 of the prompt's last partial block and the token) and samples the second
  * token, so the output is the one the engine itself would have produced
@@ -449,7 +450,7 @@ TEST(given_first_token_delivered_before_the_step)
     uint32_t y = 'a' + 50 % 26, stop = 1;
 
     tb->b.simulated = 1;
-    tb->step_ms = 200;                              /* a step long enough to be in */
+    tb->step_ms = 2000;     /* a's first step: far longer than the few calls below take */
     e = kvw_sched_create(&c, base, 0, &tb->b);
     bm = kvw_sched_blocks(e);
     tr_init(&a, 0, 300, 1000, 2);
@@ -480,6 +481,7 @@ TEST(given_first_token_delivered_before_the_step)
     CHECK(!b.done);
     CHECK(one.done && one.why == KVW_FINISH_LENGTH && one.len == 1 && one.out[0] == 'y');
     CHECK(eos.done && eos.why == KVW_FINISH_STOP && eos.r.n_output == 1);
+    tb->step_ms = 0;                                /* the rest at once */
     run(base);
     CHECK(a.done && b.done);
     CHECK(b.why == KVW_FINISH_LENGTH && b.len == 2 && memcmp(b.out, "yz", 2) == 0);
