@@ -1216,7 +1216,25 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    slot = kv_index_worker_add(ix, p->worker_id, 0);
+    /*
+     * The slot this process last mapped the server to, while the index
+     * still holds the server there: kv_index_worker_add searches the slots
+     * one by one (up to max_workers, 4,096 and more in a large fleet) and
+     * would do so on every request, under the zone's mutex. The pending
+     * index has slots of its own.
+     */
+
+    if (ix == zone->sh->index && ngx_http_kvroute_slot_valid(ix, p)) {
+        slot = (int) p->slot;
+
+    } else {
+        slot = kv_index_worker_add(ix, p->worker_id, 0);
+
+        if (ix == zone->sh->index) {
+            p->slot = slot;
+        }
+    }
+
     if (slot >= 0) {
         kv_index_record_at(ix, slot, ctx->seq, 0, ctx->nseq,
                            (uint64_t) ngx_current_msec);
