@@ -466,6 +466,10 @@ ngx_int_t ngx_http_kvroute_prefill_header(ngx_http_kvroute_peer_data_t *pd);
 void ngx_http_kvroute_prefill_done(ngx_http_kvroute_ctx_t *ctx);
 void ngx_http_kvroute_prefill_close(ngx_http_kvroute_ctx_t *ctx);
 
+/* blocks the index holds for primary p, by its mapped slot (balancer.c) */
+uint64_t ngx_http_kvroute_tree_blocks(ngx_http_kvroute_srv_conf_t *kcf,
+    kv_index_t *ix, ngx_http_kvroute_peer_t *p);
+
 /* the chosen server will hold the prompt's blocks (balancer.c) */
 void ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,

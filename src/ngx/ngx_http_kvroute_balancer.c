@@ -752,7 +752,7 @@ ngx_http_kvroute_slot_valid(kv_index_t *ix, ngx_http_kvroute_peer_t *p)
 
 /* Blocks the index holds for server p (the tie-break), by its slot. */
 
-static uint64_t
+uint64_t
 ngx_http_kvroute_tree_blocks(ngx_http_kvroute_srv_conf_t *kcf, kv_index_t *ix,
     ngx_http_kvroute_peer_t *p)
 {

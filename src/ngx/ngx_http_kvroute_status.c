@@ -692,86 +692,27 @@ ngx_http_kvroute_prom_M(u_char *b, char *name, u_char *labels, char *key,
 /* --- snapshots ------------------------------------------------------------ */
 
 /*
- * The index's live workers (rank 0) by id, read once per page: looking each
- * server up with kv_index_worker_find reads the slots one by one, so a page
- * of 4,096 servers, most of them absent from the index, read 4,096 x 4,096
- * slots (two thirds of a 20 ms page; docs/BENCHMARKS.md, "Scale-out round 8").
+ * Blocks the index holds for peer k: a primary by the slot the decisions
+ * map it to (ngx_http_kvroute_tree_blocks: one pass over the slots when the
+ * index's workers change), a backup, which they do not map, by a search.
+ * A search per server reads the slots one by one, all of them for a server
+ * the index does not hold: a page of 4,096 servers read 4,096 x 4,096 slots
+ * (two thirds of a 20 ms page; docs/BENCHMARKS.md, "Scale-out round 8").
  */
 
-typedef struct {
-    uint64_t    worker_id;
-    uint32_t    slot;
-} ngx_http_kvroute_slot_of_t;
-
-
-static int ngx_libc_cdecl
-ngx_http_kvroute_slot_cmp(const void *a, const void *b)
-{
-    const ngx_http_kvroute_slot_of_t  *x = a, *y = b;
-
-    if (x->worker_id != y->worker_id) {
-        return x->worker_id < y->worker_id ? -1 : 1;
-    }
-
-    return x->slot < y->slot ? -1 : x->slot > y->slot;
-}
-
-
-static ngx_http_kvroute_slot_of_t *
-ngx_http_kvroute_slots_by_id(ngx_pool_t *pool, kv_index_t *ix, ngx_uint_t *n)
-{
-    uint32_t                     i, max, dp;
-    uint64_t                     wid;
-    ngx_http_kvroute_slot_of_t  *m;
-
-    max = kv_index_max_workers(ix);
-
-    m = ngx_palloc(pool, (max + 1) * sizeof(ngx_http_kvroute_slot_of_t));
-    if (m == NULL) {
-        return NULL;
-    }
-
-    *n = 0;
-
-    for (i = 0; i < max; i++) {
-        if (kv_index_worker_info(ix, i, &wid, &dp) == 0 && dp == 0) {
-            m[*n].worker_id = wid;
-            m[*n].slot = i;
-            (*n)++;
-        }
-    }
-
-    ngx_qsort(m, *n, sizeof(ngx_http_kvroute_slot_of_t),
-              ngx_http_kvroute_slot_cmp);
-
-    return m;
-}
-
-
-/* blocks the index holds for p: its lowest slot, as kv_index_worker_find */
-
 static uint64_t
-ngx_http_kvroute_indexed(ngx_http_kvroute_zone_t *zone,
-    ngx_http_kvroute_peer_t *p, ngx_http_kvroute_slot_of_t *m, ngx_uint_t n)
+ngx_http_kvroute_indexed(ngx_http_kvroute_srv_conf_t *kcf, ngx_uint_t k)
 {
-    ngx_uint_t  lo, hi, mid;
+    int          slot;
+    kv_index_t  *ix = kcf->zone->sh->index;
 
-    for (lo = 0, hi = n; lo < hi; /* void */) {
-        mid = lo + (hi - lo) / 2;
-
-        if (m[mid].worker_id < p->worker_id) {
-            lo = mid + 1;
-
-        } else {
-            hi = mid;
-        }
+    if (k < kcf->nprimary) {
+        return ngx_http_kvroute_tree_blocks(kcf, ix, &kcf->peers[k]);
     }
 
-    if (lo == n || m[lo].worker_id != p->worker_id) {
-        return 0;
-    }
+    slot = kv_index_worker_find(ix, kcf->peers[k].worker_id, 0);
 
-    return kv_index_worker_blocks(zone->sh->index, m[lo].slot);
+    return slot < 0 ? 0 : kv_index_worker_blocks(ix, slot);
 }
 
 
@@ -898,24 +839,18 @@ static ngx_int_t
 ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
 {
     u_char                          *up;
-    ngx_uint_t                       i, j, n, nby_id;
+    ngx_uint_t                       i, j, n;
     kv_load_server_t                 ls;
     ngx_http_kvroute_peer_t         *p;
     ngx_http_kvroute_zone_t         *zone = s->zone;
     ngx_http_kvroute_server_snap_t  *ss;
     ngx_http_kvroute_server_item_t  *it;
     ngx_http_kvroute_srv_conf_t    **kcfs;
-    ngx_http_kvroute_slot_of_t      *by_id;
 
     kcfs = zone->upstreams.elts;
 
     for (i = 0, n = 0; i < zone->upstreams.nelts; i++) {
         n += kcfs[i]->npeers;
-    }
-
-    by_id = ngx_http_kvroute_slots_by_id(pool, zone->sh->index, &nby_id);
-    if (by_id == NULL) {
-        return NGX_ERROR;
     }
 
     s->servers = ngx_palloc(pool,
@@ -967,8 +902,7 @@ ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
             ss->overlap_hits = ls.overlap_hits;
             ss->overlap_blocks = ls.overlap_blocks;
             ss->prompt_blocks = ls.prompt_blocks;
-            ss->indexed_blocks = ngx_http_kvroute_indexed(zone, p, by_id,
-                                                          nby_id);
+            ss->indexed_blocks = ngx_http_kvroute_indexed(kcfs[i], j);
             ss->worker_block_size = ngx_http_kvroute_worker_block_size(kcfs[i],
                                                                        p);
             ss->block_size_mismatch = ss->worker_block_size
