@@ -211,6 +211,21 @@ TEST(half_and_bfloat16_round_to_nearest_even)
     CHECK(isnan(__bfloat162float(__float2bfloat16(nanf("")))));
 }
 
+/* The engine's two-pass device argmax (copy_out's launches), chunk logits a block. */
+static void argmax_rows(int *best, const float *logits, int rows, int vocab, int chunk)
+{
+    int    nchunk = (vocab + chunk - 1) / chunk, *di;
+    float *dv;
+
+    cudaMalloc((void **) &dv, sizeof(float) * rows * nchunk);
+    cudaMalloc((void **) &di, sizeof(int) * rows * nchunk);
+    KVW_LAUNCH(k_argmax, dim3(rows, nchunk), 256, 0, (cudaStream_t) 0, dv, di, logits, vocab,
+               chunk);
+    KVW_LAUNCH(k_argmax_pick, rows, 32, 0, (cudaStream_t) 0, best, dv, di, nchunk, vocab);
+    cudaDeviceSynchronize();
+    cudaFree(dv); cudaFree(di);
+}
+
 /* The engine's device argmax (greedy sampling) against kvw_sample's host scan. */
 TEST(argmax_kernel_matches_the_host_scan)
 {
@@ -228,9 +243,10 @@ TEST(argmax_kernel_matches_the_host_scan)
     cudaMalloc((void **) &d, sizeof(float) * rows * vocab);
     cudaMalloc((void **) &db, sizeof(got));
     cudaMemcpy(d, h, sizeof(float) * rows * vocab, cudaMemcpyHostToDevice);
-    for (const char *o : {"forward", "reverse"}) {
+    /* chunks of 1000 (one a row), 96 (ties across chunks) and 7 (more chunks than a warp) */
+    for (int chunk : {1000, 96, 7}) for (const char *o : {"forward", "reverse"}) {
         order(o);
-        KVW_LAUNCH(k_argmax, rows, 256, 0, (cudaStream_t) 0, db, d, vocab);
+        argmax_rows(db, d, rows, vocab, chunk);
         CHECK(cudaMemcpy(got, db, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess);
         for (int r = 0; r < rows; r++) {
             int best = 0;
@@ -387,6 +403,70 @@ TEST(split_attention_matches_a_cpu_reference)
 {
     attention_kernels_match<float>("f32 KV");
     attention_kernels_match<__nv_bfloat16>("bf16 KV");
+}
+
+/* --- the matrix-vector products of decode steps (k_gemv) against a CPU reference ----------- */
+
+/*
+ * out[t][r] = in[t] . w[r] (+ out when add) for 1..KVC_GEMV_MAX_T tokens: rows not a multiple
+ * of the block's warps, a row short of one unrolled pass (cols 200) and one past it (1320).
+ */
+template <class T> static void gemv_matches(const char *what, double tol)
+{
+    uint64_t x = 11;
+
+    for (int cols : {200, 1320}) for (int add = 0; add < 2; add++) {
+        const int rows = 37, nt = KVC_GEMV_MAX_T;
+        T        *hw = (T *) malloc(sizeof(T) * rows * cols), *hx = (T *) malloc(sizeof(T) * nt * cols);
+        float    *hout = (float *) malloc(sizeof(float) * nt * rows), *got = (float *) malloc(sizeof(float) * nt * rows);
+        T        *dw, *dx;
+        float    *dout;
+
+        for (int i = 0; i < rows * cols; i++) hw[i] = from_f<T>(frand(&x));
+        for (int i = 0; i < nt * cols; i++) hx[i] = from_f<T>(frand(&x));
+        for (int i = 0; i < nt * rows; i++) hout[i] = frand(&x);
+        cudaMalloc((void **) &dw, sizeof(T) * rows * cols);
+        cudaMalloc((void **) &dx, sizeof(T) * nt * cols);
+        cudaMalloc((void **) &dout, sizeof(float) * nt * rows);
+        cudaMemcpy(dw, hw, sizeof(T) * rows * cols, cudaMemcpyHostToDevice);
+        cudaMemcpy(dx, hx, sizeof(T) * nt * cols, cudaMemcpyHostToDevice);
+        for (int T_tokens = 1; T_tokens <= nt; T_tokens++) for (const char *o : {"forward", "reverse"}) {
+            double worst = 0;
+
+            order(o);
+            cudaMemcpy(dout, hout, sizeof(float) * nt * rows, cudaMemcpyHostToDevice);
+            KVW_LAUNCH(k_gemv<T>, (rows + KVC_GEMV_WARPS - 1) / KVC_GEMV_WARPS, 32 * KVC_GEMV_WARPS,
+                       0, (cudaStream_t) 0, dout, dx, dw, T_tokens, rows, cols, add);
+            CHECK(cudaMemcpy(got, dout, sizeof(float) * nt * rows, cudaMemcpyDeviceToHost)
+                  == cudaSuccess);
+            for (int t = 0; t < nt; t++) {
+                for (int r = 0; r < rows; r++) {
+                    double want = t < T_tokens && add ? hout[t * rows + r] : 0, d;
+
+                    if (t >= T_tokens) want = hout[t * rows + r];   /* untouched */
+                    for (int c = 0; t < T_tokens && c < cols; c++)
+                        want += (double) to_f(hw[r * cols + c]) * to_f(hx[t * cols + c]);
+                    d = fabs(got[t * rows + r] - want);
+                    worst = d > worst || d != d ? (d != d ? 1e9 : d) : worst;
+                }
+            }
+            if (worst > tol) {
+                fprintf(stderr, "  %s, cols %d, add %d, %d tokens, %s order: off by %g\n", what,
+                        cols, add, T_tokens, o, worst);
+            }
+            CHECK(worst <= tol);
+        }
+        cudaFree(dw); cudaFree(dx); cudaFree(dout);
+        free(hw); free(hx); free(hout); free(got);
+    }
+    order("forward");
+}
+
+TEST(gemv_matches_a_cpu_reference)
+{
+    gemv_matches<float>("f32", 1e-4);
+    gemv_matches<__nv_bfloat16>("bf16", 1e-4);
+    gemv_matches<__half>("f16", 1e-4);
 }
 
 /* --- wmma (emu/mma.h) and the tensor-core prefill attention ------------------------------ */
@@ -763,7 +843,7 @@ TEST(device_sampling_picks_what_kvw_sample_picks)
             for (int r = 0; r < rows; r++) temp[r] = temps[set];
             order(set % 2 ? "reverse" : "forward");
             cudaMemcpy(dt, temp, sizeof(temp), cudaMemcpyHostToDevice);
-            KVW_LAUNCH(k_argmax, rows, 256, 0, (cudaStream_t) 0, db, d, vocab);
+            argmax_rows(db, d, rows, vocab, 1024);
             KVW_LAUNCH(k_sample_cand, dim3(rows, nchunk), 256, 0, (cudaStream_t) 0, dcp, dci, dcs,
                        d, db, dt, vocab);
             CHECK(cudaMemcpy(hcp, dcp, nc * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
@@ -1147,6 +1227,7 @@ int main(void)
     RUN(half_and_bfloat16_round_to_nearest_even);
     RUN(argmax_kernel_matches_the_host_scan);
     RUN(split_attention_matches_a_cpu_reference);
+    RUN(gemv_matches_a_cpu_reference);
     RUN(wmma_follows_the_documented_semantics);
     RUN(wmma_misuse_is_reported);
     RUN(tensor_core_prefill_matches_a_cpu_reference);

@@ -16,6 +16,8 @@ import llama_ref  # noqa: E402
 
 TINY = os.path.join(kvt.BIN, "kvtiny-model")
 ENGINE = os.path.join(kvt.BIN, "kvengine")
+PHI3_TOK = os.path.join(kvt.TOP, "conf", "tokenizers", "phi-3-mini-4k-instruct",
+                        "tokenizer.json")
 QWEN_TOK = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct", "tokenizer.json")
 GPT2_TOK = os.path.join(kvt.TOP, "conf", "tokenizers", "gpt2", "tokenizer.json")
 
@@ -157,11 +159,12 @@ def cuda_env(target, dtype="f32", env=None):
     return env
 
 
-def cuda_logits(model, tokens, dtype, *extra, target="gpu"):
+def cuda_logits(model, tokens, dtype, *extra, target="gpu", env=None):
     """The CUDA engine's logits with weights in dtype; skips where there is no GPU."""
+    env = dict(cuda_env(target, dtype), **(env or {}))
     r = subprocess.run([ENGINE, "logits", "--engine", "cuda", "--model", model, "--tokens",
                         json.dumps(tokens)] + list(extra), capture_output=True, text=True,
-                       env=cuda_env(target, dtype))
+                       env=env)
     if target == "gpu" and r.returncode != 0 and "no CUDA device" in r.stderr:
         pytest.skip("no GPU: " + r.stderr.strip())
     assert r.returncode == 0, r.stderr
@@ -206,6 +209,24 @@ def test_cuda_engine_paging_chunking_batching(tmp_path, name, target):
             assert rel(got, cpu) < 1e-4 + rel(cold, cpu), extra
         else:
             assert np.array_equal(got, cold), (extra, rel(got, cold))
+
+
+@pytest.mark.parametrize("target", ["emu-forward", "gpu"])
+def test_cuda_gemv_decode_matches_cublas(tmp_path, target):
+    """Decode steps through k_gemv (KVW_CUDA_GEMV=all: every matmul of a step
+    of at most 4 tokens, the tiny model's short rows included; by default
+    only rows of 512 weights or more) give cuBLAS's logits within summation
+    order: one sequence with f32 weights, three with bf16 (where a last-bit
+    difference can flip an activation's bf16 rounding: 9.7e-4 seen). A
+    32,000-token vocabulary: the emulation runs a warp per lm_head row."""
+    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=PHI3_TOK)
+    for dtype, extra, limit in (("f32", ["--decode", "2"], 1e-5),
+                                ("bf16", ["--batch", "3", "--decode", "2"], 5e-3)):
+        ref = cuda_logits(model, TOKENS, dtype, *extra, target=target, env={"KVW_CUDA_GEMV": "0"})
+        got = cuda_logits(model, TOKENS, dtype, *extra, target=target,
+                          env={"KVW_CUDA_GEMV": "all"})
+        assert rel(got, ref) < limit, (dtype, rel(got, ref))
+        assert int(np.argmax(got)) == int(np.argmax(ref))
 
 
 @pytest.mark.parametrize("target", CUDA_TARGETS)

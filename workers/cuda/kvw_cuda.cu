@@ -43,9 +43,27 @@ enum { DT_F32, DT_F16, DT_BF16 };
 enum { KV_F32, KV_BF16 };
 enum { ATT_SPLIT, ATT_GQA, ATT_HEAD };
 
+/* The argmax's chunks: a row's partials fit in its candidates' slots (copy_out) */
+#define KVC_ARGMAX_CHUNK 1024
+#define KVC_GEMV_MIN_COLS 512
+static_assert(KVC_SAMPLE_CHUNK / KVC_ARGMAX_CHUNK <= KVC_SAMPLE_CANDS, "argmax partials");
+
 /* Split-K partials beyond this (prefill of long prompts) take the one-pass kernel instead. */
 #define KVC_PART_MAX_BYTES ((size_t) 64 << 20)
-#define KVC_SPLIT_LEN      128      /* default positions per split */
+/*
+ * Split-K's positions per split (splits_for). Decode attention is
+ * latency-bound (each warp walks its positions one after another), so a
+ * step needs many warps in flight: on an H200 a fixed 128 positions a split
+ * gave batch-1 decode of a 100-token context 8 blocks and 30 us a layer
+ * (ncu). So a token gets up to KVC_SPLIT_MOST splits, as many as bring the
+ * step's grid to KVC_SPLIT_BLOCKS blocks, of KVC_SPLIT_MIN to KVC_SPLIT_MAX
+ * positions. The cap: k_attn_merge walks a token's splits one by one, and
+ * 128 splits of an 8k context decoded 10% slower than 64 (docs/CUDA.md).
+ */
+#define KVC_SPLIT_MIN      16
+#define KVC_SPLIT_MAX      128
+#define KVC_SPLIT_MOST     64
+#define KVC_SPLIT_BLOCKS   1024
 
 #define KVC_MAX_AUTO_BLOCKS 65536u
 
@@ -63,7 +81,7 @@ typedef struct {
  */
 typedef struct {
     size_t          T, n_out;
-    int             nsplit;
+    int             nsplit, split_len;
     unsigned long   used;
     cudaGraphExec_t exec;
 } kvc_graph;
@@ -91,13 +109,15 @@ typedef struct {
     size_t          kvsz;               /* bytes of one KV element */
     char            kv_layout[160];     /* b.kv_layout: what block_read/block_write move */
     int             att;                /* ATT_SPLIT, ATT_GQA or ATT_HEAD (KVW_CUDA_ATTENTION) */
-    int             split_len;          /* positions per split (KVW_CUDA_ATT_SPLIT) */
+    int             split_fixed;        /* positions per split (KVW_CUDA_ATT_SPLIT), else 0 */
+    int             split_len;          /* positions per split of this step (splits_for) */
     float          *part;               /* split-K partials, part_cap floats */
     size_t          part_cap;
     void           *cublas_ws;          /* cuBLAS's workspace: none allocated while capturing */
     int             use_graphs;         /* KVW_CUDA_GRAPHS (1 unless "0") */
     int             fuse;               /* RoPE inside split-K attention (KVW_CUDA_FUSE, 1 unless "0") */
     int             tc;                 /* tensor-core prefill attention (KVW_CUDA_TC_PREFILL, 1 unless "0") */
+    size_t          gemv_t, gemv_cols;  /* k_gemv up to this many tokens, from this row length */
     long            tc_steps;           /* steps that ran it, for KVW_CUDA_STATS */
     kvc_graph       graphs[KVC_MAX_GRAPHS];
     unsigned        n_graphs;
@@ -372,13 +392,28 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
 /*
  * out[T][rows] (f32) = in[T][cols] . W[rows][cols]^T + beta * out. Row-major
  * out is column-major [rows x T]: out = op_T(W) . in in cuBLAS's terms.
- * beta 1 adds into out: the residual adds of o_proj and down_proj.
+ * beta 1 adds into out: the residual adds of o_proj and down_proj. Steps
+ * of one token (batch-1 decode) take k_gemv instead where a row has at
+ * least KVC_GEMV_MIN_COLS weights (below that a warp's lanes idle and
+ * cuBLAS does as well). On an H200 it read the 1.2B model's matrices 1.2-2.3x
+ * faster than cuBLAS at one token, except gate|up (0.84-0.86x), and slower at
+ * 2-4 tokens, where decode ran 0.92x and 0.74x with it (docs/CUDA.md).
+ * KVW_CUDA_GEMV=0: cuBLAS for every step; =all: k_gemv for steps of up to
+ * KVC_GEMV_MAX_T tokens and rows of any length (the tests' tiny models).
  */
 static int gemm(cuda_t *e, float *out, const void *in, const void *w, size_t T, size_t rows,
                 size_t cols, float beta)
 {
     const float alpha = 1.0f;
 
+    if (T <= e->gemv_t && cols >= e->gemv_cols && (cols * e->esz) % 16 == 0
+        && (uintptr_t) w % 16 == 0 && (uintptr_t) in % 16 == 0) {
+        unsigned blocks = (unsigned) ((rows + KVC_GEMV_WARPS - 1) / KVC_GEMV_WARPS);
+
+        DISPATCH(k_gemv, blocks, 32 * KVC_GEMV_WARPS, out, in, w, (int) T, (int) rows, (int) cols,
+                 beta != 0.0f);
+        return 0;
+    }
     CB(cublasGemmEx(e->cb, CUBLAS_OP_T, CUBLAS_OP_N, (int) rows, (int) T, (int) cols,
                     &alpha, w, e->ctype, (int) cols, in, e->ctype, (int) cols,
                     &beta, out, CUDA_R_32F, (int) rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -487,25 +522,42 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
 }
 
 /*
- * How many splits the split-K attention runs this step (grid z): enough for
- * the step's longest sequence. 0 when it does not run: another kernel was
- * asked for, a group too wide for it, or partials too large for
- * KVC_PART_MAX_BYTES (long prefill chunks, which have blocks enough).
- * -1: no memory for the partials.
+ * How many splits the split-K attention runs this step (grid z), and
+ * e->split_len, positions per split. By default the step's token count
+ * sets the splits wanted (KVC_SPLIT_BLOCKS, KVC_SPLIT_MOST), a split is the
+ * step's longest sequence over that many (KVC_SPLIT_MIN..KVC_SPLIT_MAX
+ * positions), and the grid is the splits wanted or, past KVC_SPLIT_MAX
+ * positions a split, what the longest sequence needs; so decode steps of
+ * one shape replay one CUDA graph until contexts are long, and splits past
+ * a token's position exit at once. KVW_CUDA_ATT_SPLIT fixes the positions
+ * per split, and the grid follows the longest sequence. 0 when it does not
+ * run: another kernel was asked for, a group too wide for it, or partials
+ * too large for KVC_PART_MAX_BYTES. -1: no memory for them.
  */
 static int splits_for(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t T)
 {
     uint32_t s, last = 0;
-    size_t   need;
-    int      nsplit;
+    size_t   row = T * e->heads * (e->hd + 2) * sizeof(float), need, want;
+    int      nsplit, len;
 
+    e->split_len = 0;
     if (e->att != ATT_SPLIT || e->heads / e->kv_heads > KVC_MAX_GROUP) return 0;
     for (s = 0; s < n; s++) {
         if (seqs[s].n_tokens > 0 && seqs[s].pos + seqs[s].n_tokens - 1 > last)
             last = seqs[s].pos + seqs[s].n_tokens - 1;
     }
-    nsplit = (int) (last / (uint32_t) e->split_len) + 1;
-    need = T * e->heads * (size_t) nsplit * (e->hd + 2) * sizeof(float);
+    if (e->split_fixed) {
+        len = e->split_fixed;
+        nsplit = (int) (last / (uint32_t) len) + 1;
+    } else {
+        want = (KVC_SPLIT_BLOCKS + T * e->kv_heads - 1) / (T * e->kv_heads);
+        if (want > KVC_SPLIT_MOST) want = KVC_SPLIT_MOST;
+        len = (int) ((last + want) / want);             /* ceil((last + 1) / want) */
+        len = len < KVC_SPLIT_MIN ? KVC_SPLIT_MIN : len > KVC_SPLIT_MAX ? KVC_SPLIT_MAX : len;
+        nsplit = (int) (last / (uint32_t) len) + 1;
+        if (nsplit < (int) want) nsplit = (int) want;
+    }
+    need = row * (size_t) nsplit;
     if (nsplit > 65535 || need > KVC_PART_MAX_BYTES) return 0;
     if (need > e->part_cap * sizeof(float)) {
         drop_graphs(e);
@@ -515,6 +567,7 @@ static int splits_for(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
         CK(cudaMalloc((void **) &e->part, need));
         e->part_cap = need / sizeof(float);
     }
+    e->split_len = len;
     return nsplit;
 }
 
@@ -541,8 +594,19 @@ static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_
     uint32_t s, r = 0;
     int      any = 0;
 
-    KVW_LAUNCH(k_argmax, (unsigned) n_out, 256, 0, e->st, e->d_best, e->logits, (int) e->vocab);
+    /*
+     * The argmax in two passes over chunks of KVC_ARGMAX_CHUNK logits; the
+     * chunks' partials go to the candidates' buffers (at least as many
+     * slots a row), which k_sample_cand overwrites only after k_argmax_pick.
+     */
+    dim3 am_grid((unsigned) n_out, (unsigned) ((e->vocab + KVC_ARGMAX_CHUNK - 1) / KVC_ARGMAX_CHUNK));
+
+    KVW_LAUNCH(k_argmax, am_grid, 256, 0, e->st, e->d_cp, e->d_ci, e->logits, (int) e->vocab,
+               KVC_ARGMAX_CHUNK);
     LAUNCHED("k_argmax");
+    KVW_LAUNCH(k_argmax_pick, (unsigned) n_out, 32, 0, e->st, e->d_best, e->d_cp, e->d_ci,
+               (int) am_grid.y, (int) e->vocab);
+    LAUNCHED("k_argmax_pick");
     CK(cudaMemcpyAsync(e->h_best, e->d_best, n_out * sizeof(int), cudaMemcpyDeviceToHost,
                        e->st));
     for (s = 0; s < n; s++) {
@@ -691,7 +755,8 @@ static int replay(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nspl
     int         rc;
 
     for (i = 0; i < e->n_graphs; i++) {
-        if (e->graphs[i].T == T && e->graphs[i].n_out == n_out && e->graphs[i].nsplit == nsplit) {
+        if (e->graphs[i].T == T && e->graphs[i].n_out == n_out && e->graphs[i].nsplit == nsplit
+            && e->graphs[i].split_len == e->split_len) {
             g = &e->graphs[i];
             break;
         }
@@ -722,6 +787,7 @@ static int replay(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nspl
         g->T = T;
         g->n_out = n_out;
         g->nsplit = nsplit;
+        g->split_len = e->split_len;
         e->captured++;
     } else {
         e->replayed++;
@@ -997,7 +1063,8 @@ static const char *dtype_name(int dt)
  * The KV pool's type (KVW_CUDA_KV_DTYPE=f32, the default, or bf16) and the
  * attention kernel (KVW_CUDA_ATTENTION=split, the default, gqa or head:
  * the earlier one-pass kernels, kept to compare against), with
- * KVW_CUDA_ATT_SPLIT positions per split.
+ * KVW_CUDA_ATT_SPLIT positions per split if set (else splits_for sizes
+ * them step by step).
  */
 static int pick_kernels(cuda_t *e)
 {
@@ -1014,12 +1081,12 @@ static int pick_kernels(cuda_t *e)
     else if (!strcmp(att, "gqa")) e->att = ATT_GQA;
     else if (!strcmp(att, "head")) e->att = ATT_HEAD;
     else return fail(e, "KVW_CUDA_ATTENTION=%s: want split, gqa or head", att);
-    e->split_len = KVC_SPLIT_LEN;
+    e->split_fixed = 0;
     if (sl != NULL && *sl != '\0') {
         n = strtol(sl, &end, 10);
         if (*end != '\0' || n < 1 || n > 1 << 20)
             return fail(e, "KVW_CUDA_ATT_SPLIT=%s: want positions per split, 1..1048576", sl);
-        e->split_len = (int) n;
+        e->split_fixed = (int) n;
     }
     return 0;
 }
@@ -1112,7 +1179,8 @@ static int alloc_scratch(cuda_t *e, const kvw_backend_config_t *cfg)
                     "(--max-num-batched-tokens, --max-num-seqs): %s", T, seqs, e->err);
     }
     /* split-K partials for decode steps of every sequence at the longest length (capped) */
-    part = seqs * e->heads * ((size_t) e->b.max_model_len / (size_t) e->split_len + 1)
+    part = seqs * e->heads * ((size_t) e->b.max_model_len
+                              / (size_t) (e->split_fixed ? e->split_fixed : KVC_SPLIT_MIN) + 1)
            * (e->hd + 2) * sizeof(float);
     if (part > KVC_PART_MAX_BYTES) part = KVC_PART_MAX_BYTES;
     if (e->att == ATT_SPLIT && cudaMalloc((void **) &e->part, part) != cudaSuccess) {
@@ -1121,6 +1189,13 @@ static int alloc_scratch(cuda_t *e, const kvw_backend_config_t *cfg)
     }
     if (e->part) e->part_cap = part / sizeof(float);
     return 0;
+}
+
+/* The steps k_gemv takes (gemm()): KVW_CUDA_GEMV "0" none, "all" every one it can. */
+static void pick_gemv(cuda_t *e, const char *v)
+{
+    e->gemv_t = v && !strcmp(v, "0") ? 0 : v && !strcmp(v, "all") ? KVC_GEMV_MAX_T : 1;
+    e->gemv_cols = v && !strcmp(v, "all") ? 0 : KVC_GEMV_MIN_COLS;
 }
 
 /* Everything after the model is on the host: device, weights, scratch, pool. */
@@ -1142,6 +1217,7 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
     e->fuse = !(getenv("KVW_CUDA_FUSE") && !strcmp(getenv("KVW_CUDA_FUSE"), "0"));
     e->tc = !(getenv("KVW_CUDA_TC_PREFILL") && !strcmp(getenv("KVW_CUDA_TC_PREFILL"), "0"));
+    pick_gemv(e, getenv("KVW_CUDA_GEMV"));
     {
         cudaDeviceProp prop;
 

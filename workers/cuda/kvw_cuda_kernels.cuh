@@ -1,6 +1,7 @@
 /*
  * The CUDA engine's kernels (kvw_cuda.cu): everything of the Llama forward
- * pass that is not a matmul. Matmuls go to cuBLAS.
+ * pass that is not a matmul, and the matrix-vector products of decode steps
+ * of a few sequences (k_gemv). Other matmuls go to cuBLAS.
  *
  * Types: weights and matmul inputs ("act") are T: float, __half or
  * __nv_bfloat16, the type the weights were uploaded in. Everything a matmul
@@ -257,49 +258,70 @@ __global__ void k_add_bias(float *x, const float *bias, int H)
     for (int i = threadIdx.x; i < H; i += blockDim.x) row[i] += bias[i];
 }
 
+/* (v, i) becomes (ov, oi) when that is larger, or equal at a smaller index (the first one wins). */
+static __device__ __forceinline__ void kvc_better(float *v, int *i, float ov, int oi)
+{
+    if (ov > *v || (ov == *v && oi < *i)) {
+        *v = ov;
+        *i = oi;
+    }
+}
+
 /*
- * best[r] = the index of row r's largest logit, the first one on ties (as
- * kvw_sample's greedy scan: a later equal value does not replace it); 0
- * when no value beats -inf. One thread block (a multiple of 32 threads,
- * at most 1024) per row.
+ * The device argmax (greedy sampling), pass 1: one thread block per (logit
+ * row, chunk of `chunk` logits), blockDim a multiple of 32 (at most 1024),
+ * writes its chunk's largest value and the first index holding it to
+ * val/idx[row * gridDim.y + chunk] (index vocab when nothing beats -inf).
+ * One block per row walked 50k logits alone: 78 us a token on an H200.
  */
-__global__ void k_argmax(int *best, const float *logits, int vocab)
+__global__ void k_argmax(float *val, int *idx, const float *logits, int vocab, int chunk)
 {
     __shared__ float w_val[32];
     __shared__ int   w_idx[32];
     const float     *row = logits + (size_t) blockIdx.x * vocab;
     float            v = -INFINITY;
-    int              idx = vocab, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int              i = vocab, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int              end = (int) (blockIdx.y + 1) * chunk;
 
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        if (row[i] > v) {
-            v = row[i];
-            idx = i;
+    for (int j = (int) blockIdx.y * chunk + threadIdx.x; j < end && j < vocab; j += blockDim.x) {
+        if (row[j] > v) {
+            v = row[j];
+            i = j;
         }
     }
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int   oi = __shfl_xor_sync(0xffffffffu, idx, o);
-
-        if (ov > v || (ov == v && oi < idx)) {
-            v = ov;
-            idx = oi;
-        }
+        kvc_better(&v, &i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     }
     if (lane == 0) {
         w_val[warp] = v;
-        w_idx[warp] = idx;
+        w_idx[warp] = i;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int) (blockDim.x >> 5); w++) {
-            if (w_val[w] > v || (w_val[w] == v && w_idx[w] < idx)) {
-                v = w_val[w];
-                idx = w_idx[w];
-            }
-        }
-        best[blockIdx.x] = idx < vocab ? idx : 0;
+        for (int w = 1; w < (int) (blockDim.x >> 5); w++) kvc_better(&v, &i, w_val[w], w_idx[w]);
+        val[blockIdx.x * gridDim.y + blockIdx.y] = v;
+        idx[blockIdx.x * gridDim.y + blockIdx.y] = i;
     }
+}
+
+/*
+ * Pass 2: one warp per row merges its nchunk chunks: best[r] = the index of
+ * row r's largest logit, the first one on ties (as kvw_sample's greedy
+ * scan: a later equal value does not replace it); 0 when no value beats
+ * -inf.
+ */
+__global__ void k_argmax_pick(int *best, const float *val, const int *idx, int nchunk, int vocab)
+{
+    float v = -INFINITY;
+    int   i = vocab, lane = threadIdx.x;
+
+    for (int c = lane; c < nchunk; c += 32) {
+        kvc_better(&v, &i, val[blockIdx.x * nchunk + c], idx[blockIdx.x * nchunk + c]);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        kvc_better(&v, &i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    }
+    if (lane == 0) best[blockIdx.x] = i < vocab ? i : 0;
 }
 
 /*
@@ -806,6 +828,82 @@ __global__ void k_sample_cand(float *cand_p, int *cand_id, double *chunk_sum,
             if (bi >= 0) sp[bi] = -1;
         }
         __syncthreads();                /* sp[] and w_*[] are read again next round */
+    }
+}
+
+/*
+ * Matrix-vector products for steps of a few tokens (the engine uses it
+ * for batch-1 decode; gemm() says why): out[t][r] = in[t][:] . w[r][:]
+ * (+ out[t][r] when add) for t < T_tokens <= KVC_GEMV_MAX_T, f32 out, in
+ * and w of type T. A decode step reads every weight once for one token, so
+ * it is bound by memory bandwidth, and cuBLAS's GEMM with a one-column
+ * operand read the 1.2B model's matrices at 0.7-3.4 TB/s of the H200's 4.8
+ * (tools/bench.d/gemv). One warp per weight row: each lane streams 16-byte
+ * packs of the row, KVC_GEMV_UNROLL of them in flight before the first is
+ * used, and dots each with the same pack of every token's input (a few KB,
+ * read by every warp, so it stays in L1). Requires cols * sizeof(T) a
+ * multiple of 16 and 16-byte aligned w and in (gemm() checks, else cuBLAS).
+ * 8 warps a block and 4 packs in flight were fastest of six shapes on
+ * every one of the model's matrices at one token (docs/CUDA.md).
+ */
+#define KVC_GEMV_MAX_T  4
+#ifndef KVC_GEMV_WARPS                  /* -D: tools/bench.d/gemv.cu tries others */
+#define KVC_GEMV_WARPS  8
+#endif
+#ifndef KVC_GEMV_UNROLL
+#define KVC_GEMV_UNROLL 4
+#endif
+
+template <class T> struct alignas(16) kvc_pack {
+    T v[16 / sizeof(T)];
+};
+
+template <class T>
+__global__ void k_gemv(float *out, const void *in, const void *w, int T_tokens, int rows,
+                       int cols, int add)
+{
+    const int           P = 16 / sizeof(T), np = cols / P;
+    int                 lane = threadIdx.x & 31;
+    int                 r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const kvc_pack<T>  *wr = (const kvc_pack<T> *) w + (size_t) r * np;
+    const kvc_pack<T>  *x = (const kvc_pack<T> *) in;
+    float               acc[KVC_GEMV_MAX_T];
+
+    if (r >= rows) return;              /* the whole warp: one row per warp */
+#pragma unroll
+    for (int t = 0; t < KVC_GEMV_MAX_T; t++) acc[t] = 0;
+    for (int base = lane; base < np; base += 32 * KVC_GEMV_UNROLL) {
+        kvc_pack<T> wp[KVC_GEMV_UNROLL];
+
+#pragma unroll
+        for (int u = 0; u < KVC_GEMV_UNROLL; u++) {
+            if (base + 32 * u < np) wp[u] = wr[base + 32 * u];
+        }
+#pragma unroll
+        for (int u = 0; u < KVC_GEMV_UNROLL; u++) {
+            if (base + 32 * u >= np) break;
+#pragma unroll
+            for (int t = 0; t < KVC_GEMV_MAX_T; t++) {
+                kvc_pack<T> xp;
+                float       s = 0;
+
+                if (t >= T_tokens) break;
+                xp = x[(size_t) t * np + base + 32 * u];
+#pragma unroll
+                for (int j = 0; j < P; j++) s += to_f(wp[u].v[j]) * to_f(xp.v[j]);
+                acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < KVC_GEMV_MAX_T; t++) {
+        if (t >= T_tokens) break;
+        for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+        if (lane == 0) {
+            float *o = out + (size_t) t * rows + r;
+
+            *o = add ? *o + acc[t] : acc[t];
+        }
     }
 }
 
