@@ -45,8 +45,9 @@ enum { ATT_SPLIT, ATT_GQA, ATT_HEAD };
 
 /* The argmax's chunks: a row's partials fit in its candidates' slots (copy_out) */
 #define KVC_ARGMAX_CHUNK 1024
-#define KVC_GEMV_MIN_COLS 512
 static_assert(KVC_SAMPLE_CHUNK / KVC_ARGMAX_CHUNK <= KVC_SAMPLE_CANDS, "argmax partials");
+
+#define KVC_GEMV_MIN_COLS 512           /* shorter weight rows stay on cuBLAS (gemm()) */
 
 /* Split-K partials beyond this (prefill of long prompts) take the one-pass kernel instead. */
 #define KVC_PART_MAX_BYTES ((size_t) 64 << 20)
@@ -526,8 +527,9 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
  * e->split_len, positions per split. By default the step's token count
  * sets the splits wanted (KVC_SPLIT_BLOCKS, KVC_SPLIT_MOST), a split is the
  * step's longest sequence over that many (KVC_SPLIT_MIN..KVC_SPLIT_MAX
- * positions), and the grid is the splits wanted or, past KVC_SPLIT_MAX
- * positions a split, what the longest sequence needs; so decode steps of
+ * positions, a multiple of KVC_SPLIT_MIN), and the grid is the splits
+ * wanted or, past KVC_SPLIT_MAX positions a split, what the longest
+ * sequence needs; so decode steps of
  * one shape replay one CUDA graph until contexts are long, and splits past
  * a token's position exit at once. KVW_CUDA_ATT_SPLIT fixes the positions
  * per split, and the grid follows the longest sequence. 0 when it does not
@@ -553,7 +555,9 @@ static int splits_for(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
         want = (KVC_SPLIT_BLOCKS + T * e->kv_heads - 1) / (T * e->kv_heads);
         if (want > KVC_SPLIT_MOST) want = KVC_SPLIT_MOST;
         len = (int) ((last + want) / want);             /* ceil((last + 1) / want) */
-        len = len < KVC_SPLIT_MIN ? KVC_SPLIT_MIN : len > KVC_SPLIT_MAX ? KVC_SPLIT_MAX : len;
+        /* whole KVC_SPLIT_MIN's: the length, and so the graph, changes less often */
+        len = (len + KVC_SPLIT_MIN - 1) / KVC_SPLIT_MIN * KVC_SPLIT_MIN;
+        len = len > KVC_SPLIT_MAX ? KVC_SPLIT_MAX : len;
         nsplit = (int) (last / (uint32_t) len) + 1;
         if (nsplit < (int) want) nsplit = (int) want;
     }
