@@ -59,7 +59,7 @@ static_assert(KVC_SAMPLE_CHUNK / KVC_ARGMAX_CHUNK <= KVC_SAMPLE_CANDS, "argmax p
  * (ncu). So a token gets up to KVC_SPLIT_MOST splits, as many as bring the
  * step's grid to KVC_SPLIT_BLOCKS blocks, of KVC_SPLIT_MIN to KVC_SPLIT_MAX
  * positions. The cap: k_attn_merge walks a token's splits one by one, and
- * 128 splits of an 8k context decoded 10% slower than 64 (docs/CUDA.md).
+ * 128 splits of an 8k context decoded 10% slower than 65 (docs/CUDA.md).
  */
 #define KVC_SPLIT_MIN      16
 #define KVC_SPLIT_MAX      128

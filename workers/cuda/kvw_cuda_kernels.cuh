@@ -843,8 +843,9 @@ __global__ void k_sample_cand(float *cand_p, int *cand_id, double *chunk_sum,
  * used, and dots each with the same pack of every token's input (a few KB,
  * read by every warp, so it stays in L1). Requires cols * sizeof(T) a
  * multiple of 16 and 16-byte aligned w and in (gemm() checks, else cuBLAS).
- * 8 warps a block and 4 packs in flight were fastest of six shapes on
- * every one of the model's matrices at one token (docs/CUDA.md).
+ * 8 warps a block and 4 packs in flight timed at or below 8 x 8 on each
+ * of the model's matrices at one token, and within 0.5 us of the fastest
+ * of six shapes (docs/CUDA.md).
  */
 #define KVC_GEMV_MAX_T  4
 #ifndef KVC_GEMV_WARPS                  /* -D: tools/bench.d/gemv.cu tries others */
