@@ -186,6 +186,8 @@ def decision():
             with open(os.path.join(st.dir, "u%d.log" % n)) as f:
                 rows = [l.split() for l in f if l.strip()]
             us = [int(r[1]) for r in rows if r[1].isdigit()]
+            cold = [int(r[1]) for r in rows if r[1].isdigit() and r[2] == "0"]
+            warm = [int(r[1]) for r in rows if r[1].isdigit() and r[2] != "0"]
             servers = zs["kv%d" % n]["upstreams"]["u%d" % n]
             out["sizes"][n] = {
                 "decisions": len(us), "p50_us": pct(us, 0.5), "p99_us": pct(us, 0.99),
@@ -194,6 +196,11 @@ def decision():
                 "servers_routed": sum(1 for s in servers if s["requests"]),
                 "requests_counted": sum(s["requests"] for s in servers),
                 "hits": sum(1 for r in rows if r[2] != "0"),
+                # where the tail comes from: decisions no server held a block
+                # of (each prefix's first, while the fleet starts) and the rest
+                "cold": len(cold), "cold_p50_us": pct(cold, 0.5),
+                "cold_max_us": max(cold) if cold else 0,
+                "warm_p99_us": pct(warm, 0.99),
             }
         out["p99_4096_over_p99_8"] = round(out["sizes"][4096]["p99_us"]
                                            / max(1, out["sizes"][8]["p99_us"]), 2)

@@ -71,7 +71,7 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303035ULL   /* "kvidx005": homes at cache line starts */
+#define IX_MAGIC        0x6b76696478303036ULL   /* "kvidx006": the slot change log */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
@@ -82,6 +82,7 @@
 #define INNER_AHEAD     48                       /* match: entries inside spans prefetched per batch */
 #define COARSE_MAX      128                      /* match: the longest span landed over first */
 #define FB_MAX          (JUMP_BATCH * JUMP)      /* match: keys between one batch's landings */
+#define SLOT_LOG        64                       /* slot changes kept for readers' maps */
 
 typedef struct {
     uint64_t            worker_id;
@@ -136,6 +137,8 @@ struct kv_index {
     uint32_t            pad;
     uint64_t            lost_slots;     /* slots with lost set; readers walk while > 0 */
     uint64_t            erases;         /* writer: entries moved or freed (stale indexes) */
+    uint64_t            slot_gen;       /* slot changes so far (a worker added or retired) */
+    uint32_t            slot_log[SLOT_LOG]; /* slot of change g at g % SLOT_LOG */
 };
 
 /* --- layout -------------------------------------------------------------- */
@@ -944,6 +947,43 @@ static uint64_t map_seq(kv_index_t *ix, uint32_t slot, uint64_t engine, int take
 
 /* --- workers ------------------------------------------------------------- */
 
+/* Logs that slot k changed hands, for kv_index_slots_changed: the entry
+ * first, then the count that publishes it. One writer at a time. */
+static void note_slot(kv_index_t *ix, uint32_t k)
+{
+    uint64_t g = ix->slot_gen + 1;
+
+    __atomic_store_n(&ix->slot_log[g % SLOT_LOG], k, __ATOMIC_RELAXED);
+    __atomic_store_n(&ix->slot_gen, g, __ATOMIC_RELEASE);
+}
+
+int kv_index_slots_changed(const kv_index_t *ix, uint64_t *since, uint32_t *out,
+                           size_t cap)
+{
+    uint64_t from = *since, g, c;
+    size_t   n = 0;
+
+    g = __atomic_load_n(&ix->slot_gen, __ATOMIC_ACQUIRE);
+    *since = g;
+    if (g == from) {
+        return 0;
+    }
+    if (g < from || g - from >= SLOT_LOG || g - from > cap) {
+        return -1;
+    }
+    for (c = from + 1; c <= g; c++) {
+        out[n++] = __atomic_load_n(&ix->slot_log[c % SLOT_LOG], __ATOMIC_RELAXED);
+    }
+    /* the writer overwrites change c - SLOT_LOG just before it publishes
+     * change c: what was read stands unless change from + 1 + SLOT_LOG may
+     * have been under way meanwhile */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&ix->slot_gen, __ATOMIC_RELAXED) - from >= SLOT_LOG) {
+        return -1;
+    }
+    return (int) n;
+}
+
 int kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
 {
     slot_t  *s = slots(ix);
@@ -998,6 +1038,7 @@ int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
             __atomic_store_n(&s[i].blocks, 0, __ATOMIC_RELAXED);
             __atomic_store_n(&s[i].in_use, 1, __ATOMIC_RELEASE);
             __atomic_fetch_add(&ix->workers, 1, __ATOMIC_SEQ_CST);
+            note_slot(ix, i);
             return (int) i;
         }
     }
@@ -1081,6 +1122,7 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
             if (release) {
                 __atomic_store_n(&s[k].in_use, SLOT_RETIRED, __ATOMIC_RELEASE);
                 __atomic_fetch_sub(&ix->workers, 1, __ATOMIC_SEQ_CST);
+                note_slot(ix, k);
             }
         }
     }

@@ -138,6 +138,13 @@ size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
 int      kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank);
 /* Workers holding a slot now (a scan's result stays valid while it holds). */
 uint64_t kv_index_workers(const kv_index_t *ix);
+/* Slots that changed hands (a worker added or retired there) since change
+ * *since, which it advances: their numbers in out (a slot may repeat), their
+ * count, or -1 when more changed than it kept or than cap (read every slot).
+ * Lets each reader keep its own map of slots to workers at the cost of what
+ * changed, not of max_workers. Starts at 0 for a new index. */
+int      kv_index_slots_changed(const kv_index_t *ix, uint64_t *since, uint32_t *out,
+                                size_t cap);
 /* worker_id and dp_rank of a slot in use: 0, or -1 for a free slot. */
 int      kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_id,
                               uint32_t *dp_rank);

@@ -228,8 +228,12 @@ struct ngx_http_kvroute_srv_conf_s {
     ngx_uint_t                      nby_load;
     ngx_int_t                      *by_id;      /* open addressing: primary + 1 */
     ngx_uint_t                      id_mask;
-    uint64_t                        slots_read; /* 1 + the index's workers when
-                                                   every peer's slot was set */
+    uint64_t                       *slot_ids;   /* index slot -> worker id this
+                                                   process mapped there, 0 */
+    ngx_uint_t                      nslot_ids;
+    uint64_t                        slots_gen;  /* the index's slot changes
+                                                   mapped (kv_index_slots_changed) */
+    ngx_uint_t                      slots_read; /* 0: remap every slot */
     kv_ring_point_t                *ring;
     size_t                          nring;
 };

@@ -262,6 +262,48 @@ TEST(worker_remove_frees_slot)
     free(ix);
 }
 
+/* Readers keep their own slot maps from the change log: each add and
+ * removal is logged with its slot, in order; a reader too far behind (or
+ * asking for fewer than changed) is told to read every slot. */
+TEST(slot_changes_logged)
+{
+    kv_index_t *ix = make(1 << 20, NULL);
+    uint64_t    since = 0, behind;
+    uint32_t    out[64];
+    int         a, b, c, n, i;
+
+    CHECK(kv_index_slots_changed(ix, &since, out, 64) == 0);
+    a = kv_index_worker_add(ix, 21, 0);
+    b = kv_index_worker_add(ix, 22, 0);
+    CHECK(kv_index_worker_add(ix, 21, 0) == a);         /* not a change */
+    n = kv_index_slots_changed(ix, &since, out, 64);
+    CHECK(n == 2);
+    CHECK(out[0] == (uint32_t) a && out[1] == (uint32_t) b);
+    CHECK(kv_index_slots_changed(ix, &since, out, 64) == 0);
+
+    kv_index_worker_remove(ix, 21);
+    kv_index_reap(ix);
+    c = kv_index_worker_add(ix, 23, 0);                 /* a's slot again */
+    CHECK(c == a);
+    behind = since;
+    CHECK(kv_index_slots_changed(ix, &behind, out, 1) == -1);   /* cap */
+    n = kv_index_slots_changed(ix, &since, out, 64);
+    CHECK(n == 2);
+    CHECK(out[0] == (uint32_t) a && out[1] == (uint32_t) a);
+    CHECK_EQ_U64(behind, since);
+
+    /* 64 changes: the oldest may be overwritten, read every slot */
+    behind = since;
+    for (i = 0; i < 32; i++) {
+        kv_index_worker_add(ix, 100 + (uint64_t) i, 0);
+        kv_index_worker_remove(ix, 100 + (uint64_t) i);
+        kv_index_reap(ix);
+    }
+    CHECK(kv_index_slots_changed(ix, &behind, out, 64) == -1);
+    CHECK(kv_index_slots_changed(ix, &behind, out, 64) == 0);
+    free(ix);
+}
+
 TEST(worker_slots_run_out)
 {
     kv_index_config_t cfg = { .max_workers = 2 };
@@ -1284,6 +1326,7 @@ int main(void)
     RUN(unknown_parent_dropped_whole);
     RUN(cleared_all_dp_ranks);
     RUN(worker_remove_frees_slot);
+    RUN(slot_changes_logged);
     RUN(worker_slots_run_out);
     RUN(match_leading_run_per_worker);
     RUN(match_exits_early);
