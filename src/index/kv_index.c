@@ -984,16 +984,76 @@ int kv_index_slots_changed(const kv_index_t *ix, uint64_t *since, uint32_t *out,
     return (int) n;
 }
 
+/* Whether slot i is live and holds (worker_id, dp_rank). */
+static int slot_holds(const kv_index_t *ix, uint32_t i, uint64_t worker_id, uint32_t dp_rank)
+{
+    slot_t *s = &slots(ix)[i];
+
+    return __atomic_load_n(&s->in_use, __ATOMIC_ACQUIRE) == 1
+           && __atomic_load_n(&s->worker_id, __ATOMIC_RELAXED) == worker_id
+           && __atomic_load_n(&s->dp_rank, __ATOMIC_RELAXED) == dp_rank;
+}
+
+/*
+ * Where each worker's slot was last found, per thread: the search reads
+ * every slot up to the worker's (4,096 reads at the end of a full fleet,
+ * ~2.3 us), and the helper looks a worker up for every event it applies.
+ * A hint is taken only when its slot still holds that worker (the check
+ * the search makes of each slot), so a stale or colliding hint is a miss,
+ * never a wrong answer. Direct-mapped, 4 entries a slot of the largest
+ * index the thread has used (24 KB at 256 slots, 384 KB at 4,096); kept
+ * for the thread's life.
+ */
+typedef struct {
+    const kv_index_t   *ix;
+    uint64_t            worker_id;
+    uint32_t            dp_rank;
+    uint32_t            slot;
+} hint_t;
+
+static __thread hint_t *hints;
+static __thread size_t  hints_mask;
+
+static hint_t *hint_of(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
+{
+    size_t  want = 1024;
+    uint64_t h;
+
+    while (want < 4 * (size_t) ix->max_workers) {
+        want *= 2;
+    }
+    if (hints == NULL || hints_mask + 1 < want) {
+        hint_t *more = calloc(want, sizeof(hint_t));
+
+        if (more == NULL) {
+            return NULL;
+        }
+        free(hints);
+        hints = more;
+        hints_mask = want - 1;
+    }
+    h = (worker_id ^ (uint64_t) dp_rank << 40 ^ (uint64_t) (uintptr_t) ix) * 0x9e3779b97f4a7c15ULL;
+    return &hints[(h >> 32) & hints_mask];
+}
+
 int kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
 {
-    slot_t  *s = slots(ix);
+    hint_t  *hint = hint_of(ix, worker_id, dp_rank);
     uint32_t i;
 
+    if (hint && hint->ix == ix && hint->worker_id == worker_id && hint->dp_rank == dp_rank
+        && hint->slot < ix->max_workers && slot_holds(ix, hint->slot, worker_id, dp_rank))
+    {
+        return (int) hint->slot;
+    }
     for (i = 0; i < ix->max_workers; i++) {
-        if (__atomic_load_n(&s[i].in_use, __ATOMIC_ACQUIRE) == 1
-            && __atomic_load_n(&s[i].worker_id, __ATOMIC_RELAXED) == worker_id
-            && __atomic_load_n(&s[i].dp_rank, __ATOMIC_RELAXED) == dp_rank)
-        {
+        if (slot_holds(ix, i, worker_id, dp_rank)) {
+            if (hint) {
+                hint->ix = ix;
+                hint->worker_id = worker_id;
+                hint->dp_rank = dp_rank;
+                hint->slot = i;
+            }
             return (int) i;
         }
     }

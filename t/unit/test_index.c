@@ -304,6 +304,50 @@ TEST(slot_changes_logged)
     free(ix);
 }
 
+/* kv_index_worker_find keeps a per-thread hint of each worker's slot: it
+ * must never answer from a stale hint (the worker gone, its slot reused),
+ * nor mix up two indexes holding the same worker ids, at any fleet size. */
+TEST(worker_find_hints_stay_right)
+{
+    kv_index_config_t cfg = { .max_workers = 4096 };
+    kv_index_t       *a = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_t       *b = make(1 << 20, NULL);
+    uint64_t          wid;
+    uint32_t          dp, w;
+    int               at, bad = 0;
+
+    /* the same ids at other slots in b */
+    CHECK(kv_index_worker_add(b, 999, 0) == 0);
+    for (w = 1; w <= 3000; w++) {
+        CHECK(kv_index_worker_add(a, w, 0) == (int) w - 1);
+    }
+    CHECK(kv_index_worker_add(b, 7, 0) == 1);
+    for (int round = 0; round < 2; round++) {           /* cold, then hinted */
+        for (w = 1; w <= 3000; w++) {
+            bad += kv_index_worker_find(a, w, 0) != (int) w - 1;
+            bad += kv_index_worker_find(a, w, 1) != -1;
+        }
+        CHECK(kv_index_worker_find(b, 7, 0) == 1);
+        CHECK(kv_index_worker_find(b, 8, 0) == -1);
+    }
+    CHECK(bad == 0);
+    /* worker 10 leaves, worker 5000 takes its slot: no answer from the hint */
+    at = kv_index_worker_find(a, 10, 0);
+    kv_index_worker_remove(a, 10);
+    CHECK(kv_index_worker_find(a, 10, 0) == -1);
+    kv_index_reap(a);
+    CHECK(kv_index_worker_add(a, 5000, 0) == at);
+    CHECK(kv_index_worker_find(a, 10, 0) == -1);
+    CHECK(kv_index_worker_find(a, 5000, 0) == at);
+    CHECK(kv_index_worker_info(a, (uint32_t) at, &wid, &dp) == 0 && wid == 5000);
+    /* and 10 comes back elsewhere */
+    at = kv_index_worker_add(a, 10, 0);
+    CHECK(at == 3000);
+    CHECK(kv_index_worker_find(a, 10, 0) == at);
+    free(a);
+    free(b);
+}
+
 TEST(worker_slots_run_out)
 {
     kv_index_config_t cfg = { .max_workers = 2 };
@@ -1327,6 +1371,7 @@ int main(void)
     RUN(cleared_all_dp_ranks);
     RUN(worker_remove_frees_slot);
     RUN(slot_changes_logged);
+    RUN(worker_find_hints_stay_right);
     RUN(worker_slots_run_out);
     RUN(match_leading_run_per_worker);
     RUN(match_exits_early);
