@@ -1,7 +1,7 @@
 #!/bin/bash
-# alternate decision benches: base (a7da384) and the slot-log change
+# alternate decision benches: base (a7da384) and the slot-log change, ROUNDS pairs (default 3)
 cd "$(dirname "$0")/../../.."
-for r in 1 2 3; do
+for r in $(seq ${ROUNDS:-3}); do
   for b in base new; do
     if [ $b = base ]; then d=/tmp/s41/base/build; else d=/tmp/s41/new-build; fi
     echo "== run $r $b $(date -u +%T) load $(cut -d' ' -f1 /proc/loadavg)"
