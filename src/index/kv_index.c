@@ -63,6 +63,7 @@
  * blocks whose engine hash differs from their sequence hash (kvworker and
  * Dynamo's mocker use the sequence hash itself and need no map entries).
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1001,8 +1002,8 @@ static int slot_holds(const kv_index_t *ix, uint32_t i, uint64_t worker_id, uint
  * A hint is taken only when its slot still holds that worker (the check
  * the search makes of each slot), so a stale or colliding hint is a miss,
  * never a wrong answer. Direct-mapped, 4 entries a slot of the largest
- * index the thread has used (24 KB at 256 slots, 384 KB at 4,096); kept
- * for the thread's life.
+ * index the thread has used (24 KB at 256 slots, 384 KB at 4,096); freed
+ * when the thread exits.
  */
 typedef struct {
     const kv_index_t   *ix;
@@ -1013,6 +1014,15 @@ typedef struct {
 
 static __thread hint_t *hints;
 static __thread size_t  hints_mask;
+static pthread_once_t   hints_once = PTHREAD_ONCE_INIT;
+static pthread_key_t    hints_key;
+static int              hints_keyed;
+
+/* a thread's hints are freed when it exits (event threads come and go) */
+static void hints_key_make(void)
+{
+    hints_keyed = pthread_key_create(&hints_key, free) == 0;
+}
 
 static hint_t *hint_of(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
 {
@@ -1031,6 +1041,10 @@ static hint_t *hint_of(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_ran
         free(hints);
         hints = more;
         hints_mask = want - 1;
+        pthread_once(&hints_once, hints_key_make);
+        if (hints_keyed) {
+            pthread_setspecific(hints_key, more);
+        }
     }
     h = (worker_id ^ (uint64_t) dp_rank << 40 ^ (uint64_t) (uintptr_t) ix) * 0x9e3779b97f4a7c15ULL;
     return &hints[(h >> 32) & hints_mask];
