@@ -1074,11 +1074,6 @@ int kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_r
     return -1;
 }
 
-uint64_t kv_index_workers(const kv_index_t *ix)
-{
-    return __atomic_load_n(&((kv_index_t *) ix)->workers, __ATOMIC_SEQ_CST);
-}
-
 static int kv_index_free_slot(const kv_index_t *ix)
 {
     slot_t  *s = slots(ix);

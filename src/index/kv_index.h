@@ -136,8 +136,6 @@ size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
                            kv_overlap_t *out, size_t cap);
 
 int      kv_index_worker_find(const kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank);
-/* Workers holding a slot now (a scan's result stays valid while it holds). */
-uint64_t kv_index_workers(const kv_index_t *ix);
 /* Slots that changed hands (a worker added or retired there) since change
  * *since, which it advances: their numbers in out (a slot may repeat), their
  * count, or -1 when more changed than it kept or than cap (read every slot).

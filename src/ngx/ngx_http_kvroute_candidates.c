@@ -271,7 +271,7 @@ ngx_http_kvroute_candidates_slot(ngx_http_kvroute_srv_conf_t *kcf,
  * the slots and then moved only by the slots the index logs as changed
  * (kv_index_slots_changed): while a fleet starts, a worker joins between
  * most decisions, and remapping every server each time cost a 4,096-server
- * upstream ~100 us on a cold decision ("Scale-out round 8"). Not throttled
+ * upstream ~100 us on a cold decision ("Scale-out round 9"). Not throttled
  * by time: a server read as holding nothing while it holds would make
  * instances that saw the same events place a new prefix differently.
  */
