@@ -14,7 +14,7 @@ import pytest
 
 import kvnats
 import kvt
-from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, cuda_env, make
+from test_cpu_engine import CONFIGS, ENGINE, cuda_env, make
 import kvproto
 
 P = kvproto.DEFAULT_PREFIX
@@ -102,7 +102,7 @@ def test_sticky_cuda_error_makes_the_worker_unhealthy(stack, tmp_path):
     worker fails /health, refuses requests with 503 and stops heartbeating,
     so routers stop sending to it, instead of failing every step while
     looking healthy."""
-    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+    model = make(tmp_path, "m", CONFIGS["gqa"])
     ns = stack.nats()
     nc = kvnats.Nats(ns.port)
     hb = nc.subscribe(kvproto.heartbeat(P))
@@ -142,7 +142,7 @@ def test_greedy_tokens_from_the_device_argmax_match_the_cpu_engine(stack, tmp_pa
     """Greedy sequences get their token from an argmax on the device (one
     int back instead of a row of logits): the same completion as the CPU
     engine's; a request with a temperature still samples on the host."""
-    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+    model = make(tmp_path, "m", CONFIGS["gqa"])
     env = cuda_env("emu-reverse")
     texts = {}
     for eng in ("cpu", "cuda"):
@@ -273,7 +273,7 @@ def test_sampling_on_the_device_follows_the_cpu_sampler(stack, tmp_path):
     with the request's RNG stream. Same seed, same completion as the CPU
     engine, token for token; with KVW_CUDA_HOST_SAMPLING (full rows to the
     host, kvw_sample) the same again."""
-    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+    model = make(tmp_path, "m", CONFIGS["gqa"])
     reqs = [{"temperature": 0.9, "top_k": 5, "seed": 3}, {"temperature": 0.7, "top_p": 0.6,
                                                             "top_k": 20, "seed": 4},
             {"temperature": 1.2, "seed": 5}, {"temperature": 0.8, "top_p": 0.9, "seed": 6}]

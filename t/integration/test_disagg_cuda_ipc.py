@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 import kvt
-from test_cpu_engine import CONFIGS, ENGINE, QWEN_TOK, cuda_env, make
+from test_cpu_engine import CONFIGS, ENGINE, cuda_env, make
 from test_disagg_worker import (BLK, HDR, blocks_at, MORE, PROMPT, Forger, addr, complete, metrics,
                                 xxh3)
 
@@ -23,7 +23,7 @@ IPC = 96        # the IPC frame after the header (docs/PROTOCOL.md)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return make(tmp_path_factory.mktemp("ipc"), "m", CONFIGS["gqa"], tokenizer=QWEN_TOK)
+    return make(tmp_path_factory.mktemp("ipc"), "m", CONFIGS["gqa"])
 
 
 def require_gpu(model, target):
