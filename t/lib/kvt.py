@@ -182,12 +182,14 @@ class Stack:
                 wait_port(q, proc=p, what="kvworker")
         return p
 
-    def nginx(self, http_conf, main_conf="", port=None, workers=2, wait=True):
+    def nginx(self, http_conf, main_conf="", port=None, workers=2, wait=True, start=True):
         """Starts nginx in the foreground (master + workers) with the module
         loaded. http_conf is the body of http {}; '%(port)s' in it is the
-        listening port. Returns an Nginx handle."""
+        listening port. Returns an Nginx handle; start=False only writes the
+        configuration (for `nginx -t` through check())."""
         n = Nginx(self, http_conf, main_conf, port or free_port(), workers)
-        n.start(wait=wait)
+        if start:
+            n.start(wait=wait)
         self.nginxes.append(n)
         return n
 
