@@ -11,8 +11,8 @@
  * valid UTF-8 or not (invalid: encode must still return, and no cut is
  * asked for). First byte odd: Qwen2.5's tokenizer (ChatML's added tokens,
  * an NFC normalizer); even: GPT-2's with added tokens that overlap each
- * other, as t/unit/test_turn.c builds it. Run from the repository's top
- * (make fuzz does), where conf/tokenizers is.
+ * other (t/data/tokenizer/overlapping_added_tokens.json, as in
+ * t/unit/test_turn.c). Run from the repository's top (make fuzz does).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -35,15 +35,6 @@ static side_t qwen = { NULL, NULL, { "<|im_start|>", "<|im_end|>", "<|endoftext|
                                      "<|im_start|>assistant\n", "\n\n", " <|im_end|> ", "<|im", "|>" } };
 static side_t gpt2 = { NULL, NULL, { "<a>", "<a>b", "x[", "[b]", " <c>", "<d>", "{e}", "  " } };
 
-static const char *overlapping =
-    "[{\"id\":50257,\"content\":\"<a>\",\"special\":true},"
-    "{\"id\":50258,\"content\":\"<a>b\",\"special\":true},"
-    "{\"id\":50259,\"content\":\"x[\",\"special\":true},"
-    "{\"id\":50260,\"content\":\"[b]\",\"special\":true},"
-    "{\"id\":50263,\"content\":\"{e}\",\"special\":false},"
-    "{\"id\":50261,\"content\":\" <c>\",\"special\":true},"
-    "{\"id\":50262,\"content\":\"<d>\",\"special\":true,\"rstrip\":true,\"lstrip\":true}]";
-
 static void load(side_t *side, const char *path, const char *added)
 {
     char          err[256], *json;
@@ -55,8 +46,9 @@ static void load(side_t *side, const char *path, const char *added)
                 jerr.text);
         exit(1);
     }
-    if (added) {
-        json_object_set_new(tj, "added_tokens", json_loads(added, 0, &jerr));
+    if (added && json_object_set_new(tj, "added_tokens", json_load_file(added, 0, &jerr))) {
+        fprintf(stderr, "fuzz_tokenize: %s: %s\n", added, jerr.text);
+        exit(1);
     }
     json = json_dumps(tj, JSON_COMPACT);
     json_decref(tj);
@@ -73,7 +65,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void) argc;
     (void) argv;
     load(&qwen, "conf/tokenizers/qwen2.5-instruct/tokenizer.json", NULL);
-    load(&gpt2, "conf/tokenizers/gpt2/tokenizer.json", overlapping);
+    load(&gpt2, "conf/tokenizers/gpt2/tokenizer.json",
+         "t/data/tokenizer/overlapping_added_tokens.json");
     return 0;
 }
 

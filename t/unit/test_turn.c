@@ -100,16 +100,9 @@ static int same(fixture_t *f, kv_request_kind_t kind, const char *text, size_t l
 
 TEST(cut_tokens_exclude_overlapping_added_tokens)
 {
-    /* "<a>" is inside "<a>b", "x[" ends with the start of "[b]", " <c>"
-     * starts with a space: the cuts are "<a>b", "x[", "<d>" (rstrip), "{e}" */
-    static const char *added =
-        "[{\"id\":50257,\"content\":\"<a>\",\"special\":true},"
-        "{\"id\":50258,\"content\":\"<a>b\",\"special\":true},"
-        "{\"id\":50259,\"content\":\"x[\",\"special\":true},"
-        "{\"id\":50260,\"content\":\"[b]\",\"special\":true},"
-        "{\"id\":50263,\"content\":\"{e}\",\"special\":false},"
-        "{\"id\":50261,\"content\":\" <c>\",\"special\":true},"
-        "{\"id\":50262,\"content\":\"<d>\",\"special\":true,\"rstrip\":true,\"lstrip\":true}]";
+    /* t/data/tokenizer/overlapping_added_tokens.json: "<a>" is inside "<a>b",
+     * "x[" ends with the start of "[b]", " <c>" starts with a space: the cuts
+     * are "<a>b", "x[", "<d>" (rstrip), "{e}" */
     static const char *parts[] = { "<a>", "<a>b", "x[", "[b]", " <c>", "<d>", " ", "  ", "a",
                                    "{e}", "x", "<", ">", "[", "d", "\n" };
     char            err[256], text[256];
@@ -123,7 +116,8 @@ TEST(cut_tokens_exclude_overlapping_added_tokens)
 
     /* GPT-2 with these added tokens instead of its own */
     CHECK(tj != NULL);
-    json_object_set_new(tj, "added_tokens", json_loads(added, 0, &jerr));
+    json_object_set_new(tj, "added_tokens",
+                        json_load_file("t/data/tokenizer/overlapping_added_tokens.json", 0, &jerr));
     json = json_dumps(tj, JSON_COMPACT);
     tok = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
     free(json);
