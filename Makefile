@@ -269,9 +269,12 @@ test: all
 FUZZ_CFLAGS := -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined \
                -D_GNU_SOURCE $(ALL_INC) -Wall -Wextra -Werror -Wno-unused-parameter
 
-$(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(HEADERS)
+# the workers' pure decoders fuzzed beside the core's (the KV transfer's wire format)
+FUZZ_WORKER_SRC := workers/kvw_xfer_wire.c
+
+$(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(FUZZ_WORKER_SRC) $(HEADERS)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) -lnats -lzmq -ljansson -lxxhash -lutf8proc -lm -lpthread
+	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) $(FUZZ_WORKER_SRC) -lnats -lzmq -ljansson -lxxhash -lutf8proc -lm -lpthread
 
 fuzz: deps $(FUZZ_BINS)
 	@tools/fuzz-all $(B)/fuzz $(FUZZ_SECONDS)
