@@ -272,7 +272,7 @@ FUZZ_CFLAGS := -std=gnu11 -O1 -g -fsanitize=fuzzer,address,undefined \
 # the workers' pure decoders fuzzed beside the core's (the KV transfer's wire format)
 FUZZ_WORKER_SRC := workers/kvw_xfer_wire.c
 
-$(B)/fuzz/%: t/fuzz/%.c $(CORE_SRC) $(FUZZ_WORKER_SRC) $(HEADERS)
+$(B)/fuzz/%: t/fuzz/%.c $(wildcard t/fuzz/*.h) $(CORE_SRC) $(FUZZ_WORKER_SRC) $(HEADERS)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(CORE_SRC) $(FUZZ_WORKER_SRC) -lnats -lzmq -ljansson -lxxhash -lutf8proc -lm -lpthread
 
