@@ -178,9 +178,7 @@ def test_grpc_pass(stack):
 
 
 def nginx_t(stack, http_conf):
-    ng = stack.nginx("server { listen 127.0.0.1:%(port)s; }", start=False)
-    ng.write_conf(http_conf)
-    return ng.check() + (ng.conf,)
+    return stack.nginx_t(http_conf)
 
 
 def test_configuration_errors(stack):

@@ -213,9 +213,7 @@ def test_kvworker_metrics_are_well_formed(running):
 
 
 def test_status_format_argument_is_checked(stack):
-    ng = stack.nginx("server { listen 127.0.0.1:%(port)s; }", start=False)
-    ng.write_conf("server { listen 127.0.0.1:%(port)s; "
-                  "location = /m { kvroute_status yaml; } }")
-    ok, out = ng.check()
+    ok, out, _ = stack.nginx_t("server { listen 127.0.0.1:%(port)s; "
+                               "location = /m { kvroute_status yaml; } }")
     assert not ok and 'invalid format "yaml" in "kvroute_status"' in out
     assert "nginx.conf:" in out

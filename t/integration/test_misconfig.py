@@ -9,10 +9,7 @@ import kvt
 
 
 def nginx_t(stack, http_conf):
-    ng = stack.nginx("server { listen 127.0.0.1:%(port)s; }", start=False)
-    ng.write_conf(http_conf)
-    ok, out = ng.check()
-    return ok, out, ng.conf
+    return stack.nginx_t(http_conf)
 
 
 def line_of(conf, needle, nth=1):

@@ -193,6 +193,11 @@ class Stack:
         self.nginxes.append(n)
         return n
 
+    def nginx_t(self, http_conf):
+        """`nginx -t` of http_conf, nothing started: (ok, output, conf path)."""
+        n = self.nginx(http_conf, start=False)
+        return n.check() + (n.conf,)
+
     def close(self):
         for n in self.nginxes:
             n.stop()
