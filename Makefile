@@ -20,7 +20,9 @@
 #   workers/cuda/*.cu   -> build/lib/libkvcuda.so, loaded by kvworker --engine cuda
 #   tools/<name>/*.c    -> build/bin/<name>
 #   t/unit/test_*.c     -> build/t/test_*  (linked with both libraries)
-#   t/fuzz/fuzz_*.c     -> build/fuzz/fuzz_* (clang libFuzzer, `make fuzz`)
+#   t/fuzz/fuzz_*.c     -> build/fuzz/fuzz_* (clang libFuzzer, `make fuzz`), and
+#                          build/t/test_fuzz_* (with t/fuzz/replay.c: seeds and
+#                          fixed mutants of them, a unit test of `make test`)
 
 SANITIZE ?= 0
 CUDA     ?= $(if $(shell command -v nvcc 2>/dev/null),1,0)
@@ -83,6 +85,7 @@ UNIT_SRC   := $(wildcard t/unit/test_*.c)
 UNIT_BINS  := $(UNIT_SRC:t/unit/%.c=$(B)/t/%)
 FUZZ_SRC   := $(wildcard t/fuzz/fuzz_*.c)
 FUZZ_BINS  := $(FUZZ_SRC:t/fuzz/%.c=$(B)/fuzz/%)
+FUZZ_TESTS := $(FUZZ_SRC:t/fuzz/%.c=$(B)/t/test_%)
 CUDA_SRC   := $(wildcard workers/cuda/*.cu)
 HEADERS    := $(foreach l,$(LAYERS),$(wildcard src/$(l)/*.h)) $(wildcard workers/*.h)
 
@@ -113,7 +116,7 @@ all: deps
 	@$(MAKE) --no-print-directory build-all
 
 build-all: $(CORE_LIB) $(TRACE_LIB) $(WORK_LIB) $(MODULE) $(KVWORKER) $(TOOL_BINS) $(CUDA_LIB) \
-           $(CUDA_EMU_LIB) $(CUDA_EMU_TEST) $(UNIT_BINS)
+           $(CUDA_EMU_LIB) $(CUDA_EMU_TEST) $(UNIT_BINS) $(FUZZ_TESTS)
 
 deps:
 	@tools/install-deps
@@ -258,6 +261,14 @@ $(B)/t/%: t/unit/%.c t/unit/kvtest.h $(TRACE_LIB) $(WORK_LIB) $(CORE_LIB)
 	@mkdir -p $(dir $@)
 	@mkdir -p $(B)/obj/t
 	$(CC) $(CFLAGS) -MF $(B)/obj/t/$*.d $(ALL_INC) -It/unit $(LDFLAGS) -o $@ $< $(TRACE_LIB) $(WORK_LIB) $(CORE_LIB) $(LIBS)
+
+# Each fuzz target again, with the compiler and flags of the unit tests and
+# t/fuzz/replay.c's main instead of libFuzzer's (no -MMD: two sources)
+$(B)/t/test_fuzz_%: t/fuzz/fuzz_%.c t/fuzz/replay.c $(wildcard t/fuzz/*.h) $(HEADERS) \
+                    $(WORK_LIB) $(CORE_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -MMD -MP,$(CFLAGS)) -DFUZZ_TARGET='"fuzz_$*"' $(ALL_INC) $(LDFLAGS) \
+	    -o $@ $< t/fuzz/replay.c $(WORK_LIB) $(CORE_LIB) $(LIBS)
 
 unit: all
 	@$(PY) t/run.py --build $(B) --unit-only

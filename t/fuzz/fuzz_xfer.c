@@ -76,7 +76,7 @@ static void run(kvx_rx_t *rx, const uint8_t *buf, size_t len, const uint8_t *cut
             if (avail == len) {
                 break;
             }
-            avail += cuts && ncuts ? 1 + cuts[k++ % ncuts] % 97 : len;
+            avail += cuts && ncuts ? 1 + (size_t) (cuts[k++ % ncuts] % 97) : len;
             avail = avail > len ? len : avail;
             continue;
         }
