@@ -17,7 +17,9 @@ share      round 2 (shared decisions): 1, 2, 4, 8 instances at a rate where the
            approximate mode, 2+ instances in BENCH_SCALE_MODES (events,
            approximate, approximate+share, events+share); besides hit rate and TTFT, load
            spread as max/mean worker busy time (kvworker_busy_seconds_total of
-           each engine) next to max/mean requests.
+           each engine) next to max/mean requests. BENCH_SCALE_ONE_MODES
+           (default events,approximate) are the one-instance runs; add
+           least_conn for nginx's own balancer as a baseline.
 converge   event-to-all-instances time: a raw NATS subscriber notes when each
            KV event of a fresh prompt arrives; every instance's status is
            polled until its index holds the new blocks.
@@ -57,6 +59,8 @@ CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
 EXTRA_PARAMS = os.environ.get("BENCH_SCALE_PARAMS", "")   # more kvroute parameters
 SHARE_MODES = os.environ.get("BENCH_SCALE_MODES",
                              "events,approximate,approximate+share").split(",")
+# one instance: these (least_conn, nginx's own balancer, as a baseline)
+ONE_MODES = os.environ.get("BENCH_SCALE_ONE_MODES", "events,approximate").split(",")
 # more kvworker arguments, e.g. "--load-ms 50" (a heartbeat when the load changed)
 WORKER_ARGS = os.environ.get("BENCH_SCALE_WORKER_ARGS", "").split()
 
@@ -219,7 +223,7 @@ INSTANCE_CONF = """
                    '$kvroute_prompt_tokens $msec $request_time';
     upstream llm {
         zone llm 256k;
-        kvroute zone=kv %(params)s;
+        %(balancer)s
         %(servers)s
         keepalive 32;
     }
@@ -229,7 +233,7 @@ INSTANCE_CONF = """
         client_max_body_size 8m;
         location /v1/ {
             access_log logs/why.log why;
-            kvroute_upstream llm;
+            %(tokenize)s
             proxy_pass http://llm;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
@@ -241,9 +245,12 @@ INSTANCE_CONF = """
 
 
 def instance_conf(nats_url, ports, mode, worker_load, share=False):
-    events = "" if mode == "approximate" else "kvroute_events %s zone=kv;" % nats_url
-    params = "mode=%s worker_load=%s %s" % (mode, worker_load, EXTRA_PARAMS)
-    return INSTANCE_CONF % {"events": events, "params": params,
+    events = "kvroute_events %s zone=kv;" % nats_url if mode == "events" else ""
+    balancer = "kvroute zone=kv mode=%s worker_load=%s %s;" % (mode, worker_load, EXTRA_PARAMS)
+    if mode == "least_conn":      # the baseline: nginx's own balancer, nothing of kvroute's
+        balancer = "least_conn;"
+    return INSTANCE_CONF % {"events": events, "balancer": balancer,
+                            "tokenize": "" if mode == "least_conn" else "kvroute_upstream llm;",
                             "share": "kvroute_share %s zone=kv;" % nats_url if share else "",
                             "servers": "\n".join("server 127.0.0.1:%d;" % p for p in ports)}
 
@@ -264,6 +271,13 @@ def sessions_trace(path, rate="16"):
                     "--system-tokens", "1024", "--turns", "3:8", "--user-tokens", "64:256",
                     "--output-tokens", "16:64", "--think-s", "1:3:6", "--seed", "3",
                     "--out", path], check=True)
+
+
+def requests_total(port):
+    for line in call(port, "GET", "/metrics")[1].decode().splitlines():
+        if line.startswith("kvworker_requests_total"):
+            return int(float(line.split()[-1]))
+    return 0
 
 
 def busy_and_late(ports):
@@ -315,8 +329,10 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         heartbeats, secs = sub.heartbeats - hb0, time.monotonic() - t0
         per_engine = {}
         for ng in instances:
-            for s in status(ng.port)["zones"]["kv"]["upstreams"]["llm"]:
+            for s in status(ng.port)["zones"]["kv"].get("upstreams", {}).get("llm", []):
                 per_engine[s["server"]] = per_engine.get(s["server"], 0) + s["requests"]
+        if not per_engine:        # least_conn: the engines' own counts
+            per_engine = {p: requests_total(p) for p in ports}
         done = sum(s["completed"] for s in sums)
         prompt = sum(s["prompt_tokens"] for s in sums)
         cached = sum(s["cached_tokens"] for s in sums)
@@ -400,9 +416,10 @@ def share_bench():
         modes = {"events": ("events", "max", False),
                  "approximate": ("approximate", "local", False),
                  "approximate+share": ("approximate", "local", True),
-                 "events+share": ("events", "max", True)}
+                 "events+share": ("events", "max", True),
+                 "least_conn": ("least_conn", "local", False)}
         for m in INSTANCES:
-            for name in (["events", "approximate"] if m == 1 else SHARE_MODES):
+            for name in (ONE_MODES if m == 1 else SHARE_MODES):
                 mode, wl, share = modes[name]
                 r = run_instances(st, nats, trace, m, mode, wl, share, SHARE_SPEEDUP)
                 print(json.dumps(r), flush=True)
