@@ -280,19 +280,21 @@ def requests_total(port):
     return 0
 
 
-def busy_and_late(ports):
-    """Each engine's busy time (kvworker_busy_seconds_total, its simulated
-    step time) and late time (kvworker_late_seconds_total, simulated time
-    the host's CPU took from it: a disturbed run if well above 0), from one
-    read of its /metrics."""
-    busy, late = [], []
+def engine_counters(ports):
+    """Each engine's counters, from one read of its /metrics: busy time
+    (kvworker_busy_seconds_total, its simulated step time), late time
+    (kvworker_late_seconds_total, simulated time the host's CPU took from it:
+    a disturbed run if well above 0), and the sum and count of its scheduled
+    times to first token."""
+    names = ("kvworker_busy_seconds_total", "kvworker_late_seconds_total",
+             "kvworker_first_token_seconds_total", "kvworker_first_tokens_total")
+    out = {n: [] for n in names}
     for p in ports:
         for line in call(p, "GET", "/metrics")[1].decode().splitlines():
-            if line.startswith("kvworker_busy_seconds_total"):
-                busy.append(float(line.split()[-1]))
-            elif line.startswith("kvworker_late_seconds_total"):
-                late.append(float(line.split()[-1]))
-    return busy, late
+            name = line.split("{")[0].split(" ")[0]
+            if name in out:
+                out[name].append(float(line.split()[-1]))
+    return out
 
 
 def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4"):
@@ -337,7 +339,9 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         prompt = sum(s["prompt_tokens"] for s in sums)
         cached = sum(s["cached_tokens"] for s in sums)
         loads = list(per_engine.values())
-        busy, late = busy_and_late(ports)
+        c = engine_counters(ports)
+        busy, late = c["kvworker_busy_seconds_total"], c["kvworker_late_seconds_total"]
+        firsts = sum(c["kvworker_first_tokens_total"])
         # each engine's decisions by reason (cold, sticky, spill, ...), all instances
         whys = {}
         for ng in instances:
@@ -366,6 +370,11 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
             "hit_rate": round(cached / prompt, 4) if prompt else None,
             "ttft_mean_ms": round(sum(s["ttft_ms"]["mean"] * s["completed"] for s in sums)
                                   / max(1, done), 1),
+            # the same as the engines scheduled it: routing's share of TTFT,
+            # without the host's delays (8 instances and their clients share
+            # its cores)
+            "engine_ttft_mean_ms": round(sum(c["kvworker_first_token_seconds_total"])
+                                         / firsts * 1e3, 1) if firsts else None,
             "spread_max_over_mean": round(max(loads) / statistics.mean(loads), 3),
             "load_avg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "engines": len(ports), "speedup": speedup, "params": EXTRA_PARAMS,
