@@ -104,3 +104,26 @@ def test_a_policy_named_twice_is_refused(tmp_path):
                         "--out", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode != 0 and "round_robin named twice" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_scale_share_runs_clean():
+    """A trimmed `make bench-scale` share run (issue 18's load spread): one
+    instance behind least_conn and in events mode, then two instances, over
+    8 mock engines. Every request completes, every engine's busy time and
+    scheduled TTFT are read, and kvroute finds more of the sessions' shared
+    prefixes than least_conn does."""
+    env = dict(os.environ, KVROUTE_BUILD=kvt.BUILD, BENCH_SCALE_INSTANCES="1,2",
+               BENCH_SCALE_MODES="events", BENCH_SCALE_ONE_MODES="least_conn,events",
+               BENCH_SCALE_REQUESTS="120", BENCH_SCALE_RATE="32", BENCH_SCALE_SPEEDUP="4")
+    r = subprocess.run([sys.executable, os.path.join(TOP, "tools", "bench_scale.py"), "share"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    runs = json.loads(r.stdout[r.stdout.index('{\n "share"'):])["share"]
+    assert [(x["instances"], x["mode"]) for x in runs] == \
+        [(1, "least_conn"), (1, "events"), (2, "events")]
+    for x in runs:
+        assert x["errors"] == 0 and x["completed"] == 120, x
+        assert len(x["busy_s"]) == ENGINES and x["busy_spread"] >= 1, x
+        assert sum(x["requests"]) == 120, x
+        assert 0 < x["engine_ttft_mean_ms"] <= x["ttft_mean_ms"], x
+    assert runs[1]["hit_rate"] > runs[0]["hit_rate"], runs
