@@ -19,7 +19,9 @@ share      round 2 (shared decisions): 1, 2, 4, 8 instances at a rate where the
            spread as max/mean worker busy time (kvworker_busy_seconds_total of
            each engine) next to max/mean requests. BENCH_SCALE_ONE_MODES
            (default events,approximate) are the one-instance runs; add
-           least_conn for nginx's own balancer as a baseline.
+           least_conn for nginx's own balancer as a baseline. BENCH_SCALE_LOGS=DIR
+           keeps each run's decisions logs (why.log: server, reason, overlap,
+           prompt tokens, end time, duration per request).
 converge   event-to-all-instances time: a raw NATS subscriber notes when each
            KV event of a fresh prompt arrives; every instance's status is
            polled until its index holds the new blocks.
@@ -33,6 +35,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -59,6 +62,8 @@ CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
 EXTRA_PARAMS = os.environ.get("BENCH_SCALE_PARAMS", "")   # more kvroute parameters
 SHARE_MODES = os.environ.get("BENCH_SCALE_MODES",
                              "events,approximate,approximate+share").split(",")
+# a directory to copy each run's decisions logs (why.log) into
+KEEP_LOGS = os.environ.get("BENCH_SCALE_LOGS", "")
 # one instance: these (least_conn, nginx's own balancer, as a baseline)
 ONE_MODES = os.environ.get("BENCH_SCALE_ONE_MODES", "events,approximate").split(",")
 # more kvworker arguments, e.g. "--load-ms 50" (a heartbeat when the load changed)
@@ -334,7 +339,7 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
             for s in status(ng.port)["zones"]["kv"].get("upstreams", {}).get("llm", []):
                 per_engine[s["server"]] = per_engine.get(s["server"], 0) + s["requests"]
         if not per_engine:        # least_conn: the engines' own counts
-            per_engine = {p: requests_total(p) for p in ports}
+            per_engine = {"127.0.0.1:%d" % p: requests_total(p) for p in ports}
         done = sum(s["completed"] for s in sums)
         prompt = sum(s["prompt_tokens"] for s in sums)
         cached = sum(s["cached_tokens"] for s in sums)
@@ -342,6 +347,11 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         c = engine_counters(ports)
         busy, late = c["kvworker_busy_seconds_total"], c["kvworker_late_seconds_total"]
         firsts = sum(c["kvworker_first_tokens_total"])
+        if KEEP_LOGS:             # the decisions logs outlive the run's directory
+            os.makedirs(KEEP_LOGS, exist_ok=True)
+            for k, ng in enumerate(instances):
+                shutil.copy(os.path.join(ng.prefix, "logs", "why.log"), os.path.join(
+                    KEEP_LOGS, "why-%s-%d-of-%d-%d.log" % (mode, k + 1, m, time.time())))
         # each engine's decisions by reason (cold, sticky, spill, ...), all instances
         whys = {}
         for ng in instances:
@@ -363,8 +373,11 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
                            and statistics.mean(busy) > 0 else None,
             "busy_s": [round(b, 2) for b in busy],
             "late_s": round(sum(late), 2),
-            "requests": [per_engine.get(k, 0) for k in sorted(per_engine)],
+            # in the engines' order, as busy_s
+            "requests": [per_engine.get("127.0.0.1:%d" % p, 0) for p in ports],
             "why": {k: whys[k] for k in sorted(whys)},
+            "why_by_engine": [whys.get(str(p), {}) for p in ports],     # as busy_s
+            "ports": ports,
             "shared": shared,
             "completed": done, "errors": sum(s["errors"] for s in sums),
             "hit_rate": round(cached / prompt, 4) if prompt else None,
