@@ -278,21 +278,15 @@ def sessions_trace(path, rate="16"):
                     "--out", path], check=True)
 
 
-def requests_total(port):
-    for line in call(port, "GET", "/metrics")[1].decode().splitlines():
-        if line.startswith("kvworker_requests_total"):
-            return int(float(line.split()[-1]))
-    return 0
-
-
 def engine_counters(ports):
     """Each engine's counters, from one read of its /metrics: busy time
     (kvworker_busy_seconds_total, its simulated step time), late time
     (kvworker_late_seconds_total, simulated time the host's CPU took from it:
-    a disturbed run if well above 0), and the sum and count of its scheduled
-    times to first token."""
+    a disturbed run if well above 0), the sum and count of its scheduled
+    times to first token, and the requests it served."""
     names = ("kvworker_busy_seconds_total", "kvworker_late_seconds_total",
-             "kvworker_first_token_seconds_total", "kvworker_first_tokens_total")
+             "kvworker_first_token_seconds_total", "kvworker_first_tokens_total",
+             "kvworker_requests_total")
     out = {n: [] for n in names}
     for p in ports:
         for line in call(p, "GET", "/metrics")[1].decode().splitlines():
@@ -338,15 +332,16 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
         for ng in instances:
             for s in status(ng.port)["zones"]["kv"].get("upstreams", {}).get("llm", []):
                 per_engine[s["server"]] = per_engine.get(s["server"], 0) + s["requests"]
+        c = engine_counters(ports)
+        busy, late = c["kvworker_busy_seconds_total"], c["kvworker_late_seconds_total"]
+        firsts = sum(c["kvworker_first_tokens_total"])
         if not per_engine:        # least_conn: the engines' own counts
-            per_engine = {"127.0.0.1:%d" % p: requests_total(p) for p in ports}
+            per_engine = {"127.0.0.1:%d" % p: int(n)
+                          for p, n in zip(ports, c["kvworker_requests_total"])}
         done = sum(s["completed"] for s in sums)
         prompt = sum(s["prompt_tokens"] for s in sums)
         cached = sum(s["cached_tokens"] for s in sums)
         loads = list(per_engine.values())
-        c = engine_counters(ports)
-        busy, late = c["kvworker_busy_seconds_total"], c["kvworker_late_seconds_total"]
-        firsts = sum(c["kvworker_first_tokens_total"])
         if KEEP_LOGS:             # the decisions logs outlive the run's directory
             os.makedirs(KEEP_LOGS, exist_ok=True)
             for k, ng in enumerate(instances):

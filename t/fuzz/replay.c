@@ -83,7 +83,10 @@ static size_t load_seeds(const char *dir, seed_t *seeds)
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if ((f = fopen(path, "rb")) == NULL)
             continue;
-        seeds[n].data = malloc(INPUT_MAX);
+        if ((seeds[n].data = malloc(INPUT_MAX)) == NULL) {
+            fclose(f);
+            break;
+        }
         seeds[n].size = fread(seeds[n].data, 1, INPUT_MAX, f);
         fclose(f);
         snprintf(seeds[n].name, sizeof(seeds[n].name), "%s", e->d_name);
@@ -141,6 +144,10 @@ int main(int argc, char **argv)
     uint8_t      *buf = malloc(INPUT_MAX);
     size_t        n, i, m, size;
 
+    if (buf == NULL) {
+        printf("not ok %s: out of memory\n", FUZZ_TARGET);
+        return 1;
+    }
     signal(SIGABRT, on_crash);
     signal(SIGSEGV, on_crash);
     signal(SIGBUS, on_crash);
