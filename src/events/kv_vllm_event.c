@@ -341,9 +341,12 @@ static int rd_hash_list(kv_vllm_batch_t *b, rd_t *r, size_t *off, size_t *n)
     return 0;
 }
 
-/* Offsets of an event's arrays while they may still move. */
+/* Offsets of an event's arrays while they may still move, the fields
+ * seen (bit per field_t) and the tag for messages. */
 typedef struct {
-    size_t h_off, t_off;
+    size_t      h_off, t_off;
+    unsigned    seen;
+    const char *tag;
 } pending_t;
 
 /* medium: str or nil. */
@@ -363,28 +366,110 @@ static int rd_medium(rd_t *r, uint32_t *tier)
     return 0;
 }
 
-static int decode_stored(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
-                         uint32_t nf, char *err, size_t errlen)
+/* A map header: its number of pairs in *n. */
+static int rd_map(rd_t *r, uint32_t *n)
+{
+    uint8_t c;
+    int     k;
+
+    if (rd_need(r, 1) != 0) {
+        return -1;
+    }
+    c = *r->p;
+    if ((c & 0xf0) == 0x80) {
+        r->p++;
+        *n = c & 0x0f;
+        return 0;
+    }
+    if (c == 0xde || c == 0xdf) {
+        k = c == 0xde ? 2 : 4;
+        if (rd_need(r, 1 + (size_t) k) != 0) {
+            return -1;
+        }
+        *n = (uint32_t) kv_be(r->p + 1, k);
+        r->p += 1 + k;
+        /* every pair takes at least two bytes */
+        return *n <= (size_t) (r->end - r->p) / 2 ? 0 : -1;
+    }
+    return -1;
+}
+
+/*
+ * The event fields kvroute reads. Publishers differ in how they send them:
+ *
+ *   - a tagged array, fields by position, trailing defaults omitted: SGLang
+ *     and vLLM 0.9 send BlockStored with 5 fields (up to lora_id), vLLM 0.10
+ *     adds medium and lora_name, later ones extra_keys, group_idx and the
+ *     group's kv_cache_spec_kind;
+ *   - a map with the tag under "type" (vLLM since its events dropped
+ *     msgspec's array_like), fields by name, defaults omitted.
+ *
+ * Both go through read_field(); unknown fields are skipped either way.
+ */
+typedef enum {
+    F_SKIP = 0,
+    F_HASHES,
+    F_PARENT,
+    F_TOKENS,
+    F_BLOCK_SIZE,
+    F_LORA_ID,
+    F_MEDIUM,
+    F_LORA_NAME,
+    F_GROUP_IDX,
+    F_SPEC_KIND,
+    F_N
+} field_t;
+
+static const char *const field_name[F_N] = {
+    "", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+    "medium", "lora_name", "group_idx", "kv_cache_spec_kind"
+};
+
+/* Array positions after the tag, in vllm/distributed/kv_events.py's order. */
+static const field_t stored_order[] = {
+    F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, F_LORA_ID, F_MEDIUM, F_LORA_NAME,
+    F_SKIP /* extra_keys */, F_GROUP_IDX, F_SPEC_KIND
+};
+static const field_t removed_order[] = { F_HASHES, F_MEDIUM, F_GROUP_IDX };
+
+#define STORED_MIN_FIELDS   4       /* block_hashes .. block_size */
+#define NELEM(a)            (sizeof(a) / sizeof((a)[0]))
+
+static field_t field_by_name(const char *s, size_t len)
+{
+    int f;
+
+    for (f = 1; f < F_N; f++) {
+        if (strlen(field_name[f]) == len && memcmp(field_name[f], s, len) == 0) {
+            return (field_t) f;
+        }
+    }
+    return F_SKIP;
+}
+
+/* A str or nil; *s NULL for nil. */
+static int rd_opt_str(rd_t *r, const char **s, size_t *len)
+{
+    if (rd_nil(r)) {
+        *s = NULL;
+        *len = 0;
+        return 0;
+    }
+    return rd_str(r, s, len);
+}
+
+static int rd_tokens(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
+                     char *err, size_t errlen)
 {
     uint64_t v;
     uint32_t nt, i;
     int      neg;
 
-    if (nf < 7) {
-        return fail(b, err, errlen, "BlockStored has %u fields, expected at least 7", nf - 1);
-    }
-    e->kind = KV_VLLM_STORED;
-    if (rd_hash_list(b, r, &pe->h_off, &e->n_hashes) != 0) {
-        return fail(b, err, errlen, "BlockStored block_hashes is not a list of int or bytes");
-    }
-    if (!rd_nil(r)) {
-        if (rd_hash(r, &e->parent) != 0) {
-            return fail(b, err, errlen, "BlockStored parent_block_hash is not int, bytes or nil");
-        }
-        e->has_parent = 1;
+    if (rd_nil(r)) {
+        return 0;
     }
     if (rd_arr(r, &nt) != 0) {
-        return fail(b, err, errlen, "BlockStored token_ids is not a list");
+        return fail(b, err, errlen, "%s token_ids is not a list", pe->tag);
     }
     if (kv_grow((void **) &b->tokens, &b->cap_t, b->n_t + nt, sizeof(uint32_t)) != 0) {
         return fail(b, err, errlen, "out of memory");
@@ -392,62 +477,232 @@ static int decode_stored(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pendin
     pe->t_off = b->n_t;
     for (i = 0; i < nt; i++) {
         if (rd_int(r, &v, &neg) != 0 || neg || v > UINT32_MAX) {
-            return fail(b, err, errlen, "BlockStored token id %u is not a u32", i);
+            return fail(b, err, errlen, "%s token id %u is not a u32", pe->tag, i);
         }
         b->tokens[b->n_t++] = (uint32_t) v;
     }
     e->n_tokens = nt;
-    if (rd_int(r, &v, &neg) != 0 || neg || v == 0 || v > MAX_BLOCK_SIZE) {
-        return fail(b, err, errlen, "BlockStored block_size is not a positive int");
-    }
-    e->block_size = (uint32_t) v;
-    if (e->n_tokens && e->n_tokens != e->n_hashes * e->block_size) {
-        return fail(b, err, errlen, "BlockStored has %zu token ids for %zu blocks of %u",
-                    e->n_tokens, e->n_hashes, e->block_size);
-    }
-    if (!rd_nil(r)) {
+    return 0;
+}
+
+/* Reads field f of the event into e; a wrong type fails the batch. */
+static int read_field(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
+                      field_t f, char *err, size_t errlen)
+{
+    const char *what = field_name[f];
+    uint64_t    v;
+    int         neg;
+
+    pe->seen |= 1u << f;
+    switch (f) {
+    case F_HASHES:
+        if (rd_hash_list(b, r, &pe->h_off, &e->n_hashes) != 0) {
+            return fail(b, err, errlen, "%s block_hashes is not a list of int or bytes",
+                        pe->tag);
+        }
+        return 0;
+    case F_PARENT:
+        if (rd_nil(r)) {
+            return 0;
+        }
+        e->has_parent = 1;
+        if (rd_hash(r, &e->parent) == 0) {
+            return 0;
+        }
+        return fail(b, err, errlen, "%s parent_block_hash is not int, bytes or nil", pe->tag);
+    case F_TOKENS:
+        return rd_tokens(b, r, e, pe, err, errlen);
+    case F_BLOCK_SIZE:
+        if (rd_int(r, &v, &neg) != 0 || neg || v == 0 || v > MAX_BLOCK_SIZE) {
+            return fail(b, err, errlen, "%s block_size is not a positive int", pe->tag);
+        }
+        e->block_size = (uint32_t) v;
+        return 0;
+    case F_LORA_ID:
+        if (rd_nil(r)) {
+            return 0;
+        }
         if (rd_int(r, &v, &neg) != 0) {
-            return fail(b, err, errlen, "BlockStored lora_id is not int or nil");
+            break;
         }
         e->has_lora_id = 1;
         e->lora_id = (int64_t) v;
-    }
-    if (rd_medium(r, &e->tier) != 0) {
-        return fail(b, err, errlen, "BlockStored medium is not str or nil");
-    }
-    if (nf > 7 && !rd_nil(r)) {
-        if (rd_str(r, &e->lora_name, &e->lora_name_len) != 0) {
-            return fail(b, err, errlen, "BlockStored lora_name is not str or nil");
+        return 0;
+    case F_MEDIUM:
+        if (rd_medium(r, &e->tier) == 0) {
+            return 0;
         }
+        break;
+    case F_LORA_NAME:
+        if (rd_opt_str(r, &e->lora_name, &e->lora_name_len) == 0) {
+            return 0;
+        }
+        break;
+    case F_GROUP_IDX:
+        if (rd_nil(r)) {
+            return 0;
+        }
+        if (rd_int(r, &v, &neg) != 0 || neg || v > UINT32_MAX) {
+            break;
+        }
+        e->has_group = 1;
+        e->group_idx = (uint32_t) v;
+        return 0;
+    case F_SPEC_KIND:
+        if (rd_opt_str(r, &e->spec_kind, &e->spec_kind_len) == 0) {
+            return 0;
+        }
+        break;
+    default:
+        if (rd_skip(r, 0) == 0) {
+            return 0;
+        }
+        return fail(b, err, errlen, "%s has a malformed field", pe->tag);
     }
-    for (i = 8; i < nf; i++) {
-        if (rd_skip(r, 0) != 0) {
-            return fail(b, err, errlen, "BlockStored field %u is malformed", i);
+    return fail(b, err, errlen, "%s %s is of the wrong type", pe->tag, what);
+}
+
+static kv_vllm_kind_t kind_of(const char *tag, size_t len)
+{
+    if (len == 11 && memcmp(tag, "BlockStored", 11) == 0) {
+        return KV_VLLM_STORED;
+    }
+    if (len == 12 && memcmp(tag, "BlockRemoved", 12) == 0) {
+        return KV_VLLM_REMOVED;
+    }
+    if (len == 16 && memcmp(tag, "AllBlocksCleared", 16) == 0) {
+        return KV_VLLM_CLEARED;
+    }
+    return 0;
+}
+
+/* ["Tag", field...]: nf counts the tag. */
+static int decode_array_event(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
+                              uint32_t nf, char *err, size_t errlen)
+{
+    const field_t *order = NULL;
+    size_t         n_order = 0;
+    const char    *tag;
+    size_t         tag_len;
+    uint32_t       i;
+
+    if (rd_str(r, &tag, &tag_len) != 0) {
+        return fail(b, err, errlen, "event has no tag");
+    }
+    e->kind = kind_of(tag, tag_len);
+    if (e->kind == KV_VLLM_STORED) {
+        order = stored_order;
+        n_order = NELEM(stored_order);
+        pe->tag = "BlockStored";
+        if (nf - 1 < STORED_MIN_FIELDS) {
+            return fail(b, err, errlen, "BlockStored has %u fields, expected at least %u",
+                        nf - 1, STORED_MIN_FIELDS);
+        }
+    } else if (e->kind == KV_VLLM_REMOVED) {
+        order = removed_order;
+        n_order = NELEM(removed_order);
+        pe->tag = "BlockRemoved";
+    }
+    for (i = 1; i < nf; i++) {
+        if (read_field(b, r, e, pe, i - 1 < n_order ? order[i - 1] : F_SKIP, err, errlen) != 0) {
+            return -1;
         }
     }
     return 0;
 }
 
-static int decode_removed(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
-                          uint32_t nf, char *err, size_t errlen)
+/* {"type": "Tag", "field": value, ...}, the pairs in any order. */
+static int decode_map_event(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
+                            uint32_t np, char *err, size_t errlen)
 {
-    uint32_t i;
+    const char *key, *tag = NULL;
+    size_t      key_len, tag_len = 0;
+    uint32_t    i;
 
-    if (nf < 2) {
-        return fail(b, err, errlen, "BlockRemoved has no block_hashes");
-    }
-    e->kind = KV_VLLM_REMOVED;
-    if (rd_hash_list(b, r, &pe->h_off, &e->n_hashes) != 0) {
-        return fail(b, err, errlen, "BlockRemoved block_hashes is not a list of int or bytes");
-    }
-    if (nf > 2 && rd_medium(r, &e->tier) != 0) {
-        return fail(b, err, errlen, "BlockRemoved medium is not str or nil");
-    }
-    for (i = 3; i < nf; i++) {
-        if (rd_skip(r, 0) != 0) {
-            return fail(b, err, errlen, "BlockRemoved field %u is malformed", i);
+    for (i = 0; i < np; i++) {
+        if (rd_str(r, &key, &key_len) != 0) {
+            return fail(b, err, errlen, "%s has a key that is not a str", pe->tag);
+        }
+        if (key_len == 4 && memcmp(key, "type", 4) == 0) {
+            if (rd_str(r, &tag, &tag_len) != 0) {
+                return fail(b, err, errlen, "event type is not a str");
+            }
+            e->kind = kind_of(tag, tag_len);
+            pe->tag = e->kind == KV_VLLM_STORED ? "BlockStored"
+                    : e->kind == KV_VLLM_REMOVED ? "BlockRemoved" : pe->tag;
+            continue;
+        }
+        if (read_field(b, r, e, pe, field_by_name(key, key_len), err, errlen) != 0) {
+            return -1;
         }
     }
+    if (tag == NULL) {
+        return fail(b, err, errlen, "event has no tag (\"type\")");
+    }
+    return 0;
+}
+
+/* The fields an event cannot do without, once all are read. */
+static int check_event(kv_vllm_batch_t *b, const kv_vllm_event_t *e, const pending_t *pe,
+                       char *err, size_t errlen)
+{
+    unsigned need;
+
+    if (e->kind == KV_VLLM_STORED) {
+        need = 1u << F_HASHES | 1u << F_BLOCK_SIZE;
+    } else if (e->kind == KV_VLLM_REMOVED) {
+        need = 1u << F_HASHES;
+    } else {
+        return 0;
+    }
+    if ((pe->seen & need) != need) {
+        return fail(b, err, errlen, "%s lacks %s", pe->tag,
+                    (pe->seen & 1u << F_HASHES) ? "block_size" : "block_hashes");
+    }
+    if (e->kind == KV_VLLM_STORED && e->n_tokens
+        && e->n_tokens != e->n_hashes * e->block_size)
+    {
+        return fail(b, err, errlen, "BlockStored has %zu token ids for %zu blocks of %u",
+                    e->n_tokens, e->n_hashes, e->block_size);
+    }
+    return 0;
+}
+
+/* One event, either form; an unknown tag is skipped (its arrays dropped). */
+static int decode_event(kv_vllm_batch_t *b, rd_t *r, pending_t *pe, uint32_t i,
+                        char *err, size_t errlen)
+{
+    kv_vllm_event_t *e = &b->events[b->n_events];
+    size_t           n_h = b->n_h, n_t = b->n_t;
+    uint32_t         n;
+
+    memset(e, 0, sizeof(*e));
+    memset(pe, 0, sizeof(*pe));
+    pe->tag = "event";
+    if (rd_arr(r, &n) == 0) {
+        if (n == 0) {
+            return fail(b, err, errlen, "event %u is not a tagged array or map", i);
+        }
+        if (decode_array_event(b, r, e, pe, n, err, errlen) != 0) {
+            return -1;
+        }
+    } else if (rd_map(r, &n) == 0) {
+        if (decode_map_event(b, r, e, pe, n, err, errlen) != 0) {
+            return -1;
+        }
+    } else {
+        return fail(b, err, errlen, "event %u is not a tagged array or map", i);
+    }
+    if (e->kind == 0) {
+        b->n_h = n_h;
+        b->n_t = n_t;
+        b->unknown++;
+        return 0;
+    }
+    if (check_event(b, e, pe, err, errlen) != 0) {
+        return -1;
+    }
+    b->n_events++;
     return 0;
 }
 
@@ -482,17 +737,116 @@ static int rd_ts(rd_t *r, double *ts)
     return -1;
 }
 
+/* The events list into b; *pend gets their pending offsets. */
+static int decode_events(kv_vllm_batch_t *b, rd_t *r, pending_t **pend, char *err, size_t errlen)
+{
+    uint32_t n, i;
+
+    if (*pend != NULL) {
+        return fail(b, err, errlen, "KVEventBatch has two events lists");
+    }
+    if (rd_arr(r, &n) != 0) {
+        return fail(b, err, errlen, "KVEventBatch events is not a list");
+    }
+    if (kv_grow((void **) &b->events, &b->cap_events, n ? n : 1, sizeof(kv_vllm_event_t)) != 0
+        || (*pend = malloc((n ? n : 1) * sizeof(pending_t))) == NULL)
+    {
+        return fail(b, err, errlen, "out of memory");
+    }
+    for (i = 0; i < n; i++) {
+        if (decode_event(b, r, &(*pend)[b->n_events], i, err, errlen) != 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int rd_dp_rank(kv_vllm_batch_t *b, rd_t *r, char *err, size_t errlen)
+{
+    uint64_t v;
+    int      neg;
+
+    if (rd_nil(r)) {
+        return 0;
+    }
+    if (rd_int(r, &v, &neg) != 0 || neg || v > UINT32_MAX) {
+        return fail(b, err, errlen, "KVEventBatch data_parallel_rank is not an int or nil");
+    }
+    b->has_dp_rank = 1;
+    b->dp_rank = (uint32_t) v;
+    return 0;
+}
+
+/* [ts, events, data_parallel_rank?, ...] */
+static int decode_array_batch(kv_vllm_batch_t *b, rd_t *r, uint32_t nt, pending_t **pend,
+                              char *err, size_t errlen)
+{
+    uint32_t k;
+
+    if (nt < 2) {
+        return fail(b, err, errlen, "KVEventBatch is not an array [ts, events, dp_rank?] "
+                    "or a map");
+    }
+    if (rd_ts(r, &b->ts) != 0) {
+        return fail(b, err, errlen, "KVEventBatch ts is not a number");
+    }
+    if (decode_events(b, r, pend, err, errlen) != 0
+        || (nt > 2 && rd_dp_rank(b, r, err, errlen) != 0))
+    {
+        return -1;
+    }
+    for (k = 3; k < nt; k++) {
+        if (rd_skip(r, 0) != 0) {
+            return fail(b, err, errlen, "KVEventBatch field %u is malformed", k);
+        }
+    }
+    return 0;
+}
+
+/* {"ts": ..., "events": [...], "data_parallel_rank": ...}, any order. */
+static int decode_map_batch(kv_vllm_batch_t *b, rd_t *r, uint32_t np, pending_t **pend,
+                            char *err, size_t errlen)
+{
+    const char *key;
+    size_t      len;
+    uint32_t    k;
+
+    for (k = 0; k < np; k++) {
+        if (rd_str(r, &key, &len) != 0) {
+            return fail(b, err, errlen, "KVEventBatch has a key that is not a str");
+        }
+        if (len == 2 && memcmp(key, "ts", 2) == 0) {
+            if (rd_ts(r, &b->ts) != 0) {
+                return fail(b, err, errlen, "KVEventBatch ts is not a number");
+            }
+        } else if (len == 6 && memcmp(key, "events", 6) == 0) {
+            if (decode_events(b, r, pend, err, errlen) != 0) {
+                return -1;
+            }
+        } else if (len == 18 && memcmp(key, "data_parallel_rank", 18) == 0) {
+            if (rd_dp_rank(b, r, err, errlen) != 0) {
+                return -1;
+            }
+        } else if (rd_skip(r, 0) != 0) {
+            return fail(b, err, errlen, "KVEventBatch field \"%.*s\" is malformed",
+                        (int) (len < 40 ? len : 40), key);
+        }
+    }
+    if (*pend == NULL) {
+        return fail(b, err, errlen, "KVEventBatch has no events");
+    }
+    return 0;
+}
+
 int kv_vllm_decode(kv_vllm_batch_t *b, const void *buf, size_t len,
                    char *err, size_t errlen)
 {
     rd_t              r = { buf, (const uint8_t *) buf + len };
     kv_vllm_event_t  *e;
     pending_t        *pend = NULL;
-    uint32_t          nt, n, nf, i, k;
-    uint64_t          v;
-    int               neg, rc = -1;
-    const char       *tag;
-    size_t            tag_len, j;
+    uint32_t          n;
+    int               rc = -1;
+    size_t            j;
 
     b->n_events = 0;
     b->n_h = b->n_t = 0;
@@ -504,75 +858,17 @@ int kv_vllm_decode(kv_vllm_batch_t *b, const void *buf, size_t len,
     if (len == 0 || (*r.p == 0xc1)) {
         return fail(b, err, errlen, "bad msgpack (byte 0x%02x)", len ? *r.p : 0);
     }
-    if (rd_arr(&r, &nt) != 0 || nt < 2) {
-        return fail(b, err, errlen, "KVEventBatch is not an array [ts, events, dp_rank?]");
-    }
-    if (rd_ts(&r, &b->ts) != 0) {
-        return fail(b, err, errlen, "KVEventBatch ts is not a number");
-    }
-    if (rd_arr(&r, &n) != 0) {
-        return fail(b, err, errlen, "KVEventBatch events is not a list");
-    }
-    if (kv_grow((void **) &b->events, &b->cap_events, n ? n : 1, sizeof(kv_vllm_event_t)) != 0
-        || (pend = malloc((n ? n : 1) * sizeof(pending_t))) == NULL)
-    {
-        return fail(b, err, errlen, "out of memory");
-    }
-
-    for (i = 0; i < n; i++) {
-        if (rd_arr(&r, &nf) != 0 || nf == 0) {
-            fail(b, err, errlen, "event %u is not a tagged array", i);
+    if (rd_arr(&r, &n) == 0) {
+        if (decode_array_batch(b, &r, n, &pend, err, errlen) != 0) {
             goto done;
         }
-        if (rd_str(&r, &tag, &tag_len) != 0) {
-            fail(b, err, errlen, "event %u has no tag", i);
+    } else if (rd_map(&r, &n) == 0) {
+        if (decode_map_batch(b, &r, n, &pend, err, errlen) != 0) {
             goto done;
         }
-        e = &b->events[b->n_events];
-        memset(e, 0, sizeof(*e));
-        memset(&pend[b->n_events], 0, sizeof(pending_t));
-        if (tag_len == 11 && memcmp(tag, "BlockStored", 11) == 0) {
-            if (decode_stored(b, &r, e, &pend[b->n_events], nf, err, errlen) != 0) {
-                goto done;
-            }
-        } else if (tag_len == 12 && memcmp(tag, "BlockRemoved", 12) == 0) {
-            if (decode_removed(b, &r, e, &pend[b->n_events], nf, err, errlen) != 0) {
-                goto done;
-            }
-        } else if (tag_len == 16 && memcmp(tag, "AllBlocksCleared", 16) == 0) {
-            e->kind = KV_VLLM_CLEARED;
-            for (k = 1; k < nf; k++) {
-                if (rd_skip(&r, 0) != 0) {
-                    fail(b, err, errlen, "event %u is malformed", i);
-                    goto done;
-                }
-            }
-        } else {
-            for (k = 1; k < nf; k++) {
-                if (rd_skip(&r, 0) != 0) {
-                    fail(b, err, errlen, "event %u is malformed", i);
-                    goto done;
-                }
-            }
-            b->unknown++;
-            continue;
-        }
-        b->n_events++;
-    }
-
-    if (nt > 2 && !rd_nil(&r)) {
-        if (rd_int(&r, &v, &neg) != 0 || neg || v > UINT32_MAX) {
-            fail(b, err, errlen, "KVEventBatch data_parallel_rank is not an int or nil");
-            goto done;
-        }
-        b->has_dp_rank = 1;
-        b->dp_rank = (uint32_t) v;
-    }
-    for (k = 3; k < nt; k++) {
-        if (rd_skip(&r, 0) != 0) {
-            fail(b, err, errlen, "KVEventBatch field %u is malformed", k);
-            goto done;
-        }
+    } else {
+        fail(b, err, errlen, "KVEventBatch is not an array [ts, events, dp_rank?] or a map");
+        goto done;
     }
     if (r.p != r.end) {
         fail(b, err, errlen, "trailing data after the batch");

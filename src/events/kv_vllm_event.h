@@ -2,18 +2,24 @@
  * vLLM / SGLang KV cache events as their ZMQ publishers send them
  * (vllm/distributed/kv_events.py; SGLang reuses the schema). One ZMQ
  * message is three frames: topic, an 8-byte big-endian sequence number,
- * and a msgpack KVEventBatch, an array (msgspec array_like, trailing
- * defaults omitted):
+ * and a msgpack KVEventBatch. msgspec writes it in one of two forms, and
+ * omits trailing fields left at their defaults in both:
  *
- *   [ts: float, events: [event...], data_parallel_rank: int|nil (optional)]
+ *   [ts: float, events: [event...], data_parallel_rank: int|nil]   (array)
+ *   {"ts": ..., "events": [...], "data_parallel_rank": ...}        (map)
  *
- * Each event is a tagged array, the tag first:
+ * An event is a tagged array, the tag first, or a map with the tag under
+ * "type" (vLLM's newer events):
  *
  *   ["BlockStored", block_hashes: [hash], parent_block_hash: hash|nil,
- *    token_ids: [int], block_size: int, lora_id: int|nil, medium: str|nil,
- *    lora_name: str|nil (newer), ...more fields ignored]
- *   ["BlockRemoved", block_hashes: [hash], medium: str|nil, ...]
+ *    token_ids: [int], block_size: int, lora_id: int|nil (SGLang and
+ *    vLLM 0.9 stop here), medium: str|nil, lora_name: str|nil,
+ *    extra_keys, group_idx: int|nil, kv_cache_spec_kind: str|nil, ...]
+ *   ["BlockRemoved", block_hashes: [hash], medium: str|nil, group_idx, ...]
  *   ["AllBlocksCleared", ...]
+ *
+ * group_idx names the KV cache group of a hybrid model (full attention,
+ * sliding window, mamba ...); kv_zmq keeps the one that holds prefixes.
  *
  * A hash is an int (older vLLM: Python hash(), signed 64-bit) or bytes
  * (newer vLLM: a SHA-256 digest). Both become one uint64_t: an int is
@@ -57,6 +63,11 @@ typedef struct {
     int64_t         lora_id;
     const char     *lora_name;      /* into the input; NULL if absent */
     size_t          lora_name_len;
+    int             has_group;
+    uint32_t        group_idx;      /* the KV cache group (hybrid models) */
+    const char     *spec_kind;      /* the group's kind, e.g. "full_attention";
+                                       into the input; NULL if absent */
+    size_t          spec_kind_len;
 } kv_vllm_event_t;
 
 typedef struct {

@@ -56,6 +56,8 @@ typedef struct {
     size_t      n_held, cap_held, held_bytes;
     uint32_t    engine_bs;
     int         mismatch;
+    int         group_set;      /* a hybrid model's prefix group is known */
+    uint32_t    group;
     tmap_t      tiers;
     uint64_t    last_ts_ms;
     kv_zmq_pub_stats_t st;
@@ -230,6 +232,7 @@ static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
 {
     kv_index_worker_clear(z->ix, p->worker_id);
     tmap_clear(&p->tiers);
+    p->group_set = 0;           /* a restarted engine may serve another model */
     kv_registry_status_add(z->reg, KV_STATUS_OFF(cleared_workers), 1);
     if (z->cfg.sink) {
         z->cfg.sink(z->cfg.sink_arg, (size_t) (p - z->p), NULL);
@@ -353,6 +356,63 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
     kv_registry_status_add(z->reg, KV_STATUS_OFF(blocks), n);
 }
 
+/*
+ * Hybrid models (full attention beside sliding-window or mamba layers)
+ * publish each KV cache group's blocks with its group_idx, often under the
+ * same block hashes. Only a group that keeps every block of a prefix says
+ * how much of a prompt an engine can reuse; a sliding-window group drops
+ * blocks that left its window while the prefix is still cached. So kv_zmq
+ * keeps the first full-attention group a publisher names and drops the
+ * events of its other groups (counted in other_groups). Events without a
+ * group_idx, and every event until a publisher names such a group, are
+ * applied as they come.
+ */
+static int holds_prefixes(const kv_vllm_event_t *e)
+{
+    static const char *const kinds[] = {
+        "full_attention", "mla_attention", "sink_full_attention"
+    };
+    size_t i;
+
+    for (i = 0; e->spec_kind && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        if (strlen(kinds[i]) == e->spec_kind_len
+            && memcmp(kinds[i], e->spec_kind, e->spec_kind_len) == 0)
+        {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Drops other groups' events from b (so the sink sees what was applied). */
+static void keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
+{
+    size_t i, n = 0;
+
+    for (i = 0; i < b->n_events && !p->group_set; i++) {
+        if (b->events[i].kind == KV_VLLM_STORED && b->events[i].has_group
+            && holds_prefixes(&b->events[i]))
+        {
+            p->group_set = 1;
+            p->group = b->events[i].group_idx;
+            zlog("%s (%s): hybrid KV cache: indexing group %u (%.*s), the other groups' "
+                 "events are dropped", p->cfg.server, p->cfg.endpoint, p->group,
+                 (int) b->events[i].spec_kind_len, b->events[i].spec_kind);
+        }
+    }
+    if (!p->group_set) {
+        return;
+    }
+    for (i = 0; i < b->n_events; i++) {
+        if (b->events[i].has_group && b->events[i].group_idx != p->group) {
+            p->st.other_groups++;
+            continue;
+        }
+        b->events[n++] = b->events[i];
+    }
+    b->n_events = n;
+}
+
 /* Decodes and applies one message whose place in the sequence is right. */
 static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len,
                   uint64_t now)
@@ -376,6 +436,7 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
         }
         return;
     }
+    keep_prefix_group(p, b);
     dp = b->has_dp_rank ? b->dp_rank : 0;
     for (i = 0; i < b->n_events; i++) {
         const kv_vllm_event_t *e = &b->events[i];

@@ -72,7 +72,8 @@ typedef struct {
     uint32_t    engine_block_size;  /* learned from BlockStored; 0 until then */
     int         block_size_mismatch;
     uint64_t    messages, events, malformed, gaps, replays, replay_failures,
-                restarts, apply_errors, unresolved;
+                restarts, apply_errors, unresolved,
+                other_groups;       /* events of a hybrid model's other KV cache groups */
 } kv_zmq_pub_stats_t;
 
 kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_t *reg,

@@ -76,13 +76,14 @@ class Fleet:
     """n mock workers, a publisher per worker, nginx following them."""
 
     def __init__(self, stack, n=2, hash_kinds=None, replay=True, pubs=None, events=None,
-                 wait_live=True, block_size=16):
+                 wait_live=True, block_size=16, forms=None):
         self.stack = stack
         self.w = stack.worker(engines=n, extra=["--speedup", "50"])
         self.servers = ["127.0.0.1:%d" % p for p in self.w.ports]
         kinds = hash_kinds or ["bytes"] * n
+        forms = forms or ["array"] * n
         self.pubs = pubs or [vllm_pub.VllmPublisher(hash_kind=kinds[i], replay=replay,
-                                                    block_size=block_size)
+                                                    block_size=block_size, form=forms[i])
                              for i in range(n)]
         if events is None:
             events = "\n".join(
@@ -196,6 +197,52 @@ def test_lora_blocks_do_not_match_base(fleet):
     assert route(f.ng.port, a, lora="sql-adapter") == (f.servers[0], 4)
     assert route(f.ng.port, a)[1] == 0          # the base model's blocks differ
     assert route(f.ng.port, a, lora="other")[1] == 0
+
+
+def test_sglang_and_map_forms(fleet):
+    """SGLang's (and vLLM 0.9's) short arrays and newer vLLM's maps drive
+    routing as vLLM 0.10's arrays do."""
+    f = fleet(2, forms=["sglang", "map"], hash_kinds=["int", "bytes"])
+    for i in range(2):
+        subscribed(f, i, 960 + i)
+    a, b = ids(61, 64), ids(62, 64)
+    ha = f.pubs[0].store(a)
+    hb = f.pubs[1].store(b)
+    kvt.wait_until(lambda: f.indexed(0, 5)() and f.indexed(1, 5)(), what="stored")
+    assert route(f.ng.port, a + [5] * 8) == (f.servers[0], 4)
+    assert route(f.ng.port, b + [5] * 8) == (f.servers[1], 4)
+    f.pubs[0].remove(ha[2:])
+    f.pubs[1].remove(hb[1:])
+    kvt.wait_until(lambda: f.indexed(0, 3)() and f.indexed(1, 2)(), what="removed")
+    f.pubs[1].clear()
+    kvt.wait_until(f.indexed(1, 0), what="cleared")
+    assert ev_status(f.ng.port)["decode_errors"] == 0
+    assert f.ng.alerts() == []
+
+
+def test_hybrid_model_keeps_the_full_attention_group(fleet):
+    """A hybrid model publishes a sliding-window group beside its full-
+    attention group, under the same block hashes: the window's evictions
+    must not take the prefix out of the index."""
+    f = fleet(1, forms=["map"])
+    subscribed(f, 0, 970)
+    p = f.pubs[0]
+    a = ids(71, 128)
+    sw, fa = (0, "sliding_window"), (1, "full_attention")
+    ev_sw, ha = p.stored_event(a, group=sw)
+    ev_fa, _ = p.stored_event(a, group=fa)
+    p.send([ev_sw, ev_fa])
+    kvt.wait_until(f.indexed(0, 9), what="stored")      # 8 + the probe's 1
+    p.remove(ha[:6], group=sw)                          # the window moved on
+    p.store(ids(72, 16), group=fa)                      # a marker after it
+    kvt.wait_until(f.indexed(0, 10), what="marker")
+    assert route(f.ng.port, a) == (f.servers[0], 8)
+    # the prefix itself evicted (asked of the events index: the pending
+    # index remembers the route above for a while)
+    p.remove(ha[4:], group=fa)
+    kvt.wait_until(f.indexed(0, 6), what="full-attention removal")
+    assert "hybrid KV cache: indexing group 1 (full_attention)" in f.ng.log()
+    assert ev_status(f.ng.port)["decode_errors"] == 0
 
 
 def test_malformed_frames_counted_and_skipped(fleet):

@@ -6,12 +6,21 @@
           reply [identity, b"", seq, payload] per buffered message with
           seq >= start_seq, then [identity, b"", -1 (8 bytes BE, signed), b""]
 
-payload = msgpack KVEventBatch, array-like: [ts, events, data_parallel_rank?];
-events are tagged arrays:
-  ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size,
-   lora_id, medium, lora_name]
-  ["BlockRemoved", block_hashes, medium]
-  ["AllBlocksCleared"]
+payload = msgpack KVEventBatch in one of three forms (form=):
+  "array"   vLLM 0.10: [ts, events, data_parallel_rank?], events tagged arrays
+              ["BlockStored", block_hashes, parent_block_hash, token_ids,
+               block_size, lora_id, medium, lora_name(, extra_keys, group_idx,
+               kv_cache_spec_kind)]
+              ["BlockRemoved", block_hashes, medium(, group_idx)]
+              ["AllBlocksCleared"]
+  "sglang"  SGLang (and vLLM 0.9): the same arrays without medium and what
+            follows: ["BlockStored", ..., block_size, lora_id],
+            ["BlockRemoved", block_hashes]
+  "map"     newer vLLM (no msgspec array_like): {"ts", "events",
+            "data_parallel_rank"}, events {"type": "BlockStored", ...} by
+            name, fields left at their defaults omitted
+
+A hybrid model's events name their KV cache group (group=(idx, kind)).
 
 Block hashes are bytes (newer vLLM: SHA-256 of parent + tokens) or ints
 (older vLLM: a signed 64-bit Python hash), as hash_kind says.
@@ -33,7 +42,10 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 class VllmPublisher:
     def __init__(self, port=None, replay_port=None, topic="", block_size=16,
-                 hash_kind="bytes", buffer_steps=10000, dp_rank=None, replay=True):
+                 hash_kind="bytes", buffer_steps=10000, dp_rank=None, replay=True,
+                 form="array"):
+        assert form in ("array", "sglang", "map")
+        self.form = form
         self.ctx = zmq.Context()
         self.topic = topic.encode()
         self.block_size = block_size
@@ -117,28 +129,52 @@ class VllmPublisher:
         return out
 
     def stored_event(self, tokens, parent=None, lora_id=None, medium="GPU", lora_name=None,
-                     hashes=None, block_size=None):
+                     hashes=None, block_size=None, group=None):
         bs = block_size or self.block_size
         n = len(tokens) // bs
         tokens = tokens[:n * bs]
         hashes = hashes if hashes is not None else self.chain(tokens, parent)
-        ev = ["BlockStored", hashes, parent, list(tokens), bs, lora_id, medium]
-        if lora_name is not None:
-            ev.append(lora_name)
-        return ev, hashes
+        fields = [("block_hashes", hashes), ("parent_block_hash", parent),
+                  ("token_ids", list(tokens)), ("block_size", bs), ("lora_id", lora_id)]
+        if self.form != "sglang":
+            fields.append(("medium", medium))
+            if lora_name is not None or group is not None or self.form == "map":
+                fields.append(("lora_name", lora_name))     # vLLM 0.10 had none
+            if group is not None:
+                fields += [("extra_keys", None), ("group_idx", group[0]),
+                           ("kv_cache_spec_kind", group[1])]
+        return self._event("BlockStored", fields), hashes
 
-    @staticmethod
-    def removed_event(hashes, medium="GPU"):
-        return ["BlockRemoved", list(hashes), medium]
+    def removed_event(self, hashes, medium="GPU", group=None):
+        fields = [("block_hashes", list(hashes))]
+        if self.form != "sglang":
+            fields.append(("medium", medium))
+            if group is not None:
+                fields.append(("group_idx", group[0]))
+        return self._event("BlockRemoved", fields)
 
-    @staticmethod
-    def cleared_event():
-        return ["AllBlocksCleared"]
+    def cleared_event(self):
+        return self._event("AllBlocksCleared", [])
+
+    def _event(self, tag, fields):
+        if self.form != "map":
+            return [tag] + [v for _, v in fields]
+        ev = {"type": tag}
+        for k, v in fields:
+            if v is not None or k in ("parent_block_hash", "lora_id", "medium", "lora_name"):
+                ev[k] = v                   # msgspec omits only fields with defaults
+        return ev
 
     def payload(self, events, ts=None):
-        batch = [time.time() if ts is None else ts, events]
-        if self.dp_rank is not None:
-            batch.append(self.dp_rank)
+        ts = time.time() if ts is None else ts
+        if self.form == "map":
+            batch = {"ts": ts, "events": events}
+            if self.dp_rank is not None:
+                batch["data_parallel_rank"] = self.dp_rank
+        else:
+            batch = [ts, events]
+            if self.dp_rank is not None:
+                batch.append(self.dp_rank)
         return msgpack.packb(batch, use_bin_type=True)
 
     def send(self, events, drop=False, ts=None):
@@ -165,8 +201,8 @@ class VllmPublisher:
         self.send([ev], drop=drop)
         return hashes
 
-    def remove(self, hashes, medium="GPU", drop=False):
-        self.send([self.removed_event(hashes, medium)], drop=drop)
+    def remove(self, hashes, medium="GPU", drop=False, group=None):
+        self.send([self.removed_event(hashes, medium, group)], drop=drop)
 
     def clear(self):
         self.send([self.cleared_event()])

@@ -43,6 +43,11 @@ static void mp_arr(mp_t *m, uint32_t n)
     }
 }
 
+static void mp_map(mp_t *m, uint32_t n)
+{
+    m->b[m->n++] = (uint8_t) (0x80 | n);        /* n < 16 here */
+}
+
 static void mp_nil(mp_t *m) { m->b[m->n++] = 0xc0; }
 
 static void mp_uint(mp_t *m, uint64_t v)
@@ -144,6 +149,19 @@ static int dec(kv_vllm_batch_t *b, const mp_t *m)
 }
 
 /* --- decoder ---------------------------------------------------------------- */
+
+/* A message that must fail whole, with needle in its reason. */
+#define BAD(build, needle)                                              \
+    do {                                                                \
+        build;                                                          \
+        CHECK(dec(&b, &m) == -1);                                       \
+        CHECK(b.n_events == 0);                                         \
+        if (strstr(err, needle) == NULL) {                              \
+            fprintf(stderr, "  reason \"%s\" lacks \"%s\"\n", err, needle); \
+            kvt_test_failed = 1;                                        \
+        }                                                               \
+    } while (0)
+
 
 TEST(decodes_stored_removed_cleared)
 {
@@ -251,16 +269,6 @@ TEST(malformed_batches_fail_whole)
 
     kv_vllm_batch_init(&b);
 
-#define BAD(build, needle)                                              \
-    do {                                                                \
-        build;                                                          \
-        CHECK(dec(&b, &m) == -1);                                       \
-        CHECK(b.n_events == 0);                                         \
-        if (strstr(err, needle) == NULL) {                              \
-            fprintf(stderr, "  reason \"%s\" lacks \"%s\"\n", err, needle); \
-            kvt_test_failed = 1;                                        \
-        }                                                               \
-    } while (0)
 
     BAD((m.n = 0, mp_uint(&m, 3)), "not an array");
     BAD((m.n = 0, mp_arr(&m, 1), mp_f64(&m, 1)), "not an array");
@@ -323,6 +331,223 @@ TEST(malformed_batches_fail_whole)
         CHECK(b.n_events == 0);
     }
     /* and every single-byte corruption decodes or fails, never crashes */
+    for (i = 0; i < n; i++) {
+        uint8_t save;
+        int     bit;
+
+        m.n = n;
+        for (bit = 0; bit < 8; bit++) {
+            save = m.b[i];
+            m.b[i] ^= (uint8_t) (1 << bit);
+            (void) dec(&b, &m);
+            m.b[i] = save;
+        }
+    }
+    kv_vllm_batch_free(&b);
+}
+
+/* vLLM's newer map form: {"type": "BlockStored", "block_hashes": ...} */
+static void map_stored(mp_t *m, uint64_t base, size_t n, uint32_t t0, uint32_t bs,
+                       int group, const char *kind)
+{
+    size_t i;
+
+    mp_map(m, group >= 0 ? 11 : 9);
+    mp_str(m, "type");
+    mp_str(m, "BlockStored");
+    mp_str(m, "block_hashes");
+    mp_arr(m, (uint32_t) n);
+    for (i = 0; i < n; i++) {
+        mp_uint(m, base + i);
+    }
+    mp_str(m, "parent_block_hash");
+    mp_nil(m);
+    mp_str(m, "token_ids");
+    mp_arr(m, (uint32_t) (n * bs));
+    for (i = 0; i < n * bs; i++) {
+        mp_uint(m, t0 + i);
+    }
+    mp_str(m, "block_size");
+    mp_uint(m, bs);
+    mp_str(m, "lora_id");
+    mp_nil(m);
+    mp_str(m, "medium");
+    mp_str(m, "GPU");
+    mp_str(m, "lora_name");
+    mp_nil(m);
+    mp_str(m, "extra_keys");                /* read by nobody here: skipped */
+    mp_arr(m, 1);
+    mp_nil(m);
+    if (group >= 0) {
+        mp_str(m, "group_idx");
+        mp_uint(m, (uint64_t) group);
+        mp_str(m, "kv_cache_spec_kind");
+        mp_str(m, kind);
+    }
+}
+
+static void map_removed(mp_t *m, uint64_t base, size_t n, int group)
+{
+    size_t i;
+
+    mp_map(m, group >= 0 ? 4 : 3);
+    mp_str(m, "type");
+    mp_str(m, "BlockRemoved");
+    mp_str(m, "block_hashes");
+    mp_arr(m, (uint32_t) n);
+    for (i = 0; i < n; i++) {
+        mp_uint(m, base + i);
+    }
+    mp_str(m, "medium");
+    mp_nil(m);
+    if (group >= 0) {
+        mp_str(m, "group_idx");
+        mp_uint(m, (uint64_t) group);
+    }
+}
+
+/* {"ts": .., "events": [n events follow]} */
+static void map_batch(mp_t *m, uint32_t n)
+{
+    m->n = 0;
+    mp_map(m, 2);
+    mp_str(m, "ts");
+    mp_f64(m, 1795362575.5);
+    mp_str(m, "events");
+    mp_arr(m, n);
+}
+
+TEST(decodes_short_arrays_and_maps)
+{
+    kv_vllm_batch_t b;
+    mp_t            m;
+    size_t          i, n;
+
+    kv_vllm_batch_init(&b);
+
+    /* SGLang and vLLM 0.9: BlockStored stops at lora_id, BlockRemoved at
+     * block_hashes; with lora_id left at its default it stops at block_size */
+    batch1(&m);
+    mp_arr(&m, 6);
+    mp_str(&m, "BlockStored");
+    mp_arr(&m, 2);
+    mp_uint(&m, 1);
+    mp_uint(&m, 2);
+    mp_nil(&m);
+    mp_arr(&m, 8);
+    for (i = 0; i < 8; i++) {
+        mp_uint(&m, i);
+    }
+    mp_uint(&m, 4);
+    mp_nil(&m);
+    CHECK(dec(&b, &m) == 0);
+    CHECK_EQ_U64(b.n_events, 1);
+    CHECK_EQ_U64(b.events[0].n_hashes, 2);
+    CHECK_EQ_U64(b.events[0].n_tokens, 8);
+    CHECK_EQ_U64(b.events[0].tier, KV_TIER_DEVICE);
+    CHECK(!b.events[0].has_group && b.events[0].spec_kind == NULL);
+    m.b[11] = 0x95;                     /* the same without lora_id */
+    m.n--;
+    CHECK(dec(&b, &m) == 0);
+    CHECK_EQ_U64(b.events[0].block_size, 4);
+    batch1(&m);
+    mp_arr(&m, 2);
+    mp_str(&m, "BlockRemoved");
+    mp_arr(&m, 1);
+    mp_uint(&m, 2);
+    CHECK(dec(&b, &m) == 0);
+    CHECK_EQ_U64(b.events[0].kind, KV_VLLM_REMOVED);
+
+    /* a hybrid model's array form: extra_keys, group_idx, the group's kind */
+    batch1(&m);
+    mp_arr(&m, 11);
+    mp_str(&m, "BlockStored");
+    mp_arr(&m, 1);
+    mp_uint(&m, 1);
+    mp_nil(&m);
+    mp_arr(&m, 0);
+    mp_uint(&m, 16);
+    mp_nil(&m);
+    mp_str(&m, "GPU");
+    mp_nil(&m);
+    mp_nil(&m);
+    mp_uint(&m, 3);
+    mp_str(&m, "full_attention");
+    CHECK(dec(&b, &m) == 0);
+    CHECK(b.events[0].has_group && b.events[0].group_idx == 3);
+    CHECK(b.events[0].spec_kind_len == 14
+          && memcmp(b.events[0].spec_kind, "full_attention", 14) == 0);
+
+    /* the map form: batch and events by name, unknown keys and tags skipped */
+    m.n = 0;
+    mp_map(&m, 4);
+    mp_str(&m, "events");               /* before ts: any order */
+    mp_arr(&m, 4);
+    map_stored(&m, 10, 2, 100, 4, 1, "sliding_window");
+    map_removed(&m, 10, 1, 0);
+    mp_map(&m, 1);
+    mp_str(&m, "type");
+    mp_str(&m, "AllBlocksCleared");
+    mp_map(&m, 2);
+    mp_str(&m, "type");
+    mp_str(&m, "BlockMoved");
+    mp_str(&m, "block_hashes");
+    mp_arr(&m, 1);
+    mp_uint(&m, 77);
+    mp_str(&m, "ts");
+    mp_f64(&m, 1795362575.5);
+    mp_str(&m, "data_parallel_rank");
+    mp_uint(&m, 2);
+    mp_str(&m, "locality");
+    mp_str(&m, "node");
+    CHECK(dec(&b, &m) == 0);
+    CHECK(b.ts == 1795362575.5);
+    CHECK(b.has_dp_rank && b.dp_rank == 2);
+    CHECK_EQ_U64(b.n_events, 3);
+    CHECK_EQ_U64(b.unknown, 1);
+    CHECK_EQ_U64(b.events[0].kind, KV_VLLM_STORED);
+    CHECK_EQ_U64(b.events[0].n_hashes, 2);
+    CHECK_EQ_U64(b.events[0].hashes[1], 11);
+    CHECK_EQ_U64(b.events[0].tokens[7], 107);
+    CHECK(b.events[0].has_group && b.events[0].group_idx == 1);
+    CHECK(b.events[0].spec_kind_len == 14);
+    CHECK_EQ_U64(b.events[1].kind, KV_VLLM_REMOVED);
+    CHECK_EQ_U64(b.events[1].hashes[0], 10);
+    CHECK(b.events[1].has_group && b.events[1].group_idx == 0);
+    CHECK_EQ_U64(b.events[2].kind, KV_VLLM_CLEARED);
+    CHECK_EQ_U64(b.n_h, 3);             /* the unknown event's hash dropped */
+
+    /* bad map forms fail the whole batch with a reason */
+    BAD((map_batch(&m, 1), mp_map(&m, 1), mp_str(&m, "block_hashes"), mp_arr(&m, 0)), "no tag");
+    BAD((map_batch(&m, 1), mp_map(&m, 1), mp_uint(&m, 1), mp_nil(&m)), "key");
+    BAD((map_batch(&m, 1), mp_map(&m, 1), mp_str(&m, "type"), mp_uint(&m, 1)), "type");
+    BAD((map_batch(&m, 1), mp_map(&m, 2), mp_str(&m, "type"), mp_str(&m, "BlockStored"),
+         mp_str(&m, "block_hashes"), mp_arr(&m, 0)), "lacks block_size");
+    BAD((map_batch(&m, 1), mp_map(&m, 1), mp_str(&m, "type"), mp_str(&m, "BlockRemoved")),
+        "lacks block_hashes");
+    BAD((map_batch(&m, 1), mp_map(&m, 3), mp_str(&m, "type"), mp_str(&m, "BlockRemoved"),
+         mp_str(&m, "block_hashes"), mp_arr(&m, 0), mp_str(&m, "group_idx"), mp_int(&m, -1)),
+        "group_idx");
+    BAD((map_batch(&m, 1), mp_map(&m, 3), mp_str(&m, "type"), mp_str(&m, "BlockRemoved"),
+         mp_str(&m, "block_hashes"), mp_arr(&m, 0), mp_str(&m, "kv_cache_spec_kind"),
+         mp_uint(&m, 5)), "kv_cache_spec_kind");
+    BAD((m.n = 0, mp_map(&m, 1), mp_str(&m, "ts"), mp_f64(&m, 1)), "no events");
+    BAD((m.n = 0, mp_map(&m, 2), mp_str(&m, "events"), mp_arr(&m, 0), mp_str(&m, "events"),
+         mp_arr(&m, 0)), "two events");
+    BAD((m.n = 0, mp_map(&m, 1), mp_str(&m, "ts"), mp_str(&m, "x")), "ts");
+
+    /* every truncation and single-bit flip of a good map message: clean */
+    map_batch(&m, 2);
+    map_stored(&m, 10, 3, 4, 4, 0, "full_attention");
+    map_removed(&m, 10, 2, 0);
+    n = m.n;
+    CHECK(dec(&b, &m) == 0);
+    CHECK_EQ_U64(b.n_events, 2);
+    for (i = 0; i < n; i++) {
+        m.n = i;
+        CHECK(dec(&b, &m) == -1);
+        CHECK(b.n_events == 0);
+    }
     for (i = 0; i < n; i++) {
         uint8_t save;
         int     bit;
@@ -535,12 +760,55 @@ TEST(feed_tiers_lora_and_block_size)
     rig_close(&r);
 }
 
+/* A hybrid model: the sliding-window group's evictions do not remove the
+ * blocks its full-attention group still holds. */
+TEST(feed_hybrid_groups)
+{
+    rig_t              r;
+    mp_t               m;
+    kv_zmq_pub_stats_t st;
+
+    rig_open(&r, 4);
+    map_batch(&m, 2);
+    map_stored(&m, 100, 3, 0, 4, 0, "sliding_window");
+    map_stored(&m, 100, 3, 0, 4, 1, "full_attention");
+    feed(&r, 0, &m);
+    CHECK_EQ_U64(matched(&r, 0, 3, 4, KV_HASH_SEED), 3);
+    map_batch(&m, 1);                   /* the window moved on */
+    map_removed(&m, 100, 2, 0);
+    feed(&r, 1, &m);
+    CHECK_EQ_U64(matched(&r, 0, 3, 4, KV_HASH_SEED), 3);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK_EQ_U64(st.other_groups, 2);
+    map_batch(&m, 1);                   /* the full-attention group evicts */
+    map_removed(&m, 102, 1, 1);
+    feed(&r, 2, &m);
+    CHECK_EQ_U64(matched(&r, 0, 3, 4, KV_HASH_SEED), 2);
+    /* events without a group still apply */
+    batch1(&m);
+    removed(&m, 101, 1, NULL);
+    feed(&r, 3, &m);
+    CHECK_EQ_U64(matched(&r, 0, 3, 4, KV_HASH_SEED), 1);
+    /* after an engine restart the group is learned again: until a
+     * full-attention group is named, every group's events apply */
+    map_batch(&m, 1);
+    map_stored(&m, 300, 2, 40, 4, 0, "sliding_window");
+    feed(&r, 0, &m);
+    CHECK_EQ_U64(matched(&r, 40, 2, 4, KV_HASH_SEED), 2);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK_EQ_U64(st.restarts, 1);
+    CHECK_EQ_U64(st.other_groups, 2);
+    rig_close(&r);
+}
+
 int main(void)
 {
     RUN(decodes_stored_removed_cleared);
     RUN(malformed_batches_fail_whole);
+    RUN(decodes_short_arrays_and_maps);
     RUN(seq_frames_and_tiers);
     RUN(feed_sequence_gap_restart_and_malformed);
     RUN(feed_tiers_lora_and_block_size);
+    RUN(feed_hybrid_groups);
     return kvt_done();
 }
