@@ -110,31 +110,48 @@ static int rd_need(rd_t *r, size_t n)
     return (size_t) (r->end - r->p) >= n ? 0 : -1;
 }
 
-/* An array header: its length in *n. */
-static int rd_arr(rd_t *r, uint32_t *n)
+/*
+ * A container header: fix is the fixed-size type's high nibble (0x90
+ * array, 0x80 map), c16 its 16-bit form (c16 + 1: 32-bit); per is the
+ * fewest bytes an element takes, so a length the input cannot hold fails
+ * here and not after a huge allocation. Its length in *n.
+ */
+static int rd_hdr(rd_t *r, uint8_t fix, uint8_t c16, size_t per, uint32_t *n)
 {
     uint8_t c;
+    int     k;
 
     if (rd_need(r, 1) != 0) {
         return -1;
     }
     c = *r->p;
-    if ((c & 0xf0) == 0x90) {
+    if ((c & 0xf0) == fix) {
         r->p++;
         *n = c & 0x0f;
         return 0;
     }
-    if (c == 0xdc || c == 0xdd) {
-        int k = c == 0xdc ? 2 : 4;
-        if (rd_need(r, 1 + (size_t) k) != 0) {
-            return -1;
-        }
-        *n = (uint32_t) kv_be(r->p + 1, k);
-        r->p += 1 + k;
-        /* every element takes at least one byte */
-        return *n <= (size_t) (r->end - r->p) ? 0 : -1;
+    if (c != c16 && c != c16 + 1) {
+        return -1;
     }
-    return -1;
+    k = c == c16 ? 2 : 4;
+    if (rd_need(r, 1 + (size_t) k) != 0) {
+        return -1;
+    }
+    *n = (uint32_t) kv_be(r->p + 1, k);
+    r->p += 1 + k;
+    return *n <= (size_t) (r->end - r->p) / per ? 0 : -1;
+}
+
+/* An array header: its length in *n. */
+static int rd_arr(rd_t *r, uint32_t *n)
+{
+    return rd_hdr(r, 0x90, 0xdc, 1, n);
+}
+
+/* A map header: its number of pairs in *n (a pair takes two bytes). */
+static int rd_map(rd_t *r, uint32_t *n)
+{
+    return rd_hdr(r, 0x80, 0xde, 2, n);
 }
 
 static int rd_nil(rd_t *r)
@@ -364,34 +381,6 @@ static int rd_medium(rd_t *r, uint32_t *tier)
     }
     *tier = kv_vllm_tier(s, len);
     return 0;
-}
-
-/* A map header: its number of pairs in *n. */
-static int rd_map(rd_t *r, uint32_t *n)
-{
-    uint8_t c;
-    int     k;
-
-    if (rd_need(r, 1) != 0) {
-        return -1;
-    }
-    c = *r->p;
-    if ((c & 0xf0) == 0x80) {
-        r->p++;
-        *n = c & 0x0f;
-        return 0;
-    }
-    if (c == 0xde || c == 0xdf) {
-        k = c == 0xde ? 2 : 4;
-        if (rd_need(r, 1 + (size_t) k) != 0) {
-            return -1;
-        }
-        *n = (uint32_t) kv_be(r->p + 1, k);
-        r->p += 1 + k;
-        /* every pair takes at least two bytes */
-        return *n <= (size_t) (r->end - r->p) / 2 ? 0 : -1;
-    }
-    return -1;
 }
 
 /*

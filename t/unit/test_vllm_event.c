@@ -148,6 +148,32 @@ static int dec(kv_vllm_batch_t *b, const mp_t *m)
     return kv_vllm_decode(b, m->b, m->n, err, sizeof(err));
 }
 
+/* Every truncation of a good message m (of n_events) fails cleanly, and
+ * every single-bit flip decodes or fails, never crashes. */
+static void mutations_are_clean(kv_vllm_batch_t *b, mp_t *m, size_t n_events)
+{
+    size_t  i, n = m->n;
+    uint8_t save;
+    int     bit;
+
+    CHECK(dec(b, m) == 0);
+    CHECK_EQ_U64(b->n_events, n_events);
+    for (i = 0; i < n; i++) {
+        m->n = i;
+        CHECK(dec(b, m) == -1);
+        CHECK(b->n_events == 0);
+    }
+    m->n = n;
+    for (i = 0; i < n; i++) {
+        for (bit = 0; bit < 8; bit++) {
+            save = m->b[i];
+            m->b[i] ^= (uint8_t) (1 << bit);
+            (void) dec(b, m);
+            m->b[i] = save;
+        }
+    }
+}
+
 /* --- decoder ---------------------------------------------------------------- */
 
 /* A message that must fail whole, with needle in its reason. */
@@ -265,7 +291,6 @@ TEST(malformed_batches_fail_whole)
 {
     kv_vllm_batch_t b;
     mp_t            m;
-    size_t          i, n;
 
     kv_vllm_batch_init(&b);
 
@@ -322,27 +347,7 @@ TEST(malformed_batches_fail_whole)
     stored(&m, 10, 3, 4, 100, 4, 1, "GPU", "x");
     removed(&m, 10, 2, NULL);
     mp_uint(&m, 0);
-    n = m.n;
-    CHECK(dec(&b, &m) == 0);
-    CHECK_EQ_U64(b.n_events, 2);
-    for (i = 0; i < n; i++) {
-        m.n = i;
-        CHECK(dec(&b, &m) == -1);
-        CHECK(b.n_events == 0);
-    }
-    /* and every single-byte corruption decodes or fails, never crashes */
-    for (i = 0; i < n; i++) {
-        uint8_t save;
-        int     bit;
-
-        m.n = n;
-        for (bit = 0; bit < 8; bit++) {
-            save = m.b[i];
-            m.b[i] ^= (uint8_t) (1 << bit);
-            (void) dec(&b, &m);
-            m.b[i] = save;
-        }
-    }
+    mutations_are_clean(&b, &m, 2);
     kv_vllm_batch_free(&b);
 }
 
@@ -421,7 +426,7 @@ TEST(decodes_short_arrays_and_maps)
 {
     kv_vllm_batch_t b;
     mp_t            m;
-    size_t          i, n;
+    size_t          i;
 
     kv_vllm_batch_init(&b);
 
@@ -540,26 +545,7 @@ TEST(decodes_short_arrays_and_maps)
     map_batch(&m, 2);
     map_stored(&m, 10, 3, 4, 4, 0, "full_attention");
     map_removed(&m, 10, 2, 0);
-    n = m.n;
-    CHECK(dec(&b, &m) == 0);
-    CHECK_EQ_U64(b.n_events, 2);
-    for (i = 0; i < n; i++) {
-        m.n = i;
-        CHECK(dec(&b, &m) == -1);
-        CHECK(b.n_events == 0);
-    }
-    for (i = 0; i < n; i++) {
-        uint8_t save;
-        int     bit;
-
-        m.n = n;
-        for (bit = 0; bit < 8; bit++) {
-            save = m.b[i];
-            m.b[i] ^= (uint8_t) (1 << bit);
-            (void) dec(&b, &m);
-            m.b[i] = save;
-        }
-    }
+    mutations_are_clean(&b, &m, 2);
     kv_vllm_batch_free(&b);
 }
 
