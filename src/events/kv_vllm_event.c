@@ -447,12 +447,35 @@ static int rd_opt_str(rd_t *r, const char **s, size_t *len)
     return rd_str(r, s, len);
 }
 
+/* One token id: an int, or an EAGLE bigram [id, next id] (SGLang with
+ * speculative decoding keys its cache by pairs), whose first id is the
+ * token at that place, which is what the router hashes. */
+static int rd_token(rd_t *r, uint32_t *id)
+{
+    const uint8_t *at = r->p;
+    uint64_t       v, next;
+    uint32_t       n;
+    int            neg, neg_next;
+
+    if (rd_arr(r, &n) == 0) {
+        if (n != 2 || rd_int(r, &v, &neg) != 0 || rd_int(r, &next, &neg_next) != 0) {
+            r->p = at;
+            return -1;
+        }
+    } else if (rd_int(r, &v, &neg) != 0) {
+        return -1;
+    }
+    if (neg || v > UINT32_MAX) {
+        return -1;
+    }
+    *id = (uint32_t) v;
+    return 0;
+}
+
 static int rd_tokens(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
                      char *err, size_t errlen)
 {
-    uint64_t v;
     uint32_t nt, i;
-    int      neg;
 
     if (rd_nil(r)) {
         return 0;
@@ -465,10 +488,11 @@ static int rd_tokens(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t 
     }
     pe->t_off = b->n_t;
     for (i = 0; i < nt; i++) {
-        if (rd_int(r, &v, &neg) != 0 || neg || v > UINT32_MAX) {
-            return fail(b, err, errlen, "%s token id %u is not a u32", pe->tag, i);
+        if (rd_token(r, &b->tokens[b->n_t]) != 0) {
+            return fail(b, err, errlen, "%s token id %u is not a u32 or a pair of them",
+                        pe->tag, i);
         }
-        b->tokens[b->n_t++] = (uint32_t) v;
+        b->n_t++;
     }
     e->n_tokens = nt;
     return 0;

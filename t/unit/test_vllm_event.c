@@ -463,6 +463,29 @@ TEST(decodes_short_arrays_and_maps)
     CHECK(dec(&b, &m) == 0);
     CHECK_EQ_U64(b.events[0].kind, KV_VLLM_REMOVED);
 
+    /* SGLang with EAGLE: token ids as bigrams [id, next id], the first kept */
+    batch1(&m);
+    mp_arr(&m, 6);
+    mp_str(&m, "BlockStored");
+    mp_arr(&m, 1);
+    mp_uint(&m, 1);
+    mp_nil(&m);
+    mp_arr(&m, 4);
+    for (i = 0; i < 4; i++) {
+        mp_arr(&m, 2);
+        mp_uint(&m, 10 + i);
+        mp_uint(&m, 11 + i);
+    }
+    mp_uint(&m, 4);
+    mp_nil(&m);
+    CHECK(dec(&b, &m) == 0);
+    CHECK_EQ_U64(b.events[0].n_tokens, 4);
+    CHECK_EQ_U64(b.events[0].tokens[0], 10);
+    CHECK_EQ_U64(b.events[0].tokens[3], 13);
+    m.b[m.n - 5] = 0x93;                /* a triple is no token */
+    CHECK(dec(&b, &m) == -1);
+    CHECK(strstr(err, "pair") != NULL);
+
     /* a hybrid model's array form: extra_keys, group_idx, the group's kind */
     batch1(&m);
     mp_arr(&m, 11);
