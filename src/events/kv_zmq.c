@@ -56,6 +56,7 @@ typedef struct {
     size_t      n_held, cap_held, held_bytes;
     uint32_t    engine_bs;
     int         mismatch;
+    int         sole;           /* the only publisher for its server */
     int         group_set;      /* a hybrid model's prefix group is known */
     uint32_t    group;
     tmap_t      tiers;
@@ -437,7 +438,13 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
         return;
     }
     keep_prefix_group(p, b);
-    dp = b->has_dp_rank ? b->dp_rank : 0;
+    /* A publisher that is its server's only one is that engine whatever
+     * rank it names: vLLM's data parallelism with a port per rank (its
+     * external load balancing) sends rank k from the engine behind its own
+     * server, and routing reads a server's rank 0. Several publishers for
+     * one server (a rank per port behind one HTTP port) keep their ranks
+     * apart. */
+    dp = b->has_dp_rank && !p->sole ? b->dp_rank : 0;
     for (i = 0; i < b->n_events; i++) {
         const kv_vllm_event_t *e = &b->events[i];
 
@@ -985,6 +992,19 @@ static void adopt(kv_zmq_t *z, zpub_t *p, const char *server)
     }
 }
 
+/* Which publishers are the only one for their server (once, at start). */
+static void mark_sole(kv_zmq_t *z)
+{
+    size_t i, j;
+
+    for (i = 0; i < z->n; i++) {
+        z->p[i].sole = 1;
+        for (j = 0; j < z->n && z->p[i].sole; j++) {
+            z->p[i].sole = j == i || z->p[j].worker_id != z->p[i].worker_id;
+        }
+    }
+}
+
 kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_t *reg,
                         char *err, size_t errlen)
 {
@@ -1032,6 +1052,7 @@ kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_
         p->worker_id = kv_hash_worker_id(c->server, strlen(c->server));
         adopt(z, p, c->server);
     }
+    mark_sole(z);
     kv_registry_status_set(reg, KV_STATUS_OFF(zmq_publishers), z->n);
     return z;
 }

@@ -245,6 +245,22 @@ def test_hybrid_model_keeps_the_full_attention_group(fleet):
     assert ev_status(f.ng.port)["decode_errors"] == 0
 
 
+def test_data_parallel_rank_with_its_own_server(fleet, stack):
+    """vLLM's data parallelism with external load balancing: each rank has
+    its own HTTP port and publishes on its own port with its rank in every
+    batch. A rank other than 0 must still credit its server."""
+    pubs = [vllm_pub.VllmPublisher(dp_rank=r) for r in (0, 1)]
+    f = fleet(2, pubs=pubs)
+    for i in range(2):
+        subscribed(f, i, 980 + i)
+    a, b = ids(81, 64), ids(82, 64)
+    f.pubs[0].store(a)
+    f.pubs[1].store(b)
+    kvt.wait_until(lambda: f.indexed(0, 5)() and f.indexed(1, 5)(), what="stored")
+    assert route(f.ng.port, a + [5] * 8) == (f.servers[0], 4)
+    assert route(f.ng.port, b + [5] * 8) == (f.servers[1], 4)
+
+
 def test_malformed_frames_counted_and_skipped(fleet):
     f = fleet(1)
     subscribed(f, 0, 930)

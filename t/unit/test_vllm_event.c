@@ -810,6 +810,37 @@ TEST(feed_hybrid_groups)
     rig_close(&r);
 }
 
+/* vLLM with a port per data-parallel rank: rank 3's engine, its server's
+ * only publisher, is that server (routing reads a server's rank 0). */
+TEST(feed_dp_rank_of_a_sole_publisher)
+{
+    rig_t        r;
+    mp_t         m;
+    uint32_t     tok[8], dp = 9;
+    uint64_t     seq[2], wid = 0;
+    kv_overlap_t out[8];
+    size_t       i;
+
+    rig_open(&r, 4);
+    m.n = 0;
+    mp_arr(&m, 3);
+    mp_f64(&m, 1795362575.25);
+    mp_arr(&m, 1);
+    stored(&m, 100, 2, -1, 0, 4, -1, "GPU", NULL);
+    mp_uint(&m, 3);                     /* data_parallel_rank */
+    feed(&r, 0, &m);
+    for (i = 0; i < 8; i++) {
+        tok[i] = (uint32_t) i;
+    }
+    CHECK_EQ_U64(kv_hash_blocks(tok, 8, 4, KV_HASH_SEED, NULL, seq), 2);
+    CHECK_EQ_U64(kv_index_match(r.ix, seq, 2, out, 8), 1);
+    CHECK_EQ_U64(out[0].blocks, 2);
+    CHECK(kv_index_worker_info(r.ix, out[0].slot, &wid, &dp) == 0);
+    CHECK_EQ_U64(dp, 0);
+    CHECK(wid != 0);
+    rig_close(&r);
+}
+
 int main(void)
 {
     RUN(decodes_stored_removed_cleared);
@@ -819,5 +850,6 @@ int main(void)
     RUN(feed_sequence_gap_restart_and_malformed);
     RUN(feed_tiers_lora_and_block_size);
     RUN(feed_hybrid_groups);
+    RUN(feed_dp_rank_of_a_sole_publisher);
     return kvt_done();
 }
