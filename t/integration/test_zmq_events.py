@@ -459,7 +459,7 @@ def test_kvrelay_republishes_on_nats(stack):
     nats = stack.nats()
     w = stack.worker(engines=1, extra=["--speedup", "50"])
     server = "127.0.0.1:%d" % w.ports[0]
-    p = vllm_pub.VllmPublisher()
+    p = vllm_pub.VllmPublisher(dp_rank=2)      # a data-parallel rank behind its own port
     try:
         relay = stack.spawn([kvt.os.path.join(kvt.BIN, "kvrelay"), "--zmq", p.url,
                              "--replay", p.replay_url, "--server", server, "--nats", nats.url,
@@ -487,7 +487,7 @@ def test_kvrelay_republishes_on_nats(stack):
         # the engine restarts: the relay tells every consumer to drop the worker
         port, rport = p.port, p.replay_port
         p.close()
-        p = vllm_pub.VllmPublisher(port=port, replay_port=rport)
+        p = vllm_pub.VllmPublisher(port=port, replay_port=rport, dp_rank=2)
         b = ids(993, 32)
 
         def restarted():

@@ -124,8 +124,11 @@ static void sink(void *arg, size_t pub, const kv_vllm_batch_t *b)
 {
     relay_t  *r = arg;
     size_t    i, k;
-    uint32_t  dp = b && b->has_dp_rank ? b->dp_rank : 0;
     uint64_t  seed;
+    /* one publisher, one --server: that engine is the server whatever
+     * data-parallel rank it names (as kv_zmq credits a sole publisher),
+     * and routing reads a server's rank 0 */
+    uint32_t  dp = 0;
 
     (void) pub;
     r->len = 0;
