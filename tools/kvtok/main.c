@@ -326,6 +326,8 @@ static int cmd_bench(const opts_t *o, const char *file)
     kv_tok_work_t w;
     held_out_t h;
     pthread_t  th;
+    double     held_el = 0, held_cpu = 0;
+    int        i;
 
     if (f == NULL) {
         fprintf(stderr, "kvtok: cannot open %s\n", file);
@@ -352,13 +354,19 @@ static int cmd_bench(const opts_t *o, const char *file)
         tokens = ids.n;
     }
     kv_tokenizer_work(&w, 1);       /* of the last pass: the same every pass */
+    /* the best of 5 held-out passes, each on a new thread: one pass over
+     * half the file is short enough for a shared machine to disturb */
     h.o = o;
     h.text = text;
     h.len = len;
     h.split = middle_line(text, len);
-    if (pthread_create(&th, NULL, held_out, &h) != 0 || pthread_join(th, NULL) != 0) {
-        fprintf(stderr, "kvtok: cannot start the held-out pass's thread\n");
-        return 1;
+    for (i = 0; i < 5; i++) {
+        if (pthread_create(&th, NULL, held_out, &h) != 0 || pthread_join(th, NULL) != 0) {
+            fprintf(stderr, "kvtok: cannot start a held-out pass's thread\n");
+            return 1;
+        }
+        held_el = i == 0 || h.el < held_el ? h.el : held_el;
+        held_cpu = i == 0 || h.cpu < held_cpu ? h.cpu : held_cpu;
     }
     printf("{\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.6f,\"mb_per_s\":%.2f,"
            "\"tokens_per_s\":%.0f,\"cpu_seconds\":%.6f,\"cpu_mb_per_s\":%.2f,"
@@ -368,8 +376,8 @@ static int cmd_bench(const opts_t *o, const char *file)
            "\"bpe_symbols\":%llu,\"bpe_merges\":%llu,\"bpe_queue_ops\":%llu}\n",
            len, tokens, best, (double) len / best / 1e6, (double) tokens / best,
            best_cpu, (double) len / best_cpu / 1e6, (double) len / cold / 1e6,
-           (double) len / cold_cpu / 1e6, (double) (len - h.split) / h.el / 1e6,
-           (double) (len - h.split) / h.cpu / 1e6, runs,
+           (double) len / cold_cpu / 1e6, (double) (len - h.split) / held_el / 1e6,
+           (double) (len - h.split) / held_cpu / 1e6, runs,
            kv_tokenizer_memory(o->tok), (unsigned long long) w.symbols,
            (unsigned long long) w.merges, (unsigned long long) w.queue_ops);
     kv_ids_free(&ids);
