@@ -385,8 +385,9 @@ static int holds_prefixes(const kv_vllm_event_t *e)
     return 0;
 }
 
-/* Drops other groups' events from b (so the sink sees what was applied). */
-static void keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
+/* Drops other groups' events from b (so the sink sees what was applied);
+ * returns how many. */
+static size_t keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
 {
     size_t i, n = 0;
 
@@ -402,7 +403,7 @@ static void keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
         }
     }
     if (!p->group_set) {
-        return;
+        return 0;
     }
     for (i = 0; i < b->n_events; i++) {
         if (b->events[i].has_group && b->events[i].group_idx != p->group) {
@@ -411,7 +412,9 @@ static void keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
         }
         b->events[n++] = b->events[i];
     }
-    b->n_events = n;
+    n = b->n_events - n;
+    b->n_events -= n;
+    return n;
 }
 
 /* Decodes and applies one message whose place in the sequence is right. */
@@ -419,7 +422,7 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
                   uint64_t now)
 {
     kv_vllm_batch_t *b = &z->batch;
-    size_t           i;
+    size_t           i, skipped;
     uint32_t         dp;
     uint64_t         ts;
     char             err[160];
@@ -437,7 +440,10 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
         }
         return;
     }
-    keep_prefix_group(p, b);
+    skipped = keep_prefix_group(p, b) + b->unknown;
+    if (skipped) {
+        kv_registry_status_add(z->reg, KV_STATUS_OFF(skipped_events), skipped);
+    }
     /* A publisher that is its server's only one is that engine whatever
      * rank it names: vLLM's data parallelism with a port per rank (its
      * external load balancing) sends rank k from the engine behind its own

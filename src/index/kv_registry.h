@@ -102,6 +102,7 @@ typedef struct {
     uint64_t    block_size_mismatch;    /* publishers whose engine block size differs */
     uint64_t    engine_restarts;    /* sequences that went back (worker cleared) */
     uint64_t    cleared_workers;    /* workers cleared: restarts, unrecoverable gaps */
+    uint64_t    skipped_events;     /* unknown tags, a hybrid model's other groups */
 
     uint64_t    rejected;           /* implausible events, heartbeats, dump chunks */
     uint64_t    removed;            /* workers removed (gone, left, replaced, evicted) */

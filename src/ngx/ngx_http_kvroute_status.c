@@ -196,7 +196,9 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(engine_restarts, U, "kvroute_events_engine_restarts_total", counter,    \
       "ZMQ sequences that went back (engine restarts)")                       \
     X(cleared_workers, U, "kvroute_events_cleared_workers_total", counter,    \
-      "Workers whose blocks were cleared after a restart or lost gap")
+      "Workers whose blocks were cleared after a restart or lost gap")        \
+    X(skipped_events, U, "kvroute_events_skipped_total", counter,             \
+      "ZMQ events skipped: unknown kinds, a hybrid model's other KV groups")
 
 /* labels {zone, worker_id, dp_rank}, JSON "events": {"workers": [...]} */
 #define NGX_HTTP_KVROUTE_WORKER_STATS(X)                                      \
@@ -765,6 +767,7 @@ ngx_http_kvroute_snap_events(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
     e->block_size_mismatch = st.block_size_mismatch;
     e->engine_restarts = st.engine_restarts;
     e->cleared_workers = st.cleared_workers;
+    e->skipped_events = st.skipped_events;
 
     n = (int) kv_registry_max_workers(reg);
 

@@ -242,7 +242,9 @@ def test_hybrid_model_keeps_the_full_attention_group(fleet):
     p.remove(ha[4:], group=fa)
     kvt.wait_until(f.indexed(0, 6), what="full-attention removal")
     assert "hybrid KV cache: indexing group 1 (full_attention)" in f.ng.log()
-    assert ev_status(f.ng.port)["decode_errors"] == 0
+    st = ev_status(f.ng.port)
+    assert st["decode_errors"] == 0
+    assert st["skipped_events"] == 2        # the window's store and its removal
 
 
 def test_data_parallel_rank_with_its_own_server(fleet, stack):
