@@ -631,6 +631,7 @@ static int decode_map_event(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pen
     const char *key, *tag = NULL;
     size_t      key_len, tag_len = 0;
     uint32_t    i;
+    field_t     f;
 
     for (i = 0; i < np; i++) {
         if (rd_str(r, &key, &key_len) != 0) {
@@ -645,7 +646,12 @@ static int decode_map_event(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pen
                     : e->kind == KV_VLLM_REMOVED ? "BlockRemoved" : pe->tag;
             continue;
         }
-        if (read_field(b, r, e, pe, field_by_name(key, key_len), err, errlen) != 0) {
+        /* msgspec writes the tag first: past it, the fields of a kind
+         * without any (AllBlocksCleared) or unknown here are skipped unread,
+         * as in the array form */
+        f = tag == NULL || e->kind == KV_VLLM_STORED || e->kind == KV_VLLM_REMOVED
+            ? field_by_name(key, key_len) : F_SKIP;
+        if (read_field(b, r, e, pe, f, err, errlen) != 0) {
             return -1;
         }
     }

@@ -516,12 +516,14 @@ TEST(decodes_short_arrays_and_maps)
     mp_map(&m, 1);
     mp_str(&m, "type");
     mp_str(&m, "AllBlocksCleared");
-    mp_map(&m, 2);
+    mp_map(&m, 3);
     mp_str(&m, "type");
     mp_str(&m, "BlockMoved");
     mp_str(&m, "block_hashes");
     mp_arr(&m, 1);
     mp_uint(&m, 77);
+    mp_str(&m, "block_size");           /* a kind of its own: not read, not checked */
+    mp_str(&m, "large");
     mp_str(&m, "ts");
     mp_f64(&m, 1795362575.5);
     mp_str(&m, "data_parallel_rank");
