@@ -358,12 +358,11 @@ static int rd_hash_list(kv_vllm_batch_t *b, rd_t *r, size_t *off, size_t *n)
     return 0;
 }
 
-/* Offsets of an event's arrays while they may still move, the fields
- * seen (bit per field_t) and the tag for messages. */
+/* Offsets of an event's arrays while they may still move, and the fields
+ * seen (bit per field_t). */
 typedef struct {
     size_t      h_off, t_off;
     unsigned    seen;
-    const char *tag;
 } pending_t;
 
 /* medium: str or nil. */
@@ -424,12 +423,34 @@ static const field_t removed_order[] = { F_HASHES, F_MEDIUM, F_GROUP_IDX };
 #define STORED_MIN_FIELDS   4       /* block_hashes .. block_size */
 #define NELEM(a)            (sizeof(a) / sizeof((a)[0]))
 
+/* Whether s[0..len) is the string lit. */
+static int is(const char *s, size_t len, const char *lit)
+{
+    return strlen(lit) == len && memcmp(s, lit, len) == 0;
+}
+
+int kv_vllm_full_attention(const kv_vllm_event_t *e)
+{
+    const char *k = e->spec_kind;
+    size_t      n = e->spec_kind_len;
+
+    return k != NULL && (is(k, n, "full_attention") || is(k, n, "mla_attention")
+                         || is(k, n, "sink_full_attention"));
+}
+
+/* An event's name in messages. */
+static const char *kind_name(const kv_vllm_event_t *e)
+{
+    return e->kind == KV_VLLM_STORED ? "BlockStored"
+         : e->kind == KV_VLLM_REMOVED ? "BlockRemoved" : "event";
+}
+
 static field_t field_by_name(const char *s, size_t len)
 {
     int f;
 
     for (f = 1; f < F_N; f++) {
-        if (strlen(field_name[f]) == len && memcmp(field_name[f], s, len) == 0) {
+        if (is(s, len, field_name[f])) {
             return (field_t) f;
         }
     }
@@ -481,7 +502,7 @@ static int rd_tokens(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t 
         return 0;
     }
     if (rd_arr(r, &nt) != 0) {
-        return fail(b, err, errlen, "%s token_ids is not a list", pe->tag);
+        return fail(b, err, errlen, "%s token_ids is not a list", kind_name(e));
     }
     if (kv_grow((void **) &b->tokens, &b->cap_t, b->n_t + nt, sizeof(uint32_t)) != 0) {
         return fail(b, err, errlen, "out of memory");
@@ -490,7 +511,7 @@ static int rd_tokens(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t 
     for (i = 0; i < nt; i++) {
         if (rd_token(r, &b->tokens[b->n_t]) != 0) {
             return fail(b, err, errlen, "%s token id %u is not a u32 or a pair of them",
-                        pe->tag, i);
+                        kind_name(e), i);
         }
         b->n_t++;
     }
@@ -511,7 +532,7 @@ static int read_field(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t
     case F_HASHES:
         if (rd_hash_list(b, r, &pe->h_off, &e->n_hashes) != 0) {
             return fail(b, err, errlen, "%s block_hashes is not a list of int or bytes",
-                        pe->tag);
+                        kind_name(e));
         }
         return 0;
     case F_PARENT:
@@ -522,12 +543,12 @@ static int read_field(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t
         if (rd_hash(r, &e->parent) == 0) {
             return 0;
         }
-        return fail(b, err, errlen, "%s parent_block_hash is not int, bytes or nil", pe->tag);
+        return fail(b, err, errlen, "%s parent_block_hash is not int, bytes or nil", kind_name(e));
     case F_TOKENS:
         return rd_tokens(b, r, e, pe, err, errlen);
     case F_BLOCK_SIZE:
         if (rd_int(r, &v, &neg) != 0 || neg || v == 0 || v > MAX_BLOCK_SIZE) {
-            return fail(b, err, errlen, "%s block_size is not a positive int", pe->tag);
+            return fail(b, err, errlen, "%s block_size is not a positive int", kind_name(e));
         }
         e->block_size = (uint32_t) v;
         return 0;
@@ -570,23 +591,16 @@ static int read_field(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t
         if (rd_skip(r, 0) == 0) {
             return 0;
         }
-        return fail(b, err, errlen, "%s has a malformed field", pe->tag);
+        return fail(b, err, errlen, "%s has a malformed field", kind_name(e));
     }
-    return fail(b, err, errlen, "%s %s is of the wrong type", pe->tag, what);
+    return fail(b, err, errlen, "%s %s is of the wrong type", kind_name(e), what);
 }
 
 static kv_vllm_kind_t kind_of(const char *tag, size_t len)
 {
-    if (len == 11 && memcmp(tag, "BlockStored", 11) == 0) {
-        return KV_VLLM_STORED;
-    }
-    if (len == 12 && memcmp(tag, "BlockRemoved", 12) == 0) {
-        return KV_VLLM_REMOVED;
-    }
-    if (len == 16 && memcmp(tag, "AllBlocksCleared", 16) == 0) {
-        return KV_VLLM_CLEARED;
-    }
-    return 0;
+    return is(tag, len, "BlockStored") ? KV_VLLM_STORED
+         : is(tag, len, "BlockRemoved") ? KV_VLLM_REMOVED
+         : is(tag, len, "AllBlocksCleared") ? KV_VLLM_CLEARED : 0;
 }
 
 /* ["Tag", field...]: nf counts the tag. */
@@ -606,7 +620,6 @@ static int decode_array_event(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, p
     if (e->kind == KV_VLLM_STORED) {
         order = stored_order;
         n_order = NELEM(stored_order);
-        pe->tag = "BlockStored";
         if (nf - 1 < STORED_MIN_FIELDS) {
             return fail(b, err, errlen, "BlockStored has %u fields, expected at least %u",
                         nf - 1, STORED_MIN_FIELDS);
@@ -614,7 +627,6 @@ static int decode_array_event(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, p
     } else if (e->kind == KV_VLLM_REMOVED) {
         order = removed_order;
         n_order = NELEM(removed_order);
-        pe->tag = "BlockRemoved";
     }
     for (i = 1; i < nf; i++) {
         if (read_field(b, r, e, pe, i - 1 < n_order ? order[i - 1] : F_SKIP, err, errlen) != 0) {
@@ -635,15 +647,13 @@ static int decode_map_event(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pen
 
     for (i = 0; i < np; i++) {
         if (rd_str(r, &key, &key_len) != 0) {
-            return fail(b, err, errlen, "%s has a key that is not a str", pe->tag);
+            return fail(b, err, errlen, "%s has a key that is not a str", kind_name(e));
         }
-        if (key_len == 4 && memcmp(key, "type", 4) == 0) {
+        if (is(key, key_len, "type")) {
             if (rd_str(r, &tag, &tag_len) != 0) {
                 return fail(b, err, errlen, "event type is not a str");
             }
             e->kind = kind_of(tag, tag_len);
-            pe->tag = e->kind == KV_VLLM_STORED ? "BlockStored"
-                    : e->kind == KV_VLLM_REMOVED ? "BlockRemoved" : pe->tag;
             continue;
         }
         /* msgspec writes the tag first: past it, the fields of a kind
@@ -675,7 +685,7 @@ static int check_event(kv_vllm_batch_t *b, const kv_vllm_event_t *e, const pendi
         return 0;
     }
     if ((pe->seen & need) != need) {
-        return fail(b, err, errlen, "%s lacks %s", pe->tag,
+        return fail(b, err, errlen, "%s lacks %s", kind_name(e),
                     (pe->seen & 1u << F_HASHES) ? "block_size" : "block_hashes");
     }
     if (e->kind == KV_VLLM_STORED && e->n_tokens
@@ -697,7 +707,6 @@ static int decode_event(kv_vllm_batch_t *b, rd_t *r, pending_t *pe, uint32_t i,
 
     memset(e, 0, sizeof(*e));
     memset(pe, 0, sizeof(*pe));
-    pe->tag = "event";
     if (rd_arr(r, &n) == 0) {
         if (n == 0) {
             return fail(b, err, errlen, "event %u is not a tagged array or map", i);
@@ -834,15 +843,15 @@ static int decode_map_batch(kv_vllm_batch_t *b, rd_t *r, uint32_t np, pending_t 
         if (rd_str(r, &key, &len) != 0) {
             return fail(b, err, errlen, "KVEventBatch has a key that is not a str");
         }
-        if (len == 2 && memcmp(key, "ts", 2) == 0) {
+        if (is(key, len, "ts")) {
             if (rd_ts(r, &b->ts) != 0) {
                 return fail(b, err, errlen, "KVEventBatch ts is not a number");
             }
-        } else if (len == 6 && memcmp(key, "events", 6) == 0) {
+        } else if (is(key, len, "events")) {
             if (decode_events(b, r, pend, err, errlen) != 0) {
                 return -1;
             }
-        } else if (len == 18 && memcmp(key, "data_parallel_rank", 18) == 0) {
+        } else if (is(key, len, "data_parallel_rank")) {
             if (rd_dp_rank(b, r, err, errlen) != 0) {
                 return -1;
             }

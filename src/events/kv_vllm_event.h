@@ -99,6 +99,11 @@ kv_tier_t kv_vllm_tier(const char *medium, size_t len);
 /* The 8-byte big-endian sequence frame; -1 if it is not 8 bytes. */
 int kv_vllm_seq(const void *frame, size_t len, uint64_t *seq);
 
+/* Whether a stored event's KV cache group keeps every block of a prefix
+ * (kv_cache_spec_kind full, MLA or sink attention), unlike a sliding-window
+ * or mamba group. */
+int kv_vllm_full_attention(const kv_vllm_event_t *e);
+
 /* The local-hash seed for a stored event's LoRA adapter: the name when
  * given, else "lora-<id>", else the base model's seed (kv_hash.h). */
 uint64_t kv_vllm_lora_seed(const kv_vllm_event_t *e);

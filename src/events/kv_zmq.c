@@ -368,32 +368,15 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
  * group_idx, and every event until a publisher names such a group, are
  * applied as they come.
  */
-static int holds_prefixes(const kv_vllm_event_t *e)
-{
-    static const char *const kinds[] = {
-        "full_attention", "mla_attention", "sink_full_attention"
-    };
-    size_t i;
-
-    for (i = 0; e->spec_kind && i < sizeof(kinds) / sizeof(kinds[0]); i++) {
-        if (strlen(kinds[i]) == e->spec_kind_len
-            && memcmp(kinds[i], e->spec_kind, e->spec_kind_len) == 0)
-        {
-            return 1;
-        }
-    }
-    return 0;
-}
-
 /* Drops other groups' events from b (so the sink sees what was applied);
  * returns how many. */
 static size_t keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
 {
-    size_t i, n = 0;
+    size_t i, kept = 0, dropped;
 
     for (i = 0; i < b->n_events && !p->group_set; i++) {
         if (b->events[i].kind == KV_VLLM_STORED && b->events[i].has_group
-            && holds_prefixes(&b->events[i]))
+            && kv_vllm_full_attention(&b->events[i]))
         {
             p->group_set = 1;
             p->group = b->events[i].group_idx;
@@ -410,11 +393,11 @@ static size_t keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
             p->st.other_groups++;
             continue;
         }
-        b->events[n++] = b->events[i];
+        b->events[kept++] = b->events[i];
     }
-    n = b->n_events - n;
-    b->n_events -= n;
-    return n;
+    dropped = b->n_events - kept;
+    b->n_events = kept;
+    return dropped;
 }
 
 /* Decodes and applies one message whose place in the sequence is right. */

@@ -118,6 +118,27 @@ static void stored(mp_t *m, uint64_t base, size_t n, int64_t parent, uint32_t t0
     if (lora_name) mp_str(m, lora_name);
 }
 
+/* ["BlockStored", [base..base+n-1], nil, [], bs, nil, medium, ...]: blocks
+ * without token ids (moved to another tier), nf fields with the tag; the
+ * caller writes those past medium. */
+static void tokenless(mp_t *m, uint32_t nf, uint64_t base, size_t n, uint32_t bs,
+                      const char *medium)
+{
+    size_t i;
+
+    mp_arr(m, nf);
+    mp_str(m, "BlockStored");
+    mp_arr(m, (uint32_t) n);
+    for (i = 0; i < n; i++) {
+        mp_uint(m, base + i);
+    }
+    mp_nil(m);
+    mp_arr(m, 0);
+    mp_uint(m, bs);
+    mp_nil(m);
+    mp_str(m, medium);
+}
+
 static void removed(mp_t *m, uint64_t base, size_t n, const char *medium)
 {
     size_t i;
@@ -272,15 +293,7 @@ TEST(decodes_stored_removed_cleared)
     CHECK(kv_vllm_lora_seed(&b.events[0]) != KV_HASH_SEED);
     /* offloaded blocks come without token ids */
     batch1(&m);
-    mp_arr(&m, 7);
-    mp_str(&m, "BlockStored");
-    mp_arr(&m, 1);
-    mp_uint(&m, 5);
-    mp_nil(&m);
-    mp_arr(&m, 0);
-    mp_uint(&m, 16);
-    mp_nil(&m);
-    mp_str(&m, "CPU");
+    tokenless(&m, 7, 5, 1, 16, "CPU");
     CHECK(dec(&b, &m) == 0);
     CHECK_EQ_U64(b.events[0].n_tokens, 0);
     CHECK(b.events[0].tokens == NULL);
@@ -488,15 +501,7 @@ TEST(decodes_short_arrays_and_maps)
 
     /* a hybrid model's array form: extra_keys, group_idx, the group's kind */
     batch1(&m);
-    mp_arr(&m, 11);
-    mp_str(&m, "BlockStored");
-    mp_arr(&m, 1);
-    mp_uint(&m, 1);
-    mp_nil(&m);
-    mp_arr(&m, 0);
-    mp_uint(&m, 16);
-    mp_nil(&m);
-    mp_str(&m, "GPU");
+    tokenless(&m, 11, 1, 1, 16, "GPU");
     mp_nil(&m);
     mp_nil(&m);
     mp_uint(&m, 3);
@@ -717,16 +722,7 @@ TEST(feed_tiers_lora_and_block_size)
     stored(&m, 100, 2, -1, 0, 4, -1, "GPU", NULL);
     feed(&r, 0, &m);
     batch1(&m);
-    mp_arr(&m, 7);
-    mp_str(&m, "BlockStored");
-    mp_arr(&m, 2);
-    mp_uint(&m, 100);
-    mp_uint(&m, 101);
-    mp_nil(&m);
-    mp_arr(&m, 0);
-    mp_uint(&m, 4);
-    mp_nil(&m);
-    mp_str(&m, "CPU");
+    tokenless(&m, 7, 100, 2, 4, "CPU");
     feed(&r, 1, &m);
     /* the GPU evicts it: the CPU copy still counts */
     batch1(&m);
@@ -740,15 +736,7 @@ TEST(feed_tiers_lora_and_block_size)
     CHECK_EQ_U64(matched(&r, 0, 2, 4, KV_HASH_SEED), 1);
     /* an offload of a block never indexed cannot be credited */
     batch1(&m);
-    mp_arr(&m, 7);
-    mp_str(&m, "BlockStored");
-    mp_arr(&m, 1);
-    mp_uint(&m, 999);
-    mp_nil(&m);
-    mp_arr(&m, 0);
-    mp_uint(&m, 4);
-    mp_nil(&m);
-    mp_str(&m, "DISK");
+    tokenless(&m, 7, 999, 1, 4, "DISK");
     feed(&r, 4, &m);
     kv_zmq_pub_stats(r.z, 0, &st);
     CHECK_EQ_U64(st.unresolved, 1);

@@ -316,6 +316,25 @@ static size_t middle_line(const char *text, size_t len)
     return nl ? (size_t) (nl - text) + 1 : len / 2;
 }
 
+/* The best of 5 held-out passes, each on a new thread (one pass over half
+ * the file is short enough for a shared machine to disturb): -1 if a
+ * thread cannot start. */
+static int held_out_best(held_out_t *h, double *el, double *cpu)
+{
+    pthread_t th;
+    int       i;
+
+    h->split = middle_line(h->text, h->len);
+    for (i = 0; i < 5; i++) {
+        if (pthread_create(&th, NULL, held_out, h) != 0 || pthread_join(th, NULL) != 0) {
+            return -1;
+        }
+        *el = i == 0 || h->el < *el ? h->el : *el;
+        *cpu = i == 0 || h->cpu < *cpu ? h->cpu : *cpu;
+    }
+    return 0;
+}
+
 static int cmd_bench(const opts_t *o, const char *file)
 {
     FILE    *f = fopen(file, "rb");
@@ -324,10 +343,8 @@ static int cmd_bench(const opts_t *o, const char *file)
     double   t0, el, best = 1e9, cpu, best_cpu = 1e9, cold = 0, cold_cpu = 0;
     kv_ids_t ids = { 0 };
     kv_tok_work_t w;
-    held_out_t h;
-    pthread_t  th;
+    held_out_t h = { o, NULL, 0, 0, 0, 0 };
     double     held_el = 0, held_cpu = 0;
-    int        i;
 
     if (f == NULL) {
         fprintf(stderr, "kvtok: cannot open %s\n", file);
@@ -354,19 +371,13 @@ static int cmd_bench(const opts_t *o, const char *file)
         tokens = ids.n;
     }
     kv_tokenizer_work(&w, 1);       /* of the last pass: the same every pass */
-    /* the best of 5 held-out passes, each on a new thread: one pass over
-     * half the file is short enough for a shared machine to disturb */
-    h.o = o;
     h.text = text;
     h.len = len;
-    h.split = middle_line(text, len);
-    for (i = 0; i < 5; i++) {
-        if (pthread_create(&th, NULL, held_out, &h) != 0 || pthread_join(th, NULL) != 0) {
-            fprintf(stderr, "kvtok: cannot start a held-out pass's thread\n");
-            return 1;
-        }
-        held_el = i == 0 || h.el < held_el ? h.el : held_el;
-        held_cpu = i == 0 || h.cpu < held_cpu ? h.cpu : held_cpu;
+    if (held_out_best(&h, &held_el, &held_cpu) != 0) {
+        fprintf(stderr, "kvtok: cannot start a held-out pass's thread\n");
+        kv_ids_free(&ids);
+        free(text);
+        return 1;
     }
     printf("{\"bytes\":%zu,\"tokens\":%zu,\"seconds\":%.6f,\"mb_per_s\":%.2f,"
            "\"tokens_per_s\":%.0f,\"cpu_seconds\":%.6f,\"cpu_mb_per_s\":%.2f,"
