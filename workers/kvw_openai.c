@@ -1,6 +1,7 @@
 #include "kvw_openai.h"
 #include "kvw_text.h"
 #include "kv_unicode.h"
+#include "kv_chat_request.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -157,7 +158,7 @@ static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *
                                    "Missing required parameter: 'messages'.");
         if (!json_is_array(msgs) || json_array_size(msgs) == 0)
             return bad_type(e, "messages", "a non-empty array");
-        if (tx->render(tx->ctx, msgs, &text, &len, err, sizeof(err)))
+        if (tx->render(tx->ctx, root, &text, &len, err, sizeof(err)))
             return kvw_openai_fail(e, 400, "invalid_request_error", "messages",
                                    "invalid_value", "%s", err);
         r->n_prompts = 1;
@@ -184,8 +185,9 @@ static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *
         if (text == NULL)
             return no_memory(e);
     }
-    long n = (chat && tx->tokenize_chat ? tx->tokenize_chat : tx->tokenize)(tx->ctx, text, len,
-                                                                         &r->prompt);
+    /* a chat's add_special_tokens: the tokenizer adds its own, as for a prompt */
+    int plain = !chat || !tx->tokenize_chat || kv_chat_request_add_special(root);
+    long n = (plain ? tx->tokenize : tx->tokenize_chat)(tx->ctx, text, len, &r->prompt);
     free(text);
     if (n < 0)
         return bad_value(e, chat ? "messages" : "prompt", "text the tokenizer accepts");

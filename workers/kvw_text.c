@@ -48,11 +48,11 @@ int kvw_text_append(char **buf, size_t *len, size_t *cap, const char *s, size_t 
 }
 
 /* Plain rendering used until chat templates are wired: "role: content\n". */
-int kvw_plain_render(void *ctx, json_t *msgs, char **out, size_t *outlen,
+int kvw_plain_render(void *ctx, json_t *req, char **out, size_t *outlen,
                      char *err, size_t errlen)
 {
     size_t len = 0, cap = 0, i;
-    json_t *m;
+    json_t *m, *msgs = json_object_get(req, "messages");
     char *buf = NULL;
 
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)

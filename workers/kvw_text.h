@@ -18,8 +18,10 @@
 typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
                                 uint32_t **ids);
 
-/* Renders a chat "messages" array into prompt text (malloc'd); -1 with err. */
-typedef int (*kvw_render_fn)(void *ctx, json_t *messages, char **text, size_t *len,
+/* Renders a chat request (the body's object: its "messages", and the tools,
+ * template kwargs and flags the engine renders too) into prompt text
+ * (malloc'd); -1 with err. */
+typedef int (*kvw_render_fn)(void *ctx, json_t *req, char **text, size_t *len,
                              char *err, size_t errlen);
 
 /* The bytes of one token into buf (cap bytes); returns the length. */
@@ -55,7 +57,7 @@ int kvw_text_append(char **buf, size_t *len, size_t *cap, const char *s, size_t 
 const kvw_text_t *kvw_text_bytes(void);
 
 long   kvw_bytes_tokenize(void *ctx, const char *text, size_t len, uint32_t **ids);
-int    kvw_plain_render(void *ctx, json_t *messages, char **text, size_t *len,
+int    kvw_plain_render(void *ctx, json_t *req, char **text, size_t *len,
                         char *err, size_t errlen);
 size_t kvw_bytes_detok(void *ctx, uint32_t token, char *buf, size_t cap);
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_chat.h"
+#include "kv_chat_request.h"
 #include "kv_request.h"
 #include "kv_tokenizer.h"
 #include "kvw_text.h"
@@ -48,15 +49,15 @@ static long tokenize_chat(void *ctx, const char *text, size_t len, uint32_t **id
     return encode(ctx, text, len, KV_REQUEST_CHAT, ids);
 }
 
-static int render(void *ctx, json_t *messages, char **text, size_t *len, char *err,
+static int render(void *ctx, json_t *req, char **text, size_t *len, char *err,
                   size_t errlen)
 {
     hf_text_t *h = ctx;
 
     if (h->tpl == NULL) {
-        return kvw_plain_render(NULL, messages, text, len, err, errlen);
+        return kvw_plain_render(NULL, req, text, len, err, errlen);
     }
-    *text = kv_request_render(h->tpl, messages, len, err, errlen);
+    *text = kv_chat_render_request_json(h->tpl, req, kv_chat_now(), len, err, errlen);
     return *text ? 0 : -1;
 }
 

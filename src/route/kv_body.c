@@ -371,6 +371,28 @@ static int scan_long(scan_t *s, long *out)
     return 0;
 }
 
+/* A member's raw JSON (the last one wins, as in Python); null: absent. */
+static int scan_span(scan_t *s, const char **span, size_t *len)
+{
+    const char *start = s->p;
+
+    if (skip_value(s, 1) != 0) {
+        return -1;
+    }
+    *span = *start == 'n' ? NULL : start;
+    *len = *start == 'n' ? 0 : (size_t) (s->p - start);
+    return 0;
+}
+
+/* A boolean member; any other type leaves the default (the engine refuses it). */
+static int scan_flag(scan_t *s, int *flag)
+{
+    if (s->p < s->end && (*s->p == 't' || *s->p == 'f')) {
+        *flag = *s->p == 't';
+    }
+    return skip_value(s, 1);
+}
+
 static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 {
     char   *str;
@@ -392,6 +414,19 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
         b->messages = start;
         b->messages_len = (size_t) (s->p - start);
         return 0;
+    }
+    if (KEY("tools") || KEY("documents") || KEY("chat_template_kwargs")) {
+        return scan_span(s, KEY("tools") ? &b->tools : KEY("documents") ? &b->documents
+                                                                        : &b->chat_kwargs,
+                         KEY("tools") ? &b->tools_len : KEY("documents") ? &b->documents_len
+                                                                         : &b->chat_kwargs_len);
+    }
+    if (KEY("add_generation_prompt") || KEY("continue_final_message")
+        || KEY("add_special_tokens"))
+    {
+        return scan_flag(s, KEY("add_generation_prompt") ? &b->add_generation_prompt
+                            : KEY("continue_final_message") ? &b->continue_final_message
+                                                            : &b->add_special_tokens);
     }
     if (KEY("model") && s->p < s->end && *s->p == '"') {
         if (scan_string(s, &str, &n) != 0) {
@@ -442,6 +477,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
 
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
+    b->add_generation_prompt = 1;
     kv_jscan_init_err(&s, buf, len, err, errlen);
 
     if (kv_jscan_peek(&s) != '{') {

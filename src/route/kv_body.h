@@ -34,6 +34,17 @@ typedef struct {
     size_t          n_ids;
     const char     *messages;       /* points into the caller's buffer */
     size_t          messages_len;
+    /* more of a chat request that the engine renders (kv_chat_request.h):
+     * raw JSON spans into the caller's buffer, NULL when absent or null */
+    const char     *tools;
+    size_t          tools_len;
+    const char     *documents;
+    size_t          documents_len;
+    const char     *chat_kwargs;    /* `chat_template_kwargs` */
+    size_t          chat_kwargs_len;
+    int             add_generation_prompt;  /* 1 unless `false` */
+    int             continue_final_message;
+    int             add_special_tokens;
     char            model[128];     /* "" when absent; truncated names are refused */
     char           *salt;           /* `cache_salt` or NULL (owned) */
     size_t          salt_len;

@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include "kv_body.h"
+#include "kv_chat_request.h"
 #include "kv_clock.h"
 #include "kv_hash.h"
 #include "kv_prompt.h"
@@ -59,37 +60,36 @@ static kv_prompt_status_t encode(const kv_prompt_config_t *cfg, const char *text
     return KV_PROMPT_OK;
 }
 
-/* messages -> prompt text -> ids, as the engines render chat requests. */
+/* messages (and the rest of a chat request) -> prompt text -> ids, as the
+ * engines render chat requests. */
 static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_t *b,
                                    kv_ids_t *ids, kv_prompt_t *out)
 {
-    json_error_t        jerr;
-    json_t             *msgs;
+    kv_chat_request_t   r;
     char               *text, err[160];
     size_t              len;
     kv_prompt_status_t  st;
 
-    int                 unsupported;
-
     if (cfg->chat == NULL) {
         return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
     }
-    /* what kv_request_render renders, without jansson's slow parse when
-     * the JSON allows (a long conversation parses in a tenth of the time) */
-    text = kv_chat_render_json(cfg->chat, b->messages, b->messages_len, 1, kv_chat_now(), &len,
-                               err, sizeof(err), &unsupported);
-    if (text == NULL && unsupported) {
-        msgs = json_loadb(b->messages, b->messages_len, 0, &jerr);
-        if (msgs == NULL) {
-            return fail(out, KV_PROMPT_PARSE, jerr.text);
-        }
-        text = kv_request_render(cfg->chat, msgs, &len, err, sizeof(err));
-        json_decref(msgs);
-    }
+    r.messages = b->messages;
+    r.messages_len = b->messages_len;
+    r.tools = b->tools;
+    r.tools_len = b->tools_len;
+    r.documents = b->documents;
+    r.documents_len = b->documents_len;
+    r.kwargs = b->chat_kwargs;
+    r.kwargs_len = b->chat_kwargs_len;
+    r.add_generation_prompt = b->add_generation_prompt;
+    r.continue_final_message = b->continue_final_message;
+    text = kv_chat_render_request(cfg->chat, &r, kv_chat_now(), &len, err, sizeof(err));
     if (text == NULL) {
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }
-    st = encode(cfg, text, len, KV_REQUEST_CHAT, ids, out);
+    /* add_special_tokens: the tokenizer adds its own (a second BOS, say) */
+    st = encode(cfg, text, len, b->add_special_tokens ? KV_REQUEST_COMPLETION : KV_REQUEST_CHAT,
+                ids, out);
     free(text);
     return st;
 }

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "kv_chat.h"
+#include "kv_chat_int.h"
 #include "kv_jinja.h"
 #include "kv_jscan.h"
 #include "kv_tree.h"
@@ -239,7 +240,7 @@ void kv_chat_free(kv_chat_template_t *t)
 }
 
 /* vLLM's "string" content format: text parts joined with "\n". */
-static jj_value join_text_parts(jj_arena *a, jj_value parts)
+jj_value kv_chat_join_parts(jj_arena *a, jj_value parts)
 {
     jj_buf b = {0};
     int first = 1;
@@ -277,7 +278,7 @@ static void normalise_content(jj_arena *a, jj_value msgs)
             continue;
         for (size_t k = 0; k < m.u.dict->n; k++)
             if (jv_is_str(m.u.dict->keys[k], "content") && m.u.dict->vals[k].kind == JV_LIST)
-                m.u.dict->vals[k] = join_text_parts(a, m.u.dict->vals[k]);
+                m.u.dict->vals[k] = kv_chat_join_parts(a, m.u.dict->vals[k]);
     }
 }
 
@@ -287,12 +288,17 @@ static int reserved(const char *k)
            || !strcmp(k, "add_generation_prompt");
 }
 
-/* Renders with messages and tools already converted into a's values. */
-static char *render_values(const kv_chat_template_t *t, jj_arena *a, jj_value msgs,
-                           jj_value tools, int add_generation_prompt, const json_t *kwargs,
-                           long long now, size_t *len, char *err, size_t errlen)
+int kv_chat_content_parts(const kv_chat_template_t *t)
 {
-    size_t nkw = kwargs && json_is_object(kwargs) ? json_object_size(kwargs) : 0;
+    return t->content_parts;
+}
+
+char *kv_chat_render_values(const kv_chat_template_t *t, jj_arena *a, jj_value msgs,
+                            jj_value tools, jj_value documents, jj_value kwargs,
+                            int add_generation_prompt, long long now, size_t *len, char *err,
+                            size_t errlen)
+{
+    size_t nkw = kwargs.kind == JV_DICT ? kwargs.u.dict->n : 0;
     jj_var *vars = jj_alloc(a, (4 + TOK_N + nkw) * sizeof *vars);
     size_t n = 0;
     if (!vars) {
@@ -304,16 +310,16 @@ static char *render_values(const kv_chat_template_t *t, jj_arena *a, jj_value ms
         normalise_content(a, msgs);
     vars[n++] = (jj_var){"messages", msgs};
     vars[n++] = (jj_var){"tools", tools};
-    vars[n++] = (jj_var){"documents", jv_none()};
+    vars[n++] = (jj_var){"documents", documents};
     vars[n++] = (jj_var){"add_generation_prompt", jv_bool(add_generation_prompt)};
     for (int i = 0; i < TOK_N; i++)
         if (t->tokens[i])
             vars[n++] = (jj_var){tok_names[i], jv_cstr(t->tokens[i])};
-    if (nkw) { /* later entries win: kwargs override special tokens, never the fixed four */
-        const char *k;
-        json_t *v;
-        json_object_foreach((json_t *)kwargs, k, v) if (!reserved(k)) vars[n++] =
-            (jj_var){k, jv_from_json(a, v)};
+    /* later entries win: kwargs override special tokens, never the fixed four */
+    for (size_t i = 0; i < nkw; i++) {
+        jj_value k = kwargs.u.dict->keys[i];
+        if (k.kind == JV_STR && !memchr(k.u.str.s, 0, k.u.str.n) && !reserved(k.u.str.s))
+            vars[n++] = (jj_var){k.u.str.s, kwargs.u.dict->vals[i]};
     }
     jj_buf out = {0};
     int rc = jj_render(t->tpl, a, vars, n, now, &out, err, errlen);
@@ -353,11 +359,13 @@ char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages, con
     jj_arena a = {0};
     jj_value msgs = jv_from_json(&a, messages);
     jj_value tv = tools && !json_is_null(tools) ? jv_from_json(&a, tools) : jv_none();
-    return render_values(t, &a, msgs, tv, add_generation_prompt, kwargs, now, len, err, errlen);
+    jj_value kv = kwargs && json_is_object(kwargs) ? jv_from_json(&a, kwargs) : jv_none();
+    return kv_chat_render_values(t, &a, msgs, tv, jv_none(), kv, add_generation_prompt, now, len,
+                                 err, errlen);
 }
 
 /*
- * messages straight from the request's JSON text (kv_tree), without
+ * A request's members straight from its JSON text (kv_tree), without
  * jansson, whose parse of a long conversation costs ten times the render:
  * the values built are exactly the ones jansson + jv_from_json would give,
  * for the JSON this accepts. Anything else is left to jansson (return 1):
@@ -486,39 +494,30 @@ static int jv_from_tree(jj_arena *a, const kv_tree_t *tr, uint32_t node, jj_valu
     }
 }
 
-char *kv_chat_render_json(const kv_chat_template_t *t, const char *json, size_t json_len,
-                          int add_generation_prompt, long long now, size_t *len, char *err,
-                          size_t errlen, int *unsupported)
+int kv_chat_parse_value(jj_arena *a, const char *json, size_t len, jj_value *out,
+                        json_t **held, char *err, size_t errlen)
 {
     kv_tree_t tr = {0};
-    jj_arena a = {0};
-    jj_value msgs;
-    char dummy[8];
-    int rc;
+    json_error_t jerr;
+    int rc = 1;
 
-    if (!err) {
-        err = dummy;
-        errlen = sizeof dummy;
-    }
-    *unsupported = 1;
-    if (!t || kv_tree_json(&tr, json, json_len, err, errlen) != 0 || tr.n == 0
-        || tr.nodes[0].type != KV_T_ARR) {
-        kv_tree_free(&tr);
-        return NULL;
-    }
-    rc = jv_from_tree(&a, &tr, 0, &msgs);
+    *held = NULL;
+    if (kv_tree_json(&tr, json, len, err, errlen) == 0 && tr.n > 0)
+        rc = jv_from_tree(a, &tr, 0, out);
     kv_tree_free(&tr);
-    if (rc != 0) {
-        jj_arena_free(&a);
-        if (rc < 0) {
-            *unsupported = 0;
-            snprintf(err, errlen, "out of memory");
-        }
-        return NULL;
+    if (rc == 0)
+        return 0;
+    if (rc < 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
     }
-    *unsupported = 0;
-    return render_values(t, &a, msgs, jv_none(), add_generation_prompt, NULL, now, len, err,
-                         errlen);
+    *held = json_loadb(json, len, JSON_DECODE_ANY, &jerr);
+    if (*held == NULL) {
+        snprintf(err, errlen, "%s", jerr.text);
+        return -1;
+    }
+    *out = jv_from_json(a, *held);
+    return 0;
 }
 
 char *kv_chat_render_at(const kv_chat_template_t *t, const json_t *messages, const json_t *tools,

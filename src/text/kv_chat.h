@@ -56,18 +56,7 @@ char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages,
                         const json_t *kwargs, long long now,
                         size_t *len, char *err, size_t errlen);
 
-/*
- * Renders messages given as JSON text (a JSON array) without tools or
- * kwargs, as kv_chat_render_at would on the same array parsed by jansson,
- * but without jansson's slow parse. Sets *unsupported (and returns NULL)
- * when the text holds JSON this path leaves to jansson (see kv_chat.c):
- * the caller then parses it with jansson and calls kv_chat_render_at.
- */
 /* The clock kv_chat_render uses: time(NULL), or $KV_CHAT_NOW when set. */
 long long kv_chat_now(void);
-
-char *kv_chat_render_json(const kv_chat_template_t *t, const char *json, size_t json_len,
-                          int add_generation_prompt, long long now, size_t *len, char *err,
-                          size_t errlen, int *unsupported);
 
 #endif

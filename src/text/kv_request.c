@@ -2,12 +2,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kv_chat_request.h"
 #include "kv_request.h"
 
-char *kv_request_render(const kv_chat_template_t *tpl, const json_t *messages, size_t *len,
+char *kv_request_render(const kv_chat_template_t *tpl, const json_t *chat, size_t *len,
                         char *err, size_t errlen)
 {
-    return kv_chat_render(tpl, messages, NULL, 1, len, err, errlen);
+    json_t *req;
+    char   *text;
+
+    if (!json_is_array(chat)) {
+        return kv_chat_render_request_json(tpl, chat, kv_chat_now(), len, err, errlen);
+    }
+    req = json_pack("{sO}", "messages", chat);
+    if (req == NULL) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    text = kv_chat_render_request_json(tpl, req, kv_chat_now(), len, err, errlen);
+    json_decref(req);
+    return text;
 }
 
 long kv_request_encode(const kv_tokenizer_t *tok, kv_request_kind_t kind, const char *text,
@@ -17,13 +31,13 @@ long kv_request_encode(const kv_tokenizer_t *tok, kv_request_kind_t kind, const 
 }
 
 kv_request_status_t kv_request_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
-                                   const char *text, size_t len, const json_t *messages,
+                                   const char *text, size_t len, const json_t *chat,
                                    kv_ids_t *ids, char *err, size_t errlen)
 {
     char *rendered;
     long  n;
 
-    if (messages == NULL) {
+    if (chat == NULL) {
         return kv_request_encode(tok, KV_REQUEST_COMPLETION, text, len, ids) < 0
                ? KV_REQUEST_NO_MEMORY : KV_REQUEST_OK;
     }
@@ -31,11 +45,13 @@ kv_request_status_t kv_request_ids(const kv_tokenizer_t *tok, const kv_chat_temp
         snprintf(err, errlen, "no chat template configured");
         return KV_REQUEST_NO_TEMPLATE;
     }
-    rendered = kv_request_render(tpl, messages, &len, err, errlen);
+    rendered = kv_request_render(tpl, chat, &len, err, errlen);
     if (rendered == NULL) {
         return KV_REQUEST_TEMPLATE;
     }
-    n = kv_request_encode(tok, KV_REQUEST_CHAT, rendered, len, ids);
+    n = kv_request_encode(tok, kv_chat_request_add_special(chat) ? KV_REQUEST_COMPLETION
+                                                                  : KV_REQUEST_CHAT,
+                          rendered, len, ids);
     free(rendered);
     return n < 0 ? KV_REQUEST_NO_MEMORY : KV_REQUEST_OK;
 }

@@ -33,17 +33,20 @@ typedef enum {
     KV_REQUEST_NO_MEMORY
 } kv_request_status_t;
 
-/* A chat's messages to prompt text (malloc'ed), or NULL with err. */
-char *kv_request_render(const kv_chat_template_t *tpl, const json_t *messages, size_t *len,
+/* A chat to prompt text (malloc'ed), or NULL with err: chat is the request
+ * object (its messages, tools, kwargs, ..., kv_chat_request.h) or a bare
+ * messages array. */
+char *kv_request_render(const kv_chat_template_t *tpl, const json_t *chat, size_t *len,
                         char *err, size_t errlen);
 
 /* Prompt text of the given kind to ids (appended to ids); -1: no memory. */
 long kv_request_encode(const kv_tokenizer_t *tok, kv_request_kind_t kind, const char *text,
                        size_t len, kv_ids_t *ids);
 
-/* Both steps: messages != NULL is a chat (text unused), else a completion. */
+/* Both steps: chat != NULL is a chat (text unused; as for
+ * kv_request_render), else a completion. */
 kv_request_status_t kv_request_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
-                                   const char *text, size_t len, const json_t *messages,
+                                   const char *text, size_t len, const json_t *chat,
                                    kv_ids_t *ids, char *err, size_t errlen);
 
 #endif

@@ -86,6 +86,56 @@ def test_chat_prefix_found_by_router(stack):
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * int(h["x-kvroute-overlap"])
 
 
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup_policy_%d" % i,
+    "description": "Look up clause %d of an insurance policy by its number and holder." % i,
+    "parameters": {"type": "object", "required": ["policy"],
+                   "properties": {"policy": {"type": "string", "description": "policy number"},
+                                  "holder": {"type": "string"}, "limit": {"type": "number", "default": 2.5}}}}}
+    for i in range(12)]
+
+
+def agent_body(turns):
+    msgs = [{"role": "system", "content": "You handle claims."},
+            {"role": "user", "content": "Check policy 4411 for water damage."}]
+    if turns > 1:
+        # a call as the client echoes it back: compact JSON text that the
+        # engine parses before the template prints it
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "call_1", "type": "function", "function": {
+                         "name": "lookup_policy_3", "arguments": "{\"policy\":\"4411\",\"limit\":3}"}}]},
+                 {"role": "tool", "tool_call_id": "call_1", "content": "Clause 3 covers water damage."},
+                 {"role": "user", "content": "And fire?"}]
+    if turns > 2:
+        msgs += [{"role": "assistant", "content": "Fire is covered by clause 5."},
+                 {"role": "user", "content": "Thanks, file it."}]
+    return {"model": "kvroute-mock", "max_tokens": 2, "tools": TOOLS, "tool_choice": "auto",
+            "messages": msgs}
+
+
+def test_agent_turns_with_tools_found_by_router(stack):
+    """Tools render after the system prompt and calls' arguments are parsed
+    (as vLLM does) on both sides, so an agent's next turn finds every block
+    of the last one."""
+    ng, (a, b) = setup(stack)
+    s, _, body, _ = kvt.post_json(a, "/v1/chat/completions", agent_body(1))
+    assert s == 200, body
+    first = body["usage"]["prompt_tokens"]
+    assert first > 700                  # the tool schemas are in the prompt
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= first // 16,
+                   what="first turn indexed")
+    last = first
+    for turns in (2, 3):
+        s, h, body, _ = kvt.post_json(ng.port, "/v1/chat/completions", agent_body(turns))
+        assert s == 200, body
+        assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+        assert int(h["x-kvroute-overlap"]) >= last // 16 - 1
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * int(h["x-kvroute-overlap"])
+        last = body["usage"]["prompt_tokens"]
+        kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= last // 16,
+                       what="turn %d indexed" % turns)
+
+
 def test_text_prompt_prefix_found_by_router(stack):
     ng, (a, b) = setup(stack)
     doc = "Clause %d: the insured shall notify the insurer within thirty days. " * 1

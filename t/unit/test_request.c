@@ -29,6 +29,22 @@ static const char *chat =
     "{\"role\":\"system\",\"content\":\"You answer in one line.\"},"
     "{\"role\":\"user\",\"content\":\"Which worker holds my prefix? Caf\\u00e9.\"}]}";
 
+/* an agent's turn: tools, a call with JSON-text arguments, a tool result,
+ * template kwargs; and the same asking for the tokenizer's special tokens */
+static const char *agent =
+    "{\"model\":\"m\",\"max_tokens\":4,\"tool_choice\":\"auto\","
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"lookup\","
+    "\"description\":\"Find a policy.\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"id\":{\"type\":\"string\"},\"w\":{\"type\":\"number\",\"default\":0.5}}}}}],"
+    "\"chat_template_kwargs\":{\"enable_thinking\":false},"
+    "\"messages\":[{\"role\":\"user\",\"content\":\"Find 44.\"},"
+    "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\","
+    "\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{\\\"id\\\":\\\"44\\\"}\"}}]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"found\"}]}";
+
+static const char *agent_special =
+    "{\"add_special_tokens\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+
 /* 1 when both paths give the same ids (compared through their hashes). */
 static int same_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
                     const kvw_text_t *tx, const char *body, int is_chat)
@@ -58,7 +74,7 @@ static int same_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
 
 TEST(router_and_worker_agree_on_every_shipped_pair)
 {
-    int completions = 0, chats = 0;
+    int completions = 0, chats = 0, agents = 0;
 
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char tok_path[256], tpl_path[256], err[512];
@@ -88,14 +104,20 @@ TEST(router_and_worker_agree_on_every_shipped_pair)
                 fprintf(stderr, "  %s: chat ids differ\n", names[i]);
             else
                 chats++;
+            if (!same_ids(tok, tpl, tx, agent, 1) || !same_ids(tok, tpl, tx, agent_special, 1))
+                fprintf(stderr, "  %s: agent ids differ\n", names[i]);
+            else
+                agents++;
             kv_chat_free(tpl);
         }
         kv_tokenizer_free(tok);
         kvw_text_free(tx);
     }
-    fprintf(stderr, "  %d completions, %d chats agree\n", completions, chats);
+    fprintf(stderr, "  %d completions, %d chats, %d agent turns agree\n", completions, chats,
+            agents);
     CHECK(completions >= 4);
     CHECK(chats >= 3);
+    CHECK(agents == chats);
 }
 
 int main(void)

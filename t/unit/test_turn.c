@@ -232,104 +232,6 @@ TEST(every_template_and_tokenizer_equals_full_tokenization)
     json_decref(index);
 }
 
-/* kv_chat_render_json (the request path's render without jansson) renders
- * exactly what kv_chat_render_at renders from jansson's parse. */
-static void render_json_case(const kv_chat_template_t *tpl, const json_t *msgs, int agp,
-                             size_t flags, int *n)
-{
-    char   err1[256], err2[256], *want, *got, *js = json_dumps(msgs, flags | JSON_COMPACT);
-    size_t wl = 0, gl = 0;
-    int    unsupported;
-
-    want = kv_chat_render_at(tpl, msgs, NULL, agp, 1721995200, &wl, err1, sizeof(err1));
-    got = kv_chat_render_json(tpl, js, strlen(js), agp, 1721995200, &gl, err2, sizeof(err2),
-                              &unsupported);
-    if (!unsupported) {
-        CHECK((want == NULL) == (got == NULL));
-        CHECK(want == NULL || (wl == gl && memcmp(want, got, wl) == 0));
-        if (want == NULL && got == NULL) {
-            CHECK_STR(err2, err1);
-        }
-        (*n)++;
-    }
-    free(want);
-    free(got);
-    free(js);
-}
-
-TEST(render_from_json_text_equals_jansson_render)
-{
-    json_error_t jerr;
-    json_t      *index = json_load_file("t/data/chat/index.json", 0, &jerr), *e;
-    char         err[256], path[256], line[1 << 16];
-    size_t       k;
-    int          n = 0, unsupported;
-
-    json_array_foreach(json_object_get(index, "templates"), k, e) {
-        kv_chat_template_t *tpl = kv_chat_load(json_string_value(json_object_get(e, "config")),
-                                               NULL, err, sizeof(err));
-        FILE               *fp;
-
-        snprintf(path, sizeof(path), "t/data/chat/%s.jsonl", json_string_value(
-                 json_object_get(e, "name")));
-        fp = fopen(path, "r");
-        while (tpl && fp && fgets(line, sizeof(line), fp)) {
-            json_t *d = json_loads(line, 0, &jerr);
-
-            if (d && json_is_null(json_object_get(d, "tools"))
-                && json_object_get(d, "kwargs") == NULL)
-            {
-                int agp = json_is_true(json_object_get(d, "add_generation_prompt"));
-
-                render_json_case(tpl, json_object_get(d, "messages"), agp, 0, &n);
-                render_json_case(tpl, json_object_get(d, "messages"), agp, JSON_ENSURE_ASCII, &n);
-            }
-            json_decref(d);
-        }
-        if (fp) {
-            fclose(fp);
-        }
-        kv_chat_free(tpl);
-    }
-    json_decref(index);
-    CHECK(n > 500);
-    /* what is left to jansson */
-    {
-        static const char *left[] = {
-            "[{\"role\":\"user\",\"content\":\"a\",\"content\":\"b\"}]",     /* duplicate */
-            "[{\"role\":\"user\",\"content\":\"\\ud800x\"}]",                /* lone surrogate */
-            "[{\"role\":\"user\",\"content\":\"\\udc00\"}]",
-            "[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]",               /* NUL */
-            "[{\"role\":\"user\",\"content\":\"x\",\"n\":1.5}]",              /* float */
-            "[{\"role\":\"user\",\"content\":\"x\",\"n\":9223372036854775808}]",
-            "[{\"role\":\"user\",\"content\":\"\xff\"}]",                     /* bad UTF-8 */
-            "{\"role\":\"user\"}",                                            /* not a list */
-        };
-        kv_chat_template_t *tpl = kv_chat_load(
-            "conf/tokenizers/qwen2.5-instruct/tokenizer_config.json", NULL, err, sizeof(err));
-        size_t              len;
-        char               *t;
-
-        for (k = 0; k < sizeof(left) / sizeof(left[0]); k++) {
-            t = kv_chat_render_json(tpl, left[k], strlen(left[k]), 1, 0, &len, err, sizeof(err),
-                                    &unsupported);
-            CHECK(t == NULL && unsupported);
-            free(t);
-        }
-        /* a surrogate pair and escapes are taken, as jansson takes them */
-        {
-            static const char *pair =
-                "[{\"role\":\"user\",\"content\":\"\\ud83d\\ude00 \\u00e9\\n\\\"\"}]";
-
-            t = kv_chat_render_json(tpl, pair, strlen(pair), 1, 0, &len, err, sizeof(err),
-                                    &unsupported);
-        }
-        CHECK(t != NULL && strstr(t, "\xf0\x9f\x98\x80 \xc3\xa9\n\"") != NULL);
-        free(t);
-        kv_chat_free(tpl);
-    }
-}
-
 /* The tokenizer fixture strings, one a line. */
 static char **fixture_texts(const char *name, size_t *n)
 {
@@ -643,7 +545,6 @@ int main(void)
     RUN(cut_tokens_exclude_overlapping_added_tokens);
     RUN(every_template_and_tokenizer_equals_full_tokenization);
     RUN(completion_texts_joined_by_added_tokens_equal_full_tokenization);
-    RUN(render_from_json_text_equals_jansson_render);
     RUN(follow_up_turns_reuse_and_edited_history_misses);
     RUN(tcache_evicts_oldest_and_expires);
     RUN(two_processes_share_the_cache_exactly);

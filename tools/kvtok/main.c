@@ -3,6 +3,7 @@
  * line, on the same code the nginx module and kvworker use.
  *
  *   kvtok encode --tokenizer FILE [--no-special] [--chat [--template NAME|FILE]] [--jsonl]
+ *                (--chat: a messages array, or a whole chat request with its tools)
  *   kvtok decode --tokenizer FILE [--skip-special]
  *   kvtok hash --block-size N [--salt S]
  *   kvtok bench --tokenizer FILE TEXTFILE
@@ -124,7 +125,8 @@ static void print_ids(const kv_ids_t *ids)
     printf("]\n");
 }
 
-/* One input (text, or a messages array with --chat) to ids. */
+/* One input (text, or with --chat a messages array or a whole chat request
+ * with its tools and kwargs) to ids. */
 static int encode_one(const opts_t *o, const char *text, size_t len, json_t *messages)
 {
     kv_ids_t             ids = { 0 };
@@ -164,9 +166,9 @@ static int cmd_encode(const opts_t *o)
     if (!o->jsonl) {
         if (o->chat) {
             v = json_loadb(in, len, 0, &je);
-            if (!json_is_array(v)) {
-                fprintf(stderr, "kvtok: --chat wants a JSON array of messages on stdin: %s\n",
-                        v ? "not an array" : je.text);
+            if (!json_is_array(v) && !json_is_object(v)) {
+                fprintf(stderr, "kvtok: --chat wants a messages array or a chat request on "
+                        "stdin: %s\n", v ? "neither" : je.text);
                 return 1;
             }
             rc = encode_one(o, NULL, 0, v);
@@ -180,9 +182,9 @@ static int cmd_encode(const opts_t *o)
     for (line = strtok_r(in, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         lineno++;
         v = json_loads(line, JSON_DECODE_ANY, &je);
-        if (o->chat ? !json_is_array(v) : !json_is_string(v)) {
+        if (o->chat ? !json_is_array(v) && !json_is_object(v) : !json_is_string(v)) {
             fprintf(stderr, "kvtok: line %d: expected a JSON %s\n", lineno,
-                    o->chat ? "messages array" : "string");
+                    o->chat ? "messages array or chat request" : "string");
             json_decref(v);
             rc = 1;
             continue;

@@ -1,0 +1,55 @@
+/*
+ * libFuzzer target: a whole chat request body rendered as the router
+ * renders it (kv_body's spans, then kv_chat_render_request: tools, tool
+ * calls' JSON-text arguments, kwargs, documents, continue_final_message)
+ * and as kvworker does (jansson, kv_chat_render_request_json), by a
+ * template that prints all of it. A result or a clean error, never a
+ * crash, leak or hang.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_body.h"
+#include "kv_chat_request.h"
+
+static const char *const probe =
+    "{%- for m in messages -%}"
+    "{{ m.role }}:{{ m.content if m.content is string else m.content | tojson }}"
+    "{%- if m.tool_calls is defined %}{% for t in m.tool_calls %}"
+    "{{ t.function.name }}{{ t.function.arguments | tojson }}{% endfor %}{% endif -%}"
+    "{{ m.reasoning_content | default('') }}{{ m.tool_call_id | default('') }}\n"
+    "{%- endfor -%}"
+    "{%- if tools %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif -%}"
+    "{{ documents | tojson }}{{ enable_thinking | default('') }}"
+    "{%- if add_generation_prompt %}<gen>{% endif -%}";
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static kv_chat_template_t *t;
+    char                       err[256];
+    kv_body_t                  b;
+    size_t                     len;
+
+    if (t == NULL && (t = kv_chat_load_string(probe, NULL, NULL, err, sizeof err)) == NULL)
+        abort();
+    if (kv_body_parse(&b, (const char *) data, size, err, sizeof err) == 0
+        && b.kind == KV_BODY_MESSAGES)
+    {
+        kv_chat_request_t r = {
+            .messages = b.messages, .messages_len = b.messages_len,
+            .tools = b.tools, .tools_len = b.tools_len,
+            .documents = b.documents, .documents_len = b.documents_len,
+            .kwargs = b.chat_kwargs, .kwargs_len = b.chat_kwargs_len,
+            .add_generation_prompt = b.add_generation_prompt,
+            .continue_final_message = b.continue_final_message,
+        };
+        free(kv_chat_render_request(t, &r, 0, &len, err, sizeof err));
+    }
+    kv_body_free(&b);
+    json_t *req = json_loadb((const char *) data, size, 0, NULL);
+    if (req)
+        free(kv_chat_render_request_json(t, req, 0, &len, err, sizeof err));
+    json_decref(req);
+    return 0;
+}

@@ -1,0 +1,287 @@
+/*
+ * Whole chat requests render as vLLM renders them (t/data/chat/requests.jsonl,
+ * made by tools/gen-chat-request-fixtures.py): tools, tool calls with JSON
+ * text arguments, dropped and renamed message members, template kwargs,
+ * documents, add_generation_prompt and continue_final_message, on every
+ * shipped template. Checked on both sides that must agree: the router's
+ * (kv_body's spans of the raw body, then kv_chat_render_request) and
+ * kvworker's (the parsed body, kv_chat_render_request_json).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_body.h"
+#include "kv_chat_request.h"
+#include "kvtest.h"
+
+static long long fixture_now(void)
+{
+    json_t *idx = json_load_file("t/data/chat/index.json", 0, NULL);
+    long long now = idx ? json_integer_value(json_object_get(idx, "now")) : 0;
+    json_decref(idx);
+    return now;
+}
+
+/* The router's path: the body scanned in one pass, spans handed over. */
+static char *render_router(const kv_chat_template_t *t, const char *body, long long now,
+                           size_t *len, char *err, size_t errlen)
+{
+    kv_body_t b;
+    kv_chat_request_t r;
+    char *text;
+
+    if (kv_body_parse(&b, body, strlen(body), err, errlen) != 0)
+        return NULL;
+    r = (kv_chat_request_t){
+        .messages = b.messages, .messages_len = b.messages_len,
+        .tools = b.tools, .tools_len = b.tools_len,
+        .documents = b.documents, .documents_len = b.documents_len,
+        .kwargs = b.chat_kwargs, .kwargs_len = b.chat_kwargs_len,
+        .add_generation_prompt = b.add_generation_prompt,
+        .continue_final_message = b.continue_final_message,
+    };
+    text = kv_chat_render_request(t, &r, now, len, err, errlen);
+    kv_body_free(&b);
+    return text;
+}
+
+static char *render_worker(const kv_chat_template_t *t, const char *body, long long now,
+                           size_t *len, char *err, size_t errlen)
+{
+    json_t *req = json_loads(body, 0, NULL);
+    char *text = kv_chat_render_request_json(t, req, now, len, err, errlen);
+    json_decref(req);
+    return text;
+}
+
+typedef char *(*render_fn)(const kv_chat_template_t *, const char *, long long, size_t *,
+                           char *, size_t);
+
+static int check(render_fn fn, const char *side, const kv_chat_template_t *t, json_t *rec,
+                 long long now)
+{
+    const char *body = json_string_value(json_object_get(rec, "body"));
+    const char *want = json_string_value(json_object_get(rec, "output"));
+    const char *name = json_string_value(json_object_get(rec, "template"));
+    const char *c = json_string_value(json_object_get(rec, "case"));
+    char err[512] = "";
+    size_t len = 0;
+    char *got = fn(t, body, now, &len, err, sizeof err);
+    int ok = want ? got && len == strlen(want) && !memcmp(got, want, len) : got == NULL;
+
+    if (!ok)
+        fprintf(stderr, "  %s %s/%s:\n    want: %s\n    got:  %s\n", side, name, c,
+                want ? want : "an error", got ? got : err);
+    free(got);
+    return ok;
+}
+
+static kv_chat_template_t *load(const char *name)
+{
+    json_t *idx = json_load_file("t/data/chat/index.json", 0, NULL), *e;
+    kv_chat_template_t *t = NULL;
+    size_t i;
+    char err[256];
+
+    json_array_foreach(json_object_get(idx, "templates"), i, e)
+        if (!strcmp(json_string_value(json_object_get(e, "name")), name))
+            t = kv_chat_load(json_string_value(json_object_get(e, "config")), NULL, err,
+                             sizeof err);
+    json_decref(idx);
+    return t;
+}
+
+TEST(requests_as_vllm_renders_them)
+{
+    FILE *f = fopen("t/data/chat/requests.jsonl", "r");
+    char *line = NULL, name[128] = "";
+    size_t cap = 0, total = 0, passed = 0;
+    kv_chat_template_t *t = NULL;
+    long long now = fixture_now();
+
+    CHECK(f != NULL);
+    while (f && getline(&line, &cap, f) > 0) {
+        json_t *rec = json_loads(line, 0, NULL);
+        const char *tn = json_string_value(json_object_get(rec, "template"));
+        CHECK(tn != NULL);
+        if (tn == NULL) {
+            json_decref(rec);
+            continue;
+        }
+        if (strcmp(tn, name) != 0) {
+            kv_chat_free(t);
+            t = load(tn);
+            snprintf(name, sizeof name, "%s", tn);
+            CHECK(t != NULL);
+        }
+        total++;
+        if (t && check(render_router, "router", t, rec, now)
+            && check(render_worker, "worker", t, rec, now))
+            passed++;
+        json_decref(rec);
+    }
+    kv_chat_free(t);
+    free(line);
+    if (f)
+        fclose(f);
+    fprintf(stderr, "  %zu of %zu requests as vLLM renders them\n", passed, total);
+    CHECK(total > 200);
+    CHECK(passed == total);
+}
+
+/* One request on both paths; 1 if they agree (text and error alike). */
+static int paths_agree(const kv_chat_template_t *t, const char *body)
+{
+    char err1[256], err2[256], *a, *b;
+    size_t la = 0, lb = 0;
+    int ok;
+
+    a = render_router(t, body, 1721995200, &la, err1, sizeof err1);
+    b = render_worker(t, body, 1721995200, &lb, err2, sizeof err2);
+    ok = (a == NULL) == (b == NULL) && (a == NULL || (la == lb && memcmp(a, b, la) == 0));
+    if (!ok)
+        fprintf(stderr, "  paths differ on %s:\n    router: %s\n    worker: %s\n", body,
+                a ? a : err1, b ? b : err2);
+    free(a);
+    free(b);
+    return ok;
+}
+
+/*
+ * Every fixture conversation of t/data/chat/ (tools, kwargs and all) as a
+ * request, escaped plainly and as ASCII: the router's fast JSON path and
+ * its jansson fallback give the worker's render.
+ */
+TEST(router_and_worker_paths_agree)
+{
+    json_t *index = json_load_file("t/data/chat/index.json", 0, NULL), *e;
+    char err[256], path[256], line[1 << 16];
+    size_t k, n = 0;
+
+    json_array_foreach(json_object_get(index, "templates"), k, e) {
+        kv_chat_template_t *t = kv_chat_load(json_string_value(json_object_get(e, "config")),
+                                             NULL, err, sizeof err);
+        FILE *fp;
+
+        snprintf(path, sizeof path, "t/data/chat/%s.jsonl",
+                 json_string_value(json_object_get(e, "name")));
+        fp = fopen(path, "r");
+        while (t && fp && fgets(line, sizeof line, fp)) {
+            json_t *d = json_loads(line, 0, NULL), *req = json_object();
+            json_object_set(req, "messages", json_object_get(d, "messages"));
+            json_object_set(req, "tools", json_object_get(d, "tools"));
+            json_object_set(req, "add_generation_prompt",
+                            json_object_get(d, "add_generation_prompt"));
+            if (json_object_get(d, "kwargs"))
+                json_object_set(req, "chat_template_kwargs", json_object_get(d, "kwargs"));
+            for (int ascii = 0; ascii < 2; ascii++) {
+                char *body = json_dumps(req, JSON_COMPACT | (ascii ? JSON_ENSURE_ASCII : 0));
+                CHECK(paths_agree(t, body));
+                free(body);
+                n++;
+            }
+            json_decref(req);
+            json_decref(d);
+        }
+        if (fp)
+            fclose(fp);
+        kv_chat_free(t);
+    }
+    json_decref(index);
+    CHECK(n > 1000);
+}
+
+/* JSON the fast path leaves to jansson renders as the worker renders it. */
+TEST(jansson_fallback)
+{
+    static const char *const bodies[] = {
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"content\":\"b\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800x\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"n\":1.5}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+        "\"tools\":[{\"function\":{\"name\":\"f\",\"parameters\":{\"m\":0.25}}}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+        "\"tools\":[{\"function\":{\"name\":\"f\",\"parameters\":{\"m\":9223372036854775808}}}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud83d\\ude00 \\u00e9\\n\\\"\"}]}",
+    };
+    kv_chat_template_t *t = load("qwen2.5-instruct");
+    size_t len;
+    char err[256], *text;
+
+    CHECK(t != NULL);
+    for (size_t i = 0; t && i < sizeof bodies / sizeof bodies[0]; i++)
+        CHECK(paths_agree(t, bodies[i]));
+    /* a float in a tool's schema: printed as Python prints it */
+    text = t ? render_router(t, bodies[4], 0, &len, err, sizeof err) : NULL;
+    CHECK(text != NULL && strstr(text, "\"parameters\": {\"m\": 0.25}") != NULL);
+    free(text);
+    kv_chat_free(t);
+}
+
+/* What made the router and the engine disagree before: tools, and a call's
+ * arguments as the client's JSON text rather than the parsed object. */
+TEST(tools_and_arguments_shape_the_prompt)
+{
+    kv_chat_template_t *t = load("qwen2.5-instruct");
+    const char *with = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                       "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\","
+                       "\"type\":\"function\",\"function\":{\"name\":\"f\","
+                       "\"arguments\":\"{\\\"a\\\":1}\"}}]}],"
+                       "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}";
+    char err[256];
+    size_t len;
+    char *text;
+
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    text = render_router(t, with, 0, &len, err, sizeof err);
+    CHECK(text != NULL);
+    if (text) {
+        CHECK(strstr(text, "{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+                           "\"description\": null, \"parameters\": null}}") != NULL);
+        CHECK(strstr(text, "\"arguments\": {\"a\": 1}") != NULL);
+        CHECK(strstr(text, "{\\\"a\\\":1}") == NULL && strstr(text, "{\"a\":1}") == NULL);
+    }
+    free(text);
+    kv_chat_free(t);
+}
+
+/* Bad members never crash: the router gets an error and routes by load. */
+TEST(bad_members)
+{
+    kv_chat_template_t *t = load("qwen2.5-instruct");
+    static const char *const bodies[] = {
+        "{\"messages\":{}}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":7}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[1,\"a\",null,{}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[1]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"documents\":\"d\"}",
+        "{\"messages\":[{\"role\":\"assistant\",\"tool_calls\":[1,{\"function\":3},"
+        "{\"function\":{\"arguments\":\"\\u0000\"}}]}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"continue_final_message\":true}",
+        "{\"messages\":[],\"continue_final_message\":true}",
+        "{\"messages\":[7,null,\"s\"]}",
+    };
+    char err[256];
+    size_t len;
+
+    CHECK(t != NULL);
+    for (size_t i = 0; t && i < sizeof bodies / sizeof bodies[0]; i++) {
+        free(render_router(t, bodies[i], 0, &len, err, sizeof err));
+        free(render_worker(t, bodies[i], 0, &len, err, sizeof err));
+    }
+    kv_chat_free(t);
+}
+
+int main(void)
+{
+    RUN(requests_as_vllm_renders_them);
+    RUN(router_and_worker_paths_agree);
+    RUN(jansson_fallback);
+    RUN(tools_and_arguments_shape_the_prompt);
+    RUN(bad_members);
+    return kvt_done();
+}

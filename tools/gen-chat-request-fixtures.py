@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Chat *request* fixtures: what vLLM's OpenAI server renders for a whole
+chat completion request, not only its `messages`, over every shipped
+template. Writes t/data/chat/requests.jsonl: one line per (template,
+request) with the request body as the client sends it (JSON text) and the
+expected prompt text or error.
+
+vLLM's steps are mirrored here in plain Python from its source
+(vllm/entrypoints/chat_utils.py, openai/protocol.py, serving_chat.py):
+
+  - tools: ChatCompletionToolsParam(**tool).model_dump() with vLLM's own
+    pydantic models (extra members allowed), so absent description and
+    parameters become null and extra members follow the declared ones;
+  - messages: _parse_chat_message_content (role, content, tool_calls,
+    reasoning / reasoning_content, tool_call_id, name; the rest dropped;
+    parts joined with "\\n" for "string" templates, strings wrapped as text
+    parts for templates that loop over content; null content "" or []);
+  - _postprocess_messages: empty tool_calls dropped, arguments parsed from
+    JSON text into a dict (malformed, null or not an object: {});
+  - chat_template_kwargs, documents and add_generation_prompt as template
+    variables; continue_final_message cuts the text as transformers does.
+
+Rendering uses tools/gen-chat-fixtures.py's jinja2 environment (the one
+transformers sets up). t/unit/test_chat_request.c checks kvroute against
+this file on the router's path (kv_body + kv_chat_render_request) and on
+kvworker's (kv_chat_render_request_json).
+
+Usage: .venv/bin/python tools/gen-chat-request-fixtures.py   (deterministic)
+"""
+import copy
+import importlib.util
+import json
+import os
+import sys
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+spec = importlib.util.spec_from_file_location("chatfix", os.path.join(HERE, "gen-chat-fixtures.py"))
+chatfix = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(chatfix)
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+def parse_message(msg, openai_format):
+    role = msg["role"]
+    content = msg.get("content")
+    if content is None:
+        content = []
+    elif isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    out = {"role": role,
+           "content": [{"type": "text", "text": t} for t in texts] if openai_format else "\n".join(texts)}
+    if role == "assistant":
+        if msg.get("tool_calls") is not None:
+            out["tool_calls"] = copy.deepcopy(list(msg["tool_calls"]))
+        reasoning = msg.get("reasoning")
+        if reasoning is None:
+            reasoning = msg.get("reasoning_content")
+        if reasoning is not None:
+            out["reasoning"] = reasoning
+            out["reasoning_content"] = reasoning
+    elif role == "tool" and "tool_call_id" in msg:
+        out["tool_call_id"] = msg["tool_call_id"]
+    if isinstance(msg.get("name"), str):
+        out["name"] = msg["name"]
+    return out
+
+
+def postprocess(conv):
+    for m in conv:
+        if m["role"] != "assistant" or not isinstance(m.get("tool_calls"), list):
+            continue
+        if not m["tool_calls"]:
+            del m["tool_calls"]
+            continue
+        for item in m["tool_calls"]:
+            fn = item["function"]
+            args = fn.get("arguments")
+            parsed = {}
+            if isinstance(args, dict):
+                parsed = args
+            elif isinstance(args, str) and args:
+                try:
+                    parsed = json.loads(args)
+                except json.JSONDecodeError:
+                    parsed = {}
+            fn["arguments"] = parsed if isinstance(parsed, dict) else {}
+
+
+def cut_final(text, final):
+    """transformers' continue_final_message."""
+    if isinstance(final, list):
+        final = next(p["text"] for p in reversed(final) if "text" in p)
+    if final.strip() not in text:
+        raise ValueError("the final message does not appear in the chat")
+    loc = text.rindex(final.strip())
+    if text[loc:loc + len(final.lstrip())] == final:
+        return text[:loc + len(final.lstrip())]
+    return text[:loc + len(final.strip())]
+
+
+def render(env, src, special, openai_format, req):
+    conv = [parse_message(m, openai_format) for m in req["messages"]]
+    postprocess(conv)
+    tools = None
+    if req.get("tools") is not None:
+        tools = [ChatCompletionToolsParam(**t).model_dump() for t in req["tools"]]
+    cont = bool(req.get("continue_final_message", False))
+    agp = req.get("add_generation_prompt", True)
+    kwargs = req.get("chat_template_kwargs") or {}
+    text = env.from_string(src).render(messages=conv, tools=tools, documents=req.get("documents"),
+                                       add_generation_prompt=agp,
+                                       **{**special, **copy.deepcopy(kwargs)})
+    if cont:
+        text = cut_final(text, conv[-1]["content"])
+    return text
+
+
+TOOL_MIN = {"type": "function", "function": {"name": "ping"}}
+TOOL_EXTRA = {"function": {"parameters": {"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5,
+                                                                                    "maximum": 1e3}}},
+                           "strict": True, "name": "scale", "description": "Scale by x."},
+              "type": "function", "x-extra": [1, 2]}
+CALL = {"id": "call1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Zürich\",\"days\":2,\"t\":1.50}"}}
+
+
+def call(args, cid="call1", name="get_weather"):
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+U = chatfix.U
+S = chatfix.S
+
+
+def A(c, **kw):
+    return {"role": "assistant", "content": c, **kw}
+
+
+REQUESTS = [
+    ("plain", {"messages": [S("Be brief."), U("Hi")]}),
+    ("tools", {"messages": [U("Weather in Zürich?")], "tools": chatfix.TOOLS}),
+    ("tools_system", {"messages": [S("You can call tools."), U("Weather?")], "tools": chatfix.TOOLS,
+                      "tool_choice": "auto"}),
+    ("tools_min_extra", {"messages": [U("go")], "tools": [TOOL_MIN, TOOL_EXTRA]}),
+    ("tools_choice_none", {"messages": [U("no tools now")], "tools": chatfix.TOOLS, "tool_choice": "none"}),
+    ("call_compact", {"messages": [U("Weather?"), A(None, tool_calls=[CALL]),
+                                   {"role": "tool", "tool_call_id": "call1", "content": "sunny"}, U("thanks")],
+                      "tools": chatfix.TOOLS}),
+    ("call_bad_args", {"messages": [U("w?"), A("", tool_calls=[call("{not json"), call("[1, 2]", "call2"),
+                                                                  call("", "call3")]),
+                                    {"role": "tool", "tool_call_id": "call1", "content": "x"}],
+                       "tools": chatfix.TOOLS}),
+    ("call_empty_list", {"messages": [U("a"), A("plain answer", tool_calls=[]), U("b")]}),
+    ("extra_keys", {"messages": [{"role": "system", "content": "sys", "name": "ops", "x": 1},
+                                 {"role": "user", "content": "hi"},
+                                 A("a1", refusal=None, audio=None, reasoning_content="thought"),
+                                 U("again")]}),
+    ("reasoning", {"messages": [U("q1"), A("a1", reasoning="why 1"), U("q2")]}),
+    ("null_content", {"messages": [U("x"), A(None), U("y")]}),
+    ("parts", {"messages": [U([{"type": "text", "text": "one"}, {"type": "text", "text": "two"}])]}),
+    ("kwargs", {"messages": [S("sys"), U("hi")], "chat_template_kwargs": {"enable_thinking": False}}),
+    ("no_gen_prompt", {"messages": [U("hi"), A("hello")], "add_generation_prompt": False}),
+    ("continue", {"messages": [U("Write a haiku."), A("Autumn moon  ")], "add_generation_prompt": False,
+                  "continue_final_message": True}),
+    ("documents", {"messages": [U("Summarise.")], "documents": [{"title": "A", "text": "alpha"}]}),
+    ("floats", {"messages": [U("f")], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"v": {"default": 1e-7, "maximum": 2.50}}}}}]}),
+]
+
+
+def main():
+    env = chatfix.make_env()
+    lines = []
+    for name, cfg_rel, src, special in chatfix.load_templates():
+        openai_format = chatfix.iterates_content(env, src)
+        for case, req in REQUESTS:
+            body = json.dumps({"model": "m", **req}, ensure_ascii=False, separators=(",", ":"))
+            rec = {"template": name, "case": case, "body": body}
+            try:
+                rec["output"] = render(env, src, special, openai_format, json.loads(body))
+            except Exception as e:  # noqa: BLE001 - every failure is an expected error
+                rec["error"] = f"{type(e).__name__}: {e}"
+            lines.append(json.dumps(rec, ensure_ascii=False))
+    path = os.path.join(chatfix.ROOT, "t/data/chat/requests.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    errors = sum('"error"' in line for line in lines)
+    print(f"{len(lines)} cases, {errors} expected errors -> {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
