@@ -411,21 +411,22 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
             return -1;
         }
         b->kind = KV_BODY_MESSAGES;
-        b->messages = start;
-        b->messages_len = (size_t) (s->p - start);
+        b->chat.messages = start;
+        b->chat.messages_len = (size_t) (s->p - start);
         return 0;
     }
     if (KEY("tools") || KEY("documents") || KEY("chat_template_kwargs")) {
-        return scan_span(s, KEY("tools") ? &b->tools : KEY("documents") ? &b->documents
-                                                                        : &b->chat_kwargs,
-                         KEY("tools") ? &b->tools_len : KEY("documents") ? &b->documents_len
-                                                                         : &b->chat_kwargs_len);
+        kv_chat_request_t *c = &b->chat;
+
+        return KEY("tools") ? scan_span(s, &c->tools, &c->tools_len)
+               : KEY("documents") ? scan_span(s, &c->documents, &c->documents_len)
+               : scan_span(s, &c->kwargs, &c->kwargs_len);
     }
     if (KEY("add_generation_prompt") || KEY("continue_final_message")
         || KEY("add_special_tokens"))
     {
-        return scan_flag(s, KEY("add_generation_prompt") ? &b->add_generation_prompt
-                            : KEY("continue_final_message") ? &b->continue_final_message
+        return scan_flag(s, KEY("add_generation_prompt") ? &b->chat.add_generation_prompt
+                            : KEY("continue_final_message") ? &b->chat.continue_final_message
                                                             : &b->add_special_tokens);
     }
     if (KEY("model") && s->p < s->end && *s->p == '"') {
@@ -477,7 +478,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
 
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
-    b->add_generation_prompt = 1;
+    b->chat.add_generation_prompt = 1;
     kv_jscan_init_err(&s, buf, len, err, errlen);
 
     if (kv_jscan_peek(&s) != '{') {

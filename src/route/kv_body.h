@@ -16,11 +16,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_chat_request.h"
+
 typedef enum {
     KV_BODY_NONE = 0,       /* neither prompt nor messages */
     KV_BODY_TEXT,           /* prompt text in text/text_len */
     KV_BODY_IDS,            /* prompt token ids in ids/n_ids */
-    KV_BODY_MESSAGES        /* raw JSON of `messages` in messages/messages_len */
+    KV_BODY_MESSAGES        /* raw JSON of `messages` in chat.messages */
 } kv_body_kind_t;
 
 /* top-level `cache_salt` members recorded for a rewrite (more: a parse error) */
@@ -32,18 +34,9 @@ typedef struct {
     size_t          text_len;
     uint32_t       *ids;            /* owned */
     size_t          n_ids;
-    const char     *messages;       /* points into the caller's buffer */
-    size_t          messages_len;
-    /* more of a chat request that the engine renders (kv_chat_request.h):
-     * raw JSON spans into the caller's buffer, NULL when absent or null */
-    const char     *tools;
-    size_t          tools_len;
-    const char     *documents;
-    size_t          documents_len;
-    const char     *chat_kwargs;    /* `chat_template_kwargs` */
-    size_t          chat_kwargs_len;
-    int             add_generation_prompt;  /* 1 unless `false` */
-    int             continue_final_message;
+    /* a chat: `messages` and the members the engine renders with them, as
+     * spans into the caller's buffer (NULL when absent or null) */
+    kv_chat_request_t chat;
     int             add_special_tokens;
     char            model[128];     /* "" when absent; truncated names are refused */
     char           *salt;           /* `cache_salt` or NULL (owned) */

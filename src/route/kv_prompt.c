@@ -65,7 +65,6 @@ static kv_prompt_status_t encode(const kv_prompt_config_t *cfg, const char *text
 static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_t *b,
                                    kv_ids_t *ids, kv_prompt_t *out)
 {
-    kv_chat_request_t   r;
     char               *text, err[160];
     size_t              len;
     kv_prompt_status_t  st;
@@ -73,17 +72,7 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     if (cfg->chat == NULL) {
         return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
     }
-    r.messages = b->messages;
-    r.messages_len = b->messages_len;
-    r.tools = b->tools;
-    r.tools_len = b->tools_len;
-    r.documents = b->documents;
-    r.documents_len = b->documents_len;
-    r.kwargs = b->chat_kwargs;
-    r.kwargs_len = b->chat_kwargs_len;
-    r.add_generation_prompt = b->add_generation_prompt;
-    r.continue_final_message = b->continue_final_message;
-    text = kv_chat_render_request(cfg->chat, &r, kv_chat_now(), &len, err, sizeof(err));
+    text = kv_chat_render_request(cfg->chat, &b->chat, kv_chat_now(), &len, err, sizeof(err));
     if (text == NULL) {
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }

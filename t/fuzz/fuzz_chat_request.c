@@ -35,17 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     if (kv_body_parse(&b, (const char *) data, size, err, sizeof err) == 0
         && b.kind == KV_BODY_MESSAGES)
-    {
-        kv_chat_request_t r = {
-            .messages = b.messages, .messages_len = b.messages_len,
-            .tools = b.tools, .tools_len = b.tools_len,
-            .documents = b.documents, .documents_len = b.documents_len,
-            .kwargs = b.chat_kwargs, .kwargs_len = b.chat_kwargs_len,
-            .add_generation_prompt = b.add_generation_prompt,
-            .continue_final_message = b.continue_final_message,
-        };
-        free(kv_chat_render_request(t, &r, 0, &len, err, sizeof err));
-    }
+        free(kv_chat_render_request(t, &b.chat, 0, &len, err, sizeof err));
     kv_body_free(&b);
     json_t *req = json_loadb((const char *) data, size, 0, NULL);
     if (req)

@@ -193,8 +193,8 @@ TEST(messages_span)
     const char *s = "{\"messages\":[{\"role\":\"user\",\"content\":\"a]b\"}],\"model\":\"q\"}";
     CHECK(parse(&b, s) == 0);
     CHECK(b.kind == KV_BODY_MESSAGES);
-    CHECK(b.messages_len == strlen("[{\"role\":\"user\",\"content\":\"a]b\"}]"));
-    CHECK(strncmp(b.messages, "[{\"role\"", 8) == 0);
+    CHECK(b.chat.messages_len == strlen("[{\"role\":\"user\",\"content\":\"a]b\"}]"));
+    CHECK(strncmp(b.chat.messages, "[{\"role\"", 8) == 0);
     kv_body_free(&b);
 }
 

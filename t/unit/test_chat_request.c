@@ -28,20 +28,11 @@ static char *render_router(const kv_chat_template_t *t, const char *body, long l
                            size_t *len, char *err, size_t errlen)
 {
     kv_body_t b;
-    kv_chat_request_t r;
     char *text;
 
     if (kv_body_parse(&b, body, strlen(body), err, errlen) != 0)
         return NULL;
-    r = (kv_chat_request_t){
-        .messages = b.messages, .messages_len = b.messages_len,
-        .tools = b.tools, .tools_len = b.tools_len,
-        .documents = b.documents, .documents_len = b.documents_len,
-        .kwargs = b.chat_kwargs, .kwargs_len = b.chat_kwargs_len,
-        .add_generation_prompt = b.add_generation_prompt,
-        .continue_final_message = b.continue_final_message,
-    };
-    text = kv_chat_render_request(t, &r, now, len, err, errlen);
+    text = kv_chat_render_request(t, &b.chat, now, len, err, errlen);
     kv_body_free(&b);
     return text;
 }
