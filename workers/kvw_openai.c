@@ -185,8 +185,11 @@ static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *
         if (text == NULL)
             return no_memory(e);
     }
-    /* a chat's add_special_tokens: the tokenizer adds its own, as for a prompt */
-    int plain = !chat || !tx->tokenize_chat || kv_chat_request_add_special(root);
+    /* add_special_tokens (vLLM's default: false for a chat, true for a
+     * prompt): plain tokenize adds the tokenizer's special tokens */
+    int plain = !tx->tokenize_chat || (chat ? kv_chat_request_add_special(root)
+                                            : !json_is_false(json_object_get(root,
+                                                                             "add_special_tokens")));
     long n = (plain ? tx->tokenize : tx->tokenize_chat)(tx->ctx, text, len, &r->prompt);
     free(text);
     if (n < 0)

@@ -479,6 +479,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
     b->chat.add_generation_prompt = 1;
+    b->add_special_tokens = -1;
     kv_jscan_init_err(&s, buf, len, err, errlen);
 
     if (kv_jscan_peek(&s) != '{') {

@@ -37,7 +37,7 @@ typedef struct {
     /* a chat: `messages` and the members the engine renders with them, as
      * spans into the caller's buffer (NULL when absent or null) */
     kv_chat_request_t chat;
-    int             add_special_tokens;
+    int             add_special_tokens;     /* -1 absent (engine default), 0, 1 */
     char            model[128];     /* "" when absent; truncated names are refused */
     char           *salt;           /* `cache_salt` or NULL (owned) */
     size_t          salt_len;

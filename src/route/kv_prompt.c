@@ -77,8 +77,8 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }
     /* add_special_tokens: the tokenizer adds its own (a second BOS, say) */
-    st = encode(cfg, text, len, b->add_special_tokens ? KV_REQUEST_COMPLETION : KV_REQUEST_CHAT,
-                ids, out);
+    st = encode(cfg, text, len, b->add_special_tokens == 1 ? KV_REQUEST_COMPLETION
+                                                            : KV_REQUEST_CHAT, ids, out);
     free(text);
     return st;
 }
@@ -97,7 +97,10 @@ static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b
         if (cfg->tokenizer == NULL) {
             return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");
         }
-        return encode(cfg, b->text, b->text_len, KV_REQUEST_COMPLETION, ids, out);
+        /* a completion gets the tokenizer's special tokens unless it says not */
+        return encode(cfg, b->text, b->text_len,
+                      b->add_special_tokens == 0 ? KV_REQUEST_CHAT : KV_REQUEST_COMPLETION, ids,
+                      out);
     case KV_BODY_MESSAGES:
         if (cfg->tokenizer == NULL) {
             return fail(out, KV_PROMPT_NO_TOKENIZER, "no tokenizer configured");

@@ -4,6 +4,7 @@
  * whole text's first blocks, and the rest's tokens are estimated.
  */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -142,6 +143,58 @@ TEST(cap_bounds_the_work)
     free(text);
 }
 
+/* Qwen2.5's tokenizer with a post-processor that adds <|endoftext|> first,
+ * as a BOS-adding tokenizer does (none of the shipped ones that load do). */
+static kv_tokenizer_t *bos_tokenizer(void)
+{
+    char path[] = "/tmp/kvtest-bos-XXXXXX", err[512];
+    json_t *t = json_load_file("conf/tokenizers/qwen2.5-instruct/tokenizer.json", 0, NULL);
+    json_t *post = json_pack("{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:{s:{s:s, s:[i], s:[s]}}}",
+                             "type", "TemplateProcessing",
+                             "single", "SpecialToken", "id", "<|endoftext|>", "type_id", 0,
+                             "Sequence", "id", "A", "type_id", 0,
+                             "special_tokens", "<|endoftext|>", "id", "<|endoftext|>",
+                             "ids", 151643, "tokens", "<|endoftext|>");
+    kv_tokenizer_t *tok = NULL;
+    int fd = mkstemp(path);
+
+    if (t && post && fd >= 0 && json_object_set_new(t, "post_processor", post) == 0
+        && json_dumpfd(t, fd, 0) == 0)
+        tok = kv_tokenizer_load(path, err, sizeof(err));
+    if (fd >= 0) {
+        close(fd);
+        unlink(path);
+    }
+    json_decref(t);
+    return tok;
+}
+
+/* add_special_tokens as vLLM reads it: a prompt gets the tokenizer's
+ * special tokens unless it says false; a chat only when it says true. */
+TEST(add_special_tokens)
+{
+    kv_tokenizer_t *tok = bos_tokenizer();
+    kv_prompt_config_t cfg = { tok, qwen_chat, NULL, 1, 0, NULL, 0 };
+    static const char *const bodies[] = {
+        "{\"prompt\":\"hello there\"}",
+        "{\"prompt\":\"hello there\",\"add_special_tokens\":false}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"add_special_tokens\":true}",
+    };
+    uint64_t n[4] = { 0 };
+
+    CHECK(tok != NULL);
+    for (int i = 0; tok && i < 4; i++) {
+        kv_prompt_t p;
+        CHECK(kv_prompt_compute(&cfg, bodies[i], strlen(bodies[i]), NULL, 0, &p) == KV_PROMPT_OK);
+        n[i] = p.prompt_tokens;
+        kv_prompt_free(&p);
+    }
+    CHECK(n[0] == n[1] + 1);            /* the added token */
+    CHECK(n[3] == n[2] + 1);
+    kv_tokenizer_free(tok);
+}
+
 int main(void)
 {
     char err[512];
@@ -157,6 +210,7 @@ int main(void)
     RUN(cap_cuts_between_characters);
     RUN(under_the_cap_nothing_changes);
     RUN(cap_bounds_the_work);
+    RUN(add_special_tokens);
     kv_tokenizer_free(qwen);
     kv_chat_free(qwen_chat);
     return kvt_done();

@@ -42,6 +42,9 @@ static const char *agent =
     "\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"{\\\"id\\\":\\\"44\\\"}\"}}]},"
     "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"found\"}]}";
 
+static const char *completion_plain =
+    "{\"add_special_tokens\":false,\"prompt\":\"no BOS for this one\"}";
+
 static const char *agent_special =
     "{\"add_special_tokens\":true,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
 
@@ -95,7 +98,7 @@ TEST(router_and_worker_agree_on_every_shipped_pair)
             kv_tokenizer_free(tok);
             continue;
         }
-        if (!same_ids(tok, tpl, tx, completion, 0))
+        if (!same_ids(tok, tpl, tx, completion, 0) || !same_ids(tok, tpl, tx, completion_plain, 0))
             fprintf(stderr, "  %s: completion ids differ\n", names[i]);
         else
             completions++;
