@@ -23,22 +23,40 @@
  * and none when tool_choice is "none"): docs/CONFIG.md says what that costs.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kv_chat_int.h"
 #include "kv_chat_request.h"
 
-/* jansson trees that hold strings of the values being rendered */
+/* jansson trees that hold strings of the values being rendered (one per
+ * member or call arguments the fast JSON path left to jansson) */
 typedef struct {
-    json_t *held[8];
-    size_t  n;
+    json_t **held;
+    size_t   n, cap;
 } holds_t;
 
 static void holds_free(holds_t *h)
 {
     for (size_t i = 0; i < h->n; i++)
         json_decref(h->held[i]);
-    h->n = 0;
+    free(h->held);
+    h->held = NULL;
+    h->n = h->cap = 0;
+}
+
+static int holds_add(holds_t *h, json_t *j)
+{
+    if (h->n == h->cap) {
+        size_t   cap = h->cap ? h->cap * 2 : 8;
+        json_t **grown = realloc(h->held, cap * sizeof(*grown));
+        if (grown == NULL)
+            return -1;
+        h->held = grown;
+        h->cap = cap;
+    }
+    h->held[h->n++] = j;
+    return 0;
 }
 
 /* A member's JSON text to a value; absent: none. -1 with a reason. */
@@ -52,13 +70,10 @@ static int parse(jj_arena *a, holds_t *h, const char *json, size_t len, jj_value
         return 0;
     if (kv_chat_parse_value(a, json, len, out, &held, err, errlen) != 0)
         return -1;
-    if (held != NULL) {
-        if (h->n == sizeof(h->held) / sizeof(h->held[0])) {
-            json_decref(held);
-            snprintf(err, errlen, "too many slow members");
-            return -1;
-        }
-        h->held[h->n++] = held;
+    if (held != NULL && holds_add(h, held) != 0) {
+        json_decref(held);
+        snprintf(err, errlen, "out of memory");
+        return -1;
     }
     return 0;
 }

@@ -240,6 +240,36 @@ TEST(tools_and_arguments_shape_the_prompt)
     kv_chat_free(t);
 }
 
+/* A long agent history whose every call has a float argument (each left
+ * to jansson by the fast path) still renders, as the worker renders it. */
+TEST(many_slow_arguments)
+{
+    kv_chat_template_t *t = load("qwen2.5-instruct");
+    char *body = malloc(1 << 16);
+    size_t n = 0;
+
+    n += (size_t) sprintf(body + n, "{\"messages\":[{\"role\":\"user\",\"content\":\"go\"}");
+    for (int i = 0; i < 40; i++)
+        n += (size_t) sprintf(body + n, ",{\"role\":\"assistant\",\"content\":null,\"tool_calls\":"
+                              "[{\"id\":\"c%d\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                              "\"arguments\":\"{\\\"x\\\":%d.5}\"}}]},"
+                              "{\"role\":\"tool\",\"tool_call_id\":\"c%d\",\"content\":\"ok\"}",
+                              i, i, i);
+    sprintf(body + n, "]}");
+    CHECK(t != NULL);
+    if (t) {
+        char err[256], *text;
+        size_t len;
+
+        CHECK(paths_agree(t, body));
+        text = render_router(t, body, 0, &len, err, sizeof err);
+        CHECK(text != NULL && strstr(text, "{\"x\": 39.5}") != NULL);
+        free(text);
+    }
+    free(body);
+    kv_chat_free(t);
+}
+
 /* Bad members never crash: the router gets an error and routes by load. */
 TEST(bad_members)
 {
@@ -273,6 +303,7 @@ int main(void)
     RUN(router_and_worker_paths_agree);
     RUN(jansson_fallback);
     RUN(tools_and_arguments_shape_the_prompt);
+    RUN(many_slow_arguments);
     RUN(bad_members);
     return kvt_done();
 }
