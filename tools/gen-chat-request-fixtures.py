@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Chat *request* fixtures: what vLLM's OpenAI server renders for a whole
-chat completion request, not only its `messages`, over every shipped
-template. Writes t/data/chat/requests.jsonl: one line per (template,
+"""Chat *request* fixtures: what vLLM's OpenAI server (and SGLang's) renders
+for a whole chat completion request, not only its `messages`, over every
+shipped template. Writes t/data/chat/requests.jsonl: one line per (template,
 request) with the request body as the client sends it (JSON text) and the
 expected prompt text or error.
 
@@ -19,6 +19,17 @@ vLLM's steps are mirrored here in plain Python from its source
     JSON text into a dict (malformed, null or not an object: {});
   - chat_template_kwargs, documents and add_generation_prompt as template
     variables; continue_final_message cuts the text as transformers does.
+
+SGLang's steps (serving_chat.py _process_messages / _apply_jinja_template,
+jinja_template_utils.process_content_for_template_format, protocol.py's
+models) are mirrored the same way in render_sglang: its message models'
+dumps with None members dropped, parts joined with " ", arguments parsed,
+each tool's `function` alone (none when tool_choice is "none", only the
+named one for a named choice), add_generation_prompt always, and
+reasoning_effort (default "medium") beside chat_template_kwargs; for
+continue_final_message the last assistant message is left out (SGLang
+appends that text's own tokens after the render, which the router does not
+hash).
 
 Rendering uses tools/gen-chat-fixtures.py's jinja2 environment (the one
 transformers sets up). t/unit/test_chat_request.c checks kvroute against
@@ -133,6 +144,67 @@ def render(env, src, special, openai_format, req):
     return text
 
 
+# SGLang's request models (python/sglang/srt/entrypoints/openai/protocol.py)
+class SgFunction(BaseModel):
+    description: Optional[str] = None
+    name: str
+    parameters: Optional[object] = None
+    strict: bool = False
+
+
+class SgTool(BaseModel):
+    type: str = "function"
+    function: SgFunction
+
+
+def sglang_message(msg, openai_format):
+    """SGLang's message.model_dump() (its pydantic models' members, in their
+    order), content None -> "", then process_content_for_template_format
+    (None members dropped; parts joined with " " for "string" templates)."""
+    role = msg["role"]
+    content = msg.get("content")
+    if content is None:
+        content = ""
+    if role == "user":
+        d = {"role": role, "content": content}
+    else:
+        d = {"role": role, "content": content, "tool_call_id": msg.get("tool_call_id"),
+             "name": msg.get("name"), "reasoning_content": msg.get("reasoning_content"),
+             "tool_calls": None}
+        if msg.get("tool_calls") is not None:
+            d["tool_calls"] = [{"id": c.get("id"), "index": c.get("index"), "type": "function",
+                                "function": {"name": c["function"].get("name"),
+                                             "arguments": c["function"].get("arguments")}}
+                               for c in msg["tool_calls"]]
+    if isinstance(d["content"], list):
+        if openai_format:
+            d["content"] = [{"type": "text", "text": p["text"]} if p.get("type") == "text" else p
+                            for p in d["content"]]
+        else:
+            texts = [p["text"] for p in d["content"] if isinstance(p, dict) and p.get("type") == "text"]
+            d["content"] = " ".join(texts) if texts else ""
+    d = {k: v for k, v in d.items() if v is not None}
+    for c in d.get("tool_calls", []) if d["role"] == "assistant" else []:
+        if isinstance(c["function"].get("arguments"), str):
+            c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    return d
+
+
+def render_sglang(env, src, special, openai_format, req):
+    conv = [sglang_message(m, openai_format) for m in req["messages"]]
+    if req.get("continue_final_message") and conv and conv[-1]["role"] == "assistant":
+        conv = conv[:-1]        # SGLang appends the prefix's own tokens after the render
+    tools = None
+    choice = req.get("tool_choice") or ("none" if req.get("tools") is None else "auto")
+    if req.get("tools") and choice != "none":
+        tools = [SgTool(**t).function.model_dump() for t in req["tools"]
+                 if isinstance(choice, str) or t["function"]["name"] == choice["function"]["name"]]
+    kwargs = {"reasoning_effort": req.get("reasoning_effort", "medium"),
+              **(req.get("chat_template_kwargs") or {})}
+    return env.from_string(src).render(messages=conv, tools=tools, documents=None,
+                                       add_generation_prompt=True, **{**special, **kwargs})
+
+
 TOOL_MIN = {"type": "function", "function": {"name": "ping"}}
 TOOL_EXTRA = {"function": {"parameters": {"type": "object", "properties": {"x": {"type": "number", "minimum": 0.5,
                                                                                     "maximum": 1e3}}},
@@ -180,6 +252,8 @@ REQUESTS = [
     ("continue", {"messages": [U("Write a haiku."), A("Autumn moon  ")], "add_generation_prompt": False,
                   "continue_final_message": True}),
     ("documents", {"messages": [U("Summarise.")], "documents": [{"title": "A", "text": "alpha"}]}),
+    ("named_choice", {"messages": [U("use search")], "tools": chatfix.TOOLS,
+                      "tool_choice": {"type": "function", "function": {"name": "search"}}}),
     ("floats", {"messages": [U("f")], "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {"v": {"default": 1e-7, "maximum": 2.50}}}}}]}),
 ]
@@ -190,14 +264,17 @@ def main():
     lines = []
     for name, cfg_rel, src, special in chatfix.load_templates():
         openai_format = chatfix.iterates_content(env, src)
-        for case, req in REQUESTS:
-            body = json.dumps({"model": "m", **req}, ensure_ascii=False, separators=(",", ":"))
-            rec = {"template": name, "case": case, "body": body}
-            try:
-                rec["output"] = render(env, src, special, openai_format, json.loads(body))
-            except Exception as e:  # noqa: BLE001 - every failure is an expected error
-                rec["error"] = f"{type(e).__name__}: {e}"
-            lines.append(json.dumps(rec, ensure_ascii=False))
+        for engine, fn in (("vllm", render), ("sglang", render_sglang)):
+            for case, req in REQUESTS:
+                if engine == "sglang" and case == "call_bad_args":
+                    continue        # SGLang refuses the request (orjson raises)
+                body = json.dumps({"model": "m", **req}, ensure_ascii=False, separators=(",", ":"))
+                rec = {"template": name, "engine": engine, "case": case, "body": body}
+                try:
+                    rec["output"] = fn(env, src, special, openai_format, json.loads(body))
+                except Exception as e:  # noqa: BLE001 - every failure is an expected error
+                    rec["error"] = f"{type(e).__name__}: {e}"
+                lines.append(json.dumps(rec, ensure_ascii=False))
     path = os.path.join(chatfix.ROOT, "t/data/chat/requests.jsonl")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")

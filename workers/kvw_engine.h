@@ -9,6 +9,7 @@
 
 #include <event2/event.h>
 
+#include "kv_chat_request.h"
 #include "kvw_req.h"
 
 typedef struct kvw_config kvw_config_t;
@@ -64,6 +65,7 @@ struct kvw_config {
     const char *tokenizer;              /* --tokenizer FILE (tokenizer.json) */
     const char *model_dir;              /* cpu, cuda: --model DIR */
     const char *chat_template;          /* --chat-template FILE */
+    kv_chat_engine_t chat_engine;       /* --chat-engine: whose rendering rules */
     const struct kvw_text *text;        /* NULL: byte-per-token stand-in */
 
     /* NATS */

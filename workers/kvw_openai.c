@@ -187,9 +187,10 @@ static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *
     }
     /* add_special_tokens (vLLM's default: false for a chat, true for a
      * prompt): plain tokenize adds the tokenizer's special tokens */
-    int plain = !tx->tokenize_chat || (chat ? kv_chat_request_add_special(root)
-                                            : !json_is_false(json_object_get(root,
-                                                                             "add_special_tokens")));
+    json_t *special = json_object_get(root, "add_special_tokens");
+    int plain = !tx->tokenize_chat
+                || (chat ? tx->engine == KV_CHAT_VLLM && json_is_true(special)
+                         : !json_is_false(special));
     long n = (plain ? tx->tokenize : tx->tokenize_chat)(tx->ctx, text, len, &r->prompt);
     free(text);
     if (n < 0)

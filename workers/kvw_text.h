@@ -14,6 +14,8 @@
 
 #include <jansson.h>
 
+#include "kv_chat_request.h"
+
 /* Turns prompt text into token ids; returns the count or -1. */
 typedef long (*kvw_tokenize_fn)(void *ctx, const char *text, size_t len,
                                 uint32_t **ids);
@@ -34,11 +36,12 @@ typedef struct kvw_text {
     kvw_detok_fn    detok;
     void           *ctx;
     uint32_t        vocab_size;         /* 0: the byte stand-in */
+    kv_chat_engine_t engine;            /* whose rules render chat requests */
 } kvw_text_t;
 
 /* The shared tokenizer (and chat template, may be NULL) from src/text. */
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
-                                char *err, size_t errlen);
+                                kv_chat_engine_t engine, char *err, size_t errlen);
 /* Frees what kvw_text_load returned (never kvw_text_bytes()). */
 void kvw_text_free(const kvw_text_t *text);
 

@@ -57,7 +57,8 @@ static int render(void *ctx, json_t *req, char **text, size_t *len, char *err,
     if (h->tpl == NULL) {
         return kvw_plain_render(NULL, req, text, len, err, errlen);
     }
-    *text = kv_chat_render_request_json(h->tpl, req, kv_chat_now(), len, err, errlen);
+    *text = kv_chat_render_request_json(h->tpl, req, h->text.engine, kv_chat_now(), len, err,
+                                        errlen);
     return *text ? 0 : -1;
 }
 
@@ -82,7 +83,7 @@ void kvw_text_free(const kvw_text_t *text)
 }
 
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
-                                char *err, size_t errlen)
+                                kv_chat_engine_t engine, char *err, size_t errlen)
 {
     hf_text_t *h = calloc(1, sizeof(*h));
     char       e[512];
@@ -112,5 +113,6 @@ const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template
     h->text.detok = detok;
     h->text.ctx = h;
     h->text.vocab_size = kv_tokenizer_vocab_size(h->tok);
+    h->text.engine = engine;
     return &h->text;
 }

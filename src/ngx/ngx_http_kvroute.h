@@ -182,6 +182,8 @@ struct ngx_http_kvroute_srv_conf_s {
     kv_tok_bounds_t                *bounds;     /* the tokenizer's cut tokens */
     kv_turn_t                       turn;       /* set in the worker, on first use */
     kv_chat_template_t             *template;
+    int                             chat_engine;    /* kv_chat_engine_t: whose
+                                                       rendering rules */
     ngx_str_t                       model;
     kv_route_config_t               route;
     int                             mode;           /* 0 events, 1 approximate, -1 unset;

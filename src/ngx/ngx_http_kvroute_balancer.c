@@ -42,6 +42,13 @@ static ngx_conf_enum_t  ngx_http_kvroute_modes[] = {
 };
 
 
+static ngx_conf_enum_t  ngx_http_kvroute_chat_engines[] = {
+    { ngx_string("vllm"), KV_CHAT_VLLM },
+    { ngx_string("sglang"), KV_CHAT_SGLANG },
+    { ngx_null_string, 0 }
+};
+
+
 static ngx_conf_enum_t  ngx_http_kvroute_policies[] = {
     { ngx_string("ttft"), KV_ROUTE_TTFT },
     { ngx_string("dynamo"), KV_ROUTE_DYNAMO },
@@ -106,6 +113,8 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
       NGX_HTTP_KVROUTE_OFF(prefill_kv_bytes), 1, 1e12, NULL },
     { ngx_string("mode="), NGX_HTTP_KVROUTE_P_ENUM,
       NGX_HTTP_KVROUTE_OFF(mode), 0, 0, ngx_http_kvroute_modes },
+    { ngx_string("chat_engine="), NGX_HTTP_KVROUTE_P_ENUM,
+      NGX_HTTP_KVROUTE_OFF(chat_engine), 0, 0, ngx_http_kvroute_chat_engines },
     { ngx_string("policy="), NGX_HTTP_KVROUTE_P_ENUM,
       NGX_HTTP_KVROUTE_OFF(route.policy), 0, 0, ngx_http_kvroute_policies },
     { ngx_string("worker_load="), NGX_HTTP_KVROUTE_P_ENUM,

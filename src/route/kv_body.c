@@ -415,11 +415,16 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
         b->chat.messages_len = (size_t) (s->p - start);
         return 0;
     }
-    if (KEY("tools") || KEY("documents") || KEY("chat_template_kwargs")) {
+    if (KEY("tools") || KEY("documents") || KEY("chat_template_kwargs") || KEY("tool_choice")
+        || KEY("reasoning_effort"))
+    {
         kv_chat_request_t *c = &b->chat;
 
         return KEY("tools") ? scan_span(s, &c->tools, &c->tools_len)
                : KEY("documents") ? scan_span(s, &c->documents, &c->documents_len)
+               : KEY("tool_choice") ? scan_span(s, &c->tool_choice, &c->tool_choice_len)
+               : KEY("reasoning_effort")
+                 ? scan_span(s, &c->reasoning_effort, &c->reasoning_effort_len)
                : scan_span(s, &c->kwargs, &c->kwargs_len);
     }
     if (KEY("add_generation_prompt") || KEY("continue_final_message")

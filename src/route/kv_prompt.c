@@ -65,6 +65,7 @@ static kv_prompt_status_t encode(const kv_prompt_config_t *cfg, const char *text
 static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_t *b,
                                    kv_ids_t *ids, kv_prompt_t *out)
 {
+    kv_chat_request_t   r;
     char               *text, err[160];
     size_t              len;
     kv_prompt_status_t  st;
@@ -72,13 +73,15 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     if (cfg->chat == NULL) {
         return fail(out, KV_PROMPT_NO_TEMPLATE, "no chat template configured");
     }
-    text = kv_chat_render_request(cfg->chat, &b->chat, kv_chat_now(), &len, err, sizeof(err));
+    r = b->chat;
+    r.engine = cfg->chat_engine;
+    text = kv_chat_render_request(cfg->chat, &r, kv_chat_now(), &len, err, sizeof(err));
     if (text == NULL) {
         return fail(out, KV_PROMPT_TEMPLATE, err);
     }
     /* add_special_tokens: the tokenizer adds its own (a second BOS, say) */
-    st = encode(cfg, text, len, b->add_special_tokens == 1 ? KV_REQUEST_COMPLETION
-                                                            : KV_REQUEST_CHAT, ids, out);
+    st = encode(cfg, text, len, b->add_special_tokens == 1 && r.engine == KV_CHAT_VLLM
+                                ? KV_REQUEST_COMPLETION : KV_REQUEST_CHAT, ids, out);
     free(text);
     return st;
 }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "kv_chat.h"
+#include "kv_chat_request.h"
 #include "kv_tokenizer.h"
 #include "kv_turn.h"
 
@@ -53,6 +54,8 @@ typedef struct {
      * salt at all (out->salt NULL; other `cache_salt` values become null).
      */
     int                          salt_combine;
+    /* whose rules chat requests are rendered by (kv_chat_request.h) */
+    kv_chat_engine_t             chat_engine;
 } kv_prompt_config_t;
 
 /* Tokens before the cut that may differ from the whole text's (a word cut

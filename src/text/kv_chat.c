@@ -239,8 +239,8 @@ void kv_chat_free(kv_chat_template_t *t)
     free(t);
 }
 
-/* vLLM's "string" content format: text parts joined with "\n". */
-jj_value kv_chat_join_parts(jj_arena *a, jj_value parts)
+/* The "string" content format: text parts joined with sep ("\n" for vLLM). */
+jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep)
 {
     jj_buf b = {0};
     int first = 1;
@@ -252,7 +252,7 @@ jj_value kv_chat_join_parts(jj_arena *a, jj_value parts)
         if (!type || !jv_is_str(*type, "text") || !text || text->kind != JV_STR)
             continue;
         if (!first)
-            jj_buf_putc(&b, '\n');
+            jj_buf_putc(&b, sep);
         jj_buf_put(&b, text->u.str.s, text->u.str.n);
         first = 0;
     }
@@ -278,7 +278,7 @@ static void normalise_content(jj_arena *a, jj_value msgs)
             continue;
         for (size_t k = 0; k < m.u.dict->n; k++)
             if (jv_is_str(m.u.dict->keys[k], "content") && m.u.dict->vals[k].kind == JV_LIST)
-                m.u.dict->vals[k] = kv_chat_join_parts(a, m.u.dict->vals[k]);
+                m.u.dict->vals[k] = kv_chat_join_parts(a, m.u.dict->vals[k], '\n');
     }
 }
 

@@ -12,9 +12,9 @@
  * content format): content then stays, or becomes, a list of parts. */
 int kv_chat_content_parts(const kv_chat_template_t *t);
 
-/* A list of content parts as vLLM's "string" content format has it: the
- * text of its {"type": "text"} parts joined with "\n". */
-jj_value kv_chat_join_parts(jj_arena *a, jj_value parts);
+/* A list of content parts as the "string" content format has it: the text
+ * of its {"type": "text"} parts joined with sep (vLLM "\n", SGLang ' '). */
+jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep);
 
 /*
  * Renders values already in a (freed here, whatever the outcome). tools and
@@ -36,5 +36,33 @@ char *kv_chat_render_values(const kv_chat_template_t *t, jj_arena *a, jj_value m
  */
 int kv_chat_parse_value(jj_arena *a, const char *json, size_t len, jj_value *out,
                         json_t **held, char *err, size_t errlen);
+
+/* jansson trees that hold strings of values being rendered (one per member
+ * or call arguments the fast JSON path left to jansson) */
+typedef struct {
+    json_t **held;
+    size_t   n, cap;
+} kv_chat_holds_t;
+
+void kv_chat_holds_free(kv_chat_holds_t *h);
+
+/* kv_chat_parse_value keeping the jansson tree, if any, in h; json NULL
+ * (absent) gives jv_none(). */
+int kv_chat_parse_held(jj_arena *a, kv_chat_holds_t *h, const char *json, size_t len,
+                       jj_value *out, char *err, size_t errlen);
+
+/* d[key] of a dict (NULL: none, or d not a dict); d[key] = v. */
+const jj_value *kv_chat_get(jj_value d, const char *key);
+void kv_chat_set(jj_arena *a, jj_value d, const char *key, jj_value v);
+
+/*
+ * What the template gets by SGLang's rules (kv_chat_sglang.c): messages,
+ * tools and kwargs rewritten in place, from the request's tool_choice and
+ * reasoning_effort; cont leaves a final assistant message out. 0, or -1
+ * with the reason SGLang refuses the request for.
+ */
+int kv_chat_as_sglang(const kv_chat_template_t *t, jj_arena *a, kv_chat_holds_t *h,
+                      jj_value *msgs, jj_value *tools, jj_value *kwargs, jj_value tool_choice,
+                      jj_value effort, int cont, char *err, size_t errlen);
 
 #endif

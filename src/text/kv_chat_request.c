@@ -29,14 +29,7 @@
 #include "kv_chat_int.h"
 #include "kv_chat_request.h"
 
-/* jansson trees that hold strings of the values being rendered (one per
- * member or call arguments the fast JSON path left to jansson) */
-typedef struct {
-    json_t **held;
-    size_t   n, cap;
-} holds_t;
-
-static void holds_free(holds_t *h)
+void kv_chat_holds_free(kv_chat_holds_t *h)
 {
     for (size_t i = 0; i < h->n; i++)
         json_decref(h->held[i]);
@@ -45,7 +38,7 @@ static void holds_free(holds_t *h)
     h->n = h->cap = 0;
 }
 
-static int holds_add(holds_t *h, json_t *j)
+static int holds_add(kv_chat_holds_t *h, json_t *j)
 {
     if (h->n == h->cap) {
         size_t   cap = h->cap ? h->cap * 2 : 8;
@@ -59,9 +52,8 @@ static int holds_add(holds_t *h, json_t *j)
     return 0;
 }
 
-/* A member's JSON text to a value; absent: none. -1 with a reason. */
-static int parse(jj_arena *a, holds_t *h, const char *json, size_t len, jj_value *out,
-                 char *err, size_t errlen)
+int kv_chat_parse_held(jj_arena *a, kv_chat_holds_t *h, const char *json, size_t len,
+                       jj_value *out, char *err, size_t errlen)
 {
     json_t *held;
 
@@ -78,12 +70,15 @@ static int parse(jj_arena *a, holds_t *h, const char *json, size_t len, jj_value
     return 0;
 }
 
-static const jj_value *get(jj_value d, const char *key)
+#define get kv_chat_get
+#define set kv_chat_set
+
+const jj_value *kv_chat_get(jj_value d, const char *key)
 {
     return d.kind == JV_DICT ? jv_dict_get(d, key, strlen(key)) : NULL;
 }
 
-static void set(jj_arena *a, jj_value d, const char *key, jj_value v)
+void kv_chat_set(jj_arena *a, jj_value d, const char *key, jj_value v)
 {
     jv_dict_set(a, d, jv_cstr(key), v);
 }
@@ -110,7 +105,7 @@ static jj_value content_of(jj_arena *a, const jj_value *c, int parts)
         return l;
     }
     if (!parts && c->kind == JV_LIST)
-        return kv_chat_join_parts(a, *c);
+        return kv_chat_join_parts(a, *c, '\n');
     return *c;
 }
 
@@ -119,7 +114,7 @@ static jj_value content_of(jj_arena *a, const jj_value *c, int parts)
  * an object, {} for anything else (vLLM's rule since it stopped failing
  * whole conversations on one bad call).
  */
-static jj_value call_arguments(jj_arena *a, holds_t *h, jj_value args)
+static jj_value call_arguments(jj_arena *a, kv_chat_holds_t *h, jj_value args)
 {
     jj_value parsed;
     char     err[8];
@@ -127,13 +122,13 @@ static jj_value call_arguments(jj_arena *a, holds_t *h, jj_value args)
     if (args.kind == JV_DICT)
         return args;
     if (args.kind == JV_STR && args.u.str.n > 0
-        && parse(a, h, args.u.str.s, args.u.str.n, &parsed, err, sizeof err) == 0
+        && kv_chat_parse_held(a, h, args.u.str.s, args.u.str.n, &parsed, err, sizeof err) == 0
         && parsed.kind == JV_DICT)
         return parsed;
     return jv_new_dict(a, 0);
 }
 
-static jj_value tool_calls_of(jj_arena *a, holds_t *h, jj_value calls)
+static jj_value tool_calls_of(jj_arena *a, kv_chat_holds_t *h, jj_value calls)
 {
     if (calls.kind != JV_LIST)
         return calls;
@@ -160,7 +155,7 @@ static jj_value tool_calls_of(jj_arena *a, holds_t *h, jj_value calls)
     return out;
 }
 
-static jj_value message_of(jj_arena *a, holds_t *h, jj_value m, int parts)
+static jj_value message_of(jj_arena *a, kv_chat_holds_t *h, jj_value m, int parts)
 {
     const jj_value *role = get(m, "role"), *v;
     jj_value out;
@@ -191,7 +186,7 @@ static jj_value message_of(jj_arena *a, holds_t *h, jj_value m, int parts)
     return out;
 }
 
-static jj_value messages_of(jj_arena *a, holds_t *h, jj_value msgs, int parts)
+static jj_value messages_of(jj_arena *a, kv_chat_holds_t *h, jj_value msgs, int parts)
 {
     if (msgs.kind != JV_LIST)
         return msgs;
@@ -308,33 +303,59 @@ static int cut_after_final(char *text, size_t *len, jj_value final, char *err, s
     return 0;
 }
 
+/* A request's members, parsed into the arena. */
+typedef struct {
+    jj_value         msgs, tools, docs, kwargs, tool_choice, effort;
+    int              agp, cont;
+    kv_chat_engine_t engine;
+} members_t;
+
+/* What the template gets, by vLLM's rules. */
+static void as_vllm(const kv_chat_template_t *t, jj_arena *a, kv_chat_holds_t *h,
+                    members_t *m)
+{
+    m->msgs = messages_of(a, h, m->msgs, kv_chat_content_parts(t));
+    m->tools = tools_of(a, m->tools);
+}
+
 /* Renders parsed members; frees a and the holds whatever the outcome. */
-static char *render(const kv_chat_template_t *t, jj_arena *a, holds_t *h, jj_value msgs,
-                    jj_value tools, jj_value docs, jj_value kwargs, int agp, int cont,
-                    long long now, size_t *len, char *err, size_t errlen)
+static char *render(const kv_chat_template_t *t, jj_arena *a, kv_chat_holds_t *h,
+                    members_t *m, long long now, size_t *len, char *err, size_t errlen)
 {
     const jj_value *final;
     jj_value        fin = jv_none();
     size_t          n = 0;
     char           *text;
 
-    if (msgs.kind != JV_LIST) {
+    if (m->msgs.kind != JV_LIST) {
         jj_arena_free(a);
-        holds_free(h);
+        kv_chat_holds_free(h);
         snprintf(err, errlen, "messages must be a JSON array");
         return NULL;
     }
-    msgs = messages_of(a, h, msgs, kv_chat_content_parts(t));
-    tools = tools_of(a, tools);
-    if (kwargs.kind != JV_DICT)
-        kwargs = jv_none();
+    if (m->kwargs.kind != JV_DICT)
+        m->kwargs = jv_none();
+    if (m->engine == KV_CHAT_SGLANG) {
+        if (kv_chat_as_sglang(t, a, h, &m->msgs, &m->tools, &m->kwargs, m->tool_choice,
+                              m->effort, m->cont, err, errlen) != 0) {
+            jj_arena_free(a);
+            kv_chat_holds_free(h);
+            return NULL;
+        }
+        m->docs = jv_none();
+        m->agp = 1;
+        m->cont = 0;            /* done: the continued message is left out */
+    } else {
+        as_vllm(t, a, h, m);
+    }
     /* the arena goes with the render: keep a copy of what the cut needs */
-    if (cont && (final = final_text(msgs)) != NULL)
+    if (m->cont && (final = final_text(m->msgs)) != NULL)
         fin = *final;
     char *copy = fin.kind == JV_STR ? strndup(fin.u.str.s, fin.u.str.n) : NULL;
-    text = kv_chat_render_values(t, a, msgs, tools, docs, kwargs, agp, now, &n, err, errlen);
-    holds_free(h);
-    if (text && cont && copy
+    text = kv_chat_render_values(t, a, m->msgs, m->tools, m->docs, m->kwargs, m->agp, now, &n,
+                                 err, errlen);
+    kv_chat_holds_free(h);
+    if (text && m->cont && copy
         && cut_after_final(text, &n, jv_strn(copy, fin.u.str.n), err, errlen) != 0) {
         free(text);
         text = NULL;
@@ -348,10 +369,11 @@ static char *render(const kv_chat_template_t *t, jj_arena *a, holds_t *h, jj_val
 char *kv_chat_render_request(const kv_chat_template_t *t, const kv_chat_request_t *r,
                              long long now, size_t *len, char *err, size_t errlen)
 {
-    jj_arena a = {0};
-    holds_t  h = {0};
-    jj_value msgs, tools, docs, kwargs;
-    char     dummy[8];
+    jj_arena        a = {0};
+    kv_chat_holds_t h = {0};
+    members_t       m = { .agp = r->add_generation_prompt, .cont = r->continue_final_message,
+                          .engine = r->engine };
+    char            dummy[8];
 
     if (err == NULL) {
         err = dummy;
@@ -361,17 +383,20 @@ char *kv_chat_render_request(const kv_chat_template_t *t, const kv_chat_request_
         snprintf(err, errlen, t ? "no messages" : "no chat template configured");
         return NULL;
     }
-    if (parse(&a, &h, r->messages, r->messages_len, &msgs, err, errlen) != 0
-        || parse(&a, &h, r->tools, r->tools_len, &tools, err, errlen) != 0
-        || parse(&a, &h, r->documents, r->documents_len, &docs, err, errlen) != 0
-        || parse(&a, &h, r->kwargs, r->kwargs_len, &kwargs, err, errlen) != 0)
+    if (kv_chat_parse_held(&a, &h, r->messages, r->messages_len, &m.msgs, err, errlen) != 0
+        || kv_chat_parse_held(&a, &h, r->tools, r->tools_len, &m.tools, err, errlen) != 0
+        || kv_chat_parse_held(&a, &h, r->documents, r->documents_len, &m.docs, err, errlen) != 0
+        || kv_chat_parse_held(&a, &h, r->kwargs, r->kwargs_len, &m.kwargs, err, errlen) != 0
+        || kv_chat_parse_held(&a, &h, r->tool_choice, r->tool_choice_len, &m.tool_choice, err,
+                              errlen) != 0
+        || kv_chat_parse_held(&a, &h, r->reasoning_effort, r->reasoning_effort_len, &m.effort,
+                              err, errlen) != 0)
     {
         jj_arena_free(&a);
-        holds_free(&h);
+        kv_chat_holds_free(&h);
         return NULL;
     }
-    return render(t, &a, &h, msgs, tools, docs, kwargs, r->add_generation_prompt,
-                  r->continue_final_message, now, len, err, errlen);
+    return render(t, &a, &h, &m, now, len, err, errlen);
 }
 
 static jj_value member(jj_arena *a, const json_t *req, const char *key)
@@ -381,12 +406,13 @@ static jj_value member(jj_arena *a, const json_t *req, const char *key)
 }
 
 char *kv_chat_render_request_json(const kv_chat_template_t *t, const json_t *req,
-                                  long long now, size_t *len, char *err, size_t errlen)
+                                  kv_chat_engine_t engine, long long now, size_t *len,
+                                  char *err, size_t errlen)
 {
-    jj_arena      a = {0};
-    holds_t       h = {0};
-    const json_t *agp = json_object_get(req, "add_generation_prompt");
-    char          dummy[8];
+    jj_arena        a = {0};
+    kv_chat_holds_t h = {0};
+    members_t       m;
+    char            dummy[8];
 
     if (err == NULL) {
         err = dummy;
@@ -396,11 +422,16 @@ char *kv_chat_render_request_json(const kv_chat_template_t *t, const json_t *req
         snprintf(err, errlen, "no chat template configured");
         return NULL;
     }
-    return render(t, &a, &h, member(&a, req, "messages"), member(&a, req, "tools"),
-                  member(&a, req, "documents"), member(&a, req, "chat_template_kwargs"),
-                  !json_is_false(agp),
-                  json_is_true(json_object_get(req, "continue_final_message")), now, len, err,
-                  errlen);
+    m = (members_t) {
+        .msgs = member(&a, req, "messages"), .tools = member(&a, req, "tools"),
+        .docs = member(&a, req, "documents"), .kwargs = member(&a, req, "chat_template_kwargs"),
+        .tool_choice = member(&a, req, "tool_choice"),
+        .effort = member(&a, req, "reasoning_effort"),
+        .agp = !json_is_false(json_object_get(req, "add_generation_prompt")),
+        .cont = json_is_true(json_object_get(req, "continue_final_message")),
+        .engine = engine,
+    };
+    return render(t, &a, &h, &m, now, len, err, errlen);
 }
 
 int kv_chat_request_add_special(const json_t *req)

@@ -17,9 +17,16 @@
 
 #include "kv_chat.h"
 
+/* Whose rules: vLLM's (the default) or SGLang's (kv_chat_request.c). */
+typedef enum {
+    KV_CHAT_VLLM = 0,
+    KV_CHAT_SGLANG
+} kv_chat_engine_t;
+
 /* The request's members that shape the prompt, as raw JSON spans of its
  * body (NULL: absent). */
 typedef struct {
+    kv_chat_engine_t engine;
     const char *messages;           /* a JSON array */
     size_t      messages_len;
     const char *tools;
@@ -28,6 +35,10 @@ typedef struct {
     size_t      documents_len;
     const char *kwargs;             /* `chat_template_kwargs` */
     size_t      kwargs_len;
+    const char *tool_choice;                /* SGLang: "none" or a named tool */
+    size_t      tool_choice_len;
+    const char *reasoning_effort;           /* SGLang passes it to the template */
+    size_t      reasoning_effort_len;
     int         add_generation_prompt;      /* 1 unless the body says false */
     int         continue_final_message;
 } kv_chat_request_t;
@@ -39,7 +50,8 @@ char *kv_chat_render_request(const kv_chat_template_t *t, const kv_chat_request_
 
 /* The same from a parsed request object (kvworker's side). */
 char *kv_chat_render_request_json(const kv_chat_template_t *t, const json_t *req,
-                                  long long now, size_t *len, char *err, size_t errlen);
+                                  kv_chat_engine_t engine, long long now, size_t *len,
+                                  char *err, size_t errlen);
 
 /* A request's `add_special_tokens` (default false for chat): the tokenizer
  * then adds its special tokens to the rendered text too. */

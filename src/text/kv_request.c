@@ -12,14 +12,16 @@ char *kv_request_render(const kv_chat_template_t *tpl, const json_t *chat, size_
     char   *text;
 
     if (!json_is_array(chat)) {
-        return kv_chat_render_request_json(tpl, chat, kv_chat_now(), len, err, errlen);
+        return kv_chat_render_request_json(tpl, chat, KV_CHAT_VLLM, kv_chat_now(), len, err,
+                                           errlen);
     }
     req = json_pack("{sO}", "messages", chat);
     if (req == NULL) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    text = kv_chat_render_request_json(tpl, req, kv_chat_now(), len, err, errlen);
+    text = kv_chat_render_request_json(tpl, req, KV_CHAT_VLLM, kv_chat_now(), len, err,
+                                       errlen);
     json_decref(req);
     return text;
 }

@@ -2,8 +2,9 @@
  * libFuzzer target: a whole chat request body rendered as the router
  * renders it (kv_body's spans, then kv_chat_render_request: tools, tool
  * calls' JSON-text arguments, kwargs, documents, continue_final_message)
- * and as kvworker does (jansson, kv_chat_render_request_json), by a
- * template that prints all of it. A result or a clean error, never a
+ * and as kvworker does (jansson, kv_chat_render_request_json), by vLLM's
+ * rules or SGLang's (the body's length, odd or even), by a template that
+ * prints all of it. A result or a clean error, never a
  * crash, leak or hang.
  */
 #include <stdint.h>
@@ -30,16 +31,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char                       err[256];
     kv_body_t                  b;
     size_t                     len;
+    kv_chat_engine_t           engine = size % 2 ? KV_CHAT_SGLANG : KV_CHAT_VLLM;
 
     if (t == NULL && (t = kv_chat_load_string(probe, NULL, NULL, err, sizeof err)) == NULL)
         abort();
     if (kv_body_parse(&b, (const char *) data, size, err, sizeof err) == 0
-        && b.kind == KV_BODY_MESSAGES)
+        && b.kind == KV_BODY_MESSAGES) {
+        b.chat.engine = engine;
         free(kv_chat_render_request(t, &b.chat, 0, &len, err, sizeof err));
+    }
     kv_body_free(&b);
     json_t *req = json_loadb((const char *) data, size, 0, NULL);
     if (req)
-        free(kv_chat_render_request_json(t, req, 0, &len, err, sizeof err));
+        free(kv_chat_render_request_json(t, req, engine, 0, &len, err, sizeof err));
     json_decref(req);
     return 0;
 }

@@ -40,11 +40,12 @@ CONF = """
 SYSTEM = ("You are a meticulous assistant for a large insurance company. " * 40).strip()
 
 
-def setup(stack, threshold="64k", extra=""):
+def setup(stack, threshold="64k", extra="", worker_extra=()):
     nats = stack.nats()
     w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", nats.url, "--heartbeat-ms", "200",
                                        "--tokenizer", QWEN + "/tokenizer.json",
-                                       "--chat-template", QWEN + "/tokenizer_config.json"])
+                                       "--chat-template", QWEN + "/tokenizer_config.json",
+                                       *worker_extra])
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
     ng = stack.nginx(CONF % {"nats": nats.url, "dir": QWEN, "servers": servers,
                              "threshold": threshold, "extra": extra})
@@ -113,11 +114,8 @@ def agent_body(turns):
             "messages": msgs}
 
 
-def test_agent_turns_with_tools_found_by_router(stack):
-    """Tools render after the system prompt and calls' arguments are parsed
-    (as vLLM does) on both sides, so an agent's next turn finds every block
-    of the last one."""
-    ng, (a, b) = setup(stack)
+def agent_turns_found(stack, extra="", worker_extra=()):
+    ng, (a, b) = setup(stack, extra=extra, worker_extra=worker_extra)
     s, _, body, _ = kvt.post_json(a, "/v1/chat/completions", agent_body(1))
     assert s == 200, body
     first = body["usage"]["prompt_tokens"]
@@ -134,6 +132,19 @@ def test_agent_turns_with_tools_found_by_router(stack):
         last = body["usage"]["prompt_tokens"]
         kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= last // 16,
                        what="turn %d indexed" % turns)
+
+
+def test_agent_turns_with_tools_found_by_router(stack):
+    """Tools render after the system prompt and calls' arguments are parsed
+    (as vLLM does) on both sides, so an agent's next turn finds every block
+    of the last one."""
+    agent_turns_found(stack)
+
+
+def test_agent_turns_behind_sglang(stack):
+    """The same behind engines that render as SGLang does (tools as bare
+    functions, parts joined with spaces): chat_engine=sglang."""
+    agent_turns_found(stack, extra="chat_engine=sglang", worker_extra=("--chat-engine", "sglang"))
 
 
 def test_text_prompt_prefix_found_by_router(stack):

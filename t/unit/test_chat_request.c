@@ -1,5 +1,5 @@
 /*
- * Whole chat requests render as vLLM renders them (t/data/chat/requests.jsonl,
+ * Whole chat requests render as vLLM (or SGLang) renders them (t/data/chat/requests.jsonl,
  * made by tools/gen-chat-request-fixtures.py): tools, tool calls with JSON
  * text arguments, dropped and renamed message members, template kwargs,
  * documents, add_generation_prompt and continue_final_message, on every
@@ -24,6 +24,8 @@ static long long fixture_now(void)
 }
 
 /* The router's path: the body scanned in one pass, spans handed over. */
+static kv_chat_engine_t engine;     /* whose rules the renders below follow */
+
 static char *render_router(const kv_chat_template_t *t, const char *body, long long now,
                            size_t *len, char *err, size_t errlen)
 {
@@ -32,6 +34,7 @@ static char *render_router(const kv_chat_template_t *t, const char *body, long l
 
     if (kv_body_parse(&b, body, strlen(body), err, errlen) != 0)
         return NULL;
+    b.chat.engine = engine;
     text = kv_chat_render_request(t, &b.chat, now, len, err, errlen);
     kv_body_free(&b);
     return text;
@@ -41,7 +44,7 @@ static char *render_worker(const kv_chat_template_t *t, const char *body, long l
                            size_t *len, char *err, size_t errlen)
 {
     json_t *req = json_loads(body, 0, NULL);
-    char *text = kv_chat_render_request_json(t, req, now, len, err, errlen);
+    char *text = kv_chat_render_request_json(t, req, engine, now, len, err, errlen);
     json_decref(req);
     return text;
 }
@@ -56,13 +59,14 @@ static int check(render_fn fn, const char *side, const kv_chat_template_t *t, js
     const char *want = json_string_value(json_object_get(rec, "output"));
     const char *name = json_string_value(json_object_get(rec, "template"));
     const char *c = json_string_value(json_object_get(rec, "case"));
+    const char *e = json_string_value(json_object_get(rec, "engine"));
     char err[512] = "";
     size_t len = 0;
     char *got = fn(t, body, now, &len, err, sizeof err);
     int ok = want ? got && len == strlen(want) && !memcmp(got, want, len) : got == NULL;
 
     if (!ok)
-        fprintf(stderr, "  %s %s/%s:\n    want: %s\n    got:  %s\n", side, name, c,
+        fprintf(stderr, "  %s %s %s/%s:\n    want: %s\n    got:  %s\n", side, e, name, c,
                 want ? want : "an error", got ? got : err);
     free(got);
     return ok;
@@ -107,6 +111,8 @@ TEST(requests_as_vllm_renders_them)
             CHECK(t != NULL);
         }
         total++;
+        engine = strcmp(json_string_value(json_object_get(rec, "engine")), "sglang") == 0
+                 ? KV_CHAT_SGLANG : KV_CHAT_VLLM;
         if (t && check(render_router, "router", t, rec, now)
             && check(render_worker, "worker", t, rec, now))
             passed++;
@@ -116,8 +122,9 @@ TEST(requests_as_vllm_renders_them)
     free(line);
     if (f)
         fclose(f);
-    fprintf(stderr, "  %zu of %zu requests as vLLM renders them\n", passed, total);
-    CHECK(total > 200);
+    engine = KV_CHAT_VLLM;
+    fprintf(stderr, "  %zu of %zu requests as vLLM and SGLang render them\n", passed, total);
+    CHECK(total > 400);
     CHECK(passed == total);
 }
 
@@ -166,12 +173,14 @@ TEST(router_and_worker_paths_agree)
                             json_object_get(d, "add_generation_prompt"));
             if (json_object_get(d, "kwargs"))
                 json_object_set(req, "chat_template_kwargs", json_object_get(d, "kwargs"));
-            for (int ascii = 0; ascii < 2; ascii++) {
-                char *body = json_dumps(req, JSON_COMPACT | (ascii ? JSON_ENSURE_ASCII : 0));
+            for (int ascii = 0; ascii < 4; ascii++) {
+                char *body = json_dumps(req, JSON_COMPACT | (ascii & 1 ? JSON_ENSURE_ASCII : 0));
+                engine = ascii & 2 ? KV_CHAT_SGLANG : KV_CHAT_VLLM;
                 CHECK(paths_agree(t, body));
                 free(body);
                 n++;
             }
+            engine = KV_CHAT_VLLM;
             json_decref(req);
             json_decref(d);
         }
@@ -180,7 +189,7 @@ TEST(router_and_worker_paths_agree)
         kv_chat_free(t);
     }
     json_decref(index);
-    CHECK(n > 1000);
+    CHECK(n > 2000);
 }
 
 /* JSON the fast path leaves to jansson renders as the worker renders it. */
@@ -290,10 +299,14 @@ TEST(bad_members)
     size_t len;
 
     CHECK(t != NULL);
-    for (size_t i = 0; t && i < sizeof bodies / sizeof bodies[0]; i++) {
-        free(render_router(t, bodies[i], 0, &len, err, sizeof err));
-        free(render_worker(t, bodies[i], 0, &len, err, sizeof err));
+    for (int e = 0; e < 2; e++) {
+        engine = e ? KV_CHAT_SGLANG : KV_CHAT_VLLM;
+        for (size_t i = 0; t && i < sizeof bodies / sizeof bodies[0]; i++) {
+            free(render_router(t, bodies[i], 0, &len, err, sizeof err));
+            free(render_worker(t, bodies[i], 0, &len, err, sizeof err));
+        }
     }
+    engine = KV_CHAT_VLLM;
     kv_chat_free(t);
 }
 
