@@ -68,6 +68,26 @@ class ChatCompletionToolsParam(OpenAIBaseModel):
     function: FunctionDefinition
 
 
+TEXT_KEYS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+             "thinking": "thinking"}
+KNOWN_PART_KEYS = {"type", "text", "refusal", "thinking", "closed", "uuid"}
+
+
+def parse_part(p, openai_format):
+    """_parse_chat_message_content_part for text kinds; other parts as they came."""
+    if isinstance(p, str):
+        return {"type": "text", "text": p} if openai_format else p
+    key = TEXT_KEYS.get(p.get("type"))
+    if key is None:
+        return p if openai_format else None
+    text = p.get(key)
+    if text is None:
+        return None
+    if not openai_format:
+        return text
+    return {"type": "text", "text": text, **{k: v for k, v in p.items() if k not in KNOWN_PART_KEYS}}
+
+
 def parse_message(msg, openai_format):
     role = msg["role"]
     content = msg.get("content")
@@ -75,9 +95,11 @@ def parse_message(msg, openai_format):
         content = []
     elif isinstance(content, str):
         content = [{"type": "text", "text": content}]
-    texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"]
-    out = {"role": role,
-           "content": [{"type": "text", "text": t} for t in texts] if openai_format else "\n".join(texts)}
+    parts = [q for q in (parse_part(p, openai_format) for p in content) if q is not None]
+    out = {"role": role, "content": parts if openai_format else "\n".join(parts)}
+    if role == "tool" and openai_format and all(isinstance(q, dict) and q.get("type") == "text"
+                                                for q in parts):
+        out["content"] = "\n".join(q.get("text", "") for q in parts) if parts else ""
     if role == "assistant":
         if msg.get("tool_calls") is not None:
             out["tool_calls"] = copy.deepcopy(list(msg["tool_calls"]))
@@ -247,6 +269,17 @@ REQUESTS = [
     ("reasoning", {"messages": [U("q1"), A("a1", reasoning="why 1"), U("q2")]}),
     ("null_content", {"messages": [U("x"), A(None), U("y")]}),
     ("parts", {"messages": [U([{"type": "text", "text": "one"}, {"type": "text", "text": "two"}])]}),
+    ("part_kinds", {"messages": [
+        S([{"type": "input_text", "text": "sys in"}, "plain string part",
+           {"type": "text", "text": "cached", "cache_control": {"type": "ephemeral"}}]),
+        U([{"type": "text", "text": None}, {"type": "output_text", "text": "out"}]),
+        A([{"type": "refusal", "refusal": "no"}, {"type": "thinking", "thinking": "hmm"}]),
+        U("next")]}),
+    ("tool_parts", {"messages": [U("w?"), A(None, tool_calls=[call("{}")]),
+                                 {"role": "tool", "tool_call_id": "call1",
+                                  "content": [{"type": "text", "text": "line 1"},
+                                              {"type": "text", "text": "line 2"}]}],
+                    "tools": chatfix.TOOLS}),
     ("kwargs", {"messages": [S("sys"), U("hi")], "chat_template_kwargs": {"enable_thinking": False}}),
     ("no_gen_prompt", {"messages": [U("hi"), A("hello")], "add_generation_prompt": False}),
     ("continue", {"messages": [U("Write a haiku."), A("Autumn moon  ")], "add_generation_prompt": False,
@@ -266,8 +299,8 @@ def main():
         openai_format = chatfix.iterates_content(env, src)
         for engine, fn in (("vllm", render), ("sglang", render_sglang)):
             for case, req in REQUESTS:
-                if engine == "sglang" and case == "call_bad_args":
-                    continue        # SGLang refuses the request (orjson raises)
+                if engine == "sglang" and case in ("call_bad_args", "part_kinds"):
+                    continue        # SGLang refuses these (orjson raises; its part models)
                 body = json.dumps({"model": "m", **req}, ensure_ascii=False, separators=(",", ":"))
                 rec = {"template": name, "engine": engine, "case": case, "body": body}
                 try:

@@ -239,17 +239,46 @@ void kv_chat_free(kv_chat_template_t *t)
     free(t);
 }
 
-/* The "string" content format: text parts joined with sep ("\n" for vLLM). */
-jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep)
+/*
+ * Whether a part is one vLLM reads as text (its MM_PARSER_MAP; a plain
+ * string part is text too, taken by the caller): {"type": "text" |
+ * "input_text" | "output_text", "text"}, {"type": "refusal", "refusal"},
+ * {"type": "thinking", "thinking"}; with text_only, {"type": "text"} alone
+ * (SGLang). *text: its text, NULL when null or absent (vLLM skips it).
+ */
+int kv_chat_part_text(jj_value p, int text_only, const jj_value **text)
+{
+    const jj_value *type = p.kind == JV_DICT ? jv_dict_get(p, "type", 4) : NULL;
+
+    *text = NULL;
+    if (type == NULL || type->kind != JV_STR)
+        return 0;
+    if (jv_is_str(*type, "text")
+        || (!text_only && (jv_is_str(*type, "input_text") || jv_is_str(*type, "output_text"))))
+        *text = jv_dict_get(p, "text", 4);
+    else if (!text_only && jv_is_str(*type, "refusal"))
+        *text = jv_dict_get(p, "refusal", 7);
+    else if (!text_only && jv_is_str(*type, "thinking"))
+        *text = jv_dict_get(p, "thinking", 8);
+    else
+        return 0;
+    if (*text && (*text)->kind != JV_STR)
+        *text = NULL;
+    return 1;
+}
+
+/* The "string" content format: the parts' text joined with sep (vLLM:
+ * "\n" and every text kind; SGLang: ' ' and "text" parts only). */
+jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep, int text_only)
 {
     jj_buf b = {0};
     int first = 1;
     for (size_t i = 0; i < parts.u.list->n; i++) {
         jj_value p = parts.u.list->items[i];
-        if (p.kind != JV_DICT)
+        const jj_value *text = &parts.u.list->items[i];
+        if ((p.kind != JV_STR || text_only) && !kv_chat_part_text(p, text_only, &text))
             continue;
-        const jj_value *type = jv_dict_get(p, "type", 4), *text = jv_dict_get(p, "text", 4);
-        if (!type || !jv_is_str(*type, "text") || !text || text->kind != JV_STR)
+        if (text == NULL)
             continue;
         if (!first)
             jj_buf_putc(&b, sep);
@@ -278,7 +307,7 @@ static void normalise_content(jj_arena *a, jj_value msgs)
             continue;
         for (size_t k = 0; k < m.u.dict->n; k++)
             if (jv_is_str(m.u.dict->keys[k], "content") && m.u.dict->vals[k].kind == JV_LIST)
-                m.u.dict->vals[k] = kv_chat_join_parts(a, m.u.dict->vals[k], '\n');
+                m.u.dict->vals[k] = kv_chat_join_parts(a, m.u.dict->vals[k], '\n', 0);
     }
 }
 

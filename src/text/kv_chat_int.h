@@ -12,9 +12,13 @@
  * content format): content then stays, or becomes, a list of parts. */
 int kv_chat_content_parts(const kv_chat_template_t *t);
 
+/* 1 if a content part is text (kv_chat.c says which are); *text: its text,
+ * NULL when null or absent. */
+int kv_chat_part_text(jj_value p, int text_only, const jj_value **text);
+
 /* A list of content parts as the "string" content format has it: the text
- * of its {"type": "text"} parts joined with sep (vLLM "\n", SGLang ' '). */
-jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep);
+ * of its text parts joined with sep (vLLM "\n", SGLang ' ', text_only). */
+jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep, int text_only);
 
 /*
  * Renders values already in a (freed here, whatever the outcome). tools and

@@ -83,6 +83,18 @@ void kv_chat_set(jj_arena *a, jj_value d, const char *key, jj_value v)
     jv_dict_set(a, d, jv_cstr(key), v);
 }
 
+/* d's members but the named ones, in their order: pydantic keeps extras last */
+static void copy_extras(jj_arena *a, jj_value to, jj_value d, const char *const *known)
+{
+    for (size_t k = 0; k < d.u.dict->n; k++) {
+        int skip = 0;
+        for (const char *const *n = known; *n && !skip; n++)
+            skip = jv_is_str(d.u.dict->keys[k], *n);
+        if (!skip)
+            jv_dict_set(a, to, d.u.dict->keys[k], d.u.dict->vals[k]);
+    }
+}
+
 /* A text part as vLLM wraps it in the "openai" content format. */
 static jj_value text_part(jj_arena *a, jj_value text)
 {
@@ -94,19 +106,56 @@ static jj_value text_part(jj_arena *a, jj_value text)
     return p;
 }
 
-static jj_value content_of(jj_arena *a, const jj_value *c, int parts)
+/* A list of parts as vLLM's "openai" format keeps it: every text kind as
+ * {"type": "text", "text"} with the part's unknown members after it (e.g.
+ * cache_control), other parts as they came. *all_text: no other part. */
+static jj_value parts_of(jj_arena *a, jj_value parts, int *all_text)
 {
+    static const char *const known[] = {"type", "text", "refusal", "thinking", "closed",
+                                        "uuid", NULL};
+    jj_value out = jv_new_list(a, parts.u.list->n);
+
+    *all_text = 1;
+    for (size_t i = 0; out.kind == JV_LIST && i < parts.u.list->n; i++) {
+        jj_value        p = parts.u.list->items[i], d;
+        const jj_value *text = &parts.u.list->items[i];
+        if (p.kind != JV_STR && !kv_chat_part_text(p, 0, &text)) {
+            *all_text = 0;
+            jv_list_push(a, out, p);
+            continue;
+        }
+        if (text == NULL)
+            continue;           /* a text part without text: vLLM skips it */
+        d = text_part(a, *text);
+        if (p.kind == JV_DICT && d.kind == JV_DICT)
+            copy_extras(a, d, p, known);
+        jv_list_push(a, out, d);
+    }
+    return out;
+}
+
+/* A message's content as vLLM hands it to the template; tool results given
+ * as text parts become one string, as vLLM does for clients that send them
+ * so. */
+static jj_value content_of(jj_arena *a, const jj_value *c, int parts, int tool)
+{
+    jj_value l;
+    int      all_text;
+
     if (c == NULL || c->kind == JV_NONE)
         return parts ? jv_new_list(a, 0) : jv_strn("", 0);
     if (parts && c->kind == JV_STR) {
-        jj_value l = jv_new_list(a, 1);
+        l = jv_new_list(a, 1);
         if (l.kind == JV_LIST)
             jv_list_push(a, l, text_part(a, *c));
         return l;
     }
-    if (!parts && c->kind == JV_LIST)
-        return kv_chat_join_parts(a, *c, '\n');
-    return *c;
+    if (c->kind != JV_LIST)
+        return *c;
+    if (!parts)
+        return kv_chat_join_parts(a, *c, '\n', 0);
+    l = parts_of(a, *c, &all_text);
+    return tool && all_text ? kv_chat_join_parts(a, l, '\n', 0) : l;
 }
 
 /*
@@ -166,7 +215,8 @@ static jj_value message_of(jj_arena *a, kv_chat_holds_t *h, jj_value m, int part
     if (out.kind != JV_DICT)
         return out;
     set(a, out, "role", role ? *role : jv_none());
-    set(a, out, "content", content_of(a, get(m, "content"), parts));
+    set(a, out, "content", content_of(a, get(m, "content"), parts,
+                                      role && jv_is_str(*role, "tool")));
     if (role && jv_is_str(*role, "assistant")) {
         v = get(m, "tool_calls");
         if (v && v->kind != JV_NONE && !(v->kind == JV_LIST && v->u.list->n == 0))
@@ -194,18 +244,6 @@ static jj_value messages_of(jj_arena *a, kv_chat_holds_t *h, jj_value msgs, int 
     for (size_t i = 0; out.kind == JV_LIST && i < msgs.u.list->n; i++)
         jv_list_push(a, out, message_of(a, h, msgs.u.list->items[i], parts));
     return out;
-}
-
-/* d's members but the named ones, in their order: pydantic keeps extras last */
-static void copy_extras(jj_arena *a, jj_value to, jj_value d, const char *const *known)
-{
-    for (size_t k = 0; k < d.u.dict->n; k++) {
-        int skip = 0;
-        for (const char *const *n = known; *n && !skip; n++)
-            skip = jv_is_str(d.u.dict->keys[k], *n);
-        if (!skip)
-            jv_dict_set(a, to, d.u.dict->keys[k], d.u.dict->vals[k]);
-    }
 }
 
 static jj_value function_of(jj_arena *a, jj_value f)
