@@ -59,6 +59,11 @@ int kv_chat_parse_held(jj_arena *a, kv_chat_holds_t *h, const char *json, size_t
 const jj_value *kv_chat_get(jj_value d, const char *key);
 void kv_chat_set(jj_arena *a, jj_value d, const char *key, jj_value v);
 
+/* What the template gets by vLLM's rules (kv_chat_vllm.c): messages and
+ * tools rewritten in place. */
+void kv_chat_as_vllm(const kv_chat_template_t *t, jj_arena *a, kv_chat_holds_t *h,
+                     jj_value *msgs, jj_value *tools);
+
 /*
  * What the template gets by SGLang's rules (kv_chat_sglang.c): messages,
  * tools and kwargs rewritten in place, from the request's tool_choice and
