@@ -10,9 +10,10 @@
  *
  * Content normalisation (vLLM's rule): if the template never loops over a
  * message's content (vLLM's "string" content format), a content given as a
- * list of parts becomes the text of its {"type": "text"} parts joined with
- * "\n". Templates that loop over content (e.g. Gemma 3) get the list as is.
- * String content is always passed unchanged.
+ * list of parts becomes the text of its text parts (kv_chat_part_text)
+ * joined with "\n". Templates that loop over content (e.g. Gemma 3) get the
+ * list as is. String content is always passed unchanged. (A whole request,
+ * tools and all, is rendered by kv_chat_request.h.)
  */
 #include <stdio.h>
 #include <stdlib.h>
