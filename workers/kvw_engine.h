@@ -66,6 +66,7 @@ struct kvw_config {
     const char *model_dir;              /* cpu, cuda: --model DIR */
     const char *chat_template;          /* --chat-template FILE */
     kv_chat_engine_t chat_engine;       /* --chat-engine: whose rendering rules */
+    const char *chat_kwargs;            /* --default-chat-template-kwargs JSON */
     const struct kvw_text *text;        /* NULL: byte-per-token stand-in */
 
     /* NATS */

@@ -40,8 +40,11 @@ typedef struct kvw_text {
 } kvw_text_t;
 
 /* The shared tokenizer (and chat template, may be NULL) from src/text. */
+/* default_kwargs: vLLM's --default-chat-template-kwargs (a JSON object, the
+ * request's chat_template_kwargs over it) or NULL. */
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
-                                kv_chat_engine_t engine, char *err, size_t errlen);
+                                kv_chat_engine_t engine, const char *default_kwargs,
+                                char *err, size_t errlen);
 /* Frees what kvw_text_load returned (never kvw_text_bytes()). */
 void kvw_text_free(const kvw_text_t *text);
 

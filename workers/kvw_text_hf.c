@@ -18,6 +18,7 @@ typedef struct {
     kvw_text_t          text;
     kv_tokenizer_t     *tok;
     kv_chat_template_t *tpl;
+    json_t             *defaults;       /* default chat_template_kwargs, or NULL */
 } hf_text_t;
 
 static long encode(hf_text_t *h, const char *text, size_t len, kv_request_kind_t kind,
@@ -57,6 +58,16 @@ static int render(void *ctx, json_t *req, char **text, size_t *len, char *err,
     if (h->tpl == NULL) {
         return kvw_plain_render(NULL, req, text, len, err, errlen);
     }
+    if (h->defaults) {
+        /* vLLM's {**default, **request}: the request's own kwargs win */
+        json_t *kw = json_deep_copy(h->defaults);
+        json_t *own = json_object_get(req, "chat_template_kwargs");
+        if (kw == NULL || (json_is_object(own) && json_object_update(kw, own) != 0)
+            || json_object_set_new(req, "chat_template_kwargs", kw) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
     *text = kv_chat_render_request_json(h->tpl, req, h->text.engine, kv_chat_now(), len, err,
                                         errlen);
     return *text ? 0 : -1;
@@ -79,11 +90,13 @@ void kvw_text_free(const kvw_text_t *text)
     }
     kv_chat_free(h->tpl);
     kv_tokenizer_free(h->tok);
+    json_decref(h->defaults);
     free(h);
 }
 
 const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template,
-                                kv_chat_engine_t engine, char *err, size_t errlen)
+                                kv_chat_engine_t engine, const char *default_kwargs,
+                                char *err, size_t errlen)
 {
     hf_text_t *h = calloc(1, sizeof(*h));
     char       e[512];
@@ -114,5 +127,15 @@ const kvw_text_t *kvw_text_load(const char *tokenizer, const char *chat_template
     h->text.ctx = h;
     h->text.vocab_size = kv_tokenizer_vocab_size(h->tok);
     h->text.engine = engine;
+    if (default_kwargs) {
+        json_error_t jerr;
+        h->defaults = json_loads(default_kwargs, 0, &jerr);
+        if (!json_is_object(h->defaults)) {
+            snprintf(err, errlen, "--default-chat-template-kwargs: not a JSON object%s%s",
+                     h->defaults ? "" : ": ", h->defaults ? "" : jerr.text);
+            kvw_text_free(&h->text);
+            return NULL;
+        }
+    }
     return &h->text;
 }

@@ -60,6 +60,8 @@ static void usage(FILE *f)
         "  --chat-template FILE          chat template (default: \"role: content\" lines)\n"
         "  --chat-engine vllm|sglang     render chat requests (tools, tool calls, kwargs) by\n"
         "                                vLLM's rules (default) or SGLang's\n"
+        "  --default-chat-template-kwargs JSON  template variables every chat request gets\n"
+        "                                (its own chat_template_kwargs over them), as vLLM's\n"
         "disaggregated prefill/decode (docs/PROTOCOL.md):\n"
         "  --role ROLE                   aggregated (default), prefill or decode: a decode worker\n"
         "                                pulls a prompt's KV from the worker its request's\n"
@@ -98,7 +100,7 @@ enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_LOAD_MS, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
     O_DEVICE, O_ROLE, O_DISAGG_MIN, O_PREFILL_LIMIT, O_XFER_TIMEOUT, O_LINK, O_KVBPT,
-    O_XFER_FAULT, O_CHAT_ENGINE,
+    O_XFER_FAULT, O_CHAT_ENGINE, O_CHAT_KWARGS,
 };
 
 /* --xfer-fault KIND:N (testing only, kvw_engine.h). */
@@ -160,7 +162,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"role", 1, 0, O_ROLE}, {"disagg-min-tokens", 1, 0, O_DISAGG_MIN},
         {"prefill-queue-limit", 1, 0, O_PREFILL_LIMIT}, {"xfer-timeout-ms", 1, 0, O_XFER_TIMEOUT},
         {"link-gbps", 1, 0, O_LINK}, {"kv-bytes-per-token", 1, 0, O_KVBPT},
-        {"xfer-fault", 1, 0, O_XFER_FAULT}, {"chat-engine", 1, 0, O_CHAT_ENGINE}, {0, 0, 0, 0}
+        {"xfer-fault", 1, 0, O_XFER_FAULT}, {"chat-engine", 1, 0, O_CHAT_ENGINE},
+        {"default-chat-template-kwargs", 1, 0, O_CHAT_KWARGS}, {0, 0, 0, 0}
     };
     int c;
 
@@ -188,6 +191,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case O_PROFILE: cfg->perf_profile = optarg; break;
         case O_TOKENIZER: cfg->tokenizer = optarg; break;
         case O_TEMPLATE: cfg->chat_template = optarg; break;
+        case O_CHAT_KWARGS: cfg->chat_kwargs = optarg; break;
         case O_CHAT_ENGINE:
             if (strcmp(optarg, "vllm") && strcmp(optarg, "sglang")) {
                 fprintf(stderr, "kvworker: --chat-engine takes vllm or sglang\n");
@@ -359,8 +363,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "kvworker: --chat-template needs --tokenizer\n");
             return 2;
         }
-        cfg.text = kvw_text_load(cfg.tokenizer, cfg.chat_template, cfg.chat_engine, err,
-                                 sizeof(err));
+        cfg.text = kvw_text_load(cfg.tokenizer, cfg.chat_template, cfg.chat_engine,
+                                 cfg.chat_kwargs, err, sizeof(err));
         if (cfg.text == NULL) {
             fprintf(stderr, "kvworker: %s\n", err);
             return 2;

@@ -184,6 +184,7 @@ struct ngx_http_kvroute_srv_conf_s {
     kv_chat_template_t             *template;
     int                             chat_engine;    /* kv_chat_engine_t: whose
                                                        rendering rules */
+    ngx_str_t                       chat_kwargs;    /* default kwargs, JSON */
     ngx_str_t                       model;
     kv_route_config_t               route;
     int                             mode;           /* 0 events, 1 approximate, -1 unset;

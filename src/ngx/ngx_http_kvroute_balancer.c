@@ -124,6 +124,38 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_params[] = {
 };
 
 
+/*
+ * A parameter that must be a JSON object (the operator's default
+ * chat_template_kwargs): checked now, kept NUL-terminated for the renderer.
+ */
+static ngx_int_t
+ngx_http_kvroute_json_object(ngx_conf_t *cf, ngx_str_t *s, ngx_str_t *out)
+{
+    json_t        *j;
+    json_error_t   jerr;
+
+    j = json_loadb((char *) s->data, s->len, 0, &jerr);
+    if (!json_is_object(j)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "kvroute: chat_template_kwargs=%V is not a JSON "
+                           "object%s%s", s, j ? "" : ": ", j ? "" : jerr.text);
+        json_decref(j);
+        return NGX_ERROR;
+    }
+    json_decref(j);
+
+    out->data = ngx_pnalloc(cf->pool, s->len + 1);
+    if (out->data == NULL) {
+        return NGX_ERROR;
+    }
+    ngx_memcpy(out->data, s->data, s->len);
+    out->data[s->len] = '\0';
+    out->len = s->len;
+
+    return NGX_OK;
+}
+
+
 static char *
 ngx_http_kvroute_load_files(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
     ngx_str_t *tokenizer, ngx_str_t *template)
@@ -298,6 +330,15 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
         if (ngx_http_kvroute_param_is(&value[i], "chat_template=", &s)) {
             template = s;
+            continue;
+        }
+
+        if (ngx_http_kvroute_param_is(&value[i], "chat_template_kwargs=", &s)) {
+            if (ngx_http_kvroute_json_object(cf, &s, &kcf->chat_kwargs)
+                != NGX_OK)
+            {
+                return NGX_CONF_ERROR;
+            }
             continue;
         }
 

@@ -886,6 +886,8 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     t->cfg.tokenizer = kcf->tokenizer;
     t->cfg.chat = kcf->template;
     t->cfg.chat_engine = (kv_chat_engine_t) kcf->chat_engine;
+    t->cfg.chat_kwargs = kcf->chat_kwargs.len ? (char *) kcf->chat_kwargs.data
+                                              : NULL;
     t->cfg.model = kcf->model.len ? (char *) kcf->model.data : NULL;
     t->cfg.block_size = kcf->block_size;
     t->cfg.max_tokenize = kcf->max_tokenize;

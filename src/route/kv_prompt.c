@@ -75,6 +75,8 @@ static kv_prompt_status_t chat_ids(const kv_prompt_config_t *cfg, const kv_body_
     }
     r = b->chat;
     r.engine = cfg->chat_engine;
+    r.default_kwargs = cfg->chat_kwargs;
+    r.default_kwargs_len = cfg->chat_kwargs ? strlen(cfg->chat_kwargs) : 0;
     text = kv_chat_render_request(cfg->chat, &r, kv_chat_now(), &len, err, sizeof(err));
     if (text == NULL) {
         return fail(out, KV_PROMPT_TEMPLATE, err);

@@ -56,6 +56,8 @@ typedef struct {
     int                          salt_combine;
     /* whose rules chat requests are rendered by (kv_chat_request.h) */
     kv_chat_engine_t             chat_engine;
+    /* the operator's default chat_template_kwargs (a JSON object) or NULL */
+    const char                  *chat_kwargs;
 } kv_prompt_config_t;
 
 /* Tokens before the cut that may differ from the whole text's (a word cut

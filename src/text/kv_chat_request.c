@@ -117,6 +117,24 @@ static int cut_after_final(char *text, size_t *len, jj_value final, char *err, s
     return 0;
 }
 
+/* The operator's default kwargs with the request's over them, as vLLM
+ * merges them ({**default, **request}). */
+static jj_value merged(jj_arena *a, jj_value defaults, jj_value kwargs)
+{
+    jj_value out;
+
+    if (defaults.kind != JV_DICT)
+        return kwargs;
+    if (kwargs.kind != JV_DICT)
+        return defaults;
+    out = jv_new_dict(a, defaults.u.dict->n + kwargs.u.dict->n);
+    for (size_t i = 0; out.kind == JV_DICT && i < defaults.u.dict->n; i++)
+        jv_dict_set(a, out, defaults.u.dict->keys[i], defaults.u.dict->vals[i]);
+    for (size_t i = 0; out.kind == JV_DICT && i < kwargs.u.dict->n; i++)
+        jv_dict_set(a, out, kwargs.u.dict->keys[i], kwargs.u.dict->vals[i]);
+    return out;
+}
+
 /* A request's members, parsed into the arena. */
 typedef struct {
     jj_value         msgs, tools, docs, kwargs, tool_choice, effort;
@@ -179,6 +197,7 @@ char *kv_chat_render_request(const kv_chat_template_t *t, const kv_chat_request_
     kv_chat_holds_t h = {0};
     members_t       m = { .agp = r->add_generation_prompt, .cont = r->continue_final_message,
                           .engine = r->engine };
+    jj_value        defaults;
     char            dummy[8];
 
     if (err == NULL) {
@@ -193,6 +212,8 @@ char *kv_chat_render_request(const kv_chat_template_t *t, const kv_chat_request_
         || kv_chat_parse_held(&a, &h, r->tools, r->tools_len, &m.tools, err, errlen) != 0
         || kv_chat_parse_held(&a, &h, r->documents, r->documents_len, &m.docs, err, errlen) != 0
         || kv_chat_parse_held(&a, &h, r->kwargs, r->kwargs_len, &m.kwargs, err, errlen) != 0
+        || kv_chat_parse_held(&a, &h, r->default_kwargs, r->default_kwargs_len, &defaults, err,
+                              errlen) != 0
         || kv_chat_parse_held(&a, &h, r->tool_choice, r->tool_choice_len, &m.tool_choice, err,
                               errlen) != 0
         || kv_chat_parse_held(&a, &h, r->reasoning_effort, r->reasoning_effort_len, &m.effort,
@@ -202,6 +223,7 @@ char *kv_chat_render_request(const kv_chat_template_t *t, const kv_chat_request_
         kv_chat_holds_free(&h);
         return NULL;
     }
+    m.kwargs = merged(&a, defaults, m.kwargs);
     return render(t, &a, &h, &m, now, len, err, errlen);
 }
 

@@ -35,6 +35,9 @@ typedef struct {
     size_t      documents_len;
     const char *kwargs;             /* `chat_template_kwargs` */
     size_t      kwargs_len;
+    const char *default_kwargs;     /* the operator's (vLLM's --default-chat-template-
+                                       kwargs), under the request's */
+    size_t      default_kwargs_len;
     const char *tool_choice;                /* SGLang: "none" or a named tool */
     size_t      tool_choice_len;
     const char *reasoning_effort;           /* SGLang passes it to the template */

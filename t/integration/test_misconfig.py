@@ -150,3 +150,16 @@ def test_share_parameters_checked_by_nginx_t(stack):
         ok, out, _ = nginx_t(stack, good.replace("ring=4096", "ring=4096 " + bad))
         assert not ok, bad
         assert says in out, (bad, out)
+
+
+def test_chat_template_kwargs_must_be_a_json_object(stack):
+    conf = """
+        kvroute_zone kv 8m;
+        upstream llm { zone llm 64k; kvroute zone=kv %s; server 127.0.0.1:1; }"""
+    # nginx reads braces as a block: the whole parameter is quoted
+    ok, out, _ = nginx_t(stack, conf % """'chat_template_kwargs={"enable_thinking": false}'""")
+    assert ok, out
+    for bad in ("chat_template_kwargs=[1]", """'chat_template_kwargs={"a":'"""):
+        ok, out, _ = nginx_t(stack, conf % bad)
+        assert not ok, bad
+        assert "is not a JSON object" in out, out

@@ -40,14 +40,14 @@ CONF = """
 SYSTEM = ("You are a meticulous assistant for a large insurance company. " * 40).strip()
 
 
-def setup(stack, threshold="64k", extra="", worker_extra=()):
+def setup(stack, threshold="64k", extra="", worker_extra=(), tok=QWEN):
     nats = stack.nats()
     w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", nats.url, "--heartbeat-ms", "200",
-                                       "--tokenizer", QWEN + "/tokenizer.json",
-                                       "--chat-template", QWEN + "/tokenizer_config.json",
+                                       "--tokenizer", tok + "/tokenizer.json",
+                                       "--chat-template", tok + "/tokenizer_config.json",
                                        *worker_extra])
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
-    ng = stack.nginx(CONF % {"nats": nats.url, "dir": QWEN, "servers": servers,
+    ng = stack.nginx(CONF % {"nats": nats.url, "dir": tok, "servers": servers,
                              "threshold": threshold, "extra": extra})
     def live():
         s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
@@ -145,6 +145,24 @@ def test_agent_turns_behind_sglang(stack):
     """The same behind engines that render as SGLang does (tools as bare
     functions, parts joined with spaces): chat_engine=sglang."""
     agent_turns_found(stack, extra="chat_engine=sglang", worker_extra=("--chat-engine", "sglang"))
+
+
+def test_default_template_kwargs_on_both_sides(stack):
+    """An operator's default chat_template_kwargs (vLLM's
+    --default-chat-template-kwargs): SmolLM3 writes enable_thinking into its
+    system header, so the router must render with the engines' defaults."""
+    kw = '{"enable_thinking": false}'
+    ng, (a, b) = setup(stack, extra="'chat_template_kwargs=%s'" % kw,
+                       worker_extra=("--default-chat-template-kwargs", kw),
+                       tok=os.path.join(kvt.TOP, "conf", "tokenizers", "smollm3-3b"))
+    s, _, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
+    assert s == 200, body
+    first = body["usage"]["prompt_tokens"]
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= first // 16, what="indexed")
+    s, h, body, _ = kvt.post_json(ng.port, "/v1/chat/completions", chat_body("Second question?"))
+    assert s == 200, body
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+    assert int(h["x-kvroute-overlap"]) >= (first - 20) // 16
 
 
 def test_text_prompt_prefix_found_by_router(stack):

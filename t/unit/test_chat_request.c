@@ -279,6 +279,43 @@ TEST(many_slow_arguments)
     kv_chat_free(t);
 }
 
+/* The operator's default kwargs (vLLM's --default-chat-template-kwargs),
+ * the request's own over them: SmolLM3 writes enable_thinking into its
+ * system header, so without them every block would differ. */
+TEST(default_kwargs)
+{
+    kv_chat_template_t *t = load("smollm3-3b");
+    const char *plain = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    const char *off = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                      "\"chat_template_kwargs\":{\"enable_thinking\":false}}";
+    const char *on = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                     "\"chat_template_kwargs\":{\"enable_thinking\":true}}";
+    const char *defaults = "{\"enable_thinking\": false, \"unused\": [1]}";
+    char *want_off, *want_on, *got, err[256];
+    size_t len;
+    kv_body_t b;
+
+    CHECK(t != NULL);
+    if (t == NULL)
+        return;
+    want_off = render_router(t, off, 0, &len, err, sizeof err);
+    want_on = render_router(t, on, 0, &len, err, sizeof err);
+    CHECK(want_off && want_on && strcmp(want_off, want_on) != 0);
+    for (int i = 0; i < 2; i++) {
+        const char *body = i ? on : plain;
+        CHECK(kv_body_parse(&b, body, strlen(body), err, sizeof err) == 0);
+        b.chat.default_kwargs = defaults;
+        b.chat.default_kwargs_len = strlen(defaults);
+        got = kv_chat_render_request(t, &b.chat, 0, &len, err, sizeof err);
+        CHECK(got != NULL && strcmp(got, i ? want_on : want_off) == 0);
+        free(got);
+        kv_body_free(&b);
+    }
+    free(want_off);
+    free(want_on);
+    kv_chat_free(t);
+}
+
 /* Bad members never crash: the router gets an error and routes by load. */
 TEST(bad_members)
 {
@@ -317,6 +354,7 @@ int main(void)
     RUN(jansson_fallback);
     RUN(tools_and_arguments_shape_the_prompt);
     RUN(many_slow_arguments);
+    RUN(default_kwargs);
     RUN(bad_members);
     return kvt_done();
 }

@@ -29,7 +29,7 @@ TEST(token_ids_at_several_block_sizes)
         ids[i] = (uint32_t) (1000 + i);
     }
     for (size_t k = 0; k < 3; k++) {
-        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL, 0, KV_CHAT_VLLM };
+        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL, 0, KV_CHAT_VLLM, NULL };
         kv_prompt_t p;
         const char *b = ids_body(200, ",\"max_tokens\":7,\"stream\":true");
 
@@ -45,7 +45,7 @@ TEST(token_ids_at_several_block_sizes)
 
 TEST(salt_changes_every_hash)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
     kv_prompt_t a, b, c;
     const char *body = ids_body(64, "");
     char        copy[65536];
@@ -67,7 +67,7 @@ TEST(salt_changes_every_hash)
 
 TEST(short_prompt_has_no_blocks)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL, 0, KV_CHAT_VLLM };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL, 0, KV_CHAT_VLLM, NULL };
     kv_prompt_t p;
     const char *b = ids_body(63, "");
 
@@ -79,7 +79,7 @@ TEST(short_prompt_has_no_blocks)
 
 TEST(fallbacks_say_why)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM };
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
     kv_prompt_t p;
     const char *b;
 
@@ -108,7 +108,7 @@ TEST(fallbacks_say_why)
  * not depend on it. */
 TEST(session_precedence)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
     kv_prompt_t p;
     char        copy[65536];
 
@@ -132,7 +132,7 @@ TEST(session_precedence)
  * value (escaped keys and duplicates too) is recorded for the rewrite. */
 TEST(operator_salt_combined_not_overridden)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1, KV_CHAT_VLLM };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1, KV_CHAT_VLLM, NULL };
     kv_prompt_t a, b, c, d;
     char        body[65536], evil[65536];
 
@@ -162,7 +162,7 @@ TEST(operator_salt_combined_not_overridden)
     kv_prompt_free(&d);
 
     /* no operator salt and no client salt: no salt, the unsalted blocks */
-    kv_prompt_config_t plain = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM };
+    kv_prompt_config_t plain = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
     CHECK(kv_prompt_compute(&cfg, body, strlen(body), "", 0, &a) == KV_PROMPT_OK);
     CHECK(kv_prompt_compute(&plain, body, strlen(body), NULL, 0, &b) == KV_PROMPT_OK);
     CHECK(a.salt == NULL && a.nseq == 4 && memcmp(a.seq, b.seq, 4 * sizeof(uint64_t)) == 0);

@@ -52,7 +52,7 @@ static const char *agent_special =
 static int same_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
                     const kvw_text_t *tx, const char *body, int is_chat)
 {
-    kv_prompt_config_t cfg = { tok, tpl, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM };      /* no tokenize cap */
+    kv_prompt_config_t cfg = { tok, tpl, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM, NULL };      /* no tokenize cap */
     kv_prompt_t        router;
     kvw_req_t          worker = { 0 };
     kvw_openai_err_t   refusal;
@@ -92,8 +92,8 @@ TEST(router_and_worker_agree_on_every_shipped_pair)
             continue;
         }
         kv_chat_template_t *tpl = kv_chat_load(tpl_path, NULL, err, sizeof(err));
-        const kvw_text_t *tx = kvw_text_load(tok_path, tpl ? tpl_path : NULL, KV_CHAT_VLLM, err,
-                                             sizeof(err));
+        const kvw_text_t *tx = kvw_text_load(tok_path, tpl ? tpl_path : NULL, KV_CHAT_VLLM, NULL,
+                                             err, sizeof(err));
         CHECK(tx != NULL);
         if (tx == NULL) {
             kv_tokenizer_free(tok);
