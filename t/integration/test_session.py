@@ -24,7 +24,7 @@ CONF = """
             proxy_set_header Connection "";
             proxy_buffering off;
             kvroute_debug_headers on;
-            add_header X-Why $kvroute_why;
+            add_header X-Why $kvroute_why always;
         }
         location = /kvroute/status { kvroute_status; }
     }
@@ -142,3 +142,25 @@ def test_saturated_home_passes_the_session_on(stack):
         assert all(f.result()["x-kvroute-worker"] == home for f in held)
     idle(ng.port)
     assert send(ng.port, "later", header="S")["x-kvroute-worker"] == home
+
+
+def test_a_body_without_a_prompt_keeps_its_session(stack):
+    """A Responses API request (`input`, no prompt or messages: routed by
+    load, no_prompt) still stays on its session's home by prompt_cache_key,
+    so an agent's turns land where its KV is."""
+    ng = fleet(stack, params="")
+    homes = set()
+    for i in range(4):
+        s, h, _, _ = kvt.post_json(ng.port, "/v1/responses",
+                                   {"model": "kvroute-mock", "input": "turn %d" % i,
+                                    "prompt_cache_key": "conversation-7"})
+        homes.add(h["x-kvroute-worker"])
+        assert i == 0 or h["x-why"] == "session", h
+    assert len(homes) == 1
+    others = set()
+    for k in range(12):
+        s, h, _, _ = kvt.post_json(ng.port, "/v1/responses",
+                                   {"model": "kvroute-mock", "input": "x",
+                                    "prompt_cache_key": "conversation-%d" % k})
+        others.add(h["x-kvroute-worker"])
+    assert len(others) > 1
