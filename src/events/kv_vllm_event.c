@@ -80,6 +80,13 @@ kv_tier_t kv_vllm_tier(const char *m, size_t len)
     return KV_TIER_DISK;
 }
 
+int kv_vllm_salted(const kv_vllm_event_t *e)
+{
+    return e->salt != NULL
+           && !(e->salt_first && e->lora_name && e->lora_name_len == e->salt_len
+                && memcmp(e->lora_name, e->salt, e->salt_len) == 0);
+}
+
 uint64_t kv_vllm_lora_seed(const kv_vllm_event_t *e)
 {
     char buf[32];
@@ -405,18 +412,19 @@ typedef enum {
     F_LORA_NAME,
     F_GROUP_IDX,
     F_SPEC_KIND,
+    F_EXTRA_KEYS,
     F_N
 } field_t;
 
 static const char *const field_name[F_N] = {
     "", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-    "medium", "lora_name", "group_idx", "kv_cache_spec_kind"
+    "medium", "lora_name", "group_idx", "kv_cache_spec_kind", "extra_keys"
 };
 
 /* Array positions after the tag, in vllm/distributed/kv_events.py's order. */
 static const field_t stored_order[] = {
     F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, F_LORA_ID, F_MEDIUM, F_LORA_NAME,
-    F_SKIP /* extra_keys */, F_GROUP_IDX, F_SPEC_KIND
+    F_EXTRA_KEYS, F_GROUP_IDX, F_SPEC_KIND
 };
 static const field_t removed_order[] = { F_HASHES, F_MEDIUM, F_GROUP_IDX };
 
@@ -519,6 +527,53 @@ static int rd_tokens(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t 
     return 0;
 }
 
+/*
+ * extra_keys: one tuple (or nil) per block, what vLLM hashed beside the
+ * tokens: the LoRA name, multimodal keys, the request's cache_salt (first
+ * block of a prompt only), a prompt-embeds digest (bytes). The salt is the
+ * first block's last str, unless that str is the LoRA name it starts with.
+ */
+static int rd_extra_keys(rd_t *r, kv_vllm_event_t *e)
+{
+    uint32_t    n, k, i, j;
+    const char *s;
+    size_t      len;
+    int         is_bin;
+
+    if (rd_nil(r)) {
+        return 0;
+    }
+    if (rd_arr(r, &n) != 0) {
+        return -1;
+    }
+    for (i = 0; i < n; i++) {
+        if (i > 0 || rd_nil(r)) {
+            if (i > 0 && rd_skip(r, 0) != 0) {
+                return -1;
+            }
+            continue;
+        }
+        if (rd_arr(r, &k) != 0) {
+            return -1;
+        }
+        for (j = 0; j < k; j++) {
+            if (rd_bytes(r, &s, &len, &is_bin) != 0) {
+                if (rd_skip(r, 0) != 0) {
+                    return -1;
+                }
+                continue;
+            }
+            if (is_bin) {
+                continue;
+            }
+            e->salt = s;
+            e->salt_len = len;
+            e->salt_first = j == 0;
+        }
+    }
+    return 0;
+}
+
 /* Reads field f of the event into e; a wrong type fails the batch. */
 static int read_field(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t *pe,
                       field_t f, char *err, size_t errlen)
@@ -584,6 +639,11 @@ static int read_field(kv_vllm_batch_t *b, rd_t *r, kv_vllm_event_t *e, pending_t
         return 0;
     case F_SPEC_KIND:
         if (rd_opt_str(r, &e->spec_kind, &e->spec_kind_len) == 0) {
+            return 0;
+        }
+        break;
+    case F_EXTRA_KEYS:
+        if (rd_extra_keys(r, e) == 0) {
             return 0;
         }
         break;

@@ -68,6 +68,11 @@ typedef struct {
     const char     *spec_kind;      /* the group's kind, e.g. "full_attention";
                                        into the input; NULL if absent */
     size_t          spec_kind_len;
+    const char     *salt;           /* the first block's extra_keys' last str:
+                                       the cache_salt (kv_vllm_salted); into
+                                       the input; NULL if none */
+    size_t          salt_len;
+    int             salt_first;     /* it is that tuple's first item */
 } kv_vllm_event_t;
 
 typedef struct {
@@ -103,6 +108,10 @@ int kv_vllm_seq(const void *frame, size_t len, uint64_t *seq);
  * (kv_cache_spec_kind full, MLA or sink attention), unlike a sliding-window
  * or mamba group. */
 int kv_vllm_full_attention(const kv_vllm_event_t *e);
+
+/* Whether a stored event starts a prompt salted with a cache_salt (e->salt),
+ * rather than naming only its LoRA adapter. */
+int kv_vllm_salted(const kv_vllm_event_t *e);
 
 /* The local-hash seed for a stored event's LoRA adapter: the name when
  * given, else "lora-<id>", else the base model's seed (kv_hash.h). */

@@ -60,6 +60,7 @@ typedef struct {
     int         group_set;      /* a hybrid model's prefix group is known */
     uint32_t    group;
     tmap_t      tiers;
+    tmap_t      salts;          /* engine hash -> seed of a salted prompt's blocks */
     uint64_t    last_ts_ms;
     kv_zmq_pub_stats_t st;
 } zpub_t;
@@ -233,6 +234,7 @@ static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
 {
     kv_index_worker_clear(z->ix, p->worker_id);
     tmap_clear(&p->tiers);
+    tmap_clear(&p->salts);
     p->group_set = 0;           /* a restarted engine may serve another model */
     kv_registry_status_add(z->reg, KV_STATUS_OFF(cleared_workers), 1);
     if (z->cfg.sink) {
@@ -248,6 +250,26 @@ static void event_head(kv_event_t *ev, const zpub_t *p, uint32_t dp, kv_event_ki
     ev->dp_rank = dp;
     ev->event_id = p->last_seq;
     ev->kind = kind;
+}
+
+/*
+ * The local-hash seed of a stored event's blocks. vLLM names a request's
+ * cache_salt only in the extra keys of its prompt's first block, but every
+ * block after it is salted too (the router seeds all of a salted prompt's
+ * blocks): a salted first block gives the salt's seed, a block whose parent
+ * was salted the parent's, any other block its LoRA adapter's.
+ */
+static uint64_t chain_seed(zpub_t *p, const kv_vllm_event_t *e)
+{
+    uint64_t seed;
+
+    if (kv_vllm_salted(e)) {
+        return kv_hash_seed(e->salt, e->salt_len);
+    }
+    if (e->has_parent && (seed = tmap_get(&p->salts, e->parent)) != 0) {
+        return seed;
+    }
+    return kv_vllm_lora_seed(e);
 }
 
 /* One decoded event into the index; a failure counts in the publisher's
@@ -305,11 +327,14 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
         p->st.apply_errors++;
         return;
     }
-    seed = kv_vllm_lora_seed(e);
+    seed = chain_seed(p, e);
     for (i = 0; i < e->n_hashes; i++) {
         z->blocks[i].block_hash = e->hashes[i];
         z->blocks[i].tokens_hash = kv_hash_block(e->tokens + i * e->block_size,
                                                  e->block_size, seed);
+        if (seed != kv_vllm_lora_seed(e)) {
+            tmap_put(&p->salts, e->hashes[i], seed);    /* for its children */
+        }
     }
     event_head(&ev, p, dp, KV_EVENT_STORED);
     ev.has_parent = e->has_parent;
@@ -343,6 +368,7 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
             continue;
         }
         tmap_put(&p->tiers, e->hashes[i], 0);
+        tmap_put(&p->salts, e->hashes[i], 0);
         z->rm[n++] = e->hashes[i];
     }
     if (n == 0) {
@@ -447,6 +473,7 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
         case KV_VLLM_CLEARED:
             kv_index_worker_clear(z->ix, p->worker_id);
             tmap_clear(&p->tiers);
+            tmap_clear(&p->salts);
             break;
         }
     }
@@ -1117,6 +1144,7 @@ void kv_zmq_destroy(kv_zmq_t *z)
         }
         free(p->held);
         tmap_clear(&p->tiers);
+        tmap_clear(&p->salts);
         free((char *) p->cfg.endpoint);
         free((char *) p->cfg.replay);
         free((char *) p->cfg.server);

@@ -63,11 +63,12 @@ def indexed(port, server):
     raise KeyError(server)
 
 
-def route(port, tokens, lora=None):
+def route(port, tokens, lora=None, cache_salt=None):
     headers = {"X-Lora": lora} if lora else None
-    s, h, body, _ = kvt.post_json(port, "/v1/completions",
-                                  {"model": "kvroute-mock", "prompt": tokens, "max_tokens": 1},
-                                  headers=headers)
+    body = {"model": "kvroute-mock", "prompt": tokens, "max_tokens": 1}
+    if cache_salt:
+        body["cache_salt"] = cache_salt
+    s, h, body, _ = kvt.post_json(port, "/v1/completions", body, headers=headers)
     assert s == 200, body
     return h["x-kvroute-worker"], int(h["x-kvroute-overlap"])
 
@@ -197,6 +198,28 @@ def test_lora_blocks_do_not_match_base(fleet):
     assert route(f.ng.port, a, lora="sql-adapter") == (f.servers[0], 4)
     assert route(f.ng.port, a)[1] == 0          # the base model's blocks differ
     assert route(f.ng.port, a, lora="other")[1] == 0
+
+
+def test_salted_prompts_match_salted_requests(fleet):
+    """vLLM names a request's cache_salt in its first block's extra keys
+    only; every later block of the prompt, in this event or a later one, is
+    salted too, as the router hashes a salted request."""
+    f = fleet(2, forms=["array", "map"])
+    for i in range(2):
+        subscribed(f, i, 940 + i)
+    a, b = ids(41, 64), ids(42, 64)
+    ha = f.pubs[0].store(a[:32], cache_salt="tenant-a")
+    f.pubs[0].store(a[32:], parent=ha[-1])                  # a later step: no salt of its own
+    hb = f.pubs[1].store(b, cache_salt="tenant-b", lora_name="sql", lora_id=1)
+    kvt.wait_until(lambda: f.indexed(0, 5)() and f.indexed(1, 5)(), what="stored")
+    assert route(f.ng.port, a + [5] * 8, cache_salt="tenant-a") == (f.servers[0], 4)
+    assert route(f.ng.port, a + [5] * 8)[1] == 0           # unsalted: other blocks
+    assert route(f.ng.port, a + [5] * 8, cache_salt="tenant-b")[1] == 0
+    assert route(f.ng.port, b + [5] * 8, cache_salt="tenant-b") == (f.servers[1], 4)
+    # salted blocks are removed by their engine hashes like any others
+    f.pubs[1].remove(hb[2:])
+    kvt.wait_until(f.indexed(1, 3), what="removed")
+    assert ev_status(f.ng.port)["decode_errors"] == 0
 
 
 def test_sglang_and_map_forms(fleet):

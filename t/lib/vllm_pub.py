@@ -129,20 +129,26 @@ class VllmPublisher:
         return out
 
     def stored_event(self, tokens, parent=None, lora_id=None, medium="GPU", lora_name=None,
-                     hashes=None, block_size=None, group=None):
+                     hashes=None, block_size=None, group=None, cache_salt=None):
+        """cache_salt: vLLM's extra keys for a salted prompt's blocks, the
+        salt in the first block's tuple (after the LoRA name), the others nil."""
         bs = block_size or self.block_size
         n = len(tokens) // bs
         tokens = tokens[:n * bs]
         hashes = hashes if hashes is not None else self.chain(tokens, parent)
         fields = [("block_hashes", hashes), ("parent_block_hash", parent),
                   ("token_ids", list(tokens)), ("block_size", bs), ("lora_id", lora_id)]
+        extra = None
+        if cache_salt is not None:
+            extra = [tuple(([lora_name] if lora_name else []) + [cache_salt])] + [None] * (n - 1)
         if self.form != "sglang":
             fields.append(("medium", medium))
-            if lora_name is not None or group is not None or self.form == "map":
+            if lora_name is not None or group is not None or extra or self.form == "map":
                 fields.append(("lora_name", lora_name))     # vLLM 0.10 had none
+            if group is not None or extra:
+                fields.append(("extra_keys", extra))
             if group is not None:
-                fields += [("extra_keys", None), ("group_idx", group[0]),
-                           ("kv_cache_spec_kind", group[1])]
+                fields += [("group_idx", group[0]), ("kv_cache_spec_kind", group[1])]
         return self._event("BlockStored", fields), hashes
 
     def removed_event(self, hashes, medium="GPU", group=None):

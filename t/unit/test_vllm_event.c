@@ -761,6 +761,98 @@ TEST(feed_tiers_lora_and_block_size)
 
 /* A hybrid model: the sliding-window group's evictions do not remove the
  * blocks its full-attention group still holds. */
+/* ["BlockStored", hashes, parent, tokens, 4, lora_id, "GPU", lora_name,
+ * extra_keys]: the first block's tuple holds first_keys (strs; "#x" a
+ * multimodal (hash, offset) pair, "%x" a prompt-embeds digest, bytes), the
+ * other blocks nil. */
+static void salted(mp_t *m, uint64_t base, size_t n, int64_t parent, uint32_t t0,
+                   const char *lora_name, const char *const *first_keys, size_t nk)
+{
+    size_t i, k;
+
+    mp_arr(m, 9);
+    mp_str(m, "BlockStored");
+    mp_arr(m, (uint32_t) n);
+    for (i = 0; i < n; i++) {
+        mp_uint(m, base + i);
+    }
+    if (parent < 0) mp_nil(m); else mp_uint(m, (uint64_t) parent);
+    mp_arr(m, (uint32_t) (n * 4));
+    for (i = 0; i < n * 4; i++) {
+        mp_uint(m, t0 + i);
+    }
+    mp_uint(m, 4);
+    if (lora_name) mp_uint(m, 1); else mp_nil(m);
+    mp_str(m, "GPU");
+    if (lora_name) mp_str(m, lora_name); else mp_nil(m);
+    mp_arr(m, (uint32_t) n);
+    for (i = 0; i < n; i++) {
+        if (i > 0 || nk == 0) {
+            mp_nil(m);
+            continue;
+        }
+        mp_arr(m, (uint32_t) nk);
+        for (k = 0; k < nk; k++) {
+            if (first_keys[k][0] == '#') {
+                mp_arr(m, 2);
+                mp_str(m, first_keys[k] + 1);
+                mp_uint(m, 0);
+            } else if (first_keys[k][0] == '%') {
+                mp_bin(m, first_keys[k] + 1, strlen(first_keys[k] + 1));
+            } else {
+                mp_str(m, first_keys[k]);
+            }
+        }
+    }
+}
+
+/* A cache_salt lives in the first block's extra keys only; every block of
+ * the salted prompt, and the children of its blocks, match the salt's seed,
+ * as the router hashes a salted request. */
+TEST(feed_salted_prompts)
+{
+    static const char *const salt_only[] = { "tenant-a" };
+    static const char *const lora_and_salt[] = { "sql", "#mmhash", "tenant-b", "%digest" };
+    static const char *const lora_only[] = { "sql" };
+    uint64_t a = kv_hash_seed("tenant-a", 8), b = kv_hash_seed("tenant-b", 8);
+    rig_t    r;
+    mp_t     m;
+
+    rig_open(&r, 4);
+    batch1(&m);
+    salted(&m, 100, 2, -1, 0, NULL, salt_only, 1);
+    feed(&r, 0, &m);
+    CHECK_EQ_U64(matched(&r, 0, 2, 4, a), 2);
+    CHECK_EQ_U64(matched(&r, 0, 2, 4, KV_HASH_SEED), 0);
+    /* a later block of the same prompt: no salt of its own, its parent's */
+    batch1(&m);
+    salted(&m, 102, 1, 101, 8, NULL, NULL, 0);
+    feed(&r, 1, &m);
+    CHECK_EQ_U64(matched(&r, 0, 3, 4, a), 3);
+    /* LoRA name first, a multimodal pair, the salt, a digest: the salt */
+    batch1(&m);
+    salted(&m, 200, 1, -1, 40, "sql", lora_and_salt, 4);
+    feed(&r, 2, &m);
+    CHECK_EQ_U64(matched(&r, 40, 1, 4, b), 1);
+    /* the LoRA name alone is no salt */
+    batch1(&m);
+    salted(&m, 300, 1, -1, 60, "sql", lora_only, 1);
+    feed(&r, 3, &m);
+    CHECK_EQ_U64(matched(&r, 60, 1, 4, kv_hash_seed("sql", 3)), 1);
+    /* removed, the salted parent no longer seeds a child */
+    batch1(&m);
+    removed(&m, 102, 1, NULL);
+    feed(&r, 4, &m);
+    batch1(&m);
+    removed(&m, 101, 1, NULL);
+    feed(&r, 5, &m);
+    batch1(&m);
+    salted(&m, 101, 1, 100, 4, NULL, NULL, 0);     /* stored again, by its parent */
+    feed(&r, 6, &m);
+    CHECK_EQ_U64(matched(&r, 0, 2, 4, a), 2);
+    rig_close(&r);
+}
+
 TEST(feed_hybrid_groups)
 {
     rig_t              r;
@@ -839,6 +931,7 @@ int main(void)
     RUN(seq_frames_and_tiers);
     RUN(feed_sequence_gap_restart_and_malformed);
     RUN(feed_tiers_lora_and_block_size);
+    RUN(feed_salted_prompts);
     RUN(feed_hybrid_groups);
     RUN(feed_dp_rank_of_a_sole_publisher);
     return kvt_done();
