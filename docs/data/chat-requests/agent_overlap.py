@@ -2,8 +2,9 @@
 the router's overlap against the prompt blocks the worker really had cached.
 KVROUTE_BUILD picks the build (module + kvworker)."""
 import json, os, sys
-sys.path.insert(0, "/work/main/t/lib")
-sys.path.insert(0, "/work/main/t/integration")
+TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
+sys.path.insert(0, os.path.join(TOP, "t", "lib"))
+sys.path.insert(0, os.path.join(TOP, "t", "integration"))
 import kvt
 import test_text_routing as T
 
