@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "kv_chat.h"
+#include "kv_chat_request.h"
 #include "kv_tokenizer.h"
 
 typedef enum {
@@ -35,9 +36,9 @@ typedef enum {
 
 /* A chat to prompt text (malloc'ed), or NULL with err: chat is the request
  * object (its messages, tools, kwargs, ..., kv_chat_request.h) or a bare
- * messages array. */
-char *kv_request_render(const kv_chat_template_t *tpl, const json_t *chat, size_t *len,
-                        char *err, size_t errlen);
+ * messages array, rendered by the engine's rules. */
+char *kv_request_render(const kv_chat_template_t *tpl, const json_t *chat,
+                        kv_chat_engine_t engine, size_t *len, char *err, size_t errlen);
 
 /* Prompt text of the given kind to ids (appended to ids); -1: no memory. */
 long kv_request_encode(const kv_tokenizer_t *tok, kv_request_kind_t kind, const char *text,
@@ -47,6 +48,7 @@ long kv_request_encode(const kv_tokenizer_t *tok, kv_request_kind_t kind, const 
  * kv_request_render), else a completion. */
 kv_request_status_t kv_request_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
                                    const char *text, size_t len, const json_t *chat,
-                                   kv_ids_t *ids, char *err, size_t errlen);
+                                   kv_chat_engine_t engine, kv_ids_t *ids, char *err,
+                                   size_t errlen);
 
 #endif

@@ -52,6 +52,24 @@ def test_chat_encode_equals_rendered_template(model):
     assert got == want
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_chat_request_encode_equals_the_engines_render(engine):
+    """--chat takes a whole request (tools and all) and renders it by the
+    engine's rules: the ids of t/data/chat/requests.jsonl's expected text."""
+    path = os.path.join(TOK, "qwen2.5-instruct", "tokenizer.json")
+    hf = Tokenizer.from_file(path)
+    cases = [json.loads(l) for l in open(os.path.join(kvt.TOP, "t", "data", "chat",
+                                                       "requests.jsonl"))]
+    cases = [c for c in cases if c["template"] == "qwen2.5-instruct" and c["engine"] == engine
+             and "output" in c and '"add_special_tokens"' not in c["body"]]
+    assert len(cases) >= 15
+    r = run(["encode", "--tokenizer", path, "--chat", "--chat-engine", engine, "--jsonl"],
+            "\n".join(c["body"] for c in cases))
+    assert r.returncode == 0, r.stderr
+    got = [json.loads(l) for l in r.stdout.decode().splitlines()]
+    assert got == [hf.encode(c["output"], add_special_tokens=False).ids for c in cases]
+
+
 def test_hash_vectors():
     r = run(["hash", "--block-size", "4"], "[11,22,33,44,55,66,77,88,99]")
     assert r.stdout.decode().split() == ["4117275816416024698", "5947898228081096063"]

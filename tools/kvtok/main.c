@@ -2,8 +2,10 @@
  * kvtok: the tokenizer, chat templates and block hashing from the command
  * line, on the same code the nginx module and kvworker use.
  *
- *   kvtok encode --tokenizer FILE [--no-special] [--chat [--template NAME|FILE]] [--jsonl]
- *                (--chat: a messages array, or a whole chat request with its tools)
+ *   kvtok encode --tokenizer FILE [--no-special] [--chat [--template NAME|FILE]
+ *                [--chat-engine vllm|sglang]] [--jsonl]
+ *                (--chat: a messages array, or a whole chat request with its tools,
+ *                rendered by that engine's rules)
  *   kvtok decode --tokenizer FILE [--skip-special]
  *   kvtok hash --block-size N [--salt S]
  *   kvtok bench --tokenizer FILE TEXTFILE
@@ -28,6 +30,7 @@ typedef struct {
     const char         *template;
     const char         *salt;
     int                 no_special, skip_special, chat, jsonl;
+    kv_chat_engine_t    engine;             /* --chat-engine */
     long                block_size;
     kv_tokenizer_t     *tok;
     kv_chat_template_t *tpl;
@@ -36,7 +39,8 @@ typedef struct {
 static void usage(void)
 {
     fprintf(stderr,
-        "usage: kvtok encode --tokenizer FILE [--no-special] [--chat [--template NAME|FILE]] [--jsonl]\n"
+        "usage: kvtok encode --tokenizer FILE [--no-special] [--chat [--template NAME|FILE]\n"
+        "                    [--chat-engine vllm|sglang]] [--jsonl]\n"
         "       kvtok decode --tokenizer FILE [--skip-special]\n"
         "       kvtok hash --block-size N [--salt S]\n"
         "       kvtok bench --tokenizer FILE TEXTFILE\n");
@@ -138,8 +142,8 @@ static int encode_one(const opts_t *o, const char *text, size_t len, json_t *mes
                                                                   : KV_REQUEST_OK;
     } else {
         /* what the router and kvworker compute (kv_request.h) */
-        st = kv_request_ids(o->tok, o->tpl, text, len, o->chat ? messages : NULL, &ids, err,
-                            sizeof(err));
+        st = kv_request_ids(o->tok, o->tpl, text, len, o->chat ? messages : NULL, o->engine,
+                            &ids, err, sizeof(err));
     }
     if (st != KV_REQUEST_OK) {
         if (st == KV_REQUEST_NO_MEMORY)
@@ -403,7 +407,8 @@ int main(int argc, char **argv)
     static const struct option lo[] = {
         { "tokenizer", 1, 0, 't' }, { "no-special", 0, 0, 'n' }, { "chat", 0, 0, 'c' },
         { "template", 1, 0, 'T' }, { "jsonl", 0, 0, 'j' }, { "skip-special", 0, 0, 's' },
-        { "block-size", 1, 0, 'b' }, { "salt", 1, 0, 'S' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 }
+        { "block-size", 1, 0, 'b' }, { "salt", 1, 0, 'S' }, { "help", 0, 0, 'h' },
+        { "chat-engine", 1, 0, 'E' }, { 0, 0, 0, 0 }
     };
     opts_t      o = { 0 };
     const char *cmd;
@@ -418,6 +423,10 @@ int main(int argc, char **argv)
         case 't': o.tokenizer = optarg; break;
         case 'n': o.no_special = 1; break;
         case 'c': o.chat = 1; break;
+        case 'E':
+            if (strcmp(optarg, "vllm") && strcmp(optarg, "sglang")) usage();
+            o.engine = strcmp(optarg, "sglang") ? KV_CHAT_VLLM : KV_CHAT_SGLANG;
+            break;
         case 'T': o.template = optarg; break;
         case 'j': o.jsonl = 1; break;
         case 's': o.skip_special = 1; break;
