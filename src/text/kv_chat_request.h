@@ -4,9 +4,10 @@
  * `messages` alone: vLLM also passes the request's `tools`, `documents` and
  * `chat_template_kwargs` to the template, honours `add_generation_prompt`
  * and `continue_final_message`, and rewrites the conversation first
- * (kv_chat_request.c says how). An agent's request carries thousands of
- * tokens of tool schemas right after the system prompt: rendered without
- * them, every block past that point hashes differently from the engine's.
+ * (kv_chat_vllm.c says how; SGLang, kv_chat_sglang.c, differs). An
+ * agent's request carries thousands of tokens of tool schemas right after
+ * the system prompt: rendered without them, every block past that point
+ * hashes differently from the engine's.
  */
 #ifndef KV_CHAT_REQUEST_H
 #define KV_CHAT_REQUEST_H
