@@ -7,19 +7,7 @@ sys.path.insert(0, os.path.join(TOP, "t", "lib"))
 sys.path.insert(0, os.path.join(TOP, "t", "integration"))
 import kvt
 import test_text_routing as T
-
-
-def conv(c, turns):
-    body = T.agent_body(min(turns, 3))
-    body["messages"][1]["content"] = "Conversation %d: check policy %d for water damage." % (c, 4400 + c)
-    msgs = body["messages"]
-    for k in range(3, turns):
-        msgs += [{"role": "assistant", "content": None, "tool_calls": [{"id": "call_%d" % k, "type": "function",
-                  "function": {"name": "lookup_policy_%d" % k, "arguments": "{\"policy\":\"%d\",\"holder\":\"H %d\"}" % (4400 + c, k)}}]},
-                 {"role": "tool", "tool_call_id": "call_%d" % k, "content": "Clause %d: result %d." % (k, c)},
-                 {"role": "user", "content": "Next step %d?" % k}]
-    return body
-
+from agent_overlap import conv  # noqa: E402 (the same conversations)
 
 GAP = float(os.environ.get("GAP", "11"))
 st = kvt.Stack("agent-gap")

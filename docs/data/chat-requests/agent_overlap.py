@@ -1,7 +1,7 @@
 """Agent conversations with tools through nginx in events mode: per turn,
 the router's overlap against the prompt blocks the worker really had cached.
 KVROUTE_BUILD picks the build (module + kvworker)."""
-import json, os, sys
+import json, os, sys, time
 TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
 sys.path.insert(0, os.path.join(TOP, "t", "lib"))
 sys.path.insert(0, os.path.join(TOP, "t", "integration"))
@@ -19,26 +19,31 @@ def conv(c, turns):
                  {"role": "user", "content": "Next step %d?" % k}]
     return body
 
-st = kvt.Stack("agent-overlap")
-try:
-    ng, ports = T.setup(st)
-    rows = []
-    for c in range(6):
-        for turns in range(1, 7):
-            s, h, body, _ = kvt.post_json(ng.port, "/v1/chat/completions", conv(c, turns))
-            assert s == 200, body
-            p = body["usage"]["prompt_tokens"]
-            cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
-            rows.append((c, turns, p, int(h["x-kvroute-overlap"]), cached))
-            srv = h["x-kvroute-worker"]
-            kvt.wait_until(lambda: T.indexed(ng.port, srv) >= 1, what="indexed")
-            import time; time.sleep(0.3)   # events of this turn reach the index
-    follow = [r for r in rows if r[1] > 1]
-    print(json.dumps({"build": kvt.BUILD,
-                      "follow_turns": len(follow),
-                      "router_overlap_tokens": sum(16 * r[3] for r in follow),
-                      "engine_cached_tokens": sum(r[4] for r in follow),
-                      "prompt_tokens": sum(r[2] for r in follow),
-                      "rows": rows}))
-finally:
-    st.close()
+def main():
+    st = kvt.Stack("agent-overlap")
+    try:
+        ng, ports = T.setup(st)
+        rows = []
+        for c in range(6):
+            for turns in range(1, 7):
+                s, h, body, _ = kvt.post_json(ng.port, "/v1/chat/completions", conv(c, turns))
+                assert s == 200, body
+                p = body["usage"]["prompt_tokens"]
+                cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                rows.append((c, turns, p, int(h["x-kvroute-overlap"]), cached))
+                srv = h["x-kvroute-worker"]
+                kvt.wait_until(lambda: T.indexed(ng.port, srv) >= 1, what="indexed")
+                time.sleep(0.3)     # events of this turn reach the index
+        follow = [r for r in rows if r[1] > 1]
+        print(json.dumps({"build": kvt.BUILD,
+                          "follow_turns": len(follow),
+                          "router_overlap_tokens": sum(16 * r[3] for r in follow),
+                          "engine_cached_tokens": sum(r[4] for r in follow),
+                          "prompt_tokens": sum(r[2] for r in follow),
+                          "rows": rows}))
+    finally:
+        st.close()
+
+
+if __name__ == "__main__":
+    main()
