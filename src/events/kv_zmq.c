@@ -80,6 +80,8 @@ struct kv_zmq {
     size_t              cap_blocks;
     uint64_t           *rm;
     size_t              cap_rm;
+    uint64_t           *rm_seq;         /* their sequence hashes, for on_drop */
+    size_t              cap_rm_seq;
 };
 
 static uint64_t now_ms(void)
@@ -230,8 +232,17 @@ static void status_counts(kv_zmq_t *z);
 
 /* --- applying ------------------------------------------------------------ */
 
+/* Tells cfg.on_drop that the engine dropped these blocks (n 0: all). */
+static void dropped(kv_zmq_t *z, zpub_t *p, const uint64_t *seq, size_t n)
+{
+    if (z->cfg.on_drop) {
+        z->cfg.on_drop(z->cfg.on_drop_arg, p->worker_id, seq, n);
+    }
+}
+
 static void clear_worker(kv_zmq_t *z, zpub_t *p, const char *why)
 {
+    dropped(z, p, NULL, 0);
     kv_index_worker_clear(z->ix, p->worker_id);
     tmap_clear(&p->tiers);
     tmap_clear(&p->salts);
@@ -374,6 +385,17 @@ static void apply_removed(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint
     if (n == 0) {
         return;
     }
+    if (z->cfg.on_drop) {
+        /* the sequence hashes, read before the index forgets the engine's */
+        if (kv_grow((void **) &z->rm_seq, &z->cap_rm_seq, n, sizeof(uint64_t)) != 0) {
+            dropped(z, p, NULL, 0);
+        } else {
+            for (i = 0; i < n; i++) {
+                z->rm_seq[i] = kv_index_seq_of(z->ix, p->worker_id, dp, z->rm[i]);
+            }
+            dropped(z, p, z->rm_seq, n);
+        }
+    }
     event_head(&ev, p, dp, KV_EVENT_REMOVED);
     ev.hashes = z->rm;
     ev.n_hashes = n;
@@ -471,6 +493,7 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
             apply_removed(z, p, e, dp, now);
             break;
         case KV_VLLM_CLEARED:
+            dropped(z, p, NULL, 0);
             kv_index_worker_clear(z->ix, p->worker_id);
             tmap_clear(&p->tiers);
             tmap_clear(&p->salts);
@@ -1156,6 +1179,7 @@ void kv_zmq_destroy(kv_zmq_t *z)
     kv_vllm_batch_free(&z->batch);
     free(z->blocks);
     free(z->rm);
+    free(z->rm_seq);
     free(z->p);
     free(z);
 }

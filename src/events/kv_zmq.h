@@ -62,6 +62,12 @@ typedef struct {
      * tools/kvrelay republishes from here. */
     void      (*sink)(void *arg, size_t pub, const kv_vllm_batch_t *b);
     void       *sink_arg;
+    /* Optional: the index dropped blocks of worker_id on the engine's word
+     * (their sequence hashes; n 0: all of them), as kv_ingest's on_drop:
+     * the router's own guesses for that worker must go too. Runs on
+     * kv_zmq's thread, before the index forgets them. */
+    void      (*on_drop)(void *arg, uint64_t worker_id, const uint64_t *seq, size_t n);
+    void       *on_drop_arg;
 } kv_zmq_config_t;
 
 typedef struct {

@@ -790,6 +790,8 @@ ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
     zc.pubs = pubs->elts;
     zc.n_pubs = pubs->nelts;
     zc.replay_timeout_ms = (uint32_t) ev->replay_timeout;
+    zc.on_drop = ngx_http_kvroute_events_drop;
+    zc.on_drop_arg = ev->zone;
 
     /* the router's block size, to check the engines' against */
 

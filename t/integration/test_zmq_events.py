@@ -200,6 +200,25 @@ def test_lora_blocks_do_not_match_base(fleet):
     assert route(f.ng.port, a, lora="other")[1] == 0
 
 
+def test_removals_win_over_the_routers_guesses(fleet):
+    """The router credits a server with the blocks of the requests it just
+    sent there (the pending index, 10 s); blocks the engine reports removed,
+    or all of them when it clears, must leave those guesses too."""
+    f = fleet(2)
+    for i in range(2):
+        subscribed(f, i, 930 + i)
+    a = ids(71, 64)
+    ha = f.pubs[0].store(a)
+    kvt.wait_until(f.indexed(0, 5), what="stored")
+    assert route(f.ng.port, a + [5] * 8) == (f.servers[0], 4)
+    f.pubs[0].remove(ha[2:])
+    kvt.wait_until(f.indexed(0, 3), what="removed")
+    assert route(f.ng.port, a + [5] * 8) == (f.servers[0], 2)
+    f.pubs[0].clear()
+    kvt.wait_until(f.indexed(0, 0), what="cleared")
+    assert route(f.ng.port, a + [5] * 8)[1] == 0
+
+
 def test_salted_prompts_match_salted_requests(fleet):
     """vLLM names a request's cache_salt in its first block's extra keys
     only; every later block of the prompt, in this event or a later one, is
@@ -219,6 +238,7 @@ def test_salted_prompts_match_salted_requests(fleet):
     # salted blocks are removed by their engine hashes like any others
     f.pubs[1].remove(hb[2:])
     kvt.wait_until(f.indexed(1, 3), what="removed")
+    assert route(f.ng.port, b + [5] * 8, cache_salt="tenant-b")[1] == 2
     assert ev_status(f.ng.port)["decode_errors"] == 0
 
 

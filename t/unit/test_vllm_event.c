@@ -761,6 +761,69 @@ TEST(feed_tiers_lora_and_block_size)
 
 /* A hybrid model: the sliding-window group's evictions do not remove the
  * blocks its full-attention group still holds. */
+/* what on_drop was told */
+static uint64_t drop_seq[8];
+static size_t   drop_n, drop_calls;
+
+static void on_drop(void *arg, uint64_t worker_id, const uint64_t *seq, size_t n)
+{
+    (void) arg;
+    (void) worker_id;
+    drop_calls++;
+    drop_n = n;
+    for (size_t i = 0; i < n && i < 8; i++) {
+        drop_seq[i] = seq[i];
+    }
+}
+
+/* The engine's removals and clears reach on_drop as the router's sequence
+ * hashes (what the pending index holds), before the index forgets them. */
+TEST(feed_drops_reach_on_drop)
+{
+    kv_index_config_t   ic = { 0 };
+    kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL };
+    kv_zmq_config_t     zc = { 0 };
+    rig_t               r;
+    mp_t                m;
+    uint32_t            tok[12], gen;
+    uint64_t            seq[3];
+    size_t              n;
+
+    ic.max_workers = 8;
+    n = kv_index_min_size(&ic) + (4u << 20);
+    r.ixmem = calloc(1, n);
+    r.ix = kv_index_create(r.ixmem, n, &ic, err, sizeof(err));
+    n = kv_registry_min_size(8);
+    r.regmem = calloc(1, n);
+    r.reg = kv_registry_create(r.regmem, n, 8, err, sizeof(err));
+    kv_registry_lease_acquire(r.reg, 1, &gen);
+    zc.pubs = &pc;
+    zc.n_pubs = 1;
+    zc.block_size = 4;
+    zc.on_drop = on_drop;
+    r.z = kv_zmq_create(&zc, r.ix, r.reg, err, sizeof(err));
+    for (n = 0; n < 12; n++) {
+        tok[n] = (uint32_t) n;
+    }
+    kv_hash_blocks(tok, 12, 4, KV_HASH_SEED, NULL, seq);
+    batch1(&m);
+    stored(&m, 100, 3, -1, 0, 4, -1, "GPU", NULL);
+    feed(&r, 0, &m);
+    batch1(&m);
+    removed(&m, 101, 2, NULL);
+    feed(&r, 1, &m);
+    CHECK_EQ_U64(drop_calls, 1);
+    CHECK_EQ_U64(drop_n, 2);
+    CHECK(drop_seq[0] == seq[1] && drop_seq[1] == seq[2]);
+    batch1(&m);
+    mp_arr(&m, 1);
+    mp_str(&m, "AllBlocksCleared");
+    feed(&r, 2, &m);
+    CHECK_EQ_U64(drop_calls, 2);
+    CHECK_EQ_U64(drop_n, 0);
+    rig_close(&r);
+}
+
 /* ["BlockStored", hashes, parent, tokens, 4, lora_id, "GPU", lora_name,
  * extra_keys]: the first block's tuple holds first_keys (strs; "#x" a
  * multimodal (hash, offset) pair, "%x" a prompt-embeds digest, bytes), the
@@ -932,6 +995,7 @@ int main(void)
     RUN(feed_sequence_gap_restart_and_malformed);
     RUN(feed_tiers_lora_and_block_size);
     RUN(feed_salted_prompts);
+    RUN(feed_drops_reach_on_drop);
     RUN(feed_hybrid_groups);
     RUN(feed_dp_rank_of_a_sole_publisher);
     return kvt_done();
