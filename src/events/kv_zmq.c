@@ -303,6 +303,7 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
     kv_event_t  ev;
     uint64_t    seed, bit = 1ULL << e->tier, m;
     size_t      i;
+    int         salted;
 
     if (p->engine_bs != e->block_size) {
         p->engine_bs = e->block_size;
@@ -339,11 +340,12 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
         return;
     }
     seed = chain_seed(p, e);
+    salted = seed != kv_vllm_lora_seed(e);
     for (i = 0; i < e->n_hashes; i++) {
         z->blocks[i].block_hash = e->hashes[i];
         z->blocks[i].tokens_hash = kv_hash_block(e->tokens + i * e->block_size,
                                                  e->block_size, seed);
-        if (seed != kv_vllm_lora_seed(e)) {
+        if (salted) {
             tmap_put(&p->salts, e->hashes[i], seed);    /* for its children */
         }
     }
