@@ -393,6 +393,37 @@ static int scan_flag(scan_t *s, int *flag)
     return skip_value(s, 1);
 }
 
+/* A string member's value unescaped into out[cap] (NUL-terminated); -1
+ * when it does not fit, as kv_body_parse refuses a model name. */
+static int scan_name(scan_t *s, char *out, size_t cap)
+{
+    const char *raw;
+    char       *tmp;
+    size_t      len;
+    int         escaped;
+
+    if (kv_jscan_string_raw(s, &raw, &len, &escaped) != 0) {
+        return -1;
+    }
+    if (len < cap) {
+        len = escaped ? kv_json_unescape(raw, len, out) : (memcpy(out, raw, len), len);
+        out[len] = '\0';
+        return 0;
+    }
+    if (escaped && (tmp = malloc(len)) != NULL) {
+        len = kv_json_unescape(raw, len, tmp);
+        if (len < cap) {
+            memcpy(out, tmp, len);
+            out[len] = '\0';
+        }
+        free(tmp);
+        if (len < cap) {
+            return 0;
+        }
+    }
+    return kv_jscan_fail(s, "model name longer than %zu bytes", cap - 1);
+}
+
 static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 {
     char   *str;
@@ -435,16 +466,7 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
                                                             : &b->add_special_tokens);
     }
     if (KEY("model") && s->p < s->end && *s->p == '"') {
-        if (scan_string(s, &str, &n) != 0) {
-            return -1;
-        }
-        if (n >= sizeof(b->model)) {
-            free(str);
-            return kv_jscan_fail(s, "model name longer than %zu bytes", sizeof(b->model) - 1);
-        }
-        memcpy(b->model, str, n + 1);
-        free(str);
-        return 0;
+        return scan_name(s, b->model, sizeof(b->model));
     }
     if (KEY("cache_salt") && s->p < s->end && *s->p == '"' && b->salt == NULL) {
         return scan_string(s, &b->salt, &b->salt_len);
@@ -536,6 +558,52 @@ bad:
     kv_body_free(b);
     b->max_tokens = -1;
     return -1;
+}
+
+/*
+ * Only `model`, to choose among upstreams before the prompt is read with
+ * one of them: every other value is skipped (and validated); the last
+ * `model` string wins, as in kv_body_parse and Python's json.
+ */
+int kv_body_model(const char *buf, size_t len, char *model, size_t cap, char *err, size_t errlen)
+{
+    scan_t      s;
+    const char *raw;
+    char        key[64];
+    size_t      klen;
+    int         first = 1, escaped, more;
+
+    model[0] = '\0';
+    kv_jscan_init_err(&s, buf, len, err, errlen);
+    if (kv_jscan_peek(&s) != '{') {
+        return kv_jscan_fail(&s, "body is not a JSON object");
+    }
+    s.p++;
+    while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
+        if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
+            return -1;
+        }
+        /* "model" escaped takes at most 5 x 6 bytes */
+        if (klen >= sizeof(key)) {
+            klen = 0;
+        } else if (escaped) {
+            klen = kv_json_unescape(raw, klen, key);
+        } else {
+            memcpy(key, raw, klen);
+        }
+        if (klen == 5 && memcmp(key, "model", 5) == 0 && kv_jscan_peek(&s) == '"') {
+            if (scan_name(&s, model, cap) != 0) {
+                return -1;
+            }
+        } else if (skip_value(&s, 1) != 0) {
+            return -1;
+        }
+    }
+    if (more < 0) {
+        return -1;
+    }
+    kv_jscan_peek(&s);
+    return s.p == s.end ? 0 : kv_jscan_fail(&s, "trailing data after the JSON object");
 }
 
 void kv_body_free(kv_body_t *b)

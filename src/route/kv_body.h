@@ -64,6 +64,15 @@ typedef struct {
 int  kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen);
 void kv_body_free(kv_body_t *b);
 
+/*
+ * Only the body's `model` ("" when absent), into model[cap]: for choosing
+ * among upstreams before the prompt is read. 0, or -1 with a reason when
+ * the body is malformed (as kv_body_parse would say) or the name does not
+ * fit.
+ */
+int  kv_body_model(const char *buf, size_t len, char *model, size_t cap, char *err,
+                   size_t errlen);
+
 /* The session key of a hint's bytes (a body field or an operator's header):
  * a 64-bit hash, never 0 (0 means no session); "" gives 0. */
 uint64_t kv_body_session_key(const char *s, size_t len);

@@ -123,10 +123,11 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
                                      size_t len, const char *salt, size_t salt_len,
                                      kv_prompt_t *out)
 {
-    kv_body_t  b;
-    kv_ids_t   ids = { NULL, 0, 0 };
-    uint64_t   seed;
-    size_t     bs = cfg->block_size ? cfg->block_size : 16, hashed;
+    kv_body_t        b;
+    kv_ids_t         ids = { NULL, 0, 0 };
+    kv_model_role_t  role;
+    uint64_t         seed;
+    size_t           bs = cfg->block_size ? cfg->block_size : 16, hashed;
 
     memset(out, 0, sizeof(*out));
     if (kv_body_parse(&b, body, len, out->err, sizeof(out->err)) != 0) {
@@ -141,7 +142,8 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     out->stream = b.stream;
     out->max_tokens = b.max_tokens;
     out->session = b.cache_key ? b.cache_key : b.user;
-    if (cfg->model && cfg->model[0] && b.model[0] && strcmp(cfg->model, b.model) != 0) {
+    role = kv_model_role(cfg->model, cfg->lora, b.model);
+    if (role == KV_MODEL_OTHER) {
         fail(out, KV_PROMPT_MODEL, "unknown model");
         goto done;
     }
@@ -162,6 +164,13 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     } else if (b.salt) {
         salt = b.salt;
         salt_len = b.salt_len;
+    }
+    if (salt == NULL && role == KV_MODEL_LORA) {
+        /* the engine seeds a LoRA request's blocks with the adapter's
+         * name (vLLM's lora_name, Dynamo's seed); a salt replaces it, as
+         * vLLM's salted first block does */
+        salt = b.model;
+        salt_len = strlen(b.model);
     }
     seed = kv_hash_seed(salt, salt ? salt_len : 0);
     out->prompt_tokens = ids.n + out->estimated_tokens;

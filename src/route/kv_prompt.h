@@ -15,6 +15,7 @@
 
 #include "kv_chat.h"
 #include "kv_chat_request.h"
+#include "kv_model.h"
 #include "kv_tokenizer.h"
 #include "kv_turn.h"
 
@@ -58,7 +59,15 @@ typedef struct {
     kv_chat_engine_t             chat_engine;
     /* the operator's default chat_template_kwargs (a JSON object) or NULL */
     const char                  *chat_kwargs;
+    /*
+     * The LoRA adapters served beside `model` (vLLM's --lora-modules):
+     * NULL none, "*" any other name, else names separated by commas. A
+     * request naming one is hashed with the adapter's seed, as the engine
+     * tags its blocks (kv_hash_seed of the name), unless it has a salt.
+     */
+    const char                  *lora;
 } kv_prompt_config_t;
+
 
 /* Tokens before the cut that may differ from the whole text's (a word cut
  * in two): counted, not hashed into blocks. */

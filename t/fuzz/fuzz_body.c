@@ -2,7 +2,8 @@
  * libFuzzer target: the request body scanner (kv_body), what every client
  * sends. Odd first byte: the rest is a whole body, which gives a result or
  * a clean error, never a crash, leak or over-read (the buffer is exactly
- * the body's size, so ASan sees any read past it).
+ * the body's size, so ASan sees any read past it); kv_body_model reads the
+ * model the whole parse reads.
  *
  * Even first byte: the rest, mapped onto the bytes a token-id list is made
  * of, is the inside of an id array, and kv_body's fast id loops (SWAR and
@@ -147,7 +148,7 @@ static void differential(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char      err[256], *buf;
+    char      err[256], model[128], *buf;
     kv_body_t b;
 
     if (size < 1) {
@@ -156,8 +157,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (data[0] & 1) {
         buf = malloc(size - 1 ? size - 1 : 1);
         memcpy(buf, data + 1, size - 1);
-        kv_body_parse(&b, buf, size - 1, err, sizeof(err));
+        /* kv_body_model (choosing an upstream) reads the same model as
+         * the whole parse wherever the whole parse succeeds */
+        if (kv_body_parse(&b, buf, size - 1, err, sizeof(err)) == 0
+            && (kv_body_model(buf, size - 1, model, sizeof(model), err, sizeof(err)) != 0
+                || strcmp(model, b.model) != 0))
+        {
+            abort();
+        }
         kv_body_free(&b);
+        kv_body_model(buf, size - 1, model, sizeof(model), err, sizeof(err));
         free(buf);
         return 0;
     }

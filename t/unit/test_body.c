@@ -264,6 +264,44 @@ TEST(session_hints)
     CHECK(kv_body_session_key("a", 1) == kv_body_session_key("ab", 1));
 }
 
+/* kv_body_model: only `model`, as kv_body_parse reads it (the last one,
+ * escapes undone); malformed bodies and names too long fail alike. */
+TEST(model_alone)
+{
+    static const char *bad[] = {
+        "", "[]", "{\"model\":\"m\"", "{\"prompt\":[1,]}", "{\"model\":\"m\"} x",
+        "{\"model\":\"" "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}",
+    };
+    static const struct { const char *body, *model; } good[] = {
+        { "{\"prompt\":[1,2]}", "" },
+        { "{\"model\":\"a\",\"prompt\":\"x\"}", "a" },
+        { "{\"extra\":{\"model\":\"inner\"},\"model\":\"a\",\"model\":\"b\"}", "b" },
+        { "{\"mod\\u0065l\":\"sql-\\u006cora\"}", "sql-lora" },
+        { "{\"model\":null}", "" },
+        { "{\"model\":\"" "\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061"
+          "\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061"
+          "\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\"}", "aaaaaaaaaaaaaaaaaaaaaaaa" },
+    };
+    char      model[128], err[128];
+    kv_body_t b;
+    size_t    i;
+
+    for (i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+        CHECK(kv_body_model(good[i].body, strlen(good[i].body), model, sizeof(model), err,
+                            sizeof(err)) == 0);
+        CHECK(strcmp(model, good[i].model) == 0);
+        CHECK(parse(&b, good[i].body) == 0);
+        CHECK(strcmp(b.model, model) == 0);     /* as the whole parse reads it */
+        kv_body_free(&b);
+    }
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK(kv_body_model(bad[i], strlen(bad[i]), model, sizeof(model), err, sizeof(err))
+              == -1);
+        CHECK(err[0] != '\0');
+    }
+}
+
 int main(void)
 {
     RUN(session_hints);
@@ -276,5 +314,6 @@ int main(void)
     RUN(malformed_rejected);
     RUN(deep_nesting_refused);
     RUN(no_prompt);
+    RUN(model_alone);
     return kvt_done();
 }

@@ -33,7 +33,7 @@ static char *body_of(const char *text, size_t len, int chat)
 static kv_prompt_status_t compute(const char *text, size_t len, int chat, size_t cap,
                                   kv_prompt_t *out)
 {
-    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, cap, NULL, 0, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, cap, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
     char              *body = body_of(text, len, chat);
     kv_prompt_status_t st = kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, out);
 
@@ -174,7 +174,7 @@ static kv_tokenizer_t *bos_tokenizer(void)
 TEST(add_special_tokens)
 {
     kv_tokenizer_t *tok = bos_tokenizer();
-    kv_prompt_config_t cfg = { tok, qwen_chat, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t cfg = { tok, qwen_chat, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
     static const char *const bodies[] = {
         "{\"prompt\":\"hello there\"}",
         "{\"prompt\":\"hello there\",\"add_special_tokens\":false}",

@@ -29,7 +29,7 @@ TEST(token_ids_at_several_block_sizes)
         ids[i] = (uint32_t) (1000 + i);
     }
     for (size_t k = 0; k < 3; k++) {
-        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL, 0, KV_CHAT_VLLM, NULL };
+        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
         kv_prompt_t p;
         const char *b = ids_body(200, ",\"max_tokens\":7,\"stream\":true");
 
@@ -45,7 +45,7 @@ TEST(token_ids_at_several_block_sizes)
 
 TEST(salt_changes_every_hash)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
     kv_prompt_t a, b, c;
     const char *body = ids_body(64, "");
     char        copy[65536];
@@ -67,7 +67,7 @@ TEST(salt_changes_every_hash)
 
 TEST(short_prompt_has_no_blocks)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL, 0, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
     kv_prompt_t p;
     const char *b = ids_body(63, "");
 
@@ -79,7 +79,7 @@ TEST(short_prompt_has_no_blocks)
 
 TEST(fallbacks_say_why)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
     kv_prompt_t p;
     const char *b;
 
@@ -108,7 +108,7 @@ TEST(fallbacks_say_why)
  * not depend on it. */
 TEST(session_precedence)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
     kv_prompt_t p;
     char        copy[65536];
 
@@ -132,7 +132,7 @@ TEST(session_precedence)
  * value (escaped keys and duplicates too) is recorded for the rewrite. */
 TEST(operator_salt_combined_not_overridden)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1, KV_CHAT_VLLM, NULL, NULL };
     kv_prompt_t a, b, c, d;
     char        body[65536], evil[65536];
 
@@ -162,7 +162,7 @@ TEST(operator_salt_combined_not_overridden)
     kv_prompt_free(&d);
 
     /* no operator salt and no client salt: no salt, the unsalted blocks */
-    kv_prompt_config_t plain = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL };
+    kv_prompt_config_t plain = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
     CHECK(kv_prompt_compute(&cfg, body, strlen(body), "", 0, &a) == KV_PROMPT_OK);
     CHECK(kv_prompt_compute(&plain, body, strlen(body), NULL, 0, &b) == KV_PROMPT_OK);
     CHECK(a.salt == NULL && a.nseq == 4 && memcmp(a.seq, b.seq, 4 * sizeof(uint64_t)) == 0);
@@ -174,6 +174,68 @@ TEST(operator_salt_combined_not_overridden)
     CHECK(n == 15 && memcmp(q, "\"a\\\"b\\\\c\\u000a\"", 15) == 0);
 }
 
+/* Which names an upstream serves: its model, its LoRA adapters (a list,
+ * or "*" for any), no name at all; without model= every name. */
+TEST(model_roles)
+{
+    CHECK(kv_model_role(NULL, NULL, "x") == KV_MODEL_BASE);
+    CHECK(kv_model_role("", NULL, "x") == KV_MODEL_BASE);
+    CHECK(kv_model_role("m", NULL, "") == KV_MODEL_BASE);
+    CHECK(kv_model_role("m", NULL, "m") == KV_MODEL_BASE);
+    CHECK(kv_model_role("m", NULL, "x") == KV_MODEL_OTHER);
+    CHECK(kv_model_role("m", "*", "x") == KV_MODEL_LORA);
+    CHECK(kv_model_role("m", "*", "m") == KV_MODEL_BASE);
+    CHECK(kv_model_role("m", "sql,chat", "sql") == KV_MODEL_LORA);
+    CHECK(kv_model_role("m", "sql,chat", "chat") == KV_MODEL_LORA);
+    CHECK(kv_model_role("m", "sql,chat", "sq") == KV_MODEL_OTHER);
+    CHECK(kv_model_role("m", "sql,chat", "chat2") == KV_MODEL_OTHER);
+    CHECK(kv_model_role("m", "sql,chat", "sql,chat") == KV_MODEL_OTHER);
+}
+
+/* A request naming a LoRA adapter is hashed with the adapter's seed, as
+ * the engine tags the adapter's blocks (vLLM's lora_name: the same seed
+ * kv_vllm_lora_seed gives); a salt replaces it; base requests are not
+ * seeded; a name served by no one is not routed on its prompt. */
+TEST(lora_requests_take_the_adapters_seed)
+{
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, "sql,chat" };
+    kv_prompt_t base, sql, chat, salted, other;
+    uint32_t    ids[32];
+    uint64_t    want[2];
+    char        b[65536];
+
+    for (size_t i = 0; i < 32; i++) {
+        ids[i] = (uint32_t) (1000 + i);
+    }
+    snprintf(b, sizeof(b), "%s", ids_body(32, ""));
+    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &base) == KV_PROMPT_OK);
+    kv_hash_blocks(ids, 32, 16, KV_HASH_SEED, NULL, want);
+    CHECK(base.nseq == 2 && memcmp(base.seq, want, sizeof(want)) == 0);
+
+    snprintf(b, sizeof(b), "%s", ids_body(32, ",\"model\":\"sql\""));
+    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &sql) == KV_PROMPT_OK);
+    kv_hash_blocks(ids, 32, 16, kv_hash_seed("sql", 3), NULL, want);
+    CHECK(sql.nseq == 2 && memcmp(sql.seq, want, sizeof(want)) == 0);
+
+    snprintf(b, sizeof(b), "%s", ids_body(32, ",\"model\":\"chat\""));
+    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &chat) == KV_PROMPT_OK);
+    CHECK(chat.nseq == 2 && chat.seq[0] != sql.seq[0] && chat.seq[0] != base.seq[0]);
+
+    snprintf(b, sizeof(b), "%s", ids_body(32, ",\"model\":\"sql\",\"cache_salt\":\"t\""));
+    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &salted) == KV_PROMPT_OK);
+    kv_hash_blocks(ids, 32, 16, kv_hash_seed("t", 1), NULL, want);
+    CHECK(salted.nseq == 2 && memcmp(salted.seq, want, sizeof(want)) == 0);
+
+    snprintf(b, sizeof(b), "%s", ids_body(32, ",\"model\":\"nope\""));
+    CHECK(kv_prompt_compute(&cfg, b, strlen(b), NULL, 0, &other) == KV_PROMPT_MODEL);
+
+    kv_prompt_free(&base);
+    kv_prompt_free(&sql);
+    kv_prompt_free(&chat);
+    kv_prompt_free(&salted);
+    kv_prompt_free(&other);
+}
+
 int main(void)
 {
     RUN(session_precedence);
@@ -182,5 +244,7 @@ int main(void)
     RUN(salt_changes_every_hash);
     RUN(short_prompt_has_no_blocks);
     RUN(fallbacks_say_why);
+    RUN(model_roles);
+    RUN(lora_requests_take_the_adapters_seed);
     return kvt_done();
 }

@@ -1,0 +1,23 @@
+/*
+ * Which model names a server serves: its model, and the LoRA adapters
+ * served beside it (vLLM's --lora-modules). The router uses it to choose
+ * an upstream by a request's `model` and to seed an adapter's blocks; the
+ * mock worker, to accept and tag an adapter's requests the same way.
+ */
+#ifndef KV_MODEL_H
+#define KV_MODEL_H
+
+typedef enum {
+    KV_MODEL_BASE = 0,          /* the served model (or no name, or any) */
+    KV_MODEL_LORA,              /* one of its LoRA adapters */
+    KV_MODEL_OTHER              /* not served here */
+} kv_model_role_t;
+
+/*
+ * What a server serving `model` (NULL or "": every name) and `lora` (NULL:
+ * none, "*": any other name, else names separated by commas) makes of a
+ * request naming `name` ("": none, the served model).
+ */
+kv_model_role_t kv_model_role(const char *model, const char *lora, const char *name);
+
+#endif
