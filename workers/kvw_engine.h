@@ -42,6 +42,7 @@ struct kvw_config {
     const char *nats_url;       /* NULL: no events */
     uint64_t    worker_id;      /* 0: derived from host:port */
     const char *model;
+    const char *lora_modules;   /* mock: adapter names served beside model, "a,b"; NULL */
     int         block_size;
     int         num_blocks;
     double      speedup;

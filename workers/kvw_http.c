@@ -23,6 +23,7 @@
 
 #include "kvw_sched.h"
 #include "kv_clock.h"
+#include "kv_model.h"
 #include "kvw_text.h"
 #include "kvw_xfer.h"
 #include "kvw_xfer_wire.h"
@@ -335,6 +336,7 @@ static part_t *parse_part(kvw_http_t *h, int chat, void *doc, size_t i, kvw_open
 {
     part_t *p = calloc(1, sizeof(*p));
     const char *served = h->engine->cfg->model;
+    kv_model_role_t role;
 
     if (p == NULL) {
         kvw_openai_fail(e, 503, "server_error", NULL, "out_of_memory", "out of memory");
@@ -342,7 +344,9 @@ static part_t *parse_part(kvw_http_t *h, int chat, void *doc, size_t i, kvw_open
     }
     if (kvw_openai_parse_doc(&p->req, chat, doc, &h->text, i, e))
         goto fail;
-    if (p->req.model[0] != '\0' && strcmp(p->req.model, served) != 0) {
+    role = kv_model_role(served, h->engine->cfg->lora_modules, p->req.model);
+    p->req.lora = role == KV_MODEL_LORA;
+    if (role == KV_MODEL_OTHER) {
         kvw_openai_fail(e, 404, "invalid_request_error", "model", "model_not_found",
                         "The model '%.64s' does not exist; this worker serves '%.64s'.",
                         p->req.model, served);

@@ -30,6 +30,7 @@ struct kvw_req {
     uint64_t    seed;
     char       *model;
     char       *cache_salt;     /* folded into block hashes */
+    int         lora;           /* model names a LoRA adapter: seeds the blocks */
     uint32_t   *prompt;         /* token ids */
     size_t      n_prompt;
     char      **stop;           /* stop strings */

@@ -60,6 +60,9 @@ static void usage(FILE *f)
         "  --chat-template FILE          chat template (default: \"role: content\" lines)\n"
         "  --chat-engine vllm|sglang     render chat requests (tools, tool calls, kwargs) by\n"
         "                                vLLM's rules (default) or SGLang's\n"
+        "  --lora-modules NAMES          mock: LoRA adapter names served beside --model\n"
+        "                                (a,b,...): their requests' KV blocks are kept apart\n"
+        "                                and tagged with the name, as vLLM's are\n"
         "  --default-chat-template-kwargs JSON  template variables every chat request gets\n"
         "                                (its own chat_template_kwargs over them), as vLLM's\n"
         "disaggregated prefill/decode (docs/PROTOCOL.md):\n"
@@ -100,7 +103,7 @@ enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_LOAD_MS, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
     O_DEVICE, O_ROLE, O_DISAGG_MIN, O_PREFILL_LIMIT, O_XFER_TIMEOUT, O_LINK, O_KVBPT,
-    O_XFER_FAULT, O_CHAT_ENGINE, O_CHAT_KWARGS,
+    O_XFER_FAULT, O_CHAT_ENGINE, O_CHAT_KWARGS, O_LORA,
 };
 
 /* --xfer-fault KIND:N (testing only, kvw_engine.h). */
@@ -163,7 +166,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"prefill-queue-limit", 1, 0, O_PREFILL_LIMIT}, {"xfer-timeout-ms", 1, 0, O_XFER_TIMEOUT},
         {"link-gbps", 1, 0, O_LINK}, {"kv-bytes-per-token", 1, 0, O_KVBPT},
         {"xfer-fault", 1, 0, O_XFER_FAULT}, {"chat-engine", 1, 0, O_CHAT_ENGINE},
-        {"default-chat-template-kwargs", 1, 0, O_CHAT_KWARGS}, {0, 0, 0, 0}
+        {"default-chat-template-kwargs", 1, 0, O_CHAT_KWARGS}, {"lora-modules", 1, 0, O_LORA},
+        {0, 0, 0, 0}
     };
     int c;
 
@@ -192,6 +196,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case O_TOKENIZER: cfg->tokenizer = optarg; break;
         case O_TEMPLATE: cfg->chat_template = optarg; break;
         case O_CHAT_KWARGS: cfg->chat_kwargs = optarg; break;
+        case O_LORA: cfg->lora_modules = optarg; break;
         case O_CHAT_ENGINE:
             if (strcmp(optarg, "vllm") && strcmp(optarg, "sglang")) {
                 fprintf(stderr, "kvworker: --chat-engine takes vllm or sglang\n");
@@ -255,6 +260,16 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
     }
     if (strcmp(cfg->engine, "mock") && strcmp(cfg->engine, "cpu") && strcmp(cfg->engine, "cuda")) {
         fprintf(stderr, "kvworker: unknown engine '%s' (mock, cpu, cuda)\n", cfg->engine);
+        return -1;
+    }
+    /* the mock keeps an adapter's blocks apart as vLLM does; the real
+     * engines have no adapter weights to apply, and a transfer carries no
+     * adapter name (docs/PROTOCOL.md) */
+    if (cfg->lora_modules
+        && (strcmp(cfg->engine, "mock") || cfg->role != KVW_ROLE_AGGREGATED
+            || cfg->lora_modules[0] == '\0' || strchr(cfg->lora_modules, '*'))) {
+        fprintf(stderr, "kvworker: --lora-modules takes names (a,b,...) and needs --engine "
+                "mock and --role aggregated\n");
         return -1;
     }
     if (cfg->port <= 0 || cfg->port > 65535 || cfg->engines < 1 || cfg->engines > 4096

@@ -186,6 +186,7 @@ struct ngx_http_kvroute_srv_conf_s {
                                                        rendering rules */
     ngx_str_t                       chat_kwargs;    /* default kwargs, JSON */
     ngx_str_t                       model;
+    ngx_str_t                       lora;           /* "*" or a,b,c; "" none */
     kv_route_config_t               route;
     int                             mode;           /* 0 events, 1 approximate, -1 unset;
                                                        checked in init_upstream, once
@@ -263,6 +264,7 @@ typedef struct {
     unsigned                        usage_on:1; /* self-check: scanning the response */
     unsigned                        prefill_active:1;   /* the prefill peer's load held */
     unsigned                        prefill_remote:1;   /* this attempt prefills remotely */
+    unsigned                        no_model:1;     /* no listed upstream serves it: 404 */
 
     ngx_http_kvroute_fallback_e     fallback;
     ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */
@@ -332,6 +334,8 @@ typedef struct {
     u_char                         *file_name;
     ngx_uint_t                      line;
     ngx_http_kvroute_srv_conf_t    *conf;
+    unsigned                        several:1;  /* one of a list: chosen by model */
+    unsigned                        last:1;     /* the list's last */
 } ngx_http_kvroute_upstream_ref_t;
 
 
@@ -339,6 +343,8 @@ typedef struct {
     ngx_flag_t                      debug_headers;
     ngx_uint_t                      status;     /* kvroute_status format */
     ngx_http_kvroute_upstream_ref_t  *upstream; /* kvroute_upstream, or NULL */
+    ngx_array_t                    *choices;    /* its names when several: the
+                                                   body's model picks (refs) */
     ngx_uint_t                      warned;     /* "no kvroute_upstream" logged
                                                    by this process */
 } ngx_http_kvroute_loc_conf_t;
@@ -509,6 +515,7 @@ ngx_http_kvroute_cand_t *ngx_http_kvroute_candidates(
 
 /* errors in the OpenAI shape */
 ngx_int_t ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after);
+ngx_int_t ngx_http_kvroute_model_not_found(ngx_http_request_t *r);
 
 /* filters, variables, status */
 ngx_int_t ngx_http_kvroute_filter_init(ngx_conf_t *cf);

@@ -356,6 +356,26 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
+        if (ngx_http_kvroute_param_is(&value[i], "lora=", &s)) {
+            /* "*", or names with no empty one and no "*" among them */
+            if (s.len == 0 || s.data[0] == ',' || s.data[s.len - 1] == ','
+                || ngx_strlcasestrn(s.data, s.data + s.len,
+                                    (u_char *) ",,", 2 - 1) != NULL
+                || (ngx_strlchr(s.data, s.data + s.len, '*') != NULL
+                    && !ngx_http_kvroute_str_is(&s, "*")))
+            {
+                goto invalid;
+            }
+            kcf->lora.data = ngx_pnalloc(cf->pool, s.len + 1);
+            if (kcf->lora.data == NULL) {
+                return NGX_CONF_ERROR;
+            }
+            ngx_memcpy(kcf->lora.data, s.data, s.len);
+            kcf->lora.data[s.len] = '\0';
+            kcf->lora.len = s.len;
+            continue;
+        }
+
         if (ngx_http_kvroute_param_is(&value[i], "thread_pool=", &s)) {
 #if (NGX_THREADS)
             pool = s;
@@ -393,6 +413,13 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     kcf->route.block_size = kcf->block_size;
+
+    if (kcf->lora.len && kcf->model.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"kvroute\": lora= needs model=, the base model "
+                           "its adapters are served beside");
+        return NGX_CONF_ERROR;
+    }
 
     if (kcf->zone == NULL
         && (tokenizer.len || template.len || kcf->mode != -1))

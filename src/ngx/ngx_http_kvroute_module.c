@@ -62,7 +62,7 @@ static ngx_command_t  ngx_http_kvroute_commands[] = {
       NULL },
 
     { ngx_string("kvroute_upstream"),
-      NGX_HTTP_LOC_CONF|NGX_HTTP_LIF_CONF|NGX_CONF_TAKE1,
+      NGX_HTTP_LOC_CONF|NGX_HTTP_LIF_CONF|NGX_CONF_1MORE,
       ngx_http_kvroute_upstream_directive,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
@@ -287,6 +287,7 @@ ngx_http_kvroute_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     if (conf->upstream == NGX_CONF_UNSET_PTR) {
         conf->upstream = clcf->noname ? prev->upstream : NULL;
+        conf->choices = clcf->noname ? prev->choices : NULL;
 
         if (conf->upstream == NGX_CONF_UNSET_PTR) {
             conf->upstream = NULL;

@@ -61,6 +61,16 @@ static void ngx_http_kvroute_body_handler(ngx_http_request_t *r);
 static void ngx_http_kvroute_cleanup(void *data);
 static ngx_int_t ngx_http_kvroute_task_init(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_task_t *t);
+static ngx_int_t ngx_http_kvroute_task_body(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_task_t *t);
+static ngx_int_t ngx_http_kvroute_choose(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_task_t *t);
+static void ngx_http_kvroute_task_config(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_task_t *t);
+static ngx_int_t ngx_http_kvroute_task_salt(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_task_t *t);
+static void ngx_http_kvroute_session_header(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx);
 static void ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t);
 static ngx_int_t ngx_http_kvroute_salt_rewrite(ngx_http_kvroute_task_t *t);
 #if (NGX_THREADS)
@@ -95,33 +105,57 @@ ngx_http_kvroute_upstream_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_kvroute_loc_conf_t *klcf = conf;
 
     ngx_str_t                         *value;
+    ngx_uint_t                         i;
     ngx_http_kvroute_main_conf_t      *kmcf;
-    ngx_http_kvroute_upstream_ref_t   *ref, **refp;
+    ngx_http_kvroute_upstream_ref_t   *ref, **refp, **choice;
 
     if (klcf->upstream != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
-
-    ref = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_upstream_ref_t));
-    if (ref == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    ref->name = value[1];
-    ref->file_name = cf->conf_file->file.name.data;
-    ref->line = cf->conf_file->line;
-
     kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvroute_module);
 
-    refp = ngx_array_push(&kmcf->upstreams);
-    if (refp == NULL) {
-        return NGX_CONF_ERROR;
+    if (cf->args->nelts > 2) {
+        klcf->choices = ngx_array_create(cf->pool, cf->args->nelts - 1,
+                                         sizeof(ngx_http_kvroute_upstream_ref_t *));
+        if (klcf->choices == NULL) {
+            return NGX_CONF_ERROR;
+        }
     }
 
-    *refp = ref;
-    klcf->upstream = ref;
+    for (i = 1; i < cf->args->nelts; i++) {
+        ref = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_upstream_ref_t));
+        if (ref == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        ref->name = value[i];
+        ref->file_name = cf->conf_file->file.name.data;
+        ref->line = cf->conf_file->line;
+        ref->several = klcf->choices ? 1 : 0;
+        ref->last = (i == cf->args->nelts - 1);
+
+        refp = ngx_array_push(&kmcf->upstreams);
+        if (refp == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *refp = ref;
+
+        if (klcf->choices) {
+            choice = ngx_array_push(klcf->choices);
+            if (choice == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            *choice = ref;
+        }
+
+        if (i == 1) {
+            klcf->upstream = ref;
+        }
+    }
 
     return NGX_CONF_OK;
 }
@@ -187,6 +221,30 @@ ngx_http_kvroute_upstream_resolve(ngx_conf_t *cf,
         }
 
         ref->conf = kcf;
+
+        if (!ref->several) {
+            continue;
+        }
+
+        /* the body's model picks among several: each needs the body read
+         * (a zone), and only the last may serve every name */
+
+        if (kcf->zone == NULL) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "kvroute_upstream \"%V\": choosing by model needs "
+                          "zone= in its \"kvroute\" in %s:%ui",
+                          &ref->name, ref->file_name, ref->line);
+            return NGX_ERROR;
+        }
+
+        if (kcf->model.len == 0 && !ref->last) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "kvroute_upstream \"%V\" has no model= and serves "
+                          "every model: the upstreams after it would never "
+                          "be chosen in %s:%ui",
+                          &ref->name, ref->file_name, ref->line);
+            return NGX_ERROR;
+        }
     }
 
     return NGX_OK;
@@ -281,6 +339,10 @@ ngx_http_kvroute_precontent(ngx_http_request_t *r)
     ctx = ngx_http_get_module_ctx(r, ngx_http_kvroute_module);
 
     if (ctx) {
+        if (ctx->no_model) {
+            return ngx_http_kvroute_model_not_found(r);
+        }
+
         if (ctx->status != NGX_HTTP_SERVICE_UNAVAILABLE) {
             return ctx->status;
         }
@@ -358,6 +420,7 @@ ngx_http_kvroute_body_handler(ngx_http_request_t *r)
          * (not buffered, unreadable) is not sent with the client's salt */
 
         if (ctx->conf->salt && ctx->fallback != NGX_HTTP_KVROUTE_FB_NO_BODY
+            && !ctx->no_model
             && !ngx_http_kvroute_events_zmq(ctx->conf->zone->events_conf))
         {
             ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -858,21 +921,16 @@ ngx_http_kvroute_session_header(ngx_http_request_t *r,
 
 /*
  * Collects the body into one buffer (pointing into nginx's own when it is
- * one memory buffer) and the salt; on NGX_DECLINED the request falls back
- * with ctx->fallback set.
+ * one memory buffer), picks the upstream by the body's model when the
+ * location lists several, and takes that upstream's settings and salt; on
+ * NGX_DECLINED the request falls back with ctx->fallback set.
  */
 
 static ngx_int_t
 ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     ngx_http_kvroute_task_t *t)
 {
-    u_char                       *p;
-    size_t                        len;
-    ssize_t                       n;
-    ngx_buf_t                    *b;
-    ngx_str_t                     salt;
-    ngx_chain_t                  *cl;
-    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+    ngx_int_t  rc;
 
     ngx_memzero(t, sizeof(ngx_http_kvroute_task_t));
 
@@ -883,24 +941,32 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
 
     t->request = r;
     t->ctx = ctx;
-    t->cfg.tokenizer = kcf->tokenizer;
-    t->cfg.chat = kcf->template;
-    t->cfg.chat_engine = (kv_chat_engine_t) kcf->chat_engine;
-    t->cfg.chat_kwargs = kcf->chat_kwargs.len ? (char *) kcf->chat_kwargs.data
-                                              : NULL;
-    t->cfg.model = kcf->model.len ? (char *) kcf->model.data : NULL;
-    t->cfg.block_size = kcf->block_size;
-    t->cfg.max_tokenize = kcf->max_tokenize;
 
-    /* the zone's turn cache: set before any task of this worker can use it */
-    if (kcf->turn.cache == NULL && kcf->bounds && kcf->zone->sh->turns) {
-        kcf->turn.bounds = kcf->bounds;
-        kcf->turn.cache = kcf->zone->sh->turns;
+    rc = ngx_http_kvroute_task_body(r, ctx, t);
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_kvroute_choose(r, ctx, t);
     }
 
-    t->cfg.turns = kcf->turn.cache ? &kcf->turn : NULL;
+    ngx_http_kvroute_task_config(r, ctx, t);
 
-    ngx_http_kvroute_session_header(r, ctx);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    return ngx_http_kvroute_task_salt(r, ctx, t);
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_task_body(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
+    ngx_http_kvroute_task_t *t)
+{
+    u_char       *p;
+    size_t        len;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
 
     if (r->request_body_no_buffering
         || (r->request_body && r->request_body->rest > 0))
@@ -929,35 +995,140 @@ ngx_http_kvroute_task_init(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
 
     if (ngx_buf_in_memory(b) && (size_t) (b->last - b->pos) == len) {
         t->body = b->pos;
+        t->len = len;
+        return NGX_OK;
+    }
 
-    } else {
-        t->body = ngx_pnalloc(r->pool, len);
-        if (t->body == NULL) {
-            ctx->fallback = NGX_HTTP_KVROUTE_FB_NO_MEMORY;
-            return NGX_DECLINED;
-        }
+    t->body = ngx_pnalloc(r->pool, len);
+    if (t->body == NULL) {
+        ctx->fallback = NGX_HTTP_KVROUTE_FB_NO_MEMORY;
+        return NGX_DECLINED;
+    }
 
-        p = t->body;
+    p = t->body;
 
-        for ( /* void */ ; cl; cl = cl->next) {
-            b = cl->buf;
+    for ( /* void */ ; cl; cl = cl->next) {
+        b = cl->buf;
 
-            if (b->in_file) {
-                n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
-                                  b->file_pos);
-                if (n != b->file_last - b->file_pos) {
-                    ctx->fallback = NGX_HTTP_KVROUTE_FB_BODY_READ;
-                    return NGX_DECLINED;
-                }
-                p += n;
-                continue;
+        if (b->in_file) {
+            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
+                              b->file_pos);
+            if (n != b->file_last - b->file_pos) {
+                ctx->fallback = NGX_HTTP_KVROUTE_FB_BODY_READ;
+                return NGX_DECLINED;
             }
-
-            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+            p += n;
+            continue;
         }
+
+        p = ngx_cpymem(p, b->pos, b->last - b->pos);
     }
 
     t->len = len;
+
+    return NGX_OK;
+}
+
+
+/*
+ * "kvroute_upstream A B ...": the first upstream whose model= or lora=
+ * serves the body's model (no model: the first listed), as an engine
+ * fronting several models would pick one. A body that cannot be read stays
+ * with the first, where it falls back as usual; a model none serves is
+ * answered 404 model_not_found before anything is proxied.
+ */
+
+static ngx_int_t
+ngx_http_kvroute_choose(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
+    ngx_http_kvroute_task_t *t)
+{
+    char                               model[128];
+    ngx_uint_t                         i;
+    ngx_http_kvroute_srv_conf_t       *kcf;
+    ngx_http_kvroute_loc_conf_t       *klcf;
+    ngx_http_kvroute_upstream_ref_t  **refs;
+
+    klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvroute_module);
+
+    /* only in the precontent phase (status NGX_DONE while the body is
+     * read): in init_peer the upstream is already the one proxied to */
+
+    if (klcf->choices == NULL || ctx->status != NGX_DONE) {
+        return NGX_OK;
+    }
+
+    if (kv_body_model((char *) t->body, t->len, model, sizeof(model), NULL, 0)
+        != 0)
+    {
+        return NGX_OK;
+    }
+
+    refs = klcf->choices->elts;
+
+    for (i = 0; i < klcf->choices->nelts; i++) {
+        kcf = refs[i]->conf;
+
+        if (kv_model_role(kcf->model.len ? (char *) kcf->model.data
+                                                : NULL,
+                                 kcf->lora.len ? (char *) kcf->lora.data
+                                               : NULL,
+                                 model)
+            != KV_MODEL_OTHER)
+        {
+            ctx->conf = kcf;
+            return NGX_OK;
+        }
+    }
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "kvroute: no upstream of this location serves the "
+                  "model \"%s\": 404", model);
+
+    ctx->no_model = 1;
+    ctx->fallback = NGX_HTTP_KVROUTE_FB_MODEL;
+    ctx->salt_status = NGX_HTTP_NOT_FOUND;
+
+    return NGX_DECLINED;
+}
+
+
+/* The chosen upstream's settings for kv_prompt, and the operator's
+ * session key (read even when the body cannot be). */
+
+static void
+ngx_http_kvroute_task_config(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_task_t *t)
+{
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+
+    t->cfg.tokenizer = kcf->tokenizer;
+    t->cfg.chat = kcf->template;
+    t->cfg.chat_engine = (kv_chat_engine_t) kcf->chat_engine;
+    t->cfg.chat_kwargs = kcf->chat_kwargs.len ? (char *) kcf->chat_kwargs.data
+                                              : NULL;
+    t->cfg.model = kcf->model.len ? (char *) kcf->model.data : NULL;
+    t->cfg.lora = kcf->lora.len ? (char *) kcf->lora.data : NULL;
+    t->cfg.block_size = kcf->block_size;
+    t->cfg.max_tokenize = kcf->max_tokenize;
+
+    /* the zone's turn cache: set before any task of this worker can use it */
+    if (kcf->turn.cache == NULL && kcf->bounds && kcf->zone->sh->turns) {
+        kcf->turn.bounds = kcf->bounds;
+        kcf->turn.cache = kcf->zone->sh->turns;
+    }
+
+    t->cfg.turns = kcf->turn.cache ? &kcf->turn : NULL;
+
+    ngx_http_kvroute_session_header(r, ctx);
+}
+
+
+static ngx_int_t
+ngx_http_kvroute_task_salt(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
+    ngx_http_kvroute_task_t *t)
+{
+    ngx_str_t                     salt;
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
 
     if (kcf->salt && ngx_http_kvroute_events_zmq(kcf->zone->events_conf)) {
 

@@ -27,7 +27,9 @@
     /* conditional disaggregation's two TTFT estimates (ms), for checking  \
      * them against the response's $upstream_header_time */                \
     X(prefill_remote_ms, PREFILL_REMOTE_MS)                                   \
-    X(prefill_local_ms, PREFILL_LOCAL_MS)
+    X(prefill_local_ms, PREFILL_LOCAL_MS)                                     \
+    /* the upstream chosen by model ("kvroute_upstream A B ...") */           \
+    X(upstream, UPSTREAM)
 
 
 #define NGX_HTTP_KVROUTE_VAR_ID(name, id)  NGX_HTTP_KVROUTE_VAR_##id,
@@ -40,6 +42,8 @@ typedef enum {
 
 static ngx_int_t ngx_http_kvroute_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_kvroute_upstream_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, ngx_http_kvroute_ctx_t *ctx);
 
 
 #define NGX_HTTP_KVROUTE_VAR(name, id)                                        \
@@ -81,6 +85,10 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t  *ctx;
 
     ctx = ngx_http_get_module_ctx(r->main, ngx_http_kvroute_module);
+
+    if (data == NGX_HTTP_KVROUTE_VAR_UPSTREAM) {
+        return ngx_http_kvroute_upstream_variable(r, v, ctx);
+    }
 
     if (ctx == NULL) {
         v->not_found = 1;
@@ -189,6 +197,42 @@ ngx_http_kvroute_variable(ngx_http_request_t *r,
         break;
     }
 
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+
+    return NGX_OK;
+}
+
+
+/*
+ * $kvroute_upstream: the upstream the body's model chose among the
+ * location's kvroute_upstream names, for "proxy_pass http://$kvroute_upstream";
+ * the first name for a request kvroute did not read (GET /v1/models, say).
+ */
+
+static ngx_int_t
+ngx_http_kvroute_upstream_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, ngx_http_kvroute_ctx_t *ctx)
+{
+    ngx_str_t                    *name;
+    ngx_http_kvroute_loc_conf_t  *klcf;
+
+    klcf = ngx_http_get_module_loc_conf(r->main, ngx_http_kvroute_module);
+
+    if (ctx) {
+        name = &ctx->conf->upstream_name;
+
+    } else if (klcf->upstream) {
+        name = &klcf->upstream->name;
+
+    } else {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->data = name->data;
+    v->len = name->len;
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;

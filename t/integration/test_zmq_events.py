@@ -14,7 +14,7 @@ CONF = """
     kvroute_zone kv 16m;
     upstream llm {
         zone llm 64k;
-        kvroute zone=kv mode=events block_size=16 salt=$http_x_lora;
+        kvroute zone=kv mode=events block_size=16 %(params)s;
         %(servers)s
         %(events)s
         keepalive 8;
@@ -31,6 +31,10 @@ CONF = """
         location = /kvroute/status { kvroute_status; }
     }
 """
+
+
+def conf(d, params="salt=$http_x_lora"):
+    return CONF % dict({"params": params}, **d)
 
 
 def ids(seed, n):
@@ -77,9 +81,10 @@ class Fleet:
     """n mock workers, a publisher per worker, nginx following them."""
 
     def __init__(self, stack, n=2, hash_kinds=None, replay=True, pubs=None, events=None,
-                 wait_live=True, block_size=16, forms=None):
+                 wait_live=True, block_size=16, forms=None, params="salt=$http_x_lora",
+                 worker_extra=()):
         self.stack = stack
-        self.w = stack.worker(engines=n, extra=["--speedup", "50"])
+        self.w = stack.worker(engines=n, extra=["--speedup", "50"] + list(worker_extra))
         self.servers = ["127.0.0.1:%d" % p for p in self.w.ports]
         kinds = hash_kinds or ["bytes"] * n
         forms = forms or ["array"] * n
@@ -91,8 +96,9 @@ class Fleet:
                 "kvroute_events %s %sserver=%s;" % (
                     p.url, "replay=%s " % p.replay_url if p.router is not None else "", s)
                 for p, s in zip(self.pubs, self.servers))
-        self.ng = stack.nginx(CONF % {
-            "servers": "\n".join("server %s;" % s for s in self.servers), "events": events})
+        self.ng = stack.nginx(conf({
+            "servers": "\n".join("server %s;" % s for s in self.servers), "events": events},
+            params))
         if wait_live:
             self.wait_live()
 
@@ -198,6 +204,30 @@ def test_lora_blocks_do_not_match_base(fleet):
     assert route(f.ng.port, a, lora="sql-adapter") == (f.servers[0], 4)
     assert route(f.ng.port, a)[1] == 0          # the base model's blocks differ
     assert route(f.ng.port, a, lora="other")[1] == 0
+
+
+def test_lora_named_by_the_requests_model(fleet):
+    """OpenAI clients pick an adapter with `model` alone: with model= and
+    lora= the router seeds such a request with the adapter's name, as vLLM
+    tags the adapter's blocks (lora_name), and base requests stay apart."""
+    f = fleet(2, params="model=base lora=*",
+              worker_extra=["--model", "base", "--lora-modules", "sql-adapter"])
+    for i in range(2):
+        subscribed(f, i, 930 + i)
+    a = ids(23, 64)
+    f.pubs[0].store(a, lora_id=1, lora_name="sql-adapter")
+    f.pubs[1].store(a)
+    kvt.wait_until(lambda: f.indexed(0, 5)() and f.indexed(1, 5)(), what="stored")
+
+    def by_model(model, tail):
+        s, h, body, raw = kvt.post_json(f.ng.port, "/v1/completions",
+                                        {"model": model, "prompt": a + [tail] * 16,
+                                         "max_tokens": 1})
+        assert s == 200, raw
+        return h["x-kvroute-worker"], int(h["x-kvroute-overlap"])
+
+    assert by_model("sql-adapter", 1) == (f.servers[0], 4)
+    assert by_model("base", 2) == (f.servers[1], 4)
 
 
 def test_removals_win_over_the_routers_guesses(fleet):
@@ -476,9 +506,9 @@ def test_pattern_form_expands_per_server(stack):
     # kernel: this checks the expansion (a publisher per server), not traffic
     w = stack.worker(engines=2, extra=["--speedup", "50"])
     servers = ["127.0.0.1:%d" % p for p in w.ports]
-    ng = stack.nginx(CONF % {
+    ng = stack.nginx(conf({
         "servers": "\n".join("server %s;" % s for s in servers),
-        "events": "kvroute_events zmq://$host:$port+1 replay=zmq://$host:$port-1;"})
+        "events": "kvroute_events zmq://$host:$port+1 replay=zmq://$host:$port-1;"}))
     kvt.wait_until(lambda: ev_status(ng.port)["zmq_publishers"] == 2, what="two publishers")
     names = sorted(w["address"] for w in ev_status(ng.port)["workers"])
     assert names == sorted(servers)
@@ -493,7 +523,7 @@ def test_pattern_form_expands_per_server(stack):
      "invalid ZMQ URL"),
 ])
 def test_nginx_t_rejects_bad_zmq_lines(stack, line, needle):
-    n = kvt.Nginx(stack, CONF % {"servers": "server 127.0.0.1:1;", "events": line},
+    n = kvt.Nginx(stack, conf({"servers": "server 127.0.0.1:1;", "events": line}),
                   "", kvt.free_port(), 1)
     ok, out = n.check()
     assert not ok and needle in out, out
@@ -509,9 +539,9 @@ def test_kvrelay_republishes_on_nats(stack):
         relay = stack.spawn([kvt.os.path.join(kvt.BIN, "kvrelay"), "--zmq", p.url,
                              "--replay", p.replay_url, "--server", server, "--nats", nats.url,
                              "--block-size", "16"], "kvrelay.log")
-        conf = CONF % {"servers": "server %s;" % server,
-                       "events": "kvroute_events %s;" % nats.url}
-        ngs = [stack.nginx(conf), stack.nginx(conf)]
+        text = conf({"servers": "server %s;" % server,
+                      "events": "kvroute_events %s;" % nats.url})
+        ngs = [stack.nginx(text), stack.nginx(text)]
         for ng in ngs:
             kvt.wait_until(lambda: ev_status(ng.port)["nats"] == "connected", what="nats")
 
