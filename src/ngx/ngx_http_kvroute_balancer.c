@@ -261,6 +261,7 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_int_t                            rc;
     ngx_str_t                           *value, s, tokenizer, template;
+    const char                          *c;
 #if (NGX_THREADS)
     ngx_str_t                            pool;
 #endif
@@ -346,12 +347,10 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             if (s.len >= 128) {
                 goto invalid;
             }
-            kcf->model.data = ngx_pnalloc(cf->pool, s.len + 1);
-            if (kcf->model.data == NULL) {
+            if (ngx_http_kvroute_param_cstr(cf, &s, &c) != NGX_CONF_OK) {
                 return NGX_CONF_ERROR;
             }
-            ngx_memcpy(kcf->model.data, s.data, s.len);
-            kcf->model.data[s.len] = '\0';
+            kcf->model.data = (u_char *) c;
             kcf->model.len = s.len;
             continue;
         }
@@ -366,12 +365,10 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             {
                 goto invalid;
             }
-            kcf->lora.data = ngx_pnalloc(cf->pool, s.len + 1);
-            if (kcf->lora.data == NULL) {
+            if (ngx_http_kvroute_param_cstr(cf, &s, &c) != NGX_CONF_OK) {
                 return NGX_CONF_ERROR;
             }
-            ngx_memcpy(kcf->lora.data, s.data, s.len);
-            kcf->lora.data[s.len] = '\0';
+            kcf->lora.data = (u_char *) c;
             kcf->lora.len = s.len;
             continue;
         }

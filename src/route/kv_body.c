@@ -393,35 +393,47 @@ static int scan_flag(scan_t *s, int *flag)
     return skip_value(s, 1);
 }
 
-/* A string member's value unescaped into out[cap] (NUL-terminated); -1
- * when it does not fit, as kv_body_parse refuses a model name. */
-static int scan_name(scan_t *s, char *out, size_t cap)
+/*
+ * A member's key and its ':', unescaped into key[cap] ("c\u0061che_salt"
+ * must be seen: engines unescape keys too). The keys the router reads are
+ * short; escaped, each of their characters takes at most 12 bytes (a
+ * surrogate pair), so a longer key cannot be one of them: *klen 0.
+ */
+static int scan_key(scan_t *s, char *key, size_t cap, size_t *klen)
 {
     const char *raw;
-    char       *tmp;
-    size_t      len;
     int         escaped;
 
-    if (kv_jscan_string_raw(s, &raw, &len, &escaped) != 0) {
+    if (kv_jscan_string_raw(s, &raw, klen, &escaped) != 0 || kv_jscan_expect(s, ':') != 0) {
         return -1;
     }
-    if (len < cap) {
-        len = escaped ? kv_json_unescape(raw, len, out) : (memcpy(out, raw, len), len);
-        out[len] = '\0';
-        return 0;
+    if (*klen >= cap) {
+        *klen = 0;
+    } else if (escaped) {
+        *klen = kv_json_unescape(raw, *klen, key);
+    } else {
+        memcpy(key, raw, *klen);
     }
-    if (escaped && (tmp = malloc(len)) != NULL) {
-        len = kv_json_unescape(raw, len, tmp);
-        if (len < cap) {
-            memcpy(out, tmp, len);
-            out[len] = '\0';
-        }
-        free(tmp);
-        if (len < cap) {
-            return 0;
-        }
+    return 0;
+}
+
+/* A string member's value unescaped into out[cap] (NUL-terminated); -1
+ * when it does not fit: a model name is refused, not cut. */
+static int scan_name(scan_t *s, char *out, size_t cap)
+{
+    char   *str;
+    size_t  n;
+
+    if (scan_string(s, &str, &n) != 0) {
+        return -1;
     }
-    return kv_jscan_fail(s, "model name longer than %zu bytes", cap - 1);
+    if (n >= cap) {
+        free(str);
+        return kv_jscan_fail(s, "model name longer than %zu bytes", cap - 1);
+    }
+    memcpy(out, str, n + 1);
+    free(str);
+    return 0;
 }
 
 static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
@@ -497,11 +509,10 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen)
 {
     scan_t      s;
-    const char *raw;
     char        key[256];
     const char *val;
     size_t      klen;
-    int         first = 1, escaped, more;
+    int         first = 1, more;
 
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
@@ -516,19 +527,8 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     s.p++;
     b->obj_open = (size_t) (s.p - buf);
     while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
-        if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
+        if (scan_key(&s, key, sizeof(key), &klen) != 0) {
             goto bad;
-        }
-        /* the keys the router reads are short; escaped, each of their
-         * characters takes at most 12 bytes (a surrogate pair), so a key
-         * longer than this cannot be one of them (and "c\u0061che_salt"
-         * must be seen: engines unescape keys too) */
-        if (klen >= sizeof(key)) {
-            klen = 0;
-        } else if (escaped) {
-            klen = kv_json_unescape(raw, klen, key);
-        } else {
-            memcpy(key, raw, klen);
         }
         kv_jscan_peek(&s);
         val = s.p;
@@ -568,10 +568,9 @@ bad:
 int kv_body_model(const char *buf, size_t len, char *model, size_t cap, char *err, size_t errlen)
 {
     scan_t      s;
-    const char *raw;
     char        key[64];
     size_t      klen;
-    int         first = 1, escaped, more;
+    int         first = 1, more;
 
     model[0] = '\0';
     kv_jscan_init_err(&s, buf, len, err, errlen);
@@ -580,16 +579,8 @@ int kv_body_model(const char *buf, size_t len, char *model, size_t cap, char *er
     }
     s.p++;
     while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
-        if (kv_jscan_string_raw(&s, &raw, &klen, &escaped) != 0 || kv_jscan_expect(&s, ':') != 0) {
+        if (scan_key(&s, key, sizeof(key), &klen) != 0) {
             return -1;
-        }
-        /* "model" escaped takes at most 5 x 6 bytes */
-        if (klen >= sizeof(key)) {
-            klen = 0;
-        } else if (escaped) {
-            klen = kv_json_unescape(raw, klen, key);
-        } else {
-            memcpy(key, raw, klen);
         }
         if (klen == 5 && memcmp(key, "model", 5) == 0 && kv_jscan_peek(&s) == '"') {
             if (scan_name(&s, model, cap) != 0) {
