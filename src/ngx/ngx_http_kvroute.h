@@ -187,6 +187,8 @@ struct ngx_http_kvroute_srv_conf_s {
     ngx_str_t                       chat_kwargs;    /* default kwargs, JSON */
     ngx_str_t                       model;
     ngx_str_t                       lora;           /* "*" or a,b,c; "" none */
+    ngx_str_t                      *loras;          /* a, b, c (for kvroute_models) */
+    ngx_uint_t                      nloras;
     kv_route_config_t               route;
     int                             mode;           /* 0 events, 1 approximate, -1 unset;
                                                        checked in init_upstream, once
@@ -336,6 +338,7 @@ typedef struct {
     ngx_http_kvroute_srv_conf_t    *conf;
     unsigned                        several:1;  /* one of a list: chosen by model */
     unsigned                        last:1;     /* the list's last */
+    unsigned                        listed:1;   /* kvroute_models: needs model= */
 } ngx_http_kvroute_upstream_ref_t;
 
 
@@ -345,6 +348,7 @@ typedef struct {
     ngx_http_kvroute_upstream_ref_t  *upstream; /* kvroute_upstream, or NULL */
     ngx_array_t                    *choices;    /* its names when several: the
                                                    body's model picks (refs) */
+    ngx_array_t                    *models;     /* kvroute_models (refs) */
     ngx_uint_t                      warned;     /* "no kvroute_upstream" logged
                                                    by this process */
 } ngx_http_kvroute_loc_conf_t;
@@ -520,6 +524,9 @@ ngx_int_t ngx_http_kvroute_model_not_found(ngx_http_request_t *r);
 /* filters, variables, status */
 ngx_int_t ngx_http_kvroute_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_kvroute_add_variables(ngx_conf_t *cf);
+char *ngx_http_kvroute_models_directive(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+u_char *ngx_http_kvroute_json_strn(u_char *b, u_char *s, size_t len);
 char *ngx_http_kvroute_status_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 

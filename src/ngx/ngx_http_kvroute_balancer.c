@@ -33,6 +33,9 @@ static ngx_int_t ngx_http_kvroute_get_least_load(ngx_peer_connection_t *pc,
 static ngx_uint_t ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
     ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now);
 static void ngx_http_kvroute_cleanup_conf(void *data);
+static ngx_uint_t ngx_http_kvroute_model_name(ngx_str_t *s);
+static ngx_int_t ngx_http_kvroute_lora_names(ngx_conf_t *cf,
+    ngx_http_kvroute_srv_conf_t *kcf, ngx_str_t *s);
 
 
 static ngx_conf_enum_t  ngx_http_kvroute_modes[] = {
@@ -344,7 +347,7 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         if (ngx_http_kvroute_param_is(&value[i], "model=", &s)) {
-            if (s.len >= 128) {
+            if (s.len >= 128 || !ngx_http_kvroute_model_name(&s)) {
                 goto invalid;
             }
             if (ngx_http_kvroute_param_cstr(cf, &s, &c) != NGX_CONF_OK) {
@@ -356,20 +359,13 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         if (ngx_http_kvroute_param_is(&value[i], "lora=", &s)) {
-            /* "*", or names with no empty one and no "*" among them */
-            if (s.len == 0 || s.data[0] == ',' || s.data[s.len - 1] == ','
-                || ngx_strlcasestrn(s.data, s.data + s.len,
-                                    (u_char *) ",,", 2 - 1) != NULL
-                || (ngx_strlchr(s.data, s.data + s.len, '*') != NULL
-                    && !ngx_http_kvroute_str_is(&s, "*")))
-            {
-                goto invalid;
-            }
-            if (ngx_http_kvroute_param_cstr(cf, &s, &c) != NGX_CONF_OK) {
+            rc = ngx_http_kvroute_lora_names(cf, kcf, &s);
+            if (rc == NGX_ERROR) {
                 return NGX_CONF_ERROR;
             }
-            kcf->lora.data = (u_char *) c;
-            kcf->lora.len = s.len;
+            if (rc == NGX_DECLINED) {
+                goto invalid;
+            }
             continue;
         }
 
@@ -467,6 +463,76 @@ invalid:
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "invalid parameter \"%V\" in \"kvroute\"", &value[i]);
     return NGX_CONF_ERROR;
+}
+
+
+/* A model or adapter name: printable ASCII, as engines' names are (and so
+ * listed by kvroute_models exactly), no "," (lora= separates with it) and
+ * no "*" (lora=* means any). */
+
+static ngx_uint_t
+ngx_http_kvroute_model_name(ngx_str_t *s)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < s->len; i++) {
+        if (s->data[i] <= ' ' || s->data[i] >= 0x7f || s->data[i] == ','
+            || s->data[i] == '*')
+        {
+            return 0;
+        }
+    }
+
+    return s->len > 0 && s->len < 128;
+}
+
+
+/* lora=a,b,c or lora=*: kept whole for kv_model_role and split for
+ * kvroute_models; NGX_DECLINED on an empty name or a stray '*'. */
+
+static ngx_int_t
+ngx_http_kvroute_lora_names(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_str_t *s)
+{
+    u_char      *p, *comma, *end;
+    ngx_str_t    name;
+    const char  *c;
+
+    if (ngx_http_kvroute_param_cstr(cf, s, &c) != NGX_CONF_OK) {
+        return NGX_ERROR;
+    }
+
+    kcf->lora.data = (u_char *) c;
+    kcf->lora.len = s->len;
+
+    if (ngx_http_kvroute_str_is(s, "*")) {
+        return NGX_OK;
+    }
+
+    kcf->loras = ngx_palloc(cf->pool, (s->len / 2 + 1) * sizeof(ngx_str_t));
+    if (kcf->loras == NULL) {
+        return NGX_ERROR;
+    }
+
+    end = kcf->lora.data + s->len;
+
+    for (p = kcf->lora.data; p <= end; p = comma + 1) {
+        comma = ngx_strlchr(p, end, ',');
+        if (comma == NULL) {
+            comma = end;
+        }
+
+        name.data = p;
+        name.len = comma - p;
+
+        if (!ngx_http_kvroute_model_name(&name)) {
+            return NGX_DECLINED;
+        }
+
+        kcf->loras[kcf->nloras++] = name;
+    }
+
+    return NGX_OK;
 }
 
 

@@ -61,25 +61,20 @@ ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after)
 
 
 /*
- * The body names a model that no upstream of the location serves
- * ("kvroute_upstream A B ..."): 404, as OpenAI and vLLM answer it.
+ * A model that no upstream of the location serves ("kvroute_upstream A B
+ * ...", kvroute_models): 404, as OpenAI and vLLM answer it. Returns what
+ * sending gave, as a content handler does; the caller finalizes.
  */
 
 ngx_int_t
 ngx_http_kvroute_model_not_found(ngx_http_request_t *r)
 {
-    ngx_int_t  rc;
-
     static ngx_str_t  body = ngx_string(
         "{\"error\":{\"message\":\"The model named in the request is not "
         "served here.\",\"type\":\"invalid_request_error\","
         "\"param\":\"model\",\"code\":\"model_not_found\"}}\n");
 
-    rc = ngx_http_kvroute_send_json(r, NGX_HTTP_NOT_FOUND, &body);
-
-    ngx_http_finalize_request(r, rc);
-
-    return NGX_DONE;
+    return ngx_http_kvroute_send_json(r, NGX_HTTP_NOT_FOUND, &body);
 }
 
 

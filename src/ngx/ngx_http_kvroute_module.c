@@ -75,6 +75,13 @@ static ngx_command_t  ngx_http_kvroute_commands[] = {
       offsetof(ngx_http_kvroute_loc_conf_t, debug_headers),
       NULL },
 
+    { ngx_string("kvroute_models"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_kvroute_models_directive,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("kvroute_status"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_kvroute_status_directive,

@@ -222,6 +222,14 @@ ngx_http_kvroute_upstream_resolve(ngx_conf_t *cf,
 
         ref->conf = kcf;
 
+        if (ref->listed && kcf->model.len == 0) {
+            ngx_log_error(NGX_LOG_EMERG, cf->log, 0,
+                          "kvroute_models \"%V\": its \"kvroute\" has no "
+                          "model= to list in %s:%ui",
+                          &ref->name, ref->file_name, ref->line);
+            return NGX_ERROR;
+        }
+
         if (!ref->several) {
             continue;
         }
@@ -340,7 +348,8 @@ ngx_http_kvroute_precontent(ngx_http_request_t *r)
 
     if (ctx) {
         if (ctx->no_model) {
-            return ngx_http_kvroute_model_not_found(r);
+            ngx_http_finalize_request(r, ngx_http_kvroute_model_not_found(r));
+            return NGX_DONE;
         }
 
         if (ctx->status != NGX_HTTP_SERVICE_UNAVAILABLE) {

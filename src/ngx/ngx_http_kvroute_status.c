@@ -424,7 +424,7 @@ ngx_http_kvroute_status_directive(ngx_conf_t *cf, ngx_command_t *cmd,
  * stays valid JSON and valid UTF-8. At most 6 bytes per input byte.
  */
 
-static u_char *
+u_char *
 ngx_http_kvroute_json_strn(u_char *b, u_char *s, size_t len)
 {
     u_char         *end = s + len;

@@ -109,7 +109,7 @@ MODELS_CONF = """
     kvroute_zone kv 16m;
     upstream alpha {
         zone alpha 64k;
-        kvroute zone=kv mode=approximate model=alpha;
+        kvroute zone=kv mode=approximate model=org/alpha;
         %(alpha)s
     }
     upstream beta {
@@ -125,20 +125,28 @@ MODELS_CONF = """
             kvroute_upstream alpha beta;
             proxy_pass http://$kvroute_upstream;
         }
+        location /v1/models {
+            kvroute_models alpha beta;
+        }
+        location /first/ {
+            kvroute_upstream alpha beta;
+            rewrite ^/first(/.*)$ /v1$1 break;
+            proxy_pass http://$kvroute_upstream;
+        }
     }
 """
 
 
 def test_model_picks_the_upstream(stack):
-    wa = stack.worker(engines=2, extra=["--model", "alpha"])
+    wa = stack.worker(engines=2, extra=["--model", "org/alpha"])
     wb = stack.worker(engines=2, extra=["--model", "beta", "--lora-modules", "beta-sql"])
     ng = stack.nginx(MODELS_CONF % {"alpha": upstream_servers(wa.ports),
                                     "beta": upstream_servers(wb.ports)})
     at = {"127.0.0.1:%d" % p for p in wa.ports}
     bt = {"127.0.0.1:%d" % p for p in wb.ports}
 
-    for model, where, served in (("alpha", at, "alpha"), ("beta", bt, "beta"),
-                                 ("beta-sql", bt, "beta-sql"), (None, at, "alpha")):
+    for model, where, served in (("org/alpha", at, "org/alpha"), ("beta", bt, "beta"),
+                                 ("beta-sql", bt, "beta-sql"), (None, at, "org/alpha")):
         prompt = ids("p-%s" % model, 64)
         s, h, body, raw = complete(ng.port, model, prompt)
         assert s == 200, raw
@@ -162,12 +170,36 @@ def test_model_picks_the_upstream(stack):
     assert "x-kvroute-worker" not in h
 
     # requests kvroute does not read go to the first upstream
-    s, _, body = kvt.request(ng.port, "GET", "/v1/models")
-    assert s == 200 and json.loads(body)["data"][0]["id"] == "alpha"
+    s, _, body = kvt.request(ng.port, "GET", "/first/models")
+    assert s == 200 and [m["id"] for m in json.loads(body)["data"]] == ["org/alpha"]
 
     # a body that is not JSON: the first upstream, whose engine says why
     s, _, _ = kvt.request(ng.port, "POST", "/v1/completions", b"{not json")
     assert s == 400
+    assert ng.alerts() == []
+
+
+def test_models_listed_for_every_upstream(stack):
+    ng = stack.nginx(MODELS_CONF % {"alpha": "server 127.0.0.1:1;",
+                                    "beta": "server 127.0.0.1:2;"})
+    s, h, body = kvt.request(ng.port, "GET", "/v1/models")
+    assert s == 200 and h["content-type"] == "application/json", body
+    doc = json.loads(body)
+    assert doc["object"] == "list"
+    assert [(m["id"], m["parent"]) for m in doc["data"]] == [
+        ("org/alpha", None), ("beta", None), ("beta-sql", "beta")]
+    assert all(m["object"] == "model" and m["owned_by"] == "kvroute" for m in doc["data"])
+
+    for mid, parent in (("org/alpha", None), ("beta-sql", "beta")):
+        s, _, body = kvt.request(ng.port, "GET", "/v1/models/" + mid)
+        assert s == 200 and json.loads(body)["id"] == mid, body
+        assert json.loads(body)["parent"] == parent
+    s, _, body = kvt.request(ng.port, "GET", "/v1/models/gamma")
+    assert s == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+    s, h, body = kvt.request(ng.port, "HEAD", "/v1/models")
+    assert s == 200 and body == b"" and int(h["content-length"]) > 0
+    s, _, _ = kvt.request(ng.port, "POST", "/v1/models", {"x": 1})
+    assert s == 405
     assert ng.alerts() == []
 
 
@@ -188,7 +220,10 @@ def test_model_choice_misconfigurations_fail_nginx_t(stack):
             ("lora=x", "kvroute_upstream a;", "lora= needs model="),
             ("model=a lora=x,,y", "kvroute_upstream a;", 'invalid parameter "lora=x,,y"'),
             ("model=a lora=x,*", "kvroute_upstream a;", 'invalid parameter "lora=x,*"'),
-            ("model=a lora=*", "kvroute_upstream a b;", None)):
+            ("model=a lora=*", "kvroute_upstream a b;", None),
+            ("model=a,b", "kvroute_upstream a;", 'invalid parameter "model=a,b"'),
+            ("model=a lora=b", "kvroute_models a b;", None),
+            ("model=a", "kvroute_models a c;", 'kvroute_models "c": its "kvroute" has no model=')):
         ok, out, _ = stack.nginx_t(up % (a, loc))
         if want is None:
             assert ok, out
