@@ -673,19 +673,22 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     evbuffer_free(b);
 }
 
-/* GET /v1/models and /v1/models/{id}: the one model this worker serves. */
+/* GET /v1/models and /v1/models/{id}: the model this worker serves and its
+ * LoRA adapters (--lora-modules). */
 static void handle_models(kvw_http_t *h, struct evhttp_request *req, const char *id)
 {
-    const char *served = h->engine->cfg->model;
+    const char *served = h->engine->cfg->model, *loras = h->engine->cfg->lora_modules;
     char *want;
+    kv_model_role_t role;
 
     if (id == NULL) {
-        reply_json(req, 200, "OK", kvw_openai_models(served));
+        reply_json(req, 200, "OK", kvw_openai_models(served, loras));
         return;
     }
     want = evhttp_uridecode(id, 0, NULL);
-    if (want && strcmp(want, served) == 0) {
-        reply_json(req, 200, "OK", kvw_openai_model(served));
+    role = want && want[0] ? kv_model_role(served, loras, want) : KV_MODEL_OTHER;
+    if (role != KV_MODEL_OTHER) {
+        reply_json(req, 200, "OK", kvw_openai_model(want, role == KV_MODEL_LORA ? served : NULL));
     } else {
         char msg[256];
         snprintf(msg, sizeof(msg), "The model '%.64s' does not exist; this worker serves "

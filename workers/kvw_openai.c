@@ -394,24 +394,36 @@ char *kvw_openai_error(const char *message, const char *type, const char *param,
     return s;
 }
 
-static json_t *model_json(const char *id)
+/* vLLM lists a LoRA adapter with its base model as "parent" */
+static json_t *model_json(const char *id, const char *parent)
 {
-    return json_pack("{s:s,s:s,s:I,s:s}", "id", id, "object", "model", "created",
-                     (json_int_t)0, "owned_by", "kvroute");
+    return json_pack("{s:s,s:s,s:I,s:s,s:s?}", "id", id, "object", "model", "created",
+                     (json_int_t)0, "owned_by", "kvroute", "parent", parent);
 }
 
-char *kvw_openai_model(const char *id)
+char *kvw_openai_model(const char *id, const char *parent)
 {
-    json_t *j = model_json(id);
+    json_t *j = model_json(id, parent);
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;
 }
 
-char *kvw_openai_models(const char *id)
+char *kvw_openai_models(const char *id, const char *loras)
 {
-    json_t *j = json_pack("{s:s,s:[o]}", "object", "list", "data", model_json(id));
-    char *s = json_dumps(j, JSON_COMPACT);
+    json_t     *data = json_array(), *j;
+    const char *p, *comma;
+    char        name[128];
+    char       *s;
+
+    json_array_append_new(data, model_json(id, NULL));
+    for (p = loras; p && *p; p = comma ? comma + 1 : p + strlen(p)) {
+        comma = strchr(p, ',');
+        snprintf(name, sizeof(name), "%.*s", (int) (comma ? comma - p : (long) strlen(p)), p);
+        json_array_append_new(data, model_json(name, id));
+    }
+    j = json_pack("{s:s,s:o}", "object", "list", "data", data);
+    s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;
 }

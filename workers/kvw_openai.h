@@ -61,9 +61,9 @@ char *kvw_openai_error(const char *message, const char *type, const char *param,
                        const char *code);
 
 /* {"id","object":"model","created","owned_by"}: one entry of /v1/models. */
-char *kvw_openai_model(const char *id);
+char *kvw_openai_model(const char *id, const char *parent);
 /* {"object":"list","data":[model]}: /v1/models. */
-char *kvw_openai_models(const char *id);
+char *kvw_openai_models(const char *id, const char *loras);
 
 /* One SSE data payload for a streamed token or the final chunk. */
 char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,

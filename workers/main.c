@@ -147,6 +147,24 @@ static int parse_link(const char *v, double *out)
     return 0;
 }
 
+/* --lora-modules a,b,...: names of 1-127 bytes, none empty, no '*' */
+static int lora_names_ok(const char *s)
+{
+    const char *comma;
+    size_t      n;
+
+    for (;; s = comma + 1) {
+        comma = strchr(s, ',');
+        n = comma ? (size_t) (comma - s) : strlen(s);
+        if (n == 0 || n > 127 || memchr(s, '*', n)) {
+            return 0;
+        }
+        if (comma == NULL) {
+            return 1;
+        }
+    }
+}
+
 static int parse_args(int argc, char **argv, kvw_config_t *cfg)
 {
     static const struct option opts[] = {
@@ -267,7 +285,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
      * adapter name (docs/PROTOCOL.md) */
     if (cfg->lora_modules
         && (strcmp(cfg->engine, "mock") || cfg->role != KVW_ROLE_AGGREGATED
-            || cfg->lora_modules[0] == '\0' || strchr(cfg->lora_modules, '*'))) {
+            || !lora_names_ok(cfg->lora_modules))) {
         fprintf(stderr, "kvworker: --lora-modules takes names (a,b,...) and needs --engine "
                 "mock and --role aggregated\n");
         return -1;

@@ -62,6 +62,15 @@ def test_lora_requests_find_their_adapters_blocks_only(stack):
     a, b = w.ports
     ng = stack.nginx(EVENTS_CONF % {"nats": nats.url, "servers": upstream_servers(w.ports)})
 
+    # the worker lists its adapters as vLLM does
+    s, _, body = kvt.request(a, "GET", "/v1/models")
+    assert s == 200
+    assert [(m["id"], m.get("parent")) for m in json.loads(body)["data"]] == [
+        ("base", None), ("sql", "base"), ("chat", "base")]
+    s, _, body = kvt.request(a, "GET", "/v1/models/chat")
+    assert s == 200 and json.loads(body)["parent"] == "base"
+    assert kvt.request(a, "GET", "/v1/models/nope")[0] == 404
+
     # the same prompt, cached as adapter "sql" on a and as the base on b
     doc = ids("doc", 320)
     for port, model in ((a, "sql"), (b, "base")):
@@ -97,7 +106,8 @@ def test_worker_lora_modules_checked():
     kvw = os.path.join(kvt.BIN, "kvworker")
     for extra in (["--lora-modules", "a", "--engine", "cpu"],
                   ["--lora-modules", "a", "--role", "decode"],
-                  ["--lora-modules", ""], ["--lora-modules", "*"]):
+                  ["--lora-modules", ""], ["--lora-modules", "*"], ["--lora-modules", "a,,b"],
+                  ["--lora-modules", "a,"], ["--lora-modules", "x" * 128]):
         r = subprocess.run([kvw, "--port", str(kvt.free_port())] + extra, capture_output=True,
                            text=True, timeout=10)
         assert r.returncode != 0 and "--lora-modules" in r.stderr, extra
