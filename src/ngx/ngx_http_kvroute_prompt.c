@@ -1030,7 +1030,11 @@ ngx_http_kvroute_task_body(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
             continue;
         }
 
-        p = ngx_cpymem(p, b->pos, b->last - b->pos);
+        /* a chunked body ends in an empty buffer with no memory at all */
+
+        if (b->last != b->pos) {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+        }
     }
 
     t->len = len;

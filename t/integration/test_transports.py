@@ -1,8 +1,9 @@
 """The ways real clients send a body, through a real nginx to kvworker
 engines: HTTP/2, chunked transfer coding arriving in pieces, `Expect:
 100-continue` (curl sends it for large bodies), and bodies nginx keeps in
-a temporary file. Each must be read whole and routed on its prompt: the
-same prompt a second time finds its blocks on the server that has them."""
+a temporary file. Each must be read whole and routed on its prompt (the
+same prompt a second time finds its blocks on the server that has them),
+and with salt= rewritten and proxied whole."""
 import json
 import shutil
 import socket
@@ -22,6 +23,11 @@ CONF = """
         %(servers)s
         keepalive 8;
     }
+    upstream salted {
+        zone salted 64k;
+        kvroute zone=kv mode=approximate salt=$http_x_tenant;
+        %(servers)s
+    }
     server {
         listen 127.0.0.1:%%(port)s;
         listen 127.0.0.1:%(h2)d http2;
@@ -34,6 +40,11 @@ CONF = """
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_request_buffering off;    # kvroute reads the body whole anyway
+        }
+        location /salted/ {                 # the body rewritten with the salt
+            kvroute_upstream salted;
+            rewrite ^/salted(/.*)$ $1 break;
+            proxy_pass http://salted;
         }
     }
 """
@@ -68,13 +79,14 @@ def curl(url, data, *extra):
     return int(status[-1].split()[1]), hdrs
 
 
-def chunked(port, data, pieces=5):
+def chunked(port, path, data, pieces=5):
     """POST data with Transfer-Encoding: chunked, in pieces written apart so
     that nginx reads the body over several events."""
     s = socket.create_connection(("127.0.0.1", port), timeout=30)
     try:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"X-Tenant: t1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                  % path.encode())
         step = len(data) // pieces + 1
         for i in range(0, len(data), step):
             part = data[i:i + step]
@@ -94,21 +106,23 @@ def chunked(port, data, pieces=5):
     return int(head[0].split()[1]), hdrs
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/salted/v1/completions"])
 @pytest.mark.parametrize("size", [64, 30000])     # in memory; in a temporary file
-def test_every_way_of_sending_a_body_is_routed_on_its_prompt(front, size):
-    plain = "http://127.0.0.1:%d/v1/completions" % front.port
-    h2 = "http://127.0.0.1:%d/v1/completions" % front.h2
+def test_every_way_of_sending_a_body_is_routed_on_its_prompt(front, size, path):
+    plain = "http://127.0.0.1:%d%s" % (front.port, path)
+    h2 = "http://127.0.0.1:%d%s" % (front.h2, path)
     blocks = size // 16
+    tenant = ("-H", "X-Tenant: t1")
     ways = {
-        "content-length": lambda d: curl(plain, d),
-        "expect-100": lambda d: curl(plain, d, "-H", "Expect: 100-continue"),
-        "chunked": lambda d: chunked(front.port, d),
-        "http2": lambda d: curl(h2, d, "--http2-prior-knowledge"),
+        "content-length": lambda d: curl(plain, d, *tenant),
+        "expect-100": lambda d: curl(plain, d, "-H", "Expect: 100-continue", *tenant),
+        "chunked": lambda d: chunked(front.port, path, d),
+        "http2": lambda d: curl(h2, d, "--http2-prior-knowledge", *tenant),
         "http2-chunked-client": lambda d: curl(h2, d, "--http2-prior-knowledge",
-                                               "-H", "Transfer-Encoding: chunked"),
+                                               "-H", "Transfer-Encoding: chunked", *tenant),
     }
     for name, send in ways.items():
-        data = body(name + str(size), size)
+        data = body(name + str(size) + path, size)
         s, h = send(data)
         assert s == 200, (name, h)
         first = h["x-kvroute-worker"]
