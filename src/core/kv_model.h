@@ -14,9 +14,10 @@ typedef enum {
 } kv_model_role_t;
 
 /*
- * What a server serving `model` (NULL or "": every name) and `lora` (NULL:
- * none, "*": any other name, else names separated by commas) makes of a
- * request naming `name` ("": none, the served model).
+ * What a server serving `model` (its names separated by commas, as vLLM's
+ * --served-model-name takes aliases; NULL or "": every name) and `lora`
+ * (NULL: none, "*": any other name, else names separated by commas) makes
+ * of a request naming `name` ("": none, the served model).
  */
 kv_model_role_t kv_model_role(const char *model, const char *lora, const char *name);
 

@@ -185,9 +185,11 @@ struct ngx_http_kvroute_srv_conf_s {
     int                             chat_engine;    /* kv_chat_engine_t: whose
                                                        rendering rules */
     ngx_str_t                       chat_kwargs;    /* default kwargs, JSON */
-    ngx_str_t                       model;
+    ngx_str_t                       model;          /* a,b: the model and aliases */
+    ngx_str_t                      *models;         /* a, b (for kvroute_models) */
+    ngx_uint_t                      nmodels;
     ngx_str_t                       lora;           /* "*" or a,b,c; "" none */
-    ngx_str_t                      *loras;          /* a, b, c (for kvroute_models) */
+    ngx_str_t                      *loras;          /* a, b, c */
     ngx_uint_t                      nloras;
     kv_route_config_t               route;
     int                             mode;           /* 0 events, 1 approximate, -1 unset;

@@ -34,8 +34,8 @@ static ngx_uint_t ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
     ngx_http_upstream_rr_peer_t *peer, ngx_uint_t i, time_t now);
 static void ngx_http_kvroute_cleanup_conf(void *data);
 static ngx_uint_t ngx_http_kvroute_model_name(ngx_str_t *s);
-static ngx_int_t ngx_http_kvroute_lora_names(ngx_conf_t *cf,
-    ngx_http_kvroute_srv_conf_t *kcf, ngx_str_t *s);
+static ngx_int_t ngx_http_kvroute_names(ngx_conf_t *cf, ngx_str_t *s,
+    ngx_str_t *whole, ngx_str_t **names, ngx_uint_t *n);
 
 
 static ngx_conf_enum_t  ngx_http_kvroute_modes[] = {
@@ -264,7 +264,6 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_int_t                            rc;
     ngx_str_t                           *value, s, tokenizer, template;
-    const char                          *c;
 #if (NGX_THREADS)
     ngx_str_t                            pool;
 #endif
@@ -347,19 +346,24 @@ ngx_http_kvroute_directive(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         if (ngx_http_kvroute_param_is(&value[i], "model=", &s)) {
-            if (s.len >= 128 || !ngx_http_kvroute_model_name(&s)) {
-                goto invalid;
-            }
-            if (ngx_http_kvroute_param_cstr(cf, &s, &c) != NGX_CONF_OK) {
+            rc = ngx_http_kvroute_names(cf, &s, &kcf->model, &kcf->models,
+                                        &kcf->nmodels);
+            if (rc == NGX_ERROR) {
                 return NGX_CONF_ERROR;
             }
-            kcf->model.data = (u_char *) c;
-            kcf->model.len = s.len;
+            if (rc == NGX_DECLINED) {
+                goto invalid;
+            }
             continue;
         }
 
         if (ngx_http_kvroute_param_is(&value[i], "lora=", &s)) {
-            rc = ngx_http_kvroute_lora_names(cf, kcf, &s);
+            if (ngx_http_kvroute_str_is(&s, "*")) {
+                ngx_str_set(&kcf->lora, "*");
+                continue;
+            }
+            rc = ngx_http_kvroute_names(cf, &s, &kcf->lora, &kcf->loras,
+                                        &kcf->nloras);
             if (rc == NGX_ERROR) {
                 return NGX_CONF_ERROR;
             }
@@ -487,12 +491,13 @@ ngx_http_kvroute_model_name(ngx_str_t *s)
 }
 
 
-/* lora=a,b,c or lora=*: kept whole for kv_model_role and split for
- * kvroute_models; NGX_DECLINED on an empty name or a stray '*'. */
+/* model=a,b or lora=a,b,c: kept whole (NUL-terminated) for kv_model_role
+ * and split for kvroute_models; NGX_DECLINED on a name that is empty, too
+ * long or holds what a name may not. */
 
 static ngx_int_t
-ngx_http_kvroute_lora_names(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
-    ngx_str_t *s)
+ngx_http_kvroute_names(ngx_conf_t *cf, ngx_str_t *s, ngx_str_t *whole,
+    ngx_str_t **names, ngx_uint_t *n)
 {
     u_char      *p, *comma, *end;
     ngx_str_t    name;
@@ -502,21 +507,18 @@ ngx_http_kvroute_lora_names(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
         return NGX_ERROR;
     }
 
-    kcf->lora.data = (u_char *) c;
-    kcf->lora.len = s->len;
+    whole->data = (u_char *) c;
+    whole->len = s->len;
 
-    if (ngx_http_kvroute_str_is(s, "*")) {
-        return NGX_OK;
-    }
-
-    kcf->loras = ngx_palloc(cf->pool, (s->len / 2 + 1) * sizeof(ngx_str_t));
-    if (kcf->loras == NULL) {
+    *names = ngx_palloc(cf->pool, (s->len / 2 + 1) * sizeof(ngx_str_t));
+    if (*names == NULL) {
         return NGX_ERROR;
     }
 
-    end = kcf->lora.data + s->len;
+    *n = 0;
+    end = whole->data + whole->len;
 
-    for (p = kcf->lora.data; p <= end; p = comma + 1) {
+    for (p = whole->data; p <= end; p = comma + 1) {
         comma = ngx_strlchr(p, end, ',');
         if (comma == NULL) {
             comma = end;
@@ -529,7 +531,7 @@ ngx_http_kvroute_lora_names(ngx_conf_t *cf, ngx_http_kvroute_srv_conf_t *kcf,
             return NGX_DECLINED;
         }
 
-        kcf->loras[kcf->nloras++] = name;
+        (*names)[(*n)++] = name;
     }
 
     return NGX_OK;

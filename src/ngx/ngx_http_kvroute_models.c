@@ -6,8 +6,9 @@
  * the models of several kvroute upstreams at once, as an engine lists its
  * own, so that clients that ask which models exist see every model a
  * location serves ("kvroute_upstream A B ..." proxies a GET to the first
- * upstream alone). Each upstream's model= is listed, and its lora= names
- * with their base as "parent", as vLLM lists adapters; lora=* lists none.
+ * upstream alone). Each upstream's model= names are listed, and its lora=
+ * names with their base (model='s first) as "parent", as vLLM lists
+ * adapters; lora=* lists none.
  */
 
 
@@ -183,13 +184,16 @@ ngx_http_kvroute_models_list(u_char *p, ngx_array_t *models)
     for (i = 0; i < models->nelts; i++) {
         kcf = refs[i]->conf;
 
-        p = ngx_http_kvroute_model_entry(p, kcf->model.data, kcf->model.len,
-                                         NULL);
-        *p++ = ',';
+        for (j = 0; j < kcf->nmodels; j++) {
+            p = ngx_http_kvroute_model_entry(p, kcf->models[j].data,
+                                             kcf->models[j].len, NULL);
+            *p++ = ',';
+        }
 
         for (j = 0; j < kcf->nloras; j++) {
             p = ngx_http_kvroute_model_entry(p, kcf->loras[j].data,
-                                             kcf->loras[j].len, &kcf->model);
+                                             kcf->loras[j].len,
+                                             &kcf->models[0]);
             *p++ = ',';
         }
     }
@@ -215,10 +219,10 @@ ngx_http_kvroute_models_size(ngx_array_t *models)
 
     for (i = 0; i < models->nelts; i++) {
         kcf = refs[i]->conf;
-        size += 128 + 6 * kcf->model.len;
+        size += 128 * kcf->nmodels + 6 * kcf->model.len;
 
         for (j = 0; j < kcf->nloras; j++) {
-            size += 128 + 6 * (kcf->loras[j].len + kcf->model.len);
+            size += 128 + 6 * (kcf->loras[j].len + kcf->models[0].len);
         }
     }
 
@@ -264,18 +268,20 @@ ngx_http_kvroute_models_find(ngx_array_t *models, ngx_str_t *id,
     for (i = 0; i < models->nelts; i++) {
         kcf = refs[i]->conf;
 
-        if (kcf->model.len == id->len
-            && ngx_strncmp(kcf->model.data, id->data, id->len) == 0)
-        {
-            *parent = NULL;
-            return NGX_OK;
+        for (j = 0; j < kcf->nmodels; j++) {
+            if (kcf->models[j].len == id->len
+                && ngx_strncmp(kcf->models[j].data, id->data, id->len) == 0)
+            {
+                *parent = NULL;
+                return NGX_OK;
+            }
         }
 
         for (j = 0; j < kcf->nloras; j++) {
             if (kcf->loras[j].len == id->len
                 && ngx_strncmp(kcf->loras[j].data, id->data, id->len) == 0)
             {
-                *parent = &kcf->model;
+                *parent = &kcf->models[0];
                 return NGX_OK;
             }
         }

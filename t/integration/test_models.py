@@ -119,7 +119,7 @@ MODELS_CONF = """
     kvroute_zone kv 16m;
     upstream alpha {
         zone alpha 64k;
-        kvroute zone=kv mode=approximate model=org/alpha;
+        kvroute zone=kv mode=approximate model=org/alpha,alpha;
         %(alpha)s
     }
     upstream beta {
@@ -166,6 +166,11 @@ def test_model_picks_the_upstream(stack):
         assert s == 200 and h2["x-kvroute-worker"] == h["x-kvroute-worker"], raw
         assert h2["x-kvroute-overlap"] == "4"
 
+    # an alias of the first upstream's model (vLLM serves several names;
+    # this kvworker only its own, so it answers 404 from the right pool)
+    s, h, body, raw = complete(ng.port, "alpha", ids("alias", 64))
+    assert s == 404 and h["x-kvroute-worker"] in at, raw
+
     # chat requests too, and a body nginx keeps in a temporary file
     s, h, body, raw = kvt.post_json(ng.port, "/v1/chat/completions",
                                     {"model": "beta", "max_tokens": 1,
@@ -197,10 +202,10 @@ def test_models_listed_for_every_upstream(stack):
     doc = json.loads(body)
     assert doc["object"] == "list"
     assert [(m["id"], m["parent"]) for m in doc["data"]] == [
-        ("org/alpha", None), ("beta", None), ("beta-sql", "beta")]
+        ("org/alpha", None), ("alpha", None), ("beta", None), ("beta-sql", "beta")]
     assert all(m["object"] == "model" and m["owned_by"] == "kvroute" for m in doc["data"])
 
-    for mid, parent in (("org/alpha", None), ("beta-sql", "beta")):
+    for mid, parent in (("org/alpha", None), ("alpha", None), ("beta-sql", "beta")):
         s, _, body = kvt.request(ng.port, "GET", "/v1/models/" + mid)
         assert s == 200 and json.loads(body)["id"] == mid, body
         assert json.loads(body)["parent"] == parent
@@ -231,7 +236,10 @@ def test_model_choice_misconfigurations_fail_nginx_t(stack):
             ("model=a lora=x,,y", "kvroute_upstream a;", 'invalid parameter "lora=x,,y"'),
             ("model=a lora=x,*", "kvroute_upstream a;", 'invalid parameter "lora=x,*"'),
             ("model=a lora=*", "kvroute_upstream a b;", None),
-            ("model=a,b", "kvroute_upstream a;", 'invalid parameter "model=a,b"'),
+            ("model=a,", "kvroute_upstream a;", 'invalid parameter "model=a,"'),
+            ("model=a,*", "kvroute_upstream a;", 'invalid parameter "model=a,*"'),
+            ("model=a,b lora=*", "kvroute_upstream a b;", None),
+            ("model=a lora=", "kvroute_upstream a;", 'invalid parameter "lora="'),
             ("model=a lora=b", "kvroute_models a b;", None),
             ("model=a", "kvroute_models a c;", 'kvroute_models "c": its "kvroute" has no model=')):
         ok, out, _ = stack.nginx_t(up % (a, loc))

@@ -174,8 +174,9 @@ TEST(operator_salt_combined_not_overridden)
     CHECK(n == 15 && memcmp(q, "\"a\\\"b\\\\c\\u000a\"", 15) == 0);
 }
 
-/* Which names an upstream serves: its model, its LoRA adapters (a list,
- * or "*" for any), no name at all; without model= every name. */
+/* Which names an upstream serves: its model (and aliases), its LoRA
+ * adapters (a list, or "*" for any), no name at all; without model= every
+ * name. */
 TEST(model_roles)
 {
     CHECK(kv_model_role(NULL, NULL, "x") == KV_MODEL_BASE);
@@ -190,6 +191,10 @@ TEST(model_roles)
     CHECK(kv_model_role("m", "sql,chat", "sq") == KV_MODEL_OTHER);
     CHECK(kv_model_role("m", "sql,chat", "chat2") == KV_MODEL_OTHER);
     CHECK(kv_model_role("m", "sql,chat", "sql,chat") == KV_MODEL_OTHER);
+    CHECK(kv_model_role("m,alias", "*", "alias") == KV_MODEL_BASE);    /* not an adapter */
+    CHECK(kv_model_role("m,alias", NULL, "m") == KV_MODEL_BASE);
+    CHECK(kv_model_role("m,alias", NULL, "m,alias") == KV_MODEL_OTHER);
+    CHECK(kv_model_role("m,alias", "*", "x") == KV_MODEL_LORA);
 }
 
 /* A request naming a LoRA adapter is hashed with the adapter's seed, as
