@@ -526,6 +526,8 @@ ngx_int_t ngx_http_kvroute_model_not_found(ngx_http_request_t *r);
 /* filters, variables, status */
 ngx_int_t ngx_http_kvroute_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_kvroute_add_variables(ngx_conf_t *cf);
+ngx_http_kvroute_upstream_ref_t *ngx_http_kvroute_upstream_ref(ngx_conf_t *cf,
+    ngx_str_t *name);
 char *ngx_http_kvroute_models_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 u_char *ngx_http_kvroute_json_strn(u_char *b, u_char *s, size_t len);

@@ -33,7 +33,6 @@ ngx_http_kvroute_models_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_str_t                         *value;
     ngx_uint_t                         i;
     ngx_http_core_loc_conf_t          *clcf;
-    ngx_http_kvroute_main_conf_t      *kmcf;
     ngx_http_kvroute_upstream_ref_t   *ref, **refp;
 
     if (klcf->models) {
@@ -41,7 +40,6 @@ ngx_http_kvroute_models_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     value = cf->args->elts;
-    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvroute_module);
 
     klcf->models = ngx_array_create(cf->pool, cf->args->nelts - 1,
                                     sizeof(ngx_http_kvroute_upstream_ref_t *));
@@ -50,24 +48,12 @@ ngx_http_kvroute_models_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     for (i = 1; i < cf->args->nelts; i++) {
-        ref = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_upstream_ref_t));
+        ref = ngx_http_kvroute_upstream_ref(cf, &value[i]);
         if (ref == NULL) {
             return NGX_CONF_ERROR;
         }
 
-        ref->name = value[i];
-        ref->file_name = cf->conf_file->file.name.data;
-        ref->line = cf->conf_file->line;
         ref->listed = 1;
-
-        /* resolved with kvroute_upstream's names, after the http block */
-
-        refp = ngx_array_push(&kmcf->upstreams);
-        if (refp == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        *refp = ref;
 
         refp = ngx_array_push(klcf->models);
         if (refp == NULL) {

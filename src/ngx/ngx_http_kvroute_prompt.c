@@ -106,15 +106,13 @@ ngx_http_kvroute_upstream_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 
     ngx_str_t                         *value;
     ngx_uint_t                         i;
-    ngx_http_kvroute_main_conf_t      *kmcf;
-    ngx_http_kvroute_upstream_ref_t   *ref, **refp, **choice;
+    ngx_http_kvroute_upstream_ref_t   *ref, **choice;
 
     if (klcf->upstream != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
-    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvroute_module);
 
     if (cf->args->nelts > 2) {
         klcf->choices = ngx_array_create(cf->pool, cf->args->nelts - 1,
@@ -125,23 +123,13 @@ ngx_http_kvroute_upstream_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     for (i = 1; i < cf->args->nelts; i++) {
-        ref = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_upstream_ref_t));
+        ref = ngx_http_kvroute_upstream_ref(cf, &value[i]);
         if (ref == NULL) {
             return NGX_CONF_ERROR;
         }
 
-        ref->name = value[i];
-        ref->file_name = cf->conf_file->file.name.data;
-        ref->line = cf->conf_file->line;
         ref->several = klcf->choices ? 1 : 0;
         ref->last = (i == cf->args->nelts - 1);
-
-        refp = ngx_array_push(&kmcf->upstreams);
-        if (refp == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        *refp = ref;
 
         if (klcf->choices) {
             choice = ngx_array_push(klcf->choices);
@@ -158,6 +146,37 @@ ngx_http_kvroute_upstream_directive(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* A reference to the kvroute upstream NAME, resolved after the http
+ * block (the upstream may come after the location). */
+
+ngx_http_kvroute_upstream_ref_t *
+ngx_http_kvroute_upstream_ref(ngx_conf_t *cf, ngx_str_t *name)
+{
+    ngx_http_kvroute_main_conf_t      *kmcf;
+    ngx_http_kvroute_upstream_ref_t   *ref, **refp;
+
+    kmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_kvroute_module);
+
+    ref = ngx_pcalloc(cf->pool, sizeof(ngx_http_kvroute_upstream_ref_t));
+    if (ref == NULL) {
+        return NULL;
+    }
+
+    ref->name = *name;
+    ref->file_name = cf->conf_file->file.name.data;
+    ref->line = cf->conf_file->line;
+
+    refp = ngx_array_push(&kmcf->upstreams);
+    if (refp == NULL) {
+        return NULL;
+    }
+
+    *refp = ref;
+
+    return ref;
 }
 
 
