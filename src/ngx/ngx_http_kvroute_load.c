@@ -77,8 +77,9 @@ ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
         /* a backup server: nothing cached is known there */
         ctx->prefill_tokens = ctx->prompt_tokens;
         ctx->decode_blocks = (ctx->prompt_tokens + bs - 1) / bs;
-        ctx->decode_tokens = ctx->max_tokens ? ctx->max_tokens
-                                             : ctx->conf->route.max_tokens;
+        ctx->decode_tokens = (ctx->max_tokens ? ctx->max_tokens
+                                              : ctx->conf->route.max_tokens)
+                             * (ctx->sequences > 1 ? ctx->sequences : 1);
         ctx->queued_tokens = 0;
     }
 

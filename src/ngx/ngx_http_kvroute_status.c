@@ -267,6 +267,8 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Prompt tokens sent to the server and not yet prefilled")               \
     X(active_decode_blocks, I, "kvroute_server_active_decode_blocks", gauge,  \
       "KV blocks held by requests in flight to the server")                   \
+    X(active_decode_tokens, I, "kvroute_server_active_decode_tokens", gauge,  \
+      "Output tokens asked by requests in flight (max_tokens times n)")       \
     X(prefill_rate, D, "kvroute_server_prefill_rate", gauge,                  \
       "Learned prompt tokens prefilled per ms (0: no sample yet)")            \
     X(prefill_base, D, "kvroute_server_prefill_base_ms", gauge,               \
@@ -898,6 +900,7 @@ ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
             ss->active_requests = ls.active[KV_LOAD_REQUESTS];
             ss->active_prefill_tokens = ls.active[KV_LOAD_PREFILL_TOKENS];
             ss->active_decode_blocks = ls.active[KV_LOAD_DECODE_BLOCKS];
+            ss->active_decode_tokens = ls.active[KV_LOAD_DECODE_TOKENS];
             ss->prefill_rate = ls.prefill_rate;
             ss->prefill_base = ls.prefill_base;
             ss->decode_pace = ls.decode_pace;

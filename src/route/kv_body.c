@@ -502,6 +502,16 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     {
         return scan_long(s, &b->max_tokens);
     }
+    if ((KEY("n") || KEY("best_of")) && s->p < s->end && *s->p >= '0' && *s->p <= '9') {
+        long v;
+
+        if (scan_long(s, &v) != 0) {
+            return -1;
+        }
+        b->sequences = v > b->sequences ? (v > KV_BODY_SEQUENCES_MAX ? KV_BODY_SEQUENCES_MAX : v)
+                                        : b->sequences;
+        return 0;
+    }
 #undef KEY
     return skip_value(s, 1);
 }
@@ -516,6 +526,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
 
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
+    b->sequences = 1;
     b->chat.add_generation_prompt = 1;
     b->add_special_tokens = -1;
     kv_jscan_init_err(&s, buf, len, err, errlen);
@@ -557,6 +568,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
 bad:
     kv_body_free(b);
     b->max_tokens = -1;
+    b->sequences = 1;
     return -1;
 }
 

@@ -25,6 +25,9 @@ typedef enum {
     KV_BODY_MESSAGES        /* raw JSON of `messages` in chat.messages */
 } kv_body_kind_t;
 
+/* `n` / `best_of` counted at most this (engines refuse far less) */
+#define KV_BODY_SEQUENCES_MAX 4096
+
 /* top-level `cache_salt` members recorded for a rewrite (more: a parse error) */
 #define KV_BODY_SALTS_MAX 16
 
@@ -43,6 +46,8 @@ typedef struct {
     size_t          salt_len;
     int             stream;         /* `stream: true` */
     long            max_tokens;     /* `max_tokens` / `max_completion_tokens`, -1 if absent */
+    long            sequences;      /* the larger of `n` and `best_of` (>= 1; 1 if absent):
+                                       output sequences the engine decodes for it */
     uint64_t        cache_key;      /* kv_body_session_key of `prompt_cache_key`; 0: absent */
     uint64_t        user;           /* ... of `user`; 0: absent */
 

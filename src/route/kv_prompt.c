@@ -141,6 +141,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     memcpy(out->salt_len_raw, b.salt_len_raw, sizeof(out->salt_len_raw));
     out->stream = b.stream;
     out->max_tokens = b.max_tokens;
+    out->sequences = b.sequences;
     out->session = b.cache_key ? b.cache_key : b.user;
     role = kv_model_role(cfg->model, cfg->lora, b.model);
     if (role == KV_MODEL_OTHER) {

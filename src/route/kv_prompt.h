@@ -80,6 +80,7 @@ typedef struct {
     size_t              nseq;
     int                 stream;
     long                max_tokens;
+    long                sequences;      /* n / best_of: >= 1 */
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
     uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */

@@ -771,7 +771,9 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
     out->prefill_tokens = uncached(&s[pick], rq, bs);
     /* the request holds all its blocks while it runs, cached or not */
     out->decode_blocks = (rq->prompt_tokens + bs - 1) / bs;
-    out->decode_tokens = rq->max_tokens ? rq->max_tokens : cfg->max_tokens;
+    /* n sequences share the prompt's blocks and decode apart */
+    out->decode_tokens = (rq->max_tokens ? rq->max_tokens : cfg->max_tokens)
+                         * (rq->sequences > 1 ? rq->sequences : 1);
     out->queued_tokens = prefill_load(&s[pick], cfg);
     return pick;
 }

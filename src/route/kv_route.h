@@ -164,6 +164,8 @@ typedef struct {
     size_t              nseq;
     uint64_t            max_tokens;     /* 0: not given */
     uint64_t            session;        /* hash of the session key; 0: none */
+    uint32_t            sequences;      /* n / best_of: the server decodes this many
+                                           (0 or 1: one) */
 } kv_route_request_t;
 
 #define KV_ROUTE_NONE  -1               /* no usable server */

@@ -393,3 +393,30 @@ def test_temperature_spreads_and_zero_does_not(stack):
             assert s == 200
             seen.add(h["x-kvroute-worker"])
         assert (len(seen) > 1) == expect_spread, (params, seen)
+
+
+def test_n_sequences_count_in_decode_load(stack):
+    """A request for n completions (RL rollouts ask 8-16) makes the server
+    decode n sequences: its decode load is max_tokens times n, the larger of
+    n and best_of, while it runs, and released after."""
+    from test_disagg_nginx import Decode
+    held = Decode()
+    try:
+        held.mode = "hold"
+        ng = stack.nginx(conf(stack, [], servers="server %s;" % held.addr))
+
+        def tokens():
+            st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
+            return st[0]["active_decode_tokens"]
+
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            fut = ex.submit(kvt.post_json, ng.port, "/v1/completions",
+                            {"prompt": ids("n", 64), "max_tokens": 50, "n": 4, "best_of": 6})
+            kvt.wait_until(held.arrived.is_set, what="the request at the server")
+            assert tokens() == 300
+            held.gate.set()
+            assert fut.result()[0] == 200
+        kvt.wait_until(lambda: tokens() == 0, what="load released")
+        assert ng.alerts() == []
+    finally:
+        held.close()

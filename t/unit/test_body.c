@@ -264,6 +264,32 @@ TEST(session_hints)
     CHECK(kv_body_session_key("a", 1) == kv_body_session_key("ab", 1));
 }
 
+/* n and best_of: the output sequences the engine decodes (the larger;
+ * absent, not a positive integer: 1; capped). */
+TEST(sequences)
+{
+    static const struct { const char *body; long want; } cases[] = {
+        { "{\"prompt\":[1]}", 1 },
+        { "{\"prompt\":[1],\"n\":4}", 4 },
+        { "{\"n\":2,\"prompt\":[1],\"best_of\":8}", 8 },
+        { "{\"best_of\":3,\"n\":5,\"prompt\":[1]}", 5 },
+        { "{\"prompt\":[1],\"n\":0}", 1 },
+        { "{\"prompt\":[1],\"n\":null}", 1 },
+        { "{\"prompt\":[1],\"n\":\"4\"}", 1 },
+        { "{\"prompt\":[1],\"n\":2.5}", 1 },
+        { "{\"prompt\":[1],\"n\":-3}", 1 },
+        { "{\"prompt\":[1],\"n\":99999999999}", KV_BODY_SEQUENCES_MAX },
+    };
+    kv_body_t b;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        CHECK(parse(&b, cases[i].body) == 0);
+        if (b.sequences != cases[i].want) fprintf(stderr, "  %s: %ld\n", cases[i].body, b.sequences);
+        CHECK(b.sequences == cases[i].want);
+        kv_body_free(&b);
+    }
+}
+
 /* kv_body_model: only `model`, as kv_body_parse reads it (the last one,
  * escapes undone); malformed bodies and names too long fail alike. */
 TEST(model_alone)
@@ -315,5 +341,6 @@ int main(void)
     RUN(deep_nesting_refused);
     RUN(no_prompt);
     RUN(model_alone);
+    RUN(sequences);
     return kvt_done();
 }

@@ -26,7 +26,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)
 {
-    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0 };
+    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0, 1 };
 
     return rq;
 }
@@ -179,7 +179,7 @@ TEST(ttft_cold_rendezvous_agrees)
 
     for (uint64_t first = 1; first <= 64; first++) {
         uint64_t q[2] = { first * 7919, 5 };
-        kv_route_request_t rq = { 32, q, 2, 0, 0 };
+        kv_route_request_t rq = { 32, q, 2, 0, 0, 1 };
         int a, b;
 
         idle(s, 4);
@@ -321,7 +321,7 @@ TEST(busy_and_none)
 TEST(the_attempt_adds)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
-    kv_route_request_t rq = { 100, seq, 3, 0, 0 };
+    kv_route_request_t rq = { 100, seq, 3, 0, 0, 1 };
     kv_route_server_t s[1];
     kv_route_result_t r;
 
@@ -334,6 +334,10 @@ TEST(the_attempt_adds)
     rq.max_tokens = 17;
     kv_route_pick(s, 1, &rq, &cfg, 0, &r);
     CHECK_EQ_U64(r.decode_tokens, 17);
+    rq.sequences = 8;                               /* n: 8 sequences decoded */
+    kv_route_pick(s, 1, &rq, &cfg, 0, &r);
+    CHECK_EQ_U64(r.decode_tokens, 8 * 17);
+    CHECK_EQ_U64(r.decode_blocks, 4);               /* the prompt's blocks are shared */
     CHECK_STR(kv_route_why_name(r.why), "sticky");
 }
 
@@ -431,7 +435,7 @@ TEST(no_reuse_ties_prefer_a_queued_prefill)
         cfg.decode_pace = 30;
         for (uint64_t first = 1; first <= 64; first++) {
             uint64_t q[16] = { first * 7919 };
-            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0 };
+            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1 };
 
             idle(s, 2);
             for (int i = 0; i < 2; i++) {
