@@ -135,20 +135,24 @@ ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
 
 
 /* A response that ended well: its output tokens over its time after the
- * first byte are one sample of the server's decode pace. */
+ * first byte are one sample of the server's decode pace (per sequence: n
+ * sequences are decoded side by side, in the same steps). */
 
 void
 ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx)
 {
+    uint64_t                  tokens;
     ngx_http_kvroute_zone_t  *zone = ctx->conf->zone;
 
-    if (!ctx->active || !ctx->stream || ctx->first_ns == 0 || ctx->decode_tokens <= 1) {
+    tokens = ctx->decode_tokens / (ctx->sequences > 1 ? ctx->sequences : 1);
+
+    if (!ctx->active || !ctx->stream || ctx->first_ns == 0 || tokens <= 1) {
         return;
     }
 
     /* the first token came with the first byte */
     kv_load_learn_decode(zone->sh->load, ctx->load,
-                         (double) (ctx->decode_tokens - 1),
+                         (double) (tokens - 1),
                          (double) (ngx_http_kvroute_now_ns() - ctx->first_ns)
                          / 1e6);
 }
