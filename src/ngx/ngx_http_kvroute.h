@@ -523,6 +523,8 @@ ngx_http_kvroute_cand_t *ngx_http_kvroute_candidates(
 /* errors in the OpenAI shape */
 ngx_int_t ngx_http_kvroute_busy(ngx_http_request_t *r, ngx_uint_t retry_after);
 ngx_int_t ngx_http_kvroute_model_not_found(ngx_http_request_t *r);
+ngx_int_t ngx_http_kvroute_send_json(ngx_http_request_t *r, ngx_uint_t status,
+    ngx_str_t *body);
 
 /* filters, variables, status */
 ngx_int_t ngx_http_kvroute_filter_init(ngx_conf_t *cf);

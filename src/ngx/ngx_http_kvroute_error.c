@@ -13,10 +13,6 @@
 #include "ngx_http_kvroute.h"
 
 
-static ngx_int_t ngx_http_kvroute_send_json(ngx_http_request_t *r,
-    ngx_uint_t status, ngx_str_t *body);
-
-
 /*
  * Every usable server is over its busy threshold: 503 with Retry-After, as
  * OpenAI answers when it is overloaded. Called from a phase handler, whose
@@ -78,7 +74,10 @@ ngx_http_kvroute_model_not_found(ngx_http_request_t *r)
 }
 
 
-static ngx_int_t
+/* A JSON response with this status and body (not copied: it must live as
+ * long as the request); returns what sending gave. */
+
+ngx_int_t
 ngx_http_kvroute_send_json(ngx_http_request_t *r, ngx_uint_t status,
     ngx_str_t *body)
 {

@@ -81,9 +81,7 @@ ngx_http_kvroute_models_handler(ngx_http_request_t *r)
     u_char                       *p;
     size_t                        size;
     ngx_int_t                     rc;
-    ngx_buf_t                    *b;
-    ngx_str_t                     id, *parent;
-    ngx_chain_t                   out;
+    ngx_str_t                     id, body, *parent;
     ngx_http_kvroute_loc_conf_t  *klcf;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
@@ -122,34 +120,17 @@ ngx_http_kvroute_models_handler(ngx_http_request_t *r)
         return ngx_http_kvroute_model_not_found(r);
     }
 
-    b = ngx_create_temp_buf(r->pool, size);
-    if (b == NULL) {
+    body.data = ngx_pnalloc(r->pool, size);
+    if (body.data == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    b->last = id.len ? ngx_http_kvroute_model_entry(b->last, id.data, id.len,
-                                                    parent)
-                     : ngx_http_kvroute_models_list(b->last, klcf->models);
-    *b->last++ = '\n';
+    p = id.len ? ngx_http_kvroute_model_entry(body.data, id.data, id.len, parent)
+               : ngx_http_kvroute_models_list(body.data, klcf->models);
+    *p++ = '\n';
+    body.len = p - body.data;
 
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
+    return ngx_http_kvroute_send_json(r, NGX_HTTP_OK, &body);
 }
 
 
