@@ -138,6 +138,11 @@ MODELS_CONF = """
         location /v1/models {
             kvroute_models alpha beta;
         }
+        location /fixed/ {                  # proxies to alpha whatever the model
+            kvroute_upstream alpha beta;
+            rewrite ^/fixed(/.*)$ $1 break;
+            proxy_pass http://alpha;
+        }
         location /first/ {
             kvroute_upstream alpha beta;
             rewrite ^/first(/.*)$ /v1$1 break;
@@ -187,6 +192,14 @@ def test_model_picks_the_upstream(stack):
     # requests kvroute does not read go to the first upstream
     s, _, body = kvt.request(ng.port, "GET", "/first/models")
     assert s == 200 and [m["id"] for m in json.loads(body)["data"]] == ["org/alpha"]
+
+    # a location that proxies elsewhere than $kvroute_upstream: the model's
+    # upstream is not the one proxied to, refused and logged
+    s, _, _, raw = complete(ng.port, "org/alpha", ids("f", 64), path="/fixed/v1/completions")
+    assert s == 200, raw
+    s, _, _, raw = complete(ng.port, "beta", ids("f", 64), path="/fixed/v1/completions")
+    assert s == 500, raw
+    assert 'kvroute_upstream is "beta" but it proxies to "alpha"' in ng.log()
 
     # a body that is not JSON: the first upstream, whose engine says why
     s, _, _ = kvt.request(ng.port, "POST", "/v1/completions", b"{not json")
