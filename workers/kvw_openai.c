@@ -2,6 +2,7 @@
 #include "kvw_text.h"
 #include "kv_unicode.h"
 #include "kv_chat_request.h"
+#include "kv_model.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -412,14 +413,14 @@ char *kvw_openai_model(const char *id, const char *parent)
 char *kvw_openai_models(const char *id, const char *loras)
 {
     json_t     *data = json_array(), *j;
-    const char *p, *comma;
+    const char *p = loras, *lora;
     char        name[128];
     char       *s;
+    size_t      n;
 
     json_array_append_new(data, model_json(id, NULL));
-    for (p = loras; p && *p; p = comma ? comma + 1 : p + strlen(p)) {
-        comma = strchr(p, ',');
-        snprintf(name, sizeof(name), "%.*s", (int) (comma ? comma - p : (long) strlen(p)), p);
+    while (kv_model_next(&p, &lora, &n)) {
+        snprintf(name, sizeof(name), "%.*s", (int) n, lora);
         json_array_append_new(data, model_json(name, id));
     }
     j = json_pack("{s:s,s:o}", "object", "list", "data", data);

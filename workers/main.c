@@ -18,6 +18,7 @@
 #include "kvw_backend.h"
 #include "kvw_sched.h"
 #include "kv_chat.h"
+#include "kv_model.h"
 #include "kvw_http.h"
 #include "kvw_nats.h"
 #include "kvw_xfer.h"
@@ -148,21 +149,17 @@ static int parse_link(const char *v, double *out)
 }
 
 /* --lora-modules a,b,...: names of 1-127 bytes, none empty, no '*' */
-static int lora_names_ok(const char *s)
+static int lora_names_ok(const char *list)
 {
-    const char *comma;
+    const char *p = list, *name;
     size_t      n;
 
-    for (;; s = comma + 1) {
-        comma = strchr(s, ',');
-        n = comma ? (size_t) (comma - s) : strlen(s);
-        if (n == 0 || n > 127 || memchr(s, '*', n)) {
+    while (kv_model_next(&p, &name, &n)) {
+        if (n == 0 || n > 127 || memchr(name, '*', n)) {
             return 0;
         }
-        if (comma == NULL) {
-            return 1;
-        }
     }
+    return 1;
 }
 
 static int parse_args(int argc, char **argv, kvw_config_t *cfg)

@@ -7,6 +7,8 @@
 #ifndef KV_MODEL_H
 #define KV_MODEL_H
 
+#include <stddef.h>
+
 typedef enum {
     KV_MODEL_BASE = 0,          /* the served model (or no name, or any) */
     KV_MODEL_LORA,              /* one of its LoRA adapters */
@@ -20,5 +22,12 @@ typedef enum {
  * of a request naming `name` ("": none, the served model).
  */
 kv_model_role_t kv_model_role(const char *model, const char *lora, const char *name);
+
+/*
+ * The names of a comma-separated list, one at a time (empty ones too):
+ *     for (p = list; kv_model_next(&p, &name, &len); ) ...
+ * 0 once the list (or a NULL one) is done.
+ */
+int kv_model_next(const char **p, const char **name, size_t *len);
 
 #endif

@@ -185,7 +185,9 @@ struct ngx_http_kvroute_srv_conf_s {
     int                             chat_engine;    /* kv_chat_engine_t: whose
                                                        rendering rules */
     ngx_str_t                       chat_kwargs;    /* default kwargs, JSON */
-    ngx_str_t                       model;          /* a,b: the model and aliases */
+    ngx_str_t                       model;          /* a,b: the model and aliases
+                                                       (NUL-terminated; data NULL
+                                                       when unset, as lora) */
     ngx_str_t                      *models;         /* a, b (for kvroute_models) */
     ngx_uint_t                      nmodels;
     ngx_str_t                       lora;           /* "*" or a,b,c; "" none */

@@ -22,6 +22,8 @@ static u_char *ngx_http_kvroute_model_entry(u_char *b, u_char *id,
     size_t len, ngx_str_t *parent);
 static ngx_int_t ngx_http_kvroute_models_find(ngx_array_t *refs,
     ngx_str_t *id, ngx_str_t **parent);
+static ngx_uint_t ngx_http_kvroute_name_in(ngx_str_t *names, ngx_uint_t n,
+    ngx_str_t *id);
 
 
 char *
@@ -226,7 +228,7 @@ static ngx_int_t
 ngx_http_kvroute_models_find(ngx_array_t *models, ngx_str_t *id,
     ngx_str_t **parent)
 {
-    ngx_uint_t                         i, j;
+    ngx_uint_t                         i;
     ngx_http_kvroute_srv_conf_t       *kcf;
     ngx_http_kvroute_upstream_ref_t  **refs;
 
@@ -235,24 +237,33 @@ ngx_http_kvroute_models_find(ngx_array_t *models, ngx_str_t *id,
     for (i = 0; i < models->nelts; i++) {
         kcf = refs[i]->conf;
 
-        for (j = 0; j < kcf->nmodels; j++) {
-            if (kcf->models[j].len == id->len
-                && ngx_strncmp(kcf->models[j].data, id->data, id->len) == 0)
-            {
-                *parent = NULL;
-                return NGX_OK;
-            }
+        if (ngx_http_kvroute_name_in(kcf->models, kcf->nmodels, id)) {
+            *parent = NULL;
+            return NGX_OK;
         }
 
-        for (j = 0; j < kcf->nloras; j++) {
-            if (kcf->loras[j].len == id->len
-                && ngx_strncmp(kcf->loras[j].data, id->data, id->len) == 0)
-            {
-                *parent = &kcf->models[0];
-                return NGX_OK;
-            }
+        if (ngx_http_kvroute_name_in(kcf->loras, kcf->nloras, id)) {
+            *parent = &kcf->models[0];
+            return NGX_OK;
         }
     }
 
     return NGX_DECLINED;
+}
+
+
+static ngx_uint_t
+ngx_http_kvroute_name_in(ngx_str_t *names, ngx_uint_t n, ngx_str_t *id)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < n; i++) {
+        if (names[i].len == id->len
+            && ngx_strncmp(names[i].data, id->data, id->len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }

@@ -1100,11 +1100,8 @@ ngx_http_kvroute_choose(ngx_http_request_t *r, ngx_http_kvroute_ctx_t *ctx,
     for (i = 0; i < klcf->choices->nelts; i++) {
         kcf = refs[i]->conf;
 
-        if (kv_model_role(kcf->model.len ? (char *) kcf->model.data
-                                                : NULL,
-                                 kcf->lora.len ? (char *) kcf->lora.data
-                                               : NULL,
-                                 model)
+        if (kv_model_role((char *) kcf->model.data, (char *) kcf->lora.data,
+                          model)
             != KV_MODEL_OTHER)
         {
             ctx->conf = kcf;
@@ -1138,8 +1135,8 @@ ngx_http_kvroute_task_config(ngx_http_request_t *r,
     t->cfg.chat_engine = (kv_chat_engine_t) kcf->chat_engine;
     t->cfg.chat_kwargs = kcf->chat_kwargs.len ? (char *) kcf->chat_kwargs.data
                                               : NULL;
-    t->cfg.model = kcf->model.len ? (char *) kcf->model.data : NULL;
-    t->cfg.lora = kcf->lora.len ? (char *) kcf->lora.data : NULL;
+    t->cfg.model = (char *) kcf->model.data;    /* C strings, or NULL */
+    t->cfg.lora = (char *) kcf->lora.data;
     t->cfg.block_size = kcf->block_size;
     t->cfg.max_tokenize = kcf->max_tokenize;
 
