@@ -306,13 +306,46 @@ static int scan_ids(scan_t *s, kv_body_t *b, int keep)
     }
 }
 
+static int digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* Prompts of a batch after the first one: what each adds beyond its common
+ * prefix with the first (a batch often repeats one few-shot or system
+ * prefix), read on the raw JSON. A string adds its raw bytes; an id array
+ * the ids that end past the common part, and the one it ends with when the
+ * first's goes on ([1] after [12]). */
+static void count_rest(kv_body_t *b, const char *first, size_t first_len, const char *p,
+                       size_t len)
+{
+    size_t i = 0, n = 0;
+
+    while (i < len && i < first_len && p[i] == first[i]) {
+        i++;
+    }
+    if (p[0] == '"') {
+        b->batch_bytes += len - i;
+        return;
+    }
+    n = i > 0 && i < len && i < first_len && digit(p[i - 1]) && !digit(p[i])
+        && digit(first[i]);
+    for (; i < len; i++) {
+        n += digit(p[i]) && (i + 1 == len || !digit(p[i + 1]));
+    }
+    b->batch_ids += n;
+}
+
 /* `prompt`: string, [string...], [id...] or [[id...]...]. */
 static int scan_prompt(scan_t *s, kv_body_t *b)
 {
-    const char *save;
-    size_t      i;
+    const char *save, *at, *first_at = NULL;
+    size_t      i, first_len = 0;
     int         c, first = 1, more;
 
+    b->prompts = 1;
+    b->batch_bytes = 0;
+    b->batch_ids = 0;
     c = kv_jscan_peek(s);
     if (c == '"') {
         b->kind = KV_BODY_TEXT;
@@ -328,9 +361,12 @@ static int scan_prompt(scan_t *s, kv_body_t *b)
         b->kind = KV_BODY_IDS;
         return scan_ids(s, b, 1);
     }
-    /* a batch: the first prompt routes the request, the rest are checked */
+    /* a batch: the first prompt routes the request; the rest are checked
+     * and counted, since the engine prefills and decodes each of them */
+    b->prompts = 0;
     for (i = 0; (more = kv_jscan_item(s, &first)) == 1; i++) {
         c = kv_jscan_peek(s);
+        at = s->p;
         if (c == '"') {
             if (scan_string(s, i == 0 ? &b->text : NULL, &b->text_len) != 0) {
                 return -1;
@@ -349,6 +385,16 @@ static int scan_prompt(scan_t *s, kv_body_t *b)
             return s->err ? -1
                           : kv_jscan_fail(s, "prompt array elements must be strings or id arrays");
         }
+        if (i == 0) {
+            first_at = at;
+            first_len = (size_t) (s->p - at);
+        } else {
+            count_rest(b, first_at, first_len, at, (size_t) (s->p - at));
+        }
+        b->prompts++;
+    }
+    if (b->prompts == 0) {
+        b->prompts = 1;
     }
     return more;
 }
@@ -527,6 +573,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     memset(b, 0, sizeof(*b));
     b->max_tokens = -1;
     b->sequences = 1;
+    b->prompts = 1;
     b->chat.add_generation_prompt = 1;
     b->add_special_tokens = -1;
     kv_jscan_init_err(&s, buf, len, err, errlen);
@@ -569,6 +616,7 @@ bad:
     kv_body_free(b);
     b->max_tokens = -1;
     b->sequences = 1;
+    b->prompts = 1;
     return -1;
 }
 

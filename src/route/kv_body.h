@@ -8,7 +8,8 @@
  *
  * `prompt` may be a string, an array of strings, an array of token ids or
  * an array of token-id arrays; for the array forms (a batch of prompts) the
- * first element routes the request, since one upstream serves the batch.
+ * first element routes the request, since one upstream serves the batch,
+ * and the others are counted for its load.
  */
 #ifndef KV_BODY_H
 #define KV_BODY_H
@@ -48,6 +49,10 @@ typedef struct {
     long            max_tokens;     /* `max_tokens` / `max_completion_tokens`, -1 if absent */
     long            sequences;      /* the larger of `n` and `best_of` (>= 1; 1 if absent):
                                        output sequences the engine decodes for it */
+    long            prompts;        /* prompts in `prompt` (a batch: > 1); 1 otherwise */
+    size_t          batch_bytes;    /* a batch's other string prompts: raw JSON bytes
+                                       past each one's common prefix with the first */
+    size_t          batch_ids;      /* ... its other id-array prompts: ids past it */
     uint64_t        cache_key;      /* kv_body_session_key of `prompt_cache_key`; 0: absent */
     uint64_t        user;           /* ... of `user`; 0: absent */
 

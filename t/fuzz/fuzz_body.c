@@ -10,7 +10,8 @@
  * 64-byte blocks) must agree with a plain reading of the same array by the
  * general scanner (kv_jscan): the same verdict, the same error, the same
  * ids; in each place an id array can be (the prompt, a batch's first
- * prompt that routes, a later one that is only checked).
+ * prompt that routes, a later one that is only checked and counted for
+ * load: within what it holds).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -138,9 +139,19 @@ static void differential(const uint8_t *data, size_t size)
     kv_body_free(&b);
     rc = body(first, list, size, "],[7,8]],\"max_tokens\":4}", &b, err, sizeof(err));
     check(rc, &b, err, want, ids, n_ids, why, strlen(first), 1);
+    if (rc == 0 && (b.prompts != 2 || b.batch_ids > 2 || b.batch_bytes != 0)) {
+        abort();                    /* [7,8] after it: at most its 2 ids */
+    }
     kv_body_free(&b);
     rc = body(later, list, size, "]]}", &b, err, sizeof(err));
     check(rc, &b, err, want, ids, n_ids, why, strlen(later), 0);
+    /* after [1,2]: its ids but those two, at most, are counted for load */
+    if (rc == 0 && (b.prompts != 2 || b.batch_ids > n_ids
+                    || b.batch_ids + (n_ids < 2 ? n_ids : 2) < n_ids))
+    {
+        fprintf(stderr, "batch counted %zu of %zu ids\n", b.batch_ids, n_ids);
+        abort();
+    }
     kv_body_free(&b);
     free(ids);
     free(list);

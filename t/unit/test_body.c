@@ -290,6 +290,42 @@ TEST(sequences)
     }
 }
 
+/* A batch of prompts: counted, and each one after the first measured past
+ * its common prefix with the first (ids, or raw bytes of text). */
+TEST(batch_counted)
+{
+    static const struct { const char *body; long prompts; size_t ids, bytes; } cases[] = {
+        { "{\"prompt\":\"one\"}", 1, 0, 0 },
+        { "{\"prompt\":[1,2,3]}", 1, 0, 0 },
+        { "{\"prompt\":[[1,2,3]]}", 1, 0, 0 },
+        { "{\"prompt\":[[1,2,3],[1,2,3]]}", 2, 0, 0 },          /* the same prompt twice */
+        { "{\"prompt\":[[1,2,35],[1,2,36,4]]}", 2, 2, 0 },      /* 36 differs from 35 */
+        { "{\"prompt\":[[1,2],[1,2,3],[9]]}", 3, 2, 0 },
+        { "{\"prompt\":[[12],[1]]}", 2, 1, 0 },
+        { "{\"prompt\":[[1,2,3,4],[1,2,3]]}", 2, 0, 0 },        /* a prefix of the first */
+        { "{\"prompt\":[\"abcdef\",\"abcxyz\",\"q\"]}", 3, 0, 4 + 2 },
+        { "{\"prompt\":[\"ab\",[1,2]]}", 2, 2, 0 },
+        { "{\"prompt\":[[1,2],\"ab\"]}", 2, 0, 4 },
+        { "{\"prompt\":[\"a\"],\"prompt\":[\"a\",\"b\"]}", 1, 0, 0 },   /* the first wins */
+        { "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 1, 0, 0 },
+    };
+    kv_body_t b;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        CHECK(parse(&b, cases[i].body) == 0);
+        if (b.prompts != cases[i].prompts || b.batch_ids != cases[i].ids
+            || b.batch_bytes != cases[i].bytes)
+        {
+            fprintf(stderr, "  %s: %ld %zu %zu\n", cases[i].body, b.prompts, b.batch_ids,
+                    b.batch_bytes);
+        }
+        CHECK(b.prompts == cases[i].prompts);
+        CHECK_EQ_U64(b.batch_ids, cases[i].ids);
+        CHECK_EQ_U64(b.batch_bytes, cases[i].bytes);
+        kv_body_free(&b);
+    }
+}
+
 /* kv_body_model: only `model`, as kv_body_parse reads it (the last one,
  * escapes undone); malformed bodies and names too long fail alike. */
 TEST(model_alone)
@@ -342,5 +378,6 @@ int main(void)
     RUN(no_prompt);
     RUN(model_alone);
     RUN(sequences);
+    RUN(batch_counted);
     return kvt_done();
 }
