@@ -279,7 +279,9 @@ typedef struct {
     uint64_t                        prompt_tokens;
     uint64_t                        turn_cached_tokens;     /* from the turn cache */
     uint64_t                        max_tokens;     /* 0: the body names none */
-    uint32_t                        sequences;      /* n / best_of, >= 1 */
+    uint32_t                        sequences;      /* n / best_of, x a batch's
+                                                       prompts; >= 1 */
+    uint64_t                        batch_tokens;   /* a batch's other prompts */
     uint64_t                        session;        /* session key; 0: none */
     ngx_http_kvroute_cand_t        *cand;       /* primaries holding part of the
                                                    prompt (all, in small upstreams) */

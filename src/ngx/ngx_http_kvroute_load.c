@@ -75,8 +75,9 @@ ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
 
     } else {
         /* a backup server: nothing cached is known there */
-        ctx->prefill_tokens = ctx->prompt_tokens;
-        ctx->decode_blocks = (ctx->prompt_tokens + bs - 1) / bs;
+        ctx->prefill_tokens = ctx->prompt_tokens + ctx->batch_tokens;
+        ctx->decode_blocks = (ctx->prompt_tokens + bs - 1) / bs
+                             + (ctx->batch_tokens + bs - 1) / bs;
         ctx->decode_tokens = (ctx->max_tokens ? ctx->max_tokens
                                               : ctx->conf->route.max_tokens)
                              * (ctx->sequences > 1 ? ctx->sequences : 1);

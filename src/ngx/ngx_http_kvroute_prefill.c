@@ -268,6 +268,7 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
     rq.seq = ctx->seq;
     rq.nseq = ctx->nseq;
     rq.max_tokens = ctx->max_tokens;
+    rq.batch_tokens = ctx->batch_tokens;
 
     pick = kv_prefill_pick(s, pkcf->nprimary, &rq, d, &kcf->prefill_cfg,
                            &kcf->route, &pkcf->route,

@@ -1232,6 +1232,7 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     ctx->turn_cached_tokens = t->result.turn_cached_tokens;
     ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
     ctx->sequences = (uint32_t) t->result.sequences;
+    ctx->batch_tokens = t->result.batch_tokens;
     ctx->stream = t->result.stream ? 1 : 0;
 
     /* the operator's session= value, when it has one, comes first */

@@ -65,7 +65,8 @@ int kv_prefill_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq
 
     memset(out, 0, sizeof(*out));
     out->route.pick = KV_ROUTE_NONE;
-    out->uncached_local = rq->prompt_tokens > cached ? rq->prompt_tokens - cached : 0;
+    out->uncached_local = (rq->prompt_tokens > cached ? rq->prompt_tokens - cached : 0)
+                          + rq->batch_tokens;
 
     if (out->uncached_local <= pc->min_tokens) {
         out->why = KV_PREFILL_LOCAL_SHORT;

@@ -119,6 +119,20 @@ static kv_prompt_status_t prompt_ids(const kv_prompt_config_t *cfg, kv_body_t *b
 _Static_assert(KV_BODY_SALTS_MAX == sizeof(((kv_prompt_t *) 0)->salt_off) / sizeof(size_t),
                "kv_prompt_t holds every salt kv_body_t records");
 
+/* A batch's other prompts in tokens: their ids, and their text at the
+ * first prompt's tokens per byte (4 bytes a token when it has none). */
+static uint64_t batch_tokens(const kv_body_t *b, uint64_t first_tokens)
+{
+    uint64_t text;
+
+    if (b->kind == KV_BODY_TEXT && b->text_len && first_tokens) {
+        text = (uint64_t) ((double) b->batch_bytes * first_tokens / b->text_len + 0.5);
+    } else {
+        text = (b->batch_bytes + 3) / 4;
+    }
+    return b->batch_ids + text;
+}
+
 kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *body,
                                      size_t len, const char *salt, size_t salt_len,
                                      kv_prompt_t *out)
@@ -140,8 +154,11 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     memcpy(out->salt_off, b.salt_off, sizeof(out->salt_off));
     memcpy(out->salt_len_raw, b.salt_len_raw, sizeof(out->salt_len_raw));
     out->stream = b.stream;
-    out->max_tokens = b.max_tokens;
-    out->sequences = b.sequences;
+    /* counted into load as max_tokens x sequences: both bounded far above
+     * what an engine accepts, so the product cannot wrap */
+    out->max_tokens = b.max_tokens < KV_PROMPT_MAX_TOKENS ? b.max_tokens : KV_PROMPT_MAX_TOKENS;
+    out->sequences = b.sequences * b.prompts < KV_PROMPT_SEQUENCES_MAX
+                     ? b.sequences * b.prompts : KV_PROMPT_SEQUENCES_MAX;
     out->session = b.cache_key ? b.cache_key : b.user;
     role = kv_model_role(cfg->model, cfg->lora, b.model);
     if (role == KV_MODEL_OTHER) {
@@ -175,6 +192,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     }
     seed = kv_hash_seed(salt, salt ? salt_len : 0);
     out->prompt_tokens = ids.n + out->estimated_tokens;
+    out->batch_tokens = batch_tokens(&b, out->prompt_tokens);
     hashed = ids.n;
     if (out->capped) {
         hashed = ids.n > KV_PROMPT_CAP_MARGIN ? ids.n - KV_PROMPT_CAP_MARGIN : 0;

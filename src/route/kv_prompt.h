@@ -73,6 +73,11 @@ typedef struct {
  * in two): counted, not hashed into blocks. */
 #define KV_PROMPT_CAP_MARGIN  64
 
+/* max_tokens and sequences (n x a batch's prompts) are counted at most
+ * this: far above any engine's limits, and their product fits 64 bits */
+#define KV_PROMPT_MAX_TOKENS     (1L << 26)
+#define KV_PROMPT_SEQUENCES_MAX  (1L << 20)
+
 typedef struct {
     kv_prompt_status_t  status;
     uint64_t            prompt_tokens;
@@ -80,7 +85,9 @@ typedef struct {
     size_t              nseq;
     int                 stream;
     long                max_tokens;
-    long                sequences;      /* n / best_of: >= 1 */
+    long                sequences;      /* n / best_of, times a batch's prompts: >= 1 */
+    uint64_t            batch_tokens;   /* a batch's other prompts, past their common
+                                           prefix with the first (estimated for text) */
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
     uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */

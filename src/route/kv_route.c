@@ -80,11 +80,18 @@ static uint32_t weight_of(const kv_route_server_t *s)
     return s->weight ? s->weight : 1;
 }
 
+static uint64_t cached(const kv_route_server_t *s, const kv_route_request_t *rq, uint32_t bs)
+{
+    uint64_t c = (uint64_t) kv_route_overlap(s) * bs;
+
+    return c < rq->prompt_tokens ? c : rq->prompt_tokens;
+}
+
+/* What the server prefills for the request: a batch's other prompts too
+ * (their prefix shared with the first is counted once, in it). */
 static uint64_t uncached(const kv_route_server_t *s, const kv_route_request_t *rq, uint32_t bs)
 {
-    uint64_t cached = (uint64_t) kv_route_overlap(s) * bs;
-
-    return rq->prompt_tokens > cached ? rq->prompt_tokens - cached : 0;
+    return rq->prompt_tokens - cached(s, rq, bs) + rq->batch_tokens;
 }
 
 /* Weighted rendezvous: the server with the lowest -ln(u)/weight for
@@ -577,7 +584,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         s[i].wait = (double) prefill_load(&s[i], cfg) / rate;
         s[i].base = base;
         s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
-        s[i].saved = (double) (rq->prompt_tokens - uncached(&s[i], rq, bs)) / rate;
+        s[i].saved = (double) cached(&s[i], rq, bs) / rate;
         s[i].decode_ms = (double) out * pace;
         decodes |= pace > 0;
         loads += load_of(&s[i]);
@@ -770,8 +777,9 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
     out->estimate = s[pick].ttft;
     out->prefill_tokens = uncached(&s[pick], rq, bs);
     /* the request holds all its blocks while it runs, cached or not */
-    out->decode_blocks = (rq->prompt_tokens + bs - 1) / bs;
-    /* n sequences share the prompt's blocks and decode apart */
+    out->decode_blocks = (rq->prompt_tokens + bs - 1) / bs + (rq->batch_tokens + bs - 1) / bs;
+    /* n sequences (of each prompt of a batch) share their prompt's blocks and
+     * decode apart */
     out->decode_tokens = (rq->max_tokens ? rq->max_tokens : cfg->max_tokens)
                          * (rq->sequences > 1 ? rq->sequences : 1);
     out->queued_tokens = prefill_load(&s[pick], cfg);

@@ -164,8 +164,10 @@ typedef struct {
     size_t              nseq;
     uint64_t            max_tokens;     /* 0: not given */
     uint64_t            session;        /* hash of the session key; 0: none */
-    uint32_t            sequences;      /* n / best_of: the server decodes this many
-                                           (0 or 1: one) */
+    uint32_t            sequences;      /* n / best_of (x a batch's prompts): the
+                                           server decodes this many (0 or 1: one) */
+    uint64_t            batch_tokens;   /* a batch's other prompts: prefilled beside
+                                           this one, whatever the server caches */
 } kv_route_request_t;
 
 #define KV_ROUTE_NONE  -1               /* no usable server */

@@ -420,3 +420,36 @@ def test_n_sequences_count_in_decode_load(stack):
         assert ng.alerts() == []
     finally:
         held.close()
+
+
+def test_batch_of_prompts_counts_every_prompt(stack):
+    """A completion request with a batch of prompts (evaluation harnesses
+    send 8-64 at once) is routed by its first prompt, but the server
+    prefills every prompt and decodes n sequences of each: the prefill load
+    holds each prompt's part past its common prefix with the first, the
+    decode load max_tokens x n x prompts; all released after."""
+    from test_disagg_nginx import Decode
+    held = Decode()
+    try:
+        held.mode = "hold"
+        ng = stack.nginx(conf(stack, [], servers="server %s;" % held.addr))
+
+        def active():
+            st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"][0]
+            return (st["active_prefill_tokens"], st["active_decode_blocks"],
+                    st["active_decode_tokens"])
+
+        first = ids("batch", 64)
+        batch = [first, first[:32] + ids("other", 32), ids("third", 48)]
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            fut = ex.submit(kvt.post_json, ng.port, "/v1/completions",
+                            {"prompt": batch, "max_tokens": 50, "n": 2})
+            kvt.wait_until(held.arrived.is_set, what="the request at the server")
+            # 64 + 32 + 48 tokens; 4 blocks + 80 tokens' 5; 50 x 2 x 3
+            assert active() == (144, 9, 300)
+            held.gate.set()
+            assert fut.result()[0] == 200
+        kvt.wait_until(lambda: active() == (0, 0, 0), what="load released")
+        assert ng.alerts() == []
+    finally:
+        held.close()

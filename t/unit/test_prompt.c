@@ -195,6 +195,74 @@ TEST(add_special_tokens)
     kv_tokenizer_free(tok);
 }
 
+/* x[0..nx) then y[0..ny), as a JSON string */
+static json_t *joined(const char *x, size_t nx, const char *y, size_t ny)
+{
+    char   *t = malloc(nx + ny);
+    json_t *j;
+
+    memcpy(t, x, nx);
+    memcpy(t + nx, y, ny);
+    j = json_stringn(t, nx + ny);
+    free(t);
+    return j;
+}
+
+static uint64_t tokens_of(const char *text, size_t len)
+{
+    kv_prompt_t p;
+    uint64_t    n;
+
+    CHECK(compute(text, len, 0, 0, &p) == KV_PROMPT_OK);
+    n = p.prompt_tokens;
+    kv_prompt_free(&p);
+    return n;
+}
+
+/* A batch of prompts is one request for the first's blocks, and load for
+ * every prompt: each sequence decodes, and each prompt's part past its
+ * common prefix with the first is prefilled (text estimated at the first's
+ * tokens per byte, within 10 % on prose; ids exact). */
+TEST(batch_counted_for_load)
+{
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    size_t      len;
+    char       *text = prose(&len), *body;
+    const char *shared = text, *a = text + 4000, *b = text + 12000, *c = text + 20000;
+    json_t     *o;
+    kv_prompt_t p, first;
+    uint64_t    want;
+
+    CHECK(len > 30000);
+    o = json_pack("{s:[o,o,o,o],s:i,s:i}", "prompt", joined(shared, 4000, a, 3000),
+                  joined(shared, 4000, b, 3000), joined(shared, 4000, c, 5000),
+                  json_stringn(c + 5000, 6000), "n", 2, "max_tokens", 100);
+    body = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK(compute(text, 7000, 0, 0, &first) == KV_PROMPT_OK);
+    /* routed on the first prompt alone */
+    CHECK_EQ_U64(p.prompt_tokens, first.prompt_tokens);
+    CHECK_EQ_U64(p.nseq, first.nseq);
+    CHECK(p.sequences == 8);
+    want = tokens_of(b, 3000) + tokens_of(c, 5000) + tokens_of(c + 5000, 6000);
+    fprintf(stderr, "  batch: %llu tokens estimated, %llu really\n",
+            (unsigned long long) p.batch_tokens, (unsigned long long) want);
+    CHECK(p.batch_tokens * 10 >= want * 9 && p.batch_tokens * 10 <= want * 11);
+    kv_prompt_free(&p);
+    kv_prompt_free(&first);
+    free(body);
+    free(text);
+
+    body = "{\"prompt\":[[1,2,3,4],[1,2,3,5,6],[7]],\"max_tokens\":99999999999999999}";
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, &p) == KV_PROMPT_OK);
+    CHECK_EQ_U64(p.prompt_tokens, 4);
+    CHECK_EQ_U64(p.batch_tokens, 3);
+    CHECK(p.sequences == 3);
+    CHECK(p.max_tokens == KV_PROMPT_MAX_TOKENS);   /* bounded: max_tokens x n fits */
+    kv_prompt_free(&p);
+}
+
 int main(void)
 {
     char err[512];
@@ -211,6 +279,7 @@ int main(void)
     RUN(under_the_cap_nothing_changes);
     RUN(cap_bounds_the_work);
     RUN(add_special_tokens);
+    RUN(batch_counted_for_load);
     kv_tokenizer_free(qwen);
     kv_chat_free(qwen_chat);
     return kvt_done();

@@ -26,7 +26,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)
 {
-    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0, 1 };
+    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0, 1, 0 };
 
     return rq;
 }
@@ -179,7 +179,7 @@ TEST(ttft_cold_rendezvous_agrees)
 
     for (uint64_t first = 1; first <= 64; first++) {
         uint64_t q[2] = { first * 7919, 5 };
-        kv_route_request_t rq = { 32, q, 2, 0, 0, 1 };
+        kv_route_request_t rq = { 32, q, 2, 0, 0, 1, 0 };
         int a, b;
 
         idle(s, 4);
@@ -321,7 +321,7 @@ TEST(busy_and_none)
 TEST(the_attempt_adds)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
-    kv_route_request_t rq = { 100, seq, 3, 0, 0, 1 };
+    kv_route_request_t rq = { 100, seq, 3, 0, 0, 1, 0 };
     kv_route_server_t s[1];
     kv_route_result_t r;
 
@@ -339,6 +339,34 @@ TEST(the_attempt_adds)
     CHECK_EQ_U64(r.decode_tokens, 8 * 17);
     CHECK_EQ_U64(r.decode_blocks, 4);               /* the prompt's blocks are shared */
     CHECK_STR(kv_route_why_name(r.why), "sticky");
+    rq.batch_tokens = 70;                           /* a batch's other prompts */
+    kv_route_pick(s, 1, &rq, &cfg, 0, &r);
+    CHECK_EQ_U64(r.prefill_tokens, 36 + 70);        /* prefilled wherever it goes */
+    CHECK_EQ_U64(r.decode_blocks, 4 + 3);           /* and their blocks held */
+}
+
+/* A batch's other prompts are prefilled wherever it goes, at each server's
+ * own rate: each estimate grows by their tokens over that rate. */
+TEST(batch_at_the_servers_rate)
+{
+    kv_route_config_t  cfg = config(KV_ROUTE_TTFT, 16);
+    kv_route_request_t rq = { 64, seq, 4, 0, 0, 1, 0 };
+    kv_route_server_t  s[2];
+    kv_route_result_t  r;
+    double             one[2];
+
+    idle(s, 2);
+    s[0].prefill_rate = 1;                          /* tokens/ms */
+    s[1].prefill_rate = 4;
+    s[1].overlap_index = 2;
+    kv_route_pick(s, 2, &rq, &cfg, 0, &r);
+    one[0] = s[0].ttft;
+    one[1] = s[1].ttft;
+    rq.batch_tokens = 64 * 31;                      /* 32 prompts */
+    kv_route_pick(s, 2, &rq, &cfg, 0, &r);
+    CHECK(fabs(s[0].ttft - one[0] - 64 * 31 / 1.0) < 1e-6);
+    CHECK(fabs(s[1].ttft - one[1] - 64 * 31 / 4.0) < 1e-6);
+    CHECK(fabs(s[1].saved - 32 / 4.0) < 1e-6);      /* its cached blocks: the first's */
 }
 
 /* No reuse anywhere: least_conn's choice, the fewest requests in flight
@@ -435,7 +463,7 @@ TEST(no_reuse_ties_prefer_a_queued_prefill)
         cfg.decode_pace = 30;
         for (uint64_t first = 1; first <= 64; first++) {
             uint64_t q[16] = { first * 7919 };
-            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1 };
+            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0 };
 
             idle(s, 2);
             for (int i = 0; i < 2; i++) {
@@ -691,6 +719,7 @@ int main(void)
     RUN(untrusted_index_pending_still_counts);
     RUN(busy_and_none);
     RUN(the_attempt_adds);
+    RUN(batch_at_the_servers_rate);
     RUN(no_reuse_fewest_requests);
     RUN(no_reuse_line_noise_does_not_decide);
     RUN(no_reuse_joins_a_queue_within_one_step);
