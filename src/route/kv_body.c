@@ -482,6 +482,62 @@ static int scan_name(scan_t *s, char *out, size_t cap)
     return 0;
 }
 
+static void keep_sequences(kv_body_t *b, long v)
+{
+    if (v > b->sequences) {
+        b->sequences = v > KV_BODY_SEQUENCES_MAX ? KV_BODY_SEQUENCES_MAX : v;
+    }
+}
+
+/* One sampling_params object of SGLang's /generate: max_new_tokens and n,
+ * the larger kept (a batch may give one object per prompt). */
+static int scan_sampling_one(scan_t *s, kv_body_t *b, int depth)
+{
+    char   key[16];
+    size_t klen;
+    long   v;
+    int    first = 1, more, c;
+
+    s->p++;
+    while ((more = kv_jscan_more(s, &first, '}')) == 1) {
+        if (scan_key(s, key, sizeof(key), &klen) != 0) {
+            return -1;
+        }
+        c = kv_jscan_peek(s);
+        if ((klen == 14 && memcmp(key, "max_new_tokens", 14) == 0) && (c == '-' || digit(c))) {
+            if (scan_long(s, &v) != 0) {
+                return -1;
+            }
+            b->max_tokens = v > b->max_tokens ? v : b->max_tokens;
+        } else if (klen == 1 && key[0] == 'n' && digit(c)) {
+            if (scan_long(s, &v) != 0) {
+                return -1;
+            }
+            keep_sequences(b, v);
+        } else if (skip_value(s, depth + 1) != 0) {
+            return -1;
+        }
+    }
+    return more;
+}
+
+/* `sampling_params`: an object, or a list of them (one per prompt). */
+static int scan_sampling(scan_t *s, kv_body_t *b)
+{
+    int first = 1, more;
+
+    if (*s->p == '{') {
+        return scan_sampling_one(s, b, 1);
+    }
+    s->p++;
+    while ((more = kv_jscan_item(s, &first)) == 1) {
+        if (kv_jscan_peek(s) == '{' ? scan_sampling_one(s, b, 2) : skip_value(s, 2)) {
+            return -1;
+        }
+    }
+    return more;
+}
+
 static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 {
     char   *str;
@@ -554,9 +610,19 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
         if (scan_long(s, &v) != 0) {
             return -1;
         }
-        b->sequences = v > b->sequences ? (v > KV_BODY_SEQUENCES_MAX ? KV_BODY_SEQUENCES_MAX : v)
-                                        : b->sequences;
+        keep_sequences(b, v);
         return 0;
+    }
+    /* SGLang's native /generate (RL rollout frameworks send it token ids):
+     * the prompt in `text` or `input_ids`, one or a batch, as `prompt`;
+     * only a string or a list (the Responses API's `text` is an object) */
+    if ((KEY("text") || KEY("input_ids")) && b->kind == KV_BODY_NONE && s->p < s->end
+        && (*s->p == '"' || *s->p == '['))
+    {
+        return scan_prompt(s, b);
+    }
+    if (KEY("sampling_params") && s->p < s->end && (*s->p == '{' || *s->p == '[')) {
+        return scan_sampling(s, b);
     }
 #undef KEY
     return skip_value(s, 1);

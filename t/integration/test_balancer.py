@@ -453,3 +453,57 @@ def test_batch_of_prompts_counts_every_prompt(stack):
         assert ng.alerts() == []
     finally:
         held.close()
+
+
+def test_sglang_generate_routes_and_counts(stack):
+    """SGLang's native /generate (RL rollout frameworks send it token ids):
+    `input_ids` routes on its blocks like a completion's prompt, and
+    sampling_params' max_new_tokens x n, per prompt of a batch, is the
+    decode load; the Responses API's `text` object is not taken for a
+    prompt (routed by load, not refused)."""
+    ports = kvt.free_ports(2)
+    text = conf(stack, [], servers="\n".join("server 127.0.0.1:%d;" % p for p in ports))
+    text = text.replace("location /v1/ {", "location / {") + kvt.canned_servers(
+        ports, '{"text":"ok","meta_info":{}}')
+    ng = stack.nginx(text)
+
+    def generate(body):
+        s, h, _, raw = kvt.post_json(ng.port, "/generate", body)
+        assert s == 200, raw
+        return h["x-kvroute-worker"], int(h["x-kvroute-overlap"])
+
+    a = ids("rollout", 64)
+    w, overlap = generate({"input_ids": a, "sampling_params": {"max_new_tokens": 8}})
+    assert overlap == 0
+    # the next turn of the rollout extends the prompt: it follows its blocks
+    assert generate({"input_ids": a + ids("turn", 32),
+                     "sampling_params": {"temperature": 1.0, "max_new_tokens": 8}}) == (w, 4)
+    s, h, _, raw = kvt.post_json(ng.port, "/v1/responses",
+                                 {"model": "m", "input": "x", "text": {"format": {"type": "text"}}})
+    assert s == 200, raw
+    assert ng.alerts() == []
+
+    from test_disagg_nginx import Decode
+    held = Decode()
+    try:
+        held.mode = "hold"
+        ng.stop()
+        ng = stack.nginx(conf(stack, [], servers="server %s;" % held.addr).replace(
+            "location /v1/ {", "location / {"))
+
+        def tokens():
+            return status(ng.port)["zones"]["kv"]["upstreams"]["llm"][0]["active_decode_tokens"]
+
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            fut = ex.submit(kvt.post_json, ng.port, "/generate",
+                            {"input_ids": [a, ids("other", 48)],
+                             "sampling_params": [{"max_new_tokens": 40, "n": 3},
+                                                 {"max_new_tokens": 20}]})
+            kvt.wait_until(held.arrived.is_set, what="the request at the server")
+            assert tokens() == 40 * 3 * 2
+            held.gate.set()
+            assert fut.result()[0] == 200
+        kvt.wait_until(lambda: tokens() == 0, what="load released")
+        assert ng.alerts() == []
+    finally:
+        held.close()

@@ -326,6 +326,43 @@ TEST(batch_counted)
     }
 }
 
+/* SGLang's native /generate: `text` or `input_ids` (one prompt or a
+ * batch) and `sampling_params` (an object, or one per prompt: the largest
+ * max_new_tokens and n); the Responses API's `text` object is no prompt. */
+TEST(sglang_generate)
+{
+    kv_body_t b;
+
+    CHECK(parse(&b, "{\"text\":\"hello\",\"sampling_params\":{\"temperature\":0.5,"
+                    "\"stop\":[\"x\"],\"max_new_tokens\":64,\"n\":4},\"stream\":true}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT);
+    CHECK_STR(b.text, "hello");
+    CHECK(b.max_tokens == 64 && b.sequences == 4 && b.stream && b.prompts == 1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"input_ids\":[1,2,3],\"sampling_params\":{\"max_new_tokens\":8}}") == 0);
+    CHECK(b.kind == KV_BODY_IDS && b.n_ids == 3 && b.max_tokens == 8 && b.sequences == 1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"sampling_params\":[{\"max_new_tokens\":8},{\"max_new_tokens\":16,"
+                    "\"n\":2},null],\"input_ids\":[[1,2],[1,3]]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS && b.n_ids == 2 && b.prompts == 2 && b.batch_ids == 1);
+    CHECK(b.max_tokens == 16 && b.sequences == 2);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"text\":[\"a\",\"b\"],\"sampling_params\":null}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT && b.prompts == 2 && b.batch_bytes == 2);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"text\"}}}")
+          == 0);
+    CHECK(b.kind == KV_BODY_NONE);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":\"p\",\"text\":\"t\"}") == 0);      /* the first one */
+    CHECK_STR(b.text, "p");
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"text\":\"a\",\"sampling_params\":{\"n\":}}") == -1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"text\":\"a\",\"sampling_params\":[{\"n\":1},]}") == -1);
+    kv_body_free(&b);
+}
+
 /* kv_body_model: only `model`, as kv_body_parse reads it (the last one,
  * escapes undone); malformed bodies and names too long fail alike. */
 TEST(model_alone)
@@ -379,5 +416,6 @@ int main(void)
     RUN(model_alone);
     RUN(sequences);
     RUN(batch_counted);
+    RUN(sglang_generate);
     return kvt_done();
 }
