@@ -12,6 +12,7 @@
 #endif
 
 #include "kv_body.h"
+#include "kv_responses.h"
 #include "kv_hash.h"
 #include "kv_jscan.h"
 
@@ -624,8 +625,51 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     if (KEY("sampling_params") && s->p < s->end && (*s->p == '{' || *s->p == '[')) {
         return scan_sampling(s, b);
     }
+    /* the Responses API: made into messages once the whole body is read */
+    if ((KEY("input") && s->p < s->end && (*s->p == '"' || *s->p == '['))
+        || (KEY("instructions") && s->p < s->end && *s->p == '"'))
+    {
+        const char *start = s->p;
+
+        if (skip_value(s, 1) != 0) {
+            return -1;
+        }
+        if (KEY("input")) {
+            b->input = start;
+            b->input_len = (size_t) (s->p - start);
+        } else {
+            b->instructions = start;
+            b->instructions_len = (size_t) (s->p - start);
+        }
+        return 0;
+    }
+    if (KEY("max_output_tokens") && s->p < s->end && (*s->p == '-' || digit(*s->p))) {
+        long v;
+
+        if (scan_long(s, &v) != 0) {
+            return -1;
+        }
+        b->max_tokens = v > b->max_tokens ? v : b->max_tokens;
+        return 0;
+    }
 #undef KEY
     return skip_value(s, 1);
+}
+
+/* A Responses API request as a chat: its messages, without `tools` (the
+ * vLLM this follows refuses them there; kv_responses.h). */
+static int responses(kv_body_t *b, scan_t *s)
+{
+    b->responses = kv_responses_messages(b->instructions, b->instructions_len, b->input,
+                                         b->input_len, &b->chat.messages_len);
+    if (b->responses == NULL) {
+        return kv_jscan_fail(s, "out of memory");
+    }
+    b->kind = KV_BODY_MESSAGES;
+    b->chat.messages = b->responses;
+    b->chat.tools = NULL;
+    b->chat.tools_len = 0;
+    return 0;
 }
 
 int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen)
@@ -674,6 +718,9 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     kv_jscan_peek(&s);
     if (s.p != s.end) {
         kv_jscan_fail(&s, "trailing data after the JSON object");
+        goto bad;
+    }
+    if (b->kind == KV_BODY_NONE && b->input && responses(b, &s) != 0) {
         goto bad;
     }
     return 0;
@@ -728,9 +775,11 @@ void kv_body_free(kv_body_t *b)
     free(b->text);
     free(b->ids);
     free(b->salt);
+    free(b->responses);
     b->text = NULL;
     b->ids = NULL;
     b->salt = NULL;
+    b->responses = NULL;
     b->n_ids = 0;
     b->text_len = 0;
     b->kind = KV_BODY_NONE;

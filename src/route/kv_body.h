@@ -4,7 +4,8 @@
  * (or the raw `messages` array, handed to the chat template) and the cache
  * salt, and it runs on nginx's event loop for every request. It also keeps
  * a hash of the session hints `prompt_cache_key` and `user` (strings; any
- * other type is ignored) for session affinity.
+ * other type is ignored) for session affinity. A Responses API request
+ * (`input`, `instructions`) is read as the chat messages vLLM makes of it.
  *
  * `prompt` may be a string, an array of strings, an array of token ids or
  * an array of token-id arrays; for the array forms (a batch of prompts) the
@@ -53,6 +54,14 @@ typedef struct {
     size_t          batch_bytes;    /* a batch's other string prompts: raw JSON bytes
                                        past each one's common prefix with the first */
     size_t          batch_ids;      /* ... its other id-array prompts: ids past it */
+    /* the Responses API's `input` (a string or an array) and `instructions`
+     * (a string), as spans; with no other prompt, made into chat messages
+     * (kv_responses.h) held in `responses` */
+    const char     *input;
+    size_t          input_len;
+    const char     *instructions;
+    size_t          instructions_len;
+    char           *responses;      /* owned */
     uint64_t        cache_key;      /* kv_body_session_key of `prompt_cache_key`; 0: absent */
     uint64_t        user;           /* ... of `user`; 0: absent */
 

@@ -460,7 +460,8 @@ def test_sglang_generate_routes_and_counts(stack):
     `input_ids` routes on its blocks like a completion's prompt, and
     sampling_params' max_new_tokens x n, per prompt of a batch, is the
     decode load; the Responses API's `text` object is not taken for a
-    prompt (routed by load, not refused)."""
+    prompt (this upstream has no tokenizer for its `input`: routed by load,
+    not refused)."""
     ports = kvt.free_ports(2)
     text = conf(stack, [], servers="\n".join("server 127.0.0.1:%d;" % p for p in ports))
     text = text.replace("location /v1/ {", "location / {") + kvt.canned_servers(

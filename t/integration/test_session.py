@@ -145,9 +145,10 @@ def test_saturated_home_passes_the_session_on(stack):
 
 
 def test_a_body_without_a_prompt_keeps_its_session(stack):
-    """A Responses API request (`input`, no prompt or messages: routed by
-    load, no_prompt) still stays on its session's home by prompt_cache_key,
-    so an agent's turns land where its KV is."""
+    """A request whose prompt kvroute cannot read (here Responses API
+    requests to an upstream with no tokenizer for their `input`: routed by
+    load, no_tokenizer) still stays on its session's home by
+    prompt_cache_key, so an agent's turns land where its KV is."""
     ng = fleet(stack, params="")
     homes = set()
     for i in range(4):

@@ -87,6 +87,32 @@ def test_chat_prefix_found_by_router(stack):
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * int(h["x-kvroute-overlap"])
 
 
+
+def test_responses_api_routes_on_the_engines_blocks(stack):
+    """A Responses API request (instructions + input, the history in input
+    as vLLM needs it without a store) is rendered as the chat request vLLM
+    makes of it: the blocks a worker cached for that chat are found for it.
+    kvworker does not serve /v1/responses: the decision is what is checked."""
+    ng, (a, b) = setup(stack)
+    s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
+    assert s == 200, body
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= prompt_tokens // 16,
+                   what="chat blocks indexed")
+    for req in ({"model": "kvroute-mock", "instructions": SYSTEM, "input": "Second question?"},
+                {"model": "kvroute-mock", "instructions": SYSTEM, "max_output_tokens": 4,
+                 "input": [{"role": "user", "content": [{"type": "input_text",
+                                                         "text": "First question?"}]},
+                           {"type": "message", "role": "assistant", "id": "msg_1",
+                            "content": [{"type": "output_text", "text": "Yes."}]},
+                           {"type": "reasoning", "id": "rs_1", "summary": []},
+                           {"role": "user", "content": "Third one?"}]}):
+        s, h, body, _ = kvt.post_json(ng.port, "/v1/responses", req)
+        assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+        assert h.get("x-kvroute-fallback", "") == ""
+        assert int(h["x-kvroute-overlap"]) >= (prompt_tokens - 20) // 16
+    assert ng.alerts() == []
+
 TOOLS = [{"type": "function", "function": {
     "name": "lookup_policy_%d" % i,
     "description": "Look up clause %d of an insurance policy by its number and holder." % i,

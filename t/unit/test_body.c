@@ -328,7 +328,8 @@ TEST(batch_counted)
 
 /* SGLang's native /generate: `text` or `input_ids` (one prompt or a
  * batch) and `sampling_params` (an object, or one per prompt: the largest
- * max_new_tokens and n); the Responses API's `text` object is no prompt. */
+ * max_new_tokens and n); the Responses API's `text` object is no prompt
+ * (its `input` is). */
 TEST(sglang_generate)
 {
     kv_body_t b;
@@ -352,7 +353,7 @@ TEST(sglang_generate)
     kv_body_free(&b);
     CHECK(parse(&b, "{\"model\":\"m\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"text\"}}}")
           == 0);
-    CHECK(b.kind == KV_BODY_NONE);
+    CHECK(b.kind == KV_BODY_MESSAGES && b.responses != NULL);     /* its `input` */
     kv_body_free(&b);
     CHECK(parse(&b, "{\"prompt\":\"p\",\"text\":\"t\"}") == 0);      /* the first one */
     CHECK_STR(b.text, "p");
@@ -360,6 +361,47 @@ TEST(sglang_generate)
     CHECK(parse(&b, "{\"text\":\"a\",\"sampling_params\":{\"n\":}}") == -1);
     kv_body_free(&b);
     CHECK(parse(&b, "{\"text\":\"a\",\"sampling_params\":[{\"n\":1},]}") == -1);
+    kv_body_free(&b);
+}
+
+/* The Responses API: `instructions` and `input` made into the messages
+ * vLLM makes of them; items without a role left out, `tools` dropped. */
+TEST(responses_messages)
+{
+    static const struct { const char *body, *messages; } cases[] = {
+        { "{\"input\":\"hi\"}", "[{\"role\":\"user\",\"content\":\"hi\"}]" },
+        { "{\"input\":\"hi\",\"instructions\":\"be \\\"kind\\\"\"}",
+          "[{\"role\":\"system\",\"content\":\"be \\\"kind\\\"\"},{\"role\":\"user\",\"content\":\"hi\"}]" },
+        { "{\"instructions\":\"\",\"input\":[ {\"role\" : \"user\",\"content\":\"a\"}, 7,"
+          "{\"type\":\"reasoning\",\"role\":\"assistant\"},{\"type\":\"message\",\"role\":\"assistant\","
+          "\"content\":[]},{\"type\":\"function_call_output\",\"output\":\"{}\"},{\"content\":\"x\"}]}",
+          "[{\"role\" : \"user\",\"content\":\"a\"},{\"type\":\"message\",\"role\":\"assistant\","
+          "\"content\":[]}]" },
+        { "{\"input\":[],\"tools\":[{\"type\":\"function\",\"name\":\"f\"}]}", "[]" },
+    };
+    kv_body_t b;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        CHECK(parse(&b, cases[i].body) == 0);
+        CHECK(b.kind == KV_BODY_MESSAGES);
+        CHECK(b.chat.tools == NULL);
+        if (b.chat.messages_len != strlen(cases[i].messages)
+            || memcmp(b.chat.messages, cases[i].messages, b.chat.messages_len) != 0)
+        {
+            fprintf(stderr, "  %s: %.*s\n", cases[i].body, (int) b.chat.messages_len,
+                    b.chat.messages);
+            CHECK(0);
+        }
+        kv_body_free(&b);
+    }
+    /* a prompt or messages come first; `input` that is neither is no prompt */
+    CHECK(parse(&b, "{\"messages\":[{\"role\":\"user\",\"content\":\"m\"}],\"input\":\"i\"}") == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES && b.responses == NULL);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"input\":{\"a\":1},\"max_output_tokens\":9}") == 0);
+    CHECK(b.kind == KV_BODY_NONE && b.max_tokens == 9);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"input\":[{\"role\":\"user\"]}") == -1);
     kv_body_free(&b);
 }
 
@@ -417,5 +459,6 @@ int main(void)
     RUN(sequences);
     RUN(batch_counted);
     RUN(sglang_generate);
+    RUN(responses_messages);
     return kvt_done();
 }

@@ -263,6 +263,54 @@ TEST(batch_counted_for_load)
     kv_prompt_free(&p);
 }
 
+/* A Responses API request is the chat request vLLM makes of it: the same
+ * tokens and blocks ("instructions" a system message, "input" a user
+ * message or the messages; items without a role and `tools` left out). */
+TEST(responses_as_chat)
+{
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    static const struct { const char *responses, *chat; } pairs[] = {
+        { "{\"model\":\"m\",\"input\":\"Hello there, how is the weather in Paris today?\"}",
+          "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+          "\"Hello there, how is the weather in Paris today?\"}]}" },
+        { "{\"instructions\":\"Be brief and answer in French, please, always.\",\"input\":["
+          "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Hi\"}]},"
+          "{\"type\":\"message\",\"id\":\"msg_1\",\"status\":\"completed\",\"role\":\"assistant\","
+          "\"content\":[{\"type\":\"output_text\",\"text\":\"Bonjour !\",\"annotations\":[]}]},"
+          "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{}\"},"
+          "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"},"
+          "{\"role\":\"user\",\"content\":\"And tomorrow, what will the weather be?\"}],"
+          "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{}}],"
+          "\"max_output_tokens\":50,\"stream\":true}",
+          "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief and answer in French, "
+          "please, always.\"},{\"role\":\"user\",\"content\":[{\"type\":\"input_text\","
+          "\"text\":\"Hi\"}]},{\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\","
+          "\"text\":\"Bonjour !\"}]},{\"role\":\"user\",\"content\":\"And tomorrow, what will the "
+          "weather be?\"}],\"max_tokens\":50,\"stream\":true}" },
+        { "{\"instructions\":\"\",\"input\":\"x\"}",
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}" },
+    };
+
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        kv_prompt_t r, c;
+
+        CHECK(kv_prompt_compute(&cfg, pairs[i].responses, strlen(pairs[i].responses), NULL, 0,
+                                &r) == KV_PROMPT_OK);
+        CHECK(kv_prompt_compute(&cfg, pairs[i].chat, strlen(pairs[i].chat), NULL, 0, &c)
+              == KV_PROMPT_OK);
+        if (r.prompt_tokens != c.prompt_tokens) {
+            fprintf(stderr, "  pair %zu: %llu against %llu tokens\n", i,
+                    (unsigned long long) r.prompt_tokens, (unsigned long long) c.prompt_tokens);
+        }
+        CHECK_EQ_U64(r.prompt_tokens, c.prompt_tokens);
+        CHECK(r.prompt_tokens > 0);
+        CHECK(r.max_tokens == c.max_tokens && r.stream == c.stream);
+        CHECK(r.nseq == c.nseq && (r.nseq == 0 || memcmp(r.seq, c.seq, r.nseq * 8) == 0));
+        kv_prompt_free(&r);
+        kv_prompt_free(&c);
+    }
+}
+
 int main(void)
 {
     char err[512];
@@ -280,6 +328,7 @@ int main(void)
     RUN(cap_bounds_the_work);
     RUN(add_special_tokens);
     RUN(batch_counted_for_load);
+    RUN(responses_as_chat);
     kv_tokenizer_free(qwen);
     kv_chat_free(qwen_chat);
     return kvt_done();
