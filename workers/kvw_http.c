@@ -171,13 +171,23 @@ static void on_close(struct evhttp_connection *conn, void *arg)
     group_free(g);
 }
 
-static void send_sse(group_t *g, char *payload)
+/* One SSE event (a Response's events are named); payload NULL: none. */
+static void send_event(group_t *g, const char *event, char *payload)
 {
+    if (payload == NULL)
+        return;
     struct evbuffer *b = evbuffer_new();
+    if (event)
+        evbuffer_add_printf(b, "event: %s\n", event);
     evbuffer_add_printf(b, "data: %s\n\n", payload);
     evhttp_send_reply_chunk(g->http, b);
     evbuffer_free(b);
     free(payload);
+}
+
+static void send_sse(group_t *g, char *payload)
+{
+    send_event(g, g->parts[0]->req.responses ? "response.output_text.delta" : NULL, payload);
 }
 
 static void start_stream(group_t *g)
@@ -187,6 +197,10 @@ static void start_stream(group_t *g)
     evhttp_add_header(hd, "Cache-Control", "no-cache");
     evhttp_send_reply_start(g->http, 200, "OK");
     g->started = 1;
+    if (g->parts[0]->req.responses)
+        send_event(g, "response.created",
+                   kvw_openai_response_event(&g->parts[0]->req, g->id, g->created, NULL, 0,
+                                             NULL));
 }
 
 static void collect(part_t *p, const char *text, size_t len)
@@ -231,6 +245,8 @@ void kvw_req_emit_text(kvw_req_t *r, const char *text, size_t len)
         if (!p->g->started)
             start_stream(p->g);
         send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, all, n - keep, NULL));
+        if (r->responses)       /* its last event carries the whole text */
+            collect(p, all, n - keep);
         if (all != buf)
             free(all);
     } else {
@@ -259,6 +275,18 @@ void kvw_req_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len)
 
 static void group_done(group_t *g)
 {
+    if (g->parts[0]->req.stream && g->parts[0]->req.responses) {
+        part_t *p = g->parts[0];
+
+        if (!g->started)
+            start_stream(g);
+        send_event(g, p->why == KVW_FINISH_ABORT ? "response.failed" : "response.completed",
+                   kvw_openai_response_event(&p->req, g->id, g->created, p->text, p->len,
+                                             kvw_finish_name(p->why)));
+        evhttp_send_reply_end(g->http);
+        group_free(g);
+        return;
+    }
     if (g->parts[0]->req.stream) {
         if (!g->started)
             start_stream(g);
@@ -318,6 +346,8 @@ void kvw_req_finish(kvw_req_t *r, kvw_finish_t why)
         if (p->n_held) {    /* an incomplete character at the end: U+FFFD */
             send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, p->held, p->n_held,
                                             NULL));
+            if (r->responses)
+                collect(p, "\xef\xbf\xbd", 3);
             p->n_held = 0;
         }
         send_sse(p->g, kvw_openai_chunk(r, p->g->id, p->g->created, NULL, 0,
@@ -353,7 +383,8 @@ static part_t *parse_part(kvw_http_t *h, int chat, void *doc, size_t i, kvw_open
         goto fail;
     }
     if (p->req.n_prompt == 0) {
-        kvw_openai_fail(e, 400, "invalid_request_error", chat ? "messages" : "prompt",
+        kvw_openai_fail(e, 400, "invalid_request_error",
+                        chat == KVW_API_RESPONSES ? "input" : chat ? "messages" : "prompt",
                         "invalid_value", "the prompt is empty");
         goto fail;
     }
@@ -528,7 +559,8 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     }
     kvw_openai_unload(doc);
     g->created = (long)time(NULL);
-    snprintf(g->id, sizeof(g->id), "%s-%d-%llu", chat ? "chatcmpl" : "cmpl",
+    snprintf(g->id, sizeof(g->id), "%s-%d-%llu",
+             chat == KVW_API_RESPONSES ? "resp" : chat ? "chatcmpl" : "cmpl",
              h->engine->port, (unsigned long long)++h->next_id);
 
     for (size_t i = 0; i < n; i++) {
@@ -711,9 +743,11 @@ static void handle_request(struct evhttp_request *req, void *arg)
     path[n] = '\0';
 
     if (strcmp(path, "/v1/chat/completions") == 0) {
-        handle_generate(h, req, 1);
+        handle_generate(h, req, KVW_API_CHAT);
     } else if (strcmp(path, "/v1/completions") == 0) {
-        handle_generate(h, req, 0);
+        handle_generate(h, req, KVW_API_COMPLETIONS);
+    } else if (strcmp(path, "/v1/responses") == 0) {
+        handle_generate(h, req, KVW_API_RESPONSES);
     } else if (strcmp(path, "/v1/models") == 0) {
         handle_models(h, req, NULL);
     } else if (strncmp(path, "/v1/models/", 11) == 0 && path[11] != '\0') {

@@ -3,6 +3,7 @@
 #include "kv_unicode.h"
 #include "kv_chat_request.h"
 #include "kv_model.h"
+#include "kv_responses.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -301,8 +302,95 @@ int kvw_openai_parse_text(kvw_req_t *r, int chat, const char *body, size_t len,
     return rc;
 }
 
+static int parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,
+                     size_t which, kvw_openai_err_t *e);
+
+/* A raw JSON copy of v (NULL: none), malloc'ed; *len its length. */
+static char *raw_json(const json_t *v, size_t *len)
+{
+    char *s = v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+
+    *len = s ? strlen(s) : 0;
+    return s;
+}
+
+/*
+ * A Responses API body as the chat request vLLM makes of it: its messages
+ * from `instructions` and `input` (kv_responses.h, as the router reads
+ * them), `max_output_tokens` as max_tokens, and no `tools` (refused).
+ */
+static json_t *responses_as_chat(json_t *root, kvw_openai_err_t *e)
+{
+    json_t *input = json_object_get(root, "input"), *instr = json_object_get(root, "instructions");
+    json_t *chat, *msgs, *v;
+    char   *in_raw, *instr_raw, *m;
+    size_t  in_len, instr_len, m_len;
+
+    if (input == NULL) {
+        kvw_openai_fail(e, 400, "invalid_request_error", "input", "missing_required_parameter",
+                        "Missing required parameter: 'input'.");
+        return NULL;
+    }
+    if (!json_is_string(input) && !json_is_array(input)) {
+        bad_type(e, "input", "a string or a list of input items");
+        return NULL;
+    }
+    if (instr && !json_is_null(instr) && !json_is_string(instr)) {
+        bad_type(e, "instructions", "a string");
+        return NULL;
+    }
+    v = json_object_get(root, "tools");
+    if (v && json_is_array(v) && json_array_size(v) > 0) {
+        unsupported(e, "tools", "serves the Responses API without tools");
+        return NULL;
+    }
+    in_raw = raw_json(input, &in_len);
+    instr_raw = json_is_string(instr) ? raw_json(instr, &instr_len) : NULL;
+    m = in_raw ? kv_responses_messages(instr_raw, instr_raw ? instr_len : 0, in_raw, in_len,
+                                       &m_len)
+               : NULL;
+    msgs = m ? json_loadb(m, m_len, 0, NULL) : NULL;
+    free(in_raw);
+    free(instr_raw);
+    free(m);
+    if (msgs == NULL) {
+        no_memory(e);
+        return NULL;
+    }
+    chat = json_copy(root);
+    json_object_del(chat, "input");
+    json_object_del(chat, "instructions");
+    json_object_del(chat, "tools");
+    json_object_set_new(chat, "messages", msgs);
+    v = json_object_get(root, "max_output_tokens");
+    if (v) {
+        json_object_set(chat, "max_tokens", v);
+        json_object_del(chat, "max_output_tokens");
+    }
+    return chat;
+}
+
 int kvw_openai_parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,
                          size_t which, kvw_openai_err_t *e)
+{
+    if (chat == KVW_API_RESPONSES) {
+        json_t *c = responses_as_chat(doc, e);
+        int     rc;
+
+        if (c == NULL) {
+            memset(r, 0, sizeof(*r));
+            return -1;
+        }
+        rc = parse_doc(r, KVW_API_CHAT, c, tx, which, e);
+        json_decref(c);
+        r->responses = 1;
+        return rc;
+    }
+    return parse_doc(r, chat, doc, tx, which, e);
+}
+
+static int parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,
+                     size_t which, kvw_openai_err_t *e)
 {
     json_t *root = doc, *v;
     json_int_t i;
@@ -455,13 +543,78 @@ static char *dump(json_t *j)
     return s;
 }
 
+/* A Response (the Responses API's object) with its one output message. */
+static json_t *response_json(const kvw_req_t *r, const char *id, long created,
+                             const char *raw, size_t len, const char *finish)
+{
+    char   *text = raw ? kv_utf8_clean(raw, len, &len) : NULL;
+    char    msg_id[96];
+    json_t *out = json_array(), *j;
+
+    snprintf(msg_id, sizeof(msg_id), "msg_%s", id);
+    if (finish) {
+        json_array_append_new(out, json_pack(
+            "{s:s,s:s,s:s,s:s,s:[{s:s,s:s%,s:[]}]}", "type", "message", "id", msg_id,
+            "status", "completed", "role", "assistant", "content", "type", "output_text",
+            "text", text ? text : "", text ? len : 0, "annotations"));
+    }
+    j = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:n}", "id", id, "object", "response",
+                  "created_at", (json_int_t)created, "model", r->model,
+                  "status", !finish ? "in_progress"
+                            : strcmp(finish, "length") == 0 ? "incomplete" : "completed",
+                  "output", out, "usage");
+    if (finish) {
+        json_object_set_new(j, "usage", json_pack(
+            "{s:I,s:{s:I},s:I,s:{s:I},s:I}", "input_tokens", (json_int_t)r->n_prompt,
+            "input_tokens_details", "cached_tokens", (json_int_t)r->cached_tokens,
+            "output_tokens", (json_int_t)r->n_output, "output_tokens_details",
+            "reasoning_tokens", (json_int_t)0, "total_tokens",
+            (json_int_t)(r->n_prompt + r->n_output)));
+    }
+    if (finish && strcmp(finish, "length") == 0)
+        json_object_set_new(j, "incomplete_details",
+                            json_pack("{s:s}", "reason", "max_output_tokens"));
+    free(text);
+    return j;
+}
+
+char *kvw_openai_response_event(const kvw_req_t *r, const char *id, long created,
+                                const char *text, size_t len, const char *finish)
+{
+    return dump(json_pack("{s:s,s:I,s:o}",
+                          "type", finish ? "response.completed" : "response.created",
+                          "sequence_number", (json_int_t)(finish ? r->n_output + 1 : 0),
+                          "response", response_json(r, id, created, text, len, finish)));
+}
+
+/* A Response's streamed text: one output_text delta event. */
+static char *response_delta(const kvw_req_t *r, const char *id, const char *text, size_t len)
+{
+    char msg_id[96];
+
+    snprintf(msg_id, sizeof(msg_id), "msg_%s", id);
+    return dump(json_pack("{s:s,s:I,s:s,s:i,s:i,s:s%,s:[]}",
+                          "type", "response.output_text.delta",
+                          "sequence_number", (json_int_t)r->n_output, "item_id", msg_id,
+                          "output_index", 0, "content_index", 0,
+                          "delta", text ? text : "", text ? len : 0, "logprobs"));
+}
+
 char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
                        const char *text, size_t len, const char *finish)
 {
     json_t *choice;
-    char *clean = text ? kv_utf8_clean(text, len, &len) : NULL;
-    char *out;
+    char *clean, *out;
 
+    if (r->responses) {
+        if (finish)
+            return NULL;
+        clean = text ? kv_utf8_clean(text, len, &len) : NULL;
+        out = response_delta(r, id, clean, len);
+        free(clean);
+        return out;
+    }
+    clean = text ? kv_utf8_clean(text, len, &len) : NULL;
     text = clean;
 
     if (r->chat) {
@@ -516,8 +669,12 @@ char *kvw_openai_response_n(const kvw_req_t *const *rs, const char *const *texts
                             const size_t *lens, const char *const *finishes, size_t n,
                             const char *id, long created)
 {
-    json_t *choices = json_array();
+    json_t *choices;
     kvw_req_t sum = *rs[0];
+
+    if (rs[0]->responses)       /* one input, one output */
+        return dump(response_json(rs[0], id, created, texts[0], lens[0], finishes[0]));
+    choices = json_array();
 
     sum.n_prompt = sum.n_output = sum.cached_tokens = 0;
     for (size_t i = 0; i < n; i++) {

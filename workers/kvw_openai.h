@@ -26,6 +26,11 @@ void kvw_req_clear(kvw_req_t *r);
 
 #define KVW_MAX_PROMPTS 64
 
+/* The `chat` argument below: which API the body is for. */
+#define KVW_API_COMPLETIONS 0
+#define KVW_API_CHAT        1
+#define KVW_API_RESPONSES   2       /* rendered as the chat request vLLM makes of it */
+
 /*
  * Fills r from a request body, with the tokenizer and chat renderer of tx.
  * chat selects /v1/chat/completions; `which` picks the prompt of a
@@ -65,9 +70,14 @@ char *kvw_openai_model(const char *id, const char *parent);
 /* {"object":"list","data":[model]}: /v1/models. */
 char *kvw_openai_models(const char *id, const char *loras);
 
-/* One SSE data payload for a streamed token or the final chunk. */
+/* One SSE data payload for a streamed token or the final chunk (a Response
+ * has none: NULL; its end is kvw_openai_response_event's "completed"). */
 char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
                        const char *text, size_t len, const char *finish);
+/* A Response's stream event carrying the whole response: "response.created"
+ * (text NULL: in progress) or "response.completed". */
+char *kvw_openai_response_event(const kvw_req_t *r, const char *id, long created,
+                                const char *text, size_t len, const char *finish);
 /* The usage-only chunk sent when stream_options.include_usage is set. */
 char *kvw_openai_usage_chunk(const kvw_req_t *r, const char *id, long created);
 /* The whole non-streamed response. */

@@ -19,7 +19,9 @@ typedef struct kvw_req kvw_req_t;
 
 struct kvw_req {
     /* what was asked */
-    int         chat;           /* /v1/chat/completions, else /v1/completions */
+    int         chat;           /* /v1/chat/completions (or /v1/responses), else
+                                   /v1/completions */
+    int         responses;      /* /v1/responses: answered as a Response */
     int         stream;
     int         include_usage;  /* stream_options.include_usage */
     int         ignore_eos;

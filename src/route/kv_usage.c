@@ -1,5 +1,6 @@
 /*
- * Streaming key scanner for a response's usage (see kv_usage.h).
+ * Streaming key scanner for a response's usage (see kv_usage.h); a Response
+ * (the Responses API) names prompt_tokens input_tokens.
  *
  * phase 0: looking for '"'; 1: matching a key's letters; 2: after the
  * key's closing quote, blanks then ':'; 3: blanks then the first digit;
@@ -10,7 +11,8 @@
 
 #include <string.h>
 
-static const char *const keys[] = { NULL, "prompt_tokens", "cached_tokens" };
+/* a Response (the Responses API) says input_tokens for prompt_tokens */
+static const char *const keys[] = { NULL, "prompt_tokens", "cached_tokens", "input_tokens" };
 
 void kv_usage_init(kv_usage_scan_t *u)
 {
@@ -26,7 +28,7 @@ static int blank(char c)
 
 static void store(kv_usage_scan_t *u)
 {
-    if (u->key == 1)
+    if (u->key == 1 || u->key == 3)
         u->prompt_tokens = (int64_t)u->num;
     else
         u->cached_tokens = (int64_t)u->num;
@@ -50,7 +52,7 @@ void kv_usage_feed(kv_usage_scan_t *u, const char *p, size_t n)
         switch (u->phase) {
         case 1:
             if (u->key == 0) {
-                u->key = c == 'p' ? 1 : c == 'c' ? 2 : 0;
+                u->key = c == 'p' ? 1 : c == 'c' ? 2 : c == 'i' ? 3 : 0;
                 if (u->key == 0) {
                     u->phase = 0;
                     continue;       /* c may be '"': phase 0 sees it */

@@ -64,6 +64,33 @@ def test_chat_and_completion_and_stream(worker):
     assert s == 200 and body["model"] == MODEL
 
 
+def test_responses_api_with_the_openai_client(worker):
+    """/v1/responses, as the official client sends and reads it: the text
+    and usage of a Response, its streamed events (created, deltas,
+    completed), and the chat its instructions and input make (the same
+    prompt tokens as that chat request)."""
+    c = client(worker)
+    r = c.responses.create(model=MODEL, instructions="Be brief.", input="hello there",
+                           max_output_tokens=4)
+    assert r.status == "incomplete" and r.usage.output_tokens == 4
+    assert len(r.output_text) > 0
+    chat = c.chat.completions.create(model=MODEL, max_tokens=1, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}])
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    events = list(c.responses.create(model=MODEL, max_output_tokens=3, stream=True, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]))
+    kinds = [e.type for e in events]
+    assert kinds == ["response.created"] + ["response.output_text.delta"] * 3 + \
+        ["response.completed"], kinds
+    done = events[-1].response
+    assert done.output_text == "".join(e.delta for e in events[1:4])
+    assert done.usage.output_tokens == 3
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model=MODEL, input="x", tools=[
+            {"type": "function", "name": "f", "parameters": {}}])
+    assert error_of(e.value)["param"] == "tools"
+
+
 def test_unknown_model_is_404_model_not_found(worker):
     with pytest.raises(openai.NotFoundError) as e:
         client(worker).chat.completions.create(

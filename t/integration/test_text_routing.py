@@ -91,8 +91,9 @@ def test_chat_prefix_found_by_router(stack):
 def test_responses_api_routes_on_the_engines_blocks(stack):
     """A Responses API request (instructions + input, the history in input
     as vLLM needs it without a store) is rendered as the chat request vLLM
-    makes of it: the blocks a worker cached for that chat are found for it.
-    kvworker does not serve /v1/responses: the decision is what is checked."""
+    makes of it: the blocks a worker cached for that chat are found for it,
+    and the worker (rendering the Responses request the same way) serves
+    them from its cache."""
     ng, (a, b) = setup(stack)
     s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
     assert s == 200, body
@@ -108,9 +109,12 @@ def test_responses_api_routes_on_the_engines_blocks(stack):
                            {"type": "reasoning", "id": "rs_1", "summary": []},
                            {"role": "user", "content": "Third one?"}]}):
         s, h, body, _ = kvt.post_json(ng.port, "/v1/responses", req)
+        assert s == 200, body
         assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
         assert h.get("x-kvroute-fallback", "") == ""
         assert int(h["x-kvroute-overlap"]) >= (prompt_tokens - 20) // 16
+        assert body["usage"]["input_tokens_details"]["cached_tokens"] >= \
+            16 * int(h["x-kvroute-overlap"])
     assert ng.alerts() == []
 
 TOOLS = [{"type": "function", "function": {

@@ -37,6 +37,19 @@ TEST(json_body)
                     "{ \"cached_tokens\"\t:\t0 } } }", 7, 0);
 }
 
+/* a Response (the Responses API): input_tokens, in a body or the
+ * response.completed event of a stream */
+TEST(responses_usage)
+{
+    scan_all_splits("{\"id\":\"resp-1\",\"object\":\"response\",\"output\":[],\"usage\":"
+                    "{\"input_tokens\":512,\"input_tokens_details\":{\"cached_tokens\":496},"
+                    "\"output_tokens\":4,\"total_tokens\":516}}", 512, 496);
+    scan_all_splits("event: response.output_text.delta\ndata: {\"delta\":\"input_tokens\"}\n\n"
+                    "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":"
+                    "{\"usage\":{\"input_tokens\":9,\"input_tokens_details\":{\"cached_tokens\":0}}}}"
+                    "\n\n", 9, 0);
+}
+
 TEST(sse_last_chunk_wins)
 {
     scan_all_splits("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n"
@@ -74,6 +87,7 @@ TEST(number_at_end_of_body)
 int main(void)
 {
     RUN(json_body);
+    RUN(responses_usage);
     RUN(sse_last_chunk_wins);
     RUN(absent_null_and_text_not_fooled);
     RUN(number_at_end_of_body);
