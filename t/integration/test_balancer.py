@@ -395,31 +395,42 @@ def test_temperature_spreads_and_zero_does_not(stack):
         assert (len(seen) > 1) == expect_spread, (params, seen)
 
 
-def test_n_sequences_count_in_decode_load(stack):
-    """A request for n completions (RL rollouts ask 8-16) makes the server
-    decode n sequences: its decode load is max_tokens times n, the larger of
-    n and best_of, while it runs, and released after."""
+def load_while_held(stack, path, body):
+    """The server's active (prefill tokens, decode blocks, decode tokens) while
+    a stand-in server holds the request before answering; checks the request
+    then succeeds and its load is all released."""
     from test_disagg_nginx import Decode
     held = Decode()
     try:
         held.mode = "hold"
-        ng = stack.nginx(conf(stack, [], servers="server %s;" % held.addr))
+        ng = stack.nginx(conf(stack, [], servers="server %s;" % held.addr).replace(
+            "location /v1/ {", "location / {"))
 
-        def tokens():
-            st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
-            return st[0]["active_decode_tokens"]
+        def active():
+            st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"][0]
+            return (st["active_prefill_tokens"], st["active_decode_blocks"],
+                    st["active_decode_tokens"])
 
         with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            fut = ex.submit(kvt.post_json, ng.port, "/v1/completions",
-                            {"prompt": ids("n", 64), "max_tokens": 50, "n": 4, "best_of": 6})
+            fut = ex.submit(kvt.post_json, ng.port, path, body)
             kvt.wait_until(held.arrived.is_set, what="the request at the server")
-            assert tokens() == 300
+            seen = active()
             held.gate.set()
             assert fut.result()[0] == 200
-        kvt.wait_until(lambda: tokens() == 0, what="load released")
+        kvt.wait_until(lambda: active() == (0, 0, 0), what="load released")
         assert ng.alerts() == []
+        ng.stop()
+        return seen
     finally:
         held.close()
+
+
+def test_n_sequences_count_in_decode_load(stack):
+    """A request for n completions (RL rollouts ask 8-16) makes the server
+    decode n sequences: its decode load is max_tokens times n, the larger of
+    n and best_of, while it runs, and released after."""
+    assert load_while_held(stack, "/v1/completions", {
+        "prompt": ids("n", 64), "max_tokens": 50, "n": 4, "best_of": 6})[2] == 300
 
 
 def test_batch_of_prompts_counts_every_prompt(stack):
@@ -428,31 +439,11 @@ def test_batch_of_prompts_counts_every_prompt(stack):
     prefills every prompt and decodes n sequences of each: the prefill load
     holds each prompt's part past its common prefix with the first, the
     decode load max_tokens x n x prompts; all released after."""
-    from test_disagg_nginx import Decode
-    held = Decode()
-    try:
-        held.mode = "hold"
-        ng = stack.nginx(conf(stack, [], servers="server %s;" % held.addr))
-
-        def active():
-            st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"][0]
-            return (st["active_prefill_tokens"], st["active_decode_blocks"],
-                    st["active_decode_tokens"])
-
-        first = ids("batch", 64)
-        batch = [first, first[:32] + ids("other", 32), ids("third", 48)]
-        with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            fut = ex.submit(kvt.post_json, ng.port, "/v1/completions",
-                            {"prompt": batch, "max_tokens": 50, "n": 2})
-            kvt.wait_until(held.arrived.is_set, what="the request at the server")
-            # 64 + 32 + 48 tokens; 4 blocks + 80 tokens' 5; 50 x 2 x 3
-            assert active() == (144, 9, 300)
-            held.gate.set()
-            assert fut.result()[0] == 200
-        kvt.wait_until(lambda: active() == (0, 0, 0), what="load released")
-        assert ng.alerts() == []
-    finally:
-        held.close()
+    first = ids("batch", 64)
+    batch = [first, first[:32] + ids("other", 32), ids("third", 48)]
+    # 64 + 32 + 48 tokens; 4 blocks + 80 tokens' 5; 50 x 2 x 3
+    assert load_while_held(stack, "/v1/completions",
+                           {"prompt": batch, "max_tokens": 50, "n": 2}) == (144, 9, 300)
 
 
 def test_sglang_generate_routes_and_counts(stack):
@@ -483,28 +474,8 @@ def test_sglang_generate_routes_and_counts(stack):
                                  {"model": "m", "input": "x", "text": {"format": {"type": "text"}}})
     assert s == 200, raw
     assert ng.alerts() == []
-
-    from test_disagg_nginx import Decode
-    held = Decode()
-    try:
-        held.mode = "hold"
-        ng.stop()
-        ng = stack.nginx(conf(stack, [], servers="server %s;" % held.addr).replace(
-            "location /v1/ {", "location / {"))
-
-        def tokens():
-            return status(ng.port)["zones"]["kv"]["upstreams"]["llm"][0]["active_decode_tokens"]
-
-        with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            fut = ex.submit(kvt.post_json, ng.port, "/generate",
-                            {"input_ids": [a, ids("other", 48)],
-                             "sampling_params": [{"max_new_tokens": 40, "n": 3},
-                                                 {"max_new_tokens": 20}]})
-            kvt.wait_until(held.arrived.is_set, what="the request at the server")
-            assert tokens() == 40 * 3 * 2
-            held.gate.set()
-            assert fut.result()[0] == 200
-        kvt.wait_until(lambda: tokens() == 0, what="load released")
-        assert ng.alerts() == []
-    finally:
-        held.close()
+    ng.stop()
+    assert load_while_held(stack, "/generate", {
+        "input_ids": [a, ids("other", 48)],
+        "sampling_params": [{"max_new_tokens": 40, "n": 3}, {"max_new_tokens": 20}],
+    })[2] == 40 * 3 * 2

@@ -1,0 +1,146 @@
+"""Conversations over the Responses API (/v1/responses), as agent clients
+send them with vLLM (no stored responses: the history goes back in
+`input` every turn), through nginx in events mode.
+
+4 kvworker mock engines with the Qwen2.5 tokenizer and chat template
+(--speedup SPEEDUP). CONVS conversations of TURNS turns, CLIENTS at a time:
+each has one of 4 `instructions` (system prompts of ~1,000 tokens of
+prose) and, each turn, a new user message of ~150 tokens of prose; the
+model's reply goes back into the next turn's `input` as an assistant
+message item. Streamed, max_output_tokens 24. KVROUTE_BUILD picks the
+module build (one that does not read /v1/responses routes them by load).
+Prints one JSON line: the engines' cached share of the prompts (their own
+usage), TTFT mean/p50/p90 (ms), requests per engine.
+"""
+import http.client
+import json
+import os
+import random
+import sys
+import threading
+import time
+
+TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
+sys.path.insert(0, os.path.join(TOP, "t", "lib"))
+import kvt  # noqa: E402
+
+SEED = int(os.environ.get("SEED", "1"))
+CONVS = int(os.environ.get("CONVS", "48"))
+TURNS = int(os.environ.get("TURNS", "6"))
+CLIENTS = int(os.environ.get("CLIENTS", "8"))
+SPEEDUP = os.environ.get("SPEEDUP", "2")
+QWEN = os.path.join(TOP, "conf", "tokenizers", "qwen2.5-instruct")
+
+CONF = """
+    kvroute_zone kv 64m;
+    kvroute_events %(nats)s zone=kv;
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv mode=events tokenizer=%(dir)s/tokenizer.json
+                chat_template=%(dir)s/tokenizer_config.json;
+        %(servers)s
+        keepalive 32;
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        client_body_buffer_size 1m;
+        location /v1/ {
+            kvroute_upstream llm;
+            proxy_pass http://llm;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            kvroute_debug_headers on;
+        }
+    }
+"""
+
+
+def stream(port, body):
+    """(ttft s, reply text, usage, worker) of one streamed Response"""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    t0 = time.monotonic()
+    c.request("POST", "/v1/responses", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.read()
+    first, done = None, None
+    for line in r:
+        if not line.startswith(b"data:"):
+            continue
+        ev = json.loads(line[5:])
+        if ev["type"] == "response.output_text.delta" and first is None:
+            first = time.monotonic() - t0
+        elif ev["type"] == "response.completed":
+            done = ev["response"]
+    c.close()
+    text = done["output"][0]["content"][0]["text"] if done["output"] else ""
+    return first, text, done["usage"], r.getheader("x-kvroute-worker")
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0
+
+
+def main():
+    rng = random.Random(SEED)
+    prose = open(os.path.join(TOP, "t", "data", "prose_en.txt"), encoding="utf-8").read()
+
+    def passage(n):
+        at = rng.randrange(0, len(prose) - n)
+        return prose[at:at + n]
+
+    systems = [passage(4500) for _ in range(4)]
+    convs = [{"instructions": systems[rng.randrange(4)],
+              "users": [passage(650) for _ in range(TURNS)]} for _ in range(CONVS)]
+    st = kvt.Stack("responses-ab")
+    rows, lock = [], threading.Lock()
+    try:
+        nats = st.nats()
+        w = st.worker(engines=4, extra=["--nats", nats.url, "--heartbeat-ms", "200",
+                                        "--speedup", SPEEDUP,
+                                        "--tokenizer", QWEN + "/tokenizer.json",
+                                        "--chat-template", QWEN + "/tokenizer_config.json"])
+        servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
+        ng = st.nginx(CONF % {"nats": nats.url, "servers": servers, "dir": QWEN})
+        todo = list(range(CONVS))
+
+        def client():
+            while True:
+                with lock:
+                    if not todo:
+                        return
+                    k = todo.pop(0)
+                conv, history = convs[k], []
+                for t in range(TURNS):
+                    history.append({"role": "user", "content": conv["users"][t]})
+                    ttft, text, usage, wk = stream(ng.port, {
+                        "model": "kvroute-mock", "instructions": conv["instructions"],
+                        "input": history, "max_output_tokens": 24, "stream": True})
+                    history.append({"type": "message", "role": "assistant",
+                                    "content": [{"type": "output_text", "text": text}]})
+                    with lock:
+                        rows.append((ttft * 1000, usage["input_tokens"],
+                                     usage["input_tokens_details"]["cached_tokens"], wk))
+
+        th = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+        ttft = [r[0] for r in rows]
+        per = {}
+        for r in rows:
+            per[r[3]] = per.get(r[3], 0) + 1
+        print(json.dumps({
+            "build": kvt.BUILD, "seed": SEED, "requests": len(rows),
+            "hit_rate": round(sum(r[2] for r in rows) / sum(r[1] for r in rows), 4),
+            "ttft_mean": round(sum(ttft) / len(ttft), 1), "ttft_p50": round(pct(ttft, .5), 1),
+            "ttft_p90": round(pct(ttft, .9), 1),
+            "requests_per_engine": sorted(per.values())}))
+        assert ng.alerts() == []
+    finally:
+        st.close()
+
+
+main()
