@@ -182,10 +182,11 @@ static int parse_prompt(json_t *root, kvw_req_t *r, int chat, const kvw_text_t *
             p = json_array_get(p, which);
         if (json_is_array(p))
             return parse_token_ids(p, r, e);
-        text = strdup(json_string_value(p));
+        /* the whole string: a "\u0000" in it is a character like any other */
         len = json_string_length(p);
-        if (text == NULL)
+        if ((text = malloc(len + 1)) == NULL)
             return no_memory(e);
+        memcpy(text, json_string_value(p), len + 1);
     }
     /* add_special_tokens (vLLM's default: false for a chat, true for a
      * prompt): plain tokenize adds the tokenizer's special tokens */
@@ -267,7 +268,9 @@ static int refuse_unsupported(json_t *root, int chat, kvw_openai_err_t *e)
 void *kvw_openai_load(const char *body, size_t len, kvw_openai_err_t *e)
 {
     json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
+    /* "\u0000" is valid JSON, and vLLM (Python's json) takes it: a model's
+     * own output, echoed back in the next turn, may hold one */
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
 
     if (root == NULL) {
         kvw_openai_fail(e, 400, "invalid_request_error", NULL, "invalid_json",
@@ -349,7 +352,7 @@ static json_t *responses_as_chat(json_t *root, kvw_openai_err_t *e)
     m = in_raw ? kv_responses_messages(instr_raw, instr_raw ? instr_len : 0, in_raw, in_len,
                                        &m_len)
                : NULL;
-    msgs = m ? json_loadb(m, m_len, 0, NULL) : NULL;
+    msgs = m ? json_loadb(m, m_len, JSON_ALLOW_NUL, NULL) : NULL;
     free(in_raw);
     free(instr_raw);
     free(m);

@@ -541,7 +541,8 @@ int kv_chat_parse_value(jj_arena *a, const char *json, size_t len, jj_value *out
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    *held = json_loadb(json, len, JSON_DECODE_ANY, &jerr);
+    /* "\u0000" is valid JSON, and the engines (Python's json) take it */
+    *held = json_loadb(json, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
     if (*held == NULL) {
         snprintf(err, errlen, "%s", jerr.text);
         return -1;

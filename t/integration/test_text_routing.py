@@ -117,6 +117,27 @@ def test_responses_api_routes_on_the_engines_blocks(stack):
             16 * int(h["x-kvroute-overlap"])
     assert ng.alerts() == []
 
+
+def test_nul_characters_count_alike(stack):
+    """"\u0000" is valid JSON (a mock model's output can hold one, and the
+    client echoes it back next turn): the worker takes it, as vLLM does, and
+    the router counts the same prompt tokens for it, in a chat, a Responses
+    request and a completion."""
+    ng, _ = setup(stack)
+    for path, body in (
+            ("/v1/chat/completions", {"max_tokens": 1, "messages": [
+                {"role": "user", "content": "x"}, {"role": "assistant", "content": "y\u0000z"},
+                {"role": "user", "content": "w\u0000"}]}),
+            ("/v1/responses", {"max_output_tokens": 1, "input": [
+                {"role": "user", "content": "x"}, {"role": "assistant", "content": "y\u0000z"}]}),
+            ("/v1/completions", {"max_tokens": 1, "prompt": "a\u0000b"})):
+        s, h, out, raw = kvt.post_json(ng.port, path, body)
+        assert s == 200, raw
+        usage = out["usage"]
+        assert int(h["x-kvroute-prompt-tokens"]) == usage.get("prompt_tokens",
+                                                             usage.get("input_tokens")), (path, h.get("x-kvroute-fallback"))
+    assert ng.alerts() == []
+
 TOOLS = [{"type": "function", "function": {
     "name": "lookup_policy_%d" % i,
     "description": "Look up clause %d of an insurance policy by its number and holder." % i,

@@ -7,7 +7,9 @@ send them with vLLM (no stored responses: the history goes back in
 each has one of 4 `instructions` (system prompts of ~1,000 tokens of
 prose) and, each turn, a new user message of ~150 tokens of prose; the
 model's reply goes back into the next turn's `input` as an assistant
-message item. Streamed, max_output_tokens 24. KVROUTE_BUILD picks the
+message item; THINK_MS: a random pause before each turn (clients are not
+in lockstep; without it a router that ignores the prompt can keep each
+client on one engine by accident). Streamed, max_output_tokens 24. KVROUTE_BUILD picks the
 module build (one that does not read /v1/responses routes them by load).
 Prints one JSON line: the engines' cached share of the prompts (their own
 usage), TTFT mean/p50/p90 (ms), requests per engine.
@@ -29,6 +31,9 @@ CONVS = int(os.environ.get("CONVS", "48"))
 TURNS = int(os.environ.get("TURNS", "6"))
 CLIENTS = int(os.environ.get("CLIENTS", "8"))
 SPEEDUP = os.environ.get("SPEEDUP", "2")
+SYS_CHARS = int(os.environ.get("SYS_CHARS", "4500"))      # ~1,000 tokens
+USER_CHARS = int(os.environ.get("USER_CHARS", "650"))     # ~150 tokens
+THINK_MS = float(os.environ.get("THINK_MS", "0"))         # a pause of 0..THINK_MS between turns
 QWEN = os.path.join(TOP, "conf", "tokenizers", "qwen2.5-instruct")
 
 CONF = """
@@ -90,9 +95,9 @@ def main():
         at = rng.randrange(0, len(prose) - n)
         return prose[at:at + n]
 
-    systems = [passage(4500) for _ in range(4)]
+    systems = [passage(SYS_CHARS) for _ in range(4)]
     convs = [{"instructions": systems[rng.randrange(4)],
-              "users": [passage(650) for _ in range(TURNS)]} for _ in range(CONVS)]
+              "users": [passage(USER_CHARS) for _ in range(TURNS)]} for _ in range(CONVS)]
     st = kvt.Stack("responses-ab")
     rows, lock = [], threading.Lock()
     try:
@@ -106,6 +111,7 @@ def main():
         todo = list(range(CONVS))
 
         def client():
+            pause = random.Random(SEED * 7 + threading.get_ident())
             while True:
                 with lock:
                     if not todo:
@@ -113,6 +119,7 @@ def main():
                     k = todo.pop(0)
                 conv, history = convs[k], []
                 for t in range(TURNS):
+                    time.sleep(pause.uniform(0, THINK_MS) / 1000)
                     history.append({"role": "user", "content": conv["users"][t]})
                     ttft, text, usage, wk = stream(ng.port, {
                         "model": "kvroute-mock", "instructions": conv["instructions"],
@@ -133,7 +140,8 @@ def main():
         for r in rows:
             per[r[3]] = per.get(r[3], 0) + 1
         print(json.dumps({
-            "build": kvt.BUILD, "seed": SEED, "requests": len(rows),
+            "build": kvt.BUILD, "seed": SEED, "requests": len(rows), "clients": CLIENTS,
+            "turns": TURNS, "sys_chars": SYS_CHARS, "user_chars": USER_CHARS, "speedup": SPEEDUP, "think_ms": THINK_MS,
             "hit_rate": round(sum(r[2] for r in rows) / sum(r[1] for r in rows), 4),
             "ttft_mean": round(sum(ttft) / len(ttft), 1), "ttft_p50": round(pct(ttft, .5), 1),
             "ttft_p90": round(pct(ttft, .9), 1),

@@ -8,6 +8,7 @@ OLD=${OLD:-/tmp/kvold/build}
 NEW=${NEW:-$PWD/build}
 for seed in ${SEEDS:-1 2 3}; do
     for b in "$OLD" "$NEW"; do
-        KVROUTE_BUILD=$b SEED=$seed .venv/bin/python docs/data/responses/responses_ab.py
+        KVROUTE_BUILD=$b SEED=$seed SPEEDUP=1 CLIENTS=12 SYS_CHARS=1200 USER_CHARS=2000 \
+            TURNS=8 THINK_MS=${THINK_MS:-100} .venv/bin/python docs/data/responses/responses_ab.py
     done
 done
