@@ -43,7 +43,7 @@ static char *render_router(const kv_chat_template_t *t, const char *body, long l
 static char *render_worker(const kv_chat_template_t *t, const char *body, long long now,
                            size_t *len, char *err, size_t errlen)
 {
-    json_t *req = json_loads(body, 0, NULL);
+    json_t *req = json_loads(body, JSON_ALLOW_NUL, NULL);     /* as kvworker loads a body */
     char *text = kv_chat_render_request_json(t, req, engine, now, len, err, errlen);
     json_decref(req);
     return text;
