@@ -600,7 +600,8 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
         b->stream = 1;
         return kv_jscan_literal(s, "true");
     }
-    if ((KEY("max_tokens") || KEY("max_completion_tokens"))
+    /* max_output_tokens: the Responses API's */
+    if ((KEY("max_tokens") || KEY("max_completion_tokens") || KEY("max_output_tokens"))
         && s->p < s->end && (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')))
     {
         return scan_long(s, &b->max_tokens);
@@ -641,15 +642,6 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
             b->instructions = start;
             b->instructions_len = (size_t) (s->p - start);
         }
-        return 0;
-    }
-    if (KEY("max_output_tokens") && s->p < s->end && (*s->p == '-' || digit(*s->p))) {
-        long v;
-
-        if (scan_long(s, &v) != 0) {
-            return -1;
-        }
-        b->max_tokens = v > b->max_tokens ? v : b->max_tokens;
         return 0;
     }
 #undef KEY
