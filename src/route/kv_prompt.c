@@ -165,9 +165,6 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
         fail(out, KV_PROMPT_MODEL, "unknown model");
         goto done;
     }
-    if (prompt_ids(cfg, &b, &ids, out) != KV_PROMPT_OK) {
-        goto done;
-    }
     if (cfg->salt_combine && (salt_len > 0 || b.salt != NULL)) {
         out->salt = kv_prompt_salt(salt, salt ? salt_len : 0, b.salt, b.salt ? b.salt_len : 0,
                                    &out->salt_len);
@@ -189,6 +186,10 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
          * vLLM's salted first block does */
         salt = b.model;
         salt_len = strlen(b.model);
+    }
+    /* after the salt: an engine must see it whatever the router reads */
+    if (prompt_ids(cfg, &b, &ids, out) != KV_PROMPT_OK) {
+        goto done;
     }
     seed = kv_hash_seed(salt, salt ? salt_len : 0);
     out->prompt_tokens = ids.n + out->estimated_tokens;

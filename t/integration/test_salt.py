@@ -140,3 +140,28 @@ def test_client_cannot_choose_another_tenants_salt(stack):
     s, _, _ = ask(ng.port, p, tenant="evil", raw='{"prompt": [1, 2,')
     assert s == 400
     assert "salt= cannot be applied" in open(ng.error_log).read()
+
+
+def test_salt_applied_when_the_prompt_is_not_read(stack):
+    """A prompt the router cannot read (here a text prompt with no tokenizer
+    configured: routed by load) still reaches the engine under its tenant's
+    salt. It used to go unsalted, so another tenant whose request also fell
+    back could hit its cached blocks and learn the prompt from the cached
+    token count."""
+    ng = setup(stack)
+    secret = "the quarterly numbers are " + "x" * 300
+    holders = set()
+
+    def acme_everywhere():
+        s, h, cached = ask(ng.port, secret, tenant="acme")
+        assert s == 200
+        if cached >= 300:
+            holders.add(h["x-kvroute-worker"])
+        return len(holders) == 2
+    # acme shares with acme, on both engines (load spreads its tries)
+    kvt.wait_until(acme_everywhere, what="acme's prompt cached on both engines")
+    # each try another tenant's, or none (the engine caches each try's own)
+    for tenant in ("evil1", "evil2", None):
+        s, _, cached = ask(ng.port, secret, tenant=tenant)
+        assert s == 200 and cached == 0, tenant
+    assert ng.alerts() == []
