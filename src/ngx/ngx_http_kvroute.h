@@ -271,6 +271,7 @@ typedef struct {
     unsigned                        prefill_active:1;   /* the prefill peer's load held */
     unsigned                        prefill_remote:1;   /* this attempt prefills remotely */
     unsigned                        no_model:1;     /* no listed upstream serves it: 404 */
+    unsigned                        prefill_only:1; /* nothing decoded (kv_api.h) */
 
     ngx_http_kvroute_fallback_e     fallback;
     ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */

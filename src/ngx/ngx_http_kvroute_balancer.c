@@ -1032,6 +1032,7 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
     rq->max_tokens = ctx ? ctx->max_tokens : 0;
     rq->sequences = ctx ? ctx->sequences : 0;
     rq->batch_tokens = ctx ? ctx->batch_tokens : 0;
+    rq->prefill_only = ctx ? ctx->prefill_only : 0;
     rq->session = ctx ? ctx->session : 0;
 }
 

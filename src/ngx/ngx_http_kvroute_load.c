@@ -78,9 +78,10 @@ ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
         ctx->prefill_tokens = ctx->prompt_tokens + ctx->batch_tokens;
         ctx->decode_blocks = (ctx->prompt_tokens + bs - 1) / bs
                              + (ctx->batch_tokens + bs - 1) / bs;
-        ctx->decode_tokens = (ctx->max_tokens ? ctx->max_tokens
-                                              : ctx->conf->route.max_tokens)
-                             * (ctx->sequences > 1 ? ctx->sequences : 1);
+        ctx->decode_tokens = ctx->prefill_only ? 0
+                             : (ctx->max_tokens ? ctx->max_tokens
+                                                : ctx->conf->route.max_tokens)
+                               * (ctx->sequences > 1 ? ctx->sequences : 1);
         ctx->queued_tokens = 0;
     }
 

@@ -212,8 +212,10 @@ ngx_http_kvroute_prefill_choose(ngx_http_request_t *r,
     ctx->prefill_remote_ms = 0;
     ctx->prefill_local_ms = 0;
 
+    /* a request with nothing to decode (an embedding) has no decode side */
+
     if (res == NULL || pkcf == NULL || pkcf->peers == NULL
-        || pkcf->nprimary == 0)
+        || pkcf->nprimary == 0 || ctx->prefill_only)
     {
         return;
     }

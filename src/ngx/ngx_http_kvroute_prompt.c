@@ -1139,6 +1139,7 @@ ngx_http_kvroute_task_config(ngx_http_request_t *r,
     t->cfg.lora = (char *) kcf->lora.data;
     t->cfg.block_size = kcf->block_size;
     t->cfg.max_tokenize = kcf->max_tokenize;
+    t->cfg.api = kv_api_of_path((char *) r->uri.data, r->uri.len);
 
     /* the zone's turn cache: set before any task of this worker can use it */
     if (kcf->turn.cache == NULL && kcf->bounds && kcf->zone->sh->turns) {
@@ -1233,6 +1234,7 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     ctx->max_tokens = t->result.max_tokens > 0 ? t->result.max_tokens : 0;
     ctx->sequences = (uint32_t) t->result.sequences;
     ctx->batch_tokens = t->result.batch_tokens;
+    ctx->prefill_only = t->result.prefill_only ? 1 : 0;
     ctx->stream = t->result.stream ? 1 : 0;
 
     /* the operator's session= value, when it has one, comes first */

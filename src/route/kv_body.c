@@ -626,7 +626,13 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     if (KEY("sampling_params") && s->p < s->end && (*s->p == '{' || *s->p == '[')) {
         return scan_sampling(s, b);
     }
-    /* the Responses API: made into messages once the whole body is read */
+    /* members only embeddings have: a pooling request on an unknown path */
+    if (KEY("encoding_format") || KEY("dimensions")) {
+        b->embed_members = 1;
+        return skip_value(s, 1);
+    }
+    /* the Responses API (or an embedding's input): read once the whole
+     * body is */
     if ((KEY("input") && s->p < s->end && (*s->p == '"' || *s->p == '['))
         || (KEY("instructions") && s->p < s->end && *s->p == '"'))
     {
@@ -648,6 +654,45 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     return skip_value(s, 1);
 }
 
+/* `input` of a pooling request: a prompt, as a completion's (its span
+ * was checked with the whole body). */
+static int pooling_input(kv_body_t *b, scan_t *s)
+{
+    scan_t in;
+
+    kv_jscan_init_err(&in, b->input, b->input_len, s->why, s->whylen);
+    in.base = s->base;
+    return scan_prompt(&in, b);
+}
+
+/* An `input` list of prompts (strings or token ids), not of the Responses
+ * API's items (objects). */
+static int input_is_prompts(const kv_body_t *b)
+{
+    size_t i;
+
+    if (b->input == NULL || b->input[0] != '[') {
+        return 0;
+    }
+    for (i = 1; i < b->input_len && (b->input[i] == ' ' || b->input[i] == '\t'
+                                      || b->input[i] == '\r' || b->input[i] == '\n'); i++)
+    {
+        /* void */
+    }
+    return i < b->input_len && b->input[i] != '{' && b->input[i] != ']';
+}
+
+/* What the path does not say, the members do: an `input` list of prompts
+ * or `encoding_format` / `dimensions` (the official openai client always
+ * sends encoding_format) make an embeddings request. */
+static kv_api_t body_api(const kv_body_t *b, kv_api_t api)
+{
+    if (api == KV_API_ANY && (b->embed_members || input_is_prompts(b))) {
+        return KV_API_POOLING;
+    }
+    return api;
+}
+
 /* A Responses API request as a chat: its messages, without `tools` (the
  * vLLM this follows refuses them there; kv_responses.h). */
 static int responses(kv_body_t *b, scan_t *s)
@@ -666,6 +711,12 @@ static int responses(kv_body_t *b, scan_t *s)
 
 int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen)
 {
+    return kv_body_parse_api(b, KV_API_ANY, buf, len, err, errlen);
+}
+
+int kv_body_parse_api(kv_body_t *b, kv_api_t api, const char *buf, size_t len, char *err,
+                      size_t errlen)
+{
     scan_t      s;
     char        key[256];
     const char *val;
@@ -676,7 +727,7 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
     b->max_tokens = -1;
     b->sequences = 1;
     b->prompts = 1;
-    b->chat.add_generation_prompt = 1;
+    b->chat.add_generation_prompt = -1;
     b->add_special_tokens = -1;
     kv_jscan_init_err(&s, buf, len, err, errlen);
 
@@ -712,7 +763,17 @@ int kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t e
         kv_jscan_fail(&s, "trailing data after the JSON object");
         goto bad;
     }
-    if (b->kind == KV_BODY_NONE && b->input && responses(b, &s) != 0) {
+    api = body_api(b, api);
+    b->prefill_only = api >= KV_API_POOLING;
+    if (b->chat.add_generation_prompt < 0) {
+        b->chat.add_generation_prompt = api != KV_API_POOLING;
+    }
+    if (b->kind == KV_BODY_NONE && b->input && api == KV_API_POOLING
+        && pooling_input(b, &s) != 0)
+    {
+        goto bad;
+    }
+    if (b->kind == KV_BODY_NONE && b->input && api <= KV_API_GENERATE && responses(b, &s) != 0) {
         goto bad;
     }
     return 0;

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_api.h"
 #include "kv_chat_request.h"
 
 typedef enum {
@@ -62,6 +63,12 @@ typedef struct {
     const char     *instructions;
     size_t          instructions_len;
     char           *responses;      /* owned */
+    /* nothing is decoded for it (an embedding, a score, a tokenize): by
+     * its path, or on an unknown path by what only embeddings carry (an
+     * `input` list of prompts, `encoding_format`, `dimensions`); `input`
+     * is then its prompt, read as `prompt` is */
+    int             prefill_only;
+    int             embed_members;  /* `encoding_format` or `dimensions` seen */
     uint64_t        cache_key;      /* kv_body_session_key of `prompt_cache_key`; 0: absent */
     uint64_t        user;           /* ... of `user`; 0: absent */
 
@@ -76,10 +83,16 @@ typedef struct {
 } kv_body_t;
 
 /*
- * Parses buf[0..len). 0 on success (kind may still be KV_BODY_NONE), -1
+ * Parses buf[0..len), a request for api (kv_api.h; KV_API_ANY when its
+ * path is unknown). 0 on success (kind may still be KV_BODY_NONE), -1
  * with a reason when the body is not a JSON object or is malformed. Always
- * leaves b safe to pass to kv_body_free.
+ * leaves b safe to pass to kv_body_free. A pooling request's `messages`
+ * are rendered without the generation prompt unless it asks for one (as
+ * vLLM's embeddings do).
  */
+int  kv_body_parse_api(kv_body_t *b, kv_api_t api, const char *buf, size_t len, char *err,
+                       size_t errlen);
+/* kv_body_parse_api for a path that is not known */
 int  kv_body_parse(kv_body_t *b, const char *buf, size_t len, char *err, size_t errlen);
 void kv_body_free(kv_body_t *b);
 

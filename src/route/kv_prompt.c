@@ -133,6 +133,22 @@ static uint64_t batch_tokens(const kv_body_t *b, uint64_t first_tokens)
     return b->batch_ids + text;
 }
 
+/*
+ * A score or rerank (prompts that pair a query with each document, made by
+ * the engine) and a tokenize (no engine work) are not tokenized: they route
+ * by load, a score counting its body's bytes at 4 a token as prefill work.
+ * 1 when api is one of those.
+ */
+static int unread(kv_api_t api, size_t len, kv_prompt_t *out)
+{
+    if (api != KV_API_SCORE && api != KV_API_TOKENIZE) {
+        return 0;
+    }
+    out->batch_tokens = api == KV_API_SCORE ? (len + 3) / 4 : 0;
+    out->status = KV_PROMPT_OK;
+    return 1;
+}
+
 kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *body,
                                      size_t len, const char *salt, size_t salt_len,
                                      kv_prompt_t *out)
@@ -144,7 +160,9 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     size_t           bs = cfg->block_size ? cfg->block_size : 16, hashed;
 
     memset(out, 0, sizeof(*out));
-    if (kv_body_parse(&b, body, len, out->err, sizeof(out->err)) != 0) {
+    /* what the path says, even of a body that cannot be read */
+    out->prefill_only = cfg->api >= KV_API_POOLING;
+    if (kv_body_parse_api(&b, cfg->api, body, len, out->err, sizeof(out->err)) != 0) {
         out->status = KV_PROMPT_PARSE;
         return out->status;
     }
@@ -160,6 +178,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     out->sequences = b.sequences * b.prompts < KV_PROMPT_SEQUENCES_MAX
                      ? b.sequences * b.prompts : KV_PROMPT_SEQUENCES_MAX;
     out->session = b.cache_key ? b.cache_key : b.user;
+    out->prefill_only |= b.prefill_only;
     role = kv_model_role(cfg->model, cfg->lora, b.model);
     if (role == KV_MODEL_OTHER) {
         fail(out, KV_PROMPT_MODEL, "unknown model");
@@ -188,6 +207,9 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
         salt_len = strlen(b.model);
     }
     /* after the salt: an engine must see it whatever the router reads */
+    if (unread(cfg->api, len, out)) {
+        goto done;
+    }
     if (prompt_ids(cfg, &b, &ids, out) != KV_PROMPT_OK) {
         goto done;
     }

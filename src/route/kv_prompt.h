@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_api.h"
 #include "kv_chat.h"
 #include "kv_chat_request.h"
 #include "kv_model.h"
@@ -66,6 +67,8 @@ typedef struct {
      * tags its blocks (kv_hash_seed of the name), unless it has a salt.
      */
     const char                  *lora;
+    /* the request's API, by its path (kv_api.h); KV_API_ANY: the body says */
+    kv_api_t                     api;
 } kv_prompt_config_t;
 
 
@@ -87,7 +90,9 @@ typedef struct {
     long                max_tokens;
     long                sequences;      /* n / best_of, times a batch's prompts: >= 1 */
     uint64_t            batch_tokens;   /* a batch's other prompts, past their common
-                                           prefix with the first (estimated for text) */
+                                           prefix with the first (estimated for text);
+                                           a score's pairs, from their bytes */
+    int                 prefill_only;   /* nothing decoded (kv_body_t's) */
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
     uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */

@@ -780,8 +780,9 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
     out->decode_blocks = (rq->prompt_tokens + bs - 1) / bs + (rq->batch_tokens + bs - 1) / bs;
     /* n sequences (of each prompt of a batch) share their prompt's blocks and
      * decode apart */
-    out->decode_tokens = (rq->max_tokens ? rq->max_tokens : cfg->max_tokens)
-                         * (rq->sequences > 1 ? rq->sequences : 1);
+    out->decode_tokens = rq->prefill_only ? 0
+                         : (rq->max_tokens ? rq->max_tokens : cfg->max_tokens)
+                           * (rq->sequences > 1 ? rq->sequences : 1);
     out->queued_tokens = prefill_load(&s[pick], cfg);
     return pick;
 }

@@ -168,6 +168,8 @@ typedef struct {
                                            server decodes this many (0 or 1: one) */
     uint64_t            batch_tokens;   /* a batch's other prompts: prefilled beside
                                            this one, whatever the server caches */
+    uint32_t            prefill_only;   /* nothing decoded (an embedding, a score):
+                                           no output tokens counted */
 } kv_route_request_t;
 
 #define KV_ROUTE_NONE  -1               /* no usable server */

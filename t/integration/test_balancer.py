@@ -446,6 +446,48 @@ def test_batch_of_prompts_counts_every_prompt(stack):
                            {"prompt": batch, "max_tokens": 50, "n": 2}) == (144, 9, 300)
 
 
+def test_embeddings_route_on_their_input_and_decode_nothing(stack):
+    """vLLM serves embeddings beside completions on one port, so one kvroute
+    location fronts both. An embeddings request's `input` (one prompt, a
+    batch, token ids) is its prompt: it routes on its blocks like a
+    completion's, and the server decodes nothing for it, so no output
+    tokens are counted (they were: the default max_tokens, 256, for every
+    embedding, and the `input` was read as a Responses API conversation).
+    On a path kvroute does not know, `encoding_format` (the openai client
+    always sends it) says the same. A score counts its bytes as prefill, a
+    tokenize nothing."""
+    ports = kvt.free_ports(2)
+    text = conf(stack, [], servers="\n".join("server 127.0.0.1:%d;" % p for p in ports))
+    text = text.replace("location /v1/ {", "location / {") + kvt.canned_servers(
+        ports, '{"object":"list","data":[]}')
+    ng = stack.nginx(text)
+
+    def embed(path, body):
+        s, h, _, raw = kvt.post_json(ng.port, path, body)
+        assert s == 200, raw
+        return h["x-kvroute-worker"], int(h["x-kvroute-overlap"])
+
+    doc = ids("document", 128)
+    w, overlap = embed("/v1/embeddings", {"model": "m", "input": [doc + ids("chunk1", 16)]})
+    assert overlap == 0
+    # the next chunk of the same document shares its 8 blocks: same server
+    assert embed("/v1/embeddings", {"model": "m", "input": doc + ids("chunk2", 16)}) == (w, 8)
+    assert embed("/rewritten/embed", {"input": doc, "encoding_format": "float"}) == (w, 8)
+    assert ng.alerts() == []
+    ng.stop()
+    assert load_while_held(stack, "/v1/embeddings", {"model": "m", "input": ids("e", 64)}) \
+        == (64, 4, 0)
+    # a batch of inputs: each one past its common prefix with the first
+    assert load_while_held(stack, "/v1/embeddings", {
+        "input": [ids("e", 64), ids("e", 32) + ids("f", 32)], "max_tokens": 9}) == (96, 6, 0)
+    assert load_while_held(stack, "/elsewhere", {
+        "input": ids("e", 64), "encoding_format": "base64"}) == (64, 4, 0)
+    score = {"model": "m", "query": "q" * 40, "documents": ["d" * 100, "e" * 100]}
+    active = load_while_held(stack, "/v1/rerank", score)
+    assert active[2] == 0 and active[0] == (len(json.dumps(score)) + 3) // 4
+    assert load_while_held(stack, "/tokenize", {"prompt": ids("t", 64)}) == (0, 0, 0)
+
+
 def test_sglang_generate_routes_and_counts(stack):
     """SGLang's native /generate (RL rollout frameworks send it token ids):
     `input_ids` routes on its blocks like a completion's prompt, and

@@ -405,6 +405,108 @@ TEST(responses_messages)
     kv_body_free(&b);
 }
 
+static int parse_api(kv_body_t *b, kv_api_t api, const char *s)
+{
+    char err[128];
+    return kv_body_parse_api(b, api, s, strlen(s), err, sizeof(err));
+}
+
+/* Paths to APIs, by their last segments; what no path names is ANY. */
+TEST(api_of_path)
+{
+    static const struct { const char *path; kv_api_t api; } cases[] = {
+        { "/v1/completions", KV_API_GENERATE },
+        { "/v1/chat/completions", KV_API_GENERATE },
+        { "/llm/v1/responses", KV_API_GENERATE },
+        { "/generate", KV_API_GENERATE },
+        { "/v1/embeddings", KV_API_POOLING },
+        { "/v1/embeddings/", KV_API_POOLING },
+        { "/pooling", KV_API_POOLING },
+        { "/classify", KV_API_POOLING },
+        { "/v1/score", KV_API_SCORE },
+        { "/v2/rerank", KV_API_SCORE },
+        { "/tokenize", KV_API_TOKENIZE },
+        { "/detokenize", KV_API_TOKENIZE },
+        { "/v1/models", KV_API_ANY },
+        { "/", KV_API_ANY },
+        { "", KV_API_ANY },
+        { "/v1/myembeddings", KV_API_ANY },
+        { "/v1/embeddings/x", KV_API_ANY },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (kv_api_of_path(cases[i].path, strlen(cases[i].path)) != cases[i].api) {
+            fprintf(stderr, "  %s\n", cases[i].path);
+            CHECK(0);
+        }
+    }
+}
+
+/*
+ * An embeddings (pooling, classify) request: `input` is its prompt, read
+ * as a completion's (one, a batch, token ids), with nothing decoded; its
+ * `messages` are rendered without the generation prompt unless it asks.
+ * On a path that says nothing, `encoding_format`, `dimensions` or an
+ * `input` list of prompts make it one; a string `input` alone stays the
+ * Responses API's.
+ */
+TEST(pooling_requests)
+{
+    kv_body_t b;
+
+    CHECK(parse_api(&b, KV_API_POOLING, "{\"model\":\"e\",\"input\":\"hello\"}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT && b.prefill_only && b.responses == NULL);
+    CHECK_STR(b.text, "hello");
+    kv_body_free(&b);
+    CHECK(parse_api(&b, KV_API_POOLING, "{\"input\":[\"abcd\",\"abxy\"]}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT && b.prompts == 2 && b.batch_bytes == 3 && b.prefill_only);
+    kv_body_free(&b);
+    CHECK(parse_api(&b, KV_API_POOLING, "{\"input\":[[1,2,3],[1,2,4]]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS && b.n_ids == 3 && b.prompts == 2 && b.batch_ids == 1);
+    kv_body_free(&b);
+    CHECK(parse_api(&b, KV_API_POOLING, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}")
+          == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES && b.chat.add_generation_prompt == 0 && b.prefill_only);
+    kv_body_free(&b);
+    CHECK(parse_api(&b, KV_API_POOLING, "{\"add_generation_prompt\":true,"
+                    "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}") == 0);
+    CHECK(b.chat.add_generation_prompt == 1);
+    kv_body_free(&b);
+    CHECK(parse_api(&b, KV_API_POOLING, "{\"input\":{\"a\":1}}") == 0);
+    CHECK(b.kind == KV_BODY_NONE && b.prefill_only);      /* no prompt: routed by load */
+    kv_body_free(&b);
+
+    /* unknown paths: the members say */
+    CHECK(parse(&b, "{\"input\":\"hello\",\"model\":\"e\",\"encoding_format\":\"base64\"}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT && b.prefill_only);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"dimensions\":64,\"input\":[5,6]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS && b.n_ids == 2 && b.prefill_only);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"input\":[ \"a\",\"b\"]}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT && b.prompts == 2 && b.prefill_only);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"input\":\"hello\"}") == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES && !b.prefill_only && b.chat.add_generation_prompt == 1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}") == 0);
+    CHECK(b.chat.add_generation_prompt == 1 && !b.prefill_only);
+    kv_body_free(&b);
+
+    /* a generation path: its members never make it an embedding */
+    CHECK(parse_api(&b, KV_API_GENERATE, "{\"input\":\"x\",\"encoding_format\":\"float\"}") == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES && !b.prefill_only);
+    kv_body_free(&b);
+    /* scores and tokenizes decode nothing and read no `input` */
+    CHECK(parse_api(&b, KV_API_SCORE, "{\"query\":\"q\",\"documents\":[\"a\"],\"input\":\"x\"}")
+          == 0);
+    CHECK(b.prefill_only && b.kind == KV_BODY_NONE);
+    kv_body_free(&b);
+    CHECK(parse_api(&b, KV_API_TOKENIZE, "{\"prompt\":\"x\"}") == 0);
+    CHECK(b.prefill_only);
+    kv_body_free(&b);
+}
+
 /* kv_body_model: only `model`, as kv_body_parse reads it (the last one,
  * escapes undone); malformed bodies and names too long fail alike. */
 TEST(model_alone)
@@ -460,5 +562,7 @@ int main(void)
     RUN(batch_counted);
     RUN(sglang_generate);
     RUN(responses_messages);
+    RUN(api_of_path);
+    RUN(pooling_requests);
     return kvt_done();
 }

@@ -33,7 +33,7 @@ static char *body_of(const char *text, size_t len, int chat)
 static kv_prompt_status_t compute(const char *text, size_t len, int chat, size_t cap,
                                   kv_prompt_t *out)
 {
-    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, cap, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, cap, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     char              *body = body_of(text, len, chat);
     kv_prompt_status_t st = kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, out);
 
@@ -174,7 +174,7 @@ static kv_tokenizer_t *bos_tokenizer(void)
 TEST(add_special_tokens)
 {
     kv_tokenizer_t *tok = bos_tokenizer();
-    kv_prompt_config_t cfg = { tok, qwen_chat, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { tok, qwen_chat, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     static const char *const bodies[] = {
         "{\"prompt\":\"hello there\"}",
         "{\"prompt\":\"hello there\",\"add_special_tokens\":false}",
@@ -225,7 +225,7 @@ static uint64_t tokens_of(const char *text, size_t len)
  * tokens per byte, within 10 % on prose; ids exact). */
 TEST(batch_counted_for_load)
 {
-    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     size_t      len;
     char       *text = prose(&len), *body;
     const char *shared = text, *a = text + 4000, *b = text + 12000, *c = text + 20000;
@@ -268,7 +268,7 @@ TEST(batch_counted_for_load)
  * message or the messages; items without a role and `tools` left out). */
 TEST(responses_as_chat)
 {
-    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     static const struct { const char *responses, *chat; } pairs[] = {
         { "{\"model\":\"m\",\"input\":\"Hello there, how is the weather in Paris today?\"}",
           "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"

@@ -29,7 +29,7 @@ TEST(token_ids_at_several_block_sizes)
         ids[i] = (uint32_t) (1000 + i);
     }
     for (size_t k = 0; k < 3; k++) {
-        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+        kv_prompt_config_t cfg = { NULL, NULL, NULL, sizes[k], 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
         kv_prompt_t p;
         const char *b = ids_body(200, ",\"max_tokens\":7,\"stream\":true");
 
@@ -45,7 +45,7 @@ TEST(token_ids_at_several_block_sizes)
 
 TEST(salt_changes_every_hash)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     kv_prompt_t a, b, c;
     const char *body = ids_body(64, "");
     char        copy[65536];
@@ -67,7 +67,7 @@ TEST(salt_changes_every_hash)
 
 TEST(short_prompt_has_no_blocks)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 64, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     kv_prompt_t p;
     const char *b = ids_body(63, "");
 
@@ -79,7 +79,7 @@ TEST(short_prompt_has_no_blocks)
 
 TEST(fallbacks_say_why)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     kv_prompt_t p;
     const char *b;
 
@@ -108,7 +108,7 @@ TEST(fallbacks_say_why)
  * not depend on it. */
 TEST(session_precedence)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     kv_prompt_t p;
     char        copy[65536];
 
@@ -132,7 +132,7 @@ TEST(session_precedence)
  * value (escaped keys and duplicates too) is recorded for the rewrite. */
 TEST(operator_salt_combined_not_overridden)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     kv_prompt_t a, b, c, d;
     char        body[65536], evil[65536];
 
@@ -162,7 +162,7 @@ TEST(operator_salt_combined_not_overridden)
     kv_prompt_free(&d);
 
     /* no operator salt and no client salt: no salt, the unsalted blocks */
-    kv_prompt_config_t plain = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+    kv_prompt_config_t plain = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
     CHECK(kv_prompt_compute(&cfg, body, strlen(body), "", 0, &a) == KV_PROMPT_OK);
     CHECK(kv_prompt_compute(&plain, body, strlen(body), NULL, 0, &b) == KV_PROMPT_OK);
     CHECK(a.salt == NULL && a.nseq == 4 && memcmp(a.seq, b.seq, 4 * sizeof(uint64_t)) == 0);
@@ -203,7 +203,7 @@ TEST(model_roles)
  * seeded; a name served by no one is not routed on its prompt. */
 TEST(lora_requests_take_the_adapters_seed)
 {
-    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, "sql,chat" };
+    kv_prompt_config_t cfg = { NULL, NULL, "m", 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, "sql,chat", KV_API_ANY };
     kv_prompt_t base, sql, chat, salted, other;
     uint32_t    ids[32];
     uint64_t    want[2];
@@ -241,10 +241,77 @@ TEST(lora_requests_take_the_adapters_seed)
     kv_prompt_free(&other);
 }
 
+/* A tenant's salt reaches the engine whatever the router makes of the
+ * prompt: a body it cannot tokenize (no tokenizer here) still gets the
+ * combined salt to write, or the engine would cache the tenant's prompt
+ * unsalted, where another tenant's fallback could hit it. */
+TEST(operator_salt_kept_when_the_prompt_is_not_read)
+{
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 1, KV_CHAT_VLLM, NULL, NULL,
+                               KV_API_ANY };
+    const char        *text = "{\"prompt\":\"secret\",\"cache_salt\":\"u\"}";
+    kv_prompt_t        p;
+
+    CHECK(kv_prompt_compute(&cfg, text, strlen(text), "acme", 4, &p) == KV_PROMPT_NO_TOKENIZER);
+    CHECK(p.parsed && p.n_salts == 1);
+    CHECK(p.salt_len == 7 && memcmp(p.salt, "4:acmeu", 7) == 0);
+    kv_prompt_free(&p);
+    cfg.api = KV_API_SCORE;
+    text = "{\"query\":\"q\",\"documents\":[\"a\",\"b\"]}";
+    CHECK(kv_prompt_compute(&cfg, text, strlen(text), "acme", 4, &p) == KV_PROMPT_OK);
+    CHECK(p.salt_len == 6 && memcmp(p.salt, "4:acme", 6) == 0);
+    kv_prompt_free(&p);
+}
+
+/*
+ * Requests that decode nothing: an embedding's `input` hashes as the same
+ * completion's `prompt` does; a score (query-document pairs the engine
+ * builds) and a tokenize are not read, a score counting its bytes at 4 a
+ * token, a tokenize nothing.
+ */
+TEST(prefill_only_requests)
+{
+    kv_prompt_config_t cfg = { NULL, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL,
+                               KV_API_GENERATE };
+    kv_prompt_t        gen, emb;
+    char               body[65536], *in;
+    const char        *score = "{\"query\":\"what\",\"documents\":[\"a doc\",\"another\"]}";
+
+    snprintf(body, sizeof(body), "%s", ids_body(64, ",\"max_tokens\":9"));
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, &gen) == KV_PROMPT_OK);
+    CHECK(gen.prefill_only == 0 && gen.nseq == 4 && gen.max_tokens == 9);
+    in = strstr(body, "\"prompt\"");
+    memcpy(in, "\"input\" ", 8);                         /* the same ids as `input` */
+    cfg.api = KV_API_POOLING;
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, &emb) == KV_PROMPT_OK);
+    CHECK(emb.prefill_only == 1 && emb.nseq == 4 && emb.prompt_tokens == 64);
+    CHECK(memcmp(gen.seq, emb.seq, 4 * sizeof(uint64_t)) == 0);
+    kv_prompt_free(&gen);
+    kv_prompt_free(&emb);
+
+    cfg.api = KV_API_SCORE;
+    CHECK(kv_prompt_compute(&cfg, score, strlen(score), NULL, 0, &emb) == KV_PROMPT_OK);
+    CHECK(emb.prefill_only && emb.nseq == 0 && emb.prompt_tokens == 0);
+    CHECK_EQ_U64(emb.batch_tokens, (strlen(score) + 3) / 4);
+    kv_prompt_free(&emb);
+    cfg.api = KV_API_TOKENIZE;
+    snprintf(body, sizeof(body), "%s", ids_body(64, ""));
+    CHECK(kv_prompt_compute(&cfg, body, strlen(body), NULL, 0, &emb) == KV_PROMPT_OK);
+    CHECK(emb.prefill_only && emb.nseq == 0 && emb.prompt_tokens == 0 && emb.batch_tokens == 0);
+    kv_prompt_free(&emb);
+    /* a body that cannot be read is still one for its path */
+    cfg.api = KV_API_POOLING;
+    CHECK(kv_prompt_compute(&cfg, "{\"input\":", 9, NULL, 0, &emb) == KV_PROMPT_PARSE);
+    CHECK(emb.prefill_only);
+    kv_prompt_free(&emb);
+}
+
 int main(void)
 {
     RUN(session_precedence);
     RUN(operator_salt_combined_not_overridden);
+    RUN(operator_salt_kept_when_the_prompt_is_not_read);
+    RUN(prefill_only_requests);
     RUN(token_ids_at_several_block_sizes);
     RUN(salt_changes_every_hash);
     RUN(short_prompt_has_no_blocks);

@@ -52,7 +52,7 @@ static const char *agent_special =
 static int same_ids(const kv_tokenizer_t *tok, const kv_chat_template_t *tpl,
                     const kvw_text_t *tx, const char *body, int is_chat)
 {
-    kv_prompt_config_t cfg = { tok, tpl, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };      /* no tokenize cap */
+    kv_prompt_config_t cfg = { tok, tpl, NULL, 1, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };      /* no tokenize cap */
     kv_prompt_t        router;
     kvw_req_t          worker = { 0 };
     kvw_openai_err_t   refusal;

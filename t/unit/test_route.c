@@ -26,7 +26,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)
 {
-    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0, 1, 0 };
+    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0, 1, 0, 0 };
 
     return rq;
 }
@@ -179,7 +179,7 @@ TEST(ttft_cold_rendezvous_agrees)
 
     for (uint64_t first = 1; first <= 64; first++) {
         uint64_t q[2] = { first * 7919, 5 };
-        kv_route_request_t rq = { 32, q, 2, 0, 0, 1, 0 };
+        kv_route_request_t rq = { 32, q, 2, 0, 0, 1, 0, 0 };
         int a, b;
 
         idle(s, 4);
@@ -321,7 +321,7 @@ TEST(busy_and_none)
 TEST(the_attempt_adds)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
-    kv_route_request_t rq = { 100, seq, 3, 0, 0, 1, 0 };
+    kv_route_request_t rq = { 100, seq, 3, 0, 0, 1, 0, 0 };
     kv_route_server_t s[1];
     kv_route_result_t r;
 
@@ -343,6 +343,13 @@ TEST(the_attempt_adds)
     kv_route_pick(s, 1, &rq, &cfg, 0, &r);
     CHECK_EQ_U64(r.prefill_tokens, 36 + 70);        /* prefilled wherever it goes */
     CHECK_EQ_U64(r.decode_blocks, 4 + 3);           /* and their blocks held */
+    rq.prefill_only = 1;                            /* an embedding: nothing decoded */
+    kv_route_pick(s, 1, &rq, &cfg, 0, &r);
+    CHECK_EQ_U64(r.decode_tokens, 0);
+    CHECK_EQ_U64(r.prefill_tokens, 36 + 70);
+    rq.max_tokens = 0;
+    kv_route_pick(s, 1, &rq, &cfg, 0, &r);
+    CHECK_EQ_U64(r.decode_tokens, 0);               /* not the default either */
 }
 
 /* A batch's other prompts are prefilled wherever it goes, at each server's
@@ -350,7 +357,7 @@ TEST(the_attempt_adds)
 TEST(batch_at_the_servers_rate)
 {
     kv_route_config_t  cfg = config(KV_ROUTE_TTFT, 16);
-    kv_route_request_t rq = { 64, seq, 4, 0, 0, 1, 0 };
+    kv_route_request_t rq = { 64, seq, 4, 0, 0, 1, 0, 0 };
     kv_route_server_t  s[2];
     kv_route_result_t  r;
     double             one[2];
@@ -463,7 +470,7 @@ TEST(no_reuse_ties_prefer_a_queued_prefill)
         cfg.decode_pace = 30;
         for (uint64_t first = 1; first <= 64; first++) {
             uint64_t q[16] = { first * 7919 };
-            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0 };
+            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0 };
 
             idle(s, 2);
             for (int i = 0; i < 2; i++) {

@@ -51,7 +51,7 @@ TEST(flag_set_stops_the_encode)
     kv_ids_free(&whole);
     /* through kv_prompt: a failed prompt, nothing to route */
     {
-        kv_prompt_config_t cfg = { qwen, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL };
+        kv_prompt_config_t cfg = { qwen, NULL, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL, KV_API_ANY };
         kv_prompt_t        out;
         char              *body = malloc(strlen(t) + 32);
 
