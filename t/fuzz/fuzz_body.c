@@ -169,8 +169,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         buf = malloc(size - 1 ? size - 1 : 1);
         memcpy(buf, data + 1, size - 1);
         /* kv_body_model (choosing an upstream) reads the same model as
-         * the whole parse wherever the whole parse succeeds */
-        if (kv_body_parse(&b, buf, size - 1, err, sizeof(err)) == 0
+         * the whole parse wherever the whole parse succeeds, for every
+         * API a path names (bits 1-3 of the first byte) */
+        if (kv_body_parse_api(&b, (kv_api_t) ((data[0] >> 1) % (KV_API_TOKENIZE + 1)), buf,
+                              size - 1, err, sizeof(err)) == 0
             && (kv_body_model(buf, size - 1, model, sizeof(model), err, sizeof(err)) != 0
                 || strcmp(model, b.model) != 0))
         {
