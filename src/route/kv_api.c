@@ -13,6 +13,8 @@ static const struct {
     { "/completions", KV_API_GENERATE },    /* and /chat/completions */
     { "/responses", KV_API_GENERATE },
     { "/generate", KV_API_GENERATE },
+    { "/messages", KV_API_ANTHROPIC },
+    { "/count_tokens", KV_API_TOKENIZE },       /* /v1/messages/count_tokens */
     { "/embeddings", KV_API_POOLING },
     { "/pooling", KV_API_POOLING },
     { "/classify", KV_API_POOLING },

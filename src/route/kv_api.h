@@ -13,10 +13,11 @@
 typedef enum {
     KV_API_ANY = 0,     /* path unknown (rewritten, another engine's): the body says */
     KV_API_GENERATE,    /* completions, chat completions, responses, SGLang's /generate */
+    KV_API_ANTHROPIC,   /* the Anthropic Messages API (kv_anthropic.h) */
     KV_API_POOLING,     /* embeddings, pooling, classify: `input` or `messages`,
                            prefilled, nothing decoded */
     KV_API_SCORE,       /* score, rerank: text pairs, prefilled, nothing decoded */
-    KV_API_TOKENIZE     /* tokenize, detokenize: answered without the engine */
+    KV_API_TOKENIZE     /* tokenize, detokenize, count_tokens: answered without the engine */
 } kv_api_t;
 
 /* The API of a request path (without its query string), by its last

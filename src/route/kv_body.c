@@ -539,6 +539,32 @@ static int scan_sampling(scan_t *s, kv_body_t *b)
     return more;
 }
 
+/* `metadata` (the Anthropic API's): its `user_id` is the user hint, as
+ * OpenAI's `user` (Claude Code puts its session there). */
+static int scan_metadata(scan_t *s, kv_body_t *b)
+{
+    char    key[8], *str;
+    size_t  n, klen;
+    int     first = 1, more;
+
+    s->p++;
+    while ((more = kv_jscan_more(s, &first, '}')) == 1) {
+        if (scan_key(s, key, sizeof(key), &klen) != 0) {
+            return -1;
+        }
+        if (klen == 7 && memcmp(key, "user_id", 7) == 0 && kv_jscan_peek(s) == '"') {
+            if (scan_string(s, &str, &n) != 0) {
+                return -1;
+            }
+            b->user = kv_body_session_key(str, n);
+            free(str);
+        } else if (skip_value(s, 2) != 0) {
+            return -1;
+        }
+    }
+    return more;
+}
+
 static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
 {
     char   *str;
@@ -626,6 +652,12 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     if (KEY("sampling_params") && s->p < s->end && (*s->p == '{' || *s->p == '[')) {
         return scan_sampling(s, b);
     }
+    if (KEY("metadata") && s->p < s->end && *s->p == '{') {
+        return scan_metadata(s, b);
+    }
+    if (KEY("system") && s->p < s->end && (*s->p == '"' || *s->p == '[')) {
+        return scan_span(s, &b->system, &b->system_len);
+    }
     /* members only embeddings have: a pooling request on an unknown path */
     if (KEY("encoding_format") || KEY("dimensions")) {
         b->embed_members = 1;
@@ -691,6 +723,28 @@ static kv_api_t body_api(const kv_body_t *b, kv_api_t api)
         return KV_API_POOLING;
     }
     return api;
+}
+
+/* An Anthropic Messages API request as the chat vLLM makes of it. One it
+ * cannot convert (an integer past 64 bits) is routed by load. */
+static int anthropic(kv_body_t *b, scan_t *s)
+{
+    char why[96];
+
+    if (kv_anthropic_chat(b->system, b->system_len, b->chat.messages, b->chat.messages_len,
+                          b->chat.tools, b->chat.tools_len, &b->anthropic, why,
+                          sizeof(why)) != 0)
+    {
+        b->kind = KV_BODY_NONE;
+        return strcmp(why, "out of memory") == 0 ? kv_jscan_fail(s, "out of memory") : 0;
+    }
+    b->chat.messages = b->anthropic.messages;
+    b->chat.messages_len = b->anthropic.messages_len;
+    b->chat.tools = b->anthropic.tools;
+    b->chat.tools_len = b->anthropic.tools_len;
+    b->chat.tool_choice = NULL;
+    b->chat.tool_choice_len = 0;
+    return 0;
 }
 
 /* A Responses API request as a chat: its messages, without `tools` (the
@@ -773,7 +827,15 @@ int kv_body_parse_api(kv_body_t *b, kv_api_t api, const char *buf, size_t len, c
     {
         goto bad;
     }
-    if (b->kind == KV_BODY_NONE && b->input && api <= KV_API_GENERATE && responses(b, &s) != 0) {
+    if (b->kind == KV_BODY_MESSAGES
+        && (api == KV_API_ANTHROPIC || (api == KV_API_ANY && b->system))
+        && anthropic(b, &s) != 0)
+    {
+        goto bad;
+    }
+    if (b->kind == KV_BODY_NONE && b->input && (api == KV_API_ANY || api == KV_API_GENERATE)
+        && responses(b, &s) != 0)
+    {
         goto bad;
     }
     return 0;
@@ -829,6 +891,7 @@ void kv_body_free(kv_body_t *b)
     free(b->ids);
     free(b->salt);
     free(b->responses);
+    kv_anthropic_free(&b->anthropic);
     b->text = NULL;
     b->ids = NULL;
     b->salt = NULL;

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_anthropic.h"
 #include "kv_api.h"
 #include "kv_chat_request.h"
 
@@ -63,6 +64,12 @@ typedef struct {
     const char     *instructions;
     size_t          instructions_len;
     char           *responses;      /* owned */
+    /* the Anthropic Messages API's `system` (a string or blocks), as a
+     * span; its request made into a chat (kv_anthropic.h) when the path
+     * says so, or on an unknown path when `system` is there */
+    const char     *system;
+    size_t          system_len;
+    kv_anthropic_t  anthropic;      /* owned */
     /* nothing is decoded for it (an embedding, a score, a tokenize): by
      * its path, or on an unknown path by what only embeddings carry (an
      * `input` list of prompts, `encoding_format`, `dimensions`); `input`

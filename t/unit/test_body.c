@@ -260,6 +260,16 @@ TEST(session_hints)
     CHECK(parse(&b, "{\"user\":\"\"}") == 0);
     CHECK(b.user == 0);
     kv_body_free(&b);
+    /* the Anthropic API's metadata.user_id (Claude Code's session) */
+    CHECK(parse(&b, "{\"metadata\":{\"x\":[1,{}],\"user_id\":\"user_1_session_9\"},"
+                    "\"messages\":[]}") == 0);
+    CHECK(b.user == kv_body_session_key("user_1_session_9", 16));
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"metadata\":{\"user_idX\":\"a\",\"user_i\":\"b\"}}") == 0);
+    CHECK(b.user == 0);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"metadata\":{\"user_id\":}}") == -1);
+    kv_body_free(&b);
     CHECK(kv_body_session_key(NULL, 0) == 0);
     CHECK(kv_body_session_key("a", 1) == kv_body_session_key("ab", 1));
 }

@@ -311,6 +311,62 @@ TEST(responses_as_chat)
     }
 }
 
+/* An Anthropic Messages API request is the chat request vLLM makes of it
+ * (kv_anthropic.h): the same tokens and blocks, by its path or, on an
+ * unknown one, by its `system` member; Claude Code's per-request billing
+ * header is left out, so two requests differing only there hash alike. */
+TEST(anthropic_as_chat)
+{
+    kv_prompt_config_t cfg = { qwen, qwen_chat, NULL, 16, 0, NULL, 0, KV_CHAT_VLLM, NULL, NULL,
+                               KV_API_ANTHROPIC };
+    static const struct { const char *anthropic, *chat; kv_api_t api; } pairs[] = {
+        { "{\"model\":\"m\",\"max_tokens\":64,\"system\":[{\"type\":\"text\",\"text\":"
+          "\"x-anthropic-billing-header: cch=93af\"},{\"type\":\"text\",\"text\":\"You are an "
+          "agent that edits code in this repository.\"}],\"messages\":[{\"role\":\"user\","
+          "\"content\":[{\"type\":\"text\",\"text\":\"Fix the failing test, please.\"}]},"
+          "{\"role\":\"assistant\",\"content\":[{\"type\":\"text\",\"text\":\"Running it.\"},"
+          "{\"type\":\"tool_use\",\"id\":\"toolu_01\",\"name\":\"bash\",\"input\":{\"command\":"
+          "\"make test\"}}]},{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+          "\"tool_use_id\":\"toolu_01\",\"content\":\"1 failed\"}]}],\"tools\":[{\"name\":\"bash\","
+          "\"description\":\"Run a command\",\"input_schema\":{\"type\":\"object\",\"properties\":"
+          "{\"command\":{\"type\":\"string\"}},\"required\":[\"command\"]}}],\"stream\":true}",
+          "{\"messages\":[{\"role\":\"system\",\"content\":\"You are an agent that edits code in "
+          "this repository.\"},{\"role\":\"user\",\"content\":\"Fix the failing test, please.\"},"
+          "{\"role\":\"assistant\",\"content\":\"Running it.\",\"tool_calls\":[{\"id\":\"toolu_01\","
+          "\"type\":\"function\",\"function\":{\"name\":\"bash\",\"arguments\":"
+          "\"{\\\"command\\\": \\\"make test\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+          "\"toolu_01\",\"content\":\"1 failed\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+          "{\"name\":\"bash\",\"description\":\"Run a command\",\"parameters\":{\"type\":\"object\","
+          "\"properties\":{\"command\":{\"type\":\"string\"}},\"required\":[\"command\"]}}}],"
+          "\"max_tokens\":64,\"stream\":true}", KV_API_ANTHROPIC },
+        { "{\"system\":\"Answer in French, please, always and only.\",\"messages\":[{\"role\":"
+          "\"user\",\"content\":\"What will the weather be like tomorrow in Paris?\"}]}",
+          "{\"messages\":[{\"role\":\"system\",\"content\":\"Answer in French, please, always and "
+          "only.\"},{\"role\":\"user\",\"content\":\"What will the weather be like tomorrow in "
+          "Paris?\"}]}", KV_API_ANY },
+    };
+
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) {
+        kv_prompt_t a, c;
+
+        cfg.api = pairs[i].api;
+        CHECK(kv_prompt_compute(&cfg, pairs[i].anthropic, strlen(pairs[i].anthropic), NULL, 0,
+                                &a) == KV_PROMPT_OK);
+        cfg.api = KV_API_GENERATE;
+        CHECK(kv_prompt_compute(&cfg, pairs[i].chat, strlen(pairs[i].chat), NULL, 0, &c)
+              == KV_PROMPT_OK);
+        if (a.prompt_tokens != c.prompt_tokens) {
+            fprintf(stderr, "  pair %zu: %llu against %llu tokens\n", i,
+                    (unsigned long long) a.prompt_tokens, (unsigned long long) c.prompt_tokens);
+        }
+        CHECK(a.prompt_tokens > 0 && a.prompt_tokens == c.prompt_tokens);
+        CHECK(a.max_tokens == c.max_tokens && a.stream == c.stream);
+        CHECK(a.nseq == c.nseq && (a.nseq == 0 || memcmp(a.seq, c.seq, a.nseq * 8) == 0));
+        kv_prompt_free(&a);
+        kv_prompt_free(&c);
+    }
+}
+
 int main(void)
 {
     char err[512];
@@ -329,6 +385,7 @@ int main(void)
     RUN(add_special_tokens);
     RUN(batch_counted_for_load);
     RUN(responses_as_chat);
+    RUN(anthropic_as_chat);
     kv_tokenizer_free(qwen);
     kv_chat_free(qwen_chat);
     return kvt_done();
