@@ -185,9 +185,24 @@ static void send_event(group_t *g, const char *event, char *payload)
     free(payload);
 }
 
+/* Whole SSE events (an Anthropic message's start and end come several at once). */
+static void send_raw(group_t *g, char *events)
+{
+    if (events == NULL)
+        return;
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, events, strlen(events));
+    evhttp_send_reply_chunk(g->http, b);
+    evbuffer_free(b);
+    free(events);
+}
+
 static void send_sse(group_t *g, char *payload)
 {
-    send_event(g, g->parts[0]->req.responses ? "response.output_text.delta" : NULL, payload);
+    const kvw_req_t *r = &g->parts[0]->req;
+
+    send_event(g, r->responses ? "response.output_text.delta"
+                  : r->anthropic ? "content_block_delta" : NULL, payload);
 }
 
 static void start_stream(group_t *g)
@@ -201,6 +216,8 @@ static void start_stream(group_t *g)
         send_event(g, "response.created",
                    kvw_openai_response_event(&g->parts[0]->req, g->id, g->created, NULL, 0,
                                              NULL));
+    if (g->parts[0]->req.anthropic)
+        send_raw(g, kvw_openai_message_events(&g->parts[0]->req, g->id, NULL));
 }
 
 static void collect(part_t *p, const char *text, size_t len)
@@ -283,6 +300,16 @@ static void group_done(group_t *g)
         send_event(g, p->why == KVW_FINISH_ABORT ? "response.failed" : "response.completed",
                    kvw_openai_response_event(&p->req, g->id, g->created, p->text, p->len,
                                              kvw_finish_name(p->why)));
+        evhttp_send_reply_end(g->http);
+        group_free(g);
+        return;
+    }
+    if (g->parts[0]->req.stream && g->parts[0]->req.anthropic) {
+        part_t *p = g->parts[0];
+
+        if (!g->started)
+            start_stream(g);
+        send_raw(g, kvw_openai_message_events(&p->req, g->id, kvw_finish_name(p->why)));
         evhttp_send_reply_end(g->http);
         group_free(g);
         return;
@@ -560,7 +587,8 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     kvw_openai_unload(doc);
     g->created = (long)time(NULL);
     snprintf(g->id, sizeof(g->id), "%s-%d-%llu",
-             chat == KVW_API_RESPONSES ? "resp" : chat ? "chatcmpl" : "cmpl",
+             chat == KVW_API_RESPONSES ? "resp" : chat == KVW_API_ANTHROPIC ? "msg"
+             : chat ? "chatcmpl" : "cmpl",
              h->engine->port, (unsigned long long)++h->next_id);
 
     for (size_t i = 0; i < n; i++) {
@@ -748,6 +776,8 @@ static void handle_request(struct evhttp_request *req, void *arg)
         handle_generate(h, req, KVW_API_COMPLETIONS);
     } else if (strcmp(path, "/v1/responses") == 0) {
         handle_generate(h, req, KVW_API_RESPONSES);
+    } else if (strcmp(path, "/v1/messages") == 0) {
+        handle_generate(h, req, KVW_API_ANTHROPIC);
     } else if (strcmp(path, "/v1/models") == 0) {
         handle_models(h, req, NULL);
     } else if (strncmp(path, "/v1/models/", 11) == 0 && path[11] != '\0') {

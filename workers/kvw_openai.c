@@ -3,6 +3,7 @@
 #include "kv_unicode.h"
 #include "kv_chat_request.h"
 #include "kv_model.h"
+#include "kv_anthropic.h"
 #include "kv_responses.h"
 
 #include <stdarg.h>
@@ -373,9 +374,81 @@ static json_t *responses_as_chat(json_t *root, kvw_openai_err_t *e)
     return chat;
 }
 
+/*
+ * An Anthropic Messages API body as the chat request vLLM makes of it: its
+ * system, messages and tools through kv_anthropic (as the router reads
+ * them), `stop_sequences` as stop; tool_choice, thinking and metadata are
+ * not read.
+ */
+static json_t *anthropic_as_chat(json_t *root, kvw_openai_err_t *e)
+{
+    json_t        *msgs = json_object_get(root, "messages"), *sys = json_object_get(root, "system");
+    json_t        *tools = json_object_get(root, "tools"), *chat, *v;
+    char          *m_raw, *s_raw = NULL, *t_raw = NULL, why[128];
+    size_t         m_len, s_len = 0, t_len = 0;
+    kv_anthropic_t a;
+    int            rc;
+
+    if (!json_is_array(msgs)) {
+        bad_type(e, "messages", "a list of messages");
+        return NULL;
+    }
+    if (sys && !json_is_null(sys) && !json_is_string(sys) && !json_is_array(sys)) {
+        bad_type(e, "system", "a string or a list of text blocks");
+        return NULL;
+    }
+    if (tools && !json_is_null(tools) && !json_is_array(tools)) {
+        bad_type(e, "tools", "a list of tools");
+        return NULL;
+    }
+    m_raw = raw_json(msgs, &m_len);
+    if (sys && !json_is_null(sys))
+        s_raw = raw_json(sys, &s_len);
+    if (json_is_array(tools))
+        t_raw = raw_json(tools, &t_len);
+    rc = m_raw ? kv_anthropic_chat(s_raw, s_len, m_raw, m_len, t_raw, t_len, &a, why,
+                                   sizeof(why))
+               : -1;
+    free(m_raw);
+    free(s_raw);
+    free(t_raw);
+    if (rc != 0) {
+        no_memory(e);
+        return NULL;
+    }
+    chat = json_copy(root);
+    v = json_loadb(a.messages, a.messages_len, JSON_ALLOW_NUL, NULL);
+    json_object_set_new(chat, "messages", v ? v : json_array());
+    json_object_del(chat, "tools");
+    if (a.tools)
+        json_object_set_new(chat, "tools", json_loadb(a.tools, a.tools_len, JSON_ALLOW_NUL, NULL));
+    kv_anthropic_free(&a);
+    json_object_del(chat, "system");
+    json_object_del(chat, "tool_choice");
+    v = json_object_get(root, "stop_sequences");
+    if (v) {
+        json_object_set(chat, "stop", v);
+        json_object_del(chat, "stop_sequences");
+    }
+    return chat;
+}
+
 int kvw_openai_parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,
                          size_t which, kvw_openai_err_t *e)
 {
+    if (chat == KVW_API_ANTHROPIC) {
+        json_t *c = anthropic_as_chat(doc, e);
+        int     rc;
+
+        if (c == NULL) {
+            memset(r, 0, sizeof(*r));
+            return -1;
+        }
+        rc = parse_doc(r, KVW_API_CHAT, c, tx, which, e);
+        json_decref(c);
+        r->anthropic = 1;
+        return rc;
+    }
     if (chat == KVW_API_RESPONSES) {
         json_t *c = responses_as_chat(doc, e);
         int     rc;
@@ -603,11 +676,87 @@ static char *response_delta(const kvw_req_t *r, const char *id, const char *text
                           "delta", text ? text : "", text ? len : 0, "logprobs"));
 }
 
+/* An Anthropic message's stop reason for a finish */
+static const char *stop_reason(const char *finish)
+{
+    return strcmp(finish, "length") == 0 ? "max_tokens" : "end_turn";
+}
+
+/* An Anthropic message (non-streamed), or the one message_start carries. */
+static json_t *message_json(const kvw_req_t *r, const char *id, const char *raw, size_t len,
+                            const char *finish)
+{
+    char   *text = raw ? kv_utf8_clean(raw, len, &len) : NULL;
+    json_t *content = json_array();
+
+    if (finish)
+        json_array_append_new(content, json_pack("{s:s,s:s%}", "type", "text",
+                                                 "text", text ? text : "", text ? len : 0));
+    free(text);
+    return json_pack("{s:s,s:s,s:s,s:s,s:o,s:s?,s:n,s:{s:I,s:I,s:I,s:I}}", "id", id,
+                     "type", "message", "role", "assistant", "model", r->model,
+                     "content", content, "stop_reason", finish ? stop_reason(finish) : NULL,
+                     "stop_sequence", "usage", "input_tokens", (json_int_t)r->n_prompt,
+                     "output_tokens", (json_int_t)(finish ? r->n_output : 0),
+                     "cache_read_input_tokens", (json_int_t)r->cached_tokens,
+                     "cache_creation_input_tokens", (json_int_t)0);
+}
+
+/* *acc with "event: NAME\ndata: JSON\n\n" appended; *acc NULL once out of
+ * memory (and stays so) */
+static void add_event(char **acc, const char *name, json_t *data)
+{
+    char *s = dump(data), *out = NULL;
+
+    if (*acc && s && asprintf(&out, "%sevent: %s\ndata: %s\n\n", *acc, name, s) < 0)
+        out = NULL;
+    free(s);
+    free(*acc);
+    *acc = out;
+}
+
+char *kvw_openai_message_events(const kvw_req_t *r, const char *id, const char *finish)
+{
+    char *ev = strdup("");
+
+    if (finish == NULL) {
+        add_event(&ev, "message_start", json_pack("{s:s,s:o}", "type", "message_start", "message",
+                                                  message_json(r, id, NULL, 0, NULL)));
+        add_event(&ev, "content_block_start",
+                  json_pack("{s:s,s:i,s:{s:s,s:s}}", "type", "content_block_start", "index", 0,
+                            "content_block", "type", "text", "text", ""));
+    } else if (strcmp(finish, "abort") == 0) {
+        add_event(&ev, "error", json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type",
+                                          "api_error", "message",
+                                          "the engine aborted the request"));
+    } else {
+        add_event(&ev, "content_block_stop",
+                  json_pack("{s:s,s:i}", "type", "content_block_stop", "index", 0));
+        add_event(&ev, "message_delta",
+                  json_pack("{s:s,s:{s:s,s:n},s:{s:I}}", "type", "message_delta", "delta",
+                            "stop_reason", stop_reason(finish), "stop_sequence", "usage",
+                            "output_tokens", (json_int_t)r->n_output));
+        add_event(&ev, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+    }
+    return ev;
+}
+
 char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
                        const char *text, size_t len, const char *finish)
 {
     json_t *choice;
     char *clean, *out;
+
+    if (r->anthropic) {     /* its end is kvw_openai_message_events' */
+        if (finish)
+            return NULL;
+        clean = text ? kv_utf8_clean(text, len, &len) : NULL;
+        out = dump(json_pack("{s:s,s:i,s:{s:s,s:s%}}", "type", "content_block_delta", "index",
+                             0, "delta", "type", "text_delta", "text", clean ? clean : "",
+                             clean ? len : 0));
+        free(clean);
+        return out;
+    }
 
     if (r->responses) {
         if (finish)
@@ -677,6 +826,8 @@ char *kvw_openai_response_n(const kvw_req_t *const *rs, const char *const *texts
 
     if (rs[0]->responses)       /* one input, one output */
         return dump(response_json(rs[0], id, created, texts[0], lens[0], finishes[0]));
+    if (rs[0]->anthropic)
+        return dump(message_json(rs[0], id, texts[0], lens[0], finishes[0]));
     choices = json_array();
 
     sum.n_prompt = sum.n_output = sum.cached_tokens = 0;

@@ -30,6 +30,7 @@ void kvw_req_clear(kvw_req_t *r);
 #define KVW_API_COMPLETIONS 0
 #define KVW_API_CHAT        1
 #define KVW_API_RESPONSES   2       /* rendered as the chat request vLLM makes of it */
+#define KVW_API_ANTHROPIC   3       /* /v1/messages, likewise (kv_anthropic.h) */
 
 /*
  * Fills r from a request body, with the tokenizer and chat renderer of tx.
@@ -74,6 +75,10 @@ char *kvw_openai_models(const char *id, const char *loras);
  * has none: NULL; its end is kvw_openai_response_event's "completed"). */
 char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
                        const char *text, size_t len, const char *finish);
+/* An Anthropic message's stream event: "message_start" and
+ * "content_block_start" (finish NULL), or at the end "content_block_stop",
+ * "message_delta" and "message_stop", as one SSE text with their names. */
+char *kvw_openai_message_events(const kvw_req_t *r, const char *id, const char *finish);
 /* A Response's stream event carrying the whole response: "response.created"
  * (text NULL: in progress) or "response.completed". */
 char *kvw_openai_response_event(const kvw_req_t *r, const char *id, long created,

@@ -22,6 +22,7 @@ struct kvw_req {
     int         chat;           /* /v1/chat/completions (or /v1/responses), else
                                    /v1/completions */
     int         responses;      /* /v1/responses: answered as a Response */
+    int         anthropic;      /* /v1/messages: answered as an Anthropic message */
     int         stream;
     int         include_usage;  /* stream_options.include_usage */
     int         ignore_eos;

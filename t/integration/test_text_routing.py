@@ -185,6 +185,70 @@ def agent_turns_found(stack, extra="", worker_extra=()):
                        what="turn %d indexed" % turns)
 
 
+
+def test_anthropic_messages_route_on_the_engines_blocks(stack):
+    """The Anthropic Messages API (/v1/messages: Claude Code and the
+    Anthropic SDKs, which vLLM serves) through the official `anthropic`
+    client: the request is rendered as the chat request vLLM makes of it
+    (its `system` first, without Claude Code's per-request billing header;
+    tool_use and tool_result blocks as tool calls and tool messages), so the
+    blocks a worker cached for the equivalent chat are found for it, and an
+    agent's next turn finds every block of the last one, streamed or not.
+    It used to be rendered without its system prompt: no block matched."""
+    import anthropic
+    ng, (a, b) = setup(stack)
+    s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
+    assert s == 200, body
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= prompt_tokens // 16,
+                   what="chat blocks indexed")
+    c = anthropic.Anthropic(base_url="http://127.0.0.1:%d" % ng.port, api_key="none",
+                            max_retries=0, timeout=30)
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=%d" % i}
+              for i in range(2)]
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+
+    def create(history, i, **kw):
+        raw = c.messages.with_raw_response.create(
+            model="kvroute-mock", max_tokens=2, messages=history,
+            system=[system[i % 2], {"type": "text", "text": SYSTEM}], **kw)
+        return raw.headers, raw.parse()
+
+    h, m = create([{"role": "user", "content": "Second question?"}], 0)
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+    assert h.get("x-kvroute-fallback", "") == ""
+    assert int(h["x-kvroute-overlap"]) >= (prompt_tokens - 20) // 16
+    assert m.usage.cache_read_input_tokens >= 16 * int(h["x-kvroute-overlap"])
+
+    history = [{"role": "user", "content": [{"type": "text", "text": "Check policy 4411."}]}]
+    h, m = create(history, 1, tools=tools)
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+    last = m.usage.input_tokens
+    assert last > prompt_tokens + 500           # the tool schemas are in the prompt
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= last // 16,
+                   what="first agent turn indexed")
+    history += [{"role": "assistant", "content": [
+                    {"type": "text", "text": "Looking it up."},
+                    {"type": "tool_use", "id": "toolu_01", "name": "lookup_policy_3",
+                     "input": {"policy": "4411", "limit": 3}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_01",
+                     "content": [{"type": "text", "text": "Clause 3 covers water damage."}]},
+                    {"type": "text", "text": "And fire?"}]}]
+    h, m = create(history, 0, tools=tools)
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+    assert int(h["x-kvroute-overlap"]) >= last // 16 - 1
+    assert m.usage.cache_read_input_tokens >= 16 * int(h["x-kvroute-overlap"])
+    # streamed, as Claude Code asks
+    with c.messages.stream(model="kvroute-mock", max_tokens=3, messages=history, tools=tools,
+                           system=[system[1], {"type": "text", "text": SYSTEM}]) as st:
+        text = "".join(st.text_stream)
+        final = st.get_final_message()
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 3
+    assert final.content[0].text == text and final.usage.cache_read_input_tokens >= last - 16
+    assert ng.alerts() == []
+
 def test_agent_turns_with_tools_found_by_router(stack):
     """Tools render after the system prompt and calls' arguments are parsed
     (as vLLM does) on both sides, so an agent's next turn finds every block
