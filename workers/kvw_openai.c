@@ -436,33 +436,22 @@ static json_t *anthropic_as_chat(json_t *root, kvw_openai_err_t *e)
 int kvw_openai_parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,
                          size_t which, kvw_openai_err_t *e)
 {
-    if (chat == KVW_API_ANTHROPIC) {
-        json_t *c = anthropic_as_chat(doc, e);
-        int     rc;
+    json_t *c;
+    int     rc;
 
-        if (c == NULL) {
-            memset(r, 0, sizeof(*r));
-            return -1;
-        }
-        rc = parse_doc(r, KVW_API_CHAT, c, tx, which, e);
-        json_decref(c);
-        r->anthropic = 1;
-        return rc;
+    if (chat != KVW_API_ANTHROPIC && chat != KVW_API_RESPONSES)
+        return parse_doc(r, chat, doc, tx, which, e);
+    /* rendered as the chat request vLLM makes of it */
+    c = chat == KVW_API_ANTHROPIC ? anthropic_as_chat(doc, e) : responses_as_chat(doc, e);
+    if (c == NULL) {
+        memset(r, 0, sizeof(*r));
+        return -1;
     }
-    if (chat == KVW_API_RESPONSES) {
-        json_t *c = responses_as_chat(doc, e);
-        int     rc;
-
-        if (c == NULL) {
-            memset(r, 0, sizeof(*r));
-            return -1;
-        }
-        rc = parse_doc(r, KVW_API_CHAT, c, tx, which, e);
-        json_decref(c);
-        r->responses = 1;
-        return rc;
-    }
-    return parse_doc(r, chat, doc, tx, which, e);
+    rc = parse_doc(r, KVW_API_CHAT, c, tx, which, e);
+    json_decref(c);
+    r->anthropic = chat == KVW_API_ANTHROPIC;
+    r->responses = chat == KVW_API_RESPONSES;
+    return rc;
 }
 
 static int parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,

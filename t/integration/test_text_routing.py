@@ -70,6 +70,18 @@ def chat_body(question):
                          {"role": "user", "content": question}]}
 
 
+def chat_cached(stack):
+    """A stack whose first worker cached (and indexed) chat_body's prompt:
+    nginx, the two workers' ports and that prompt's tokens."""
+    ng, (a, b) = setup(stack)
+    s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
+    assert s == 200, body
+    prompt_tokens = body["usage"]["prompt_tokens"]
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= prompt_tokens // 16,
+                   what="chat blocks indexed")
+    return ng, (a, b), prompt_tokens
+
+
 def test_chat_prefix_found_by_router(stack):
     ng, (a, b) = setup(stack)
     s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
@@ -94,12 +106,7 @@ def test_responses_api_routes_on_the_engines_blocks(stack):
     makes of it: the blocks a worker cached for that chat are found for it,
     and the worker (rendering the Responses request the same way) serves
     them from its cache."""
-    ng, (a, b) = setup(stack)
-    s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
-    assert s == 200, body
-    prompt_tokens = body["usage"]["prompt_tokens"]
-    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= prompt_tokens // 16,
-                   what="chat blocks indexed")
+    ng, (a, b), prompt_tokens = chat_cached(stack)
     for req in ({"model": "kvroute-mock", "instructions": SYSTEM, "input": "Second question?"},
                 {"model": "kvroute-mock", "instructions": SYSTEM, "max_output_tokens": 4,
                  "input": [{"role": "user", "content": [{"type": "input_text",
@@ -196,12 +203,7 @@ def test_anthropic_messages_route_on_the_engines_blocks(stack):
     agent's next turn finds every block of the last one, streamed or not.
     It used to be rendered without its system prompt: no block matched."""
     import anthropic
-    ng, (a, b) = setup(stack)
-    s, h, body, _ = kvt.post_json(a, "/v1/chat/completions", chat_body("First question?"))
-    assert s == 200, body
-    prompt_tokens = body["usage"]["prompt_tokens"]
-    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= prompt_tokens // 16,
-                   what="chat blocks indexed")
+    ng, (a, b), prompt_tokens = chat_cached(stack)
     c = anthropic.Anthropic(base_url="http://127.0.0.1:%d" % ng.port, api_key="none",
                             max_retries=0, timeout=30)
     system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=%d" % i}
