@@ -39,12 +39,6 @@ static json_t *string_or_empty(json_t *s)
     return json_is_string(s) ? json_incref(s) : json_string("");
 }
 
-/* Appends a string value's bytes to the joined system text. */
-static int join(json_t *text, json_t *parts)
-{
-    return json_array_append(parts, text);
-}
-
 /* The text of a system value or a system message's content: a string
  * whole, text blocks but the billing header's. */
 static int system_blocks(json_t *v, json_t *parts)
@@ -53,14 +47,14 @@ static int system_blocks(json_t *v, json_t *parts)
     json_t *block, *text;
 
     if (json_is_string(v)) {
-        return join(v, parts);
+        return json_array_append(parts, v);
     }
     json_array_foreach(v, i, block) {
         text = text_at(block, "text");
         if (is_type(block, "text") && text
             && strncmp(json_string_value(text), BILLING, sizeof(BILLING) - 1) != 0)
         {
-            if (join(text, parts) != 0) {
+            if (json_array_append(parts, text) != 0) {
                 return -1;
             }
         }
@@ -90,6 +84,23 @@ static json_t *joined(json_t *parts)
     s = json_stringn_nocheck(buf, n);
     free(buf);
     return s;
+}
+
+/* pre followed by the string s, as a new JSON string */
+static json_t *prefixed(const char *pre, json_t *s)
+{
+    size_t  n = strlen(pre), m = json_string_length(s);
+    char   *buf = malloc(n + m + 1);
+    json_t *out;
+
+    if (buf == NULL) {
+        return NULL;
+    }
+    memcpy(buf, pre, n);
+    memcpy(buf + n, json_string_value(s), m);
+    out = json_stringn_nocheck(buf, n + m);
+    free(buf);
+    return out;
 }
 
 /* One system message from `system` and the system-role messages. */
@@ -254,14 +265,10 @@ static int block_of(json_t *block, int user, json_t *parts, json_t *calls, json_
         return tool_result(block, out);
     }
     if (is_type(block, "tool_result") && (v = str_at(block, "content"))) {
-        json_t *pre = json_string("Tool result: "), *both = json_array(), *text;
-        int     rc = pre && both && !json_array_append_new(both, pre) && !json_array_append(both, v)
-                     && (text = joined(both)) != NULL
-                     ? json_array_append_new(parts, json_pack("{s:s,s:o}", "type", "text",
-                                                              "text", text))
-                     : -1;
-        json_decref(both);
-        return rc;
+        json_t *text = prefixed("Tool result: ", v);
+        return text ? json_array_append_new(parts, json_pack("{s:s,s:o}", "type", "text",
+                                                             "text", text))
+                    : -1;
     }
     return 0;           /* redacted_thinking, tool_reference, unknown: nothing */
 }

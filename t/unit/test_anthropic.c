@@ -79,6 +79,12 @@ TEST(tool_use_and_results)
                   "{\"role\":\"tool\",\"tool_call_id\":\"toolu_2\",\"content\":\"text\"},"
                   "{\"role\":\"user\",\"content\":\"thanks\"}]",
                   NULL));
+    /* a tool result an assistant carries: text of its own */
+    CHECK(convert(NULL, "[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_result\","
+                  "\"tool_use_id\":\"t\",\"content\":\"42\"},{\"type\":\"redacted_thinking\","
+                  "\"data\":\"x\"}]},{\"role\":\"assistant\",\"content\":[]}]", NULL,
+                  "[{\"role\":\"assistant\",\"content\":\"Tool result: 42\"},"
+                  "{\"role\":\"assistant\"}]", NULL));
 }
 
 /* Images as image_url parts (a data URI of base64 data); several parts
