@@ -25,6 +25,7 @@
 #include "kv_dring.h"
 #include "kv_index.h"
 #include "kv_load.h"
+#include "kv_preamble.h"
 #include "kv_prefill.h"
 #include "kv_registry.h"
 #include "kv_ring.h"
@@ -272,6 +273,8 @@ typedef struct {
     unsigned                        prefill_remote:1;   /* this attempt prefills remotely */
     unsigned                        no_model:1;     /* no listed upstream serves it: 404 */
     unsigned                        prefill_only:1; /* nothing decoded (kv_api.h) */
+    unsigned                        preamble:1;     /* a stream with events before its
+                                                       first token (kv_preamble.h) */
 
     ngx_http_kvroute_fallback_e     fallback;
     ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */
@@ -305,6 +308,8 @@ typedef struct {
     double                          chosen_cost;    /* the decision's estimate */
 
     kv_usage_scan_t                 usage;      /* the response's reported usage */
+    kv_preamble_t                   first;      /* where the first token is, when
+                                                   preamble is set */
     void                           *task;       /* its prompt, while in the thread pool */
     /* disaggregated: the current attempt's prefill decision */
     kv_prefill_why_t                prefill_why;

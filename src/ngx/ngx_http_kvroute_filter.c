@@ -6,7 +6,9 @@
  * X-KVRoute-Overlap when kvroute_debug_headers is on; the body filter sees
  * the first response body byte, which for an LLM response is the first
  * token, and releases the attempt's prefill load there. (Headers are no
- * such signal: a streaming server sends them before the first token.)
+ * such signal: a streaming server sends them before the first token; nor
+ * is a Responses API stream's first byte, which vLLM sends before the
+ * engine runs: there the first event past its preamble, kv_preamble.h.)
  *
  * The body filter also runs the self-check (events mode): it scans the
  * response for usage's prompt_tokens and cached_tokens as it streams past
@@ -255,6 +257,20 @@ ngx_http_kvroute_header_filter(ngx_http_request_t *r)
 }
 
 
+/* Whether buf (not empty) holds the response's first token, or is past it. */
+
+static ngx_uint_t
+ngx_http_kvroute_first_token(ngx_http_kvroute_ctx_t *ctx, ngx_buf_t *buf)
+{
+    if (!ctx->preamble || !ngx_buf_in_memory(buf)) {
+        return 1;
+    }
+
+    return kv_preamble_feed(&ctx->first, (char *) buf->pos,
+                            buf->last - buf->pos);
+}
+
+
 static ngx_int_t
 ngx_http_kvroute_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {
@@ -269,7 +285,9 @@ ngx_http_kvroute_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     if (ctx && ctx->active && ctx->prefill_open) {
         for (cl = in; cl; cl = cl->next) {
-            if (ngx_buf_size(cl->buf) > 0) {
+            if (ngx_buf_size(cl->buf) > 0
+                && ngx_http_kvroute_first_token(ctx, cl->buf))
+            {
                 ngx_http_kvroute_acct_prefill_done(ctx);
                 break;
             }

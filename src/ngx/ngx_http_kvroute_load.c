@@ -89,6 +89,7 @@ ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
     ctx->prefill_open = 1;
     ctx->open_ns = ngx_http_kvroute_now_ns();
     ctx->first_ns = 0;
+    kv_preamble_init(&ctx->first);
 
     kv_load_add(zone->sh->load, zone->row, p->load, KV_LOAD_PREFILL_TOKENS,
                 ctx->prefill_tokens);

@@ -1235,6 +1235,7 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     ctx->sequences = (uint32_t) t->result.sequences;
     ctx->batch_tokens = t->result.batch_tokens;
     ctx->prefill_only = t->result.prefill_only ? 1 : 0;
+    ctx->preamble = t->result.preamble && t->result.stream ? 1 : 0;
     ctx->stream = t->result.stream ? 1 : 0;
 
     /* the operator's session= value, when it has one, comes first */

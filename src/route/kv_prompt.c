@@ -179,6 +179,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
                      ? b.sequences * b.prompts : KV_PROMPT_SEQUENCES_MAX;
     out->session = b.cache_key ? b.cache_key : b.user;
     out->prefill_only |= b.prefill_only;
+    out->preamble = b.responses != NULL;
     role = kv_model_role(cfg->model, cfg->lora, b.model);
     if (role == KV_MODEL_OTHER) {
         fail(out, KV_PROMPT_MODEL, "unknown model");

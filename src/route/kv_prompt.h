@@ -93,6 +93,8 @@ typedef struct {
                                            prefix with the first (estimated for text);
                                            a score's pairs, from their bytes */
     int                 prefill_only;   /* nothing decoded (kv_body_t's) */
+    int                 preamble;       /* a Responses API request: its stream opens
+                                           before the engine runs (kv_preamble.h) */
     int                 capped;         /* text past max_tokenize: estimated */
     uint64_t            estimated_tokens;   /* of prompt_tokens, when capped */
     uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */

@@ -3,6 +3,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import time
 import zlib
 
 import pytest
@@ -487,6 +488,93 @@ def test_embeddings_route_on_their_input_and_decode_nothing(stack):
     assert active[2] == 0 and active[0] == (len(json.dumps(score)) + 3) // 4
     assert load_while_held(stack, "/tokenize", {"prompt": ids("t", 64)}) == (0, 0, 0)
 
+
+
+class ResponsesStream:
+    """A vLLM Responses API stream stand-in: response.created and
+    response.in_progress at once (vLLM sends them before the engine has the
+    request), then, once `gate` is set, the first output events."""
+
+    def __init__(self):
+        import http.server
+        import threading
+        self.gate = threading.Event()
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+
+                def event(kind, **data):
+                    data["type"] = kind
+                    self.wfile.write(("event: %s\ndata: %s\n\n"
+                                      % (kind, json.dumps(data))).encode())
+                    self.wfile.flush()
+                event("response.created", response={"status": "in_progress", "output": []})
+                event("response.in_progress", response={"status": "in_progress"})
+                outer.gate.wait(60)
+                event("response.output_item.added", item={"type": "message"})
+                event("response.output_text.delta", delta="ok")
+                event("response.completed", response={"status": "completed"})
+
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.addr = "127.0.0.1:%d" % self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.gate.set()
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
+def test_responses_stream_prefill_ends_past_its_preamble(stack):
+    """vLLM's Responses API stream opens with response.created and
+    response.in_progress before the engine runs: the prefill load used to be
+    released (and a prefill rate learned) at that first byte, a few ms after
+    the request whatever its prompt. It is now held until the first event
+    past them."""
+    import http.client
+    qwen = os.path.join(kvt.TOP, "conf", "tokenizers", "qwen2.5-instruct")
+    srv = ResponsesStream()
+    try:
+        ng = stack.nginx(conf(stack, [], servers="server %s;" % srv.addr,
+                              params="tokenizer=%s/tokenizer.json chat_template=%s/"
+                                     "tokenizer_config.json" % (qwen, qwen)))
+
+        def active():
+            st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"][0]
+            return st["active_prefill_tokens"], st["prefill_rate"]
+
+        c = http.client.HTTPConnection("127.0.0.1", ng.port, timeout=30)
+        c.request("POST", "/v1/responses", json.dumps({
+            "model": "m", "stream": True, "instructions": "Answer briefly. " * 40,
+            "input": "What is the capital of France?"}), {"Content-Type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200
+        seen = []
+        while len(seen) < 2:
+            line = r.readline()
+            if line.startswith(b"event:"):
+                seen.append(line.split()[1])
+        assert seen == [b"response.created", b"response.in_progress"]
+        held, rate = active()
+        assert held > 100 and rate == 0         # the prompt is still being prefilled
+        time.sleep(0.2)
+        srv.gate.set()
+        assert b"response.completed" in r.read()
+        c.close()
+        kvt.wait_until(lambda: active()[0] == 0, what="prefill released")
+        # one sample, of at least the 200 ms the stand-in held it
+        assert 0 < active()[1] <= held / 200.0
+        assert ng.alerts() == []
+    finally:
+        srv.close()
 
 def test_sglang_generate_routes_and_counts(stack):
     """SGLang's native /generate (RL rollout frameworks send it token ids):
