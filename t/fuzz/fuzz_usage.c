@@ -1,9 +1,26 @@
-/* libFuzzer target: the response usage scanner (kv_usage). Any bytes, fed
- * whole or split at any point, give the same answer and never crash. */
+/* libFuzzer target: the response scanners (kv_usage, kv_preamble). Any
+ * bytes, fed whole or split at any point, give the same answer and never
+ * crash. */
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kv_preamble.h"
 #include "kv_usage.h"
+
+static void preamble(const uint8_t *data, size_t size, size_t cut)
+{
+    kv_preamble_t  a, b;
+    int            whole, split;
+
+    kv_preamble_init(&a);
+    whole = kv_preamble_feed(&a, (const char *) data, size);
+    kv_preamble_init(&b);
+    split = kv_preamble_feed(&b, (const char *) data, cut);
+    split = kv_preamble_feed(&b, (const char *) data + cut, size - cut) || split;
+    if (whole != split) {
+        abort();
+    }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -22,5 +39,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (a.prompt_tokens != b.prompt_tokens || a.cached_tokens != b.cached_tokens) {
         abort();
     }
+    preamble(data, size, cut);
     return 0;
 }
