@@ -212,10 +212,13 @@ static void start_stream(group_t *g)
     evhttp_add_header(hd, "Cache-Control", "no-cache");
     evhttp_send_reply_start(g->http, 200, "OK");
     g->started = 1;
-    if (g->parts[0]->req.responses)
+    if (g->parts[0]->req.responses) {
         send_event(g, "response.created",
                    kvw_openai_response_event(&g->parts[0]->req, g->id, g->created, NULL, 0,
                                              NULL));
+        send_event(g, "response.in_progress",
+                   kvw_openai_response_in_progress(&g->parts[0]->req, g->id, g->created));
+    }
     if (g->parts[0]->req.anthropic)
         send_raw(g, kvw_openai_message_events(&g->parts[0]->req, g->id, NULL));
 }
@@ -614,6 +617,9 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     }
     g->conn = evhttp_request_get_connection(req);
     evhttp_connection_set_closecb(g->conn, on_close, g);
+    /* as vLLM does: a Response's stream opens before the engine has run it */
+    if (g->parts[0]->req.stream && g->parts[0]->req.responses && !g->started)
+        start_stream(g);
 }
 
 static void metric(struct evbuffer *b, const char *name, const char *type, const char *help,

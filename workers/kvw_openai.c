@@ -648,8 +648,15 @@ char *kvw_openai_response_event(const kvw_req_t *r, const char *id, long created
 {
     return dump(json_pack("{s:s,s:I,s:o}",
                           "type", finish ? "response.completed" : "response.created",
-                          "sequence_number", (json_int_t)(finish ? r->n_output + 1 : 0),
+                          "sequence_number", (json_int_t)(finish ? r->n_output + 2 : 0),
                           "response", response_json(r, id, created, text, len, finish)));
+}
+
+char *kvw_openai_response_in_progress(const kvw_req_t *r, const char *id, long created)
+{
+    return dump(json_pack("{s:s,s:I,s:o}", "type", "response.in_progress", "sequence_number",
+                          (json_int_t)1, "response",
+                          response_json(r, id, created, NULL, 0, NULL)));
 }
 
 /* A Response's streamed text: one output_text delta event. */
@@ -660,7 +667,7 @@ static char *response_delta(const kvw_req_t *r, const char *id, const char *text
     snprintf(msg_id, sizeof(msg_id), "msg_%s", id);
     return dump(json_pack("{s:s,s:I,s:s,s:i,s:i,s:s%,s:[]}",
                           "type", "response.output_text.delta",
-                          "sequence_number", (json_int_t)r->n_output, "item_id", msg_id,
+                          "sequence_number", (json_int_t)r->n_output + 1, "item_id", msg_id,
                           "output_index", 0, "content_index", 0,
                           "delta", text ? text : "", text ? len : 0, "logprobs"));
 }

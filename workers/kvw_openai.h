@@ -79,6 +79,8 @@ char *kvw_openai_chunk(const kvw_req_t *r, const char *id, long created,
  * "content_block_start" (finish NULL), or at the end "content_block_stop",
  * "message_delta" and "message_stop", as one SSE text with their names. */
 char *kvw_openai_message_events(const kvw_req_t *r, const char *id, const char *finish);
+/* "response.in_progress", sent after "response.created" as vLLM does. */
+char *kvw_openai_response_in_progress(const kvw_req_t *r, const char *id, long created);
 /* A Response's stream event carrying the whole response: "response.created"
  * (text NULL: in progress) or "response.completed". */
 char *kvw_openai_response_event(const kvw_req_t *r, const char *id, long created,

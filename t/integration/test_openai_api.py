@@ -80,10 +80,12 @@ def test_responses_api_with_the_openai_client(worker):
     events = list(c.responses.create(model=MODEL, max_output_tokens=3, stream=True, input=[
         {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]))
     kinds = [e.type for e in events]
-    assert kinds == ["response.created"] + ["response.output_text.delta"] * 3 + \
-        ["response.completed"], kinds
+    # created and in_progress before the engine runs, as vLLM sends them
+    assert kinds == ["response.created", "response.in_progress"] + \
+        ["response.output_text.delta"] * 3 + ["response.completed"], kinds
+    assert [e.sequence_number for e in events] == list(range(6))
     done = events[-1].response
-    assert done.output_text == "".join(e.delta for e in events[1:4])
+    assert done.output_text == "".join(e.delta for e in events[2:5])
     assert done.usage.output_tokens == 3
     with pytest.raises(openai.BadRequestError) as e:
         c.responses.create(model=MODEL, input="x", tools=[
