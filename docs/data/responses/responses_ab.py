@@ -22,9 +22,8 @@ import sys
 import threading
 import time
 
-TOP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
-sys.path.insert(0, os.path.join(TOP, "t", "lib"))
-import kvt  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from convbench import fleet, passages, pct, kvt  # noqa: E402
 
 SEED = int(os.environ.get("SEED", "1"))
 CONVS = int(os.environ.get("CONVS", "48"))
@@ -34,31 +33,7 @@ SPEEDUP = os.environ.get("SPEEDUP", "2")
 SYS_CHARS = int(os.environ.get("SYS_CHARS", "4500"))      # ~1,000 tokens
 USER_CHARS = int(os.environ.get("USER_CHARS", "650"))     # ~150 tokens
 THINK_MS = float(os.environ.get("THINK_MS", "0"))         # a pause of 0..THINK_MS between turns
-QWEN = os.path.join(TOP, "conf", "tokenizers", "qwen2.5-instruct")
 
-CONF = """
-    kvroute_zone kv 64m;
-    kvroute_events %(nats)s zone=kv;
-    upstream llm {
-        zone llm 64k;
-        kvroute zone=kv mode=events tokenizer=%(dir)s/tokenizer.json
-                chat_template=%(dir)s/tokenizer_config.json;
-        %(servers)s
-        keepalive 32;
-    }
-    server {
-        listen 127.0.0.1:%%(port)s;
-        client_body_buffer_size 1m;
-        location /v1/ {
-            kvroute_upstream llm;
-            proxy_pass http://llm;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            kvroute_debug_headers on;
-        }
-    }
-"""
 
 
 def stream(port, body):
@@ -82,18 +57,10 @@ def stream(port, body):
     return first, text, done["usage"], r.getheader("x-kvroute-worker")
 
 
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0
-
 
 def main():
     rng = random.Random(SEED)
-    prose = open(os.path.join(TOP, "t", "data", "prose_en.txt"), encoding="utf-8").read()
-
-    def passage(n):
-        at = rng.randrange(0, len(prose) - n)
-        return prose[at:at + n]
+    passage = passages(rng)
 
     systems = [passage(SYS_CHARS) for _ in range(4)]
     convs = [{"instructions": systems[rng.randrange(4)],
@@ -101,13 +68,7 @@ def main():
     st = kvt.Stack("responses-ab")
     rows, lock = [], threading.Lock()
     try:
-        nats = st.nats()
-        w = st.worker(engines=4, extra=["--nats", nats.url, "--heartbeat-ms", "200",
-                                        "--speedup", SPEEDUP,
-                                        "--tokenizer", QWEN + "/tokenizer.json",
-                                        "--chat-template", QWEN + "/tokenizer_config.json"])
-        servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
-        ng = st.nginx(CONF % {"nats": nats.url, "servers": servers, "dir": QWEN})
+        ng = fleet(st, SPEEDUP)
         todo = list(range(CONVS))
 
         def client():
