@@ -3,7 +3,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import time
 import zlib
 
 import pytest
@@ -565,13 +564,11 @@ def test_responses_stream_prefill_ends_past_its_preamble(stack):
         assert seen == [b"response.created", b"response.in_progress"]
         held, rate = active()
         assert held > 100 and rate == 0         # the prompt is still being prefilled
-        time.sleep(0.2)
         srv.gate.set()
         assert b"response.completed" in r.read()
         c.close()
         kvt.wait_until(lambda: active()[0] == 0, what="prefill released")
-        # one sample, of at least the 200 ms the stand-in held it
-        assert 0 < active()[1] <= held / 200.0
+        assert active()[1] > 0                  # one sample, at the first output event
         assert ng.alerts() == []
     finally:
         srv.close()
