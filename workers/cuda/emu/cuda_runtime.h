@@ -22,6 +22,9 @@
  *  - KVW_CUDAEMU_ORDER=reverse runs the threads of a block (and the blocks
  *    of a grid) in reverse order: code that relies on an order the
  *    hardware does not promise gives different results in the two orders;
+ *  - a programmatic dependent launch (KVW_LAUNCH_PDL) runs after the grid
+ *    before it, as every launch here; each of its blocks must call
+ *    kvc_pdl_wait, else the launch fails;
  *  - cublasGemmEx is a reference matmul that checks every argument;
  *  - KVW_CUDAEMU_NO_CAPTURE=1 makes cudaStreamBeginCapture fail (a driver
  *    that cannot capture);
@@ -30,7 +33,8 @@
  *    launch fault (cudaErrorIllegalAddress, sticky, as on a GPU).
  *
  * What it cannot catch: races between blocks (blocks run one after
- * another), memory ordering and fences (everything is sequentially
+ * another), a kernel reading before its kvc_pdl_wait what the kernel
+ * before it writes (grids never overlap here), memory ordering and fences (everything is sequentially
  * consistent here), races inside a warp between shuffles (lanes run one at
  * a time), anything about speed (occupancy, coalescing, bank conflicts,
  * register spills, launch overhead), resource limits of a real device
@@ -336,25 +340,36 @@ template <class F> struct body_of : body {
     void run() override { f(); }
 };
 
-/* Checks the configuration now (cudaGetLastError reports it) and queues the grid. */
+/*
+ * Checks the configuration now (cudaGetLastError reports it) and queues the
+ * grid. pdl: launched as a programmatic dependent launch (KVW_LAUNCH_PDL);
+ * grids run one after another here as always, but every block of such a
+ * grid must call kvc_pdl_wait (pdl_wait), else the launch fails: on a GPU
+ * it would read the kernel before's results while that kernel still runs.
+ */
 cudaError_t enqueue(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                    body *b);
+                    body *b, int pdl = 0);
+
+/* kvc_pdl_wait in a kernel (see enqueue) */
+void pdl_wait(void);
 
 /* The arguments are converted to the kernel's parameter types and copied at the launch, as <<<>>> does. */
 template <class... P, class... A>
-cudaError_t launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
-                   void (*k)(P...), A &&...a)
+cudaError_t launch_as(int pdl, const char *name, dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t st, void (*k)(P...), A &&...a)
 {
     static_assert(sizeof...(P) == sizeof...(A), "kernel called with the wrong number of arguments");
     std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
     auto f = [k, args]() { std::apply(k, args); };
 
-    return enqueue(name, grid, block, smem, st, new body_of<decltype(f)>(std::move(f)));
+    return enqueue(name, grid, block, smem, st, new body_of<decltype(f)>(std::move(f)), pdl);
 }
 
 }  // namespace kvemu
 
 #define KVW_LAUNCH(K, grid, block, smem, stream, ...) \
-    ((void) kvemu::launch(#K, grid, block, smem, stream, K, __VA_ARGS__))
+    ((void) kvemu::launch_as(0, #K, grid, block, smem, stream, K, __VA_ARGS__))
+#define KVW_LAUNCH_PDL(pdl, K, grid, block, smem, stream, ...) \
+    ((void) kvemu::launch_as(pdl, #K, grid, block, smem, stream, K, __VA_ARGS__))
 
 #endif

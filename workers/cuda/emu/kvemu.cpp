@@ -258,6 +258,7 @@ uint3                   block_;
 dim3                    bdim_, gdim_;
 kvemu::body            *body_;
 const char             *kname_;
+long                    pdl_waits_;     /* kvc_pdl_wait calls in the running block */
 char                    kerr_[256];     /* a device-side error of this launch */
 
 #if defined(__x86_64__)
@@ -455,7 +456,7 @@ void run_block(int n)
     }
 }
 
-cudaError_t run_grid(const char *name, dim3 g, dim3 b, kvemu::body *bd)
+cudaError_t run_grid(const char *name, dim3 g, dim3 b, kvemu::body *bd, int pdl)
 {
     int      n = (int) (b.x * b.y * b.z), rev = reverse_order();
     unsigned nb = g.x * g.y * g.z;
@@ -481,7 +482,12 @@ cudaError_t run_grid(const char *name, dim3 g, dim3 b, kvemu::body *bd)
         block_.x = i % g.x;
         block_.y = i / g.x % g.y;
         block_.z = i / (g.x * g.y);
+        pdl_waits_ = 0;
         run_block(n);
+        if (!kerr_[0] && pdl && pdl_waits_ == 0) {
+            snprintf(kerr_, sizeof(kerr_), "launched as a programmatic dependent launch, but "
+                     "no thread called kvc_pdl_wait");
+        }
         if (kerr_[0]) {
             complain("kernel %s, block (%u,%u,%u): %s", name, block_.x, block_.y, block_.z,
                      kerr_);
@@ -494,6 +500,7 @@ cudaError_t run_grid(const char *name, dim3 g, dim3 b, kvemu::body *bd)
 }  // namespace
 
 uint3 kvemu::thread_idx(void) { return cur_->tid; }
+void  kvemu::pdl_wait(void) { pdl_waits_++; }
 uint3 kvemu::block_idx(void) { return block_; }
 dim3  kvemu::block_dim(void) { return bdim_; }
 dim3  kvemu::grid_dim(void) { return gdim_; }
@@ -567,7 +574,7 @@ void kvemu::warp_collective(const char *what, uint64_t tag)
 }
 
 cudaError_t kvemu::enqueue(const char *name, dim3 grid, dim3 block, size_t smem,
-                           cudaStream_t st, kvemu::body *b)
+                           cudaStream_t st, kvemu::body *b, int pdl)
 {
     std::lock_guard<std::recursive_mutex> g(lock_);
     unsigned long threads = (unsigned long) block.x * block.y * block.z;
@@ -583,12 +590,12 @@ cudaError_t kvemu::enqueue(const char *name, dim3 grid, dim3 block, size_t smem,
     }
     nth = ++launches_;
     std::shared_ptr<kvemu::body> own(b);    /* freed with the queue entry, run or dropped */
-    return submit(st, [name, grid, block, own, nth]() {
+    return submit(st, [name, grid, block, own, nth, pdl]() {
         if (nth == env_long("KVW_CUDAEMU_FAIL_LAUNCH", 0)) {
             complain("kernel %s: injected fault (KVW_CUDAEMU_FAIL_LAUNCH=%ld)", name, nth);
             return cudaErrorIllegalAddress;
         }
-        return run_grid(name, grid, block, own.get());
+        return run_grid(name, grid, block, own.get(), pdl);
     });
 }
 
