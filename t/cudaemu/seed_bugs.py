@@ -49,11 +49,28 @@ BUGS = [
  ("tc_runs", "tensor-core prefill: rows of an earlier sequence in the tile updated by the next one's keys (`r < r1`, k_attn_prefill_tc)", K,
   "int   r = lane, pos = s_pos[r], any = r >= r0 && r < r1 && kb <= pos;",
   "int   r = lane, pos = s_pos[r], any = r < r1 && kb <= pos;"),
+ ("glu_swap", "k_gemv_glu: SiLU of up times gate instead of SiLU of gate times up", K,
+  "((T *) act)[r] = from_f<T>(acc[0] / (1.0f + expf(-acc[0])) * accu[0]);",
+  "((T *) act)[r] = from_f<T>(accu[0] / (1.0f + expf(-accu[0])) * acc[0]);"),
+ ("norm_mean", "k_gemv_norm: the mean square over cols + 1 elements", K,
+  "    inv = rsqrtf(ss / (float) cols + eps);",
+  "    inv = rsqrtf(ss / (float) (cols + 1) + eps);"),
+ ("norm_reload", "k_gemv_norm: a warp's later rows dotted with its first row's first weights (no reload)", K,
+  "        if (r != r0) {\n            kvc_gemv_load(wp, wr, lane, np);",
+  "        if (r < 0) {\n            kvc_gemv_load(wp, wr, lane, np);"),
+ ("norm_sync", "k_gemv_norm: removed the __syncthreads() after the normed x is staged", K,
+  "xt[i] = from_f<T>(in[i] * inv * nw[i]);\n    __syncthreads();\n",
+  "xt[i] = from_f<T>(in[i] * inv * nw[i]);\n"),
+ ("pdl_nowait", "k_attn_merge without kvc_pdl_wait (a PDL launch that would read the partials early)", K,
+  "    kvc_pdl_wait();\n    kvc_pdl_trigger();\n    for (int s = 0; s < n; s++) gmx",
+  "    kvc_pdl_trigger();\n    for (int s = 0; s < n; s++) gmx"),
 ]
 only = sys.argv[1:]
 SEL = {"gqa": "split_attention or (emu and matches_cpu and gqa)", "cutoff": "sampling_on", "graphkey": "graph_replay"}
 for _b in ("tc_ldm", "tc_diag", "tc_rescale", "tc_sync", "tc_runs"):
     SEL[_b] = "tensor_core or (emu and half_weights)"
+for _b in ("glu_swap", "norm_mean", "norm_reload", "norm_sync", "pdl_nowait"):
+    SEL[_b] = "fused_norms or (emu and gemv)"
 for name, what, f, a, b in BUGS:
     if only and name not in only:
         continue

@@ -229,6 +229,26 @@ def test_cuda_gemv_decode_matches_cublas(tmp_path, target):
         assert int(np.argmax(got)) == int(np.argmax(ref))
 
 
+@pytest.mark.parametrize("target", ["gpu"])
+def test_cuda_fused_overlapped_decode_matches_plain(tmp_path, target):
+    """On a GPU (the emulation's bit-for-bit check is in test_cuda_emu.py):
+    batch-1 decode steps with the norms and SwiGLU inside k_gemv (the
+    default) and the kernels overlapping (KVW_CUDA_PDL=1: programmatic
+    dependent launch) give the logits of the separate kernels launched
+    plainly (KVW_CUDA_FUSE=rope), over three runs of each combination: a
+    kernel reading its predecessor's output too early would show as a
+    difference that comes and goes."""
+    model = make(tmp_path, "m", CONFIGS["gqa"], tokenizer=PHI3_TOK)
+    env = {"KVW_CUDA_GEMV": "all"}
+    ref = cuda_logits(model, TOKENS, "f32", "--decode", "4", target=target,
+                      env=dict(env, KVW_CUDA_FUSE="rope"))
+    for extra in ({}, {"KVW_CUDA_PDL": "1"}, {"KVW_CUDA_FUSE": "rope", "KVW_CUDA_PDL": "1"}):
+        for _ in range(3):
+            got = cuda_logits(model, TOKENS, "f32", "--decode", "4", target=target,
+                              env=dict(env, **extra))
+            assert rel(got, ref) < 1e-6, (extra, rel(got, ref))
+
+
 @pytest.mark.parametrize("target", CUDA_TARGETS)
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_cuda_engine_half_weights_close_to_cpu(tmp_path, dtype, target):

@@ -97,17 +97,18 @@ def wait_until(cond, what, timeout=60.0):
 
 
 def test_sticky_cuda_error_makes_the_worker_unhealthy(stack, tmp_path):
-    """A fault that poisons the CUDA context (here injected at the 30th
-    kernel launch, in a decode step) fails that request; from then on the
-    worker fails /health, refuses requests with 503 and stops heartbeating,
-    so routers stop sending to it, instead of failing every step while
-    looking healthy."""
+    """A fault that poisons the CUDA context (here injected at the 20th
+    kernel launch: the 2-layer model's prefill launches 15 kernels, the
+    first decode step 13 more, captured as a graph that later steps replay)
+    fails that request; from then on the worker fails /health, refuses
+    requests with 503 and stops heartbeating, so routers stop sending to
+    it, instead of failing every step while looking healthy."""
     model = make(tmp_path, "m", CONFIGS["gqa"])
     ns = stack.nats()
     nc = kvnats.Nats(ns.port)
     hb = nc.subscribe(kvproto.heartbeat(P))
     env = cuda_env("emu-forward")
-    env["KVW_CUDAEMU_FAIL_LAUNCH"] = "30"
+    env["KVW_CUDAEMU_FAIL_LAUNCH"] = "20"
     port = kvt.free_port()
     p = stack.spawn([os.path.join(kvt.BIN, "kvworker"), "--engine", "cuda", "--model", model,
                      "--port", str(port), "--num-blocks", "64", "--nats", ns.url,
@@ -167,7 +168,7 @@ def test_greedy_tokens_from_the_device_argmax_match_the_cpu_engine(stack, tmp_pa
 # --- the decode path's kernels (docs/CUDA.md; split-K attention, bf16 KV cache, device sampling,
 # --- CUDA graphs, fused kernels), against the CPU engine on the emulation
 
-from test_cpu_engine import TOKENS, engine_logits, rel  # noqa: E402
+from test_cpu_engine import PHI3_TOK, TOKENS, engine_logits, rel  # noqa: E402
 
 def cuda_run(model, *extra, env_extra=None, target="emu-forward", dtype="f32", cmd="logits",
              ok=True):
@@ -322,6 +323,39 @@ def test_fused_kernels_change_no_bit(tmp_path, target):
         assert np.array_equal(fused, plain)
         if split == "":
             assert np.array_equal(fused, cold)
+
+
+def stat(r, what):
+    return int(re.search(what + r" (\d+)", r.stderr).group(1))
+
+
+@pytest.mark.parametrize("name,dtype,target", [("gqa", "f32", "emu-forward"),
+                                               ("gqa", "f32", "emu-reverse"),
+                                               ("qwen2_bias", "bf16", "emu-forward"),
+                                               ("mha_tied", "f16", "emu-reverse")])
+def test_fused_norms_and_overlap_change_no_bit(tmp_path, name, dtype, target):
+    """Batch-1 decode steps (the first captured as a graph, the second
+    replayed) through k_gemv (KVW_CUDA_GEMV=all: the tiny models' rows too)
+    with the norms and SwiGLU inside it (k_gemv_norm, k_gemv_glu) and the
+    decode kernels launched to overlap (KVW_CUDA_PDL=1: programmatic
+    dependent launch; kvemu fails such a launch if a block never calls
+    kvc_pdl_wait): the logits of the separate kernels launched plainly
+    (KVW_CUDA_FUSE=rope, and PDL is off by default) bit for bit, the CPU engine's within the weights'
+    rounding; KVW_CUDA_STATS says which path ran. (Phi-3's 32k vocabulary:
+    the emulated lm_head is most of the time.)"""
+    model = make(tmp_path, "m", CONFIGS[name], tokenizer=PHI3_TOK)
+    env = {"KVW_CUDA_GEMV": "all", "KVW_CUDA_STATS": "1"}
+    fused = cuda_run(model, "--decode", "2", target=target, dtype=dtype,
+                     env_extra=dict(env, KVW_CUDA_PDL="1"))
+    plain = cuda_run(model, "--decode", "2", target=target, dtype=dtype,
+                     env_extra=dict(env, KVW_CUDA_FUSE="rope"))
+    assert stat(fused, "fused-norm steps") == 2
+    assert stat(fused, r"overlapped \(PDL\) steps") == 2
+    assert stat(plain, "fused-norm steps") == 0
+    assert stat(plain, r"overlapped \(PDL\) steps") == 0
+    assert np.array_equal(lg(fused), lg(plain))
+    cpu = engine_logits(model, TOKENS)
+    assert rel(lg(fused), cpu) < {"f32": 2e-6, "bf16": 3e-2, "f16": 3e-3}[dtype]
 
 
 # --- the tensor-core prefill attention (k_attn_prefill_tc, wmma on kvemu) ---------------------

@@ -48,6 +48,14 @@ enum { ATT_SPLIT, ATT_GQA, ATT_HEAD };
 static_assert(KVC_SAMPLE_CHUNK / KVC_ARGMAX_CHUNK <= KVC_SAMPLE_CANDS, "argmax partials");
 
 #define KVC_GEMV_MIN_COLS 512           /* shorter weight rows stay on cuBLAS (gemm()) */
+/*
+ * Blocks an SM of k_gemv_norm and k_gemv_glu (norm_blocks()): each block
+ * norms x once, then its warps loop over rows. Enough warps that an SM
+ * keeps about 64 KB of weights in flight (4 KB a GLU warp: two rows; 2 KB
+ * otherwise), within the registers (96 a GLU thread, 58 otherwise, sm_90).
+ */
+#define KVC_GEMV_NORM_PER_SM 4
+#define KVC_GEMV_GLU_PER_SM  2
 
 /* Split-K partials beyond this (prefill of long prompts) take the one-pass kernel instead. */
 #define KVC_PART_MAX_BYTES ((size_t) 64 << 20)
@@ -116,10 +124,15 @@ typedef struct {
     size_t          part_cap;
     void           *cublas_ws;          /* cuBLAS's workspace: none allocated while capturing */
     int             use_graphs;         /* KVW_CUDA_GRAPHS (1 unless "0") */
-    int             fuse;               /* RoPE inside split-K attention (KVW_CUDA_FUSE, 1 unless "0") */
+    int             fuse;               /* RoPE inside split-K attention (KVW_CUDA_FUSE not "0") */
+    int             fuse_norm;          /* norms and SwiGLU inside k_gemv (KVW_CUDA_FUSE unset or "1") */
+    int             pdl;                /* decode kernels overlap (KVW_CUDA_PDL=1; sm_90+) */
+    int             sms;                /* the device's multiprocessors */
+    int             pdl_now;            /* this forward pass's launches may (a decode step) */
     int             tc;                 /* tensor-core prefill attention (KVW_CUDA_TC_PREFILL, 1 unless "0") */
     size_t          gemv_t, gemv_cols;  /* k_gemv up to this many tokens, from this row length */
     long            tc_steps;           /* steps that ran it, for KVW_CUDA_STATS */
+    long            fused_steps, pdl_steps;     /* fuse_norm, pdl: likewise */
     kvc_graph       graphs[KVC_MAX_GRAPHS];
     unsigned        n_graphs;
     unsigned long   clock;              /* orders the graphs' last uses */
@@ -181,15 +194,21 @@ static int fail(cuda_t *e, const char *fmt, ...)
             return fail(e, "kernel %s: %s", what, cudaGetErrorString(ce_));    \
     } while (0)
 
-/* Calls kernel K templated on the engine's weight type. */
-#define DISPATCH(K, grid, block, ...) do {                                     \
+/*
+ * Calls kernel K templated on the engine's weight type. DISPATCH_PDL: K
+ * calls kvc_pdl_wait before it reads what a kernel wrote, so in a decode
+ * step (e->pdl_now) it may start while the kernel before it finishes.
+ */
+#define DISPATCH_P(pdl, K, grid, block, ...) do {                              \
         switch (e->dtype) {                                                    \
-        case DT_F32: KVW_LAUNCH(K<float>, grid, block, 0, e->st, __VA_ARGS__); break; \
-        case DT_F16: KVW_LAUNCH(K<__half>, grid, block, 0, e->st, __VA_ARGS__); break; \
-        default: KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);    \
+        case DT_F32: KVW_LAUNCH_PDL(pdl, K<float>, grid, block, 0, e->st, __VA_ARGS__); break; \
+        case DT_F16: KVW_LAUNCH_PDL(pdl, K<__half>, grid, block, 0, e->st, __VA_ARGS__); break; \
+        default: KVW_LAUNCH_PDL(pdl, K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);    \
         }                                                                      \
         LAUNCHED(#K);                                                          \
     } while (0)
+#define DISPATCH(K, grid, block, ...)     DISPATCH_P(0, K, grid, block, __VA_ARGS__)
+#define DISPATCH_PDL(K, grid, block, ...) DISPATCH_P(e->pdl_now, K, grid, block, __VA_ARGS__)
 
 /* Calls kernel K templated on the weight type and the KV pool's type (KVC_COMMA: one macro argument). */
 #define KVC_COMMA ,
@@ -210,12 +229,14 @@ static int fail(cuda_t *e, const char *fmt, ...)
         LAUNCHED(#K);                                                          \
     } while (0)
 
-/* Calls kernel K templated on the KV pool's type only. */
-#define LAUNCH_KV(K, grid, block, ...) do {                                    \
-        if (e->kvdt == KV_F32) KVW_LAUNCH(K<float>, grid, block, 0, e->st, __VA_ARGS__); \
-        else KVW_LAUNCH(K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__);  \
+/* Calls kernel K templated on the KV pool's type only (LAUNCH_KV_PDL: as DISPATCH_PDL). */
+#define LAUNCH_KV_P(pdl, K, grid, block, ...) do {                             \
+        if (e->kvdt == KV_F32) KVW_LAUNCH_PDL(pdl, K<float>, grid, block, 0, e->st, __VA_ARGS__); \
+        else KVW_LAUNCH_PDL(pdl, K<__nv_bfloat16>, grid, block, 0, e->st, __VA_ARGS__); \
         LAUNCHED(#K);                                                          \
     } while (0)
+#define LAUNCH_KV(K, grid, block, ...)     LAUNCH_KV_P(0, K, grid, block, __VA_ARGS__)
+#define LAUNCH_KV_PDL(K, grid, block, ...) LAUNCH_KV_P(e->pdl_now, K, grid, block, __VA_ARGS__)
 
 /* Calls kernel K templated on the half weight type (f16 or bf16) and the KV pool's type. */
 #define DISPATCH_HALF_KV(K, grid, block, ...) do {                             \
@@ -402,17 +423,32 @@ static int ensure(cuda_t *e, size_t T, size_t n_out, size_t n_meta)
  * KVW_CUDA_GEMV=0: cuBLAS for every step; =all: k_gemv for steps of up to
  * KVC_GEMV_MAX_T tokens and rows of any length (the tests' tiny models).
  */
+static int gemv_fits(const cuda_t *e, size_t T, size_t cols)
+{
+    return T <= e->gemv_t && cols >= e->gemv_cols && (cols * e->esz) % 16 == 0;
+}
+
+static unsigned gemv_blocks(size_t rows)
+{
+    return (unsigned) ((rows + KVC_GEMV_WARPS - 1) / KVC_GEMV_WARPS);
+}
+
+/* k_gemv_norm's and k_gemv_glu's grid: per_sm blocks an SM, fewer for short matrices */
+static unsigned norm_blocks(const cuda_t *e, size_t rows, int per_sm)
+{
+    unsigned most = (unsigned) (e->sms * per_sm);
+
+    return gemv_blocks(rows) < most ? gemv_blocks(rows) : most;
+}
+
 static int gemm(cuda_t *e, float *out, const void *in, const void *w, size_t T, size_t rows,
                 size_t cols, float beta)
 {
     const float alpha = 1.0f;
 
-    if (T <= e->gemv_t && cols >= e->gemv_cols && (cols * e->esz) % 16 == 0
-        && (uintptr_t) w % 16 == 0 && (uintptr_t) in % 16 == 0) {
-        unsigned blocks = (unsigned) ((rows + KVC_GEMV_WARPS - 1) / KVC_GEMV_WARPS);
-
-        DISPATCH(k_gemv, blocks, 32 * KVC_GEMV_WARPS, out, in, w, (int) T, (int) rows, (int) cols,
-                 beta != 0.0f);
+    if (gemv_fits(e, T, cols) && (uintptr_t) w % 16 == 0 && (uintptr_t) in % 16 == 0) {
+        DISPATCH_PDL(k_gemv, gemv_blocks(rows), 32 * KVC_GEMV_WARPS, out, in, w, (int) T,
+                     (int) rows, (int) cols, beta != 0.0f);
         return 0;
     }
     CB(cublasGemmEx(e->cb, CUBLAS_OP_T, CUBLAS_OP_N, (int) rows, (int) T, (int) cols,
@@ -462,13 +498,26 @@ static int build_meta(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t 
 }
 
 /*
+ * Whether this step's norms and SwiGLU run inside k_gemv (k_gemv_norm,
+ * k_gemv_glu): batch-1 decode steps whose matmuls take k_gemv, with rows
+ * short enough to stage in shared memory, and no o_proj bias (k_rmsnorm
+ * adds it to x). The same bits as the separate kernels, 3 launches a layer
+ * fewer. Weights and x are cudaMalloc'ed: aligned for k_gemv's packs.
+ */
+static int fuse_norm(const cuda_t *e, size_t T, int decode)
+{
+    return e->fuse_norm && decode && T == 1 && e->L[0].bo == NULL && gemv_fits(e, 1, e->H)
+           && gemv_fits(e, 1, e->inter) && e->H * e->esz <= KVC_GEMV_SMEM;
+}
+
+/*
  * One transformer layer over the step's T tokens; x is updated in place.
  * nsplit 0: no split-K. fuse_rope (decode steps with split-K): RoPE and the
  * KV write happen inside k_attn_split, one launch less. tc: the tensor-core
- * prefill attention (use_tc).
+ * prefill attention (use_tc). fn: fuse_norm() holds.
  */
 static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsplit,
-                     int fuse_rope, int tc)
+                     int fuse_rope, int tc, int fn)
 {
     float           scale = 1.0f / sqrtf((float) e->hd);
     const dlayer_t *L = &e->L[l];
@@ -476,11 +525,18 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
     size_t          sw = (T * e->inter + 255) / 256;
     dim3            att_grid((unsigned) T, e->heads), gqa_grid((unsigned) T, e->kv_heads);
 
-    if (l > 0) {                        /* layer 0's norm ran with the embedding */
-        DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
-                 (int) H, e->eps, (const float *) NULL);
+    if (fn) {
+        DISPATCH_PDL(k_gemv_norm, norm_blocks(e, qd + 2 * kd, KVC_GEMV_NORM_PER_SM),
+                     32 * KVC_GEMV_WARPS, e->qkv, e->x,
+                     (const int *) NULL, L->attn_norm, L->wqkv, (int) (qd + 2 * kd), (int) H,
+                     e->eps);
+    } else {
+        if (l > 0) {                    /* layer 0's norm ran with the embedding */
+            DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
+                     (int) H, e->eps, (const float *) NULL);
+        }
+        if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
     }
-    if (gemm(e, e->qkv, e->act, L->wqkv, T, qd + 2 * kd, H, 0.0f) != 0) return -1;
     if (!fuse_rope) {
         LAUNCH_KV(k_rope_store, (unsigned) T, 128, e->qkv, L->bqkv, e->kv, *m, e->inv_freq,
                   (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
@@ -495,12 +551,12 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
     } else if (nsplit > 0) {            /* split-K: K/V read once per group, many blocks */
         dim3 split_grid((unsigned) T, e->kv_heads, (unsigned) nsplit);
 
-        LAUNCH_KV(k_attn_split, split_grid, 32 * KVC_ATT_WARPS, e->part, e->qkv, e->kv, *m,
+        LAUNCH_KV_PDL(k_attn_split, split_grid, 32 * KVC_ATT_WARPS, e->part, e->qkv, e->kv, *m,
                   (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
                   e->block_elems, e->layer_elems, (int) l, scale, e->split_len,
                   fuse_rope ? (const float *) L->bqkv : (const float *) NULL,
                   fuse_rope ? (const float *) e->inv_freq : (const float *) NULL);
-        DISPATCH(k_attn_merge, att_grid, 64, e->act, e->part, *m, (int) e->heads, (int) e->hd,
+        DISPATCH_PDL(k_attn_merge, att_grid, 64, e->act, e->part, *m, (int) e->heads, (int) e->hd,
                  e->split_len, nsplit);
     } else if (e->att != ATT_HEAD && e->heads / e->kv_heads <= KVC_MAX_GROUP) {
         /* a block per (token, KV head): K/V read once per group */
@@ -513,12 +569,18 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
                     e->block_elems, e->layer_elems, (int) l, scale);
     }
     if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
-    /* o_proj's bias (attention_bias) is added to x by the norm */
-    DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->mlp_norm, (const int *) NULL,
-             (int) H, e->eps, (const float *) L->bo);
-    if (gemm(e, e->gu, e->act, L->wgu, T, 2 * (size_t) e->inter, H, 0.0f) != 0) return -1;
-    DISPATCH(k_swiglu, (unsigned) (sw < 65535 ? sw : 65535), 256, e->act, e->gu, T,
-             (int) e->inter);
+    if (fn) {
+        DISPATCH_PDL(k_gemv_glu, norm_blocks(e, e->inter, KVC_GEMV_GLU_PER_SM),
+                     32 * KVC_GEMV_WARPS, e->act, e->x,
+                     L->mlp_norm, L->wgu, (int) e->inter, (int) H, e->eps);
+    } else {
+        /* o_proj's bias (attention_bias) is added to x by the norm */
+        DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->mlp_norm, (const int *) NULL,
+                 (int) H, e->eps, (const float *) L->bo);
+        if (gemm(e, e->gu, e->act, L->wgu, T, 2 * (size_t) e->inter, H, 0.0f) != 0) return -1;
+        DISPATCH(k_swiglu, (unsigned) (sw < 65535 ? sw : 65535), 256, e->act, e->gu, T,
+                 (int) e->inter);
+    }
     return gemm(e, e->x, e->act, L->wdown, T, H, e->inter, 1.0f);
 }
 
@@ -598,19 +660,7 @@ static int copy_out(cuda_t *e, const kvw_step_seq_t *seqs, uint32_t n, size_t n_
     uint32_t s, r = 0;
     int      any = 0;
 
-    /*
-     * The argmax in two passes over chunks of KVC_ARGMAX_CHUNK logits; the
-     * chunks' partials go to the candidates' buffers (at least as many
-     * slots a row), which k_sample_cand overwrites only after k_argmax_pick.
-     */
-    dim3 am_grid((unsigned) n_out, (unsigned) ((e->vocab + KVC_ARGMAX_CHUNK - 1) / KVC_ARGMAX_CHUNK));
-
-    KVW_LAUNCH(k_argmax, am_grid, 256, 0, e->st, e->d_cp, e->d_ci, e->logits, (int) e->vocab,
-               KVC_ARGMAX_CHUNK);
-    LAUNCHED("k_argmax");
-    KVW_LAUNCH(k_argmax_pick, (unsigned) n_out, 32, 0, e->st, e->d_best, e->d_cp, e->d_ci,
-               (int) am_grid.y, (int) e->vocab);
-    LAUNCHED("k_argmax_pick");
+    /* the argmax ran with the forward pass (argmax()) */
     CK(cudaMemcpyAsync(e->h_best, e->d_best, n_out * sizeof(int), cudaMemcpyDeviceToHost,
                        e->st));
     for (s = 0; s < n; s++) {
@@ -698,22 +748,59 @@ static int use_tc(const cuda_t *e, int decode)
     return e->tc && !decode && e->dtype != DT_F32 && e->hd % 16 == 0 && e->hd <= KVC_TC_MAX_HD;
 }
 
-/* The forward pass on the device, from token ids to the logit rows (queued, not waited for). */
+/*
+ * Each logit row's argmax (the greedy token), in two passes over chunks of
+ * KVC_ARGMAX_CHUNK logits; the chunks' partials go to the candidates'
+ * buffers (at least as many slots a row), which k_sample_cand overwrites
+ * only after k_argmax_pick.
+ */
+static int argmax(cuda_t *e, size_t n_out)
+{
+    dim3 grid((unsigned) n_out, (unsigned) ((e->vocab + KVC_ARGMAX_CHUNK - 1) / KVC_ARGMAX_CHUNK));
+
+    KVW_LAUNCH_PDL(e->pdl_now, k_argmax, grid, 256, 0, e->st, e->d_cp, e->d_ci, e->logits,
+                   (int) e->vocab, KVC_ARGMAX_CHUNK);
+    LAUNCHED("k_argmax");
+    KVW_LAUNCH_PDL(e->pdl_now, k_argmax_pick, (unsigned) n_out, 32, 0, e->st, e->d_best, e->d_cp,
+                   e->d_ci, (int) grid.y, (int) e->vocab);
+    LAUNCHED("k_argmax_pick");
+    return 0;
+}
+
+/*
+ * The forward pass on the device, from token ids to the logit rows and
+ * their argmax (queued, not waited for). A decode step's kernels may
+ * overlap (e->pdl: programmatic dependent launch, kvc_pdl_wait).
+ */
 static int forward(cuda_t *e, size_t T, size_t n_out, const kvc_meta *m, int nsplit,
                    int decode)
 {
     uint32_t l;
     int      fuse_rope = decode && nsplit > 0 && e->fuse, tc = use_tc(e, decode);
+    int      fn = fuse_norm(e, T, decode);
 
-    DISPATCH(k_embed_rmsnorm, (unsigned) T, 256, e->x, e->act, e->embed, m->tok,
-             e->L[0].attn_norm, (int) e->H, e->eps);
+    e->pdl_now = decode && e->pdl;      /* read by DISPATCH_PDL in every launch below */
+    if (fn) {                           /* layer 0's q|k|v norms x itself */
+        DISPATCH(k_embed, (unsigned) T, 256, e->x, e->embed, m->tok, (int) e->H);
+    } else {
+        DISPATCH(k_embed_rmsnorm, (unsigned) T, 256, e->x, e->act, e->embed, m->tok,
+                 e->L[0].attn_norm, (int) e->H, e->eps);
+    }
     for (l = 0; l < e->layers; l++) {
-        if (run_layer(e, l, T, m, nsplit, fuse_rope, tc) != 0) return -1;
+        if (run_layer(e, l, T, m, nsplit, fuse_rope, tc, fn) != 0) return -1;
     }
     if (n_out > 0) {
-        DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m->rows, (int) e->H,
-                 e->eps, (const float *) NULL);
-        if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0) return -1;
+        if (fn) {
+            DISPATCH_PDL(k_gemv_norm, norm_blocks(e, e->vocab, KVC_GEMV_NORM_PER_SM),
+                         32 * KVC_GEMV_WARPS, e->logits, e->x,
+                         m->rows, e->norm, e->lm_head, (int) e->vocab, (int) e->H, e->eps);
+        } else {
+            DISPATCH(k_rmsnorm, (unsigned) n_out, 256, e->act, e->x, e->norm, m->rows,
+                     (int) e->H, e->eps, (const float *) NULL);
+            if (gemm(e, e->logits, e->act, e->lm_head, n_out, e->vocab, e->H, 0.0f) != 0)
+                return -1;
+        }
+        return argmax(e, n_out);
     }
     return 0;
 }
@@ -815,6 +902,8 @@ static int step_device(cuda_t *e, kvw_step_seq_t *seqs, uint32_t n, size_t T, si
     nsplit = use_tc(e, decode) ? 0 : splits_for(e, seqs, n, T);
     if (nsplit < 0) return -1;
     e->tc_steps += use_tc(e, decode);
+    e->fused_steps += fuse_norm(e, T, decode);
+    e->pdl_steps += decode && e->pdl;
     if (e->use_graphs && decode ? replay(e, T, n_out, &m, nsplit)
                                 : forward(e, T, n_out, &m, nsplit, decode))
         return -1;
@@ -1031,8 +1120,9 @@ static void cuda_destroy(kvw_backend_t *b)
 
     if (getenv("KVW_CUDA_STATS")) {
         fprintf(stderr, "kvcuda: graphs captured %ld, replayed %ld; sampled on the device %ld, "
-                "on the host %ld; tensor-core prefill steps %ld\n", e->captured, e->replayed,
-                e->dev_sampled, e->host_sampled, e->tc_steps);
+                "on the host %ld; tensor-core prefill steps %ld; fused-norm steps %ld; "
+                "overlapped (PDL) steps %ld\n", e->captured, e->replayed, e->dev_sampled,
+                e->host_sampled, e->tc_steps, e->fused_steps, e->pdl_steps);
     }
     drop_graphs(e);
     for (unsigned i = 0; i < e->n_peers; i++) cudaIpcCloseMemHandle(e->peers[i].base);
@@ -1202,6 +1292,21 @@ static void pick_gemv(cuda_t *e, const char *v)
     e->gemv_cols = v && !strcmp(v, "all") ? 0 : KVC_GEMV_MIN_COLS;
 }
 
+/*
+ * Fusion and overlap of the decode kernels (docs/CUDA.md). KVW_CUDA_FUSE:
+ * unset or "1" every fusion, "rope" RoPE inside the split-K attention only
+ * (the kernels before the norms moved into k_gemv), "0" none.
+ * KVW_CUDA_PDL=1: programmatic dependent launch of the decode kernels, off
+ * by default until a GPU has checked it (the emulation runs kernels one
+ * after another, so it cannot show a kernel reading too early).
+ */
+static void pick_fuse(cuda_t *e, const char *fuse, const char *pdl)
+{
+    e->fuse = !(fuse && !strcmp(fuse, "0"));
+    e->fuse_norm = !(fuse && (!strcmp(fuse, "0") || !strcmp(fuse, "rope")));
+    e->pdl = pdl && !strcmp(pdl, "1");
+}
+
 /* Everything after the model is on the host: device, weights, scratch, pool. */
 static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *m)
 {
@@ -1219,14 +1324,20 @@ static int setup(cuda_t *e, const kvw_backend_config_t *cfg, const kvw_model_t *
     CK(cudaMalloc(&e->cublas_ws, KVC_CUBLAS_WS));
     CB(cublasSetWorkspace(e->cb, e->cublas_ws, KVC_CUBLAS_WS));
     e->use_graphs = !(getenv("KVW_CUDA_GRAPHS") && !strcmp(getenv("KVW_CUDA_GRAPHS"), "0"));
-    e->fuse = !(getenv("KVW_CUDA_FUSE") && !strcmp(getenv("KVW_CUDA_FUSE"), "0"));
+    pick_fuse(e, getenv("KVW_CUDA_FUSE"), getenv("KVW_CUDA_PDL"));
     e->tc = !(getenv("KVW_CUDA_TC_PREFILL") && !strcmp(getenv("KVW_CUDA_TC_PREFILL"), "0"));
     pick_gemv(e, getenv("KVW_CUDA_GEMV"));
     {
         cudaDeviceProp prop;
 
-        /* f16/bf16 wmma needs sm_80; the default build has no older code, -arch=native may */
-        if (cudaGetDeviceProperties(&prop, e->device) == cudaSuccess && prop.major < 8) e->tc = 0;
+        /* f16/bf16 wmma needs sm_80 (the default build has no older code, -arch=native
+         * may); programmatic dependent launch sm_90 */
+        e->sms = 1;
+        if (cudaGetDeviceProperties(&prop, e->device) == cudaSuccess) {
+            if (prop.major < 8) e->tc = 0;
+            if (prop.major < 9) e->pdl = 0;
+            e->sms = prop.multiProcessorCount > 0 ? prop.multiProcessorCount : 1;
+        }
     }
     if (upload_model(e, m) != 0) return -1;
     e->nchunk = (int) ((m->vocab + KVC_SAMPLE_CHUNK - 1) / KVC_SAMPLE_CHUNK);

@@ -31,6 +31,60 @@
 #define KVW_LAUNCH(K, grid, block, smem, stream, ...) K<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #endif
 
+/*
+ * Programmatic dependent launch (sm_90 and newer): a kernel launched with
+ * KVW_LAUNCH_PDL(1, ...) may start while the kernel before it in the
+ * stream is still running. Until kvc_pdl_wait() returns it may read only
+ * what no step writes (weights, norms, the step's meta) and must write
+ * nothing; kvc_pdl_wait() waits for the kernel before it to finish and its
+ * writes to be visible. kvc_pdl_trigger() lets the kernel after it start;
+ * every kernel here calls it only after its own wait, so when a kernel
+ * starts, the one two back has finished. Both are no-ops for a launch
+ * without the attribute, on older GPUs and in the host emulation (which
+ * runs kernels one after another).
+ */
+static __device__ __forceinline__ void kvc_pdl_wait(void)
+{
+#if defined(KVEMU)
+    kvemu::pdl_wait();                  /* checks that a PDL launch's blocks wait */
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void kvc_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+#ifndef KVW_LAUNCH_PDL
+template <class... P, class... A>
+static void kvc_launch_pdl(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                           A... a)
+{
+    cudaLaunchConfig_t  c = {};
+    cudaLaunchAttribute at[1] = {};
+
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = st;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    c.attrs = at;
+    c.numAttrs = 1;
+    cudaLaunchKernelEx(&c, k, a...);    /* an error is cudaGetLastError's, as for <<<>>> */
+}
+
+/* pdl 0: KVW_LAUNCH; else the launch may overlap the kernel before it (see kvc_pdl_wait) */
+#define KVW_LAUNCH_PDL(pdl, K, grid, block, smem, stream, ...) do {               \
+        if (pdl) kvc_launch_pdl(K, grid, block, smem, stream, __VA_ARGS__);        \
+        else KVW_LAUNCH(K, grid, block, smem, stream, __VA_ARGS__);                \
+    } while (0)
+#endif
+
 #define KVC_MAX_HEAD_DIM 256    /* attention keeps a head's accumulator in registers */
 #define KVC_ATT_WARPS    4
 #define KVC_MAX_GROUP    8      /* query heads per KV head that k_attention_gqa serves */
@@ -283,6 +337,8 @@ __global__ void k_argmax(float *val, int *idx, const float *logits, int vocab, i
     int              i = vocab, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int              end = (int) (blockIdx.y + 1) * chunk;
 
+    kvc_pdl_wait();
+    kvc_pdl_trigger();
     for (int j = (int) blockIdx.y * chunk + threadIdx.x; j < end && j < vocab; j += blockDim.x) {
         if (row[j] > v) {
             v = row[j];
@@ -315,6 +371,8 @@ __global__ void k_argmax_pick(int *best, const float *val, const int *idx, int n
     float v = -INFINITY;
     int   i = vocab, lane = threadIdx.x;
 
+    kvc_pdl_wait();
+    kvc_pdl_trigger();
     for (int c = lane; c < nchunk; c += 32) {
         kvc_better(&v, &i, val[blockIdx.x * nchunk + c], idx[blockIdx.x * nchunk + c]);
     }
@@ -481,6 +539,8 @@ __global__ void k_attn_split(float *part, const float *qkv, const void *kvp, kvc
     const float *qg = qkv + (size_t) t * (qd + 2 * kd) + (size_t) kvh * G * hd;
     float        acc[KVC_MAX_GROUP][KVC_NJ], mx[KVC_MAX_GROUP], sum[KVC_MAX_GROUP];
 
+    kvc_pdl_wait();                     /* q, k, v: the matmul just before */
+    kvc_pdl_trigger();
     if (start > pos) return;            /* the whole block: before any barrier */
     if (end > pos + 1) end = pos + 1;
     if (inv_freq == NULL) {             /* k_rope_store ran: q is rotated, K/V are in the pool */
@@ -583,6 +643,8 @@ __global__ void k_attn_merge(void *out, const float *part, kvc_meta m, int heads
     T           *o = (T *) out + (size_t) t * heads * hd + (size_t) h * hd;
     float        gmx = -INFINITY, total = 0;
 
+    kvc_pdl_wait();
+    kvc_pdl_trigger();
     for (int s = 0; s < n; s++) gmx = fmaxf(gmx, pp[(size_t) s * (hd + 2)]);
     for (int s = 0; s < n; s++) {
         total += pp[(size_t) s * (hd + 2) + 1] * expf(pp[(size_t) s * (hd + 2)] - gmx);
@@ -859,53 +921,163 @@ template <class T> struct alignas(16) kvc_pack {
     T v[16 / sizeof(T)];
 };
 
+/* The lane's first KVC_GEMV_UNROLL packs of a weight row, from pack base on. */
+template <class T>
+static __device__ __forceinline__ void kvc_gemv_load(kvc_pack<T> *wp, const kvc_pack<T> *wr,
+                                                     int base, int np)
+{
+#pragma unroll
+    for (int u = 0; u < KVC_GEMV_UNROLL; u++) {
+        if (base + 32 * u < np) wp[u] = wr[base + 32 * u];
+    }
+}
+
+/* acc[t] += the loaded packs . token t's input packs (x: np packs a token) */
+template <class T>
+static __device__ __forceinline__ void kvc_gemv_dot(float *acc, const kvc_pack<T> *wp,
+                                                    const kvc_pack<T> *x, int base, int np,
+                                                    int T_tokens)
+{
+    const int P = 16 / sizeof(T);
+
+#pragma unroll
+    for (int u = 0; u < KVC_GEMV_UNROLL; u++) {
+        if (base + 32 * u >= np) break;
+#pragma unroll
+        for (int t = 0; t < KVC_GEMV_MAX_T; t++) {
+            kvc_pack<T> xp;
+            float       s = 0;
+
+            if (t >= T_tokens) break;
+            xp = x[(size_t) t * np + base + 32 * u];
+#pragma unroll
+            for (int j = 0; j < P; j++) s += to_f(wp[u].v[j]) * to_f(xp.v[j]);
+            acc[t] += s;
+        }
+    }
+}
+
+/*
+ * The row's dot products: acc[t] = w row . token t's input, summed over the
+ * warp (every lane ends with the sums). The first packs were loaded before
+ * the kernel's kvc_pdl_wait (weights only), so they are in flight while
+ * the kernel before finishes.
+ */
+template <class T>
+static __device__ __forceinline__ void kvc_gemv_row(float *acc, kvc_pack<T> *wp,
+                                                    const kvc_pack<T> *wr, const kvc_pack<T> *x,
+                                                    int np, int T_tokens, int lane)
+{
+#pragma unroll
+    for (int t = 0; t < KVC_GEMV_MAX_T; t++) acc[t] = 0;
+    for (int base = lane; base < np; base += 32 * KVC_GEMV_UNROLL) {
+        if (base != lane) kvc_gemv_load(wp, wr, base, np);
+        kvc_gemv_dot(acc, wp, x, base, np, T_tokens);
+    }
+#pragma unroll
+    for (int t = 0; t < KVC_GEMV_MAX_T; t++) {
+        for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+    }
+}
+
 template <class T>
 __global__ void k_gemv(float *out, const void *in, const void *w, int T_tokens, int rows,
                        int cols, int add)
 {
-    const int           P = 16 / sizeof(T), np = cols / P;
+    const int           np = cols / (16 / (int) sizeof(T));
     int                 lane = threadIdx.x & 31;
     int                 r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const kvc_pack<T>  *wr = (const kvc_pack<T> *) w + (size_t) r * np;
-    const kvc_pack<T>  *x = (const kvc_pack<T> *) in;
+    kvc_pack<T>         wp[KVC_GEMV_UNROLL];
     float               acc[KVC_GEMV_MAX_T];
 
     if (r >= rows) return;              /* the whole warp: one row per warp */
-#pragma unroll
-    for (int t = 0; t < KVC_GEMV_MAX_T; t++) acc[t] = 0;
-    for (int base = lane; base < np; base += 32 * KVC_GEMV_UNROLL) {
-        kvc_pack<T> wp[KVC_GEMV_UNROLL];
-
-#pragma unroll
-        for (int u = 0; u < KVC_GEMV_UNROLL; u++) {
-            if (base + 32 * u < np) wp[u] = wr[base + 32 * u];
-        }
-#pragma unroll
-        for (int u = 0; u < KVC_GEMV_UNROLL; u++) {
-            if (base + 32 * u >= np) break;
-#pragma unroll
-            for (int t = 0; t < KVC_GEMV_MAX_T; t++) {
-                kvc_pack<T> xp;
-                float       s = 0;
-
-                if (t >= T_tokens) break;
-                xp = x[(size_t) t * np + base + 32 * u];
-#pragma unroll
-                for (int j = 0; j < P; j++) s += to_f(wp[u].v[j]) * to_f(xp.v[j]);
-                acc[t] += s;
-            }
-        }
-    }
+    kvc_gemv_load(wp, wr, lane, np);
+    kvc_pdl_wait();                     /* in (and out, when adding): the kernel before */
+    kvc_pdl_trigger();
+    kvc_gemv_row(acc, wp, wr, (const kvc_pack<T> *) in, np, T_tokens, lane);
+    if (lane != 0) return;
 #pragma unroll
     for (int t = 0; t < KVC_GEMV_MAX_T; t++) {
-        if (t >= T_tokens) break;
-        for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-        if (lane == 0) {
-            float *o = out + (size_t) t * rows + r;
+        float *o = out + (size_t) t * rows + r;
 
-            *o = add ? *o + acc[t] : acc[t];
-        }
+        if (t >= T_tokens) break;
+        *o = add ? *o + acc[t] : acc[t];
     }
+}
+
+/*
+ * k_gemv for one token with the RMSNorm in front of it (batch-1 decode:
+ * the attention and MLP norms before q|k|v and gate|up, the final norm
+ * before lm_head), so the norm's own launch and act's round trip go. Each
+ * block norms the token's row of x (cols floats, x + *xrow * cols when
+ * xrow is set) into shared memory as T, with k_rmsnorm's arithmetic in the
+ * same order (blockDim 256 both), so the products read the same bits; then
+ * its warps take rows gridDim.x * warps apart, so a grid sized to the GPU
+ * (a few blocks an SM) norms once a block, not once every 8 rows.
+ * GLU (gate|up): warp r dots gate row r and up row rows + r and writes
+ * act[r] = silu(gate) * up as T, k_swiglu's arithmetic, instead of out.
+ * cols * sizeof(T) at most KVC_GEMV_SMEM.
+ */
+#define KVC_GEMV_SMEM 32768
+
+template <class T, int GLU>
+static __device__ __forceinline__ void kvc_gemv_norm(float *out, void *act, const float *x,
+                                                     const int *xrow, const float *nw,
+                                                     const void *w, int rows, int cols,
+                                                     float eps)
+{
+    __shared__ kvc_pack<T> xs[KVC_GEMV_SMEM / 16];
+    const int           np = cols / (16 / (int) sizeof(T)), warps = blockDim.x >> 5;
+    int                 lane = threadIdx.x & 31;
+    int                 r0 = blockIdx.x * warps + (threadIdx.x >> 5);
+    const kvc_pack<T>  *wk = (const kvc_pack<T> *) w;
+    const float        *in;
+    kvc_pack<T>         wp[KVC_GEMV_UNROLL], up[KVC_GEMV_UNROLL];
+    float               acc[KVC_GEMV_MAX_T], accu[KVC_GEMV_MAX_T], ss = 0, inv;
+    T                  *xt = (T *) xs;
+
+    if (r0 < rows) {
+        kvc_gemv_load(wp, wk + (size_t) r0 * np, lane, np);
+        if (GLU) kvc_gemv_load(up, wk + (size_t) (rows + r0) * np, lane, np);
+    }
+    kvc_pdl_wait();                     /* x: the residual add just before */
+    kvc_pdl_trigger();
+    in = x + (size_t) (xrow ? xrow[0] : 0) * cols;
+    /* every thread, the idle warps of the last block too: block_sum has barriers */
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) ss += in[i] * in[i];
+    ss = block_sum(ss);
+    inv = rsqrtf(ss / (float) cols + eps);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) xt[i] = from_f<T>(in[i] * inv * nw[i]);
+    __syncthreads();
+    for (int r = r0; r < rows; r += gridDim.x * warps) {
+        const kvc_pack<T> *wr = wk + (size_t) r * np, *wu = wk + (size_t) (rows + r) * np;
+
+        if (r != r0) {
+            kvc_gemv_load(wp, wr, lane, np);
+            if (GLU) kvc_gemv_load(up, wu, lane, np);
+        }
+        kvc_gemv_row(acc, wp, wr, xs, np, 1, lane);
+        if (GLU) kvc_gemv_row(accu, up, wu, xs, np, 1, lane);
+        if (lane != 0) continue;
+        if (GLU) ((T *) act)[r] = from_f<T>(acc[0] / (1.0f + expf(-acc[0])) * accu[0]);
+        else out[r] = acc[0];
+    }
+}
+
+template <class T>
+__global__ void k_gemv_norm(float *out, const float *x, const int *xrow, const float *nw,
+                            const void *w, int rows, int cols, float eps)
+{
+    kvc_gemv_norm<T, 0>(out, NULL, x, xrow, nw, w, rows, cols, eps);
+}
+
+/* gate|up: rows is the intermediate size (the matrix has 2 * rows) */
+template <class T>
+__global__ void k_gemv_glu(void *act, const float *x, const float *nw, const void *w, int rows,
+                           int cols, float eps)
+{
+    kvc_gemv_norm<T, 1>(NULL, act, x, NULL, nw, w, rows, cols, eps);
 }
 
 /* act[t][i] = silu(gate) * up, from the fused gate|up matmul (rows of 2 * inter). */

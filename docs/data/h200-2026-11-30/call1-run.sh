@@ -1,0 +1,58 @@
+#!/bin/bash
+# Device call 1 (2026-11-30): gpu-check on the sm_90 build made on the CPU
+# machine, with batch-1 decode's norms and SwiGLU inside k_gemv and its
+# kernels overlapping (programmatic dependent launch); then decode A/B in
+# the same call: main's libkvcuda.so (8566225, KVW_CUDA_LIB) against the new
+# one, each new part switched off alone (KVW_CUDA_FUSE=rope, KVW_CUDA_PDL=0);
+# an ncu kernel-time profile last. Carried: .gpucarry/ (build/gpu's bin and
+# lib, main's library, the shared libraries kvworker needs).
+set -u
+T0=$(date +%s)
+cd "$(dirname "$0")/../../.."
+G=$PWD/.gpucarry
+log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv | tee $OUT/smi.txt
+CUB=$(python3 -c 'import nvidia.cublas,os;print(os.path.join(list(nvidia.cublas.__path__)[0],"lib"))' 2>/dev/null)
+export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64:${CUB:-/nonexistent}
+ldconfig -p | grep -q 'libssl.so.3 ' || export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$G/lib2
+export PYTHONUNBUFFERED=1
+mkdir -p build && rm -rf build/gpu && cp -a $G/gpu build/gpu
+ldd build/gpu/bin/kvworker build/gpu/bin/kvengine build/gpu/lib/libkvcuda.so | grep "not found"
+log "gpu-check"
+timeout 330 python3 tools/gpu-check --build build --no-build --out $OUT/gpu-check.json > $OUT/gpu-check.log 2>&1
+log "gpu-check rc=$?"
+python3 - $OUT/gpu-check.json <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("tests", r.get("tests")); print("correctness", {k: v.get("rel_err", v) for k, v in r.get("correctness", {}).items()})
+print("b1", r.get("decode_tokens_per_s_batch1"), "b32", r.get("decode_tokens_per_s_batch32"), "share", r.get("decode_share_of_hbm_bound"), "prefill", r.get("prefill_tokens_per_s"))
+for k, v in r.get("variants", {}).items(): print(k, v.get("decode_tokens_per_s", v))
+PY
+grep -E "FAILED|Error|rror:" $OUT/gpu-check.log | head -8
+log "decode A/B"
+B=build/gpu/bin/kvengine BIG=build/gpu/bench-models/llama-1b MAIN=$PWD/build/gpu/lib/libkvcuda-main.so
+run() { local tag=$1; shift; echo "$tag :: $(env KVW_CUDA_DTYPE=bf16 "$@" 2>&1 | grep -E '^\{|rror' | head -2)"; }
+{
+for r in 1 2; do
+  run main env KVW_CUDA_LIB=$MAIN $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+  run new $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+  if [ $r = 1 ]; then
+    run new-fuse-only env KVW_CUDA_PDL=0 $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+    run new-pdl-only env KVW_CUDA_FUSE=rope $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+    run new-neither env KVW_CUDA_FUSE=rope KVW_CUDA_PDL=0 $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+  fi
+done
+for p in 2048 8192; do
+  run main env KVW_CUDA_LIB=$MAIN $B bench --engine cuda --model $BIG --batch 1 --prompt $p --gen 128
+  run new $B bench --engine cuda --model $BIG --batch 1 --prompt $p --gen 128
+done
+for b in 4 32; do
+  run main env KVW_CUDA_LIB=$MAIN $B bench --engine cuda --model $BIG --batch $b --prompt 512 --gen 128
+  run new $B bench --engine cuda --model $BIG --batch $b --prompt 512 --gen 128
+done
+} 2>&1 | tee $OUT/decode-ab.txt
+log "ncu"
+KVW_CUDA_DTYPE=bf16 KVW_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --launch-skip 2000 --launch-count 300 \
+  --metrics gpu__time_duration.sum --csv --page raw $B bench --engine cuda --model $BIG --batch 1 --prompt 64 --gen 64 > $OUT/ncu.csv 2> $OUT/ncu.err
+log "ncu rc=$?"
+log done
