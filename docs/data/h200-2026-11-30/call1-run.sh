@@ -3,7 +3,8 @@
 # machine, with batch-1 decode's norms and SwiGLU inside k_gemv and its
 # kernels overlapping (programmatic dependent launch); then decode A/B in
 # the same call: main's libkvcuda.so (8566225, KVW_CUDA_LIB) against the new
-# one, each new part switched off alone (KVW_CUDA_FUSE=rope, KVW_CUDA_PDL=0);
+# one with both parts ("new": KVW_CUDA_PDL=1, which is off by default) and
+# with each alone (KVW_CUDA_FUSE=rope turns the fusion off);
 # an ncu kernel-time profile last. Carried: .gpucarry/ (build/gpu's bin and
 # lib, main's library, the shared libraries kvworker needs).
 set -u
@@ -32,27 +33,28 @@ grep -E "FAILED|Error|rror:" $OUT/gpu-check.log | head -8
 log "decode A/B"
 B=build/gpu/bin/kvengine BIG=build/gpu/bench-models/llama-1b MAIN=$PWD/build/gpu/lib/libkvcuda-main.so
 run() { local tag=$1; shift; echo "$tag :: $(env KVW_CUDA_DTYPE=bf16 "$@" 2>&1 | grep -E '^\{|rror' | head -2)"; }
+NEW="env KVW_CUDA_PDL=1 $B"
 {
 for r in 1 2; do
   run main env KVW_CUDA_LIB=$MAIN $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
-  run new $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+  run new $NEW bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
   if [ $r = 1 ]; then
-    run new-fuse-only env KVW_CUDA_PDL=0 $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
-    run new-pdl-only env KVW_CUDA_FUSE=rope $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
-    run new-neither env KVW_CUDA_FUSE=rope KVW_CUDA_PDL=0 $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+    run new-fuse-only $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+    run new-pdl-only env KVW_CUDA_FUSE=rope KVW_CUDA_PDL=1 $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
+    run new-neither env KVW_CUDA_FUSE=rope $B bench --engine cuda --model $BIG --batch 1 --prompt 512 --gen 256
   fi
 done
 for p in 2048 8192; do
   run main env KVW_CUDA_LIB=$MAIN $B bench --engine cuda --model $BIG --batch 1 --prompt $p --gen 128
-  run new $B bench --engine cuda --model $BIG --batch 1 --prompt $p --gen 128
+  run new $NEW bench --engine cuda --model $BIG --batch 1 --prompt $p --gen 128
 done
 for b in 4 32; do
   run main env KVW_CUDA_LIB=$MAIN $B bench --engine cuda --model $BIG --batch $b --prompt 512 --gen 128
-  run new $B bench --engine cuda --model $BIG --batch $b --prompt 512 --gen 128
+  run new $NEW bench --engine cuda --model $BIG --batch $b --prompt 512 --gen 128
 done
 } 2>&1 | tee $OUT/decode-ab.txt
 log "ncu"
-KVW_CUDA_DTYPE=bf16 KVW_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --launch-skip 2000 --launch-count 300 \
+KVW_CUDA_DTYPE=bf16 KVW_CUDA_GRAPHS=0 KVW_CUDA_PDL=1 timeout 90 ncu --clock-control none --launch-skip 2000 --launch-count 300 \
   --metrics gpu__time_duration.sum --csv --page raw $B bench --engine cuda --model $BIG --batch 1 --prompt 64 --gen 64 > $OUT/ncu.csv 2> $OUT/ncu.err
 log "ncu rc=$?"
 log done
