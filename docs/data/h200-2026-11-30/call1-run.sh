@@ -6,7 +6,22 @@
 # one with both parts ("new": KVW_CUDA_PDL=1, which is off by default) and
 # with each alone (KVW_CUDA_FUSE=rope turns the fusion off);
 # an ncu kernel-time profile last. Carried: .gpucarry/ (build/gpu's bin and
-# lib, main's library, the shared libraries kvworker needs).
+# lib, main's library, the shared libraries kvworker needs), made on the CPU
+# machine, in the repository's root:
+#   make -j2 B=build/gpu CUDA=1 CUDA_GENCODE="-gencode arch=compute_90,code=sm_90" all
+#   git worktree add /tmp/wt-main 8566225 && make -C /tmp/wt-main B=build/gpu CUDA=1 \
+#       CUDA_GENCODE="-gencode arch=compute_90,code=sm_90" build/gpu/lib/libkvcuda.so
+#   echo /.gpucarry/ >> .git/info/exclude
+#   mkdir -p .gpucarry/gpu/bin .gpucarry/gpu/lib .gpucarry/lib .gpucarry/lib2
+#   cp build/gpu/bin/{kvengine,kvworker,kvtiny-model} .gpucarry/gpu/bin/
+#   cp build/gpu/lib/libkvcuda.so .gpucarry/gpu/lib/
+#   cp /tmp/wt-main/build/gpu/lib/libkvcuda.so .gpucarry/gpu/lib/libkvcuda-main.so
+#   for l in libjansson.so.4 libnats.so.3.4 libevent-2.1.so.7 libevent_core-2.1.so.7 \
+#            libevent_pthreads-2.1.so.7 libprotobuf-c.so.1 libutf8proc.so.2 libxxhash.so.0; do
+#       cp -L /lib/x86_64-linux-gnu/$l .gpucarry/lib/; done
+#   cp -L /lib/x86_64-linux-gnu/{libssl,libcrypto}.so.3 .gpucarry/lib2/
+# then: run(command="bash docs/data/h200-2026-11-30/call1-run.sh 2>&1",
+#           carry=[".gpucarry"], timeout_s=560). About 12 MB travel.
 set -u
 T0=$(date +%s)
 cd "$(dirname "$0")/../../.."
