@@ -361,7 +361,7 @@ def test_fused_norms_and_overlap_change_no_bit(tmp_path, name, dtype, target):
 # --- the tensor-core prefill attention (k_attn_prefill_tc, wmma on kvemu) ---------------------
 
 def tc_steps(r):
-    return int(re.search(r"tensor-core prefill steps (\d+)", r.stderr).group(1))
+    return stat(r, "tensor-core prefill steps")
 
 
 @pytest.mark.parametrize("dtype,kv", [("bf16", "f32"), ("bf16", "bf16"), ("f16", "f32"),

@@ -52,7 +52,7 @@ static_assert(KVC_SAMPLE_CHUNK / KVC_ARGMAX_CHUNK <= KVC_SAMPLE_CANDS, "argmax p
  * Blocks an SM of k_gemv_norm and k_gemv_glu (norm_blocks()): each block
  * norms x once, then its warps loop over rows. Enough warps that an SM
  * keeps about 64 KB of weights in flight (4 KB a GLU warp: two rows; 2 KB
- * otherwise), within the registers (96 a GLU thread, 58 otherwise, sm_90).
+ * otherwise), within the registers (96 a GLU thread, 56 otherwise, sm_90).
  */
 #define KVC_GEMV_NORM_PER_SM 4
 #define KVC_GEMV_GLU_PER_SM  2
@@ -527,9 +527,8 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
 
     if (fn) {
         DISPATCH_PDL(k_gemv_norm, norm_blocks(e, qd + 2 * kd, KVC_GEMV_NORM_PER_SM),
-                     32 * KVC_GEMV_WARPS, e->qkv, e->x,
-                     (const int *) NULL, L->attn_norm, L->wqkv, (int) (qd + 2 * kd), (int) H,
-                     e->eps);
+                     32 * KVC_GEMV_WARPS, e->qkv, e->x, (const int *) NULL, L->attn_norm,
+                     L->wqkv, (int) (qd + 2 * kd), (int) H, e->eps);
     } else {
         if (l > 0) {                    /* layer 0's norm ran with the embedding */
             DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->attn_norm, (const int *) NULL,
@@ -552,12 +551,12 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
         dim3 split_grid((unsigned) T, e->kv_heads, (unsigned) nsplit);
 
         LAUNCH_KV_PDL(k_attn_split, split_grid, 32 * KVC_ATT_WARPS, e->part, e->qkv, e->kv, *m,
-                  (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
-                  e->block_elems, e->layer_elems, (int) l, scale, e->split_len,
-                  fuse_rope ? (const float *) L->bqkv : (const float *) NULL,
-                  fuse_rope ? (const float *) e->inv_freq : (const float *) NULL);
-        DISPATCH_PDL(k_attn_merge, att_grid, 64, e->act, e->part, *m, (int) e->heads, (int) e->hd,
-                 e->split_len, nsplit);
+                      (int) e->heads, (int) e->kv_heads, (int) e->hd, (int) e->b.block_size,
+                      e->block_elems, e->layer_elems, (int) l, scale, e->split_len,
+                      fuse_rope ? (const float *) L->bqkv : (const float *) NULL,
+                      fuse_rope ? (const float *) e->inv_freq : (const float *) NULL);
+        DISPATCH_PDL(k_attn_merge, att_grid, 64, e->act, e->part, *m, (int) e->heads,
+                     (int) e->hd, e->split_len, nsplit);
     } else if (e->att != ATT_HEAD && e->heads / e->kv_heads <= KVC_MAX_GROUP) {
         /* a block per (token, KV head): K/V read once per group */
         DISPATCH_KV(k_attention_gqa, gqa_grid, 32 * KVC_ATT_WARPS, e->act, e->qkv, e->kv, *m,
@@ -571,8 +570,8 @@ static int run_layer(cuda_t *e, uint32_t l, size_t T, const kvc_meta *m, int nsp
     if (gemm(e, e->x, e->act, L->wo, T, H, qd, 1.0f) != 0) return -1;
     if (fn) {
         DISPATCH_PDL(k_gemv_glu, norm_blocks(e, e->inter, KVC_GEMV_GLU_PER_SM),
-                     32 * KVC_GEMV_WARPS, e->act, e->x,
-                     L->mlp_norm, L->wgu, (int) e->inter, (int) H, e->eps);
+                     32 * KVC_GEMV_WARPS, e->act, e->x, L->mlp_norm, L->wgu, (int) e->inter,
+                     (int) H, e->eps);
     } else {
         /* o_proj's bias (attention_bias) is added to x by the norm */
         DISPATCH(k_rmsnorm, (unsigned) T, 256, e->act, e->x, L->mlp_norm, (const int *) NULL,

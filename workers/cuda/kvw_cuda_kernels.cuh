@@ -958,8 +958,8 @@ static __device__ __forceinline__ void kvc_gemv_dot(float *acc, const kvc_pack<T
 }
 
 /*
- * The row's dot products: acc[t] = w row . token t's input, summed over the
- * warp (every lane ends with the sums). The first packs were loaded before
+ * The row's dot products: acc[t] = w row . token t's input for t <
+ * T_tokens, summed over the warp (every lane ends with the sums). The first packs were loaded before
  * the kernel's kvc_pdl_wait (weights only), so they are in flight while
  * the kernel before finishes.
  */
@@ -976,6 +976,7 @@ static __device__ __forceinline__ void kvc_gemv_row(float *acc, kvc_pack<T> *wp,
     }
 #pragma unroll
     for (int t = 0; t < KVC_GEMV_MAX_T; t++) {
+        if (t >= T_tokens) break;       /* only the step's tokens: no shuffles for idle slots */
         for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
     }
 }
