@@ -20,7 +20,7 @@
 
 #include "kv_load.h"
 
-#define KV_LOAD_MAGIC  0x6b766c6f61643034ULL   /* "kvload04": name hash, least-loaded order, prefill base */
+#define KV_LOAD_MAGIC  0x6b766c6f61643035ULL   /* "kvload05": name hash, least-loaded order, prefill base, last send */
 #define LEARN_WEIGHT   (1.0 / 16)
 #define ROW_REAPING    ((int64_t) -1)
 #define NIL            UINT32_MAX
@@ -38,6 +38,7 @@ typedef struct {
     double              prefill_tokens, prefill_ms;     /* learned means */
     double              prefill_tt, prefill_tm;         /* ... of tokens^2, tokens x ms */
     double              decode_tokens, decode_ms;
+    uint64_t            sent_us;                /* kv_clock_us() of the last request sent */
     /* the least-loaded order, under the lock */
     uint32_t            group;                  /* NIL: not placed */
     uint32_t            weight;
@@ -529,6 +530,13 @@ void kv_load_count(kv_load_t *ld, uint32_t server, uint32_t overlap, uint32_t pr
     __atomic_fetch_add(&s->prompt_blocks, prompt_blocks, __ATOMIC_RELAXED);
 }
 
+void kv_load_sent(kv_load_t *ld, uint32_t server, uint64_t now_us)
+{
+    if (server < ld->max_servers) {
+        __atomic_store_n(&servers_of(ld)[server].sent_us, now_us, __ATOMIC_RELAXED);
+    }
+}
+
 /*
  * The prefill line ms = base + tokens / rate, by least squares over the
  * weighted means. A time to first byte has a part that does not grow with
@@ -577,6 +585,7 @@ void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out)
     out->overlap_hits = __atomic_load_n(&s->overlap_hits, __ATOMIC_RELAXED);
     out->overlap_blocks = __atomic_load_n(&s->overlap_blocks, __ATOMIC_RELAXED);
     out->prompt_blocks = __atomic_load_n(&s->prompt_blocks, __ATOMIC_RELAXED);
+    out->sent_us = __atomic_load_n(&s->sent_us, __ATOMIC_RELAXED);
     prefill_fit(load_double(&s->prefill_tokens), load_double(&s->prefill_ms),
                 load_double(&s->prefill_tt), load_double(&s->prefill_tm),
                 &out->prefill_rate, &out->prefill_base);

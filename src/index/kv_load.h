@@ -52,6 +52,7 @@ typedef struct {
     double      prefill_rate;       /* learned prompt tokens per ms; 0: no sample yet */
     double      prefill_base;       /* learned ms of time to first byte that no token adds */
     double      decode_pace;        /* learned ms per output token; 0: no sample yet */
+    uint64_t    sent_us;            /* kv_clock_us() of the last request sent; 0: none */
 } kv_load_server_t;
 
 size_t     kv_load_size(uint32_t max_servers, uint32_t max_rows, uint32_t max_groups);
@@ -87,6 +88,10 @@ void kv_load_release_row(kv_load_t *ld, int row);
 /* Adds delta to one active counter of server, in row (may be -1) and totals. */
 void kv_load_add(kv_load_t *ld, int row, uint32_t server, kv_load_counter_t c,
                  int64_t delta);
+/* Records that a request was sent to server at now_us (kv_clock_us()): how
+ * long ago tells the router whether the prefill it queued there has likely
+ * started (kv_route.c, joinable()). */
+void kv_load_sent(kv_load_t *ld, uint32_t server, uint64_t now_us);
 /* Counts a routing decision (cumulative, never reclaimed). */
 void kv_load_count(kv_load_t *ld, uint32_t server, uint32_t overlap, uint32_t prompt_blocks);
 void kv_load_get(const kv_load_t *ld, uint32_t server, kv_load_server_t *out);

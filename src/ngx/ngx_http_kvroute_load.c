@@ -98,6 +98,7 @@ ngx_http_kvroute_acct_open(ngx_http_kvroute_ctx_t *ctx,
     kv_load_add(zone->sh->load, zone->row, p->load, KV_LOAD_DECODE_TOKENS,
                 ctx->decode_tokens);
     kv_load_add(zone->sh->load, zone->row, p->load, KV_LOAD_REQUESTS, 1);
+    kv_load_sent(zone->sh->load, p->load, ctx->open_ns / 1000);
     kv_load_count(zone->sh->load, p->load, ctx->chosen_overlap,
                   (uint32_t) (ctx->prompt_tokens / bs));
 }

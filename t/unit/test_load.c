@@ -34,6 +34,14 @@ TEST(names_and_counts)
     kv_load_add(ld, row, 1, KV_LOAD_PREFILL_TOKENS, -500);
     kv_load_get(ld, 1, &s);
     CHECK(s.active[KV_LOAD_PREFILL_TOKENS] == 0);
+    /* the last send's time, for the router's "not started yet" */
+    CHECK(s.sent_us == 0);
+    kv_load_sent(ld, 1, 123456789);
+    kv_load_sent(ld, 8, 1);                     /* out of range: ignored */
+    kv_load_get(ld, 1, &s);
+    CHECK(s.sent_us == 123456789);
+    kv_load_get(ld, 0, &s);
+    CHECK(s.sent_us == 0);
     /* reuse keeps everything */
     CHECK(kv_load_init(mem, sz, 8, 4, 1, 1) == ld);
     CHECK(kv_load_find(ld, "u/127.0.0.1:2", 13) == 1);
