@@ -938,7 +938,7 @@ static void
 ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_cand_t *cand, ngx_uint_t n, kv_route_server_t *s)
 {
-    uint64_t                  now, lease;
+    uint64_t                  now, now_us, lease;
     ngx_uint_t                i, cold;
     kv_worker_rec_t           rec;
     kv_load_server_t          ls;
@@ -947,6 +947,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
 
     cold = 1;
     now = kcf->route.worker_load == KV_ROUTE_LOAD_MAX ? kv_ingest_now_ms() : 0;
+    now_us = ngx_http_kvroute_now_ns() / 1000;
 
     for (i = 0; i < n; i++) {
         p = &kcf->peers[cand[i].k];
@@ -957,6 +958,7 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
         s[i].trusted = 1;
         s[i].overlap_index = cand[i].overlap;
         s[i].overlap_pending = cand[i].pending;
+        s[i].since_sent = -1;
 
         if (p->load >= 0) {
             kv_load_get(sh->load, p->load, &ls);
@@ -967,6 +969,10 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].prefill_rate = ls.prefill_rate;
             s[i].prefill_base = ls.prefill_base;
             s[i].decode_pace = ls.decode_pace;
+
+            if (ls.sent_us && ls.sent_us <= now_us) {
+                s[i].since_sent = (double) (now_us - ls.sent_us) / 1000;
+            }
         }
 
         /*

@@ -210,14 +210,15 @@ static int colder(const kv_route_server_t *a, const kv_route_server_t *b, uint64
 
 /*
  * pick_cold's order among servers with the fewest requests in flight:
- * colder()'s, with a server that has a prefill queued (wait > 0) before
- * one that has none, after the empty-index rule and before rendezvous
- * (pick_cold says why).
+ * colder()'s, with a server whose queued prefill the request can still
+ * join (joinable: a prefill queued, sent there within the server's step
+ * time) before one where it cannot, after the empty-index rule and before
+ * rendezvous (pick_cold says why).
  */
 static int sharer(const kv_route_server_t *a, const kv_route_server_t *b, uint64_t key)
 {
-    if ((a->tree_blocks == 0) == (b->tree_blocks == 0) && (a->wait > 0) != (b->wait > 0)) {
-        return a->wait > 0;
+    if ((a->tree_blocks == 0) == (b->tree_blocks == 0) && a->joinable != b->joinable) {
+        return a->joinable;
     }
     return colder(a, b, key);
 }
@@ -250,6 +251,18 @@ static int sharer(const kv_route_server_t *a, const kv_route_server_t *b, uint64
  * waits for its step to end: time to first token +3..+6% against
  * rendezvous alone's, +1..+4% against least_conn's; Q bounds that wait to
  * a step.
+ *
+ * Why only a prefill sent within the server's step time (joinable, 2026-11-30):
+ * engines admit waiting prompts at the start of a step, so a prompt sent
+ * longer ago than a step has most likely started, and a request joining
+ * it shares nothing: it waits for that step, then runs one of its own.
+ * Joining every queue cost short prompts 9-12% of time to first token
+ * against least_conn's on 16 engines (about two requests a server, where
+ * the queued prefill has usually started); joining only one sent within a
+ * step (the learned decode pace, ms per output token) gave 1.01-1.03x, and
+ * on 8 engines kept ITL within 5% as before (docs/BENCHMARKS.md, "Joining
+ * only a prefill not started"). The send time is this zone's own: another
+ * nginx instance's queued prefill is never joined, only counted.
  *
  * Why Q's bound stays, though least_conn has none: without it (round 5,
  * alternated A/B, 4 runs) short-prompt ITL was +2..+6% over least_conn's
@@ -586,6 +599,7 @@ static int pick_ttft(kv_route_server_t *s, size_t n, const kv_route_request_t *r
         s[i].ttft = base + s[i].wait + (double) uncached(&s[i], rq, bs) / rate;
         s[i].saved = (double) cached(&s[i], rq, bs) / rate;
         s[i].decode_ms = (double) out * pace;
+        s[i].joinable = s[i].wait > 0 && s[i].since_sent >= 0 && s[i].since_sent <= pace;
         decodes |= pace > 0;
         loads += load_of(&s[i]);
         m++;
@@ -744,6 +758,7 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
         s[i].eligible = 0;
         s[i].ttft = 0;
         s[i].wait = 0;
+        s[i].joinable = 0;
         s[i].saved = 0;
         s[i].base = 0;
         s[i].cold = 0;

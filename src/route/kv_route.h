@@ -147,11 +147,14 @@ typedef struct {
     double      prefill_rate;       /* tokens/ms */
     double      prefill_base;       /* ms that no token adds (0 until learned) */
     double      decode_pace;        /* ms/token */
+    double      since_sent;         /* ms since this router last sent it a request
+                                       (< 0: never) */
     /* out: what the decision saw */
     int         busy;
     int         eligible;           /* in E (ttft) */
     double      ttft;               /* ms (ttft) or cost (dynamo) */
     double      wait;               /* ms of prefill queued ahead (ttft) */
+    int         joinable;           /* ... and likely not started yet (ttft) */
     double      saved;              /* ms of prefill its cached prefix spares (ttft) */
     double      base;               /* ms of the base used (ttft) */
     double      cold;               /* cold cost, ms of everyone's latency (ttft) */

@@ -449,10 +449,11 @@ TEST(no_reuse_line_noise_does_not_decide)
     }
 }
 
-/* Equal requests in flight: a server with a prefill queued before one
- * with none, whatever the prefix (the request may share its step, and
- * fewer of its requests are decoding: fewer streams stalled by a step of
- * the request's own; docs/BENCHMARKS.md, round 10: short-prompt ITL
+/* Equal requests in flight: a server with a prefill queued (sent there
+ * just now, since_sent 0) before one with none, whatever the prefix (the
+ * request may share its step, and fewer of its requests are decoding:
+ * fewer streams stalled by a step of the request's own;
+ * docs/BENCHMARKS.md, round 10: short-prompt ITL
  * -4..+2% against least_conn's where rendezvous alone was +5..+15%). The
  * opposite order, the estimate's (nothing queued first), sent each cold
  * request to a prefill step of its own: ITL +27% (round 4). Between two
@@ -492,6 +493,57 @@ TEST(no_reuse_ties_prefer_a_queued_prefill)
         }
         CHECK(seen[1] == 64);
         CHECK(both[0] > 8 && both[1] > 8);
+    }
+}
+
+/* The queued prefill is joined only while it has likely not started: sent
+ * there within the server's step time (its decode pace, 30 ms). Sent 45 ms
+ * ago it is taken to be running, and the request would wait for its step
+ * to end and then run one of its own, as on a server with nothing queued:
+ * the rendezvous order decides, so both servers are chosen over many
+ * prefixes (docs/BENCHMARKS.md, "Joining only a prefill not started": on
+ * 16 engines joining every queue made short-prompt TTFT 1.09-1.12x
+ * least_conn's). Sent 10 ms ago the queued server wins every time; a
+ * server this router never sent to has no prefill of its to join. */
+TEST(no_reuse_joins_only_a_prefill_not_started)
+{
+    for (size_t k = 0; k < 3; k++) {
+        uint32_t bs = sizes[k];
+        kv_route_config_t cfg = config(KV_ROUTE_TTFT, bs);
+        kv_route_server_t s[2];
+        kv_route_result_t r;
+        int started[2] = { 0, 0 }, fresh[2] = { 0, 0 }, never[2] = { 0, 0 };
+
+        cfg.decode_pace = 30;
+        for (uint64_t first = 1; first <= 64; first++) {
+            uint64_t q[16] = { first * 7919 };
+            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0 };
+
+            idle(s, 2);
+            for (int i = 0; i < 2; i++) {
+                s[i].prefill_rate = 2.5;
+                s[i].prefill_base = 150;
+                s[i].decode_pace = 30;
+                s[i].requests = 9;
+                s[i].since_sent = 500;
+            }
+            s[1].prefill_tokens = 256;          /* 102 ms queued */
+            s[1].since_sent = 45;
+            CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) >= 0);
+            CHECK(r.why == KV_ROUTE_WHY_COLD);
+            CHECK(!s[1].joinable);
+            started[r.pick]++;
+            s[1].since_sent = 10;
+            CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) >= 0);
+            CHECK(s[1].joinable);
+            fresh[r.pick]++;
+            s[1].since_sent = -1;
+            CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) >= 0);
+            never[r.pick]++;
+        }
+        CHECK(started[0] > 8 && started[1] > 8);
+        CHECK(fresh[1] == 64);
+        CHECK(never[0] > 8 && never[1] > 8);
     }
 }
 
@@ -731,6 +783,7 @@ int main(void)
     RUN(no_reuse_line_noise_does_not_decide);
     RUN(no_reuse_joins_a_queue_within_one_step);
     RUN(no_reuse_ties_prefer_a_queued_prefill);
+    RUN(no_reuse_joins_only_a_prefill_not_started);
     RUN(no_reuse_long_prompt_avoids_a_long_queue);
     RUN(session_home_is_stable_and_spread);
     RUN(session_saturated_home_passes_to_next);
