@@ -706,6 +706,8 @@ static void handle_metrics(kvw_http_t *h, struct evhttp_request *req)
     metric(b, "kvworker_cached_prompt_tokens_total", "counter",
            "prompt tokens served from the cache at first admission", e, (double)l.cached_tokens);
     metric(b, "kvworker_steps_total", "counter", "scheduler steps", e, (double)l.steps);
+    metric(b, "kvworker_prefill_steps_total", "counter",
+           "scheduler steps that computed prompt tokens", e, (double)l.prefill_steps);
     metric(b, "kvworker_request_bodies_parsed_total", "counter",
            "request bodies parsed as JSON (once per request, however many prompts)", e,
            (double)h->bodies_parsed);

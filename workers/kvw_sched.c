@@ -488,6 +488,12 @@ static void start_step(sched_t *sc)
         ms = -1;
     sc->base.unhealthy = sc->be->unhealthy;     /* a lost device: health checks fail from now */
     sc->st.steps++;
+    for (uint32_t i = 0; i < sc->n_batch; i++) {
+        if (!sc->seqs[i].decode) {
+            sc->st.prefill_steps++;
+            break;
+        }
+    }
     if (ms > 0)
         sc->st.busy_ms += ms;
     sc->busy = 1;

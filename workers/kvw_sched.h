@@ -27,6 +27,8 @@ typedef struct {
     uint32_t    kv_active_blocks;
     uint32_t    num_blocks, block_size;
     uint64_t    requests, finished, cancelled, preemptions, steps;
+    uint64_t    prefill_steps;      /* steps that computed prompt tokens: each stalls
+                                       the streams decoding beside it */
     uint64_t    prompt_tokens, generation_tokens, cached_tokens;
     uint64_t    prefix_query_tokens, prefix_hit_tokens;
     double      busy_ms;    /* sum of step times (simulated for mock): the engine's busy time */

@@ -200,4 +200,5 @@ def test_idle_engine_runs_the_modeled_schedule(stack):
         assert s == 200 and body["usage"]["completion_tokens"] == 30
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         assert m1["kvworker_steps_total"] - m0["kvworker_steps_total"] == 30
+        assert m1["kvworker_prefill_steps_total"] - m0["kvworker_prefill_steps_total"] == 1
         assert m1["kvworker_generation_tokens_total"] - m0["kvworker_generation_tokens_total"] == 30
