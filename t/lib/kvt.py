@@ -18,7 +18,10 @@ import tempfile
 import time
 
 TOP = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("KVROUTE_BUILD", os.path.join(TOP, "build"))
+# absolute: nginx resolves load_module against its own prefix, a temporary
+# directory, so a relative KVROUTE_BUILD (KVROUTE_BUILD=build tools/...) would
+# fail `nginx -t` there
+BUILD = os.path.abspath(os.environ.get("KVROUTE_BUILD", os.path.join(TOP, "build")))
 SANITIZE = os.environ.get("KVROUTE_SANITIZE", "0") == "1"
 BIN = os.path.join(BUILD, "bin")
 MODULE = os.path.join(BUILD, "modules", "ngx_http_kvroute_module.so")
