@@ -460,6 +460,7 @@ static void start_step(sched_t *sc)
 {
     uint32_t budget = (uint32_t)sc->base.cfg->max_num_batched_tokens;
     double ms = 0;
+    int prefill = 0;
 
     sc->n_batch = 0;
     if (!schedule_running(sc, &budget))
@@ -479,6 +480,7 @@ static void start_step(sched_t *sc)
         q->cached = (uint32_t)s->req->cached_tokens;
         q->sample = it->sample;
         q->decode = s->decoding;
+        prefill |= !s->decoding;
         q->sampling.temperature = (float)s->req->temperature;
         q->sampling.top_p = (float)s->req->top_p;
         q->sampling.top_k = s->req->top_k;
@@ -488,12 +490,7 @@ static void start_step(sched_t *sc)
         ms = -1;
     sc->base.unhealthy = sc->be->unhealthy;     /* a lost device: health checks fail from now */
     sc->st.steps++;
-    for (uint32_t i = 0; i < sc->n_batch; i++) {
-        if (!sc->seqs[i].decode) {
-            sc->st.prefill_steps++;
-            break;
-        }
-    }
+    sc->st.prefill_steps += prefill;
     if (ms > 0)
         sc->st.busy_ms += ms;
     sc->busy = 1;

@@ -90,7 +90,7 @@ void kv_load_add(kv_load_t *ld, int row, uint32_t server, kv_load_counter_t c,
                  int64_t delta);
 /* Records that a request was sent to server at now_us (kv_clock_us()): how
  * long ago tells the router whether the prefill it queued there has likely
- * started (kv_route.c, joinable()). */
+ * started (kv_route.c, joinable). */
 void kv_load_sent(kv_load_t *ld, uint32_t server, uint64_t now_us);
 /* Counts a routing decision (cumulative, never reclaimed). */
 void kv_load_count(kv_load_t *ld, uint32_t server, uint32_t overlap, uint32_t prompt_blocks);

@@ -449,6 +449,23 @@ TEST(no_reuse_line_noise_does_not_decide)
     }
 }
 
+/* Two servers at the fleet's line as learned under load (base 150 ms,
+ * 2.5 tokens/ms, 30 ms a token), 9 requests in flight each, the second
+ * with one 256-token prompt queued (102 ms); both last sent a request
+ * since_sent ms ago. */
+static void tied_pair(kv_route_server_t *s, double since_sent)
+{
+    idle(s, 2);
+    for (int i = 0; i < 2; i++) {
+        s[i].prefill_rate = 2.5;
+        s[i].prefill_base = 150;
+        s[i].decode_pace = 30;
+        s[i].requests = 9;
+        s[i].since_sent = since_sent;
+    }
+    s[1].prefill_tokens = 256;
+}
+
 /* Equal requests in flight: a server with a prefill queued (sent there
  * just now, since_sent 0) before one with none, whatever the prefix (the
  * request may share its step, and fewer of its requests are decoding:
@@ -473,14 +490,7 @@ TEST(no_reuse_ties_prefer_a_queued_prefill)
             uint64_t q[16] = { first * 7919 };
             kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0 };
 
-            idle(s, 2);
-            for (int i = 0; i < 2; i++) {
-                s[i].prefill_rate = 2.5;
-                s[i].prefill_base = 150;
-                s[i].decode_pace = 30;
-                s[i].requests = 9;
-            }
-            s[1].prefill_tokens = 256;          /* 102 ms queued */
+            tied_pair(s, 0);
             CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) >= 0);
             CHECK(r.why == KV_ROUTE_WHY_COLD);
             seen[r.pick]++;
@@ -519,15 +529,7 @@ TEST(no_reuse_joins_only_a_prefill_not_started)
             uint64_t q[16] = { first * 7919 };
             kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0 };
 
-            idle(s, 2);
-            for (int i = 0; i < 2; i++) {
-                s[i].prefill_rate = 2.5;
-                s[i].prefill_base = 150;
-                s[i].decode_pace = 30;
-                s[i].requests = 9;
-                s[i].since_sent = 500;
-            }
-            s[1].prefill_tokens = 256;          /* 102 ms queued */
+            tied_pair(s, 500);
             s[1].since_sent = 45;
             CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) >= 0);
             CHECK(r.why == KV_ROUTE_WHY_COLD);
