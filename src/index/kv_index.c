@@ -72,7 +72,7 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303036ULL   /* "kvidx006": the slot change log */
+#define IX_MAGIC        0x6b76696478303037ULL   /* "kvidx007": filter bits are key bits */
 #define KEY_EMPTY       0ULL
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
@@ -182,11 +182,14 @@ static uint16_t *counts(const kv_index_t *ix)
     return (uint16_t *) (void *) ((char *) ix + ix->off_counts);
 }
 
-/* The filter bit of a key: keys are hashes already, one multiply spreads
- * the odd ones tests use. */
+/* The filter bit of a key: its low bits. Keys are XXH3 sequence hashes
+ * (kv_hash.h), uniform in every bit, and small test keys differ there
+ * too. A match takes one for each of its ~255 blocks between landings,
+ * so the multiply and shift this was before cost 4-5 % of the match
+ * (docs/BENCHMARKS.md, "Request path speed round 10"). */
 static uint64_t filter_slot(const kv_index_t *ix, uint64_t key)
 {
-    return (key * 0x9e3779b97f4a7c15ULL) >> (64 - ix->filter_bits);
+    return key & ((1ULL << ix->filter_bits) - 1);
 }
 
 /* Kids bitmaps are one word per entry: slot s uses bit s % 64, so with
