@@ -449,20 +449,27 @@ TEST(no_reuse_line_noise_does_not_decide)
     }
 }
 
-/* Two servers at the fleet's line as learned under load (base 150 ms,
- * 2.5 tokens/ms, 30 ms a token), 9 requests in flight each, the second
- * with one 256-token prompt queued (102 ms); both last sent a request
- * since_sent ms ago. */
-static void tied_pair(kv_route_server_t *s, double since_sent)
+/* n servers at the fleet's line as learned under load (base 150 ms,
+ * 2.5 tokens/ms, 30 ms a token), each with `requests` in flight. */
+static void loaded(kv_route_server_t *s, size_t n, uint64_t requests)
 {
-    idle(s, 2);
-    for (int i = 0; i < 2; i++) {
+    idle(s, n);
+    for (size_t i = 0; i < n; i++) {
         s[i].prefill_rate = 2.5;
         s[i].prefill_base = 150;
         s[i].decode_pace = 30;
-        s[i].requests = 9;
-        s[i].since_sent = since_sent;
+        s[i].requests = requests;
     }
+}
+
+/* Two loaded() servers with 9 requests in flight each, the second with
+ * one 256-token prompt queued (102 ms); both last sent a request
+ * since_sent ms ago. */
+static void tied_pair(kv_route_server_t *s, double since_sent)
+{
+    loaded(s, 2, 9);
+    s[0].since_sent = since_sent;
+    s[1].since_sent = since_sent;
     s[1].prefill_tokens = 256;
 }
 
@@ -571,13 +578,7 @@ TEST(no_reuse_joins_a_queue_within_one_step)
         kv_route_result_t r;
 
         cfg.decode_pace = 30;
-        idle(s, 3);
-        for (int i = 0; i < 3; i++) {
-            s[i].prefill_rate = 2.5;
-            s[i].prefill_base = 150;
-            s[i].decode_pace = 30;
-            s[i].requests = 12;
-        }
+        loaded(s, 3, 12);
         s[0].requests = 8;
         s[0].prefill_tokens = 256;
         s[1].requests = 14;
