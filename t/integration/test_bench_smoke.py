@@ -127,3 +127,31 @@ def test_bench_scale_share_runs_clean():
         assert sum(x["requests"]) == 120, x
         assert x["engine_ttft_mean_ms"] > 0 and x["ttft_mean_ms"] > 0, x
     assert runs[1]["hit_rate"] > runs[0]["hit_rate"], runs
+
+
+@NOT_MERGED
+def test_a_mixed_fleet_runs_clean(tmp_path):
+    """--slow-engines K: the last K engines are a second kvworker process at another
+    speed, whose worker ids follow the first's (the router tells every engine apart
+    and counts each one's load); every request completes and every engine's busy time
+    is read."""
+    trace = shared_prefix_trace(str(tmp_path / "trace.jsonl"), 40)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, os.path.join(TOP, "tools", "bench-e2e"),
+                        "--build", kvt.BUILD, "--trace", trace, "--requests", "40",
+                        "--engines", "4", "--slow-engines", "2", "--slow-factor", "0.5",
+                        "--speedup", "10", "--engine-speedup", "4", "--policies", "kvroute",
+                        "--out", str(out), "--no-plots"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, KVROUTE_BUILD=kvt.BUILD))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with open(out / "summary.json") as f:
+        s = json.load(f)
+    kv = s["kvroute"]
+    assert kv["errors"] == 0 and kv["completed"] == 40, kv
+    assert len(kv["busy_s"]) == 4 and None not in kv["busy_s"], kv
+    assert s["settings"]["slow_engines"] == 2 and s["settings"]["slow_factor"] == 0.5
+    with open(out / "kvroute.status.json") as f:
+        servers = json.load(f)["zones"]["kv"]["upstreams"]["llm"]
+    assert sorted(x["worker_id"] for x in servers) == [7000, 7001, 7002, 7003]
+    assert sum(x["requests"] for x in servers) == 40
