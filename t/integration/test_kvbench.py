@@ -291,6 +291,33 @@ def test_oracle_without_load_bound_by_hand(tmp_path):
     assert s["evictions"] == 0
 
 
+def test_oracle_two_speeds_by_hand(tmp_path):
+    """Six 16-token prompts that share nothing, 2 engines, balance 1: the bound counts work
+    in time. One speed: the work splits 48:48. With the second engine at half speed
+    (speeds 1 and 0.5, sum 1.5), e is eligible when 1.5 x (W_e + 16) <= (sum W + 16) x s_e:
+    r0, r1 fall back to e0 ((W+u)/s: 16 against 32, then 32 against 32, the lower index),
+    r2 fits e1 (24 <= 24), r3 and r4 fall back to e0, r5 fits e1 (48 <= 48): 64:32, the
+    speeds' ratio. --slow-factor 1 is the one-speed oracle."""
+    t = oracle_trace(tmp_path, [([i], 16) for i in range(1, 7)])
+    args = ["--engines", 2, "--cache-tokens", 1024, "--block-size", 16, "--trace-block-size",
+            16, "--balance", 1]
+    one = oracle_json(t, *args)
+    assert one["oracle_work_spread"] == pytest.approx(1.0) and one["fallbacks"] == 3
+    assert "slow_engines" not in one
+    two = oracle_json(t, *args, "--slow-engines", 1, "--slow-factor", 0.5)
+    assert two["oracle_work_spread"] == pytest.approx(64 / 48, abs=1e-5)
+    assert two["fallbacks"] == 4
+    assert two["slow_engines"] == 1 and two["slow_factor"] == 0.5
+    same = oracle_json(t, *args, "--slow-engines", 1, "--slow-factor", 1)
+    assert same["oracle_work_spread"] == one["oracle_work_spread"]
+    assert same["fallbacks"] == one["fallbacks"]
+    # more slow engines than engines, or a factor outside (0, 1]: refused with a reason
+    for bad in (["--slow-engines", 3], ["--slow-engines", 1, "--slow-factor", 0],
+                ["--slow-engines", 1, "--slow-factor", 1.5]):
+        r = oracle(t, *args, *bad)
+        assert r.returncode == 2 and "slow" in r.stderr, (bad, r.stderr)
+
+
 def test_oracle_engine_blocks_inside_trace_blocks(tmp_path):
     """Trace blocks of 32 tokens, engine blocks of 16: only full engine blocks count.
     r0 [7] 20 tokens: one full block. r1 [7,8] 40 tokens: two full blocks, the first

@@ -163,6 +163,12 @@ static void serve(lru_t *c, const uint64_t *keys, uint32_t n)
         lru_touch(c, keys[k]);
 }
 
+/* Engine e's speed against the fleet's fastest (rule 2 of kvb_oracle.h). */
+static double speed(const kvb_oracle_opts_t *o, uint32_t e)
+{
+    return e >= o->engines - o->slow_engines ? o->slow_factor : 1.0;
+}
+
 static double floor_ms(const kvb_oracle_opts_t *o, uint32_t len, uint64_t cached)
 {
     return o->floor_speedup > 0
@@ -182,11 +188,17 @@ int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_r
     memset(res, 0, sizeof(*res));
     if (o->engines == 0 || o->engines > 4096 || o->block_size == 0
         || o->trace_block_size == 0 || !(o->balance >= 1.0)
+        || o->slow_engines > o->engines
+        || (o->slow_engines > 0 && !(o->slow_factor > 0 && o->slow_factor <= 1))
         || (o->floor_speedup > 0 && o->floor_budget == 0)) {
-        snprintf(err, errlen, "need 1 <= engines <= 4096, block sizes > 0, balance >= 1 "
-                 "and a token budget > 0 with floors");
+        snprintf(err, errlen, "need 1 <= engines <= 4096, block sizes > 0, balance >= 1, "
+                 "slow engines <= engines at a factor in (0, 1], and a token budget > 0 "
+                 "with floors");
         return -1;
     }
+    double speeds = 0;
+    for (uint32_t e = 0; e < o->engines; e++)
+        speeds += speed(o, e);
     uint64_t cap = o->cache_tokens / o->block_size;
     if (cap == 0 || cap >= (1u << 30)) {
         snprintf(err, errlen, "cache-tokens / block-size must be in [1, 2^30) blocks, got %llu",
@@ -233,13 +245,17 @@ int kvb_oracle_run(const kv_trace_t *t, const kvb_oracle_opts_t *o, kvb_oracle_r
         }
         uint32_t best = NIL, low = 0;
         for (uint32_t e = 0; e < o->engines; e++) {
-            /* rule 2 without division: N * (W_e + u_e) <= balance * (sum W + u_e) */
-            int ok = (double)o->engines * (double)(work[e] + cost[e])
-                     <= o->balance * (double)(total + cost[e]);
+            /* rule 2 without division: S * (W_e + u_e) <= balance * (sum W + u_e) * s_e,
+             * S = sum s (= N with one speed: the same sums as before speeds) */
+            int ok = speeds * (double)(work[e] + cost[e])
+                     <= o->balance * (double)(total + cost[e]) * speed(o, e);
             if (ok && (best == NIL || have[e] > have[best]
-                       || (have[e] == have[best] && work[e] < work[best])))
+                       || (have[e] == have[best]
+                           && (double)work[e] * speed(o, best)
+                              < (double)work[best] * speed(o, e))))
                 best = e;
-            if (work[e] + cost[e] < work[low] + cost[low])
+            if ((double)(work[e] + cost[e]) * speed(o, low)
+                < (double)(work[low] + cost[low]) * speed(o, e))
                 low = e;
         }
         if (best == NIL) {

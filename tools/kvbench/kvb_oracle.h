@@ -17,10 +17,15 @@
  *      W_e = the uncached prompt tokens assigned to e so far.
  *   2. e is eligible when W_e + u_e <= balance * (sum W + u_e) / N: after
  *      taking r, its prefill work is within `balance` of the fleet's mean.
+ *      In a fleet of two speeds (slow_engines > 0: the last ones run at
+ *      slow_factor x the others' speed) work is counted in time: e is
+ *      eligible when (W_e + u_e) / s_e <= balance * (sum W + u_e) / sum s,
+ *      s_e its speed (1 or slow_factor), so a slow engine's share of the
+ *      work is its share of the speed.
  *   3. Among eligible engines pick the longest cached prefix (largest c_e),
- *      ties to the smallest W_e, then the lowest index. When no engine is
- *      eligible (a request larger than the slack, e.g. the first one), pick
- *      the smallest W_e + u_e (counted in "fallbacks").
+ *      ties to the smallest W_e / s_e, then the lowest index. When no engine
+ *      is eligible (a request larger than the slack, e.g. the first one),
+ *      pick the smallest (W_e + u_e) / s_e (counted in "fallbacks").
  *   4. The chosen engine's cache is an LRU of cache_tokens / B blocks: r's
  *      full blocks are touched (hits) or inserted (misses) from the last to
  *      the first, so a prompt's head is fresher than its tail and eviction
@@ -50,6 +55,8 @@ typedef struct {
     uint32_t    block_size;         /* engine KV block, tokens */
     uint32_t    trace_block_size;   /* tokens per trace hash id */
     double      balance;            /* >= 1: the load bound of rule 2 */
+    uint32_t    slow_engines;       /* the last ones run at slow_factor x speed */
+    double      slow_factor;        /* (0, 1]: their speed against the others' */
     double      floor_speedup;      /* the engines' --speedup; 0: no floors */
     uint32_t    floor_budget;       /* the engines' --max-num-batched-tokens */
 } kvb_oracle_opts_t;

@@ -7,6 +7,7 @@
  *   kvbench ideal  --trace FILE [--max-requests N]    the trace's ideal reuse
  *   kvbench oracle --trace FILE [--engines N] [--cache-tokens C] [--block-size B]
  *                  [--balance F] [--trace-block-size TB] [--floor-speedup S]
+ *                  [--slow-engines K [--slow-factor F]]
  *       the hit rate of a load-bounded longest-prefix oracle on a fleet of N
  *       engines with C-token LRU caches, and the infinite single-cache bound
  *       (kvb_oracle.h has the exact rule); with --floor-speedup, the mean TTFT
@@ -42,10 +43,13 @@ static void usage(FILE *f)
           "       kvbench ideal --trace FILE [--max-requests N]\n"
           "       kvbench oracle --trace FILE [--engines N] [--cache-tokens C] [--block-size B]\n"
           "                      [--balance F] [--trace-block-size TB] [--max-requests N]\n"
+          "                      [--slow-engines K [--slow-factor F]]\n"
           "                      [--floor-speedup S] [--floor-budget N]\n"
           "       kvbench floor --records FILE --floor-speedup S [--block-size B] [--floor-budget N]\n"
           "  oracle: --engines 8, --cache-tokens 2097152 (per engine), --block-size 64 (the\n"
           "  engines' KV block), --balance 1.1 (load bound), --trace-block-size 512;\n"
+          "  --slow-engines K: the last K engines run at --slow-factor F (default 0.5) x\n"
+          "  the others' speed, and the load bound counts work in time\n"
           "  --floor-speedup S: also the mean TTFT floor on mock engines of --speedup S\n"
           "  with a step budget of --floor-budget tokens (default 8192)\n"
           "  --url URL          http://host:port[/path] (path default /v1/completions)\n"
@@ -91,7 +95,8 @@ static int parse_args(int argc, char **argv, args_t *a)
         {"records", 1, 0, 'r'}, {"timeout", 1, 0, 'T'}, {"help", 0, 0, 'h'},
         {"engines", 1, 0, 'E'}, {"cache-tokens", 1, 0, 'C'}, {"balance", 1, 0, 'L'},
         {"trace-block-size", 1, 0, 'B'}, {"floor-speedup", 1, 0, 'F'},
-        {"floor-budget", 1, 0, 'G'}, {0, 0, 0, 0},
+        {"floor-budget", 1, 0, 'G'}, {"slow-engines", 1, 0, 'S'}, {"slow-factor", 1, 0, 'f'},
+        {0, 0, 0, 0},
     };
     double v;
     int c;
@@ -107,6 +112,7 @@ static int parse_args(int argc, char **argv, args_t *a)
     a->oracle.trace_block_size = 512;
     a->oracle.balance = 1.1;
     a->oracle.floor_budget = 8192;
+    a->oracle.slow_factor = 0.5;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 't': a->trace = optarg; break;
@@ -144,6 +150,13 @@ static int parse_args(int argc, char **argv, args_t *a)
         case 'F':
             if (parse_num("--floor-speedup", optarg, 1e-6, 1e9, &a->oracle.floor_speedup))
                 return -1;
+            break;
+        case 'S':
+            if (parse_num("--slow-engines", optarg, 0, 4096, &v)) return -1;
+            a->oracle.slow_engines = (uint32_t)v;
+            break;
+        case 'f':
+            if (parse_num("--slow-factor", optarg, 1e-6, 1, &a->oracle.slow_factor)) return -1;
             break;
         case 'G':
             if (parse_num("--floor-budget", optarg, 1, 1 << 24, &v)) return -1;
@@ -440,6 +453,8 @@ static int cmd_oracle(const args_t *a)
            r.ideal_hit_rate > 0 ? r.oracle_hit_rate / r.ideal_hit_rate : 0.0,
            r.work_spread, (unsigned long long)r.fallbacks, (unsigned long long)r.evictions,
            kv_trace_ideal_reuse(&t));
+    if (o->slow_engines > 0)
+        printf(",\"slow_engines\":%u,\"slow_factor\":%g", o->slow_engines, o->slow_factor);
     if (o->floor_speedup > 0)
         printf(",\"floor_speedup\":%g,\"floor_budget\":%u,\"oracle_floor_ttft_ms\":%.3f,"
                "\"ideal_floor_ttft_ms\":%.3f,\"any_order_floor_ttft_ms\":%.3f",
