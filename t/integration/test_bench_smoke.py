@@ -133,13 +133,15 @@ def test_bench_scale_share_runs_clean():
 def test_a_mixed_fleet_runs_clean(tmp_path):
     """--slow-engines K: the last K engines are a second kvworker process at another
     speed, whose worker ids follow the first's (the router tells every engine apart
-    and counts each one's load); every request completes and every engine's busy time
-    is read."""
+    and counts each one's load), weighted by speed with --weigh-speeds (nginx accepts
+    weight= beside kvroute); every request completes, every engine's busy time is read,
+    and the oracle is the two-speed one."""
     trace = shared_prefix_trace(str(tmp_path / "trace.jsonl"), 40)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, os.path.join(TOP, "tools", "bench-e2e"),
                         "--build", kvt.BUILD, "--trace", trace, "--requests", "40",
                         "--engines", "4", "--slow-engines", "2", "--slow-factor", "0.5",
+                        "--weigh-speeds",
                         "--speedup", "10", "--engine-speedup", "4", "--policies", "kvroute",
                         "--out", str(out), "--no-plots"],
                        capture_output=True, text=True, timeout=300,
@@ -151,6 +153,9 @@ def test_a_mixed_fleet_runs_clean(tmp_path):
     assert kv["errors"] == 0 and kv["completed"] == 40, kv
     assert len(kv["busy_s"]) == 4 and None not in kv["busy_s"], kv
     assert s["settings"]["slow_engines"] == 2 and s["settings"]["slow_factor"] == 0.5
+    assert s["settings"]["weigh_speeds"] is True
+    # the oracle was asked for the fleet's two speeds
+    assert s["oracle"]["slow_engines"] == 2 and s["oracle"]["slow_factor"] == 0.5
     with open(out / "kvroute.status.json") as f:
         servers = json.load(f)["zones"]["kv"]["upstreams"]["llm"]
     assert sorted(x["worker_id"] for x in servers) == [7000, 7001, 7002, 7003]
