@@ -86,8 +86,9 @@ def body(msgs):
 
 
 def pct(xs, p):
+    """None for no samples (TURNS=1 has no follow-up turns)."""
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p * len(xs)))]
+    return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
 
 
 def main():
