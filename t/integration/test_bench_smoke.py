@@ -82,6 +82,10 @@ def test_round_robin_runs_clean(bench):
     assert rr["late_s"] is not None and rr["late_s"] >= 0 and "late s" in out
     # the engines' own time to first token is read (compared with the client's in the bench, not here)
     assert rr["engine_ttft_mean_ms"] > 0 and "eng TTFT" in out
+    # how much of each pool running requests held, and the oracle with only the rest as cache
+    assert 0 <= rr["kv_active"] <= 1 and rr["preemptions"] >= 0 and "KV act" in out
+    assert 0 < rr["free_oracle_hit_rate"] <= s["ideal_hit_rate"] and "/free" in out
+    assert rr["share_of_free_oracle"] == pytest.approx(rr["hit_rate"] / rr["free_oracle_hit_rate"])
 
 
 @NOT_MERGED
