@@ -86,6 +86,25 @@ def test_round_robin_runs_clean(bench):
     assert 0 <= rr["kv_active"] <= 1 and rr["preemptions"] >= 0 and "KV act" in out
     assert 0 < rr["free_oracle_hit_rate"] <= s["ideal_hit_rate"] and "/free" in out
     assert rr["share_of_free_oracle"] == pytest.approx(rr["hit_rate"] / rr["free_oracle_hit_rate"])
+    assert rr["kv_blocks"] == [32768] * ENGINES     # --num-blocks' default, as the engines report it
+
+
+def test_the_pressure_workload_runs_on_its_own_pool(tmp_path):
+    """The suite's `pressure` workload (the conversation trace on half the KV pool) starts
+    its engines with its own pool whatever --num-blocks says, and its oracles use it."""
+    r = subprocess.run([sys.executable, os.path.join(TOP, "tools", "bench-e2e"),
+                        "--build", kvt.BUILD, "--suite", "--workloads", "pressure",
+                        "--scale", "0.02", "--policies", "round_robin", "--engines", "2",
+                        "--out", str(tmp_path), "--no-plots"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, KVROUTE_BUILD=kvt.BUILD))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    with open(tmp_path / "run1" / "pressure" / "summary.json") as f:
+        s = json.load(f)
+    rr = s["round_robin"]
+    assert rr["errors"] == 0 and rr["completed"] == 30, rr
+    assert s["settings"]["num_blocks"] == 16384 and rr["kv_blocks"] == [16384, 16384]
+    assert s["oracle"]["cache_tokens"] == 16384 * 64
 
 
 @NOT_MERGED
