@@ -1452,8 +1452,12 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
     if (!ix->approximate || ix->used == 0) {
         return;
     }
-    /* a full sweep at most every tenth of the TTL */
-    if (ix->last_expire && now - (uint32_t) ix->last_expire < ix->ttl_ms / 10) {
+    /* a full sweep at most every tenth of the TTL, and at most once a
+     * second: a learned TTL of a few seconds (kv_retain.h) would otherwise
+     * sweep the whole table every timer tick */
+    if (ix->last_expire
+        && now - (uint32_t) ix->last_expire < (ix->ttl_ms < 10000 ? 1000 : ix->ttl_ms / 10))
+    {
         return;
     }
     ix->last_expire = now ? now : 1;
@@ -1468,6 +1472,27 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
             i--;            /* a later entry may have moved into i: look again */
         }
     }
+}
+
+void kv_index_set_ttl(kv_index_t *ix, uint32_t ttl_ms)
+{
+    __atomic_store_n(&ix->ttl_ms, ttl_ms ? ttl_ms : 1, __ATOMIC_RELAXED);
+}
+
+uint32_t kv_index_ttl(const kv_index_t *ix)
+{
+    return ix->ttl_ms;
+}
+
+int64_t kv_index_age(const kv_index_t *ix, uint64_t key, uint64_t now_ms)
+{
+    int64_t at = find(ix, norm_key(key));
+
+    if (at < 0) {
+        return -1;
+    }
+    /* touch and now are ms mod 2^32: their difference is right for 49 days */
+    return (int64_t) (uint32_t) ((uint32_t) now_ms - entry(ix, (uint64_t) at)->touch);
 }
 
 /* --- readers ------------------------------------------------------------- */
@@ -2119,4 +2144,5 @@ void kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st)
     st->unknown_remove = __atomic_load_n(&m->unknown_remove, __ATOMIC_SEQ_CST);
     st->holes = __atomic_load_n(&m->hole_used, __ATOMIC_SEQ_CST);
     st->lost_slots = __atomic_load_n(&m->lost_slots, __ATOMIC_SEQ_CST);
+    st->ttl_ms = __atomic_load_n(&m->ttl_ms, __ATOMIC_RELAXED);
 }

@@ -59,6 +59,7 @@ typedef struct {
     uint64_t    unknown_remove; /* removals of hashes not indexed */
     uint64_t    holes;          /* keys in the hole table (kv_index.c) */
     uint64_t    lost_slots;     /* slots whose holes overflowed it: matches walk */
+    uint64_t    ttl_ms;         /* approximate: the memory now (kv_index_set_ttl) */
 } kv_index_stats_t;
 
 /* The smallest region kv_index_create accepts for cfg. */
@@ -116,6 +117,13 @@ void kv_index_record_at(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size
 /* Approximate mode: drops expired entries and prunes to the cap. Cheap when
  * there is nothing to do; call it every few hundred milliseconds. */
 void kv_index_expire(kv_index_t *ix, uint64_t now_ms);
+/* Approximate mode: the memory kv_index_expire keeps (ms), changed at run
+ * time by what the engines report (kv_retain.h). Writer only. */
+void     kv_index_set_ttl(kv_index_t *ix, uint32_t ttl_ms);
+uint32_t kv_index_ttl(const kv_index_t *ix);
+/* How long ago (ms) key was last stored or recorded; -1 if absent. Writer
+ * only: the touch time is the writer's, outside the entry's lock. */
+int64_t  kv_index_age(const kv_index_t *ix, uint64_t key, uint64_t now_ms);
 
 /* --- readers (any process, any time) ----------------------------------- */
 

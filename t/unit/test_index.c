@@ -474,6 +474,32 @@ TEST(approximate_ttl_expire)
     free(ix);
 }
 
+/* the learned memory (kv_retain.h): a shorter TTL set at run time expires
+ * what the configured one kept; ages are the last record's */
+TEST(approximate_ttl_set_and_ages)
+{
+    kv_index_config_t cfg = { .approximate = 1, .ttl_ms = 120000 };
+    kv_index_t       *ix = make(1 << 20, &cfg);
+    uint64_t          seq[4] = { 31, 32, 33, 34 };
+    int               a = kv_index_worker_add(ix, 1, 0);
+
+    kv_index_record(ix, (uint32_t) a, seq, 4, 10000);
+    kv_index_record(ix, (uint32_t) a, seq, 2, 14000);
+    CHECK(kv_index_age(ix, 31, 15000) == 1000);
+    CHECK(kv_index_age(ix, 34, 15000) == 5000);
+    CHECK(kv_index_age(ix, 35, 15000) == -1);
+    kv_index_expire(ix, 15000);
+    CHECK_EQ_U64(overlap(ix, a, seq, 4), 4);
+    CHECK_EQ_U64(kv_index_ttl(ix), 120000);
+    kv_index_set_ttl(ix, 3000);
+    CHECK_EQ_U64(kv_index_ttl(ix), 3000);
+    kv_index_expire(ix, 15500);                 /* within a second: no sweep */
+    CHECK_EQ_U64(overlap(ix, a, seq, 4), 4);
+    kv_index_expire(ix, 16000);
+    CHECK_EQ_U64(overlap(ix, a, seq, 4), 2);
+    free(ix);
+}
+
 TEST(approximate_prune_to_ratio)
 {
     kv_index_config_t cfg = { .approximate = 1, .max_blocks = 100, .prune_ratio = 0.8 };
@@ -1377,6 +1403,7 @@ int main(void)
     RUN(match_exits_early);
     RUN(eviction_when_full);
     RUN(approximate_ttl_expire);
+    RUN(approximate_ttl_set_and_ages);
     RUN(approximate_prune_to_ratio);
     RUN(open_on_reuse);
     RUN(match_jump_equals_walk_randomized);
