@@ -28,6 +28,7 @@
 #include "kv_preamble.h"
 #include "kv_prefill.h"
 #include "kv_registry.h"
+#include "kv_retain.h"
 #include "kv_ring.h"
 #include "kv_route.h"
 #include "kv_tokenizer.h"
@@ -113,6 +114,9 @@ typedef struct {
     void                           *share_region;
     size_t                          share_size;
     kv_dring_t                     *share;      /* kvroute_share's ring, or NULL */
+    kv_retain_t                     retain;     /* approximate mode: what the
+                                                   engines kept (kv_retain.h) */
+    ngx_msec_t                      retain_ms;  /* its last step, any process */
 } ngx_http_kvroute_sh_t;
 
 
@@ -125,6 +129,7 @@ typedef struct {
     ngx_uint_t                      approximate;    /* no kvroute_events feeds it */
     ngx_uint_t                      max_workers;
     ngx_msec_t                      ttl;
+    int                             ttl_learn;      /* ttl_learn=on: ttl is a cap */
     size_t                          size;           /* declared */
     ngx_uint_t                      load_servers;   /* the load table's shape, */
     ngx_uint_t                      load_rows;      /* from the configuration */
@@ -305,6 +310,9 @@ typedef struct {
 
     ngx_http_kvroute_peer_t        *chosen;
     uint32_t                        chosen_overlap;
+    int64_t                         credit_age_ms;  /* approximate mode: how long
+                                                       ago the deepest block credited
+                                                       was recorded; -1: none */
     double                          chosen_cost;    /* the decision's estimate */
 
     kv_usage_scan_t                 usage;      /* the response's reported usage */

@@ -1348,6 +1348,11 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
  * (the next request sharing the longer prefix saw only the confirmed part
  * until the events came). The worker's own events still win: its Removed
  * and Cleared drop the pending guesses as well (events.c).
+ *
+ * In approximate mode with ttl_learn, it first notes how long ago the
+ * deepest block credited to the chosen server was recorded: the response's
+ * cached tokens then say whether the engine still had blocks that old
+ * (kv_retain.h, ngx_http_kvroute_filter.c).
  */
 
 void
@@ -1355,17 +1360,30 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_ctx_t *ctx, ngx_http_kvroute_peer_t *p,
     const kv_route_server_t *s)
 {
-    int                      slot;
+    int                      slot, learn;
+    size_t                   credited;
     kv_index_t              *ix;
     ngx_http_kvroute_zone_t *zone = kcf->zone;
 
     ix = zone->sh->approximate ? zone->sh->index : zone->sh->pending;
+    learn = ctx->conf == kcf && ctx->chosen == p;
+
+    if (learn) {
+        ctx->credit_age_ms = -1;
+    }
 
     if (ix == NULL || ctx->nseq == 0) {
         return;
     }
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+
+    credited = ngx_min((size_t) s->overlap_index, ctx->nseq);
+
+    if (learn && credited && zone->ttl_learn && ix == zone->sh->index) {
+        ctx->credit_age_ms = kv_index_age(ix, ctx->seq[credited - 1],
+                                          (uint64_t) ngx_current_msec);
+    }
 
     /*
      * The slot this process last mapped the server to, while the index

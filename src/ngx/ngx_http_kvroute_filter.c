@@ -15,7 +15,9 @@
  * (kv_usage.h: a few bytes of state, no buffering) and at the end compares
  * the cached tokens the engine reported with those the index predicted for
  * the worker chosen, one sample in the registry (kv_selfcheck_sample); the
- * helper acts on a drift.
+ * helper acts on a drift. In approximate mode the same scan feeds the
+ * learned memory instead (kv_retain.h): what the server was credited with,
+ * how old it was, and what its engine still had.
  *
  * With prefill= the header filter releases the prefill server's load: a
  * decode worker sends its header once the KV is in place; debug headers
@@ -30,6 +32,8 @@
 static void ngx_http_kvroute_selfcheck_start(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
 static void ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx);
+static void ngx_http_kvroute_retain_sample(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
 static ngx_int_t ngx_http_kvroute_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_kvroute_body_filter(ngx_http_request_t *r,
@@ -75,7 +79,8 @@ ngx_http_kvroute_add_header(ngx_http_request_t *r, char *key, ngx_str_t *v)
 /*
  * Worth scanning: a 200 from a primary server of an events-mode zone, for
  * a prompt routed whole by overlap (a fallback or a capped prompt has no
- * prediction to check).
+ * prediction to check); in approximate mode, one whose server was credited
+ * with blocks whose age was noted (ttl_learn).
  */
 
 static void
@@ -85,7 +90,8 @@ ngx_http_kvroute_selfcheck_start(ngx_http_request_t *r,
     ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
 
     ctx->usage_on = 0;
-    if (kcf == NULL || kcf->zone == NULL || kcf->zone->events_conf == NULL
+    if (kcf == NULL || kcf->zone == NULL
+        || (kcf->zone->events_conf == NULL && ctx->credit_age_ms < 0)
         || r->headers_out.status != NGX_HTTP_OK
         || ctx->cand == NULL || ctx->nseq == 0
         || ctx->fallback != NGX_HTTP_KVROUTE_FB_NONE
@@ -130,6 +136,11 @@ ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
         /* no usage (a stream without include_usage, vLLM without
          * --enable-prompt-tokens-details), or not this prompt's (a batch
          * of prompts, another chat template): nothing to compare */
+        return;
+    }
+
+    if (kcf->zone->sh->approximate) {
+        ngx_http_kvroute_retain_sample(r, ctx);
         return;
     }
 
@@ -182,6 +193,36 @@ ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
                    ctx->prompt_tokens);
 
     kv_selfcheck_sample(reg, (int) i, p->worker_id, predicted, cached);
+}
+
+
+/*
+ * Approximate mode: what the server was credited with, beside what its
+ * engine found cached, at the age the decision noted (kv_retain.h).
+ */
+
+static void
+ngx_http_kvroute_retain_sample(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    uint64_t                      bs, maxb, credited;
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+
+    if (ctx->credit_age_ms < 0) {
+        return;
+    }
+
+    bs = kcf->block_size;
+    maxb = ctx->prompt_tokens ? (ctx->prompt_tokens - 1) / bs : 0;
+    credited = ngx_min((uint64_t) ctx->chosen_overlap, maxb) * bs;
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "kvroute retain: credited %uL cached %uL of %uL tokens, "
+                   "age %L ms", credited, ctx->usage.cached_tokens,
+                   ctx->prompt_tokens, ctx->credit_age_ms);
+
+    kv_retain_sample(&kcf->zone->sh->retain, (uint64_t) ctx->credit_age_ms,
+                     credited, (uint64_t) ctx->usage.cached_tokens);
 }
 
 

@@ -313,6 +313,8 @@ ngx_http_kvroute_get_ctx(ngx_http_request_t *r,
         return NULL;
     }
 
+    ctx->credit_age_ms = -1;
+
     cln = ngx_pool_cleanup_add(r->pool, 0);
     if (cln == NULL) {
         return NULL;

@@ -55,7 +55,10 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(tokenize_bytes_peak, U, "kvroute_tokenize_bytes_peak", gauge,           \
       "Most body bytes one worker process has had in the thread pool")        \
     X(load_rows_reaped, U, "kvroute_load_rows_reaped_total", counter,         \
-      "Load rows of exited nginx processes reclaimed")
+      "Load rows of exited nginx processes reclaimed")                        \
+    X(ttl_samples, U, "kvroute_ttl_samples_total", counter,                   \
+      "Responses whose cached tokens were checked against the blocks "        \
+      "credited (approximate mode, ttl_learn)")
 
 /* labels {zone}, JSON "index" */
 #define NGX_HTTP_KVROUTE_INDEX_STATS(X)                                       \
@@ -79,6 +82,9 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
       "Blocks expired by the TTL (approximate mode)")                         \
     X(pruned, U, "kvroute_index_pruned_total", counter,                       \
       "Blocks pruned over the cap (approximate mode)")                        \
+    X(ttl_ms, U, "kvroute_index_ttl_ms", gauge,                               \
+      "How long a decision's blocks are believed (approximate mode): ttl=, "  \
+      "or less where the engines' cached tokens show they keep less")         \
     X(unknown_parent, U, "kvroute_index_unknown_parent_total", counter,       \
       "Stores dropped because their parent block was not indexed")            \
     X(unknown_remove, U, "kvroute_index_unknown_remove_total", counter,       \
@@ -956,6 +962,7 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
     s->z.tokenize_bytes = sh->tokenize_bytes;
     s->z.tokenize_bytes_peak = sh->tokenize_bytes_peak;
     s->z.load_rows_reaped = kv_load_reaped(sh->load);
+    s->z.ttl_samples = __atomic_load_n(&sh->retain.samples, __ATOMIC_RELAXED);
 
     kv_index_stats(sh->index, &st);
     d = &s->index;

@@ -40,6 +40,7 @@ static void ngx_http_kvroute_zone_turns(ngx_http_kvroute_zone_t *zone,
 static ngx_int_t ngx_http_kvroute_register_servers(
     ngx_http_kvroute_zone_t *zone, ngx_log_t *log);
 static int ngx_http_kvroute_pid_alive(pid_t pid);
+static void ngx_http_kvroute_zone_learn_ttl(ngx_http_kvroute_zone_t *zone);
 
 
 /*
@@ -50,11 +51,20 @@ static int ngx_http_kvroute_pid_alive(pid_t pid);
 #define NGX_HTTP_KVROUTE_ZONE_OFF(field)                                      \
     offsetof(ngx_http_kvroute_zone_t, field)
 
+static ngx_conf_enum_t  ngx_http_kvroute_on_off[] = {
+    { ngx_string("off"), 0 },
+    { ngx_string("on"), 1 },
+    { ngx_null_string, 0 }
+};
+
+
 static ngx_http_kvroute_param_t  ngx_http_kvroute_zone_params[] = {
     { ngx_string("max_workers="), NGX_HTTP_KVROUTE_P_UINT,
       NGX_HTTP_KVROUTE_ZONE_OFF(max_workers), 1, 4096, NULL },
     { ngx_string("ttl="), NGX_HTTP_KVROUTE_P_MSEC,
       NGX_HTTP_KVROUTE_ZONE_OFF(ttl), 1, 1e15, NULL },
+    { ngx_string("ttl_learn="), NGX_HTTP_KVROUTE_P_ENUM,
+      NGX_HTTP_KVROUTE_ZONE_OFF(ttl_learn), 0, 0, ngx_http_kvroute_on_off },
     { ngx_string("turn_cache="), NGX_HTTP_KVROUTE_P_SIZE,
       NGX_HTTP_KVROUTE_ZONE_OFF(turn_size), 0, 1e15, NULL },
     { ngx_string("turn_cache_ttl="), NGX_HTTP_KVROUTE_P_MSEC,
@@ -189,6 +199,7 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
     zone->approximate = 1;
     zone->max_workers = 256;
     zone->ttl = 120000;
+    zone->ttl_learn = 1;
     zone->turn_size = -1;
     zone->turn_ttl = 300000;
 
@@ -686,9 +697,53 @@ ngx_http_kvroute_zone_timer(ngx_http_kvroute_zone_t *zone)
      */
 
     if ((sh->approximate || sh->pending) && ngx_shmtx_trylock(&zone->shpool->mutex)) {
+
+        if (sh->approximate) {
+            ngx_http_kvroute_zone_learn_ttl(zone);
+        }
+
         kv_index_expire(sh->approximate ? sh->index : sh->pending,
                         (uint64_t) ngx_current_msec);
         ngx_shmtx_unlock(&zone->shpool->mutex);
+    }
+}
+
+
+/*
+ * Approximate mode: the memory the engines' answers support (kv_retain.h),
+ * with ttl= as its cap; with ttl_learn=off, ttl= itself. Twice a second
+ * for the zone, whichever process gets there first; under the zone's mutex.
+ */
+
+static void
+ngx_http_kvroute_zone_learn_ttl(ngx_http_kvroute_zone_t *zone)
+{
+    uint64_t                cap, cur, next;
+    ngx_http_kvroute_sh_t  *sh = zone->sh;
+
+    cap = ngx_min(zone->ttl, (ngx_msec_t) 0xffffffff);
+
+    if (!zone->ttl_learn) {
+        kv_index_set_ttl(sh->index, (uint32_t) cap);
+        return;
+    }
+
+    if (sh->retain_ms && ngx_current_msec - sh->retain_ms < 500) {
+        return;
+    }
+
+    sh->retain_ms = ngx_current_msec;
+
+    /* a minute's half-life: 1019/1024 a tick */
+    kv_retain_decay(&sh->retain, 1019);
+
+    cur = kv_index_ttl(sh->index);
+    next = kv_retain_step(ngx_min(cur, cap), kv_retain_choose(&sh->retain, cap));
+
+    if (next != cur) {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                       "kvroute_zone: learned ttl %uL ms (was %uL)", next, cur);
+        kv_index_set_ttl(sh->index, (uint32_t) next);
     }
 }
 
