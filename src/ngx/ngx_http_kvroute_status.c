@@ -375,6 +375,8 @@ typedef struct {
     ngx_uint_t                        has_pending;
     ngx_uint_t                        has_turn;
     ngx_uint_t                        has_events;
+    kv_retain_t                       retain;       /* approximate mode, */
+    ngx_uint_t                        has_retain;   /* ttl_learn=on */
     uint64_t                          fallbacks[NGX_HTTP_KVROUTE_FB_N];
     uint64_t                          hist[NGX_HTTP_KVROUTE_HIST];
     uint64_t                          decision_us_sum;
@@ -968,6 +970,19 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
     d = &s->index;
     NGX_HTTP_KVROUTE_INDEX_STATS(NGX_HTTP_KVROUTE_COPY)
 
+    if (sh->approximate && zone->ttl_learn) {
+        for (i = 0; i < KV_RETAIN_BUCKETS; i++) {
+            s->retain.right[i] = __atomic_load_n(&sh->retain.right[i],
+                                                 __ATOMIC_RELAXED);
+            s->retain.wrong[i] = __atomic_load_n(&sh->retain.wrong[i],
+                                                 __ATOMIC_RELAXED);
+            s->retain.n[i] = __atomic_load_n(&sh->retain.n[i],
+                                             __ATOMIC_RELAXED);
+        }
+
+        s->has_retain = 1;
+    }
+
     if (sh->pending) {
         ngx_http_kvroute_pending_snap_t  *d;
 
@@ -1022,7 +1037,82 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
 }
 
 
+/* --- Prometheus: the learned memory's buckets ----------------------------- */
+
+/* The JSON's ttl_learn buckets, one family per field, labelled by age. */
+
+static u_char *
+ngx_http_kvroute_prom_retain(u_char *b, ngx_http_kvroute_snap_t *zs,
+    ngx_uint_t nz)
+{
+    int          i;
+    double       v;
+    ngx_uint_t   f, z;
+
+    static char  *names[] = { "kvroute_ttl_learn_samples",
+                              "kvroute_ttl_learn_right_tokens",
+                              "kvroute_ttl_learn_wrong_tokens" };
+    static char  *helps[] = {
+        "Responses checked, by the age of the deepest block credited "
+        "(decayed; approximate mode, ttl_learn)",
+        "Credited tokens the engine had, by age (decayed)",
+        "Credited tokens the engine no longer had, by age (decayed)" };
+
+    for (f = 0; f < 3; f++) {
+        b = NGX_HTTP_KVROUTE_HEADER(b, names[f], "gauge", helps[f]);
+
+        for (z = 0; z < nz; z++) {
+            for (i = 0; zs[z].has_retain && i < KV_RETAIN_BUCKETS; i++) {
+                if (zs[z].retain.n[i] == 0) {
+                    continue;
+                }
+
+                v = f == 0 ? (double) zs[z].retain.n[i] / KV_RETAIN_ONE
+                    : f == 1 ? (double) zs[z].retain.right[i]
+                    : (double) zs[z].retain.wrong[i];
+
+                b = ngx_sprintf(b, "%s{%s,age_ms=\"%uL\"} %.1f\n", names[f],
+                                zs[z].labels, kv_retain_edge_ms(i), v);
+            }
+        }
+    }
+
+    return b;
+}
+
+
 /* --- JSON --------------------------------------------------------------- */
+
+/*
+ * Approximate mode's learned memory: each age bucket that has samples, with
+ * the credited tokens its engines had and had not (kv_retain.h), so an
+ * operator can see why index.ttl_ms is what it is.
+ */
+
+static u_char *
+ngx_http_kvroute_json_retain(u_char *b, kv_retain_t *r)
+{
+    int         i;
+    ngx_uint_t  first = 1;
+
+    b = ngx_sprintf(b, ",\"ttl_learn\":{\"buckets\":[");
+
+    for (i = 0; i < KV_RETAIN_BUCKETS; i++) {
+        if (r->n[i] == 0) {
+            continue;
+        }
+
+        b = ngx_sprintf(b, "%s{\"age_ms\":%uL,\"samples\":%.1f,"
+                        "\"right_tokens\":%uL,\"wrong_tokens\":%uL}",
+                        first ? "" : ",", kv_retain_edge_ms(i),
+                        (double) r->n[i] / KV_RETAIN_ONE, r->right[i],
+                        r->wrong[i]);
+        first = 0;
+    }
+
+    return ngx_sprintf(b, "]}");
+}
+
 
 static u_char *
 ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_snap_t *s)
@@ -1040,6 +1130,10 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_snap_t *s)
     NGX_HTTP_KVROUTE_JSON(b, NGX_HTTP_KVROUTE_INDEX_STATS,
                           ngx_http_kvroute_index_snap_t, &s->index);
     b = ngx_sprintf(b, "}");
+
+    if (s->has_retain) {
+        b = ngx_http_kvroute_json_retain(b, &s->retain);
+    }
 
     if (s->has_pending) {
         b = ngx_sprintf(b, ",\"pending\":{");
@@ -1223,6 +1317,8 @@ ngx_http_kvroute_prom(u_char *b, ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
                         zs[z].labels, cum);
     }
 
+    b = ngx_http_kvroute_prom_retain(b, zs, nz);
+
     /* per worker and per server: every zone's items within each family */
 
 #define PRESENT(k)  1
@@ -1285,7 +1381,8 @@ ngx_http_kvroute_status_size(ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
 
     for (z = 0; z < nz; z++) {
         size += (ngx_strlen(zs[z].labels) * 2 + row)
-                * (NGX_HTTP_KVROUTE_FB_N + 2 * NGX_HTTP_KVROUTE_HIST + 0
+                * (NGX_HTTP_KVROUTE_FB_N + 2 * NGX_HTTP_KVROUTE_HIST
+                   + 4 * KV_RETAIN_BUCKETS + 3 + 0
                    NGX_HTTP_KVROUTE_ZONE_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_INDEX_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_PENDING_STATS(NGX_HTTP_KVROUTE_COUNT)

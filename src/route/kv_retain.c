@@ -63,7 +63,8 @@ void kv_retain_decay(kv_retain_t *r, uint32_t keep_1024)
 
 uint64_t kv_retain_choose(const kv_retain_t *r, uint64_t cap_ms)
 {
-    int b;
+    int      b;
+    uint64_t right, wrong;
 
     for (b = kv_retain_bucket(KV_RETAIN_FLOOR_MS); b < KV_RETAIN_BUCKETS; b++) {
         if (edges[b] >= cap_ms) {
@@ -73,8 +74,9 @@ uint64_t kv_retain_choose(const kv_retain_t *r, uint64_t cap_ms)
                 < (uint64_t) KV_RETAIN_MIN_N * KV_RETAIN_ONE) {
             continue;   /* too few to say */
         }
-        if (__atomic_load_n(&r->wrong[b], __ATOMIC_RELAXED)
-                > __atomic_load_n(&r->right[b], __ATOMIC_RELAXED)) {
+        right = __atomic_load_n(&r->right[b], __ATOMIC_RELAXED);
+        wrong = __atomic_load_n(&r->wrong[b], __ATOMIC_RELAXED);
+        if (wrong * 100 > (right + wrong) * KV_RETAIN_STALE_PCT) {
             return edges[b];
         }
     }

@@ -33,6 +33,7 @@
 #define KV_RETAIN_BUCKETS   18          /* [1 s, 1.41 s) ... [256 s, ...) and < 1 s */
 #define KV_RETAIN_FLOOR_MS  2000        /* the youngest memory it chooses */
 #define KV_RETAIN_MIN_N     16          /* samples a bucket needs for a verdict */
+#define KV_RETAIN_STALE_PCT 50          /* credited tokens gone for a verdict, % */
 
 typedef struct {
     uint64_t    right[KV_RETAIN_BUCKETS];   /* credited tokens the engine had */
