@@ -129,7 +129,8 @@ typedef struct {
     ngx_uint_t                      approximate;    /* no kvroute_events feeds it */
     ngx_uint_t                      max_workers;
     ngx_msec_t                      ttl;
-    int                             ttl_learn;      /* ttl_learn=on: ttl is a cap */
+    int                             ttl_learn;      /* ttl_learn=on: ttl is a cap
+                                                       (off by default) */
     size_t                          size;           /* declared */
     ngx_uint_t                      load_servers;   /* the load table's shape, */
     ngx_uint_t                      load_rows;      /* from the configuration */

@@ -199,7 +199,7 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
     zone->approximate = 1;
     zone->max_workers = 256;
     zone->ttl = 120000;
-    zone->ttl_learn = 1;
+    zone->ttl_learn = 0;
     zone->turn_size = -1;
     zone->turn_ttl = 300000;
 
@@ -734,7 +734,7 @@ ngx_http_kvroute_zone_learn_ttl(ngx_http_kvroute_zone_t *zone)
 
     sh->retain_ms = ngx_current_msec;
 
-    /* a minute's half-life: 1019/1024 a tick */
+    /* 1019/1024 a tick: a half-life of about 70 s */
     kv_retain_decay(&sh->retain, 1019);
 
     cur = kv_index_ttl(sh->index);

@@ -1,10 +1,11 @@
-"""Approximate mode learns how long engines keep blocks (kv_retain.h).
+"""Approximate mode learns how long engines keep blocks (kv_retain.h), with
+ttl_learn=on (off by default: docs/CONFIG.md, "Which mode").
 
 Real nginx with the module, real kvworker mock engines whose KV pools hold
 two prompts each. Prompts cycle through more than a pool holds, so every
 resent prompt's blocks were evicted; the engines' usage.cached_tokens says
 so, and the zone's memory (index.ttl_ms) falls from ttl= to what the
-answers support. With ttl_learn=off it stays at ttl=. With pools that hold
+answers support. By default it stays at ttl=. With pools that hold
 everything, every credited block is found and it stays at ttl= too."""
 import json
 import time
@@ -86,7 +87,7 @@ def rounds_apart(port, n, gap_s=2.2):
 
 
 def test_evicting_engines_shorten_the_memory(stack):
-    ng = stack_with(stack, num_blocks=72)   # 1,152 tokens: two prompts of 515
+    ng = stack_with(stack, num_blocks=72, learn="ttl_learn=on")    # 1,152 tokens: two prompts of 515
     assert zone(ng.port)["index"]["ttl_ms"] == 60000
     # a verdict needs 16 samples in one age bucket, and they decay: three
     # rounds of resends, 24 samples
@@ -99,15 +100,25 @@ def test_evicting_engines_shorten_the_memory(stack):
     assert z["ttl_samples"] >= 3 * DOCS
     # the youngest age that missed: the 2 s bucket (rounds 2.2-2.8 s apart)
     assert 2000 <= z["index"]["ttl_ms"] <= 2828, z["index"]
+    # the status shows why: that bucket's credited tokens were mostly gone
+    b = {x["age_ms"]: x for x in z["ttl_learn"]["buckets"]}
+    assert z["index"]["ttl_ms"] in b, b
+    stale = b[z["index"]["ttl_ms"]]
+    assert stale["wrong_tokens"] > stale["right_tokens"] and stale["samples"] >= 16, stale
+    s, _, text = kvt.request(ng.port, "GET", "/kvroute/status?format=prometheus")
+    assert s == 200
+    assert 'kvroute_ttl_learn_wrong_tokens{zone="kv",age_ms="%d"}' % z["index"]["ttl_ms"] \
+        in text.decode()
+    assert 'kvroute_index_ttl_ms{zone="kv"} %d' % z["index"]["ttl_ms"] in text.decode()
     # and the memory is used: what was recorded that long ago expires
     kvt.wait_until(lambda: zone(ng.port)["index"]["expired"] > 0, what="expiry")
 
 
-def test_ttl_learn_off_keeps_the_configured_memory(stack):
-    ng = stack_with(stack, num_blocks=72, learn="ttl_learn=off")
+def test_by_default_the_memory_is_the_configured_one(stack):
+    ng = stack_with(stack, num_blocks=72)
     rounds_apart(ng.port, 3)
     z = zone(ng.port)
-    assert z["ttl_samples"] == 0
+    assert z["ttl_samples"] == 0 and "ttl_learn" not in z
     # the timer has run (twice a second) and left it alone
     time_seen = time.monotonic()
     kvt.wait_until(lambda: time.monotonic() - time_seen > 1.0, what="two ticks")
@@ -115,9 +126,18 @@ def test_ttl_learn_off_keeps_the_configured_memory(stack):
 
 
 def test_engines_that_keep_everything_keep_the_memory(stack):
-    ng = stack_with(stack, num_blocks=4096)
+    ng = stack_with(stack, num_blocks=4096, learn="ttl_learn=on")
     rounds = rounds_apart(ng.port, 3)
     assert all(c == BLOCKS * 16 for r in rounds[1:] for c in r), rounds
     z = zone(ng.port)
     assert z["ttl_samples"] >= 2 * DOCS
     assert z["index"]["ttl_ms"] == 60000
+
+
+def test_ttl_learn_takes_on_or_off(stack):
+    for value, good in (("on", True), ("off", True), ("yes", False)):
+        ok, out, _ = stack.nginx_t(CONF % {"learn": "ttl_learn=" + value,
+                                           "servers": "server 127.0.0.1:1;"})
+        assert ok == good, out
+        if not good:
+            assert 'invalid "ttl_learn=yes"' in out and "ttl_learn=on" in out, out
