@@ -14,8 +14,13 @@
  *
  * Samples go into buckets by age, a factor of sqrt(2) apart from 1 s. The
  * memory to use is the lower edge of the youngest bucket, no younger than
- * KV_RETAIN_FLOOR_MS, where most credited tokens were gone; the configured
- * ttl where none is. Ages under the floor are left out: a miss that young
+ * KV_RETAIN_FLOOR_MS, where three quarters of the credited tokens were gone
+ * (KV_RETAIN_STALE_PCT); the configured ttl where none is. Not half: a
+ * credit still right a third of the time is worth more than a cold
+ * placement, since the router sticks to it only where the prefill it saves
+ * outweighs the holder's extra queue; at half, a hot prefix over small pools
+ * lost 1.12-1.25x mean TTFT, at three quarters it gained (docs/BENCHMARKS.md,
+ * "Approximate mode learns its memory"). Ages under the floor are left out: a miss that young
  * is more often two requests prefilled together than an eviction. The
  * memory shrinks at once and grows back a few percent a tick, so samples
  * at older ages come back as it grows and the verdict can change with the
@@ -33,7 +38,7 @@
 #define KV_RETAIN_BUCKETS   18          /* [1 s, 1.41 s) ... [256 s, ...) and < 1 s */
 #define KV_RETAIN_FLOOR_MS  2000        /* the youngest memory it chooses */
 #define KV_RETAIN_MIN_N     16          /* samples a bucket needs for a verdict */
-#define KV_RETAIN_STALE_PCT 50          /* credited tokens gone for a verdict, % */
+#define KV_RETAIN_STALE_PCT 75          /* credited tokens gone for a verdict, % */
 
 typedef struct {
     uint64_t    right[KV_RETAIN_BUCKETS];   /* credited tokens the engine had */

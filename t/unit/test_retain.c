@@ -45,12 +45,23 @@ TEST(evictions_cut_the_memory_at_the_youngest_stale_age)
 
     feed(&r, 3000, 50, 1024, 1024);
     feed(&r, 6000, 50, 1024, 1024);
-    feed(&r, 9000, 50, 1024, 600);      /* 40 % gone: still mostly right */
+    feed(&r, 9000, 50, 1024, 400);      /* 61 % gone: still worth crediting */
     feed(&r, 12000, 50, 1024, 64);
     feed(&r, 40000, 50, 1024, 0);
     CHECK_EQ_U64(kv_retain_choose(&r, CAP), 11314);
     /* a memory shorter than the evidence is never chosen above the cap */
     CHECK_EQ_U64(kv_retain_choose(&r, 10000), 10000);
+}
+
+/* a bucket is stale from three quarters gone, not from half */
+TEST(stale_from_three_quarters)
+{
+    kv_retain_t r = { 0 };
+
+    feed(&r, 9000, 40, 1000, 260);      /* 74 % gone */
+    CHECK_EQ_U64(kv_retain_choose(&r, CAP), CAP);
+    feed(&r, 9000, 40, 1000, 220);      /* now 76 % */
+    CHECK_EQ_U64(kv_retain_choose(&r, CAP), 8000);
 }
 
 /* young misses (two prefills of one prefix in one step) never cut it
@@ -92,7 +103,7 @@ TEST(decay_keeps_the_verdict)
 {
     kv_retain_t r = { 0 };
 
-    feed(&r, 20000, 1000, 1000, 400);
+    feed(&r, 20000, 1000, 1000, 200);
     for (int i = 0; i < 100; i++)
         kv_retain_decay(&r, 1019);
     CHECK_EQ_U64(kv_retain_choose(&r, CAP), 16000);
@@ -120,6 +131,7 @@ int main(void)
     RUN(buckets_are_sqrt2_apart_from_one_second);
     RUN(no_evidence_keeps_the_cap);
     RUN(evictions_cut_the_memory_at_the_youngest_stale_age);
+    RUN(stale_from_three_quarters);
     RUN(young_or_few_misses_do_not_count);
     RUN(decay_forgets);
     RUN(decay_keeps_the_verdict);
