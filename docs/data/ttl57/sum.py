@@ -4,19 +4,25 @@ bench-e2e --suite output). Per workload and policy (approximate mode learned,
 approximate mode fixed at 120 s, events mode): mean and p90 TTFT, ITL, E2E,
 hit rate and its share of the oracle, and from the status page the memory
 the zone ended with (index.ttl_ms), the samples it learned from and the
-blocks it expired; then learned over fixed and learned over events."""
+blocks it expired; then learned over fixed and learned over events.
+
+Names: in the runs before 17:20 UTC `kvroute-approx` was the learned memory
+and `kvroute-approx-fixed` the fixed one; from then on (conv2a, conv2b)
+`kvroute-approx-learn` is the learned one and `kvroute-approx` the fixed
+one (the default). Each run is read by the names it has."""
 import glob
 import json
 import os
 import sys
-
-P = ("kvroute-approx", "kvroute-approx-fixed", "kvroute")
 
 for d in sys.argv[1:]:
     x = json.load(open(os.path.join(d, "summary.json")))
     for ri, run in enumerate(x["runs"]):
         for wl, r in run.items():
             pool = r["settings"].get("num_blocks")
+            P = (("kvroute-approx-learn", "kvroute-approx", "kvroute")
+                 if "kvroute-approx-learn" in r else
+                 ("kvroute-approx", "kvroute-approx-fixed", "kvroute"))
             for p in P:
                 if p not in r:
                     continue
