@@ -19,7 +19,7 @@
  * credit still right a third of the time is worth more than a cold
  * placement, since the router sticks to it only where the prefill it saves
  * outweighs the holder's extra queue; at half, a hot prefix over small pools
- * lost 1.12-1.25x mean TTFT, at three quarters it gained (docs/BENCHMARKS.md,
+ * lost 1.12-1.25x mean TTFT, at three quarters it was level (docs/BENCHMARKS.md,
  * "Approximate mode learns its memory"). Ages under the floor are left out: a miss that young
  * is more often two requests prefilled together than an eviction. The
  * memory shrinks at once and grows back a few percent a tick, so samples
