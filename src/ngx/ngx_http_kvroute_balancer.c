@@ -1361,7 +1361,7 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
     const kv_route_server_t *s)
 {
     int                      slot, learn;
-    size_t                   credited;
+    size_t                   d;
     kv_index_t              *ix;
     ngx_http_kvroute_zone_t *zone = kcf->zone;
 
@@ -1370,6 +1370,7 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
 
     if (learn) {
         ctx->credit_age_ms = -1;
+        learn = zone->ttl_learn && ix == zone->sh->index && s->overlap_index;
     }
 
     if (ix == NULL || ctx->nseq == 0) {
@@ -1378,10 +1379,10 @@ ngx_http_kvroute_record(ngx_http_kvroute_srv_conf_t *kcf,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    credited = ngx_min((size_t) s->overlap_index, ctx->nseq);
-
-    if (learn && credited && zone->ttl_learn && ix == zone->sh->index) {
-        ctx->credit_age_ms = kv_index_age(ix, ctx->seq[credited - 1],
+    if (learn) {
+        /* the deepest block credited, read before this record touches it */
+        d = ngx_min((size_t) s->overlap_index, ctx->nseq) - 1;
+        ctx->credit_age_ms = kv_index_age(ix, ctx->seq[d],
                                           (uint64_t) ngx_current_msec);
     }
 
