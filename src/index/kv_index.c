@@ -1486,13 +1486,17 @@ uint32_t kv_index_ttl(const kv_index_t *ix)
 
 int64_t kv_index_age(const kv_index_t *ix, uint64_t key, uint64_t now_ms)
 {
-    int64_t at = find(ix, norm_key(key));
+    int64_t at = find(ix, norm_key(key)), age;
 
     if (at < 0) {
         return -1;
     }
-    /* touch and now are ms mod 2^32: their difference is right for 49 days */
-    return (int64_t) (uint32_t) ((uint32_t) now_ms - entry(ix, (uint64_t) at)->touch);
+    /* touch and now are ms mod 2^32: their difference is right for 24
+     * days; signed, as the sweep's, since another nginx process's clock
+     * (which recorded the touch) may be a few ms ahead of this one's: such
+     * a block is fresh, not 49 days old (kv_retain's oldest bucket) */
+    age = (int32_t) ((uint32_t) now_ms - entry(ix, (uint64_t) at)->touch);
+    return age > 0 ? age : 0;
 }
 
 /* --- readers ------------------------------------------------------------- */
