@@ -4,19 +4,21 @@ outputs of run.sh). Per workload: each policy's mean and p90 TTFT, ITL, hit
 rate, share of the oracle and the memory its zone ended with (index.ttl_ms);
 then the same-run ratios of mean TTFT: w/m (credits weighed by the kept
 share, against main's learner), w/fixed and m/fixed, and at the end their
-means over the runs given."""
+means over the runs given. In run-w90.sh's runs (v-*) "w" is w90
+(kvroute-approx-learn@v)."""
 import glob
 import json
 import os
 import sys
 
-F, M, W = "kvroute-approx@m", "kvroute-approx-learn@m", "kvroute-approx-learn@w"
+F, M = "kvroute-approx@m", "kvroute-approx-learn@m"
 ratios = {}
 for d in sys.argv[1:]:
     x = json.load(open(os.path.join(d, "summary.json")))
     name = os.path.basename(d.rstrip("/"))
     for ri, run in enumerate(x["runs"]):
         for wl, r in run.items():
+            W = "kvroute-approx-learn@v" if "kvroute-approx-learn@v" in r else "kvroute-approx-learn@w"
             for p in (F, M, W):
                 if p not in r:
                     continue
