@@ -18,10 +18,11 @@
  * (KV_RETAIN_STALE_PCT); the configured ttl where none is. Not half: a
  * credit still right a third of the time is worth more than a cold
  * placement, since the router sticks to it only where the prefill it saves
- * outweighs the holder's extra queue; at half, a hot prefix over small pools
- * lost 1.12-1.25x mean TTFT, at three quarters it was level (docs/BENCHMARKS.md,
- * "Approximate mode learns its memory"). Ages under the floor are left out: a miss that young
- * is more often two requests prefilled together than an eviction. The
+ * outweighs the holder's extra queue; at half, a hot prefix over small
+ * pools lost 1.12-1.25x mean TTFT, at three quarters it was level
+ * (docs/BENCHMARKS.md, "Approximate mode learns its memory"). Ages under
+ * the floor are left out: a miss that young is more often two requests
+ * prefilled together than an eviction. The
  * memory shrinks at once and grows back a few percent a tick, so samples
  * at older ages come back as it grows and the verdict can change with the
  * traffic; buckets decay, so old traffic stops counting.
