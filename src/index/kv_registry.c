@@ -94,10 +94,15 @@ uint32_t kv_registry_max_workers(const kv_registry_t *reg)
 static uint32_t scan_bound(const kv_registry_t *reg);
 
 /* A writer killed between write_begin and write_end left a record's seq
- * odd: the new writer closes it (the content is re-validated anyway). */
+ * odd: the new writer closes it (the content is re-validated anyway). The
+ * slot at `high` too: kv_registry_add writes a never-used slot before it
+ * raises `high`, and one killed there would leave that seq odd, inverted
+ * for good once the slot is next written (idle records unreadable). */
 static void repair(kv_registry_t *reg)
 {
     uint32_t n = scan_bound(reg);
+    if (n < reg->max_workers)
+        n++;
     for (uint32_t i = 0; i < n; i++)
         kv_seqlock_unstick(&reg->slots[i].seq);
 }

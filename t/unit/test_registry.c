@@ -215,6 +215,34 @@ TEST(killed_writer_repaired_on_takeover)
     free(mem);
 }
 
+/* The same, for a writer killed while adding a record in a slot never used
+ * before (before `high` covers it): the next holder closes that one too,
+ * so the next add there leaves a readable record, not an inverted seq. */
+TEST(killed_adder_of_a_new_slot_repaired_on_takeover)
+{
+    size_t size;
+    void *mem = region_for(2, &size);
+    char err[128];
+    kv_registry_t *reg = kv_registry_create(mem, size, 2, err, sizeof(err));
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    int status;
+    waitpid(child, &status, 0);
+    uint32_t g;
+    CHECK(kv_registry_lease_acquire(reg, child, &g) == 0);
+    CHECK_EQ_U64(kv_registry_add(reg, 3, 0), 0);
+    kv_registry_write_begin(reg, 1);                           /* adding into slot 1: died */
+    CHECK(kv_registry_lease_acquire(reg, getpid(), &g) == 0);
+    CHECK_EQ_U64(kv_registry_add(reg, 4, 0), 1);
+    kv_worker_rec_t r;
+    CHECK(kv_registry_read(reg, 1, &r) == 0);
+    CHECK_EQ_U64(r.worker_id, 4);
+    CHECK(kv_registry_read(reg, 0, &r) == 0);
+    CHECK_EQ_U64(r.worker_id, 3);
+    free(mem);
+}
+
 /* The self-check: samples for the record's worker only; the verdict needs
  * KV_SELFCHECK_MIN_SAMPLES informative ones; a new record starts clean. */
 TEST(selfcheck_samples_and_verdict)
@@ -274,5 +302,6 @@ int main(void)
     RUN(status_read_waits_out_a_preempted_writer);
     RUN(lease_excludes_live_and_takes_over_dead);
     RUN(killed_writer_repaired_on_takeover);
+    RUN(killed_adder_of_a_new_slot_repaired_on_takeover);
     return kvt_done();
 }
