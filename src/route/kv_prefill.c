@@ -97,7 +97,11 @@ int kv_prefill_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq
 
         out->xfer_ms = pc->xfer_ms_per_token * (double) out->uncached_local;
         out->remote_ms = out->route.estimate + out->xfer_ms;
-        out->local_ttft_ms = base + (double) d->prefill_tokens / rate + own;
+        /* its queue as kv_route_pick weighed it (with worker_load=max, what
+         * other routers sent there too), as the remote side's is */
+        out->local_ttft_ms = base
+                             + (double) kv_route_prefill_load(d, dcfg ? dcfg : cfg) / rate
+                             + own;
         out->local_ms = out->local_ttft_ms
                         + pc->stall_weight * (double) d->requests * own;
 

@@ -57,6 +57,11 @@ static uint64_t prefill_load(const kv_route_server_t *s, const kv_route_config_t
     return s->prefill_tokens;
 }
 
+uint64_t kv_route_prefill_load(const kv_route_server_t *s, const kv_route_config_t *cfg)
+{
+    return prefill_load(s, cfg);
+}
+
 static uint64_t decode_load(const kv_route_server_t *s, const kv_route_config_t *cfg)
 {
     if (cfg->worker_load == KV_ROUTE_LOAD_MAX && s->reported

@@ -212,6 +212,10 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
  * router's recent decisions in any case. */
 uint32_t kv_route_overlap(const kv_route_server_t *s);
 
+/* The prefill tokens queued at s as cfg weighs them: this router's count,
+ * or with worker_load=max the larger of it and the worker's report. */
+uint64_t kv_route_prefill_load(const kv_route_server_t *s, const kv_route_config_t *cfg);
+
 /*
  * What to put in tree_blocks for server s (filled in but for tree_blocks):
  * the blocks the index holds for it (indexed), and, where the index learns

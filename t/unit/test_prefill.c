@@ -255,6 +255,21 @@ TEST(conditional_local_when_faster)
     CHECK(r.why == KV_PREFILL_REMOTE);
     d.prefill_tokens = 0;
 
+    /* nor one whose own report shows it queued (other routers' requests),
+     * with worker_load=max, as kv_route_pick weighed it; by default this
+     * router's count alone */
+    d.reported = 1;
+    d.reported_prefill_tokens = 8192;
+    CHECK(kv_prefill_pick(s, 2, &rq, &d, &pc, &cfg, &cfg, 0, &r) == -1);
+    CHECK(r.local_ttft_ms > 255.99 && r.local_ttft_ms < 256.01);
+    cfg.worker_load = KV_ROUTE_LOAD_MAX;
+    CHECK(kv_prefill_pick(s, 2, &rq, &d, &pc, &cfg, &cfg, 0, &r) >= 0);
+    CHECK(r.why == KV_PREFILL_REMOTE);
+    CHECK(r.local_ttft_ms > 1279.99 && r.local_ttft_ms < 1280.01);
+    cfg.worker_load = KV_ROUTE_LOAD_LOCAL;
+    d.reported = 0;
+    d.reported_prefill_tokens = 0;
+
     /* off: the pool whenever usable (round 1); no decode worker: the same */
     pc.conditional = 0;
     CHECK(kv_prefill_pick(s, 2, &rq, &d, &pc, &cfg, &cfg, 0, &r) >= 0);
