@@ -728,7 +728,11 @@ ngx_http_kvroute_zone_learn_ttl(ngx_http_kvroute_zone_t *zone)
         return;
     }
 
-    if (sh->retain_ms && ngx_current_msec - sh->retain_ms < 500) {
+    /* signed: another process may have stamped it from a clock cached
+     * a little later than this one's */
+    if (sh->retain_ms
+        && (ngx_msec_int_t) (ngx_current_msec - sh->retain_ms) < 500)
+    {
         return;
     }
 
