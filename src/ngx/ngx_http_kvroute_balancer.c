@@ -970,8 +970,10 @@ ngx_http_kvroute_gather(ngx_http_kvroute_srv_conf_t *kcf,
             s[i].prefill_base = ls.prefill_base;
             s[i].decode_pace = ls.decode_pace;
 
-            if (ls.sent_us && ls.sent_us <= now_us) {
-                s[i].since_sent = (double) (now_us - ls.sent_us) / 1000;
+            /* stamped by another process after now_us was read: just sent */
+            if (ls.sent_us) {
+                s[i].since_sent = ls.sent_us <= now_us
+                                  ? (double) (now_us - ls.sent_us) / 1000 : 0;
             }
         }
 
@@ -1147,6 +1149,24 @@ ngx_http_kvroute_get_peer(ngx_peer_connection_t *pc, void *data)
 }
 
 
+/* 1 if some candidate is credited with the prompt's blocks: then the
+ * gather read only the credited ones' block counts */
+
+static ngx_uint_t
+ngx_http_kvroute_some_credited(kv_route_server_t *s, ngx_uint_t n)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < n; i++) {
+        if (s[i].overlap_index || s[i].overlap_pending) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
 static ngx_int_t
 ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
 {
@@ -1216,13 +1236,19 @@ again:
 
     (void) kv_route_pick(s, n, &rq, &cfg, rnd, &res);
 
-    if (kv_route_why_reads_blocks(res.why)) {
+    if (kv_route_why_reads_blocks(res.why)
+        || (res.why == KV_ROUTE_WHY_COLD
+            && ngx_http_kvroute_some_credited(s, n)))
+    {
         /*
          * a spill or a seed goes to the server holding the fewest blocks
          * (kv_route.c, pick_spill), and a shared-head branch only to one
          * within the resident bound (pick_shared): the gather read only
          * the holders' block counts, so read the other candidates' and
-         * decide again; only these rules pay for the reads
+         * decide again; only these rules pay for the reads; so does a
+         * cold pick whose only holders the decision could not use (a
+         * retry's tried peer, a server down, one whose index is not
+         * trusted): the gather then read no one else's blocks either
          */
 
         for (i = 0; i < n; i++) {
