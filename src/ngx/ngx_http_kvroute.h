@@ -281,6 +281,8 @@ typedef struct {
     unsigned                        prefill_only:1; /* nothing decoded (kv_api.h) */
     unsigned                        preamble:1;     /* a stream with events before its
                                                        first token (kv_preamble.h) */
+    unsigned                        answered_ok:1;  /* the response is a 200: its
+                                                       times are rate samples */
 
     ngx_http_kvroute_fallback_e     fallback;
     ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */

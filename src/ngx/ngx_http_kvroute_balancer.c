@@ -1354,7 +1354,9 @@ ngx_http_kvroute_free_peer(ngx_peer_connection_t *pc, void *data,
                    "kvroute free peer: state %ui", state);
 
     if (pd->ctx) {
-        if (!(state & NGX_PEER_FAILED)) {
+        /* not a response the client dropped: its tokens were asked for,
+         * not made */
+        if (!(state & NGX_PEER_FAILED) && !pd->request->connection->error) {
             ngx_http_kvroute_acct_learn_decode(pd->ctx);
         }
 

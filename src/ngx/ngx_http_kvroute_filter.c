@@ -241,6 +241,11 @@ ngx_http_kvroute_header_filter(ngx_http_request_t *r)
     klcf = ngx_http_get_module_loc_conf(r, ngx_http_kvroute_module);
 
     if (ctx) {
+        /* an error answer's times say nothing of how fast the server
+         * prefills or decodes: a 400 for a prompt over the context comes
+         * back in a few ms whatever its length */
+        ctx->answered_ok = r->headers_out.status == NGX_HTTP_OK;
+
         ngx_http_kvroute_prefill_done(ctx);
 
         if (ctx->chosen) {

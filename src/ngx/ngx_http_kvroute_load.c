@@ -128,7 +128,7 @@ ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
     /* a response that is not streamed has its first byte with its last:
      * that time is no sample of the prefill rate; nor is a remote
      * prefill's first byte a sample of this server's */
-    if (!ctx->stream || ctx->prefill_remote) {
+    if (!ctx->stream || ctx->prefill_remote || !ctx->answered_ok) {
         return;
     }
 
@@ -150,7 +150,9 @@ ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx)
 
     tokens = ctx->decode_tokens / (ctx->sequences > 1 ? ctx->sequences : 1);
 
-    if (!ctx->active || !ctx->stream || ctx->first_ns == 0 || tokens <= 1) {
+    if (!ctx->active || !ctx->stream || !ctx->answered_ok || ctx->first_ns == 0
+        || tokens <= 1)
+    {
         return;
     }
 

@@ -338,8 +338,9 @@ ngx_http_kvroute_prefill_done(ngx_http_kvroute_ctx_t *ctx)
 
     ms = (double) (ngx_http_kvroute_now_ns() - ctx->prefill_open_ns) / 1e6;
 
-    /* a sample the transfer estimate would make negative teaches nothing */
-    if (ms > ctx->prefill_xfer_ms) {
+    /* a sample the transfer estimate would make negative teaches nothing;
+     * nor does an error answer's */
+    if (ctx->answered_ok && ms > ctx->prefill_xfer_ms) {
         kv_load_learn_prefill(zone->sh->load, ctx->prefill_load,
                               (double) (ctx->prefill_queued
                                         + ctx->prefill_held),

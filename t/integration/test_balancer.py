@@ -573,6 +573,30 @@ def test_responses_stream_prefill_ends_past_its_preamble(stack):
     finally:
         srv.close()
 
+def test_error_answers_teach_no_rates(stack):
+    """A streamed request the engine refuses at once (a prompt over its KV
+    pool: a 400 in a few ms) was a sample of the server's prefill rate (its
+    2,000 tokens over those ms) and decode pace: one such client made a
+    server look idle to every estimate. Only 200s teach them now."""
+    ng, ports = fleet(stack, n=1, extra=["--num-blocks", "16"])
+
+    def learned():
+        st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"][0]
+        return st["active_requests"], st["prefill_rate"], st["decode_pace"]
+
+    for i in range(4):
+        s, _, body, _ = complete(ng.port, ids("long%d" % i, 2000), max_tokens=50, stream=True)
+        assert s == 400, body
+    kvt.wait_until(lambda: learned()[0] == 0, what="load released")
+    assert learned()[1:] == (0, 0)
+    # a 200 still teaches both
+    s, _, body, _ = complete(ng.port, ids("short", 64), max_tokens=20, stream=True)
+    assert s == 200, body
+    kvt.wait_until(lambda: learned()[0] == 0 and learned()[1] > 0 and learned()[2] > 0,
+                   what="rates learned from a 200")
+    assert ng.alerts() == []
+
+
 def test_sglang_generate_routes_and_counts(stack):
     """SGLang's native /generate (RL rollout frameworks send it token ids):
     `input_ids` routes on its blocks like a completion's prompt, and
