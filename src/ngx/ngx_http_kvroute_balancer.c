@@ -1046,8 +1046,40 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
 
 
 /*
+ * Up: what round-robin itself would not skip, this request's tries aside:
+ * not down, not failed out (max_fails within fail_timeout), not at
+ * max_conns. Called with the peers locked, or (all_busy) without: a stale
+ * read there misjudges one request's 503, nothing more.
+ */
+
+static ngx_uint_t
+ngx_http_kvroute_peer_up(ngx_http_upstream_rr_peer_t *peer, time_t now)
+{
+    if (peer->down) {
+        return 0;
+    }
+
+    if (peer->max_fails
+        && peer->fails >= peer->max_fails
+        && now - peer->checked <= peer->fail_timeout)
+    {
+        return 0;
+    }
+
+    if (peer->max_conns && peer->conns >= peer->max_conns) {
+        return 0;
+    }
+
+    return 1;
+}
+
+
+/*
  * True when every primary server that is up is over a busy threshold: the
- * precontent phase answers 503 then. The same decision as get_peer's, on
+ * precontent phase answers 503 then. A server failed out counts as not up,
+ * as get_peer skips it: else one dead server (its load drained to 0) kept
+ * the 503 from ever being answered while the others were driven past
+ * their thresholds. The same decision as get_peer's, on
  * the same inputs; get_peer never fails for busy servers, so a request let
  * through here is served.
  */
@@ -1055,6 +1087,7 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
 ngx_int_t
 ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf, ngx_pool_t *pool)
 {
+    time_t                    now;
     ngx_uint_t                i, n;
     kv_route_server_t        *s;
     kv_route_request_t        rq;
@@ -1081,8 +1114,10 @@ ngx_http_kvroute_all_busy(ngx_http_kvroute_srv_conf_t *kcf, ngx_pool_t *pool)
 
     ngx_http_kvroute_gather(kcf, cand, n, s);
 
+    now = ngx_time();
+
     for (i = 0; i < n; i++) {
-        s[i].usable = !kcf->peers[cand[i].k].peer->down
+        s[i].usable = ngx_http_kvroute_peer_up(kcf->peers[cand[i].k].peer, now)
                       && kcf->peers[cand[i].k].load >= 0;
         s[i].weight = kcf->peers[cand[i].k].peer->weight;
     }
@@ -1109,22 +1144,7 @@ ngx_http_kvroute_usable(ngx_http_upstream_rr_peer_data_t *rrp,
         return 0;
     }
 
-    if (peer->down) {
-        return 0;
-    }
-
-    if (peer->max_fails
-        && peer->fails >= peer->max_fails
-        && now - peer->checked <= peer->fail_timeout)
-    {
-        return 0;
-    }
-
-    if (peer->max_conns && peer->conns >= peer->max_conns) {
-        return 0;
-    }
-
-    return 1;
+    return ngx_http_kvroute_peer_up(peer, now);
 }
 
 

@@ -573,6 +573,35 @@ def test_responses_stream_prefill_ends_past_its_preamble(stack):
     finally:
         srv.close()
 
+def test_all_busy_counts_a_failed_server_as_down(stack):
+    """busy_*: the 503 when every server that is up is busy. A server failed
+    out (max_fails) counted as up and idle, so the 503 never came while the
+    live one was driven past its threshold."""
+    w = stack.worker(engines=1, extra=["--speedup", "2"])
+    dead = kvt.free_port()
+    servers = ("server 127.0.0.1:%d max_fails=1 fail_timeout=600s;\n"
+               "server 127.0.0.1:%d;" % (dead, w.ports[0]))
+    ng = stack.nginx(conf(stack, w.ports, params="busy_decode_blocks=10", servers=servers))
+    # two new prefixes: the second goes to the server holding nothing (the
+    # dead one, if the first did not), fails there and is retried
+    for i in range(2):
+        s, h, body, _ = complete(ng.port, ids("f%d" % i, 48))
+        assert s == 200, body
+        assert h["x-kvroute-worker"] == "127.0.0.1:%d" % w.ports[0]
+
+    def busy():
+        return any(x["active_decode_blocks"] >= 10
+                   for x in status(ng.port)["zones"]["kv"]["upstreams"]["llm"])
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(complete, ng.port, ids("long", 400), 300)
+        kvt.wait_until(busy, what="the live server past busy_decode_blocks")
+        s, h, data = kvt.request(ng.port, "POST", "/v1/completions",
+                                 {"prompt": ids("x", 32), "max_tokens": 1})
+        assert s == 503, data
+        assert fut.result()[0] == 200
+
+
 def test_error_answers_teach_no_rates(stack):
     """A streamed request the engine refuses at once (a prompt over its KV
     pool: a 400 in a few ms) was a sample of the server's prefill rate (its
