@@ -31,6 +31,7 @@
 #include "kv_retain.h"
 #include "kv_ring.h"
 #include "kv_route.h"
+#include "kv_sse.h"
 #include "kv_tokenizer.h"
 #include "kv_turn.h"
 #include "kv_usage.h"
@@ -321,6 +322,8 @@ typedef struct {
     kv_usage_scan_t                 usage;      /* the response's reported usage */
     kv_preamble_t                   first;      /* where the first token is, when
                                                    preamble is set */
+    kv_sse_count_t                  sse;        /* a stream's events: the tokens
+                                                   it made, at most (kv_sse.h) */
     void                           *task;       /* its prompt, while in the thread pool */
     /* disaggregated: the current attempt's prefill decision */
     kv_prefill_why_t                prefill_why;

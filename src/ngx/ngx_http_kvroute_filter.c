@@ -245,6 +245,7 @@ ngx_http_kvroute_header_filter(ngx_http_request_t *r)
          * prefills or decodes: a 400 for a prompt over the context comes
          * back in a few ms whatever its length */
         ctx->answered_ok = r->headers_out.status == NGX_HTTP_OK;
+        kv_sse_count_init(&ctx->sse);
 
         ngx_http_kvroute_prefill_done(ctx);
 
@@ -336,6 +337,17 @@ ngx_http_kvroute_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
             {
                 ngx_http_kvroute_acct_prefill_done(ctx);
                 break;
+            }
+        }
+    }
+
+    /* the events a stream passes on (with proxy_buffering off, as streams
+     * are proxied, all of them before the upstream is finalized) */
+    if (ctx && ctx->active && ctx->stream) {
+        for (cl = in; cl; cl = cl->next) {
+            if (ngx_buf_in_memory(cl->buf)) {
+                kv_sse_count_feed(&ctx->sse, (char *) cl->buf->pos,
+                                  cl->buf->last - cl->buf->pos);
             }
         }
     }

@@ -140,15 +140,23 @@ ngx_http_kvroute_acct_prefill_done(ngx_http_kvroute_ctx_t *ctx)
 
 /* A response that ended well: its output tokens over its time after the
  * first byte are one sample of the server's decode pace (per sequence: n
- * sequences are decoded side by side, in the same steps). */
+ * sequences are decoded side by side, in the same steps). The tokens: those
+ * asked for, or the stream's events if fewer (it stopped early: end of
+ * sequence, a stop string; kv_sse.h). */
 
 void
 ngx_http_kvroute_acct_learn_decode(ngx_http_kvroute_ctx_t *ctx)
 {
-    uint64_t                  tokens;
+    uint64_t                  tokens, seqs, seen;
     ngx_http_kvroute_zone_t  *zone = ctx->conf->zone;
 
-    tokens = ctx->decode_tokens / (ctx->sequences > 1 ? ctx->sequences : 1);
+    seqs = ctx->sequences > 1 ? ctx->sequences : 1;
+    tokens = ctx->decode_tokens / seqs;
+    seen = ctx->sse.events / seqs;
+
+    if (seen < tokens) {
+        tokens = seen;
+    }
 
     if (!ctx->active || !ctx->stream || !ctx->answered_ok || ctx->first_ns == 0
         || tokens <= 1)
