@@ -1,10 +1,11 @@
-/* libFuzzer target: the response scanners (kv_usage, kv_preamble). Any
+/* libFuzzer target: the response scanners (kv_usage, kv_preamble, kv_sse). Any
  * bytes, fed whole or split at any point, give the same answer and never
  * crash. */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "kv_preamble.h"
+#include "kv_sse.h"
 #include "kv_usage.h"
 
 static void preamble(const uint8_t *data, size_t size, size_t cut)
@@ -18,6 +19,20 @@ static void preamble(const uint8_t *data, size_t size, size_t cut)
     split = kv_preamble_feed(&b, (const char *) data, cut);
     split = kv_preamble_feed(&b, (const char *) data + cut, size - cut) || split;
     if (whole != split) {
+        abort();
+    }
+}
+
+static void sse(const uint8_t *data, size_t size, size_t cut)
+{
+    kv_sse_count_t  a, b;
+
+    kv_sse_count_init(&a);
+    kv_sse_count_feed(&a, (const char *) data, size);
+    kv_sse_count_init(&b);
+    kv_sse_count_feed(&b, (const char *) data, cut);
+    kv_sse_count_feed(&b, (const char *) data + cut, size - cut);
+    if (a.events != b.events || a.events > size / 2) {
         abort();
     }
 }
@@ -40,5 +55,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
     preamble(data, size, cut);
+    sse(data, size, cut);
     return 0;
 }
