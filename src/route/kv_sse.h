@@ -8,7 +8,7 @@
  * could make; a stream that stopped early (end of sequence, a stop string)
  * made fewer, and counting max_tokens taught a pace as many times too fast
  * (a chat asking for 4,096 that answers in 300: 13x). Engines stream one
- * token an event by default (vLLM and SGLang: stream_interval 1), so the
+ * token an event by default (one delta a step), so the
  * events bound what was made; the router takes the smaller of the two.
  */
 #ifndef KV_SSE_H
