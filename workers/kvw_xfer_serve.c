@@ -67,6 +67,7 @@ typedef struct {
     kvx_token_t                 token;
     int                         ipc_offered;    /* the decode side is on this node and can map */
     int                         ipc;            /* streaming offsets into the exported pool */
+    int                         ending;         /* inside end_reply: on_close frees nothing */
     win_t                      *win;        /* frames being sent, read from the pool */
     uint64_t                   *seq, *local; /* the prompt's block hashes */
 } serve_t;
@@ -160,6 +161,23 @@ static void serve_free(serve_t *s)
 }
 
 /*
+ * Ends the reply; the request is libevent's from here. When the decode side
+ * asked to close (Connection: close, HTTP/1.0) and the output is already
+ * written, libevent frees the request and the connection inside this call,
+ * running on_close: which then only notes the connection gone (s->conn
+ * NULL), for the caller to free s once (it freed s itself, twice, before).
+ */
+static void end_reply(serve_t *s)
+{
+    struct evhttp_request *req = s->http;
+
+    s->http = NULL;
+    s->ending = 1;
+    evhttp_send_reply_end(req);
+    s->ending = 0;
+}
+
+/*
  * A stream that cannot be finished. It has a Content-Length, so ending the
  * reply early would leave the decode side waiting for the missing bytes
  * until its deadline: shut the socket instead, so it reads the cut at once
@@ -169,7 +187,7 @@ static void cut_short(serve_t *s)
 {
     if (s->conn)
         shutdown(bufferevent_getfd(evhttp_connection_get_bufferevent(s->conn)), SHUT_RDWR);
-    evhttp_send_reply_end(s->http);
+    end_reply(s);
     serve_free(s);
 }
 
@@ -179,6 +197,8 @@ static void on_close(struct evhttp_connection *conn, void *arg)
     serve_t *s = arg;
 
     s->conn = NULL;
+    if (s->ending)
+        return;
     if (s->http && evhttp_request_get_connection(s->http) == NULL)
         evhttp_request_free(s->http);
     serve_free(s);
@@ -188,14 +208,13 @@ static void on_last_written(struct evhttp_connection *conn, void *arg)
 {
     serve_t *s = arg;
 
-    evhttp_send_reply_end(s->http);
+    end_reply(s);
     if (s->ipc && s->conn) {
         /*
          * The decode side reads the blocks from our pool after the last frame:
          * they stay pinned until it closes the connection (it copies first),
          * or until --xfer-timeout-ms.
          */
-        s->http = NULL;
         return;
     }
     serve_free(s);

@@ -317,6 +317,7 @@ class Forger:
     def __init__(self, upstream_port):
         self.edit = lambda b: b
         self.cut = None                 # bytes to send before dropping the connection
+        self.body = None                # the last transfer request
         forger = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -327,6 +328,7 @@ class Forger:
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                forger.body = body
                 c = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=60)
                 c.request("POST", PATH, body, {"Content-Type": "application/json"})
                 r = c.getresponse()
@@ -509,6 +511,34 @@ def test_mock_overloaded_prefill_worker(stack):
     t.join(120)
     assert out["r"][0] == 200 and out["r"][1]["x-kvroute-prefilled-by"] == addr(pre)
     assert metrics(pre)["kvworker_xfer_overloaded_total"] == 1
+
+
+def test_transfer_that_asks_to_close_is_served(stack):
+    """A transfer request asking the prefill worker to close the connection
+    (Connection: close, or HTTP/1.0): ending the reply, libevent freed the
+    connection at once and ran its close callback, which freed the
+    transfer's state; the worker then freed it again and aborted."""
+    pre = mock(stack, "prefill", ["--kv-bytes-per-token", "1000"])
+    dec = mock(stack, "decode", ["--disagg-min-tokens", "1", "--kv-bytes-per-token", "1000"])
+    f = Forger(pre.ports[0])
+    try:
+        via = "127.0.0.1:%d" % f.port
+        s, h, _ = complete(dec, "c" * 700, prefill=via, max_tokens=2)
+        assert s == 200 and h.get("x-kvroute-prefilled-by") == via, h
+        for version in (11, 10):
+            c = http.client.HTTPConnection("127.0.0.1", pre.ports[0], timeout=30)
+            if version == 10:
+                c._http_vsn, c._http_vsn_str = 10, "HTTP/1.0"
+            c.request("POST", PATH, f.body, {"Content-Type": "application/json",
+                                             "Connection": "close"})
+            r = c.getresponse()
+            data = r.read()
+            c.close()
+            assert r.status == 200 and data, (version, r.status, data[:200])
+        assert pre.poll() is None, open(pre.log).read()[-2000:]
+        assert metrics(pre)["kvworker_xfer_served_total"] == 3
+    finally:
+        f.close()
 
 
 def test_both_pools_publish_events(stack):
