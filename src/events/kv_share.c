@@ -221,14 +221,16 @@ static void expire(kv_share_t *s, uint64_t now_ms)
             if (c == NC) {
                 continue;
             }
-            if (now_ms - in->at[k] > in->lease_ms) {
+            /* signed: the receiving thread may have stamped it after
+             * the tick read now_ms (its clock a ms on) */
+            if ((int64_t) (now_ms - in->at[k]) > (int64_t) in->lease_ms) {
                 remote_set(s, in, k, zero);
                 s->st->expired++;
             } else {
                 live = 1;
             }
         }
-        if (!live && now_ms - in->last_ms > in->lease_ms) {
+        if (!live && (int64_t) (now_ms - in->last_ms) > (int64_t) in->lease_ms) {
             in->id = 0;
             s->st->instances--;
         }
@@ -526,6 +528,16 @@ kv_share_t *kv_share_create(const kv_share_config_t *cfg, kv_dring_t *ring,
     return s;
 }
 
+/* A connected callback makes cnats' retried first connect return at once
+ * (NATS_NOT_YET_CONNECTED) instead of blocking until NATS answers, which
+ * stopped the process that runs every zone's helper; the tick reads the
+ * connection's status itself. */
+static void on_connected(natsConnection *nc, void *closure)
+{
+    (void) nc;
+    (void) closure;
+}
+
 int kv_share_start(kv_share_t *s, char *err, size_t errlen)
 {
     const char *urls[16];
@@ -553,7 +565,7 @@ int kv_share_start(kv_share_t *s, char *err, size_t errlen)
     }
     if (st == NATS_OK) {
         natsOptions_SetNoEcho(s->opts, true);
-        natsOptions_SetRetryOnFailedConnect(s->opts, true, NULL, NULL);
+        natsOptions_SetRetryOnFailedConnect(s->opts, true, on_connected, NULL);
         natsOptions_SetMaxReconnect(s->opts, -1);
         natsOptions_SetReconnectWait(s->opts, 250);
         natsOptions_SetTimeout(s->opts, 2000);

@@ -4,6 +4,7 @@ worker heartbeats), one nats-server that only they use, kvworker mock
 engines. Each instance's helper publishes its decisions and its own
 in-flight load on P.kvroute.decisions and applies the others'
 (docs/PROTOCOL.md, "Shared decisions")."""
+import json
 import os
 import signal
 import struct
@@ -215,3 +216,55 @@ def test_malformed_messages_rejected_and_counted(stack):
     for ng in ngs:
         assert ng.alerts() == []
     nc.close()
+
+
+TWO_ZONES = """
+    kvroute_zone sh 16m;
+    kvroute_share nats://127.0.0.1:%(dead)d zone=sh lease=1s;
+    kvroute_zone kv 16m;
+    kvroute_events %(nats)s zone=kv heartbeat_timeout=3s;
+    upstream shared {
+        zone shared 64k;
+        kvroute zone=sh mode=approximate;
+        %(servers)s
+    }
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv mode=events;
+        %(servers)s
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        location /v1/ {
+            kvroute_upstream llm;
+            proxy_pass http://llm;
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def test_share_with_nats_down_stops_no_other_helper(stack):
+    """kvroute_share connected with cnats' retry and no connected callback,
+    which blocks until NATS answers: with its NATS down, the process that
+    runs every zone's helper stopped there, and another zone's KV events
+    were never read. Now it connects in the background and says so."""
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", nats.url,
+                                       "--heartbeat-ms", "200"])
+    servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
+    dead = kvt.free_port()
+    ng = stack.nginx(TWO_ZONES % {"dead": dead, "nats": nats.url, "servers": servers})
+
+    def live():
+        z = zone(ng.port)                       # zone "kv"
+        return len([x for x in z["events"]["workers"] if x["state"] == "live"])
+
+    kvt.wait_until(lambda: live() == 2, what="the events zone's workers announced")
+    s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
+    assert s == 200
+    assert json.loads(body)["zones"]["sh"]["share"]["connected"] == 0
+    # and it connects once its NATS is up
+    stack.nats(port=dead)
+    kvt.wait_until(lambda: json.loads(kvt.request(ng.port, "GET", "/kvroute/status")[2])
+                   ["zones"]["sh"]["share"]["connected"] == 1, what="the share helper connected")

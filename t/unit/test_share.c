@@ -172,6 +172,13 @@ TEST(share_round_trip_and_lease)
     kv_load_get(lb, 1, &s);
     CHECK_EQ_U64(s.active[KV_LOAD_REQUESTS], 1);
 
+    /* received a ms after the tick read its clock (the receiving thread
+     * stamps its own): fresh, not expired */
+    CHECK(kv_share_receive(b, sent, sent_len, 1401) == 0);
+    kv_share_tick(b, 1400);
+    kv_load_get(lb, 1, &s);
+    CHECK_EQ_U64(s.active[KV_LOAD_REQUESTS], 1);
+
     /* A falls silent: its load at B lasts the lease, not longer */
     kv_share_tick(b, 2300);
     kv_load_get(lb, 1, &s);
