@@ -594,7 +594,7 @@ static int start(kv_ingest_t *ing, char *err, size_t errlen)
     }
     if (set_servers(ing, ing->opts, err, errlen) < 0
         || set_auth_tls(ing, ing->opts, err, errlen) < 0)
-        return -1;
+        goto fail;
     natsOptions_SetName(ing->opts, "kvroute-ingest");
     natsOptions_SetRetryOnFailedConnect(ing->opts, true, on_connected, ing);
     natsOptions_SetMaxReconnect(ing->opts, -1);
@@ -616,7 +616,7 @@ static int start(kv_ingest_t *ing, char *err, size_t errlen)
     if (ing->cfg.stream) {
         if (pthread_create(&ing->fetcher, NULL, fetch_loop, ing) != 0) {
             snprintf(err, errlen, "kv_ingest: cannot start the JetStream fetch thread");
-            return -1;
+            goto fail;
         }
         ing->has_fetcher = 1;
     }
@@ -625,6 +625,13 @@ static int start(kv_ingest_t *ing, char *err, size_t errlen)
     connect_now(ing, kv_ingest_now_ms());
     pthread_mutex_unlock(&ing->mu);
     return 0;
+
+fail:
+    /* not started: destroy does not stop it, and nginx retries every 5 s
+     * (each try's options, with a TLS context and its CA store, leaked) */
+    natsOptions_Destroy(ing->opts);
+    ing->opts = NULL;
+    return -1;
 }
 
 /* cnats's threads must not take the host's signals. */

@@ -308,8 +308,30 @@ TEST(complete_history_skips_the_first_resync)
     kv_ingest_destroy(ing);
 }
 
+/* A start that fails (no usable server URL, unreadable TLS files) leaves
+ * nothing behind: nginx's helper destroys the ingester and tries again
+ * every 5 s, and each try leaked its NATS options before (with TLS, a CA
+ * store); `make test SANITIZE=1` reports such a leak. */
+TEST(failed_start_leaves_nothing)
+{
+    char err[128];
+    size_t size = kv_registry_min_size(8);
+    free(regmem);
+    regmem = aligned_alloc(64, (size + 63) / 64 * 64);
+    reg = kv_registry_create(regmem, size, 8, err, sizeof(err));
+    kv_ingest_config_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.servers = ", ";
+    kv_ingest_t *ing = kv_ingest_create(&cfg, (kv_index_t *)&fake_ix, reg, err, sizeof(err));
+    CHECK(ing != NULL);
+    CHECK(kv_ingest_start(ing, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "bad server list") != NULL);
+    kv_ingest_destroy(ing);
+}
+
 int main(void)
 {
+    RUN(failed_start_leaves_nothing);
     RUN(unannounced_in_order_duplicates_and_gaps);
     RUN(announce_resyncs_buffers_and_replays_after_dump);
     RUN(bad_dumps_and_overflow);
