@@ -169,6 +169,15 @@ ngx_http_kvroute_param_invalid(ngx_conf_t *cf, const char *directive,
 
     case NGX_HTTP_KVROUTE_P_MSEC:
     case NGX_HTTP_KVROUTE_P_MS32:
+        if (p->max < 1e15) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"%s\": expected a "
+                               "time%s up to %.0fs (e.g. 500ms, 30s)", v,
+                               directive, p->min > 0 ? " above 0" : "",
+                               p->max / 1000);
+            break;
+        }
+
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid parameter \"%V\" in \"%s\": expected a "
                            "time%s (e.g. 500ms, 30s)", v, directive,

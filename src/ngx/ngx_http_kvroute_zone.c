@@ -61,8 +61,9 @@ static ngx_conf_enum_t  ngx_http_kvroute_on_off[] = {
 static ngx_http_kvroute_param_t  ngx_http_kvroute_zone_params[] = {
     { ngx_string("max_workers="), NGX_HTTP_KVROUTE_P_UINT,
       NGX_HTTP_KVROUTE_ZONE_OFF(max_workers), 1, 4096, NULL },
+    /* the index ages blocks by ms mod 2^32, signed: up to 24.8 days */
     { ngx_string("ttl="), NGX_HTTP_KVROUTE_P_MSEC,
-      NGX_HTTP_KVROUTE_ZONE_OFF(ttl), 1, 1e15, NULL },
+      NGX_HTTP_KVROUTE_ZONE_OFF(ttl), 1, 24 * 86400000.0, NULL },
     { ngx_string("ttl_learn="), NGX_HTTP_KVROUTE_P_ENUM,
       NGX_HTTP_KVROUTE_ZONE_OFF(ttl_learn), 0, 0, ngx_http_kvroute_on_off },
     { ngx_string("turn_cache="), NGX_HTTP_KVROUTE_P_SIZE,

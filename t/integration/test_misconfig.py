@@ -152,6 +152,20 @@ def test_share_parameters_checked_by_nginx_t(stack):
         assert says in out, (bad, out)
 
 
+def test_zone_ttl_within_what_the_index_can_age(stack):
+    """The index ages blocks by ms mod 2^32, signed: a ttl of 2^31 ms (24.8
+    days) or more read as negative, and every sweep dropped the whole index."""
+    conf = """
+        kvroute_zone kv 8m ttl=%s;
+        upstream llm { kvroute zone=kv; server 127.0.0.1:1; }"""
+    ok, out, _ = nginx_t(stack, conf % "24d")
+    assert ok, out
+    for bad in ("25d", "30d", "0"):
+        ok, out, _ = nginx_t(stack, conf % bad)
+        assert not ok, bad
+        assert 'invalid parameter "ttl=%s"' % bad in out and "up to 2073600s" in out, out
+
+
 def test_chat_template_kwargs_must_be_a_json_object(stack):
     conf = """
         kvroute_zone kv 8m;
