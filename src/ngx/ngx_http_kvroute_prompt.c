@@ -810,6 +810,17 @@ ngx_http_kvroute_tq_fallback(ngx_http_kvroute_task_t *t)
 
     c = r->connection;
 
+    /*
+     * terminated while queued without a read event to say so (a worker
+     * shutting down past worker_shutdown_timeout): finish, do not proxy
+     * a request nginx already gave up on
+     */
+
+    if (c->error || r->done) {
+        ngx_http_kvroute_task_gone(t);
+        return;
+    }
+
     ngx_http_kvroute_task_release(t);
 
     t->cfg.tokenizer = NULL;
