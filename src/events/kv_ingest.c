@@ -668,6 +668,11 @@ static int jetstream_setup(kv_ingest_t *ing)
         sc.Subjects = subjects;
         sc.SubjectsLen = ing->cfg.per_worker_only ? 1 : 2;
         sc.Storage = js_FileStorage;
+        /* bounded: the stream's default keeps every event for ever (acked
+         * ones too, under limits retention), on the NATS server's disk;
+         * an hour covers a restart, and an older gap is resynced by dump */
+        sc.MaxAge = (int64_t) 3600 * 1000000000;
+        sc.MaxBytes = (int64_t) 1 << 30;
         s = js_AddStream(&si, ing->js, &sc, NULL, &jerr);
     }
     jsStreamInfo_Destroy(si);

@@ -334,6 +334,25 @@ def test_jetstream_replays_what_nginx_missed(stack):
     pub.close()
 
 
+def test_jetstream_stream_it_creates_is_bounded(stack):
+    """A stream kvroute creates keeps an hour and 1 GiB of events: the
+    default keeps every event for ever on the NATS server's disk."""
+    nats = stack.nats(jetstream=True)
+    w = stack.worker(engines=1, extra=["--speedup", "50"])
+    ng = stack.nginx(conf(nats.url, w.ports, "jetstream=KVNEW durable=kvroute-new"))
+    pub = kvnats.Nats(nats.port)
+
+    def info():
+        r = pub.request_all("$JS.API.STREAM.INFO.KVNEW", b"", until=lambda m: len(m) >= 1)
+        return json.loads(r[0].data)
+
+    kvt.wait_until(lambda: "config" in info(), what="the stream created")
+    c = info()["config"]
+    assert c["max_age"] == 3600 * 10**9 and c["max_bytes"] == 1 << 30, c
+    assert ng.alerts() == []
+    pub.close()
+
+
 def test_pending_decisions_count_before_events_arrive(stack):
     """Events come only after a worker has prefilled: until then the router's
     own recent decisions (a short-TTL pending index) keep a prefix together."""
