@@ -502,8 +502,21 @@ ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
         icfg.max_workers = zone->max_workers;
         size = ngx_max(shpool->pfree * ngx_pagesize / 8,
                        kv_index_min_size(&icfg) + ngx_pagesize);
+        shpool->log_nomem = 0;          /* said below, with the remedy */
         sh->pending_region = ngx_slab_alloc(shpool, size);
+        shpool->log_nomem = 1;
         sh->pending_size = sh->pending_region ? size : 0;
+
+        if (sh->pending_region == NULL) {
+            /* a zone laid out for approximate mode, reused by a reload
+             * to events mode: its index took the room */
+            ngx_log_error(NGX_LOG_WARN, log, 0, "kvroute_zone \"%V\": no room "
+                          "for the pending index (the zone was laid out for "
+                          "approximate mode): requests sharing a new prefix "
+                          "may scatter until its events come; restart nginx "
+                          "or change the zone's size to lay it out again",
+                          &zone->name);
+        }
     }
 
     if (!zone->approximate && sh->pending_region) {

@@ -353,6 +353,26 @@ def test_jetstream_stream_it_creates_is_bounded(stack):
     pub.close()
 
 
+def test_reload_to_events_mode_says_when_the_pending_index_has_no_room(stack):
+    """A zone laid out for approximate mode and reused by a reload to events
+    mode has no room for the pending index (the index took it): that was
+    silent; it is a warning with the remedy now."""
+    nats = stack.nats()
+    w = stack.worker(engines=2, extra=["--speedup", "50"])
+    events = conf(nats.url, w.ports)
+    approx = (events.replace("kvroute_events %s zone=kv heartbeat_timeout=3s ;" % nats.url, "")
+              .replace("mode=events", "mode=approximate"))
+    assert "kvroute_events" not in approx and "mode=approximate" in approx
+    ng = stack.nginx(approx)
+    assert "pending" not in status(ng.port)
+    ng.reload(events)
+    kvt.wait_until(lambda: "no room for the pending index" in ng.log(), what="the warning")
+    assert "restart nginx or change the zone's size" in ng.log()
+    s, h, _, _ = complete(ng.port, ids("after", 64))
+    assert s == 200
+    assert ng.alerts() == []
+
+
 def test_pending_decisions_count_before_events_arrive(stack):
     """Events come only after a worker has prefilled: until then the router's
     own recent decisions (a short-TTL pending index) keep a prefix together."""
