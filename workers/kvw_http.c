@@ -3,19 +3,24 @@
  * hand one kvw_req_t per prompt to the engine, then either stream each
  * token as an SSE event or collect the text and answer once all prompts are
  * done. If the client disconnects first, the connection's close callback
- * cancels the requests in the engine, which frees their KV blocks.
+ * cancels the requests in the engine, which frees their KV blocks: libevent
+ * calls it when a write fails, and watch_hangup's peek at the socket calls
+ * it when nothing is being written (a reply not streamed, a stream not yet
+ * started).
  */
 #include "kvw_http.h"
 
 #include <errno.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/listener.h>
 #include <event2/keyvalq_struct.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
@@ -71,6 +76,7 @@ struct group {
     long                         created;
     size_t                       n, pending;
     int                          started;   /* SSE headers sent */
+    struct event                *hangup;    /* watch_hangup's read event */
     part_t                     **parts;
 };
 
@@ -137,6 +143,8 @@ static void group_free(group_t *g)
 {
     if (g->conn)
         evhttp_connection_set_closecb(g->conn, NULL, NULL);
+    if (g->hangup)
+        event_free(g->hangup);
     for (size_t i = 0; i < g->n; i++) {
         if (g->parts[i] == NULL)
             continue;
@@ -169,6 +177,43 @@ static void on_close(struct evhttp_connection *conn, void *arg)
             p->req.engine->ops->cancel(p->req.engine, &p->req);
     }
     group_free(g);
+}
+
+/*
+ * libevent stops reading a connection once its request is in, so a client
+ * that leaves while nothing is written to it (a reply not streamed, a
+ * stream queued or waiting for its KV) went unnoticed until the reply: its
+ * prompts ran to the end, holding their KV blocks. A peek at the socket
+ * tells, as nginx's own check does: end of file or an error is the client
+ * gone (freeing the connection runs on_close); data is a pipelined request,
+ * left to libevent, and the watch stops.
+ */
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    group_t *g = arg;
+    char c;
+    ssize_t n = recv(fd, &c, 1, MSG_PEEK);
+
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return;
+    if (n > 0) {
+        event_free(g->hangup);
+        g->hangup = NULL;
+        return;
+    }
+    evhttp_connection_free(g->conn);        /* on_close frees g */
+}
+
+static void watch_hangup(group_t *g)
+{
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(g->conn);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+
+    if (fd < 0)
+        return;
+    g->hangup = event_new(g->h->engine->base, fd, EV_READ | EV_PERSIST, on_readable, g);
+    if (g->hangup)
+        event_add(g->hangup, NULL);
 }
 
 /* One SSE event (a Response's events are named); payload NULL: none. */
@@ -531,6 +576,7 @@ static int decode_start(kvw_http_t *h, group_t *g, struct evhttp_request *req)
     }
     g->conn = evhttp_request_get_connection(req);
     evhttp_connection_set_closecb(g->conn, on_close, g);
+    watch_hangup(g);
     return 1;
 }
 
@@ -617,6 +663,7 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
     }
     g->conn = evhttp_request_get_connection(req);
     evhttp_connection_set_closecb(g->conn, on_close, g);
+    watch_hangup(g);
     /* as vLLM does: a Response's stream opens before the engine has run it */
     if (g->parts[0]->req.stream && g->parts[0]->req.responses && !g->started)
         start_stream(g);

@@ -131,6 +131,24 @@ def test_client_disconnect_frees_blocks(stack):
     assert m["kvworker_kv_blocks_used"] >= 31       # the prompt's full blocks stay cached
 
 
+def test_client_disconnect_frees_blocks_of_a_reply_not_streamed(stack):
+    """The same for a reply that is not streamed: nothing is written to the
+    client until the end, so only reading the socket can tell it left."""
+    port = stack.worker().ports[0]      # speedup 1: a long generation
+    body = json.dumps({"prompt": "z" * 500, "max_tokens": 100000,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    kvt.wait_until(lambda: metrics(port)["kvworker_requests_running"] == 1,
+                   what="the generation running")
+    sock.close()
+    kvt.wait_until(lambda: metrics(port)["kvworker_kv_blocks_active"] == 0,
+                   what="blocks freed after disconnect")
+    m = metrics(port)
+    assert m["kvworker_requests_running"] == 0 and m["kvworker_requests_cancelled_total"] == 1
+
+
 def test_a_starved_engine_counts_its_late_steps(stack):
     """The mock engine's timings are only faithful while the host gives its
     loop the CPU; when it does not, kvworker_late_seconds_total says how
