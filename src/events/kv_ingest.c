@@ -362,13 +362,17 @@ static void *fetch_loop(void *arg)
         natsMsgList list = {0};
         jsErrCode jerr = 0;
         natsStatus s = natsSubscription_Fetch(&list, sub, 256, 200, &jerr);
+        int applied = 0;
         pthread_mutex_lock(&ing->mu);
-        for (int k = 0; s == NATS_OK && k < list.Count; k++)
-            if (!ing->stopping)
-                apply_message(ing, list.Msgs[k]);
+        for (int k = 0; s == NATS_OK && k < list.Count && !ing->stopping; k++) {
+            apply_message(ing, list.Msgs[k]);
+            applied = k + 1;
+        }
         pthread_mutex_unlock(&ing->mu);
-        if (s == NATS_OK && list.Count > 0)
-            natsMsg_Ack(list.Msgs[list.Count - 1], NULL);
+        /* what was applied, no more: a batch cut short by a stop is the
+         * next helper's (the last message acked acks all before it) */
+        if (applied > 0)
+            natsMsg_Ack(list.Msgs[applied - 1], NULL);
         natsMsgList_Destroy(&list);
         pthread_mutex_lock(&ing->mu);
         ing->fetching = 0;
