@@ -346,6 +346,20 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
                           "kvroute_zone \"%V\": mode or max_workers changed, "
                           "index rebuilt", &zone->name);
 
+            /* the registry is laid out once, with the zone */
+
+            if (sh->registry
+                && kv_registry_max_workers(sh->registry) < zone->max_workers)
+            {
+                ngx_log_error(NGX_LOG_WARN, shm_zone->shm.log, 0,
+                              "kvroute_zone \"%V\": the worker registry keeps "
+                              "its %uD records until the zone is recreated "
+                              "(restart nginx or change the zone's size): "
+                              "workers past them are not tracked",
+                              &zone->name,
+                              kv_registry_max_workers(sh->registry));
+            }
+
             if (ngx_http_kvroute_zone_index(zone, shpool, shm_zone->shm.log)
                 != NGX_OK)
             {

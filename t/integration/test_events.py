@@ -373,6 +373,19 @@ def test_reload_to_events_mode_says_when_the_pending_index_has_no_room(stack):
     assert ng.alerts() == []
 
 
+def test_reload_raising_max_workers_says_the_registry_keeps_its_size(stack):
+    """max_workers= raised by a reload rebuilds the index, but the worker
+    registry is laid out once with the zone: that was left unsaid."""
+    nats = stack.nats()
+    w = stack.worker(engines=1, extra=["--speedup", "50"])
+    ng = stack.nginx(conf(nats.url, w.ports))
+    ng.reload(conf(nats.url, w.ports).replace("kvroute_zone kv 16m;",
+                                              "kvroute_zone kv 16m max_workers=512;"))
+    kvt.wait_until(lambda: "the worker registry keeps its 256 records" in ng.log(),
+                   what="the warning")
+    assert ng.alerts() == []
+
+
 def test_pending_decisions_count_before_events_arrive(stack):
     """Events come only after a worker has prefilled: until then the router's
     own recent decisions (a short-TTL pending index) keep a prefix together."""
