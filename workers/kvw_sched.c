@@ -287,13 +287,21 @@ static int batch_add(sched_t *sc, sreq_t *s, uint32_t n)
 }
 
 /* Recompute: drop the blocks, back to the front of the queue. */
+/* Back to the waiting queue, first among the requests to compute: after the
+ * pinned ones, which hold their prompts' blocks and need almost none (ahead
+ * of them, a preempted prompt waits for blocks their pins hold, and they for
+ * it, for good). */
 static void preempt(sched_t *sc, sreq_t *s)
 {
+    sreq_t *after = NULL;
+
     kvw_blocks_release(sc->bm, &s->blocks);
     unqueue(sc, s);
     s->n_computed = 0;
     s->decoding = 0;
-    q_push_front(&sc->waiting, s);
+    for (sreq_t *w = sc->waiting.head; w && w->pin.table; w = w->next)
+        after = w;
+    q_insert_after(&sc->waiting, after, s);
     s->queue = Q_WAITING;
     sc->st.preemptions++;
 }
@@ -408,7 +416,10 @@ static int schedule_running(sched_t *sc, uint32_t *budget)
 /*
  * Admits waiting requests in order. The watermark check covers the whole
  * prompt, so an admitted prompt is unlikely to be preempted mid-prefill;
- * reused inactive blocks count against capacity as new ones do.
+ * reused inactive blocks count against capacity as new ones do. A pinned
+ * request is not held to the watermark: its blocks are taken already (by
+ * its transfer, which may have dipped into the watermark) and it computes
+ * about one more, where held back it would keep them from everyone.
  */
 static void schedule_waiting(sched_t *sc, uint32_t *budget)
 {
@@ -422,7 +433,7 @@ static void schedule_waiting(sched_t *sc, uint32_t *budget)
         if (cfg->enable_prefix_caching)
             hits = kvw_blocks_lookup(sc->bm, s->seed, s->tokens, s->n_tokens, &idle);
         uint32_t need = (uint32_t)((s->n_tokens + bs - 1) / bs) - hits + idle;
-        if ((uint64_t)need + reserve > kvw_blocks_available(sc->bm))
+        if ((uint64_t)need + (s->pin.table ? 0 : reserve) > kvw_blocks_available(sc->bm))
             break;
         size_t cached = 0;
         if (cfg->enable_prefix_caching)
@@ -463,7 +474,9 @@ static void start_step(sched_t *sc)
     int prefill = 0;
 
     sc->n_batch = 0;
-    if (!schedule_running(sc, &budget))
+    /* after a preemption nothing new is admitted, unless nothing runs: the
+     * preempted request (the only one) would wait for a kick never coming */
+    if (!schedule_running(sc, &budget) || sc->n_batch == 0)
         schedule_waiting(sc, &budget);
     if (sc->n_batch == 0)
         return;

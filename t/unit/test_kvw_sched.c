@@ -384,6 +384,38 @@ TEST(pinned_submit_uses_transferred_blocks)
 }
 
 /*
+ * Transfers can pin blocks into the watermark: three pulled requests hold
+ * 9 of 10 blocks where the watermark keeps 2 free. Held to the watermark,
+ * none was ever admitted and their pins were never let go (a decode worker
+ * stalled for good); a pinned request needs only its tail block.
+ */
+TEST(pins_into_the_watermark_still_run)
+{
+    struct event_base *base = event_base_new();
+    kvw_config_t c = cfg_with(256, 8192, 0.2);
+    tb_t *tb = tb_new(10, 16);
+    kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
+    kvw_blocks_t *bm = kvw_sched_blocks(e);
+    kvw_seq_blocks_t pin = {0};
+    tr_t r[3];
+
+    for (int i = 0; i < 3; i++) {
+        tr_init(&r[i], i, 50, 100 + 1000 * (uint32_t)i, 2);
+        kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, r[i].r.prompt, 50);
+        CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
+        kvw_blocks_commit(bm, &pin, r[i].r.prompt, 48);
+        CHECK(kvw_sched_submit_pinned(e, &r[i].r, &pin, NULL, 0) == 0);
+    }
+    CHECK_EQ_U64(kvw_blocks_active(bm), 9);
+    run(base);
+    for (int i = 0; i < 3; i++)
+        CHECK(r[i].done && r[i].why == KVW_FINISH_LENGTH && r[i].r.n_output == 2);
+    CHECK_EQ_U64(kvw_blocks_active(bm), 0);
+    e->ops->destroy(e);
+    event_base_free(base);
+}
+
+/*
  * A pulled request (pinned) on a worker busy with a long chunked prefill,
  * behind another waiting prompt: it is admitted at the next step beside the
  * running prompt's chunk (which leaves it room) and ahead of the waiting
@@ -520,6 +552,7 @@ int main(void)
     RUN(long_stop_strings_match_incrementally);
     RUN(too_long_prompt_refused);
     RUN(pinned_submit_uses_transferred_blocks);
+    RUN(pins_into_the_watermark_still_run);
     RUN(pinned_request_not_held_behind_local_prefill);
     RUN(given_first_token_delivered_before_the_step);
     return kvt_done();
