@@ -286,22 +286,28 @@ static int batch_add(sched_t *sc, sreq_t *s, uint32_t n)
     return 0;
 }
 
-/* Recompute: drop the blocks, back to the front of the queue. */
-/* Back to the waiting queue, first among the requests to compute: after the
- * pinned ones, which hold their prompts' blocks and need almost none (ahead
- * of them, a preempted prompt waits for blocks their pins hold, and they for
- * it, for good). */
-static void preempt(sched_t *sc, sreq_t *s)
+/* The last of the pinned requests at the head of the waiting queue, before
+ * stop; NULL if there is none. */
+static sreq_t *last_pinned(sched_t *sc, const sreq_t *stop)
 {
     sreq_t *after = NULL;
 
+    for (sreq_t *w = sc->waiting.head; w && w != stop && w->pin.table; w = w->next)
+        after = w;
+    return after;
+}
+
+/* Recompute: drop the blocks, back to the waiting queue, first among the
+ * requests to compute: after the pinned ones, which hold their prompts'
+ * blocks and need almost none (ahead of them, a preempted prompt waits for
+ * blocks their pins hold, and they for it, for good). */
+static void preempt(sched_t *sc, sreq_t *s)
+{
     kvw_blocks_release(sc->bm, &s->blocks);
     unqueue(sc, s);
     s->n_computed = 0;
     s->decoding = 0;
-    for (sreq_t *w = sc->waiting.head; w && w->pin.table; w = w->next)
-        after = w;
-    q_insert_after(&sc->waiting, after, s);
+    q_insert_after(&sc->waiting, last_pinned(sc, NULL), s);
     s->queue = Q_WAITING;
     sc->st.preemptions++;
 }
@@ -329,12 +335,11 @@ static uint32_t chunk_for(sched_t *sc, const sreq_t *s, uint32_t budget)
  */
 static void queue_pinned(sched_t *sc, sreq_t *s)
 {
-    sreq_t *after = NULL;
+    sreq_t *after;
 
     if (s->queue != Q_WAITING)
         return;
-    for (sreq_t *w = sc->waiting.head; w != s && w->pin.table; w = w->next)
-        after = w;
+    after = last_pinned(sc, s);
     if (after == s->prev)
         return;
     q_remove(&sc->waiting, s);

@@ -116,6 +116,20 @@ static void run(struct event_base *base)
     event_base_dispatch(base);
 }
 
+/* A transfer's 3 full blocks of t's 50-token prompt, pinned and committed as
+ * kvw_xfer_pull does, then handed to the scheduler with submit_pinned. */
+static int submit_pulled(kvw_engine_t *e, tr_t *t, const uint32_t *first, uint64_t rng)
+{
+    kvw_blocks_t *bm = kvw_sched_blocks(e);
+    kvw_seq_blocks_t pin = {0};
+
+    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, t->r.prompt, 50);
+    if (kvw_blocks_reserve(bm, &pin, 48) != 0)
+        return -1;
+    kvw_blocks_commit(bm, &pin, t->r.prompt, 48);
+    return kvw_sched_submit_pinned(e, &t->r, &pin, first, rng);
+}
+
 TEST(chunked_prefill_then_decode)
 {
     struct event_base *base = event_base_new();
@@ -371,10 +385,7 @@ TEST(pinned_submit_uses_transferred_blocks)
 
     /* cancelled while still waiting: the pin goes with it */
     tr_init(&b, 1, 50, 9000, 2);
-    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
-    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
-    kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
-    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin, NULL, 0) == 0);
+    CHECK(submit_pulled(e, &b, NULL, 0) == 0);
     e->ops->cancel(e, &b.r);
     CHECK_EQ_U64(kvw_blocks_active(bm), 0);
     run(base);
@@ -396,15 +407,11 @@ TEST(pins_into_the_watermark_still_run)
     tb_t *tb = tb_new(10, 16);
     kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
     kvw_blocks_t *bm = kvw_sched_blocks(e);
-    kvw_seq_blocks_t pin = {0};
     tr_t r[3];
 
     for (int i = 0; i < 3; i++) {
         tr_init(&r[i], i, 50, 100 + 1000 * (uint32_t)i, 2);
-        kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, r[i].r.prompt, 50);
-        CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
-        kvw_blocks_commit(bm, &pin, r[i].r.prompt, 48);
-        CHECK(kvw_sched_submit_pinned(e, &r[i].r, &pin, NULL, 0) == 0);
+        CHECK(submit_pulled(e, &r[i], NULL, 0) == 0);
     }
     CHECK_EQ_U64(kvw_blocks_active(bm), 9);
     run(base);
@@ -429,8 +436,6 @@ TEST(pinned_request_not_held_behind_local_prefill)
     kvw_config_t c = cfg_with(256, 64, 0);
     tb_t *tb = tb_new(64, 16);
     kvw_engine_t *e = kvw_sched_create(&c, base, 0, &tb->b);
-    kvw_blocks_t *bm = kvw_sched_blocks(e);
-    kvw_seq_blocks_t pin = {0};
     tr_t a, b, w;
 
     tr_init(&a, 0, 300, 1000, 2);
@@ -440,10 +445,7 @@ TEST(pinned_request_not_held_behind_local_prefill)
     event_base_loop(base, EVLOOP_ONCE);             /* a's first chunk is under way */
     CHECK_EQ_U64(tb->n_steps, 1);
     CHECK(e->ops->submit(e, &w.r) == 0);
-    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
-    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
-    kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
-    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin, NULL, 0) == 0);
+    CHECK(submit_pulled(e, &b, NULL, 0) == 0);
     run(base);
     CHECK(a.done && b.done && w.done);
     CHECK_EQ_U64(b.r.cached_tokens, 48);
@@ -477,7 +479,6 @@ TEST(given_first_token_delivered_before_the_step)
     tb_t *tb = tb_new(64, 16);
     kvw_engine_t *e;
     kvw_blocks_t *bm;
-    kvw_seq_blocks_t pin = {0};
     tr_t a, b, one, eos;
     uint32_t y = 'a' + 50 % 26, stop = 1;
 
@@ -492,18 +493,9 @@ TEST(given_first_token_delivered_before_the_step)
     CHECK(e->ops->submit(e, &a.r) == 0);
     event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);  /* a's first chunk is under way */
     CHECK_EQ_U64(tb->n_steps, 1);
-    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, b.r.prompt, 50);
-    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
-    kvw_blocks_commit(bm, &pin, b.r.prompt, 48);
-    CHECK(kvw_sched_submit_pinned(e, &b.r, &pin, &y, 77) == 0);
-    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, one.r.prompt, 50);
-    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
-    kvw_blocks_commit(bm, &pin, one.r.prompt, 48);
-    CHECK(kvw_sched_submit_pinned(e, &one.r, &pin, &y, 77) == 0);
-    kvw_blocks_pin_prefix(bm, &pin, KV_HASH_SEED, eos.r.prompt, 50);
-    CHECK(kvw_blocks_reserve(bm, &pin, 48) == 0);
-    kvw_blocks_commit(bm, &pin, eos.r.prompt, 48);
-    CHECK(kvw_sched_submit_pinned(e, &eos.r, &pin, &stop, 77) == 0);
+    CHECK(submit_pulled(e, &b, &y, 77) == 0);
+    CHECK(submit_pulled(e, &one, &y, 77) == 0);
+    CHECK(submit_pulled(e, &eos, &stop, 77) == 0);
     CHECK_EQ_U64(b.r.n_output, 0);                  /* not from inside the submit */
     event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
     CHECK_EQ_U64(tb->n_steps, 1);                   /* the first step is still running */
