@@ -83,7 +83,7 @@ static void *regmem;
 static kv_registry_t *reg;
 static int fake_ix;     /* never dereferenced */
 
-static kv_ingest_t *make(uint32_t buffer_events)
+static kv_ingest_t *make_for(const char *servers, uint32_t buffer_events)
 {
     char err[128];
     size_t size = kv_registry_min_size(8);
@@ -92,10 +92,15 @@ static kv_ingest_t *make(uint32_t buffer_events)
     reg = kv_registry_create(regmem, size, 8, err, sizeof(err));
     kv_ingest_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
-    cfg.servers = "nats://127.0.0.1:1";
+    cfg.servers = servers;
     cfg.buffer_events = buffer_events;
     n_applied = n_clears = 0;
     return kv_ingest_create(&cfg, (kv_index_t *)&fake_ix, reg, err, sizeof(err));
+}
+
+static kv_ingest_t *make(uint32_t buffer_events)
+{
+    return make_for("nats://127.0.0.1:1", buffer_events);
 }
 
 static kv_stored_block_t blk[4] = {{11, 111}, {12, 112}, {13, 113}, {14, 114}};
@@ -315,14 +320,7 @@ TEST(complete_history_skips_the_first_resync)
 TEST(failed_start_leaves_nothing)
 {
     char err[128];
-    size_t size = kv_registry_min_size(8);
-    free(regmem);
-    regmem = aligned_alloc(64, (size + 63) / 64 * 64);
-    reg = kv_registry_create(regmem, size, 8, err, sizeof(err));
-    kv_ingest_config_t cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.servers = ", ";
-    kv_ingest_t *ing = kv_ingest_create(&cfg, (kv_index_t *)&fake_ix, reg, err, sizeof(err));
+    kv_ingest_t *ing = make_for(", ", 0);
     CHECK(ing != NULL);
     CHECK(kv_ingest_start(ing, err, sizeof(err)) == -1);
     CHECK(strstr(err, "bad server list") != NULL);

@@ -191,19 +191,31 @@ TEST(lease_excludes_live_and_takes_over_dead)
 
 /* A writer killed inside write_begin/write_end: readers give up instead
  * of spinning forever, and the next lease holder closes the record. */
-TEST(killed_writer_repaired_on_takeover)
+/* A 2-slot registry whose lease a process now dead holds: the writer
+ * killed mid-write of the tests below. */
+static kv_registry_t *held_by_the_dead(void **mem)
 {
     size_t size;
-    void *mem = region_for(2, &size);
     char err[128];
-    kv_registry_t *reg = kv_registry_create(mem, size, 2, err, sizeof(err));
+    *mem = region_for(2, &size);
+    kv_registry_t *reg = kv_registry_create(*mem, size, 2, err, sizeof(err));
     pid_t child = fork();
     if (child == 0)
         _exit(0);
     int status;
     waitpid(child, &status, 0);
     uint32_t g;
-    CHECK(kv_registry_lease_acquire(reg, child, &g) == 0);     /* "child" was the writer */
+    if (kv_registry_lease_acquire(reg, child, &g) != 0)
+        return NULL;
+    return reg;
+}
+
+TEST(killed_writer_repaired_on_takeover)
+{
+    void *mem;
+    kv_registry_t *reg = held_by_the_dead(&mem);       /* the dead child was the writer */
+    uint32_t g;
+    CHECK(reg != NULL);
     int i = kv_registry_add(reg, 3, 0);
     kv_worker_rec_t *w = kv_registry_write_begin(reg, i);
     w->events = 99;                                            /* ...and died here */
@@ -220,17 +232,10 @@ TEST(killed_writer_repaired_on_takeover)
  * so the next add there leaves a readable record, not an inverted seq. */
 TEST(killed_adder_of_a_new_slot_repaired_on_takeover)
 {
-    size_t size;
-    void *mem = region_for(2, &size);
-    char err[128];
-    kv_registry_t *reg = kv_registry_create(mem, size, 2, err, sizeof(err));
-    pid_t child = fork();
-    if (child == 0)
-        _exit(0);
-    int status;
-    waitpid(child, &status, 0);
+    void *mem;
+    kv_registry_t *reg = held_by_the_dead(&mem);
     uint32_t g;
-    CHECK(kv_registry_lease_acquire(reg, child, &g) == 0);
+    CHECK(reg != NULL);
     CHECK_EQ_U64(kv_registry_add(reg, 3, 0), 0);
     kv_registry_write_begin(reg, 1);                           /* adding into slot 1: died */
     CHECK(kv_registry_lease_acquire(reg, getpid(), &g) == 0);
