@@ -35,6 +35,13 @@ struct kvw_blocks {
     kvw_blocks_stats_t  stats;
 };
 
+uint64_t kvw_blocks_seed(const char *cache_salt, const char *adapter)
+{
+    if (cache_salt)
+        return kv_hash_seed(cache_salt, strlen(cache_salt));
+    return adapter ? kv_hash_seed(adapter, strlen(adapter)) : KV_HASH_SEED;
+}
+
 kvw_blocks_t *kvw_blocks_new(uint32_t num_blocks, uint32_t block_size)
 {
     kvw_blocks_t *bm = calloc(1, sizeof(*bm));

@@ -63,6 +63,13 @@ typedef struct {
     uint64_t    evictions;
 } kvw_blocks_stats_t;
 
+/*
+ * A request's local hash seed: its cache salt, else its LoRA adapter's name
+ * (as vLLM keeps an adapter's blocks apart; the router hashes the same way),
+ * else the base seed. adapter is NULL for the base model.
+ */
+uint64_t kvw_blocks_seed(const char *cache_salt, const char *adapter);
+
 kvw_blocks_t *kvw_blocks_new(uint32_t num_blocks, uint32_t block_size);
 void kvw_blocks_free(kvw_blocks_t *bm);
 

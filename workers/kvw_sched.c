@@ -681,10 +681,7 @@ static int sched_submit(kvw_engine_t *e, kvw_req_t *r)
         sreq_free(s);
         return -1;
     }
-    /* a salt seeds the blocks, else a LoRA adapter's name (as vLLM tags
-     * them: the router hashes its requests the same way) */
-    s->seed = r->cache_salt ? kv_hash_seed(r->cache_salt, strlen(r->cache_salt))
-              : r->lora ? kv_hash_seed(r->model, strlen(r->model)) : KV_HASH_SEED;
+    s->seed = kvw_blocks_seed(r->cache_salt, r->lora ? r->model : NULL);
     /* tokens depend on the request's seed and position only: reruns agree */
     s->rng = r->seed ? r->seed : kv_hash_block(r->prompt, r->n_prompt, 7);
     r->engine_data = s;

@@ -580,6 +580,8 @@ static char *request_body(kvw_pull_t *p)
     json_object_set_new(j, "model_fp", json_string(hex));
     snprintf(hex, sizeof(hex), "%016" PRIx64, kvw_xfer_layout_fp(p->e));
     json_object_set_new(j, "layout_fp", json_string(hex));
+    if (p->r->lora)         /* the adapter's blocks, hashed with its name */
+        json_object_set_new(j, "lora", json_string(p->r->model));
     if (p->offer_ipc)
         json_object_set_new(j, "ipc", json_pack("{s:s}", "node", kvw_xfer_node_id()));
     /* ask for the first output token, sampled as this side would sample it */
@@ -635,7 +637,7 @@ kvw_pull_t *kvw_pull_start(kvw_engine_t *e, kvw_xfer_stats_t *st, const kvw_req_
 {
     kvw_blocks_t *bm = kvw_sched_blocks(e);
     uint32_t bs = kvw_blocks_block_size(bm);
-    uint64_t seed = kv_hash_seed(r->cache_salt, r->cache_salt ? strlen(r->cache_salt) : 0);
+    uint64_t seed = kvw_blocks_seed(r->cache_salt, r->lora ? r->model : NULL);
     char host[256];
     int port;
 

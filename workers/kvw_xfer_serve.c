@@ -26,6 +26,7 @@
 #include <jansson.h>
 
 #include "kv_hash.h"
+#include "kv_model.h"
 #include "kvw_openai.h"
 #include "kvw_sched.h"
 #include "kvw_xfer.h"
@@ -598,14 +599,15 @@ static int parse(serve_t *s, const char *body, size_t len, int *code, const char
         goto out;
     }
     json_t *toks = json_object_get(root, "tokens"), *have = json_object_get(root, "have");
-    json_t *salt = json_object_get(root, "cache_salt");
+    json_t *salt = json_object_get(root, "cache_salt"), *lora = json_object_get(root, "lora");
     if (parse_hex(json_object_get(root, "model_fp"), &mfp)
         || parse_hex(json_object_get(root, "layout_fp"), &lfp)
         || !json_is_integer(json_object_get(root, "block_size"))
         || !json_is_array(toks) || json_array_size(toks) < 2 || !json_is_array(have)
-        || !(salt == NULL || json_is_null(salt) || json_is_string(salt))) {
+        || !(salt == NULL || json_is_null(salt) || json_is_string(salt))
+        || !(lora == NULL || json_is_null(lora) || json_is_string(lora))) {
         snprintf(msg, msglen, "transfer request needs model_fp, layout_fp (hex), block_size, "
-                 "tokens (2 or more), have (a list), cache_salt (string or null)");
+                 "tokens (2 or more), have (a list), cache_salt and lora (string or null)");
         goto out;
     }
     *code = 409;
@@ -627,12 +629,23 @@ static int parse(serve_t *s, const char *body, size_t len, int *code, const char
                  PRIx64, lfp, kvw_xfer_layout_fp(e));
         goto out;
     }
+    if (json_is_string(lora)
+        && kv_model_role(e->cfg->model, e->cfg->lora_modules, json_string_value(lora))
+           != KV_MODEL_LORA) {
+        *ecode = "model_mismatch";
+        snprintf(msg, msglen, "LoRA adapter '%.64s' is not served here",
+                 json_string_value(lora));
+        goto out;
+    }
+    /* the adapter's blocks are prefilled under its name: submit() seeds them with it */
+    s->req.lora = json_is_string(lora);
+    s->req.model = strdup(s->req.lora ? json_string_value(lora) : e->cfg->model);
     n = json_array_size(toks);
     s->req.prompt = malloc(n * sizeof(uint32_t));
     s->n_full = (uint32_t)((n - 1) / bs);
     s->seq = malloc((s->n_full + 1) * sizeof(uint64_t));
     s->local = malloc((s->n_full + 1) * sizeof(uint64_t));
-    if (s->req.prompt == NULL || s->seq == NULL || s->local == NULL) {
+    if (s->req.model == NULL || s->req.prompt == NULL || s->seq == NULL || s->local == NULL) {
         *code = 503;
         *ecode = "out_of_memory";
         snprintf(msg, msglen, "out of memory");
@@ -654,8 +667,7 @@ static int parse(serve_t *s, const char *body, size_t len, int *code, const char
         snprintf(msg, msglen, "out of memory");
         goto out;
     }
-    s->pin.seed = kv_hash_seed(s->req.cache_salt,
-                               s->req.cache_salt ? strlen(s->req.cache_salt) : 0);
+    s->pin.seed = kvw_blocks_seed(s->req.cache_salt, s->req.lora ? s->req.model : NULL);
     kv_hash_blocks(s->req.prompt, (size_t)s->n_full * bs, bs, s->pin.seed, s->local, s->seq);
     if (json_array_size(have) > s->n_full) {
         *ecode = "hash_mismatch";
@@ -760,11 +772,10 @@ void kvw_xfer_serve(kvw_engine_t *e, kvw_xfer_stats_t *st, struct evhttp_request
         s->req.temperature = 0;
         s->req.top_p = 1;
     }
-    s->req.model = strdup(e->cfg->model);
     s->req.hooks = &hooks;
     s->req.front = s;
     s->req.engine = e;
-    int rc = s->req.model ? e->ops->submit(e, &s->req) : -1;
+    int rc = e->ops->submit(e, &s->req);
     if (rc != 0) {
         s->req.engine = NULL;
         if (rc == KVW_SUBMIT_TOO_LONG)

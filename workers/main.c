@@ -277,14 +277,12 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         fprintf(stderr, "kvworker: unknown engine '%s' (mock, cpu, cuda)\n", cfg->engine);
         return -1;
     }
-    /* the mock keeps an adapter's blocks apart as vLLM does; the real
-     * engines have no adapter weights to apply, and a transfer carries no
-     * adapter name (docs/PROTOCOL.md) */
-    if (cfg->lora_modules
-        && (strcmp(cfg->engine, "mock") || cfg->role != KVW_ROLE_AGGREGATED
-            || !lora_names_ok(cfg->lora_modules))) {
+    /* the mock keeps an adapter's blocks apart as vLLM does, in every
+     * role (a transfer names the adapter: docs/PROTOCOL.md); the real
+     * engines have no adapter weights to apply */
+    if (cfg->lora_modules && (strcmp(cfg->engine, "mock") || !lora_names_ok(cfg->lora_modules))) {
         fprintf(stderr, "kvworker: --lora-modules takes names (a,b,...) and needs --engine "
-                "mock and --role aggregated\n");
+                "mock\n");
         return -1;
     }
     if (cfg->port <= 0 || cfg->port > 65535 || cfg->engines < 1 || cfg->engines > 4096

@@ -493,6 +493,32 @@ def test_mock_mismatched_kv_size_refused(stack):
     assert s == 200 and "layout_mismatch" in h["x-kvroute-prefill-fallback"]
 
 
+def test_lora_request_pulls_its_adapters_blocks(stack):
+    """A LoRA adapter's blocks are hashed with its name (as vLLM keeps them
+    apart): the transfer names the adapter, so the prefill side computes and
+    sends the adapter's blocks. It refuses an adapter it does not serve, and
+    the decode side prefills that one itself."""
+    lora = ["--lora-modules", "sql", "--model", "base"]
+    pre = mock(stack, "prefill", lora)
+    dec = mock(stack, "decode", ["--disagg-min-tokens", "1", "--lora-modules", "sql,chat",
+                                 "--model", "base"])
+    prompt = "q" * 700
+    blocks = (700 - 1) // 16
+    s, h, _ = complete(dec, prompt, prefill=addr(pre), max_tokens=2, model="sql")
+    assert s == 200 and h.get("x-kvroute-prefilled-by") == addr(pre), h
+    assert metrics(dec)["kvworker_xfer_pulled_blocks_total"] == blocks
+    # the decode side now holds the prompt under the adapter only
+    for model, cached in (("sql", blocks * 16), ("base", 0)):
+        body = {"prompt": prompt, "max_tokens": 1, "model": model}
+        s, _, data = kvt.request(dec.ports[0], "POST", "/v1/completions", body)
+        usage = json.loads(data)["usage"]
+        assert s == 200 and usage["prompt_tokens_details"]["cached_tokens"] == cached, \
+            (model, usage)
+    s, h, _ = complete(dec, "r" * 700, prefill=addr(pre), max_tokens=2, model="chat")
+    assert s == 200 and h.get("x-kvroute-prefilled-by") == "local"
+    assert "model_mismatch" in h["x-kvroute-prefill-fallback"], h
+
+
 def test_mock_overloaded_prefill_worker(stack):
     """--prefill-queue-limit: a busy prefill worker answers overloaded and the decode
     worker prefills itself."""

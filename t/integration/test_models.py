@@ -105,7 +105,6 @@ def test_worker_lora_modules_checked():
     import os
     kvw = os.path.join(kvt.BIN, "kvworker")
     for extra in (["--lora-modules", "a", "--engine", "cpu"],
-                  ["--lora-modules", "a", "--role", "decode"],
                   ["--lora-modules", ""], ["--lora-modules", "*"], ["--lora-modules", "a,,b"],
                   ["--lora-modules", "a,"], ["--lora-modules", "x" * 128]):
         r = subprocess.run([kvw, "--port", str(kvt.free_port())] + extra, capture_output=True,
