@@ -297,6 +297,12 @@ static int apply_event(kv_zmq_t *z, zpub_t *p, kv_event_t *ev, uint64_t now)
     return -1;
 }
 
+/* The block size the router hashes this publisher's server with; 0: any. */
+static uint32_t router_bs(const kv_zmq_t *z, const zpub_t *p)
+{
+    return p->cfg.block_size ? p->cfg.block_size : z->cfg.block_size;
+}
+
 static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint32_t dp,
                          uint64_t now)
 {
@@ -307,12 +313,12 @@ static void apply_stored(kv_zmq_t *z, zpub_t *p, const kv_vllm_event_t *e, uint3
 
     if (p->engine_bs != e->block_size) {
         p->engine_bs = e->block_size;
-        p->mismatch = z->cfg.block_size && z->cfg.block_size != e->block_size;
+        p->mismatch = router_bs(z, p) && router_bs(z, p) != e->block_size;
         if (p->mismatch) {
             zlog("%s (%s): BLOCK SIZE MISMATCH: the engine uses %u-token blocks, kvroute "
                  "is configured for %u; its events are ignored and it is routed by load "
                  "only until they agree", p->cfg.server, p->cfg.endpoint, e->block_size,
-                 z->cfg.block_size);
+                 router_bs(z, p));
         }
         status_counts(z);
     }
@@ -1012,7 +1018,7 @@ static void adopt(kv_zmq_t *z, zpub_t *p, const char *server)
         p->last_seq = old.last_event_applied - 1;
         p->ever_connected = 1;      /* the first connect asks for a catch-up replay */
         p->engine_bs = old.block_size;
-        p->mismatch = z->cfg.block_size && p->engine_bs && p->engine_bs != z->cfg.block_size;
+        p->mismatch = router_bs(z, p) && p->engine_bs && p->engine_bs != router_bs(z, p);
         p->st.events = old.events;
         p->st.gaps = old.gaps;
         p->st.replays = old.resyncs;
@@ -1090,6 +1096,7 @@ kv_zmq_t *kv_zmq_create(const kv_zmq_config_t *cfg, kv_index_t *ix, kv_registry_
         p->cfg.replay = dupstr(c->replay);
         p->cfg.server = dupstr(c->server);
         p->cfg.topic = dupstr(c->topic);
+        p->cfg.block_size = c->block_size;
         p->worker_id = kv_hash_worker_id(c->server, strlen(c->server));
         adopt(z, p, c->server);
     }

@@ -47,12 +47,14 @@ typedef struct {
     const char *replay;         /* the ROUTER replay socket, or NULL */
     const char *server;         /* "host:port" of the upstream server it serves */
     const char *topic;          /* subscription prefix; NULL or "": everything */
+    uint32_t    block_size;     /* its upstream's, the router's; 0: the zone's below */
 } kv_zmq_pub_config_t;
 
 typedef struct {
     const kv_zmq_pub_config_t *pubs;
     size_t      n_pubs;
-    uint32_t    block_size;         /* the router's; 0: accept the engine's */
+    uint32_t    block_size;         /* the router's, for publishers that name none;
+                                       0: accept the engine's */
     uint32_t    replay_timeout_ms;  /* no end marker this long: failed; default 2000 */
     uint32_t    hold_messages;      /* live messages held during a replay; default 100000 */
     int         verbose;            /* log progress, not just trouble, to stderr */

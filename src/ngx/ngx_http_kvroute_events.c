@@ -718,17 +718,63 @@ ngx_http_kvroute_events_cstr(ngx_pool_t *pool, ngx_str_t *s)
 }
 
 
+/*
+ * The block size of the kvroute upstream of zone that lists server (the
+ * router hashes that server's prompts with it, so its engine's events must
+ * agree); 0: no upstream of the zone lists it.  Upstreams sharing a zone may
+ * differ.
+ */
+
+static uint32_t
+ngx_http_kvroute_events_block_size(ngx_http_kvroute_zone_t *zone,
+    ngx_str_t *server)
+{
+    ngx_uint_t                       i, k;
+    ngx_http_upstream_server_t      *us;
+    ngx_http_kvroute_srv_conf_t     *kcf;
+    ngx_http_upstream_srv_conf_t   **uscfp;
+    ngx_http_upstream_main_conf_t   *umcf;
+
+    umcf = ngx_http_cycle_get_module_main_conf(ngx_cycle,
+                                               ngx_http_upstream_module);
+    uscfp = umcf->upstreams.elts;
+
+    for (i = 0; i < umcf->upstreams.nelts; i++) {
+        kcf = ngx_http_conf_upstream_srv_conf(uscfp[i],
+                                              ngx_http_kvroute_module);
+
+        if (kcf == NULL || kcf->zone != zone || uscfp[i]->servers == NULL) {
+            continue;
+        }
+
+        us = uscfp[i]->servers->elts;
+
+        for (k = 0; k < uscfp[i]->servers->nelts; k++) {
+            if (us[k].name.len == server->len
+                && ngx_strncmp(us[k].name.data, server->data, server->len)
+                   == 0)
+            {
+                return (uint32_t) kcf->block_size;
+            }
+        }
+    }
+
+    return 0;
+}
+
+
 static ngx_int_t
 ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
 {
     char                            err[256];
+    uint32_t                        bs;
     ngx_uint_t                      i, k;
     ngx_array_t                    *pubs;
     kv_zmq_config_t                 zc;
     kv_zmq_pub_config_t            *pc;
     ngx_http_upstream_server_t     *us;
     ngx_http_kvroute_zmq_line_t    *ln;
-    ngx_http_kvroute_srv_conf_t   **kcfs;
+    ngx_http_kvroute_srv_conf_t    *kcf, **kcfs;
     ngx_pool_t                     *pool = ngx_cycle->pool;
     kv_registry_t                  *reg = ev->zone->sh->registry;
 
@@ -750,10 +796,15 @@ ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
             pc->replay = ngx_http_kvroute_events_cstr(pool, &ln[i].replay);
             pc->server = ngx_http_kvroute_events_cstr(pool, &ln[i].server);
             pc->topic = ngx_http_kvroute_events_cstr(pool, &ln[i].topic);
+            pc->block_size = ngx_http_kvroute_events_block_size(ev->zone,
+                                                                &ln[i].server);
             continue;
         }
 
         us = ln[i].uscf->servers->elts;
+        kcf = ngx_http_conf_upstream_srv_conf(ln[i].uscf,
+                                              ngx_http_kvroute_module);
+        bs = kcf && kcf->zone == ev->zone ? (uint32_t) kcf->block_size : 0;
 
         for (k = 0; k < ln[i].uscf->servers->nelts; k++) {
             if (us[k].backup || us[k].name.len >= KV_REGISTRY_ADDR_MAX) {
@@ -774,6 +825,7 @@ ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
                          : NULL;
             pc->server = ngx_http_kvroute_events_cstr(pool, &us[k].name);
             pc->topic = ngx_http_kvroute_events_cstr(pool, &ln[i].topic);
+            pc->block_size = bs;
 
             if (pc->endpoint == NULL || (ln[i].replay.len && pc->replay == NULL)) {
                 ngx_log_error(NGX_LOG_ALERT, log, 0,
@@ -793,7 +845,7 @@ ngx_http_kvroute_events_zmq_start(ngx_http_kvroute_events_t *ev, ngx_log_t *log)
     zc.on_drop = ngx_http_kvroute_events_drop;
     zc.on_drop_arg = ev->zone;
 
-    /* the router's block size, to check the engines' against */
+    /* the block size for publishers whose server no upstream lists */
 
     kcfs = ev->zone->upstreams.elts;
     if (ev->zone->upstreams.nelts) {

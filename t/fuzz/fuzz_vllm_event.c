@@ -20,7 +20,7 @@ static uint64_t  seq;
 static void rig(void)
 {
     static kv_index_config_t   ic = { .max_workers = 4 };
-    static kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL };
+    static kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL, 0 };
     kv_zmq_config_t            zc = { 0 };
     char                       err[256];
     size_t                     n;

@@ -501,6 +501,69 @@ def test_block_size_mismatch_is_loud(fleet):
     assert route(f.ng.port, ids(91, 64))[1] == 0
 
 
+TWO_SIZES = """
+    kvroute_zone kv 16m;
+    upstream small {
+        zone small 64k;
+        kvroute zone=kv mode=events block_size=16;
+        server %(s0)s;
+        kvroute_events %(p0)s server=%(s0)s;
+    }
+    upstream big {
+        zone big 64k;
+        kvroute zone=kv mode=events block_size=32;
+        server %(s1)s;
+        kvroute_events %(p1)s server=%(s1)s;
+    }
+    server {
+        listen 127.0.0.1:%%(port)s;
+        location /v1/ {
+            kvroute_upstream small;
+            proxy_pass http://small;
+            kvroute_debug_headers on;
+        }
+        location /big/v1/ {
+            rewrite ^/big(/.*)$ $1 break;
+            kvroute_upstream big;
+            proxy_pass http://big;
+            kvroute_debug_headers on;
+        }
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def test_upstreams_of_two_block_sizes_share_a_zone(stack):
+    """Each publisher is checked against its own upstream's block_size= (it
+    was checked against the zone's first upstream's: the 32-token engine was
+    flagged a mismatch and its events dropped)."""
+    w = stack.worker(engines=2, extra=["--speedup", "50"])
+    s = ["127.0.0.1:%d" % p for p in w.ports]
+    pubs = [vllm_pub.VllmPublisher(block_size=16, replay=False),
+            vllm_pub.VllmPublisher(block_size=32, replay=False)]
+    try:
+        ng = stack.nginx(TWO_SIZES % {"s0": s[0], "s1": s[1], "p0": pubs[0].url,
+                                      "p1": pubs[1].url})
+        toks = ids(95, 128)
+
+        def indexed_big():
+            pubs[1].store(toks)
+            rec = worker_rec(ng.port, s[1])
+            return rec is not None and rec["events"] > 0
+        kvt.wait_until(indexed_big, timeout=15, interval=0.2, what="the 32-token engine")
+        rec = worker_rec(ng.port, s[1])
+        assert rec["block_size"] == 32 and rec["state"] == "live", rec
+        assert ev_status(ng.port)["block_size_mismatch"] == 0
+        body = {"model": "kvroute-mock", "prompt": toks + [5] * 8, "max_tokens": 1}
+        st, h, out, _ = kvt.post_json(ng.port, "/big/v1/completions", body)
+        assert st == 200 and h["x-kvroute-worker"] == s[1], out
+        assert int(h["x-kvroute-overlap"]) == 4
+        assert "BLOCK SIZE MISMATCH" not in ng.log()
+    finally:
+        for p in pubs:
+            p.close()
+
+
 def test_pattern_form_expands_per_server(stack):
     # publishers on each server's port + an offset are hard to get from the
     # kernel: this checks the expansion (a publisher per server), not traffic

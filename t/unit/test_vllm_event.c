@@ -607,10 +607,11 @@ typedef struct {
     kv_zmq_t       *z;
 } rig_t;
 
-static void rig_open(rig_t *r, uint32_t block_size)
+/* A zone of block_size whose one publisher's upstream has pub_bs (0: none). */
+static void rig_open_pub(rig_t *r, uint32_t block_size, uint32_t pub_bs)
 {
     kv_index_config_t   ic = { 0 };
-    kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL };
+    kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL, pub_bs };
     kv_zmq_config_t     zc = { 0 };
     size_t              n;
     uint32_t            gen;
@@ -627,6 +628,11 @@ static void rig_open(rig_t *r, uint32_t block_size)
     zc.n_pubs = 1;
     zc.block_size = block_size;
     r->z = kv_zmq_create(&zc, r->ix, r->reg, err, sizeof(err));
+}
+
+static void rig_open(rig_t *r, uint32_t block_size)
+{
+    rig_open_pub(r, block_size, 0);
 }
 
 static void rig_close(rig_t *r)
@@ -759,6 +765,30 @@ TEST(feed_tiers_lora_and_block_size)
     rig_close(&r);
 }
 
+/* Upstreams of other block sizes may share a zone: a publisher is checked
+ * against its own upstream's, not the zone's first. */
+TEST(feed_checks_the_publishers_own_block_size)
+{
+    rig_t              r;
+    mp_t               m;
+    kv_zmq_pub_stats_t st;
+
+    rig_open_pub(&r, 4, 8);
+    batch1(&m);
+    stored(&m, 100, 2, -1, 0, 8, -1, "GPU", NULL);
+    feed(&r, 0, &m);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK(!st.block_size_mismatch);
+    CHECK_EQ_U64(matched(&r, 0, 2, 8, KV_HASH_SEED), 2);
+    batch1(&m);
+    stored(&m, 200, 1, -1, 50, 4, -1, "GPU", NULL);
+    feed(&r, 1, &m);
+    kv_zmq_pub_stats(r.z, 0, &st);
+    CHECK(st.block_size_mismatch);
+    CHECK_EQ_U64(matched(&r, 50, 1, 4, KV_HASH_SEED), 0);
+    rig_close(&r);
+}
+
 /* A hybrid model: the sliding-window group's evictions do not remove the
  * blocks its full-attention group still holds. */
 /* what on_drop was told */
@@ -781,7 +811,7 @@ static void on_drop(void *arg, uint64_t worker_id, const uint64_t *seq, size_t n
 TEST(feed_drops_reach_on_drop)
 {
     kv_index_config_t   ic = { 0 };
-    kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL };
+    kv_zmq_pub_config_t pc = { "tcp://127.0.0.1:1", NULL, "127.0.0.1:8000", NULL, 0 };
     kv_zmq_config_t     zc = { 0 };
     rig_t               r;
     mp_t                m;
@@ -994,6 +1024,7 @@ int main(void)
     RUN(seq_frames_and_tiers);
     RUN(feed_sequence_gap_restart_and_malformed);
     RUN(feed_tiers_lora_and_block_size);
+    RUN(feed_checks_the_publishers_own_block_size);
     RUN(feed_salted_prompts);
     RUN(feed_drops_reach_on_drop);
     RUN(feed_hybrid_groups);
