@@ -26,6 +26,8 @@ static int fail(char *err, size_t errlen, const char *fmt, const char *a)
     return -1;
 }
 
+static void st_close(st_file_t *f);
+
 static int st_open(const char *path, st_file_t *f, char *err, size_t errlen)
 {
     struct stat  st;
@@ -46,10 +48,12 @@ static int st_open(const char *path, st_file_t *f, char *err, size_t errlen)
     }
     memcpy(&hlen, f->map, 8);       /* little-endian u64, as on every host we build for */
     if (hlen > f->map_len - 8) {
+        st_close(f);
         return fail(err, errlen, "%s: bad safetensors header length", path);
     }
     f->header = json_loadb((const char *) f->map + 8, hlen, 0, &je);
     if (f->header == NULL) {
+        st_close(f);
         return fail(err, errlen, "%s: bad safetensors header", path);
     }
     f->data = (const uint8_t *) f->map + 8 + hlen;
@@ -80,7 +84,7 @@ static float half_to_f32(uint16_t h)
 /* The tensor name as f32 with exactly n elements, or NULL (missing is ok when optional). */
 static float *tensor(st_file_t *f, const char *name, size_t n, int optional, char *err, size_t errlen)
 {
-    json_t     *t = json_object_get(f->header, name), *off;
+    json_t     *t = json_object_get(f->header, name), *off, *shape, *d;
     const char *dt;
     size_t      a, b, i, count = 1, esz;
     float      *out;
@@ -91,8 +95,17 @@ static float *tensor(st_file_t *f, const char *name, size_t n, int optional, cha
     }
     dt = json_string_value(json_object_get(t, "dtype"));
     off = json_object_get(t, "data_offsets");
-    for (i = 0; i < json_array_size(json_object_get(t, "shape")); i++) {
-        count *= (size_t) json_integer_value(json_array_get(json_object_get(t, "shape"), i));
+    /* every dimension and product checked: a corrupt header must not wrap
+     * to the right element count */
+    shape = json_object_get(t, "shape");
+    json_array_foreach(shape, i, d) {
+        json_int_t k = json_integer_value(d);
+
+        if (!json_is_integer(d) || k < 0 || (k > 0 && count > SIZE_MAX / (size_t) k)) {
+            fail(err, errlen, "tensor %s has a bad shape", name);
+            return NULL;
+        }
+        count *= (size_t) k;
     }
     esz = dt && strcmp(dt, "F32") == 0 ? 4 : dt && (!strcmp(dt, "F16") || !strcmp(dt, "BF16")) ? 2 : 0;
     if (esz == 0) {
@@ -101,7 +114,7 @@ static float *tensor(st_file_t *f, const char *name, size_t n, int optional, cha
     }
     a = (size_t) json_integer_value(json_array_get(off, 0));
     b = (size_t) json_integer_value(json_array_get(off, 1));
-    if (count != n || b < a || b - a != n * esz || b > f->data_len) {
+    if (count != n || n > f->data_len / esz || b < a || b - a != n * esz || b > f->data_len) {
         fail(err, errlen, "tensor %s has the wrong shape or size", name);
         return NULL;
     }
@@ -245,6 +258,15 @@ static int load_config(const char *dir, kvw_model_t *m, char *err, size_t errlen
              "and head_dim even");
         goto bad;
     }
+    /* far beyond any dense model this engine runs, and small enough that no
+     * size computed from them overflows */
+    if (v[0] > (1 << 22) || v[1] > (1 << 16) || v[2] > 1024 || v[3] > 1024 || v[4] > v[3]
+        || v[5] > (1 << 18) || v[6] < 2 || v[6] > 1024 || v[7] < 1 || v[7] > (1 << 24)) {
+        fail(err, errlen, "%s", "config.json: a dimension is out of range (vocab_size <= 4M, "
+             "hidden_size <= 65536, layers and heads <= 1024, intermediate_size <= 262144, "
+             "head_dim 2..1024, max_position_embeddings 1..16M)");
+        goto bad;
+    }
     m->vocab = (uint32_t) v[0]; m->hidden = (uint32_t) v[1]; m->layers = (uint32_t) v[2];
     m->heads = (uint32_t) v[3]; m->kv_heads = (uint32_t) v[4]; m->inter = (uint32_t) v[5];
     m->head_dim = (uint32_t) v[6]; m->max_pos = (uint32_t) v[7];
@@ -336,6 +358,11 @@ int kvw_model_load(const char *dir, kvw_model_t *m, char *err, size_t errlen)
     q = m->heads * hd;
     kv = m->kv_heads * hd;
     m->L = calloc(m->layers, sizeof(kvw_layer_t));
+    if (m->L == NULL) {
+        fail(err, errlen, "%s", "out of memory");
+        st_close(&f);
+        return -1;
+    }
 #define T(field, nm, n, opt) do {                                              \
         field = tensor(&f, nm, (size_t) (n), opt, err, errlen);                \
         if (field == NULL && !(opt)) goto bad;                                 \

@@ -92,6 +92,41 @@ def test_unsupported_config_is_refused(tmp_path):
     json.dump(cfg, open(model + "/config.json", "w"))
 
 
+def test_corrupt_model_is_refused_cleanly(tmp_path):
+    """A config or safetensors header whose sizes overflow: refused with a
+    message. vocab_size = hidden_size = 2^31 with an empty embed tensor
+    wrapped the element count to 0 bytes and the loader wrote past a
+    malloc(0); 2e9 layers made an unchecked calloc NULL."""
+    model = make(tmp_path, "m", CONFIGS["gqa"])
+    cfg = json.load(open(model + "/config.json"))
+    path = model + "/model.safetensors"
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+
+    def run():
+        return subprocess.run([ENGINE, "logits", "--model", model, "--tokens", "[1,2]"],
+                              capture_output=True, text=True)
+    for key, value in (("vocab_size", 1 << 31), ("hidden_size", 1 << 31),
+                       ("num_hidden_layers", 2000000000), ("head_dim", 0)):
+        json.dump(dict(cfg, **{key: value}), open(model + "/config.json", "w"))
+        r = run()
+        assert r.returncode == 1 and "out of range" in r.stderr, (key, r.stderr)
+    json.dump(cfg, open(model + "/config.json", "w"))
+    for shape in ([1 << 32, 1 << 32, 1 << 32, 1 << 32], [-1, -64], ["x"]):
+        bad = dict(header)
+        bad["model.embed_tokens.weight"] = dict(header["model.embed_tokens.weight"],
+                                                shape=shape, data_offsets=[0, 0])
+        h = json.dumps(bad).encode()
+        h += b" " * (-len(h) % 8)
+        open(path, "wb").write(len(h).to_bytes(8, "little") + h + raw[8 + n:])
+        r = run()
+        assert r.returncode == 1 and "embed_tokens" in r.stderr, (shape, r.stderr)
+    open(path, "wb").write(raw[:8] + b"{not json" + raw[17:])
+    r = run()
+    assert r.returncode == 1 and "header" in r.stderr, r.stderr
+
+
 def test_kvworker_cpu_engine_serves_and_reuses_prefix(stack, tmp_path):
     model = make(tmp_path, "m", ["--layers", "2", "--hidden", "64", "--heads", "4",
                                  "--kv-heads", "2"], tokenizer=QWEN_TOK)
