@@ -110,8 +110,16 @@ static int ensure(cpu_t *e, size_t T)
     e->o = malloc(T * m->hidden * sizeof(float));
     e->g = malloc(T * m->inter * sizeof(float));
     e->u = malloc(T * m->inter * sizeof(float));
-    e->cap = T;
-    return e->x && e->xn && e->q && e->k && e->v && e->att && e->o && e->g && e->u ? 0 : -1;
+    if (e->x && e->xn && e->q && e->k && e->v && e->att && e->o && e->g && e->u) {
+        e->cap = T;
+        return 0;
+    }
+    /* none kept: the next step must allocate again, not use a NULL buffer */
+    free(e->x); free(e->xn); free(e->q); free(e->k); free(e->v); free(e->att);
+    free(e->o); free(e->g); free(e->u);
+    e->x = e->xn = e->q = e->k = e->v = e->att = e->o = e->g = e->u = NULL;
+    e->cap = 0;
+    return -1;
 }
 
 static void attention(cpu_t *e, const kvw_step_seq_t *sq, uint32_t layer, uint32_t pos,
