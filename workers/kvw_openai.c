@@ -497,6 +497,8 @@ static int parse_doc(kvw_req_t *r, int chat, void *doc, const kvw_text_t *tx,
     if (get_number(root, "temperature", 0, 2, &r->temperature, e)
         || get_number(root, "top_p", 0, 1, &r->top_p, e))
         return -1;
+    if (r->top_p == 0)      /* as vLLM: 0 keeps no token (the sampler took it for "off") */
+        return bad_value(e, "top_p", "a number in (0, 1]");
     i = r->top_k;
     if (get_int(root, "top_k", -1, 1 << 30, &i, e))
         return -1;

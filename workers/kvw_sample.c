@@ -34,17 +34,20 @@ uint32_t kvw_sample(float *logits, uint32_t n, const kvw_sampling_t *s)
     double   sum = 0, r, acc;
     cand_t  *c;
 
-    for (i = 1; i < n; i++) {
+    /* NaN logits (an overflow upstream) never win, as the CUDA argmax */
+    while (best + 1 < n && isnan(logits[best])) best++;
+    for (i = best + 1; i < n; i++) {
         if (logits[i] > logits[best]) best = i;
     }
-    if (s->temperature <= 1e-5f || s->rng == NULL) {
+    max = logits[best];
+    /* an infinite logit leaves nothing to weigh: the greedy pick */
+    if (s->temperature <= 1e-5f || s->rng == NULL || !isfinite(max)) {
         return best;
     }
-    max = logits[best];
     c = malloc(n * sizeof(cand_t));
     if (c == NULL) return best;
     for (i = 0; i < n; i++) {
-        c[i].p = expf((logits[i] - max) / s->temperature);
+        c[i].p = isnan(logits[i]) ? 0 : expf((logits[i] - max) / s->temperature);
         c[i].id = i;
     }
     qsort(c, n, sizeof(cand_t), by_p_desc);

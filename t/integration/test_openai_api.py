@@ -106,6 +106,7 @@ def test_unknown_model_is_404_model_not_found(worker):
     (True, {"temperature": "hot"}, "temperature", "invalid_type"),
     (True, {"temperature": 7}, "temperature", "invalid_value"),
     (True, {"top_p": "1"}, "top_p", "invalid_type"),
+    (True, {"top_p": 0}, "top_p", "invalid_value"),
     (True, {"max_tokens": 2.5}, "max_tokens", "invalid_type"),
     (True, {"stream": "yes"}, "stream", "invalid_type"),
     (True, {"seed": "1"}, "seed", "invalid_type"),
