@@ -204,6 +204,18 @@ static void take_ref(kvw_blocks_t *bm, uint32_t id)
     }
 }
 
+/* One holder fewer: an unreferenced block is cached-inactive (LRU) or free. */
+static void drop_ref(kvw_blocks_t *bm, uint32_t id)
+{
+    if (--bm->b[id].ref > 0)
+        return;
+    bm->n_active--;
+    if (bm->b[id].cached)
+        lru_push(bm, id);
+    else
+        bm->free_ids[bm->n_free++] = id;
+}
+
 /* A fresh block: from the free list, else evict the least recently used. */
 static uint32_t take_new(kvw_blocks_t *bm)
 {
@@ -326,7 +338,8 @@ void kvw_blocks_commit(kvw_blocks_t *bm, kvw_seq_blocks_t *s, const uint32_t *to
         uint64_t local = kv_hash_block(tokens + i * bs, bs, s->seed);
         uint64_t h = i == 0 ? local : kv_hash_chain(s->last_hash, local);
         block_t *x = &bm->b[s->table[i]];
-        if (find(bm, h) == NIL) {
+        int32_t twin = find(bm, h);
+        if (twin == NIL) {
             x->hash = h;
             x->local = local;
             x->parent = s->last_hash;
@@ -334,8 +347,18 @@ void kvw_blocks_commit(kvw_blocks_t *bm, kvw_seq_blocks_t *s, const uint32_t *to
             x->depth = (uint32_t)i;
             table_insert(bm, s->table[i]);
             emit_stored(bm, x);
+        } else {
+            /*
+             * Computed twice concurrently (two requests admitted in one step).
+             * The cached copy holds the same KV: the sequence takes it and frees
+             * its own. A private copy would leave the cached one unreferenced,
+             * so evictable while this sequence runs, and its next block would be
+             * stored under a parent the router was just told is gone.
+             */
+            take_ref(bm, (uint32_t)twin);
+            drop_ref(bm, s->table[i]);
+            s->table[i] = (uint32_t)twin;
         }
-        /* else: computed twice concurrently; this copy stays private */
         s->last_hash = h;
         s->n_hashed = (uint32_t)i + 1;
     }
@@ -343,16 +366,8 @@ void kvw_blocks_commit(kvw_blocks_t *bm, kvw_seq_blocks_t *s, const uint32_t *to
 
 void kvw_blocks_release(kvw_blocks_t *bm, kvw_seq_blocks_t *s)
 {
-    for (uint32_t i = s->n; i-- > 0; ) {
-        uint32_t id = s->table[i];
-        if (--bm->b[id].ref > 0)
-            continue;
-        bm->n_active--;
-        if (bm->b[id].cached)
-            lru_push(bm, id);
-        else
-            bm->free_ids[bm->n_free++] = id;
-    }
+    for (uint32_t i = s->n; i-- > 0; )
+        drop_ref(bm, s->table[i]);
     free(s->table);
     memset(s, 0, sizeof(*s));
 }

@@ -70,10 +70,10 @@ TEST(prefix_reuse_and_refcounts)
     CHECK_EQ_U64(run_seq(bm, &b, t, 12), 8);
     CHECK_EQ_U64(a.table[0], b.table[0]);
     CHECK_EQ_U64(a.table[1], b.table[1]);
-    CHECK(a.table[2] != b.table[2]);        /* computed twice: b's copy stays private */
-    CHECK_EQ_U64(kvw_blocks_active(bm), 4);
+    CHECK_EQ_U64(a.table[2], b.table[2]);   /* computed twice: b takes the cached copy */
+    CHECK_EQ_U64(kvw_blocks_active(bm), 3);
     kvw_blocks_release(bm, &a);
-    CHECK_EQ_U64(kvw_blocks_active(bm), 3); /* shared blocks still held by b */
+    CHECK_EQ_U64(kvw_blocks_active(bm), 3); /* all still held by b */
     kvw_blocks_release(bm, &b);
     CHECK_EQ_U64(kvw_blocks_active(bm), 0);
     CHECK_EQ_U64(kvw_blocks_cached(bm), 3);
@@ -113,6 +113,63 @@ TEST(evicts_tail_of_finished_sequence_first)
         }
     CHECK_EQ_U64(removed, 2);
     kvw_blocks_release(bm, &b);
+    kvw_blocks_free(bm);
+}
+
+/*
+ * Two requests with one prompt admitted in the same step both compute its
+ * blocks. The second must hold the cached copies: with private copies, the
+ * cached ones were evicted once the first request ended, and the second's
+ * next block was stored under a parent already removed (the router drops
+ * such a store, and every later one of that request).
+ */
+TEST(concurrent_duplicates_keep_their_parents)
+{
+    kvw_blocks_t *bm = kvw_blocks_new(6, BS);
+    kvw_seq_blocks_t a = {0}, b = {0}, c = {0};
+    uint32_t t[16], u[16];
+    uint64_t live[64];
+    int n_live = 0;
+
+    n_evs = 0;
+    kvw_blocks_set_sink(bm, sink, NULL);
+    fill(t, 16, 1);
+    CHECK_EQ_U64(kvw_blocks_acquire_prefix(bm, &a, KV_HASH_SEED, t, 9), 0);
+    CHECK_EQ_U64(kvw_blocks_acquire_prefix(bm, &b, KV_HASH_SEED, t, 9), 0);
+    CHECK(kvw_blocks_reserve(bm, &a, 9) == 0 && kvw_blocks_reserve(bm, &b, 9) == 0);
+    kvw_blocks_commit(bm, &a, t, 9);
+    kvw_blocks_commit(bm, &b, t, 9);
+    CHECK_EQ_U64(a.table[1], b.table[1]);
+    kvw_blocks_release(bm, &a);
+    /* another request takes all it can but the one block b needs next:
+     * only held blocks survive */
+    fill(u, 16, 900);
+    CHECK(kvw_blocks_reserve(bm, &c, (size_t)(kvw_blocks_available(bm) - 1) * BS) == 0);
+    kvw_blocks_commit(bm, &c, u, c.n * BS);
+    /* b goes on past its prompt: its third block's parent must still be there */
+    CHECK(kvw_blocks_reserve(bm, &b, 13) == 0);
+    kvw_blocks_commit(bm, &b, t, 13);
+    kvw_blocks_flush(bm);
+    for (int i = 0; i < n_evs; i++) {
+        kvw_event_t *e = &evs[i];
+        if (e->kind == KVW_EV_STORED) {
+            int found = !e->has_parent;
+            for (int j = 0; j < n_live && !found; j++)
+                found = live[j] == e->parent;
+            CHECK(found);
+            for (size_t k = 0; k < e->n && n_live < 64; k++)
+                live[n_live++] = e->hashes[k];
+        } else if (e->kind == KVW_EV_REMOVED) {
+            for (size_t k = 0; k < e->n; k++)
+                for (int j = 0; j < n_live; j++)
+                    if (live[j] == e->hashes[k])
+                        live[j] = live[--n_live];
+        }
+    }
+    kvw_blocks_release(bm, &b);
+    kvw_blocks_release(bm, &c);
+    CHECK_EQ_U64(kvw_blocks_active(bm), 0);
+    CHECK_EQ_U64(kvw_blocks_available(bm), 6);
     kvw_blocks_free(bm);
 }
 
@@ -214,6 +271,7 @@ int main(void)
     RUN(store_hashes_match_router);
     RUN(prefix_reuse_and_refcounts);
     RUN(evicts_tail_of_finished_sequence_first);
+    RUN(concurrent_duplicates_keep_their_parents);
     RUN(reserve_is_all_or_nothing);
     RUN(partial_block_promoted_when_full);
     RUN(batching_caps_and_kind_changes);
