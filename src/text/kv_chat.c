@@ -19,6 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <xxhash.h>
 
 #include "kv_chat.h"
 #include "kv_chat_int.h"
@@ -269,8 +272,10 @@ int kv_chat_part_text(jj_value p, int text_only, const jj_value **text)
 }
 
 /* The "string" content format: the parts' text joined with sep (vLLM:
- * "\n" and every text kind; SGLang: ' ' and "text" parts only). */
-jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep, int text_only)
+ * "\n", every text kind, and drop_empty: its parser keeps only truthy
+ * parts, so an empty text adds no separator; SGLang: ' ' and "text" parts
+ * only, empty ones joined too). */
+jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep, int text_only, int drop_empty)
 {
     jj_buf b = {0};
     int first = 1;
@@ -279,7 +284,7 @@ jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep, int text_only
         const jj_value *text = &parts.u.list->items[i];
         if ((p.kind != JV_STR || text_only) && !kv_chat_part_text(p, text_only, &text))
             continue;
-        if (text == NULL)
+        if (text == NULL || (drop_empty && text->u.str.n == 0))
             continue;
         if (!first)
             jj_buf_putc(&b, sep);
@@ -308,7 +313,7 @@ static void normalise_content(jj_arena *a, jj_value msgs)
             continue;
         for (size_t k = 0; k < m.u.dict->n; k++)
             if (jv_is_str(m.u.dict->keys[k], "content") && m.u.dict->vals[k].kind == JV_LIST)
-                m.u.dict->vals[k] = kv_chat_join_parts(a, m.u.dict->vals[k], '\n', 0);
+                m.u.dict->vals[k] = kv_chat_join_parts(a, m.u.dict->vals[k], '\n', 0, 1);
     }
 }
 
@@ -465,6 +470,51 @@ static int str_from_tree(jj_arena *a, const kv_tnode_t *x, jj_value *out)
     return 0;
 }
 
+/*
+ * 1 if two of d's keys are equal (jansson then decides: it keeps the last),
+ * -1 on no memory. Hashed past a few keys: a body of 80k keys was 11 s of
+ * pairwise compares. The seed is per process, so keys cannot be crafted to
+ * share a bucket.
+ */
+static int has_duplicate_keys(jj_arena *a, const jj_dict *d)
+{
+    static uint64_t seed_once;
+    uint64_t seed;
+    size_t cap = 32, i, h;
+    uint32_t *tab;
+
+    if (d->n <= 16) {
+        for (i = 1; i < d->n; i++)
+            for (h = 0; h < i; h++)
+                if (d->keys[h].u.str.n == d->keys[i].u.str.n
+                    && memcmp(d->keys[h].u.str.s, d->keys[i].u.str.s, d->keys[i].u.str.n) == 0)
+                    return 1;
+        return 0;
+    }
+    seed = __atomic_load_n(&seed_once, __ATOMIC_RELAXED);
+    if (seed == 0) {    /* two threads at once just pick one of two seeds */
+        seed = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)&seed;
+        __atomic_store_n(&seed_once, seed, __ATOMIC_RELAXED);
+    }
+    while (cap < 2 * (size_t)d->n)
+        cap <<= 1;
+    tab = jj_alloc(a, cap * sizeof(uint32_t));
+    if (tab == NULL)
+        return -1;
+    memset(tab, 0, cap * sizeof(uint32_t));
+    for (i = 0; i < d->n; i++) {
+        const jj_value *k = &d->keys[i];
+        for (h = XXH3_64bits_withSeed(k->u.str.s, k->u.str.n, seed) & (cap - 1); tab[h];
+             h = (h + 1) & (cap - 1)) {
+            const jj_value *o = &d->keys[tab[h] - 1];
+            if (o->u.str.n == k->u.str.n && memcmp(o->u.str.s, k->u.str.s, k->u.str.n) == 0)
+                return 1;
+        }
+        tab[h] = (uint32_t)i + 1;
+    }
+    return 0;
+}
+
 /* 0, 1: not for this path, -1: no memory */
 static int jv_from_tree(jj_arena *a, const kv_tree_t *tr, uint32_t node, jj_value *out)
 {
@@ -507,21 +557,49 @@ static int jv_from_tree(jj_arena *a, const kv_tree_t *tr, uint32_t node, jj_valu
             jj_value k;
             if ((rc = str_from_tree(a, &tr->nodes[c], &k)) != 0)
                 return rc;
-            for (uint32_t j = 0; j < d->n; j++)
-                if (d->keys[j].u.str.n == k.u.str.n
-                    && memcmp(d->keys[j].u.str.s, k.u.str.s, k.u.str.n) == 0)
-                    return 1;       /* a duplicate key: jansson keeps the last */
             c = kv_tree_next(tr, c);
             d->keys[d->n] = k;
             if ((rc = jv_from_tree(a, tr, c, &d->vals[d->n++])) != 0)
                 return rc;
             c = kv_tree_next(tr, c);
         }
-        return 0;
+        return has_duplicate_keys(a, d);
     }
     default:
         return 1;
     }
+}
+
+/*
+ * Whether json nests at most max deep (strings skipped). The jansson
+ * fallback below takes 2048 levels and jv_from_json recurses through them:
+ * a tool call's arguments text (a plain string to the body's own depth
+ * check) nested 2000 deep needed over 256 KiB of a thread pool's stack,
+ * more than musl gives a thread. Deeper than the body itself may nest
+ * (KV_JSON_MAX_DEPTH), it is unparsable here: a call's arguments become {}
+ * as a bad call's do, a routing miss on a pathological request only.
+ */
+static int depth_within(const char *json, size_t len, int max)
+{
+    int depth = 0, in_str = 0;
+
+    for (size_t i = 0; i < len; i++) {
+        char c = json[i];
+        if (in_str) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_str = 0;
+        } else if (c == '"') {
+            in_str = 1;
+        } else if (c == '[' || c == '{') {
+            if (++depth > max)
+                return 0;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return 1;
 }
 
 int kv_chat_parse_value(jj_arena *a, const char *json, size_t len, jj_value *out,
@@ -539,6 +617,10 @@ int kv_chat_parse_value(jj_arena *a, const char *json, size_t len, jj_value *out
         return 0;
     if (rc < 0) {
         snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (!depth_within(json, len, KV_JSON_MAX_DEPTH)) {
+        snprintf(err, errlen, "nested deeper than %d", KV_JSON_MAX_DEPTH);
         return -1;
     }
     /* "\u0000" is valid JSON, and the engines (Python's json) take it */

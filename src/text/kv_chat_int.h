@@ -17,8 +17,9 @@ int kv_chat_content_parts(const kv_chat_template_t *t);
 int kv_chat_part_text(jj_value p, int text_only, const jj_value **text);
 
 /* A list of content parts as the "string" content format has it: the text
- * of its text parts joined with sep (vLLM "\n", SGLang ' ', text_only). */
-jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep, int text_only);
+ * of its text parts joined with sep (vLLM "\n", SGLang ' ', text_only),
+ * empty texts left out when drop_empty (vLLM's string format). */
+jj_value kv_chat_join_parts(jj_arena *a, jj_value parts, char sep, int text_only, int drop_empty);
 
 /*
  * Renders values already in a (freed here, whatever the outcome). tools and

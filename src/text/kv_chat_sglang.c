@@ -34,7 +34,7 @@ static jj_value parts_of(jj_arena *a, jj_value parts, int keep)
     jj_value out;
 
     if (!keep)
-        return kv_chat_join_parts(a, parts, ' ', 1);
+        return kv_chat_join_parts(a, parts, ' ', 1, 0);
     out = jv_new_list(a, parts.u.list->n);
     for (size_t i = 0; out.kind == JV_LIST && i < parts.u.list->n; i++) {
         jj_value        p = parts.u.list->items[i], img;

@@ -94,9 +94,9 @@ static jj_value content_of(jj_arena *a, const jj_value *c, int parts, int tool)
     if (c->kind != JV_LIST)
         return *c;
     if (!parts)
-        return kv_chat_join_parts(a, *c, '\n', 0);
+        return kv_chat_join_parts(a, *c, '\n', 0, 1);
     l = parts_of(a, *c, &all_text);
-    return tool && all_text ? kv_chat_join_parts(a, l, '\n', 0) : l;
+    return tool && all_text ? kv_chat_join_parts(a, l, '\n', 0, 0) : l;
 }
 
 /*

@@ -279,6 +279,60 @@ TEST(many_slow_arguments)
     kv_chat_free(t);
 }
 
+/*
+ * Bodies a client shapes against the router (found by a code review):
+ * - a member with many keys, one repeated: the duplicate is still seen
+ *   (jansson keeps the last) now that keys are hashed, not compared pairwise;
+ * - a call's arguments text nested deeper than the body may be: taken as
+ *   unparsable ({}, as a bad one), not handed to jansson's 2048 levels and
+ *   a recursion through them;
+ * - empty text parts: vLLM's parser drops them (a falsy part), so they add
+ *   no separator.
+ */
+TEST(wide_deep_and_empty_members)
+{
+    kv_chat_template_t *t = load("qwen2.5-instruct");
+    char *body = malloc(1 << 16), err[256], *text;
+    size_t n = 0, len;
+
+    CHECK(t != NULL);
+    if (t == NULL) {
+        free(body);
+        return;
+    }
+    n += (size_t) sprintf(body + n, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"");
+    for (int i = 0; i < 40; i++)
+        n += (size_t) sprintf(body + n, ",\"k%02d\":%d", i, i);
+    sprintf(body + n, ",\"k17\":99}]}");
+    CHECK(paths_agree(t, body));
+    text = render_router(t, body, 0, &len, err, sizeof err);
+    CHECK(text != NULL);
+    free(text);
+
+    n = (size_t) sprintf(body, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+                         "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\","
+                         "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"");
+    for (int i = 0; i < 100; i++)
+        n += (size_t) sprintf(body + n, "{\\\"a\\\":");
+    n += (size_t) sprintf(body + n, "1.5");
+    for (int i = 0; i < 100; i++)
+        body[n++] = '}';
+    sprintf(body + n, "\"}}]}]}");
+    text = render_router(t, body, 0, &len, err, sizeof err);
+    CHECK(text != NULL && strstr(text, "\"arguments\": {}") != NULL);
+    free(text);
+    CHECK(paths_agree(t, body));
+
+    sprintf(body, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+            "\"text\":\"a\"},{\"type\":\"text\",\"text\":\"\"},\"\",\"b\"]}]}");
+    CHECK(paths_agree(t, body));
+    text = render_router(t, body, 0, &len, err, sizeof err);
+    CHECK(text != NULL && strstr(text, "user\na\nb<|im_end|>") != NULL);
+    free(text);
+    free(body);
+    kv_chat_free(t);
+}
+
 /* The operator's default kwargs (vLLM's --default-chat-template-kwargs),
  * the request's own over them: SmolLM3 writes enable_thinking into its
  * system header, so without them every block would differ. */
@@ -354,6 +408,7 @@ int main(void)
     RUN(jansson_fallback);
     RUN(tools_and_arguments_shape_the_prompt);
     RUN(many_slow_arguments);
+    RUN(wide_deep_and_empty_members);
     RUN(default_kwargs);
     RUN(bad_members);
     return kvt_done();
