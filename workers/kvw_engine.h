@@ -79,6 +79,8 @@ struct kvw_config {
     int         load_ms;                /* 50; 0: load only in heartbeats; N: also a heartbeat
                                            when the load changed, at most one per N ms */
 
+    int         stream_backlog_kb;      /* a stream this far behind its client is cut (32768) */
+
     /* disaggregated prefill/decode (kvw_xfer.h, docs/PROTOCOL.md) */
     int         role;                   /* KVW_ROLE_*: aggregated */
     int         disagg_min_tokens;      /* decode: prefill locally below this many uncached (512) */

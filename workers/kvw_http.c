@@ -77,6 +77,7 @@ struct group {
     size_t                       n, pending;
     int                          started;   /* SSE headers sent */
     struct event                *hangup;    /* watch_hangup's read event */
+    struct event                *overrun;   /* cuts a stream its client does not read */
     part_t                     **parts;
 };
 
@@ -145,6 +146,8 @@ static void group_free(group_t *g)
         evhttp_connection_set_closecb(g->conn, NULL, NULL);
     if (g->hangup)
         event_free(g->hangup);
+    if (g->overrun)
+        event_free(g->overrun);
     for (size_t i = 0; i < g->n; i++) {
         if (g->parts[i] == NULL)
             continue;
@@ -216,6 +219,35 @@ static void watch_hangup(group_t *g)
         event_add(g->hangup, NULL);
 }
 
+static void on_overrun(evutil_socket_t fd, short what, void *arg)
+{
+    group_t *g = arg;
+
+    fprintf(stderr, "kvworker: a stream's client left over %d KB unread: cancelled\n",
+            g->h->engine->cfg->stream_backlog_kb);
+    evhttp_connection_free(g->conn);        /* on_close cancels and frees g */
+}
+
+/*
+ * The engine does not wait for a stream's client (nor does vLLM's): what the
+ * client does not read piles up in the connection's buffer. Past
+ * --stream-backlog-kb the stream is cut and its requests cancelled, as if
+ * the client had left. Not here: this runs inside the engine's token
+ * delivery, which must finish before the requests can be cancelled.
+ */
+static void check_backlog(group_t *g)
+{
+    struct bufferevent *bev = g->conn ? evhttp_connection_get_bufferevent(g->conn) : NULL;
+
+    if (bev == NULL || g->overrun
+        || evbuffer_get_length(bufferevent_get_output(bev))
+           <= (size_t)g->h->engine->cfg->stream_backlog_kb * 1024)
+        return;
+    g->overrun = event_new(g->h->engine->base, -1, 0, on_overrun, g);
+    if (g->overrun)
+        event_active(g->overrun, EV_TIMEOUT, 0);
+}
+
 /* One SSE event (a Response's events are named); payload NULL: none. */
 static void send_event(group_t *g, const char *event, char *payload)
 {
@@ -228,6 +260,7 @@ static void send_event(group_t *g, const char *event, char *payload)
     evhttp_send_reply_chunk(g->http, b);
     evbuffer_free(b);
     free(payload);
+    check_backlog(g);
 }
 
 /* Whole SSE events (an Anthropic message's start and end come several at once). */

@@ -29,6 +29,7 @@ void kvw_config_defaults(kvw_config_t *cfg)
     cfg->heartbeat_ms = 1000;
     cfg->load_ms = 50;                  /* load fresh while it changes: Scale-out round 4 */
     cfg->idle_timeout_s = 60;
+    cfg->stream_backlog_kb = 32768;
     cfg->ns = "dynamo";
     cfg->component = "backend";
     cfg->role = KVW_ROLE_AGGREGATED;

@@ -40,6 +40,8 @@ static void usage(FILE *f)
         "                                one per N ms per engine (default 50; 0: off)\n"
         "  --idle-timeout SEC            close a connection idle or sending headers this long\n"
         "                                (default 60; 0: never)\n"
+        "  --stream-backlog-kb N         cancel a stream whose client lets this much output\n"
+        "                                pile up unread (default 32768)\n"
         "  --nats-subjects per-worker    publish on P.kv-events.<id>, P.kvroute.heartbeat.<id>\n"
         "                                (NATS permissions per worker; default shared)\n"
         "  --worker-id ID                event worker id; engine i gets ID+i\n"
@@ -104,7 +106,7 @@ enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_LOAD_MS, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
     O_DEVICE, O_ROLE, O_DISAGG_MIN, O_PREFILL_LIMIT, O_XFER_TIMEOUT, O_LINK, O_KVBPT,
-    O_XFER_FAULT, O_CHAT_ENGINE, O_CHAT_KWARGS, O_LORA,
+    O_XFER_FAULT, O_CHAT_ENGINE, O_CHAT_KWARGS, O_LORA, O_BACKLOG,
 };
 
 /* --xfer-fault KIND:N (testing only, kvw_engine.h). */
@@ -182,6 +184,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"link-gbps", 1, 0, O_LINK}, {"kv-bytes-per-token", 1, 0, O_KVBPT},
         {"xfer-fault", 1, 0, O_XFER_FAULT}, {"chat-engine", 1, 0, O_CHAT_ENGINE},
         {"default-chat-template-kwargs", 1, 0, O_CHAT_KWARGS}, {"lora-modules", 1, 0, O_LORA},
+        {"stream-backlog-kb", 1, 0, O_BACKLOG},
         {0, 0, 0, 0}
     };
     int c;
@@ -243,6 +246,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case O_DISAGG_MIN: cfg->disagg_min_tokens = atoi(optarg); break;
         case O_PREFILL_LIMIT: cfg->prefill_queue_limit = atoi(optarg); break;
         case O_XFER_TIMEOUT: cfg->xfer_timeout_ms = atoi(optarg); break;
+        case O_BACKLOG: cfg->stream_backlog_kb = atoi(optarg); break;
         case O_KVBPT: cfg->kv_bytes_per_token = atof(optarg); break;
         case O_XFER_FAULT:
             if (parse_fault(optarg, &cfg->xfer_fault, &cfg->xfer_fault_at)) {
@@ -295,7 +299,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         || cfg->max_num_batched_tokens < 1 || cfg->heartbeat_ms < 1 || cfg->load_ms < 0
         || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0
         || cfg->device < 0 || cfg->disagg_min_tokens < 0 || cfg->prefill_queue_limit < 1
-        || cfg->xfer_timeout_ms < 1 || !(cfg->kv_bytes_per_token > 0)) {
+        || cfg->xfer_timeout_ms < 1 || !(cfg->kv_bytes_per_token > 0)
+        || cfg->stream_backlog_kb < 1 || cfg->stream_backlog_kb > (1 << 22)) {
         fprintf(stderr, "kvworker: numeric options must be positive (--watermark in [0, 1))\n");
         return -1;
     }

@@ -149,6 +149,33 @@ def test_client_disconnect_frees_blocks_of_a_reply_not_streamed(stack):
     assert m["kvworker_requests_running"] == 0 and m["kvworker_requests_cancelled_total"] == 1
 
 
+def test_stream_its_client_does_not_read_is_cut(stack):
+    """The engine does not wait for a stream's reader: past
+    --stream-backlog-kb unread, the stream is cut and its request cancelled
+    (its output piled up in memory without bound before)."""
+    w = stack.worker(extra=["--speedup", "1000", "--stream-backlog-kb", "64"])
+    port = w.ports[0]
+    body = json.dumps({"prompt": "z" * 100, "max_tokens": 100000, "stream": True,
+                       "ignore_eos": True}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        kvt.wait_until(lambda: metrics(port)["kvworker_requests_cancelled_total"] == 1,
+                       what="the unread stream cancelled")
+        m = metrics(port)
+        assert m["kvworker_requests_running"] == 0 and m["kvworker_kv_blocks_active"] == 0
+        assert "left over 64 KB unread" in open(w.log).read()
+    finally:
+        sock.close()
+    status, _, _ = kvt.request(port, "POST", "/v1/completions",
+                               {"prompt": "hi", "max_tokens": 2})
+    assert status == 200
+
+
 def test_a_starved_engine_counts_its_late_steps(stack):
     """The mock engine's timings are only faithful while the host gives its
     loop the CPU; when it does not, kvworker_late_seconds_total says how
