@@ -103,6 +103,9 @@ static void pull_free(kvw_pull_t *p)
     close_conn(p);                      /* after an IPC copy: lets the prefill side unpin */
     if (p->pin.table)
         kvw_blocks_release(p->bm, &p->pin);
+    /* the blocks this pull allocated may have evicted cached ones: their
+     * Removed events go out now, not at the idle engine's next step */
+    kvw_blocks_flush(p->bm);
     if (p->deadline)
         event_free(p->deadline);
     if (p->fin)
