@@ -85,6 +85,9 @@
 #define FB_MAX          (JUMP_BATCH * JUMP)      /* match: keys between one batch's landings */
 #define SLOT_LOG        64                       /* slot changes kept for readers' maps */
 
+#define SLOT_LIVE       1u                       /* slot_t.in_use: a worker's (0: free) */
+#define SLOT_RETIRED    2u                       /* removed, entries freed by the next reap */
+
 typedef struct {
     uint64_t            worker_id;
     uint32_t            dp_rank;
@@ -197,6 +200,19 @@ static uint64_t filter_slot(const kv_index_t *ix, uint64_t key)
 static uint64_t kid_bit(uint32_t slot)
 {
     return 1ULL << (slot % 64);
+}
+
+/* slot holds one block fewer. A retired slot's count was zeroed when it
+ * was retired while its bits stay until the reap: an eviction or expiry
+ * meanwhile must not take it below zero. */
+static void lose_block(kv_index_t *ix, uint32_t slot)
+{
+    slot_t *s = &slots(ix)[slot];
+
+    if (__atomic_load_n(&s->in_use, __ATOMIC_RELAXED) == SLOT_LIVE) {
+        __atomic_store_n(&s->blocks, __atomic_load_n(&s->blocks, __ATOMIC_RELAXED) - 1,
+                         __ATOMIC_RELAXED);
+    }
 }
 
 static uint64_t mix(uint64_t x)
@@ -725,13 +741,12 @@ static void drop(kv_index_t *ix, uint64_t i)
     entry_t *e = entry(ix, i);
     uint32_t w;
     uint64_t b;
-    slot_t  *s = slots(ix);
 
     for (w = 0; w < ix->words; w++) {
         b = __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
         while (b) {
             note_loss(ix, i, w * 64 + (uint32_t) __builtin_ctzll(b));
-            bump(&s[w * 64 + __builtin_ctzll(b)].blocks, -1);
+            lose_block(ix, w * 64 + (uint32_t) __builtin_ctzll(b));
             b &= b - 1;
         }
     }
@@ -854,7 +869,7 @@ static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
     write_begin(e);
     set_bits(e, slot / 64, get_bits(e, slot / 64) & ~(1ULL << (slot % 64)));
     write_end(e);
-    bump(&slots(ix)[slot].blocks, -1);
+    lose_block(ix, slot);
     if (bits_empty(ix, e)) {
         erase(ix, i);
     }
@@ -1171,8 +1186,6 @@ static void clear_mask(kv_index_t *ix, const uint64_t mask[64])
  * (kv_index_reap). A churn of thousands of worker ids then costs one pass
  * per reap, not one per id.
  */
-#define SLOT_LIVE    1u
-#define SLOT_RETIRED 2u
 
 static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
 {

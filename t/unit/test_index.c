@@ -449,6 +449,31 @@ TEST(eviction_when_full)
     free(ix);
 }
 
+/* A removed worker's slot is retired with a block count of 0 while its
+ * entries wait for the reap: evicting them meanwhile must not count it
+ * below zero (it wrapped to ~2^64). */
+TEST(eviction_of_retired_slot_keeps_count)
+{
+    kv_index_config_t cfg = { .max_workers = 64 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[16], seq[16];
+    int               i, s;
+
+    chain(1 << 20, 16, tok, seq);
+    CHECK(store(ix, 1, 0, 0, 0, seq, tok, 16) == 0);
+    s = kv_index_worker_find(ix, 1, 0);
+    kv_index_worker_remove(ix, 1);
+    for (i = 2; i < 400; i++) {
+        chain((uint64_t) i << 20, 16, tok, seq);
+        CHECK(store(ix, 2, 0, 0, 0, seq, tok, 16) == 0);
+    }
+    kv_index_stats(ix, &st);
+    CHECK(st.evicted > 16);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), 0);
+    free(ix);
+}
+
 TEST(approximate_ttl_expire)
 {
     kv_index_config_t cfg = { .approximate = 1, .ttl_ms = 1000 };
@@ -1404,6 +1429,7 @@ int main(void)
     RUN(match_leading_run_per_worker);
     RUN(match_exits_early);
     RUN(eviction_when_full);
+    RUN(eviction_of_retired_slot_keeps_count);
     RUN(approximate_ttl_expire);
     RUN(approximate_ttl_set_and_ages);
     RUN(approximate_prune_to_ratio);
