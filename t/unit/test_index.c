@@ -1074,6 +1074,88 @@ TEST(match_hole_table_overflow_walks)
 
 /* Holes are found where the jump would skip: a worker holding 0..99 but
  * block 40, and a worker filling it again. */
+/* Engines drop whole conversations, head first or tail first. Each such
+ * removal opens holes on the way (the blocks under the ones still held)
+ * that close again once the chain is gone: they must leave the table, or
+ * it fills and every match walks for good (one slot lost is enough). */
+TEST(match_holes_retire_after_chain_removals)
+{
+    kv_index_config_t cfg = { .max_workers = 4 };
+    kv_index_t       *ix = make(1 << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[400][64], seq[400][64], h[64];
+    int               r, i, s;
+
+    for (r = 0; r < 400; r++) {
+        chain((uint64_t) (r + 1) << 24, 64, tok[r], seq[r]);
+        CHECK(store(ix, 1 + r % 4, 0, 0, 0, seq[r], tok[r], 64) == 0);
+        if (r >= 40) {
+            for (i = 0; i < 64; i++) {
+                h[i] = seq[r - 40][r % 2 ? 63 - i : i];
+            }
+            remove_hashes(ix, 1 + (r - 40) % 4, 0, h, 64);
+        }
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.evicted, 0);
+    CHECK_EQ_U64(st.blocks, 40 * 64);
+    CHECK_EQ_U64(st.lost_slots, 0);
+    CHECK(st.holes < 64);
+    for (r = 360; r < 400; r++) {
+        s = kv_index_worker_find(ix, 1 + r % 4, 0);
+        CHECK_EQ_U64(overlap(ix, s, seq[r], 64), 64);
+        CHECK(d_same(ix, seq[r], 64, 8));
+    }
+    /* a hole that is one still is kept (and found) */
+    remove_hashes(ix, 1 + 399 % 4, 0, &seq[399][20], 1);
+    s = kv_index_worker_find(ix, 1 + 399 % 4, 0);
+    CHECK_EQ_U64(overlap(ix, s, seq[399], 64), 20);
+    CHECK(d_same(ix, seq[399], 64, 8));
+    free(ix);
+}
+
+/* A slot lost to a full hole table is found again once its holes are gone
+ * and the table has room, without a Cleared event. */
+TEST(match_lost_slot_recovers)
+{
+    kv_index_config_t cfg = { .max_workers = 4 };
+    kv_index_t       *ix = make(1 << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[64], seq[64], h;
+    int               i, s;
+
+    /* 300 chains, each with a hole at block 10: more than the table lists */
+    for (i = 0; i < 300; i++) {
+        chain((uint64_t) (i + 1) << 24, 64, tok, seq);
+        CHECK(store(ix, 1, 0, 0, 0, seq, tok, 64) == 0);
+        h = seq[10];
+        remove_hashes(ix, 1, 0, &h, 1);
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.lost_slots, 1);
+    /* the engine drops them all (block 10 it dropped already) */
+    for (i = 0; i < 300; i++) {
+        uint64_t all[64];
+
+        chain((uint64_t) (i + 1) << 24, 64, tok, all);
+        remove_hashes(ix, 1, 0, all, 10);
+        remove_hashes(ix, 1, 0, all + 11, 53);
+    }
+    /* and stores on */
+    for (i = 0; i < 100; i++) {
+        chain((uint64_t) (i + 1000) << 24, 64, tok, seq);
+        CHECK(store(ix, 1, 0, 0, 0, seq, tok, 64) == 0);
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.lost_slots, 0);
+    h = seq[30];
+    remove_hashes(ix, 1, 0, &h, 1);
+    s = kv_index_worker_find(ix, 1, 0);
+    CHECK_EQ_U64(overlap(ix, s, seq, 64), 30);
+    CHECK(d_same(ix, seq, 64, 8));
+    free(ix);
+}
+
 TEST(match_jump_sees_holes)
 {
     kv_index_t  *ix = make(1 << 22, NULL);
@@ -1438,6 +1520,8 @@ int main(void)
     RUN(match_jump_equals_walk_every_entry_size);
     RUN(match_jump_long_requests_equal_walk);
     RUN(match_hole_table_overflow_walks);
+    RUN(match_holes_retire_after_chain_removals);
+    RUN(match_lost_slot_recovers);
     RUN(match_jump_sees_holes);
     RUN(match_coarse_spans_equal_walk);
     RUN(match_coarse_spans_see_every_hole);
