@@ -95,6 +95,7 @@
 #define COARSE_MAX      128                      /* match: the longest span landed over first */
 #define FB_MAX          (JUMP_BATCH * JUMP)      /* match: keys between one batch's landings */
 #define SLOT_LOG        64                       /* slot changes kept for readers' maps */
+#define MAP_SAMPLE      8                        /* engine map: mappings weighed per room made */
 
 #define SLOT_LIVE       1u                       /* slot_t.in_use: a worker's (0: free) */
 #define SLOT_RETIRED    2u                       /* removed, entries freed by the next reap */
@@ -146,6 +147,7 @@ struct kv_index {
     uint64_t            used;           /* entries in the table, ghosts too; writer */
     uint64_t            home_mask;      /* cap - 1, less the index bits within a line (home) */
     uint64_t            map_used;
+    uint64_t            map_hand;       /* map_make_room's scan position */
     uint64_t            hand;           /* eviction scan position */
     uint64_t            last_expire;
     uint64_t            live;           /* entries some slot holds (used less ghosts) */
@@ -1231,7 +1233,60 @@ static void map_del(kv_index_t *ix, uint64_t i)
     }
 }
 
-static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq)
+/*
+ * The map is full: room for one more. A mapping whose block its slot no
+ * longer holds (the index evicted or expired it: the engine has not said
+ * so yet) goes first; failing that, of a few from the hand on, the one
+ * whose block was least recently stored, and that block leaves the index
+ * for its slot too. A mapping is never forgotten while its block stays
+ * indexed: the engine's removal of that block, unknown then, would leave
+ * it matching for good.
+ */
+static void map_make_room(kv_index_t *ix, uint32_t now)
+{
+    uint64_t mask = ix->map_cap - 1, i = ix->map_hand & mask, n, best = 0;
+    uint32_t age, best_age = 0, slot;
+    int64_t  at;
+    map_t   *m = map(ix);
+    int      seen = 0, freed = 0;
+
+    for (n = 0; seen < MAP_SAMPLE && n < ix->map_cap; ) {
+        if (m[i].key == KEY_EMPTY) {
+            i = (i + 1) & mask;
+            n++;
+            continue;
+        }
+        at = find(ix, norm_key(m[i].seq));
+        if (at < 0 || !test_bit(entry(ix, (uint64_t) at), m[i].slot)) {
+            map_del(ix, i);     /* a later mapping may have moved into i: look again */
+            freed = 1;
+            continue;
+        }
+        age = (int32_t) (now - entry(ix, (uint64_t) at)->touch) > 0
+              ? now - entry(ix, (uint64_t) at)->touch : 0;
+        if (!seen || age > best_age) {
+            best = i;
+            best_age = age;
+        }
+        seen++;
+        i = (i + 1) & mask;
+        n++;
+    }
+    ix->map_hand = i;
+    if (freed || !seen) {
+        return;
+    }
+    /* nothing deleted: best has not moved */
+    slot = m[best].slot;
+    at = find(ix, norm_key(m[best].seq));
+    map_del(ix, best);
+    if (at >= 0) {
+        clear_holder(ix, (uint64_t) at, slot);
+        bump(&ix->evicted, 1);
+    }
+}
+
+static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq, uint32_t now)
 {
     uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i;
     map_t   *m = map(ix);
@@ -1242,13 +1297,7 @@ static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq
         return;
     }
     if (ix->map_used + 1 > ix->map_cap * 3 / 4) {
-        /* full: forget the entry at this key's home (or the one after);
-         * its removal will count as unknown, its children as orphans */
-        i = key & mask;
-        while (m[i].key == KEY_EMPTY) {
-            i = (i + 1) & mask;
-        }
-        map_del(ix, i);
+        map_make_room(ix, now);
     }
     for (i = key & mask; m[i].key != KEY_EMPTY; i = (i + 1) & mask) {
         /* void: the map is at most 3/4 full, an empty slot is near */
@@ -1630,7 +1679,7 @@ static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t
             seen = ix->erases;
             prev = seq[j];
             if (ev->blocks[i + j].block_hash != seq[j]) {
-                map_put(ix, (uint32_t) slot, ev->blocks[i + j].block_hash, seq[j]);
+                map_put(ix, (uint32_t) slot, ev->blocks[i + j].block_hash, seq[j], now);
             }
         }
     }

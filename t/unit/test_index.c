@@ -175,6 +175,58 @@ TEST(engine_map_overflow)
     free(ix);
 }
 
+/* vLLM-style engine hashes, more held than the engine map can keep (but
+ * fewer than the index can): a chain the engine removed must not match
+ * afterwards. The map used to forget a live mapping when full, so the
+ * removal of that block was unknown and it stayed indexed for good. */
+TEST(engine_map_full_forgets_consistently)
+{
+    kv_index_config_t cfg = { .max_workers = 16 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[40][32], seq[40][32], eng[40][32], h[32];
+    int               c, i, s, stale = 0;
+
+    kv_index_stats(ix, &st);
+    CHECK(st.capacity >= 8 * 32);           /* the index could hold what the engine holds */
+    for (c = 0; c < 40; c++) {
+        chain((uint64_t) (c + 1) << 24, 32, tok[c], seq[c]);
+        for (i = 0; i < 32; i++) {
+            eng[c][i] = seq[c][i] ^ 0x5555aaaa5555aaaaULL;
+        }
+        {
+            kv_stored_block_t b[32];
+            kv_event_t        ev = { .worker_id = 3, .kind = KV_EVENT_STORED, .blocks = b,
+                                     .n_blocks = 32 };
+
+            for (i = 0; i < 32; i++) {
+                b[i].block_hash = eng[c][i];
+                b[i].tokens_hash = tok[c][i];
+            }
+            CHECK(kv_index_apply(ix, &ev, 1000 + (uint64_t) c, err, sizeof(err)) == 0);
+        }
+        if (c >= 8) {
+            /* the engine keeps its newest 8 chains (256 blocks), freeing
+             * the oldest tail first, as vLLM does */
+            for (i = 0; i < 32; i++) {
+                h[i] = eng[c - 8][31 - i];
+            }
+            remove_hashes(ix, 3, 0, h, 32);
+        }
+    }
+    s = kv_index_worker_find(ix, 3, 0);
+    for (c = 0; c < 32; c++) {
+        stale += overlap(ix, s, seq[c], 32) > 0;
+    }
+    CHECK_EQ_U64(stale, 0);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), st.blocks);
+    CHECK(st.blocks <= 8 * 32);
+    /* the newest chain is held whole */
+    CHECK_EQ_U64(overlap(ix, s, seq[39], 32), 32);
+    free(ix);
+}
+
 TEST(unknown_parent_dropped_whole)
 {
     kv_index_t      *ix = make(1 << 20, NULL);
@@ -1502,6 +1554,7 @@ int main(void)
     RUN(stored_kvworker_style);
     RUN(stored_dynamo_style);
     RUN(engine_map_overflow);
+    RUN(engine_map_full_forgets_consistently);
     RUN(unknown_parent_dropped_whole);
     RUN(cleared_all_dp_ranks);
     RUN(worker_remove_frees_slot);
