@@ -163,6 +163,8 @@ struct kv_index {
     uint64_t            hole_kept;      /* hole keys left by the last hole_gc */
     uint64_t            hole_new;       /* hole keys added (or refused) since then */
     uint64_t            lost_ops;       /* blocks changed since the last rebuild_lost */
+    uint64_t            writing;        /* a writer is inside a call (writer_enter) */
+    uint64_t            writer_died;    /* calls found cut short: index cleared */
     uint64_t            slot_gen;       /* slot changes so far (a worker added or retired) */
     uint32_t            slot_log[SLOT_LOG]; /* slot of change g at g % SLOT_LOG */
     /* what every match reads, on a line of its own (the writer's hot
@@ -1468,7 +1470,9 @@ static int kv_index_free_slot(const kv_index_t *ix)
 }
 
 
-int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
+static int reap(kv_index_t *ix);
+
+static int worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
 {
     slot_t  *s = slots(ix);
     int      at = kv_index_worker_find(ix, worker_id, dp_rank);
@@ -1478,7 +1482,7 @@ int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
         return at;
     }
     if (kv_index_free_slot(ix) < 0) {
-        kv_index_reap(ix);
+        reap(ix);
     }
     for (i = 0; i < ix->max_workers; i++) {
         if (!__atomic_load_n(&s[i].in_use, __ATOMIC_RELAXED)) {
@@ -1577,7 +1581,7 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
     __atomic_fetch_add(&ix->cleared, 1, __ATOMIC_SEQ_CST);
 }
 
-int kv_index_reap(kv_index_t *ix)
+static int reap(kv_index_t *ix)
 {
     slot_t  *s = slots(ix);
     uint64_t mask[64] = { 0 };
@@ -1600,16 +1604,6 @@ int kv_index_reap(kv_index_t *ix)
         }
     }
     return n;
-}
-
-void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
-{
-    clear_slots(ix, worker_id, 0);
-}
-
-void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
-{
-    clear_slots(ix, worker_id, 1);
 }
 
 /* --- events -------------------------------------------------------------- */
@@ -1710,10 +1704,10 @@ static int apply_event(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
     int slot;
 
     if (ev->kind == KV_EVENT_CLEARED) {
-        kv_index_worker_clear(ix, ev->worker_id);
+        clear_slots(ix, ev->worker_id, 0);
         return 0;
     }
-    slot = kv_index_worker_add(ix, ev->worker_id, ev->dp_rank);
+    slot = worker_add(ix, ev->worker_id, ev->dp_rank);
     if (slot < 0) {
         snprintf(err, errlen, "no free worker slot for worker %llu (max_workers %u)",
                  (unsigned long long) ev->worker_id, ix->max_workers);
@@ -1730,12 +1724,125 @@ static int apply_event(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
     return -1;
 }
 
+/* --- the writer's calls ---------------------------------------------------
+ *
+ * A writer killed inside a call (the helper process, or an nginx worker
+ * holding the slab mutex in approximate mode) may leave an entry's lock
+ * odd, which the next writer's write_begin would make even for good:
+ * readers would then take half-written entries as whole. Worse, it may
+ * leave a backward shift half done (an entry twice, or none where its
+ * probe run needs it), a count or a hole missing: nothing a new writer
+ * can check short of rebuilding everything. So each call marks `writing`
+ * while it runs (one writer at a time: the caller serialises them), and a
+ * call that finds it set knows its predecessor died inside one: it makes
+ * every lock even and clears the index (slots and their workers stay).
+ * What the workers held is then learnt again from their events; in events
+ * mode the self-check resyncs a worker whose cache hits the index misses.
+ */
+static void writer_died(kv_index_t *ix)
+{
+    uint64_t i;
+    uint32_t w;
+    slot_t  *s = slots(ix);
+
+    bump(&ix->writer_died, 1);
+    /* readers walk while it clears (the sentinel), and any match under
+     * way when it started walks again (gen) */
+    bump(&ix->rd.lost_slots, 1);
+    bump_gen(ix);
+    for (i = 0; i < ix->cap; i++) {
+        entry_t *e = entry(ix, i);
+
+        kv_seqlock_unstick(&e->lock);
+        write_begin(e);
+        for (w = 0; w < ix->words; w++) {
+            set_bits(e, w, 0);
+        }
+        __atomic_store_n(&e->key, KEY_EMPTY, __ATOMIC_RELAXED);
+        write_end(e);
+    }
+    memset(side(ix, 0), 0, ix->cap * sizeof(side_t));
+    memset(hole(ix, 0), 0, ix->hole_cap * ix->hole_size);
+    memset(counts(ix), 0, (sizeof(uint16_t) << ix->filter_bits));
+    for (i = 0; i < (1ULL << ix->filter_bits) / 64; i++) {
+        __atomic_store_n(&filter(ix)[i], 0, __ATOMIC_RELAXED);
+    }
+    memset(map(ix), 0, ix->map_cap * sizeof(map_t));
+    for (i = 0; i < ix->max_workers; i++) {
+        __atomic_store_n(&s[i].blocks, 0, __ATOMIC_RELAXED);
+        s[i].lost = 0;
+    }
+    ix->used = 0;
+    __atomic_store_n(&ix->live, 0, __ATOMIC_RELAXED);
+    ix->hole_used = ix->hole_kept = ix->hole_new = 0;
+    ix->map_used = ix->map_hand = 0;
+    ix->hand = ix->lost_ops = 0;
+    ix->erases++;
+    bump(&ix->cleared, 1);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&ix->rd.lost_slots, 0, __ATOMIC_RELEASE);
+}
+
+static void writer_enter(kv_index_t *ix)
+{
+    if (ix->writing) {
+        writer_died(ix);
+    }
+    ix->writing = 1;
+}
+
+/* Leaves a call; lost slots are looked at again here, between changes. */
+static void writer_leave(kv_index_t *ix)
+{
+    rebuild_lost(ix);
+    ix->writing = 0;
+}
+
+int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
+{
+    int slot = kv_index_worker_find(ix, worker_id, dp_rank);
+
+    if (slot >= 0) {
+        return slot;        /* nothing to write (the events' usual case) */
+    }
+    writer_enter(ix);
+    slot = worker_add(ix, worker_id, dp_rank);
+    writer_leave(ix);
+    return slot;
+}
+
+void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
+{
+    writer_enter(ix);
+    clear_slots(ix, worker_id, 0);
+    writer_leave(ix);
+}
+
+void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
+{
+    writer_enter(ix);
+    clear_slots(ix, worker_id, 1);
+    writer_leave(ix);
+}
+
+int kv_index_reap(kv_index_t *ix)
+{
+    int n;
+
+    writer_enter(ix);
+    n = reap(ix);
+    writer_leave(ix);
+    return n;
+}
+
 int kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
                    char *err, size_t errlen)
 {
-    int rc = apply_event(ix, ev, now_ms, err, errlen);
+    int rc;
 
-    rebuild_lost(ix);
+    writer_enter(ix);
+    rc = apply_event(ix, ev, now_ms, err, errlen);
+    writer_leave(ix);
     return rc;
 }
 
@@ -1749,7 +1856,7 @@ uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
 
 /* --- approximate mode and the pending index ------------------------------ */
 
-void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n)
+static void forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n)
 {
     int64_t at;
     size_t  i;
@@ -1763,7 +1870,13 @@ void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
             clear_holder(ix, (uint64_t) at, slot);
         }
     }
-    rebuild_lost(ix);
+}
+
+void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n)
+{
+    writer_enter(ix);
+    forget(ix, slot, seq, n);
+    writer_leave(ix);
 }
 
 /* Records seq[0..n) for slot. parent: the key chained before seq[0], or
@@ -1796,24 +1909,27 @@ static void record_run(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_
             /* void */
         }
     }
-    rebuild_lost(ix);
 }
 
 void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
                      uint64_t now_ms)
 {
+    writer_enter(ix);
     record_run(ix, slot, seq, n, NULL, 0, now_ms);
+    writer_leave(ix);
 }
 
 void kv_index_record_at(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t from,
                         size_t n, uint64_t now_ms)
 {
     if (from < n) {
+        writer_enter(ix);
         record_run(ix, slot, seq + from, n - from, from ? &seq[from - 1] : NULL, 1, now_ms);
+        writer_leave(ix);
     }
 }
 
-void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
+static void expire(kv_index_t *ix, uint64_t now_ms)
 {
     uint32_t now = (uint32_t) now_ms;
     uint64_t i;
@@ -1841,6 +1957,16 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
             i--;            /* a later entry may have moved into i: look again */
         }
     }
+}
+
+void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
+{
+    if (!ix->approximate || ix->used == 0) {
+        return;             /* the timer's usual case: nothing written */
+    }
+    writer_enter(ix);
+    expire(ix, now_ms);
+    writer_leave(ix);
 }
 
 void kv_index_set_ttl(kv_index_t *ix, uint32_t ttl_ms)
@@ -2528,4 +2654,5 @@ void kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st)
     st->holes = __atomic_load_n(&m->hole_used, __ATOMIC_SEQ_CST);
     st->lost_slots = __atomic_load_n(&m->rd.lost_slots, __ATOMIC_SEQ_CST);
     st->ttl_ms = __atomic_load_n(&m->ttl_ms, __ATOMIC_RELAXED);
+    st->writer_died = __atomic_load_n(&m->writer_died, __ATOMIC_RELAXED);
 }
