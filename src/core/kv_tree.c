@@ -42,12 +42,17 @@ static long push(rd_t *r, uint8_t type)
         if (t->cap >= MAX_NODES) {
             return fail(r, "document too large");
         }
-        t->cap = t->cap ? t->cap * 2 : 256;
-        grown = realloc(t->nodes, t->cap * sizeof(kv_tnode_t));
+        uint32_t cap = t->cap ? t->cap * 2 : 256;
+
+        /* cap only once the memory is there: a failed realloc leaves the
+         * old block, and a cap larger than it would let the next
+         * document write past its end */
+        grown = realloc(t->nodes, cap * sizeof(kv_tnode_t));
         if (grown == NULL) {
             return fail(r, "out of memory");
         }
         t->nodes = grown;
+        t->cap = cap;
     }
     memset(&t->nodes[t->n], 0, sizeof(kv_tnode_t));
     t->nodes[t->n].type = type;

@@ -3,7 +3,7 @@
  *
  * Layout (offsets from the region start, no pointers):
  *
- *   header | worker slots [max_workers] | entries [cap] | kids [cap] |
+ *   header | worker slots [max_workers] | entries [cap] | sides [cap] |
  *   hole table | hole filter (bitmap, and its u16 counts) | engine map [map_cap]
  *
  * An entry is one sequence hash with the set of worker slots holding it, a
@@ -12,7 +12,8 @@
  * Entries hold only what readers read: with up to 128 slots one is 32
  * bytes, aligned, two to a cache line, so a reader's probe is one miss
  * (at 40 bytes, half the entries straddled two lines). The writer-only
- * `kids` word of entry i lives in a side array at the same index.
+ * side of entry i (its parent key, kids word and child count) lives in a
+ * side array at the same index.
  * Entries form an open-addressing table with linear probing; removal
  * shifts the rest of the probe run back (no tombstones), so probe chains
  * only ever reflect the live load (at most 0.8; eviction keeps it there).
@@ -51,12 +52,21 @@
  * lacking one would have a hole at the last one it lacks) and skips them;
  * otherwise it searches where slots stop, reading the keys the filter
  * lists as extra landings (kv_index_match). To know, when slot s loses a block, whether s
- * holds a child of it, each entry has a `kids` word in the side array
- * (slots that stored a child under it; a superset, one bit per slot mod 64). A hole listed for s is
+ * holds a child of it, each entry's side has a `kids` word (slots that
+ * stored a child under it; a superset, one bit per slot mod 32) and `nkid`,
+ * the exact number of (child, slot) pairs held under it; for that each
+ * side also names the entry's parent key, so a block that goes can count
+ * itself out of its parent. An entry whose children are held stays in the
+ * table when no slot holds it any more (a "ghost": readers see no holder,
+ * as if absent), so the count is never lost. A hole listed for s is
  * dropped when s holds the key again (its children become the entry's
- * kids) or s is cleared. If the table is full, the slot is marked lost and
- * every match walks until that slot is cleared; likewise a record whose
- * first block's parent is not named (kv_index_record).
+ * kids) or s is cleared; a key whose count fell to 0 is a hole of no one,
+ * and hole_gc drops such keys in batches before the table fills (readers
+ * check `gen`, which each batch bumps, and walk if it moved under them).
+ * If the table is full all the same, the slot is marked lost and every
+ * match walks until that slot is cleared or its holes are found again
+ * (rebuild_lost, once the table has room); likewise a record whose first
+ * block's parent is not named (kv_index_record).
  *
  * The engine map (engine block_hash -> sequence hash, per worker slot) is
  * used by the writer alone, for parent links and removals, and holds only
@@ -72,8 +82,9 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303038ULL   /* "kvidx008": homes by multiply-shift */
+#define IX_MAGIC        0x6b76696478303039ULL   /* "kvidx009": sides with parent links */
 #define KEY_EMPTY       0ULL
+#define KEY_ROOT        1ULL                    /* side.parent: a chain's first block */
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
@@ -84,6 +95,10 @@
 #define COARSE_MAX      128                      /* match: the longest span landed over first */
 #define FB_MAX          (JUMP_BATCH * JUMP)      /* match: keys between one batch's landings */
 #define SLOT_LOG        64                       /* slot changes kept for readers' maps */
+#define MAP_SAMPLE      8                        /* engine map: mappings weighed per room made */
+
+#define SLOT_LIVE       1u                       /* slot_t.in_use: a worker's (0: free) */
+#define SLOT_RETIRED    2u                       /* removed, entries freed by the next reap */
 
 typedef struct {
     uint64_t            worker_id;
@@ -99,6 +114,13 @@ typedef struct {
     uint64_t            key;
     uint64_t            bits[];         /* words */
 } entry_t;
+
+/* The writer-only side of an entry (side array, same index). */
+typedef struct {
+    uint64_t            parent;         /* parent's key; KEY_ROOT none, 0 not known */
+    uint32_t            nkid;           /* (child, slot) pairs held under it; saturates */
+    uint32_t            kids;           /* slots (mod 32) that may hold a child */
+} side_t;
 
 typedef struct {
     uint64_t            key;            /* engine hash mixed with slot; 0 empty */
@@ -121,13 +143,14 @@ struct kv_index {
     uint64_t            map_cap;        /* map entries (power of two) */
     uint64_t            entry_size;
     uint64_t            off_slots, off_entries, off_map;
-    uint64_t            off_kids;       /* u64 per entry: slots that may hold a child (writer) */
-    uint64_t            used;           /* live entries; writer */
+    uint64_t            off_side;       /* side_t per entry (writer) */
+    uint64_t            used;           /* entries in the table, ghosts too; writer */
     uint64_t            home_mask;      /* cap - 1, less the index bits within a line (home) */
     uint64_t            map_used;
+    uint64_t            map_hand;       /* map_make_room's scan position */
     uint64_t            hand;           /* eviction scan position */
     uint64_t            last_expire;
-    uint64_t            live;           /* = used, for readers */
+    uint64_t            live;           /* entries some slot holds (used less ghosts) */
     uint64_t            workers;
     uint64_t            stored, removed, cleared, evicted, expired, pruned;
     uint64_t            unknown_parent, unknown_remove;
@@ -136,10 +159,20 @@ struct kv_index {
     uint64_t            off_counts;     /* u16 per filter bit: hole keys there (writer) */
     uint32_t            filter_bits;
     uint32_t            cap_bits;       /* log2(cap) */
-    uint64_t            lost_slots;     /* slots with lost set; readers walk while > 0 */
     uint64_t            erases;         /* writer: entries moved or freed (stale indexes) */
+    uint64_t            hole_kept;      /* hole keys left by the last hole_gc */
+    uint64_t            hole_new;       /* hole keys added (or refused) since then */
+    uint64_t            lost_ops;       /* blocks changed since the last rebuild_lost */
+    uint64_t            writing;        /* a writer is inside a call (writer_enter) */
+    uint64_t            writer_died;    /* calls found cut short: index cleared */
     uint64_t            slot_gen;       /* slot changes so far (a worker added or retired) */
     uint32_t            slot_log[SLOT_LOG]; /* slot of change g at g % SLOT_LOG */
+    /* what every match reads, on a line of its own (the writer's hot
+     * counters above change all the time; these seldom) */
+    struct {
+        uint64_t        lost_slots;     /* slots with lost set; readers walk while > 0 */
+        uint64_t        gen;            /* bumped before holes are dropped or lost */
+    } __attribute__((aligned(64))) rd;
 };
 
 /* --- layout -------------------------------------------------------------- */
@@ -154,11 +187,10 @@ static entry_t *entry(const kv_index_t *ix, uint64_t i)
     return (entry_t *) (void *) ((char *) ix + ix->off_entries + i * ix->entry_size);
 }
 
-/* The kids word of entry i (writer only): a superset of the slots that
- * stored a child under its key, one bit per slot mod 64. */
-static uint64_t *kids(const kv_index_t *ix, uint64_t i)
+/* The side of entry i (writer only). */
+static side_t *side(const kv_index_t *ix, uint64_t i)
 {
-    return (uint64_t *) (void *) ((char *) ix + ix->off_kids) + i;
+    return (side_t *) (void *) ((char *) ix + ix->off_side) + i;
 }
 
 static map_t *map(const kv_index_t *ix)
@@ -192,11 +224,25 @@ static uint64_t filter_slot(const kv_index_t *ix, uint64_t key)
     return key & ((1ULL << ix->filter_bits) - 1);
 }
 
-/* Kids bitmaps are one word per entry: slot s uses bit s % 64, so with
- * more than 64 slots a bit stands for several (a superset is safe). */
-static uint64_t kid_bit(uint32_t slot)
+/* Kids bitmaps are 32 bits per entry: slot s uses bit s % 32, so with
+ * more than 32 slots a bit stands for several (a superset is safe: nkid
+ * says whether any child is held at all). */
+static uint32_t kid_bit(uint32_t slot)
 {
-    return 1ULL << (slot % 64);
+    return 1u << (slot % 32);
+}
+
+/* slot holds one block fewer. A retired slot's count was zeroed when it
+ * was retired while its bits stay until the reap: an eviction or expiry
+ * meanwhile must not take it below zero. */
+static void lose_block(kv_index_t *ix, uint32_t slot)
+{
+    slot_t *s = &slots(ix)[slot];
+
+    if (__atomic_load_n(&s->in_use, __ATOMIC_RELAXED) == SLOT_LIVE) {
+        __atomic_store_n(&s->blocks, __atomic_load_n(&s->blocks, __ATOMIC_RELAXED) - 1,
+                         __ATOMIC_RELAXED);
+    }
 }
 
 static uint64_t mix(uint64_t x)
@@ -301,7 +347,7 @@ static uint64_t table_bytes(uint64_t cap, uint64_t es, uint32_t words)
 {
     uint64_t h = hole_cap_for(cap);
 
-    return align64(cap * es) + align64(cap * sizeof(uint64_t))
+    return align64(cap * es) + align64(cap * sizeof(side_t))
            + align64(h * (1 + (uint64_t) words) * sizeof(uint64_t))
            + align64((1ULL << filter_bits_for(h)) / 8)
            + align64((uint64_t) sizeof(uint16_t) << filter_bits_for(h));
@@ -363,8 +409,8 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
     ix->hole_cap = hole_cap_for(cap);
     ix->hole_size = (1 + (uint64_t) ix->words) * sizeof(uint64_t);
     ix->filter_bits = filter_bits_for(ix->hole_cap);
-    ix->off_kids = ix->off_entries + align64(cap * es);
-    ix->off_holes = ix->off_kids + align64(cap * sizeof(uint64_t));
+    ix->off_side = ix->off_entries + align64(cap * es);
+    ix->off_holes = ix->off_side + align64(cap * sizeof(side_t));
     ix->off_filter = ix->off_holes + align64(ix->hole_cap * ix->hole_size);
     ix->off_counts = ix->off_filter + align64((1ULL << ix->filter_bits) / 8);
     ix->off_map = ix->off_counts + align64((uint64_t) sizeof(uint16_t) << ix->filter_bits);
@@ -444,11 +490,11 @@ static void prefetch_key(const kv_index_t *ix, uint64_t key)
     }
 }
 
-/* The writer's view of a key's home: its entry and its kids word. */
+/* The writer's view of a key's home: its entry and its side. */
 static void prefetch_key_w(const kv_index_t *ix, uint64_t key)
 {
     prefetch_key(ix, key);
-    prefetch(kids(ix, home(ix, key)));
+    prefetch(side(ix, home(ix, key)));
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */
@@ -526,21 +572,43 @@ static int maybe_hole(const kv_index_t *ix, uint64_t key)
     return (__atomic_load_n(&filter(ix)[b / 64], __ATOMIC_RELAXED) >> (b % 64)) & 1;
 }
 
+/*
+ * A match that jumped read lost_slots once, at its start, and the filter
+ * after the entries. Both may change under it in ways its answer cannot
+ * see: a slot marked lost meanwhile (a hole then goes unlisted), or a
+ * hole dropped from the filter by hole_gc after the reader read the child
+ * that made it one. So each such change first bumps gen (then a fence:
+ * gen is visible before the change), and a match whose gen moved answers
+ * with the walk instead (kv_index_match).
+ */
+static void bump_gen(kv_index_t *ix)
+{
+    /* release: a reader that reads the new gen at its start also sees
+     * what came before (lost_slots raised, the child that went) */
+    __atomic_store_n(&ix->rd.gen, __atomic_load_n(&ix->rd.gen, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
 static void mark_lost(kv_index_t *ix, uint32_t slot)
 {
     slot_t *s = &slots(ix)[slot];
 
     if (!s->lost) {
         s->lost = 1;
-        bump(&ix->lost_slots, 1);
-        /* readers see lost_slots before the change that made the hole */
-        __atomic_thread_fence(__ATOMIC_RELEASE);
+        bump(&ix->rd.lost_slots, 1);
+        /* readers see lost_slots (and gen) before the change that made
+         * the hole */
+        bump_gen(ix);
     }
 }
 
+static void hole_gc(kv_index_t *ix);
+
 /* slot may now have a hole at key. Called before the change that makes
- * the hole is written, so a reader that sees the change sees the hole. */
-static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
+ * the hole is written, so a reader that sees the change sees the hole.
+ * 0, or -1 when the table had no room (slot is lost). */
+static int hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
 {
     uint64_t mask = ix->hole_cap - 1, i, *h;
     int64_t  at = hole_find(ix, key);
@@ -548,11 +616,19 @@ static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
     if (at >= 0) {
         h = hole(ix, (uint64_t) at);
         h[1 + slot / 64] |= 1ULL << (slot % 64);
-        return;
+        return 0;
+    }
+    /* stale keys go in batches: once as many keys came as the last batch
+     * left (at least 1/16 of the table), so a sweep of the table costs
+     * O(1) per key added, full or not */
+    if (++ix->hole_new >= (ix->hole_kept > ix->hole_cap / 16 ? ix->hole_kept
+                                                             : ix->hole_cap / 16))
+    {
+        hole_gc(ix);
     }
     if (ix->hole_used + 1 > ix->hole_cap * 3 / 4) {
         mark_lost(ix, slot);    /* readers fall back to the walk */
-        return;
+        return -1;
     }
     for (i = mix(key) & mask; hole(ix, i)[0] != KEY_EMPTY; i = (i + 1) & mask) {
         /* void: at most 3/4 full */
@@ -564,6 +640,7 @@ static void hole_add(kv_index_t *ix, uint64_t key, uint32_t slot)
     bump(&ix->hole_used, 1);
     filter_bump(ix, key, 1);
     __atomic_thread_fence(__ATOMIC_RELEASE);
+    return 0;
 }
 
 /* Deletes hole entry i by backward shift (writer only: entries may move). */
@@ -587,6 +664,37 @@ static void hole_del(kv_index_t *ix, uint64_t i)
             }
         }
     }
+}
+
+/*
+ * Drops every hole key that is a hole of no one any more: no slot holds a
+ * child of it (its entry's nkid is 0, or it has no entry: an entry whose
+ * children are held stays, as a ghost). gen first, so a match that read
+ * such a child before it went, and the filter after, walks instead.
+ */
+static void hole_gc(kv_index_t *ix)
+{
+    uint64_t i, key;
+    int64_t  at;
+    int      bumped = 0;
+
+    for (i = 0; i < ix->hole_cap; ) {
+        key = hole(ix, i)[0];
+        if (key != KEY_EMPTY) {
+            at = find(ix, key);
+            if (at < 0 || side(ix, (uint64_t) at)->nkid == 0) {
+                if (!bumped) {
+                    bump_gen(ix);
+                    bumped = 1;
+                }
+                hole_del(ix, i);    /* a later entry may have moved into i: look again */
+                continue;
+            }
+        }
+        i++;
+    }
+    ix->hole_kept = ix->hole_used;
+    ix->hole_new = 0;
 }
 
 static int hole_empty(const kv_index_t *ix, const uint64_t *h)
@@ -650,7 +758,7 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
 
         if ((mask[i / 64] >> (i % 64) & 1) && s->lost) {
             s->lost = 0;
-            bump(&ix->lost_slots, -1);
+            bump(&ix->rd.lost_slots, -1);
         }
     }
 }
@@ -659,7 +767,9 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
  * hole now. */
 static void note_loss(kv_index_t *ix, uint64_t i, uint32_t slot)
 {
-    if (*kids(ix, i) & kid_bit(slot)) {
+    side_t *sd = side(ix, i);
+
+    if (sd->nkid > 0 && (sd->kids & kid_bit(slot))) {
         hole_add(ix, __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED), slot);
     }
 }
@@ -678,11 +788,12 @@ static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
     to->touch = from->touch;
 }
 
-/* Empties entry i by shifting the later members of its probe run back
- * (no tombstones, so probes and the load stay what the live entries make
- * them). A moved entry is written at its new place before its old place is
- * reused: a reader finds it at one or the other, or, if it passed the new
- * place just before the copy, misses it and sees a shorter overlap. */
+/* Empties entry i, which no slot holds, by shifting the later members of
+ * its probe run back (no tombstones, so probes and the load stay what the
+ * live entries make them). A moved entry is written at its new place
+ * before its old place is reused: a reader finds it at one or the other,
+ * or, if it passed the new place just before the copy, misses it and sees
+ * a shorter overlap. */
 static void erase(kv_index_t *ix, uint64_t i)
 {
     uint64_t mask = ix->cap - 1, j = i, k, key, h;
@@ -702,11 +813,11 @@ static void erase(kv_index_t *ix, uint64_t i)
             }
         }
         move_entry(ix, entry(ix, j), entry(ix, k));
-        *kids(ix, j) = *kids(ix, k);
+        *side(ix, j) = *side(ix, k);
         j = k;
     }
 empty:
-    *kids(ix, j) = 0;
+    memset(side(ix, j), 0, sizeof(side_t));
     ix->erases++;
     e = entry(ix, j);
     write_begin(e);
@@ -716,39 +827,109 @@ empty:
     __atomic_store_n(&e->key, KEY_EMPTY, __ATOMIC_RELAXED);
     write_end(e);
     ix->used--;
-    __atomic_store_n(&ix->live, ix->used, __ATOMIC_RELAXED);
 }
 
-/* Drops a whole entry, giving back each holder's block count. */
+/* Entry i lost its last holder: it goes, unless some slot holds a child
+ * of it (it stays as a ghost, keeping the count; it goes with the last
+ * child). 1 if it went (indexes may have moved). */
+static int erase_if_unused(kv_index_t *ix, uint64_t i)
+{
+    if (side(ix, i)->nkid == 0 && bits_empty(ix, entry(ix, i))) {
+        erase(ix, i);
+        return 1;
+    }
+    return 0;
+}
+
+/* d (child, slot) pairs came or went under key pk. At 0 no slot holds a
+ * child of pk: nobody has a hole there (hole_gc drops the key later), no
+ * slot is a kid, and a ghost pk goes (with erase set; indexes may move).
+ * A saturated count stays (its holes are kept: safe). */
+static void kid_count(kv_index_t *ix, uint64_t pk, int64_t d, int can_erase)
+{
+    int64_t at;
+    side_t *sd;
+
+    if (pk < 2 || d == 0 || (at = find(ix, pk)) < 0) {
+        return;
+    }
+    sd = side(ix, (uint64_t) at);
+    if (sd->nkid == UINT32_MAX) {
+        return;
+    }
+    if (d > 0) {
+        sd->nkid = (uint64_t) d >= UINT32_MAX - sd->nkid ? UINT32_MAX
+                                                          : sd->nkid + (uint32_t) d;
+        return;
+    }
+    sd->nkid = (uint64_t) -d >= sd->nkid ? 0 : sd->nkid - (uint32_t) -d;
+    if (sd->nkid == 0) {
+        sd->kids = 0;
+        if (can_erase) {
+            erase_if_unused(ix, (uint64_t) at);
+        }
+    }
+}
+
+/* Clears every holder of entry i (under its lock), giving back their
+ * block counts; their number. */
+static uint32_t clear_bits(kv_index_t *ix, uint64_t i, const uint64_t *mask)
+{
+    entry_t *e = entry(ix, i);
+    uint32_t w, n = 0;
+    uint64_t b;
+
+    for (w = 0; w < ix->words; w++) {
+        b = get_bits(e, w) & (mask ? (w < 64 ? mask[w] : 0) : ~0ULL);
+        n += (uint32_t) __builtin_popcountll(b);
+    }
+    if (n == 0) {
+        return 0;
+    }
+    write_begin(e);
+    for (w = 0; w < ix->words; w++) {
+        set_bits(e, w, get_bits(e, w) & ~(mask ? (w < 64 ? mask[w] : 0) : ~0ULL));
+    }
+    write_end(e);
+    if (bits_empty(ix, e)) {
+        bump(&ix->live, -1);
+    }
+    return n;
+}
+
+/* Drops every holder of entry i (eviction, expiry), giving back their
+ * block counts; the entry goes, or stays as a ghost. */
 static void drop(kv_index_t *ix, uint64_t i)
 {
     entry_t *e = entry(ix, i);
-    uint32_t w;
-    uint64_t b;
-    slot_t  *s = slots(ix);
+    uint32_t w, n;
+    uint64_t b, pk = side(ix, i)->parent;
 
     for (w = 0; w < ix->words; w++) {
         b = __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
         while (b) {
             note_loss(ix, i, w * 64 + (uint32_t) __builtin_ctzll(b));
-            bump(&s[w * 64 + __builtin_ctzll(b)].blocks, -1);
+            lose_block(ix, w * 64 + (uint32_t) __builtin_ctzll(b));
             b &= b - 1;
         }
     }
-    erase(ix, i);
+    n = clear_bits(ix, i, NULL);
+    erase_if_unused(ix, i);
+    kid_count(ix, pk, -(int64_t) n, 1);
 }
 
-/* Least recently touched of a few entries from the hand on: approximate
- * LRU at constant cost per eviction. */
-static void evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
+/* Least recently touched of a few held entries from the hand on (ghosts
+ * are no candidates: they go with their last held child): approximate
+ * LRU at constant cost per eviction. 0 if nothing was held. */
+static int evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
 {
-    uint64_t mask = ix->cap - 1, i, best = 0, k;
+    uint64_t mask = ix->cap - 1, i, best = 0, k, n;
     uint32_t age, best_age = 0;
     int      seen = 0, found = 0;
 
-    for (i = ix->hand; seen < EVICT_SAMPLE; i = (i + 1) & mask) {
+    for (i = ix->hand, n = 0; seen < EVICT_SAMPLE && n < ix->cap; i = (i + 1) & mask, n++) {
         k = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
-        if (k < 2) {
+        if (k < 2 || bits_empty(ix, entry(ix, i))) {
             continue;
         }
         seen++;
@@ -766,6 +947,7 @@ static void evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
         drop(ix, best);
         bump(counter, 1);
     }
+    return found;
 }
 
 static int must_evict(const kv_index_t *ix)
@@ -773,7 +955,8 @@ static int must_evict(const kv_index_t *ix)
     return ix->used > 0 && (double) (ix->used + 1) > (double) ix->cap * MAX_LOAD;
 }
 
-/* The entry for key, created (with no holders) if absent: one probe. */
+/* The entry for key, created (with no holders, parent not known) if
+ * absent: one probe. */
 static uint64_t upsert(kv_index_t *ix, uint64_t key, uint32_t now)
 {
     uint64_t mask = ix->cap - 1, i, k;
@@ -792,8 +975,8 @@ again:
     }
     if (!evicted && must_evict(ix)) {
         /* eviction rewrites the table: probe again afterwards */
-        while (must_evict(ix)) {
-            evict_one(ix, &ix->evicted, now);
+        while (must_evict(ix) && evict_one(ix, &ix->evicted, now)) {
+            /* void */
         }
         evicted = 1;
         goto again;
@@ -803,49 +986,121 @@ again:
     __atomic_store_n(&e->key, key, __ATOMIC_RELAXED);
     write_end(e);
     e->touch = now;
+    memset(side(ix, i), 0, sizeof(side_t));
     ix->used++;
-    __atomic_store_n(&ix->live, ix->used, __ATOMIC_RELAXED);
     return i;
 }
 
+/* slot now holds entry i (it did not). The hole it may have had there is
+ * dropped after the bit is set: a reader that finds the filter clear then
+ * finds the block held. */
 static void set_holder(kv_index_t *ix, uint64_t i, uint32_t slot, uint32_t now)
 {
     entry_t *e = entry(ix, i);
 
     e->touch = now;
-    if (test_bit(e, slot)) {
-        return;
-    }
-    if (hole_fill(ix, __atomic_load_n(&e->key, __ATOMIC_RELAXED), slot)) {
-        *kids(ix, i) |= kid_bit(slot);  /* the children it kept while away */
+    if (bits_empty(ix, e)) {
+        bump(&ix->live, 1);
     }
     write_begin(e);
     set_bits(e, slot / 64, get_bits(e, slot / 64) | 1ULL << (slot % 64));
     write_end(e);
+    if (hole_fill(ix, __atomic_load_n(&e->key, __ATOMIC_RELAXED), slot)) {
+        side(ix, i)->kids |= kid_bit(slot);     /* the children it kept while away */
+    }
     bump(&slots(ix)[slot].blocks, 1);
     bump(&ix->stored, 1);
+    ix->lost_ops++;
 }
 
-/* slot is about to hold a child of key pk (index *pi when *seen is still
- * ix->erases): pk's entry lists slot among its kids, or, if slot does not
- * hold pk, pk is a hole of slot. */
-static void note_parent(kv_index_t *ix, uint64_t pk, int64_t *pi, uint64_t *seen,
-                        uint32_t slot)
+/*
+ * slot stores key, whose parent is pk (KEY_ROOT: none; 0: not known).
+ * *pi is pk's entry while *seen is ix->erases (a cache across a run of
+ * blocks; -1 to look). Returns key's entry, valid until ix->erases moves.
+ *
+ * An entry learns its parent once; from then on it is the one used (the
+ * caller may not know it: kv_index_record), and the holders the entry had
+ * then are counted under it. Before the block goes in, the parent's entry
+ * lists slot among its kids (or, if slot does not hold the parent, lists
+ * the parent as a hole of slot: before the bit a reader could see) and
+ * counts the child, so an eviction while key is made room for cannot lose
+ * the count (the parent stays, as a ghost if need be). A block whose
+ * parent no one knows may open a hole no one can name: the slot is lost.
+ */
+static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_t pk,
+                            int64_t *pi, uint64_t *seen, uint32_t now)
 {
-    if (*pi < 0 || *seen != ix->erases) {
-        *pi = find(ix, pk);
-        *seen = ix->erases;
+    int64_t  at;
+    uint64_t i, erases, known;
+    side_t  *sd;
+    uint32_t w, held = 0;
+
+    if (pk == 0) {
+        at = find(ix, key);
+        if (at >= 0 && side(ix, (uint64_t) at)->parent != 0) {
+            *pi = -1;
+            return store_block(ix, slot, key, side(ix, (uint64_t) at)->parent, pi, seen, now);
+        }
+        if (at < 0 || !test_bit(entry(ix, (uint64_t) at), slot)) {
+            mark_lost(ix, slot);
+        }
     }
-    if (*pi >= 0 && test_bit(entry(ix, (uint64_t) *pi), slot)) {
-        *kids(ix, (uint64_t) *pi) |= kid_bit(slot);
-    } else {
-        hole_add(ix, pk, slot);
+    if (pk >= 2) {
+        if (*pi < 0 || *seen != ix->erases) {
+            *pi = find(ix, pk);
+        }
+        if (*pi < 0) {
+            *pi = (int64_t) upsert(ix, pk, now);    /* a ghost: its child will be held */
+        }
+        sd = side(ix, (uint64_t) *pi);
+        sd->kids |= kid_bit(slot);
+        if (sd->nkid < UINT32_MAX) {
+            sd->nkid++;
+        }
+        if (!test_bit(entry(ix, (uint64_t) *pi), slot)) {
+            hole_add(ix, pk, slot);
+        }
     }
+    erases = ix->erases;
+    i = upsert(ix, key, now);
+    sd = side(ix, i);
+    known = sd->parent;
+    if (known == 0 && pk != 0 && pk != key) {
+        sd->parent = pk;
+        for (w = 0; w < ix->words; w++) {
+            held += (uint32_t) __builtin_popcountll(get_bits(entry(ix, i), w));
+        }
+        kid_count(ix, pk, held, 0);
+    } else if (known != 0 && known != pk) {
+        /* it chains onto another key (a 64-bit collision): count it there */
+        kid_count(ix, pk, -1, 1);
+        *pi = -1;
+        return store_block(ix, slot, key, known, pi, seen, now);
+    }
+    if (!test_bit(entry(ix, i), slot)) {
+        set_holder(ix, i, slot, now);
+        return i;
+    }
+    /* slot held key already: the pair was counted, the reservation goes */
+    entry(ix, i)->touch = now;
+    if (pk >= 2) {
+        sd = side(ix, (uint64_t) *pi);
+        if (erases == ix->erases && sd->nkid > 1 && sd->nkid < UINT32_MAX) {
+            sd->nkid--;                 /* pk's entry did not move (the usual case) */
+        } else {
+            kid_count(ix, pk, -1, 1);   /* may erase a ghost pk: look key up again */
+            *pi = -1;
+            i = (uint64_t) find(ix, key);
+        }
+    }
+    return i;
 }
 
+/* slot no longer holds entry i. */
 static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
 {
     entry_t *e = entry(ix, i);
+    uint64_t pk = side(ix, i)->parent;
 
     if (!test_bit(e, slot)) {
         return;
@@ -854,9 +1109,80 @@ static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
     write_begin(e);
     set_bits(e, slot / 64, get_bits(e, slot / 64) & ~(1ULL << (slot % 64)));
     write_end(e);
-    bump(&slots(ix)[slot].blocks, -1);
     if (bits_empty(ix, e)) {
-        erase(ix, i);
+        bump(&ix->live, -1);
+    }
+    lose_block(ix, slot);
+    ix->lost_ops++;
+    erase_if_unused(ix, i);
+    kid_count(ix, pk, -1, 1);
+}
+
+/*
+ * A slot marked lost gets its holes back once the table has room: one pass
+ * over the table lists, for each entry a lost slot holds, the parent the
+ * slot lacks (every held entry names its parent: store_block). A slot that
+ * holds an entry whose parent is not known (kv_index_record) stays lost,
+ * as does one whose holes still do not fit. At most one pass per cap/4
+ * blocks stored or removed, so it costs O(1) a block however often it
+ * fails.
+ */
+static void rebuild_lost(kv_index_t *ix)
+{
+    uint64_t mask[64] = { 0 }, b, pk, i;
+    uint32_t k, w, words = ix->words < 64 ? ix->words : 64, sl;
+    int64_t  at;
+    slot_t  *s = slots(ix);
+
+    if (ix->rd.lost_slots == 0 || ix->lost_ops < ix->cap / 4) {
+        return;
+    }
+    ix->lost_ops = 0;
+    if (ix->hole_used > ix->hole_cap * 3 / 8) {
+        hole_gc(ix);
+        if (ix->hole_used > ix->hole_cap * 3 / 8) {
+            return;
+        }
+    }
+    for (k = 0; k < ix->max_workers && k < 64 * 64; k++) {
+        if (s[k].lost) {
+            mask[k / 64] |= 1ULL << (k % 64);
+        }
+    }
+    for (i = 0; i < ix->cap; i++) {
+        entry_t *e = entry(ix, i);
+
+        if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) < 2
+            || (pk = side(ix, i)->parent) == KEY_ROOT)
+        {
+            continue;
+        }
+        at = -2;
+        for (w = 0; w < words; w++) {
+            for (b = get_bits(e, w) & mask[w]; b; b &= b - 1) {
+                sl = w * 64 + (uint32_t) __builtin_ctzll(b);
+                if (pk == 0) {
+                    mask[w] &= ~(1ULL << (sl % 64));    /* a hole no one can name */
+                    continue;
+                }
+                if (at == -2) {
+                    at = find(ix, pk);
+                }
+                if ((at < 0 || !test_bit(entry(ix, (uint64_t) at), sl))
+                    && hole_add(ix, pk, sl) < 0)
+                {
+                    mask[w] &= ~(1ULL << (sl % 64));    /* no room after all */
+                }
+            }
+        }
+    }
+    /* the holes (filter bits) are visible before the walk ends */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    for (k = 0; k < ix->max_workers && k < 64 * 64; k++) {
+        if (mask[k / 64] >> (k % 64) & 1) {
+            s[k].lost = 0;
+            bump(&ix->rd.lost_slots, -1);
+        }
     }
 }
 
@@ -909,7 +1235,60 @@ static void map_del(kv_index_t *ix, uint64_t i)
     }
 }
 
-static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq)
+/*
+ * The map is full: room for one more. A mapping whose block its slot no
+ * longer holds (the index evicted or expired it: the engine has not said
+ * so yet) goes first; failing that, of a few from the hand on, the one
+ * whose block was least recently stored, and that block leaves the index
+ * for its slot too. A mapping is never forgotten while its block stays
+ * indexed: the engine's removal of that block, unknown then, would leave
+ * it matching for good.
+ */
+static void map_make_room(kv_index_t *ix, uint32_t now)
+{
+    uint64_t mask = ix->map_cap - 1, i = ix->map_hand & mask, n, best = 0;
+    uint32_t age, best_age = 0, slot;
+    int64_t  at;
+    map_t   *m = map(ix);
+    int      seen = 0, freed = 0;
+
+    for (n = 0; seen < MAP_SAMPLE && n < ix->map_cap; ) {
+        if (m[i].key == KEY_EMPTY) {
+            i = (i + 1) & mask;
+            n++;
+            continue;
+        }
+        at = find(ix, norm_key(m[i].seq));
+        if (at < 0 || !test_bit(entry(ix, (uint64_t) at), m[i].slot)) {
+            map_del(ix, i);     /* a later mapping may have moved into i: look again */
+            freed = 1;
+            continue;
+        }
+        age = (int32_t) (now - entry(ix, (uint64_t) at)->touch) > 0
+              ? now - entry(ix, (uint64_t) at)->touch : 0;
+        if (!seen || age > best_age) {
+            best = i;
+            best_age = age;
+        }
+        seen++;
+        i = (i + 1) & mask;
+        n++;
+    }
+    ix->map_hand = i;
+    if (freed || !seen) {
+        return;
+    }
+    /* nothing deleted: best has not moved */
+    slot = m[best].slot;
+    at = find(ix, norm_key(m[best].seq));
+    map_del(ix, best);
+    if (at >= 0) {
+        clear_holder(ix, (uint64_t) at, slot);
+        bump(&ix->evicted, 1);
+    }
+}
+
+static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq, uint32_t now)
 {
     uint64_t key = map_key(slot, engine), mask = ix->map_cap - 1, i;
     map_t   *m = map(ix);
@@ -920,13 +1299,7 @@ static void map_put(kv_index_t *ix, uint32_t slot, uint64_t engine, uint64_t seq
         return;
     }
     if (ix->map_used + 1 > ix->map_cap * 3 / 4) {
-        /* full: forget the entry at this key's home (or the one after);
-         * its removal will count as unknown, its children as orphans */
-        i = key & mask;
-        while (m[i].key == KEY_EMPTY) {
-            i = (i + 1) & mask;
-        }
-        map_del(ix, i);
+        map_make_room(ix, now);
     }
     for (i = key & mask; m[i].key != KEY_EMPTY; i = (i + 1) & mask) {
         /* void: the map is at most 3/4 full, an empty slot is near */
@@ -1097,7 +1470,9 @@ static int kv_index_free_slot(const kv_index_t *ix)
 }
 
 
-int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
+static int reap(kv_index_t *ix);
+
+static int worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
 {
     slot_t  *s = slots(ix);
     int      at = kv_index_worker_find(ix, worker_id, dp_rank);
@@ -1107,7 +1482,7 @@ int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
         return at;
     }
     if (kv_index_free_slot(ix) < 0) {
-        kv_index_reap(ix);
+        reap(ix);
     }
     for (i = 0; i < ix->max_workers; i++) {
         if (!__atomic_load_n(&s[i].in_use, __ATOMIC_RELAXED)) {
@@ -1123,33 +1498,34 @@ int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
     return -1;
 }
 
-/* Drops every block of the slots in mask: one pass over the table and the
- * engine map. */
+/* Drops every block of the slots in mask: two passes over the table (the
+ * bits and counts, then the entries left unused: nothing moves in the
+ * first, so it sees every entry once) and one over the engine map. */
 static void clear_mask(kv_index_t *ix, const uint64_t mask[64])
 {
     map_t   *m = map(ix);
-    uint64_t i, b;
-    uint32_t w;
+    uint64_t i;
+    uint32_t k, n;
 
+    /* the slots lose their blocks in table order, not chain order, and
+     * the holes that opens are listed nowhere: readers walk meanwhile
+     * (holes_clear_mask ends it) */
+    for (k = 0; k < ix->max_workers; k++) {
+        if (mask[k / 64] >> (k % 64) & 1) {
+            mark_lost(ix, k);
+        }
+    }
     for (i = 0; i < ix->cap; i++) {
-        entry_t *e = entry(ix, i);
-
-        if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) < 2) {
-            continue;
+        if (__atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED) >= 2
+            && (n = clear_bits(ix, i, mask)) > 0)
+        {
+            kid_count(ix, side(ix, i)->parent, -(int64_t) n, 0);
         }
-        for (w = 0, b = 0; w < ix->words && w < 64; w++) {
-            b |= __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED) & mask[w];
-        }
-        if (!b) {
-            continue;
-        }
-        write_begin(e);
-        for (w = 0; w < ix->words && w < 64; w++) {
-            set_bits(e, w, get_bits(e, w) & ~mask[w]);
-        }
-        write_end(e);
-        if (bits_empty(ix, e)) {
-            erase(ix, i);
+    }
+    for (i = 0; i < ix->cap; i++) {
+        if (__atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED) >= 2
+            && erase_if_unused(ix, i))
+        {
             i--;            /* a later entry may have moved into i: look again */
         }
     }
@@ -1171,8 +1547,6 @@ static void clear_mask(kv_index_t *ix, const uint64_t mask[64])
  * (kv_index_reap). A churn of thousands of worker ids then costs one pass
  * per reap, not one per id.
  */
-#define SLOT_LIVE    1u
-#define SLOT_RETIRED 2u
 
 static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
 {
@@ -1207,7 +1581,7 @@ static void clear_slots(kv_index_t *ix, uint64_t worker_id, int release)
     __atomic_fetch_add(&ix->cleared, 1, __ATOMIC_SEQ_CST);
 }
 
-int kv_index_reap(kv_index_t *ix)
+static int reap(kv_index_t *ix)
 {
     slot_t  *s = slots(ix);
     uint64_t mask[64] = { 0 };
@@ -1230,16 +1604,6 @@ int kv_index_reap(kv_index_t *ix)
         }
     }
     return n;
-}
-
-void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
-{
-    clear_slots(ix, worker_id, 0);
-}
-
-void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
-{
-    clear_slots(ix, worker_id, 1);
 }
 
 /* --- events -------------------------------------------------------------- */
@@ -1266,15 +1630,17 @@ static void make_room(kv_index_t *ix, uint64_t n, uint32_t now)
     if ((double) n > limit / 2) {
         n = (uint64_t) (limit / 2);
     }
-    while (ix->used > 0 && (double) (ix->used + n) > limit) {
-        evict_one(ix, &ix->evicted, now);
+    while (ix->used > 0 && (double) (ix->used + n) > limit
+           && evict_one(ix, &ix->evicted, now))
+    {
+        /* void */
     }
 }
 
 static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t now,
                         char *err, size_t errlen)
 {
-    uint64_t parent = 0, prev, seq[STORE_GROUP], seen = ix->erases, at_i;
+    uint64_t parent = 0, prev, seq[STORE_GROUP], seen = ix->erases, pk;
     int64_t  at = -1;
     size_t   i, j, m;
 
@@ -1301,16 +1667,13 @@ static int apply_stored(kv_index_t *ix, int slot, const kv_event_t *ev, uint32_t
             prefetch_key_w(ix, norm_key(seq[j]));
         }
         for (j = 0; j < m; j++) {
-            if (i + j > 0 || ev->has_parent) {
-                note_parent(ix, norm_key(prev), &at, &seen, (uint32_t) slot);
-            }
-            at_i = upsert(ix, norm_key(seq[j]), now);
-            set_holder(ix, at_i, (uint32_t) slot, now);
-            at = (int64_t) at_i;
+            pk = i + j > 0 || ev->has_parent ? norm_key(prev) : KEY_ROOT;
+            at = (int64_t) store_block(ix, (uint32_t) slot, norm_key(seq[j]), pk, &at, &seen,
+                                       now);
             seen = ix->erases;
             prev = seq[j];
             if (ev->blocks[i + j].block_hash != seq[j]) {
-                map_put(ix, (uint32_t) slot, ev->blocks[i + j].block_hash, seq[j]);
+                map_put(ix, (uint32_t) slot, ev->blocks[i + j].block_hash, seq[j], now);
             }
         }
     }
@@ -1335,16 +1698,16 @@ static void apply_removed(kv_index_t *ix, int slot, const kv_event_t *ev)
     }
 }
 
-int kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
-                   char *err, size_t errlen)
+static int apply_event(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
+                       char *err, size_t errlen)
 {
     int slot;
 
     if (ev->kind == KV_EVENT_CLEARED) {
-        kv_index_worker_clear(ix, ev->worker_id);
+        clear_slots(ix, ev->worker_id, 0);
         return 0;
     }
-    slot = kv_index_worker_add(ix, ev->worker_id, ev->dp_rank);
+    slot = worker_add(ix, ev->worker_id, ev->dp_rank);
     if (slot < 0) {
         snprintf(err, errlen, "no free worker slot for worker %llu (max_workers %u)",
                  (unsigned long long) ev->worker_id, ix->max_workers);
@@ -1361,6 +1724,128 @@ int kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
     return -1;
 }
 
+/* --- the writer's calls ---------------------------------------------------
+ *
+ * A writer killed inside a call (the helper process, or an nginx worker
+ * holding the slab mutex in approximate mode) may leave an entry's lock
+ * odd, which the next writer's write_begin would make even for good:
+ * readers would then take half-written entries as whole. Worse, it may
+ * leave a backward shift half done (an entry twice, or none where its
+ * probe run needs it), a count or a hole missing: nothing a new writer
+ * can check short of rebuilding everything. So each call marks `writing`
+ * while it runs (one writer at a time: the caller serialises them), and a
+ * call that finds it set knows its predecessor died inside one: it makes
+ * every lock even and clears the index (slots and their workers stay).
+ * What the workers held is then learnt again from their events; in events
+ * mode the self-check resyncs a worker whose cache hits the index misses.
+ */
+static void writer_died(kv_index_t *ix)
+{
+    uint64_t i;
+    uint32_t w;
+    slot_t  *s = slots(ix);
+
+    bump(&ix->writer_died, 1);
+    /* readers walk while it clears (the sentinel), and any match under
+     * way when it started walks again (gen) */
+    bump(&ix->rd.lost_slots, 1);
+    bump_gen(ix);
+    for (i = 0; i < ix->cap; i++) {
+        entry_t *e = entry(ix, i);
+
+        kv_seqlock_unstick(&e->lock);
+        write_begin(e);
+        for (w = 0; w < ix->words; w++) {
+            set_bits(e, w, 0);
+        }
+        __atomic_store_n(&e->key, KEY_EMPTY, __ATOMIC_RELAXED);
+        write_end(e);
+    }
+    memset(side(ix, 0), 0, ix->cap * sizeof(side_t));
+    memset(hole(ix, 0), 0, ix->hole_cap * ix->hole_size);
+    memset(counts(ix), 0, (sizeof(uint16_t) << ix->filter_bits));
+    for (i = 0; i < (1ULL << ix->filter_bits) / 64; i++) {
+        __atomic_store_n(&filter(ix)[i], 0, __ATOMIC_RELAXED);
+    }
+    memset(map(ix), 0, ix->map_cap * sizeof(map_t));
+    for (i = 0; i < ix->max_workers; i++) {
+        __atomic_store_n(&s[i].blocks, 0, __ATOMIC_RELAXED);
+        s[i].lost = 0;
+    }
+    ix->used = 0;
+    __atomic_store_n(&ix->live, 0, __ATOMIC_RELAXED);
+    ix->hole_used = ix->hole_kept = ix->hole_new = 0;
+    ix->map_used = ix->map_hand = 0;
+    ix->hand = ix->lost_ops = 0;
+    ix->erases++;
+    bump(&ix->cleared, 1);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(&ix->rd.lost_slots, 0, __ATOMIC_RELEASE);
+}
+
+static void writer_enter(kv_index_t *ix)
+{
+    if (ix->writing) {
+        writer_died(ix);
+    }
+    ix->writing = 1;
+}
+
+/* Leaves a call; lost slots are looked at again here, between changes. */
+static void writer_leave(kv_index_t *ix)
+{
+    rebuild_lost(ix);
+    ix->writing = 0;
+}
+
+int kv_index_worker_add(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank)
+{
+    int slot = kv_index_worker_find(ix, worker_id, dp_rank);
+
+    if (slot >= 0) {
+        return slot;        /* nothing to write (the events' usual case) */
+    }
+    writer_enter(ix);
+    slot = worker_add(ix, worker_id, dp_rank);
+    writer_leave(ix);
+    return slot;
+}
+
+void kv_index_worker_clear(kv_index_t *ix, uint64_t worker_id)
+{
+    writer_enter(ix);
+    clear_slots(ix, worker_id, 0);
+    writer_leave(ix);
+}
+
+void kv_index_worker_remove(kv_index_t *ix, uint64_t worker_id)
+{
+    writer_enter(ix);
+    clear_slots(ix, worker_id, 1);
+    writer_leave(ix);
+}
+
+int kv_index_reap(kv_index_t *ix)
+{
+    int n;
+
+    writer_enter(ix);
+    n = reap(ix);
+    writer_leave(ix);
+    return n;
+}
+
+int kv_index_apply(kv_index_t *ix, const kv_event_t *ev, uint64_t now_ms,
+                   char *err, size_t errlen)
+{
+    int rc;
+
+    writer_enter(ix);
+    rc = apply_event(ix, ev, now_ms, err, errlen);
+    writer_leave(ix);
+    return rc;
+}
+
 uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
                          uint64_t engine_hash)
 {
@@ -1371,7 +1856,7 @@ uint64_t kv_index_seq_of(kv_index_t *ix, uint64_t worker_id, uint32_t dp_rank,
 
 /* --- approximate mode and the pending index ------------------------------ */
 
-void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n)
+static void forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n)
 {
     int64_t at;
     size_t  i;
@@ -1387,6 +1872,13 @@ void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
     }
 }
 
+void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n)
+{
+    writer_enter(ix);
+    forget(ix, slot, seq, n);
+    writer_leave(ix);
+}
+
 /* Records seq[0..n) for slot. parent: the key chained before seq[0], or
  * NULL when seq[0] is a chain root (root_known) or nothing is known of it:
  * then a first block slot did not hold may leave a hole nobody can name,
@@ -1394,9 +1886,8 @@ void kv_index_forget(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t 
 static void record_run(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
                        const uint64_t *parent, int root_known, uint64_t now_ms)
 {
-    uint64_t pk = parent ? norm_key(*parent) : 0, seen = ix->erases, at_i;
+    uint64_t pk = parent ? norm_key(*parent) : root_known ? KEY_ROOT : 0, seen = ix->erases;
     int64_t  at = -1;
-    int      have = parent != NULL;
     size_t   i;
 
     if (slot >= ix->max_workers) {
@@ -1406,26 +1897,16 @@ static void record_run(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_
         if (i + MATCH_AHEAD < n) {
             prefetch_key_w(ix, norm_key(seq[i + MATCH_AHEAD]));
         }
-        if (have) {
-            note_parent(ix, pk, &at, &seen, slot);
-        } else if (!root_known) {
-            at = find(ix, norm_key(seq[0]));
-            if (at < 0 || !test_bit(entry(ix, (uint64_t) at), slot)) {
-                mark_lost(ix, slot);
-            }
-        }
-        at_i = upsert(ix, norm_key(seq[i]), (uint32_t) now_ms);
-        set_holder(ix, at_i, slot, (uint32_t) now_ms);
-        at = (int64_t) at_i;
+        at = (int64_t) store_block(ix, slot, norm_key(seq[i]), pk, &at, &seen,
+                                   (uint32_t) now_ms);
         seen = ix->erases;
         pk = norm_key(seq[i]);
-        have = 1;
     }
-    while (ix->approximate && ix->used > ix->max_blocks) {
+    if (ix->approximate && ix->live > ix->max_blocks) {
         uint64_t target = (uint64_t) ((double) ix->max_blocks * ix->prune_ratio);
 
-        while (ix->used > target) {
-            evict_one(ix, &ix->pruned, (uint32_t) now_ms);
+        while (ix->live > target && evict_one(ix, &ix->pruned, (uint32_t) now_ms)) {
+            /* void */
         }
     }
 }
@@ -1433,18 +1914,22 @@ static void record_run(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_
 void kv_index_record(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t n,
                      uint64_t now_ms)
 {
+    writer_enter(ix);
     record_run(ix, slot, seq, n, NULL, 0, now_ms);
+    writer_leave(ix);
 }
 
 void kv_index_record_at(kv_index_t *ix, uint32_t slot, const uint64_t *seq, size_t from,
                         size_t n, uint64_t now_ms)
 {
     if (from < n) {
+        writer_enter(ix);
         record_run(ix, slot, seq + from, n - from, from ? &seq[from - 1] : NULL, 1, now_ms);
+        writer_leave(ix);
     }
 }
 
-void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
+static void expire(kv_index_t *ix, uint64_t now_ms)
 {
     uint32_t now = (uint32_t) now_ms;
     uint64_t i;
@@ -1465,13 +1950,23 @@ void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
         entry_t *e = entry(ix, i);
 
         if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) >= 2
-            && (int32_t) (now - e->touch) > (int32_t) ix->ttl_ms)
+            && (int32_t) (now - e->touch) > (int32_t) ix->ttl_ms && !bits_empty(ix, e))
         {
             drop(ix, i);
             bump(&ix->expired, 1);
             i--;            /* a later entry may have moved into i: look again */
         }
     }
+}
+
+void kv_index_expire(kv_index_t *ix, uint64_t now_ms)
+{
+    if (!ix->approximate || ix->used == 0) {
+        return;             /* the timer's usual case: nothing written */
+    }
+    writer_enter(ix);
+    expire(ix, now_ms);
+    writer_leave(ix);
 }
 
 void kv_index_set_ttl(kv_index_t *ix, uint32_t ttl_ms)
@@ -2088,17 +2583,27 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
 size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                       kv_overlap_t *out, size_t cap)
 {
-    uint64_t alive[64];
+    uint64_t alive[64], gen;
     uint32_t words = ix->words < 64 ? ix->words : 64, batch;
     size_t   found = 0;
 
-    if (n <= 2 * JUMP || __atomic_load_n(&ix->lost_slots, __ATOMIC_ACQUIRE) != 0) {
+    if (n <= 2 * JUMP) {
+        return kv_index_match_walk(ix, seq, n, out, cap);
+    }
+    gen = __atomic_load_n(&ix->rd.gen, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&ix->rd.lost_slots, __ATOMIC_ACQUIRE) != 0) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
     batch = JUMP_BATCH_WORDS / words < JUMP_BATCH ? JUMP_BATCH_WORDS / words : JUMP_BATCH;
     prefetch_key(ix, norm_key(seq[0]));
     if (match_spans(ix, seq, 0, n - 1, 1, alive, words, batch, out, cap, &found)) {
         step(alive, NULL, words, (uint32_t) n, out, cap, &found);
+    }
+    /* a slot lost or a hole dropped while it ran: the jump's premise may
+     * not have held (bump_gen) */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&ix->rd.gen, __ATOMIC_RELAXED) != gen) {
+        return kv_index_match_walk(ix, seq, n, out, cap);
     }
     return live_only(ix, out, found);
 }
@@ -2147,6 +2652,7 @@ void kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st)
     st->unknown_parent = __atomic_load_n(&m->unknown_parent, __ATOMIC_SEQ_CST);
     st->unknown_remove = __atomic_load_n(&m->unknown_remove, __ATOMIC_SEQ_CST);
     st->holes = __atomic_load_n(&m->hole_used, __ATOMIC_SEQ_CST);
-    st->lost_slots = __atomic_load_n(&m->lost_slots, __ATOMIC_SEQ_CST);
+    st->lost_slots = __atomic_load_n(&m->rd.lost_slots, __ATOMIC_SEQ_CST);
     st->ttl_ms = __atomic_load_n(&m->ttl_ms, __ATOMIC_RELAXED);
+    st->writer_died = __atomic_load_n(&m->writer_died, __ATOMIC_RELAXED);
 }

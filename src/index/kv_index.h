@@ -60,6 +60,7 @@ typedef struct {
     uint64_t    holes;          /* keys in the hole table (kv_index.c) */
     uint64_t    lost_slots;     /* slots whose holes overflowed it: matches walk */
     uint64_t    ttl_ms;         /* approximate: the memory now (kv_index_set_ttl) */
+    uint64_t    writer_died;    /* writers killed inside a call: the index was cleared */
 } kv_index_stats_t;
 
 /* The smallest region kv_index_create accepts for cfg. */

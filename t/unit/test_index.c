@@ -175,6 +175,58 @@ TEST(engine_map_overflow)
     free(ix);
 }
 
+/* vLLM-style engine hashes, more held than the engine map can keep (but
+ * fewer than the index can): a chain the engine removed must not match
+ * afterwards. The map used to forget a live mapping when full, so the
+ * removal of that block was unknown and it stayed indexed for good. */
+TEST(engine_map_full_forgets_consistently)
+{
+    kv_index_config_t cfg = { .max_workers = 16 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[40][32], seq[40][32], eng[40][32], h[32];
+    int               c, i, s, stale = 0;
+
+    kv_index_stats(ix, &st);
+    CHECK(st.capacity >= 8 * 32);           /* the index could hold what the engine holds */
+    for (c = 0; c < 40; c++) {
+        chain((uint64_t) (c + 1) << 24, 32, tok[c], seq[c]);
+        for (i = 0; i < 32; i++) {
+            eng[c][i] = seq[c][i] ^ 0x5555aaaa5555aaaaULL;
+        }
+        {
+            kv_stored_block_t b[32];
+            kv_event_t        ev = { .worker_id = 3, .kind = KV_EVENT_STORED, .blocks = b,
+                                     .n_blocks = 32 };
+
+            for (i = 0; i < 32; i++) {
+                b[i].block_hash = eng[c][i];
+                b[i].tokens_hash = tok[c][i];
+            }
+            CHECK(kv_index_apply(ix, &ev, 1000 + (uint64_t) c, err, sizeof(err)) == 0);
+        }
+        if (c >= 8) {
+            /* the engine keeps its newest 8 chains (256 blocks), freeing
+             * the oldest tail first, as vLLM does */
+            for (i = 0; i < 32; i++) {
+                h[i] = eng[c - 8][31 - i];
+            }
+            remove_hashes(ix, 3, 0, h, 32);
+        }
+    }
+    s = kv_index_worker_find(ix, 3, 0);
+    for (c = 0; c < 32; c++) {
+        stale += overlap(ix, s, seq[c], 32) > 0;
+    }
+    CHECK_EQ_U64(stale, 0);
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), st.blocks);
+    CHECK(st.blocks <= 8 * 32);
+    /* the newest chain is held whole */
+    CHECK_EQ_U64(overlap(ix, s, seq[39], 32), 32);
+    free(ix);
+}
+
 TEST(unknown_parent_dropped_whole)
 {
     kv_index_t      *ix = make(1 << 20, NULL);
@@ -446,6 +498,31 @@ TEST(eviction_when_full)
     CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), st.blocks);
     /* the latest chain is the most recently touched: it survives whole */
     CHECK_EQ_U64(overlap(ix, s, seq, 16), 16);
+    free(ix);
+}
+
+/* A removed worker's slot is retired with a block count of 0 while its
+ * entries wait for the reap: evicting them meanwhile must not count it
+ * below zero (it wrapped to ~2^64). */
+TEST(eviction_of_retired_slot_keeps_count)
+{
+    kv_index_config_t cfg = { .max_workers = 64 };
+    kv_index_t       *ix = make(kv_index_min_size(&cfg), &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[16], seq[16];
+    int               i, s;
+
+    chain(1 << 20, 16, tok, seq);
+    CHECK(store(ix, 1, 0, 0, 0, seq, tok, 16) == 0);
+    s = kv_index_worker_find(ix, 1, 0);
+    kv_index_worker_remove(ix, 1);
+    for (i = 2; i < 400; i++) {
+        chain((uint64_t) i << 20, 16, tok, seq);
+        CHECK(store(ix, 2, 0, 0, 0, seq, tok, 16) == 0);
+    }
+    kv_index_stats(ix, &st);
+    CHECK(st.evicted > 16);
+    CHECK_EQ_U64(kv_index_worker_blocks(ix, (uint32_t) s), 0);
     free(ix);
 }
 
@@ -1049,6 +1126,88 @@ TEST(match_hole_table_overflow_walks)
 
 /* Holes are found where the jump would skip: a worker holding 0..99 but
  * block 40, and a worker filling it again. */
+/* Engines drop whole conversations, head first or tail first. Each such
+ * removal opens holes on the way (the blocks under the ones still held)
+ * that close again once the chain is gone: they must leave the table, or
+ * it fills and every match walks for good (one slot lost is enough). */
+TEST(match_holes_retire_after_chain_removals)
+{
+    kv_index_config_t cfg = { .max_workers = 4 };
+    kv_index_t       *ix = make(1 << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[400][64], seq[400][64], h[64];
+    int               r, i, s;
+
+    for (r = 0; r < 400; r++) {
+        chain((uint64_t) (r + 1) << 24, 64, tok[r], seq[r]);
+        CHECK(store(ix, 1 + r % 4, 0, 0, 0, seq[r], tok[r], 64) == 0);
+        if (r >= 40) {
+            for (i = 0; i < 64; i++) {
+                h[i] = seq[r - 40][r % 2 ? 63 - i : i];
+            }
+            remove_hashes(ix, 1 + (r - 40) % 4, 0, h, 64);
+        }
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.evicted, 0);
+    CHECK_EQ_U64(st.blocks, 40 * 64);
+    CHECK_EQ_U64(st.lost_slots, 0);
+    CHECK(st.holes < 64);
+    for (r = 360; r < 400; r++) {
+        s = kv_index_worker_find(ix, 1 + r % 4, 0);
+        CHECK_EQ_U64(overlap(ix, s, seq[r], 64), 64);
+        CHECK(d_same(ix, seq[r], 64, 8));
+    }
+    /* a hole that is one still is kept (and found) */
+    remove_hashes(ix, 1 + 399 % 4, 0, &seq[399][20], 1);
+    s = kv_index_worker_find(ix, 1 + 399 % 4, 0);
+    CHECK_EQ_U64(overlap(ix, s, seq[399], 64), 20);
+    CHECK(d_same(ix, seq[399], 64, 8));
+    free(ix);
+}
+
+/* A slot lost to a full hole table is found again once its holes are gone
+ * and the table has room, without a Cleared event. */
+TEST(match_lost_slot_recovers)
+{
+    kv_index_config_t cfg = { .max_workers = 4 };
+    kv_index_t       *ix = make(1 << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[64], seq[64], h;
+    int               i, s;
+
+    /* 300 chains, each with a hole at block 10: more than the table lists */
+    for (i = 0; i < 300; i++) {
+        chain((uint64_t) (i + 1) << 24, 64, tok, seq);
+        CHECK(store(ix, 1, 0, 0, 0, seq, tok, 64) == 0);
+        h = seq[10];
+        remove_hashes(ix, 1, 0, &h, 1);
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.lost_slots, 1);
+    /* the engine drops them all (block 10 it dropped already) */
+    for (i = 0; i < 300; i++) {
+        uint64_t all[64];
+
+        chain((uint64_t) (i + 1) << 24, 64, tok, all);
+        remove_hashes(ix, 1, 0, all, 10);
+        remove_hashes(ix, 1, 0, all + 11, 53);
+    }
+    /* and stores on */
+    for (i = 0; i < 100; i++) {
+        chain((uint64_t) (i + 1000) << 24, 64, tok, seq);
+        CHECK(store(ix, 1, 0, 0, 0, seq, tok, 64) == 0);
+    }
+    kv_index_stats(ix, &st);
+    CHECK_EQ_U64(st.lost_slots, 0);
+    h = seq[30];
+    remove_hashes(ix, 1, 0, &h, 1);
+    s = kv_index_worker_find(ix, 1, 0);
+    CHECK_EQ_U64(overlap(ix, s, seq, 64), 30);
+    CHECK(d_same(ix, seq, 64, 8));
+    free(ix);
+}
+
 TEST(match_jump_sees_holes)
 {
     kv_index_t  *ix = make(1 << 22, NULL);
@@ -1395,6 +1554,7 @@ int main(void)
     RUN(stored_kvworker_style);
     RUN(stored_dynamo_style);
     RUN(engine_map_overflow);
+    RUN(engine_map_full_forgets_consistently);
     RUN(unknown_parent_dropped_whole);
     RUN(cleared_all_dp_ranks);
     RUN(worker_remove_frees_slot);
@@ -1404,6 +1564,7 @@ int main(void)
     RUN(match_leading_run_per_worker);
     RUN(match_exits_early);
     RUN(eviction_when_full);
+    RUN(eviction_of_retired_slot_keeps_count);
     RUN(approximate_ttl_expire);
     RUN(approximate_ttl_set_and_ages);
     RUN(approximate_prune_to_ratio);
@@ -1412,6 +1573,8 @@ int main(void)
     RUN(match_jump_equals_walk_every_entry_size);
     RUN(match_jump_long_requests_equal_walk);
     RUN(match_hole_table_overflow_walks);
+    RUN(match_holes_retire_after_chain_removals);
+    RUN(match_lost_slot_recovers);
     RUN(match_jump_sees_holes);
     RUN(match_coarse_spans_equal_walk);
     RUN(match_coarse_spans_see_every_hole);
