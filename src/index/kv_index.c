@@ -136,6 +136,7 @@ struct kv_index {
     uint32_t            max_workers;
     uint32_t            words;
     uint32_t            approximate;
+    uint32_t            engine_hashes;  /* kv_index_config_t's: the map sized as the entries */
     uint32_t            ttl_ms;
     uint64_t            max_blocks;
     double              prune_ratio;
@@ -361,7 +362,7 @@ size_t kv_index_min_size(const kv_index_config_t *in)
     return sizeof(kv_index_t) + slots_for(c.max_workers) * sizeof(slot_t)
            + table_bytes(1024, entry_size(words_for(slots_for(c.max_workers))),
                          words_for(slots_for(c.max_workers)))
-           + 256 * sizeof(map_t) + 128;
+           + (c.engine_hashes ? 1024 : 256) * sizeof(map_t) + 128;
 }
 
 kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *in,
@@ -389,8 +390,15 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
     ix->off_entries = (ix->off_slots + c.max_workers * sizeof(slot_t) + 63) & ~63ULL;
     left = size - ix->off_entries;
 
-    /* entries get ~7/8 of the room, the engine map the rest; both powers of two */
-    for (cap = 1024; table_bytes(cap * 2, es, ix->words) + (cap / 4) * sizeof(map_t) <= left;
+    /*
+     * entries get ~7/8 of the room, the engine map the rest; both powers of
+     * two. Fed by engine hashes, the map holds a mapping per block held and
+     * forgets none while the block is indexed (map_make_room): a map under
+     * the entries' size would cap the blocks held, so it gets as many.
+     */
+    for (cap = 1024;
+         table_bytes(cap * 2, es, ix->words) + (c.engine_hashes ? cap * 2 : cap / 4)
+                                               * sizeof(map_t) <= left;
          cap *= 2)
     {
         /* void */
@@ -416,6 +424,7 @@ kv_index_t *kv_index_create(void *region, size_t size, const kv_index_config_t *
     ix->off_map = ix->off_counts + align64((uint64_t) sizeof(uint16_t) << ix->filter_bits);
     ix->max_workers = c.max_workers;
     ix->approximate = c.approximate != 0;
+    ix->engine_hashes = c.engine_hashes != 0;
     ix->ttl_ms = c.ttl_ms;
     ix->max_blocks = c.max_blocks < (uint64_t) (cap * MAX_LOAD) ? c.max_blocks
                                                                  : (uint64_t) (cap * MAX_LOAD);
@@ -2641,6 +2650,9 @@ void kv_index_stats(const kv_index_t *ix, kv_index_stats_t *st)
 
     st->blocks = __atomic_load_n(&m->live, __ATOMIC_SEQ_CST);
     st->capacity = (uint64_t) ((double) ix->cap * MAX_LOAD);
+    if (st->capacity > ix->map_cap * 3 / 4 && ix->engine_hashes) {
+        st->capacity = ix->map_cap * 3 / 4;     /* a mapping per block (map_make_room) */
+    }
     st->bytes = ix->size;
     st->workers = __atomic_load_n(&m->workers, __ATOMIC_SEQ_CST);
     st->stored = __atomic_load_n(&m->stored, __ATOMIC_SEQ_CST);

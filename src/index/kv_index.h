@@ -37,6 +37,9 @@ typedef struct {
     uint32_t    ttl_ms;         /* approximate: default 120000 */
     uint64_t    max_blocks;     /* approximate: cap, default 1 << 20 */
     double      prune_ratio;    /* approximate: prune to this share of the cap, default 0.8 */
+    int         engine_hashes;  /* events name blocks by the engine's own hashes (vLLM,
+                                   SGLang over ZMQ): every block held needs an engine
+                                   map entry, so the map is sized like the entries */
 } kv_index_config_t;
 
 typedef struct {

@@ -88,7 +88,11 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(unknown_parent, U, "kvroute_index_unknown_parent_total", counter,       \
       "Stores dropped because their parent block was not indexed")            \
     X(unknown_remove, U, "kvroute_index_unknown_remove_total", counter,       \
-      "Removals of blocks that were not indexed")
+      "Removals of blocks that were not indexed")                             \
+    X(lost_slots, U, "kvroute_index_lost_slots", gauge,                       \
+      "Worker slots whose holes did not fit: every match walks meanwhile")   \
+    X(writer_died, U, "kvroute_index_writer_died_total", counter,             \
+      "Index writers killed inside a change: the index was cleared")
 
 /* labels {zone}, JSON "pending" (events mode only) */
 #define NGX_HTTP_KVROUTE_PENDING_STATS(X)                                     \

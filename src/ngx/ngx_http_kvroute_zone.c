@@ -513,6 +513,7 @@ ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
      */
 
     if (!zone->approximate && sh->pending_region == NULL) {
+        ngx_memzero(&icfg, sizeof(icfg));
         icfg.max_workers = zone->max_workers;
         size = ngx_max(shpool->pfree * ngx_pagesize / 8,
                        kv_index_min_size(&icfg) + ngx_pagesize);
@@ -576,6 +577,7 @@ ngx_http_kvroute_zone_index(ngx_http_kvroute_zone_t *zone,
     icfg.max_workers = zone->max_workers;
     icfg.approximate = zone->approximate;
     icfg.ttl_ms = zone->ttl;
+    icfg.engine_hashes = ngx_http_kvroute_events_zmq(zone->events_conf) != 0;
 
     sh->index = kv_index_create(sh->index_region, sh->index_size, &icfg,
                                 err, sizeof(err));

@@ -227,6 +227,39 @@ TEST(engine_map_full_forgets_consistently)
     free(ix);
 }
 
+/* A zone fed by engine hashes (vLLM over ZMQ) gets an engine map as big
+ * as its entries: blocks up to the stated capacity stay indexed, none
+ * evicted for want of a mapping (the map was a quarter to a half of the
+ * entries, and a full map now evicts from the index). */
+TEST(engine_hashes_size_the_map)
+{
+    kv_index_config_t cfg = { .max_workers = 16, .engine_hashes = 1 };
+    kv_index_t       *ix = make(4 << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t          tok[32], seq[32], n = 0;
+    int               c = 0, i;
+
+    kv_index_stats(ix, &st);
+    while (n + 32 <= st.capacity * 9 / 10) {
+        kv_stored_block_t b[32];
+        kv_event_t        ev = { .worker_id = 3, .kind = KV_EVENT_STORED, .blocks = b,
+                                 .n_blocks = 32 };
+
+        chain((uint64_t) (++c) << 24, 32, tok, seq);
+        for (i = 0; i < 32; i++) {
+            b[i].block_hash = seq[i] ^ 0x5555aaaa5555aaaaULL;
+            b[i].tokens_hash = tok[i];
+        }
+        CHECK(kv_index_apply(ix, &ev, 1000, err, sizeof(err)) == 0);
+        n += 32;
+    }
+    kv_index_stats(ix, &st);
+    CHECK(n > 10000);
+    CHECK_EQ_U64(st.evicted, 0);
+    CHECK_EQ_U64(st.blocks, n);
+    free(ix);
+}
+
 TEST(unknown_parent_dropped_whole)
 {
     kv_index_t      *ix = make(1 << 20, NULL);
@@ -1555,6 +1588,7 @@ int main(void)
     RUN(stored_dynamo_style);
     RUN(engine_map_overflow);
     RUN(engine_map_full_forgets_consistently);
+    RUN(engine_hashes_size_the_map);
     RUN(unknown_parent_dropped_whole);
     RUN(cleared_all_dp_ranks);
     RUN(worker_remove_frees_slot);
