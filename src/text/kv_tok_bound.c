@@ -151,7 +151,7 @@ static uint64_t fingerprint(const kv_tokenizer_t *t)
     w[8] = t->n_suffix;
     w[9] = t->arena_len;
     w[10] = t->merges ? (uint64_t) t->merges_mask + 1 : 0;
-    w[11] = 0x6b76746f6b656e31ULL;     /* bump when encode's rules change */
+    w[11] = 0x6b76746f6b656e32ULL;     /* bump when encode's rules change (2: NUL under NFC) */
     XXH3_64bits_update(st, w, sizeof(w));
     XXH3_64bits_update(st, t->arena, t->arena_len);
     XXH3_64bits_update(st, t->tok_len, (size_t) t->vocab_size * sizeof(uint32_t));

@@ -373,20 +373,19 @@ static int segment(enc_t *e, const char *s, size_t n)
             /* void */
         }
         if (i < n) {
-            char *z = malloc(n + 1);
+            /* by length, not utf8proc_NFC: a prompt may hold NUL bytes,
+             * which are text to HF (U+0000) and must not end the segment */
+            utf8proc_uint8_t *z = NULL;
+            utf8proc_ssize_t  zn = utf8proc_map((const utf8proc_uint8_t *) s,
+                                                (utf8proc_ssize_t) n, &z,
+                                                UTF8PROC_STABLE | UTF8PROC_COMPOSE);
 
-            if (z == NULL) {
+            if (zn < 0) {
                 return -1;
             }
-            memcpy(z, s, n);
-            z[n] = '\0';
-            norm = (char *) utf8proc_NFC((const utf8proc_uint8_t *) z);
-            free(z);
-            if (norm == NULL) {
-                return -1;
-            }
+            norm = (char *) z;
             s = norm;
-            n = strlen(norm);
+            n = (size_t) zn;
         }
     } else if (t->norm == NORM_SENTENCEPIECE) {
         /* Prepend "▁", then every " " becomes "▁" */

@@ -531,6 +531,46 @@ TEST(byte_pair_table_equals_merge_table)
     CHECK_EQ_U64(bad, 0);
 }
 
+/* encode(s[0..len), no specials) is want[0..nwant), else the first difference */
+static void check_ids(const kv_tokenizer_t *t, const char *s, size_t len,
+                      const uint32_t *want, size_t nwant)
+{
+    kv_ids_t ids = { 0 };
+    size_t   i;
+
+    CHECK(kv_tokenizer_encode(t, s, len, 0, &ids) >= 0);
+    CHECK_EQ_U64(ids.n, nwant);
+    for (i = 0; i < ids.n && i < nwant; i++) {
+        if (ids.ids[i] != want[i]) {
+            fprintf(stderr, "  id %zu: %u, want %u\n", i, ids.ids[i], want[i]);
+            CHECK(0);
+            break;
+        }
+    }
+    kv_ids_free(&ids);
+}
+
+/* A NUL byte is text (U+0000) to HF; NFC (Qwen2.5) of a segment with a
+ * character that can compose must keep what follows it. Ids from HF
+ * tokenizers 0.23.3. */
+TEST(nfc_keeps_text_after_nul)
+{
+    static const char s1[] = "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82\0 "
+                             "\xd0\xbc\xd0\xb8\xd1\x80, how are you";
+    static const uint32_t w1[] = { 53645, 26991, 8178, 188, 137144, 11, 1246, 525, 498 };
+    static const char s2[] = "e\xcc\x81\0e\xcc\x81 x\0\0 caf\xc3\xa9\0";     /* e + U+0301 composes */
+    static const uint32_t w2[] = { 963, 188, 963, 856, 188, 188, 51950, 188 };
+    char            err[512];
+    kv_tokenizer_t *t = kv_tokenizer_load("conf/tokenizers/qwen2.5-instruct/tokenizer.json",
+                                          err, sizeof(err));
+
+    CHECK(t != NULL);
+    if (t == NULL) return;
+    check_ids(t, s1, sizeof(s1) - 1, w1, sizeof(w1) / sizeof(w1[0]));
+    check_ids(t, s2, sizeof(s2) - 1, w2, sizeof(w2) / sizeof(w2[0]));
+    kv_tokenizer_free(t);
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -544,5 +584,6 @@ int main(void)
     RUN(one_megabyte_word_costs_linear_work);
     RUN(word_cache_keeps_tokenizers_apart);
     RUN(byte_pair_table_equals_merge_table);
+    RUN(nfc_keeps_text_after_nul);
     return kvt_done();
 }
