@@ -206,6 +206,27 @@ static int reserve(enc_t *e, size_t n)
     return 0;
 }
 
+/* kv_tokenizer_cancel_on: polled every 1024 units of work (a byte-level
+ * pre-token, or a byte of a SentencePiece word), so a cancel costs an
+ * atomic load per thousand words and stops within about a ms */
+static __thread const int *cancel_flag;
+static __thread size_t     cancel_tick;
+
+void kv_tokenizer_cancel_on(const int *flag)
+{
+    cancel_flag = flag;
+}
+
+/* 1: this thread's encode is to stop; work: what was done since the last call */
+static inline int cancelled(size_t work)
+{
+    if (cancel_flag == NULL || (cancel_tick += work) < 1024) {
+        return 0;
+    }
+    cancel_tick = 0;
+    return __atomic_load_n(cancel_flag, __ATOMIC_RELAXED);
+}
+
 /* A piece the word cache lacks: one token (the words table), else BPE. */
 static int byte_level_word(enc_t *e, const piece_t *pc)
 {
@@ -237,7 +258,10 @@ static int char_word(enc_t *e, const char *p, size_t n)
     uint32_t              cp;
     int                   last_unk = 0;
 
-    if (reserve(e, n) != 0) {
+    /* SentencePiece-style text has no pre-tokenizer: emit_piece sees a
+     * whole segment, so the poll is here, by bytes (spm_words calls this
+     * per word, else it is the segment) */
+    if (cancelled(n) || reserve(e, n) != 0) {
         return -1;
     }
     while (i < n) {
@@ -309,24 +333,12 @@ static int flush_batch(enc_t *e)
     return rc;
 }
 
-/* kv_tokenizer_cancel_on: polled every 1024 pre-token words, so a cancel
- * costs an atomic load per thousand words and stops within about a ms */
-static __thread const int *cancel_flag;
-static __thread unsigned   cancel_tick;
-
-void kv_tokenizer_cancel_on(const int *flag)
-{
-    cancel_flag = flag;
-}
-
 static int emit_piece(void *ctx, const char *p, size_t n)
 {
     enc_t   *e = ctx;
     piece_t *b;
 
-    if (cancel_flag && (++cancel_tick & 1023) == 0
-        && __atomic_load_n(cancel_flag, __ATOMIC_RELAXED))
-    {
+    if (cancelled(1)) {
         return -1;
     }
 
