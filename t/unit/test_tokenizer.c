@@ -132,6 +132,17 @@ TEST(phi3_matches_hf) { check_model(models[1]); }
 TEST(qwen25_matches_hf) { check_model(models[2]); }
 TEST(smollm3_matches_hf) { check_model(models[3]); }
 
+/* A SentencePiece-style model kvroute loads, to add one bad part to. */
+#define SP_MODEL \
+    "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\"," \
+    "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"}," \
+    "\"content\":\"\\u2581\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"\\u2581\":1}," \
+    "\"merges\":[]}"
+#define SP_DECODER(start, stop) \
+    "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":" \
+    "\"\\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}," \
+    "{\"type\":\"Strip\",\"content\":\" \",\"start\":" start ",\"stop\":" stop "}]}"
+
 TEST(refuses_what_it_does_not_support)
 {
     static const struct { const char *json; const char *needle; } cases[] = {
@@ -149,6 +160,25 @@ TEST(refuses_what_it_does_not_support)
         /* merges are packed with 21-bit ids (kv_tok_int.h) */
         { "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":2097151},\"merges\":[]}}",
           "ids are supported" },
+        /* malformed files, refused before any id indexes a table */
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":-1,\"content\":\"<x>\"}]}", "out of range" },
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":4294967301,\"content\":\"<x>\"}]}",
+          "out of range" },
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":16777216,\"content\":\"<x>\"}]}",
+          "out of range" },
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":16777215,\"content\":\"<x>\"}]}",
+          "ids are supported" },
+        { "{" SP_MODEL ",\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{},{},{},{}]}}",
+          "decoder Sequence" },
+        { "{" SP_MODEL ",\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\"},"
+          "{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \","
+          "\"start\":1,\"stop\":0}]}}", "Replace" },
+        { "{" SP_MODEL ",\"decoder\":" SP_DECODER("1", "3") "}", "Strip" },
+        { "{" SP_MODEL ",\"decoder\":" SP_DECODER("-5", "0") "}", "Strip" },
+        { "{" SP_MODEL ",\"decoder\":" SP_DECODER("\"x\"", "0") "}", "Strip" },
+        { "{" SP_MODEL ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":"
+          "[{\"SpecialToken\":{\"id\":\"X\"}},{\"Sequence\":{\"id\":\"A\"}}],"
+          "\"special_tokens\":{\"X\":{\"ids\":[99999999]}}}}", "not in the vocab" },
     };
     char   err[512];
     size_t i;
@@ -160,6 +190,17 @@ TEST(refuses_what_it_does_not_support)
         if (t == NULL && strstr(err, cases[i].needle) == NULL) {
             fprintf(stderr, "  case %zu: \"%s\" lacks \"%s\"\n", i, err, cases[i].needle);
             CHECK(0);
+        }
+        kv_tokenizer_free(t);
+    }
+    /* the base of the malformed cases loads, with its decoder too */
+    {
+        static const char ok[] = "{" SP_MODEL ",\"decoder\":" SP_DECODER("1", "0") "}";
+        kv_tokenizer_t   *t = kv_tokenizer_load_buffer(ok, strlen(ok), err, sizeof(err));
+
+        CHECK(t != NULL);
+        if (t == NULL) {
+            fprintf(stderr, "  %s\n", err);
         }
         kv_tokenizer_free(t);
     }
