@@ -269,7 +269,11 @@ static int add_merge(kv_tokenizer_t *t, const char *a, size_t al, const char *b,
     key = kv_tok_merge_key((uint32_t) ia, (uint32_t) ib);
     for (i = kv_tok_merge_home(key, t->merges_mask);; i = (i + 1) & t->merges_mask) {
         if ((t->merges[i] & ~KV_TOK_RANK_MASK) == key) {
-            return 0;           /* the first (lowest rank) wins */
+            /* a pair listed twice takes its last rank: HF collects the
+             * merges into a map, where a later entry replaces an earlier */
+            t->merges[i] = key | rank;
+            t->merge_id[rank] = (uint32_t) im;
+            return 0;
         }
         if (t->merges[i] == UINT64_MAX) {
             t->merges[i] = key | rank;

@@ -133,11 +133,12 @@ TEST(qwen25_matches_hf) { check_model(models[2]); }
 TEST(smollm3_matches_hf) { check_model(models[3]); }
 
 /* A SentencePiece-style model kvroute loads, to add one bad part to. */
-#define SP_MODEL \
+#define SP_MODEL_OF(vocab, merges) \
     "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\"," \
     "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"}," \
-    "\"content\":\"\\u2581\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"\\u2581\":1}," \
-    "\"merges\":[]}"
+    "\"content\":\"\\u2581\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":" vocab "," \
+    "\"merges\":" merges "}"
+#define SP_MODEL    SP_MODEL_OF("{\"a\":0,\"\\u2581\":1}", "[]")
 #define SP_DECODER(start, stop) \
     "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":" \
     "\"\\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}," \
@@ -612,6 +613,28 @@ TEST(nfc_keeps_text_after_nul)
     kv_tokenizer_free(t);
 }
 
+/* A merge listed twice ranks by its last entry, as in HF (its merges are
+ * collected into a map, a later entry replacing an earlier): "a b" comes
+ * after "b c", so "abc" is "a" "bc". Ids from HF tokenizers 0.23.3. */
+TEST(duplicate_merge_takes_its_last_rank)
+{
+    static const char json[] = "{" SP_MODEL_OF("{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"bc\":4,"
+                                               "\"\\u2581\":5}", "[\"a b\",\"b c\",\"a b\"]") "}";
+    static const uint32_t abc[] = { 5, 0, 4 }, ab[] = { 5, 3 }, cab[] = { 5, 2, 3 };
+    char            err[512];
+    kv_tokenizer_t *t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    check_ids(t, "abc", 3, abc, 3);
+    check_ids(t, "ab", 2, ab, 2);
+    check_ids(t, "cab", 3, cab, 3);
+    kv_tokenizer_free(t);
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -626,5 +649,6 @@ int main(void)
     RUN(word_cache_keeps_tokenizers_apart);
     RUN(byte_pair_table_equals_merge_table);
     RUN(nfc_keeps_text_after_nul);
+    RUN(duplicate_merge_takes_its_last_rank);
     return kvt_done();
 }
