@@ -127,6 +127,44 @@ static void map_put(kv_tokenizer_t *t, uint32_t off, uint32_t len, uint32_t id)
 
 /* --- vocab, added tokens ------------------------------------------------- */
 
+/* added_sorted's order: bytes, a prefix first; equal contents in file
+ * (array) order, which is the one the longest-match search keeps */
+static int added_cmp(const void *x, const void *y)
+{
+    const kv_added_t *a = *(const kv_added_t *const *) x, *b = *(const kv_added_t *const *) y;
+    int               c = memcmp(a->content, b->content, a->len < b->len ? a->len : b->len);
+
+    if (c != 0) {
+        return c;
+    }
+    if (a->len != b->len) {
+        return a->len < b->len ? -1 : 1;
+    }
+    return a < b ? -1 : a > b;
+}
+
+static int sort_added(kv_tokenizer_t *t)
+{
+    uint32_t i, b;
+
+    t->added_sorted = malloc((t->n_added + 1) * sizeof(*t->added_sorted));
+    if (t->added_sorted == NULL) {
+        return -1;
+    }
+    for (i = 0; i < t->n_added; i++) {
+        t->added_sorted[i] = &t->added[i];
+    }
+    qsort(t->added_sorted, t->n_added, sizeof(*t->added_sorted), added_cmp);
+    for (i = 0, b = 0; b < 257; b++) {
+        while (i < t->n_added && (uint8_t) t->added_sorted[i]->content[0] < b) {
+            i++;
+        }
+        t->added_start[b] = i;
+    }
+    t->memory += (t->n_added + 1) * sizeof(*t->added_sorted);
+    return 0;
+}
+
 /* Ids the loader takes at all (vocab and added tokens): an id sizes the
  * id-indexed tables, so an untrusted file must not pick it freely. The
  * merge table's packing lowers this further (kv_tok_int.h). */
@@ -242,6 +280,9 @@ static int load_vocab(kv_tokenizer_t *t, json_t *vocab, json_t *added, load_t *l
         t->is_special[id] = (uint8_t) ad->special;
         t->added_first[(uint8_t) c[0]] = 1;
         map_put(t, t->tok_off[id], (uint32_t) len, id);
+    }
+    if (sort_added(t) != 0) {
+        return refuse(l, "out of memory");
     }
     return 0;
 }
@@ -885,6 +926,7 @@ void kv_tokenizer_free(kv_tokenizer_t *t)
     free(t->merge_id);
     free(t->pair_rank);
     free(t->added);
+    free(t->added_sorted);
     free(t->is_special);
     free(t->prefix_ids);
     free(t->suffix_ids);

@@ -436,23 +436,56 @@ static int is_space_at(const char *s, size_t n, size_t i, size_t *len)
     return kv_uni_class(cp) == KV_UNI_SPACE;
 }
 
-/* The longest added token at s[i], or NULL. */
-static const kv_added_t *added_at(const kv_tokenizer_t *t, const char *s, size_t n, size_t i)
+/* First k in v[lo..hi) whose byte d is above c (above: 1) or at least c
+ * (above: 0); every v[k] there is longer than d. */
+static size_t added_bound(const kv_added_t *const *v, size_t lo, size_t hi, size_t d,
+                          uint8_t c, int above)
 {
-    const kv_added_t *best = NULL;
-    uint32_t          k;
+    while (lo < hi) {
+        size_t  mid = lo + (hi - lo) / 2;
+        uint8_t b = (uint8_t) v[mid]->content[d];
+
+        if (b < c || (above && b == c)) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+/*
+ * The tokens in added_sorted starting with s[i..i+d) are a range, narrowed
+ * one byte at a time by two binary searches: O(length x log n_added) a
+ * position where comparing every added token was O(n_added) (smollm3's
+ * 256 tokens starting "<|", on a prompt of "<|<|<|..."). A token ending
+ * at depth d sorts first in its range, so the last one met is the longest,
+ * and of equal ones the first in the file: what the linear scan chose.
+ */
+const kv_added_t *kv_tok_added_at(const kv_tokenizer_t *t, const char *s, size_t n, size_t i)
+{
+    const kv_added_t *const *v = t->added_sorted;
+    const kv_added_t        *best = NULL;
+    size_t                   lo, hi, d;
 
     if (!t->added_first[(uint8_t) s[i]]) {
         return NULL;
     }
-    for (k = 0; k < t->n_added; k++) {
-        const kv_added_t *a = &t->added[k];
-
-        if (a->len <= n - i && (best == NULL || a->len > best->len)
-            && memcmp(s + i, a->content, a->len) == 0)
-        {
-            best = a;
+    /* the first byte's range is a table lookup */
+    lo = t->added_start[(uint8_t) s[i]];
+    hi = t->added_start[(uint8_t) s[i] + 1];
+    for (d = 1; lo < hi; d++) {
+        if (v[lo]->len == d) {
+            best = v[lo];
+            while (lo < hi && v[lo]->len == d) {
+                lo++;
+            }
         }
+        if (i + d >= n) {
+            break;
+        }
+        lo = added_bound(v, lo, hi, d, (uint8_t) s[i + d], 0);
+        hi = added_bound(v, lo, hi, d, (uint8_t) s[i + d], 1);
     }
     return best;
 }
@@ -463,7 +496,7 @@ static int encode_valid(const kv_tokenizer_t *t, const char *s, size_t n, enc_t 
     const kv_added_t *a;
 
     while (i < n) {
-        a = added_at(t, s, n, i);
+        a = kv_tok_added_at(t, s, n, i);
         if (a == NULL) {
             i++;
             continue;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
@@ -635,6 +636,137 @@ TEST(duplicate_merge_takes_its_last_rank)
     kv_tokenizer_free(t);
 }
 
+/*
+ * Added tokens are matched leftmost, then longest (ties: the first in the
+ * file), through the sorted search: against a plain scan of every token
+ * at every position, on random text over their alphabet. SentencePiece
+ * style with no merges, so a segment's ids are "\u2581" then one per
+ * character.
+ */
+static const char *const ov_added[] = {
+    "<", "<|", "<|a", "<|ab|>", "a<", "|>", "ab", "b|>", "<|a", "ab|>", "<<|", ">a",
+};
+
+static size_t ov_expected(const char *s, size_t n, uint32_t *out)
+{
+    static const char alpha[] = "ab<|>";
+    size_t            i = 0, seg = 0, k = 0, j, m, best;
+
+    while (i <= n) {
+        best = SIZE_MAX;
+        for (m = 0; i < n && m < sizeof(ov_added) / sizeof(ov_added[0]); m++) {
+            size_t len = strlen(ov_added[m]);
+
+            if (len <= n - i && memcmp(s + i, ov_added[m], len) == 0
+                && (best == SIZE_MAX || len > strlen(ov_added[best])))
+            {
+                best = m;
+            }
+        }
+        if (best == SIZE_MAX && i < n) {
+            i++;
+            continue;
+        }
+        if (i > seg) {
+            out[k++] = 5;                           /* "\u2581" */
+            for (j = seg; j < i; j++) {
+                out[k++] = (uint32_t) (strchr(alpha, s[j]) - alpha);
+            }
+        }
+        if (i == n) {
+            break;
+        }
+        out[k++] = 100 + (uint32_t) best;
+        i = seg = i + strlen(ov_added[best]);
+    }
+    return k;
+}
+
+TEST(added_tokens_leftmost_longest)
+{
+    char            json[4096], err[512], s[48];
+    size_t          m, k, trial, n, bad = 0;
+    uint32_t        want[200], x = 99;
+    kv_tokenizer_t *t;
+
+    k = (size_t) snprintf(json, sizeof(json), "{" SP_MODEL_OF("{\"a\":0,\"b\":1,\"<\":2,"
+                          "\"|\":3,\">\":4,\"\\u2581\":5}", "[]") ",\"added_tokens\":[");
+    for (m = 0; m < sizeof(ov_added) / sizeof(ov_added[0]); m++) {
+        k += (size_t) snprintf(json + k, sizeof(json) - k, "%s{\"id\":%zu,\"content\":\"%s\"}",
+                               m ? "," : "", 100 + m, ov_added[m]);
+    }
+    snprintf(json + k, sizeof(json) - k, "]}");
+    t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    for (trial = 0; trial < 20000; trial++) {
+        kv_ids_t ids = { 0 };
+
+        x = x * 1103515245u + 12345u;
+        n = (x >> 16) % 40;
+        for (m = 0; m < n; m++) {
+            x = x * 1103515245u + 12345u;
+            s[m] = "ab<|>"[(x >> 16) % 5];
+        }
+        k = ov_expected(s, n, want);
+        kv_tokenizer_encode(t, s, n, 0, &ids);
+        if (ids.n != k || (k && memcmp(ids.ids, want, k * sizeof(uint32_t)) != 0)) {
+            if (bad++ < 3) {
+                fprintf(stderr, "  \"%.*s\": %zu ids, want %zu\n", (int) n, s, ids.n, k);
+            }
+        }
+        kv_ids_free(&ids);
+    }
+    CHECK_EQ_U64(bad, 0);
+    kv_tokenizer_free(t);
+}
+
+/* Finding added tokens costs about the same with 4096 of them sharing a
+ * first two bytes as with one: 256 KB of "<|", which starts every one of
+ * them, took seconds when each position compared every token. CPU time,
+ * with a bound far above the sorted search's (ms, even under ASan). */
+TEST(many_added_tokens_scan_fast)
+{
+    size_t          cap = 64 * 4096 + 1024, k, i, n = 256 * 1024;
+    char           *json = malloc(cap), *s = malloc(n), err[512];
+    kv_tokenizer_t *t;
+    kv_ids_t        ids = { 0 };
+    struct timespec a, b;
+    double          secs;
+
+    k = (size_t) snprintf(json, cap, "{" SP_MODEL_OF("{\"a\":0,\"b\":1,\"<\":2,"
+                          "\"|\":3,\">\":4,\"\\u2581\":5}", "[]") ",\"added_tokens\":[");
+    for (i = 0; i < 4096; i++) {
+        k += (size_t) snprintf(json + k, cap - k, "%s{\"id\":%zu,\"content\":\"<|tok%zu|>\"}",
+                               i ? "," : "", 100 + i, i);
+    }
+    snprintf(json + k, cap - k, "]}");
+    t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        free(json);
+        free(s);
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        s[i] = "<|"[i % 2];
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    CHECK_EQ_U64(kv_tokenizer_encode(t, s, n, 0, &ids), n + 1);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    secs = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
+    printf("  256 KB of \"<|\" with 4096 added tokens: %.3f s\n", secs);
+    CHECK(secs < 0.5);
+    kv_ids_free(&ids);
+    kv_tokenizer_free(t);
+    free(json);
+    free(s);
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -650,5 +782,7 @@ int main(void)
     RUN(byte_pair_table_equals_merge_table);
     RUN(nfc_keeps_text_after_nul);
     RUN(duplicate_merge_takes_its_last_rank);
+    RUN(added_tokens_leftmost_longest);
+    RUN(many_added_tokens_scan_fast);
     return kvt_done();
 }
