@@ -14,6 +14,7 @@
 
 #include "kvtest.h"
 #include "kv_tokenizer.h"
+#include "kv_tok_bound.h"
 #include "kv_tok_int.h"
 
 static const char *models[] = {
@@ -761,6 +762,24 @@ TEST(many_added_tokens_scan_fast)
     secs = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
     printf("  256 KB of \"<|\" with 4096 added tokens: %.3f s\n", secs);
     CHECK(secs < 0.5);
+    /* the turn cache's cut search (kv_tok_bound.c) likewise: all 4096 are
+     * cut tokens, in one list by their first two bytes before */
+    {
+        kv_tok_bounds_t *bd = kv_tok_bounds_new(t);
+        size_t          *cuts = NULL;
+
+        CHECK(bd != NULL && kv_tok_bounds_count(bd) == 4096);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+        CHECK(bd != NULL && kv_tok_bounds_find(bd, s, n, &cuts) == 0);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+        secs = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
+        printf("  its cuts: %.3f s\n", secs);
+        CHECK(secs < 0.5);
+        memcpy(s + 1000, "<|tok4095|>", 11);
+        CHECK(bd != NULL && kv_tok_bounds_find(bd, s, n, &cuts) == 1 && cuts[0] == 1011);
+        free(cuts);
+        kv_tok_bounds_free(bd);
+    }
     kv_ids_free(&ids);
     kv_tokenizer_free(t);
     free(json);
