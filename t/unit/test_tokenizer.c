@@ -16,6 +16,7 @@
 #include "kv_tokenizer.h"
 #include "kv_tok_bound.h"
 #include "kv_tok_int.h"
+#include "kv_unicode.h"
 
 static const char *models[] = {
     "gpt2", "phi-3-mini-4k-instruct", "qwen2.5-instruct", "smollm3-3b",
@@ -786,6 +787,25 @@ TEST(many_added_tokens_scan_fast)
     free(s);
 }
 
+/* The ASCII classes (a constant table): \p{L}, \p{N}, \s as the regexes
+ * see them, the rest other. */
+TEST(ascii_classes)
+{
+    uint32_t c;
+
+    for (c = 0; c < 128; c++) {
+        int want = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ? KV_UNI_LETTER
+                 : (c >= '0' && c <= '9') ? KV_UNI_NUMBER
+                 : (c == ' ' || (c >= 9 && c <= 13)) ? KV_UNI_SPACE
+                 : KV_UNI_OTHER;
+
+        if (kv_uni_class(c) != want) {
+            fprintf(stderr, "  U+%04X: class %d, want %d\n", c, kv_uni_class(c), want);
+            CHECK(0);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -803,5 +823,6 @@ int main(void)
     RUN(duplicate_merge_takes_its_last_rank);
     RUN(added_tokens_leftmost_longest);
     RUN(many_added_tokens_scan_fast);
+    RUN(ascii_classes);
     return kvt_done();
 }
