@@ -22,22 +22,18 @@ static int in_ranges(const kv_uni_range_t *r, unsigned n, uint32_t cp)
     return 0;
 }
 
-static unsigned char ascii_class[128];
-static int            ascii_ready;
+/* Constant data, not filled on first use: a lazy fill raced between the
+ * threads that tokenize (plain stores, so on a weakly ordered CPU another
+ * thread could see it ready before the table). Unlisted: KV_UNI_OTHER. */
+static const unsigned char ascii_class[128] = {
+    [9 ... 13] = KV_UNI_SPACE, [' '] = KV_UNI_SPACE,
+    ['0' ... '9'] = KV_UNI_NUMBER,
+    ['A' ... 'Z'] = KV_UNI_LETTER, ['a' ... 'z'] = KV_UNI_LETTER,
+};
 
 int kv_uni_class(uint32_t cp)
 {
     if (cp < 128) {
-        if (!ascii_ready) {
-            /* races are benign: every thread writes the same values */
-            for (uint32_t c = 0; c < 128; c++) {
-                ascii_class[c] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ? KV_UNI_LETTER
-                               : (c >= '0' && c <= '9') ? KV_UNI_NUMBER
-                               : (c == ' ' || (c >= 9 && c <= 13)) ? KV_UNI_SPACE
-                               : KV_UNI_OTHER;
-            }
-            ascii_ready = 1;
-        }
         return ascii_class[cp];
     }
     if (in_ranges(kv_uni_letters, kv_uni_letters_n, cp)) return KV_UNI_LETTER;

@@ -3,7 +3,7 @@
  *
  * Why a cut is exact. kv_tokenizer_encode (kv_tokenizer.c, encode_valid)
  * scans the text left to right with a state of two positions (i, seg): at
- * each i it takes the longest added token starting there (added_at), or
+ * each i it takes the longest added token starting there (kv_tok_added_at), or
  * steps one byte. A token [start, end) found at i is emitted after the
  * segment [seg, start) is normalized, pre-tokenized and BPE-merged on its
  * own (segment()); lstrip moves start back over whitespace but never before
@@ -30,7 +30,7 @@
  * rstrip, the end of the whitespace run after it. Every decision the scan
  * made before the cut looked at bytes before it only, except rstrip's
  * look at the byte after the run (which is not whitespace, or the end, in
- * both texts because the run is maximal in each) and added_at's look at
+ * both texts because the run is maximal in each) and kv_tok_added_at's look at
  * tokens that would end past the cut (impossible by (1) and (2)). Hence a
  * second text sharing s[0..cut) has the same cut there, with the same ids
  * before it: cached ids for a prefix that ends at a cut are exact.
@@ -47,29 +47,14 @@
 #include "kv_tok_int.h"
 #include "kv_unicode.h"
 
-#define NBUCKET  256
-
-typedef struct {
-    const char *content;
-    uint32_t    len;
-    int         rstrip;
-    int32_t     next;           /* in its bucket, -1 ends */
-} cut_tok_t;
-
 struct kv_tok_bounds {
     const kv_tokenizer_t   *t;
-    cut_tok_t              *toks;
+    uint8_t                *is_cut;             /* by index in t->added: a cut token */
     size_t                  ntoks;
-    int32_t                 bucket[NBUCKET];   /* by the first two bytes */
     uint8_t                 first[256];
     int                     one_first;          /* every cut token starts with this byte, or -1 */
     uint64_t                ident;
 };
-
-static unsigned bucket_of(uint8_t b0, uint8_t b1)
-{
-    return (b0 * 31u + b1) & (NBUCKET - 1);
-}
 
 static int space_at(const char *s, size_t n, size_t i, size_t *len)
 {
@@ -151,7 +136,7 @@ static uint64_t fingerprint(const kv_tokenizer_t *t)
     w[8] = t->n_suffix;
     w[9] = t->arena_len;
     w[10] = t->merges ? (uint64_t) t->merges_mask + 1 : 0;
-    w[11] = 0x6b76746f6b656e31ULL;     /* bump when encode's rules change */
+    w[11] = 0x6b76746f6b656e32ULL;     /* bump when encode's rules change (2: NUL under NFC) */
     XXH3_64bits_update(st, w, sizeof(w));
     XXH3_64bits_update(st, t->arena, t->arena_len);
     XXH3_64bits_update(st, t->tok_len, (size_t) t->vocab_size * sizeof(uint32_t));
@@ -185,27 +170,19 @@ kv_tok_bounds_t *kv_tok_bounds_new(const kv_tokenizer_t *t)
         return NULL;
     }
     b->t = t;
-    memset(b->bucket, 0xff, sizeof(b->bucket));
-    b->toks = calloc(t->n_added + 1, sizeof(cut_tok_t));
-    if (b->toks == NULL) {
+    b->is_cut = calloc(t->n_added + 1, 1);
+    if (b->is_cut == NULL) {
         free(b);
         return NULL;
     }
     for (k = 0; k < t->n_added; k++) {
         const kv_added_t *a = &t->added[k];
-        cut_tok_t        *c;
-        unsigned          h;
 
         if (!safe(t, k)) {
             continue;
         }
-        c = &b->toks[b->ntoks];
-        c->content = a->content;
-        c->len = a->len;
-        c->rstrip = a->rstrip;
-        h = bucket_of((uint8_t) a->content[0], (uint8_t) a->content[1]);
-        c->next = b->bucket[h];
-        b->bucket[h] = (int32_t) b->ntoks++;
+        b->is_cut[k] = 1;
+        b->ntoks++;
         b->first[(uint8_t) a->content[0]] = 1;
         first = first == -1 || first == (uint8_t) a->content[0]
                 ? (uint8_t) a->content[0] : -2;
@@ -218,7 +195,7 @@ kv_tok_bounds_t *kv_tok_bounds_new(const kv_tokenizer_t *t)
 void kv_tok_bounds_free(kv_tok_bounds_t *b)
 {
     if (b) {
-        free(b->toks);
+        free(b->is_cut);
         free(b);
     }
 }
@@ -233,30 +210,24 @@ uint64_t kv_tok_bounds_ident(const kv_tok_bounds_t *b)
     return b->ident;
 }
 
-/* The cut token at s[i], or NULL (at most one matches: see safe()). */
-static const cut_tok_t *cut_at(const kv_tok_bounds_t *b, const char *s, size_t n, size_t i)
+/*
+ * The cut token at s[i], or NULL. A cut token X matching at i is the
+ * longest added token there (a longer one would contain X: safe() (1)),
+ * so this is the encoder's own search, O(length x log n_added), where a
+ * list of the tokens sharing two first bytes cost O(n_added) a position
+ * (smollm3's 256 "<|" tokens, on "<|<|<|...").
+ */
+static const kv_added_t *cut_at(const kv_tok_bounds_t *b, const char *s, size_t n, size_t i)
 {
-    int32_t k;
+    const kv_added_t *a = kv_tok_added_at(b->t, s, n, i);
 
-    if (i + 1 >= n) {
-        return NULL;
-    }
-    for (k = b->bucket[bucket_of((uint8_t) s[i], (uint8_t) s[i + 1])]; k >= 0;
-         k = b->toks[k].next)
-    {
-        const cut_tok_t *c = &b->toks[k];
-
-        if (c->len <= n - i && memcmp(s + i, c->content, c->len) == 0) {
-            return c;
-        }
-    }
-    return NULL;
+    return a != NULL && b->is_cut[a - b->t->added] ? a : NULL;
 }
 
 long kv_tok_bounds_find(const kv_tok_bounds_t *b, const char *s, size_t n, size_t **out)
 {
     size_t          *cuts = NULL, ncuts = 0, cap = 0, i = 0, len;
-    const cut_tok_t *c;
+    const kv_added_t *c;
     const char      *p;
 
     *out = NULL;

@@ -86,6 +86,10 @@ struct kv_tokenizer {
 
     kv_added_t     *added;
     uint32_t        n_added;
+    const kv_added_t **added_sorted;    /* by content (bytes), equal ones in file order:
+                                           kv_tok_added_at's search */
+    uint32_t        added_start[257];   /* added_sorted[added_start[b]..added_start[b + 1]):
+                                           the tokens starting with byte b */
     uint8_t         added_first[256];   /* some added token starts with this byte */
     uint8_t        *is_special;         /* id -> special added token */
 
@@ -112,6 +116,10 @@ struct kv_tokenizer {
 
     size_t          memory;
 };
+
+/* The longest added token at s[i] (i < n), ties to the first in the file;
+ * NULL if none. */
+const kv_added_t *kv_tok_added_at(const kv_tokenizer_t *t, const char *s, size_t n, size_t i);
 
 int64_t kv_tok_map_get(const kv_tokenizer_t *t, const char *s, size_t len);
 int64_t kv_tok_word_get(const kv_tokenizer_t *t, const char *s, size_t len);

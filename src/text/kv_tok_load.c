@@ -45,6 +45,14 @@ static const char *str_of(json_t *o, const char *key)
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
+/* o has this "type" (a missing or non-string type is none) */
+static int type_is(json_t *o, const char *type)
+{
+    const char *v = str_of(o, "type");
+
+    return v != NULL && strcmp(v, type) == 0;
+}
+
 static int bool_of(json_t *o, const char *key, int dflt)
 {
     json_t *v = json_object_get(o, key);
@@ -119,6 +127,54 @@ static void map_put(kv_tokenizer_t *t, uint32_t off, uint32_t len, uint32_t id)
 
 /* --- vocab, added tokens ------------------------------------------------- */
 
+/* added_sorted's order: bytes, a prefix first; equal contents in file
+ * (array) order, which is the one the longest-match search keeps */
+static int added_cmp(const void *x, const void *y)
+{
+    const kv_added_t *a = *(const kv_added_t *const *) x, *b = *(const kv_added_t *const *) y;
+    int               c = memcmp(a->content, b->content, a->len < b->len ? a->len : b->len);
+
+    if (c != 0) {
+        return c;
+    }
+    if (a->len != b->len) {
+        return a->len < b->len ? -1 : 1;
+    }
+    return a < b ? -1 : a > b;
+}
+
+static int sort_added(kv_tokenizer_t *t)
+{
+    uint32_t i, b;
+
+    t->added_sorted = malloc((t->n_added + 1) * sizeof(*t->added_sorted));
+    if (t->added_sorted == NULL) {
+        return -1;
+    }
+    for (i = 0; i < t->n_added; i++) {
+        t->added_sorted[i] = &t->added[i];
+    }
+    qsort(t->added_sorted, t->n_added, sizeof(*t->added_sorted), added_cmp);
+    for (i = 0, b = 0; b < 257; b++) {
+        while (i < t->n_added && (uint8_t) t->added_sorted[i]->content[0] < b) {
+            i++;
+        }
+        t->added_start[b] = i;
+    }
+    t->memory += (t->n_added + 1) * sizeof(*t->added_sorted);
+    return 0;
+}
+
+/* Ids the loader takes at all (vocab and added tokens): an id sizes the
+ * id-indexed tables, so an untrusted file must not pick it freely. The
+ * merge table's packing lowers this further (kv_tok_int.h). */
+#define MAX_ID  (1 << 24)
+
+static int id_ok(json_t *v)
+{
+    return json_is_integer(v) && json_integer_value(v) >= 0 && json_integer_value(v) < MAX_ID;
+}
+
 static int load_vocab(kv_tokenizer_t *t, json_t *vocab, json_t *added, load_t *l)
 {
     const char *k;
@@ -130,9 +186,7 @@ static int load_vocab(kv_tokenizer_t *t, json_t *vocab, json_t *added, load_t *l
         return refuse(l, "model.vocab is not an object");
     }
     json_object_foreach(vocab, k, v) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0
-            || json_integer_value(v) >= (1 << 24))
-        {
+        if (!id_ok(v)) {
             return refuse(l, "model.vocab: bad id for \"%s\"", k);
         }
         arena += strlen(k);
@@ -145,10 +199,21 @@ static int load_vocab(kv_tokenizer_t *t, json_t *vocab, json_t *added, load_t *l
         if (c == NULL || !json_is_integer(json_object_get(a, "id"))) {
             return refuse(l, "added_tokens[%zu] without content or id", i);
         }
+        if (!id_ok(json_object_get(a, "id"))) {
+            /* -1 would wrap vocab_size to 0, 2^32 + 5 overwrite token 5 */
+            return refuse(l, "added_tokens[%zu]: id %" JSON_INTEGER_FORMAT " is out of range",
+                          i, json_integer_value(json_object_get(a, "id")));
+        }
         arena += strlen(c);
         if ((uint32_t) json_integer_value(json_object_get(a, "id")) > max_id) {
             max_id = (uint32_t) json_integer_value(json_object_get(a, "id"));
         }
+    }
+    if (max_id >= (1u << KV_TOK_ID_BITS) - 2) {
+        /* before the id-indexed tables are allocated: load_merges would
+         * refuse it anyway */
+        return refuse(l, "a vocab of %u ids: at most %u ids are supported", max_id + 1,
+                      (1u << KV_TOK_ID_BITS) - 2);
     }
     t->vocab_size = max_id + 1;
     t->arena = malloc(arena + 1);
@@ -216,6 +281,9 @@ static int load_vocab(kv_tokenizer_t *t, json_t *vocab, json_t *added, load_t *l
         t->added_first[(uint8_t) c[0]] = 1;
         map_put(t, t->tok_off[id], (uint32_t) len, id);
     }
+    if (sort_added(t) != 0) {
+        return refuse(l, "out of memory");
+    }
     return 0;
 }
 
@@ -242,7 +310,11 @@ static int add_merge(kv_tokenizer_t *t, const char *a, size_t al, const char *b,
     key = kv_tok_merge_key((uint32_t) ia, (uint32_t) ib);
     for (i = kv_tok_merge_home(key, t->merges_mask);; i = (i + 1) & t->merges_mask) {
         if ((t->merges[i] & ~KV_TOK_RANK_MASK) == key) {
-            return 0;           /* the first (lowest rank) wins */
+            /* a pair listed twice takes its last rank: HF collects the
+             * merges into a map, where a later entry replaces an earlier */
+            t->merges[i] = key | rank;
+            t->merge_id[rank] = (uint32_t) im;
+            return 0;
         }
         if (t->merges[i] == UINT64_MAX) {
             t->merges[i] = key | rank;
@@ -413,9 +485,7 @@ static int load_pre(kv_tokenizer_t *t, json_t *p, load_t *l)
     list = json_object_get(p, "pretokenizers");
     split = json_array_get(list, 0);
     bl = json_array_get(list, 1);
-    if (json_array_size(list) != 2 || !str_of(split, "type")
-        || strcmp(str_of(split, "type"), "Split") != 0 || !str_of(bl, "type")
-        || strcmp(str_of(bl, "type"), "ByteLevel") != 0)
+    if (json_array_size(list) != 2 || !type_is(split, "Split") || !type_is(bl, "ByteLevel"))
     {
         return refuse(l, "pre_tokenizer Sequence other than [Split, ByteLevel] is not supported");
     }
@@ -502,7 +572,8 @@ static int load_post(kv_tokenizer_t *t, json_t *p, load_t *l)
                                                      : kv_tok_map_get(t, str_of(st, "id"),
                                                                       strlen(str_of(st, "id")));
 
-            if (id < 0 || json_array_size(ids) > 1) {
+            /* an id past the vocab would index the id tables when decoded */
+            if (id < 0 || id >= (int64_t) t->vocab_size || json_array_size(ids) > 1) {
                 return refuse(l, "post_processor special token %s is not in the vocab",
                               str_of(st, "id"));
             }
@@ -513,6 +584,35 @@ static int load_post(kv_tokenizer_t *t, json_t *p, load_t *l)
             }
         }
     }
+    return 0;
+}
+
+/*
+ * The SentencePiece decoder kvroute implements: Replace "\u2581" by " ",
+ * ByteFallback, Fuse, Strip of leading " " (decode_sp). Any other
+ * parameters would decode differently from HF, so they are refused.
+ */
+static int sp_decoder(kv_tokenizer_t *t, json_t *list, load_t *l)
+{
+    json_t     *rep = json_array_get(list, 0), *strip = json_array_get(list, 3), *start;
+    const char *pat = str_of(json_object_get(rep, "pattern"), "String");
+    const char *content = str_of(rep, "content"), *sc = str_of(strip, "content");
+
+    if (pat == NULL || strcmp(pat, "\xe2\x96\x81") != 0 || content == NULL
+        || strcmp(content, " ") != 0)
+    {
+        return refuse(l, "decoder Replace other than \"\u2581\" -> \" \" is not supported");
+    }
+    start = json_object_get(strip, "start");
+    if (sc == NULL || strcmp(sc, " ") != 0 || !json_is_integer(start)
+        || json_integer_value(start) < 0 || json_integer_value(start) > 1024
+        || json_integer_value(json_object_get(strip, "stop")) != 0)
+    {
+        return refuse(l, "decoder Strip other than of \" \" at the start (0..1024) "
+                      "is not supported");
+    }
+    t->dec = DEC_SENTENCEPIECE;
+    t->dec_strip_left = (int) json_integer_value(start);
     return 0;
 }
 
@@ -532,15 +632,12 @@ static int load_decoder(kv_tokenizer_t *t, json_t *d, load_t *l)
     }
     list = json_object_get(d, "decoders");
     if (type && strcmp(type, "Sequence") == 0 && json_array_size(list) == 4
-        && strcmp(str_of(json_array_get(list, 0), "type"), "Replace") == 0
-        && strcmp(str_of(json_array_get(list, 1), "type"), "ByteFallback") == 0
-        && strcmp(str_of(json_array_get(list, 2), "type"), "Fuse") == 0
-        && strcmp(str_of(json_array_get(list, 3), "type"), "Strip") == 0)
+        && type_is(json_array_get(list, 0), "Replace")
+        && type_is(json_array_get(list, 1), "ByteFallback")
+        && type_is(json_array_get(list, 2), "Fuse")
+        && type_is(json_array_get(list, 3), "Strip"))
     {
-        t->dec = DEC_SENTENCEPIECE;
-        t->dec_strip_left = (int) json_integer_value(json_object_get(json_array_get(list, 3),
-                                                                     "start"));
-        return 0;
+        return sp_decoder(t, list, l);
     }
     return refuse(l, "decoder %s is not supported", type ? type : "(untyped)");
 }
@@ -829,6 +926,7 @@ void kv_tokenizer_free(kv_tokenizer_t *t)
     free(t->merge_id);
     free(t->pair_rank);
     free(t->added);
+    free(t->added_sorted);
     free(t->is_special);
     free(t->prefix_ids);
     free(t->suffix_ids);

@@ -206,6 +206,27 @@ static int reserve(enc_t *e, size_t n)
     return 0;
 }
 
+/* kv_tokenizer_cancel_on: polled every 1024 units of work (a byte-level
+ * pre-token, or a byte of a SentencePiece word), so a cancel costs an
+ * atomic load per thousand words and stops within about a ms */
+static __thread const int *cancel_flag;
+static __thread size_t     cancel_tick;
+
+void kv_tokenizer_cancel_on(const int *flag)
+{
+    cancel_flag = flag;
+}
+
+/* 1: this thread's encode is to stop; work: what was done since the last call */
+static inline int cancelled(size_t work)
+{
+    if (cancel_flag == NULL || (cancel_tick += work) < 1024) {
+        return 0;
+    }
+    cancel_tick = 0;
+    return __atomic_load_n(cancel_flag, __ATOMIC_RELAXED);
+}
+
 /* A piece the word cache lacks: one token (the words table), else BPE. */
 static int byte_level_word(enc_t *e, const piece_t *pc)
 {
@@ -237,7 +258,10 @@ static int char_word(enc_t *e, const char *p, size_t n)
     uint32_t              cp;
     int                   last_unk = 0;
 
-    if (reserve(e, n) != 0) {
+    /* SentencePiece-style text has no pre-tokenizer: emit_piece sees a
+     * whole segment, so the poll is here, by bytes (spm_words calls this
+     * per word, else it is the segment) */
+    if (cancelled(n) || reserve(e, n) != 0) {
         return -1;
     }
     while (i < n) {
@@ -309,24 +333,12 @@ static int flush_batch(enc_t *e)
     return rc;
 }
 
-/* kv_tokenizer_cancel_on: polled every 1024 pre-token words, so a cancel
- * costs an atomic load per thousand words and stops within about a ms */
-static __thread const int *cancel_flag;
-static __thread unsigned   cancel_tick;
-
-void kv_tokenizer_cancel_on(const int *flag)
-{
-    cancel_flag = flag;
-}
-
 static int emit_piece(void *ctx, const char *p, size_t n)
 {
     enc_t   *e = ctx;
     piece_t *b;
 
-    if (cancel_flag && (++cancel_tick & 1023) == 0
-        && __atomic_load_n(cancel_flag, __ATOMIC_RELAXED))
-    {
+    if (cancelled(1)) {
         return -1;
     }
 
@@ -373,20 +385,19 @@ static int segment(enc_t *e, const char *s, size_t n)
             /* void */
         }
         if (i < n) {
-            char *z = malloc(n + 1);
+            /* by length, not utf8proc_NFC: a prompt may hold NUL bytes,
+             * which are text to HF (U+0000) and must not end the segment */
+            utf8proc_uint8_t *z = NULL;
+            utf8proc_ssize_t  zn = utf8proc_map((const utf8proc_uint8_t *) s,
+                                                (utf8proc_ssize_t) n, &z,
+                                                UTF8PROC_STABLE | UTF8PROC_COMPOSE);
 
-            if (z == NULL) {
+            if (zn < 0) {
                 return -1;
             }
-            memcpy(z, s, n);
-            z[n] = '\0';
-            norm = (char *) utf8proc_NFC((const utf8proc_uint8_t *) z);
-            free(z);
-            if (norm == NULL) {
-                return -1;
-            }
+            norm = (char *) z;
             s = norm;
-            n = strlen(norm);
+            n = (size_t) zn;
         }
     } else if (t->norm == NORM_SENTENCEPIECE) {
         /* Prepend "▁", then every " " becomes "▁" */
@@ -425,23 +436,56 @@ static int is_space_at(const char *s, size_t n, size_t i, size_t *len)
     return kv_uni_class(cp) == KV_UNI_SPACE;
 }
 
-/* The longest added token at s[i], or NULL. */
-static const kv_added_t *added_at(const kv_tokenizer_t *t, const char *s, size_t n, size_t i)
+/* First k in v[lo..hi) whose byte d is above c (above: 1) or at least c
+ * (above: 0); every v[k] there is longer than d. */
+static size_t added_bound(const kv_added_t *const *v, size_t lo, size_t hi, size_t d,
+                          uint8_t c, int above)
 {
-    const kv_added_t *best = NULL;
-    uint32_t          k;
+    while (lo < hi) {
+        size_t  mid = lo + (hi - lo) / 2;
+        uint8_t b = (uint8_t) v[mid]->content[d];
+
+        if (b < c || (above && b == c)) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+/*
+ * The tokens in added_sorted starting with s[i..i+d) are a range, narrowed
+ * one byte at a time by two binary searches: O(length x log n_added) a
+ * position where comparing every added token was O(n_added) (smollm3's
+ * 256 tokens starting "<|", on a prompt of "<|<|<|..."). A token ending
+ * at depth d sorts first in its range, so the last one met is the longest,
+ * and of equal ones the first in the file: what the linear scan chose.
+ */
+const kv_added_t *kv_tok_added_at(const kv_tokenizer_t *t, const char *s, size_t n, size_t i)
+{
+    const kv_added_t *const *v = t->added_sorted;
+    const kv_added_t        *best = NULL;
+    size_t                   lo, hi, d;
 
     if (!t->added_first[(uint8_t) s[i]]) {
         return NULL;
     }
-    for (k = 0; k < t->n_added; k++) {
-        const kv_added_t *a = &t->added[k];
-
-        if (a->len <= n - i && (best == NULL || a->len > best->len)
-            && memcmp(s + i, a->content, a->len) == 0)
-        {
-            best = a;
+    /* the first byte's range is a table lookup */
+    lo = t->added_start[(uint8_t) s[i]];
+    hi = t->added_start[(uint8_t) s[i] + 1];
+    for (d = 1; lo < hi; d++) {
+        if (v[lo]->len == d) {
+            best = v[lo];
+            while (lo < hi && v[lo]->len == d) {
+                lo++;
+            }
         }
+        if (i + d >= n) {
+            break;
+        }
+        lo = added_bound(v, lo, hi, d, (uint8_t) s[i + d], 0);
+        hi = added_bound(v, lo, hi, d, (uint8_t) s[i + d], 1);
     }
     return best;
 }
@@ -452,7 +496,7 @@ static int encode_valid(const kv_tokenizer_t *t, const char *s, size_t n, enc_t 
     const kv_added_t *a;
 
     while (i < n) {
-        a = added_at(t, s, n, i);
+        a = kv_tok_added_at(t, s, n, i);
         if (a == NULL) {
             i++;
             continue;

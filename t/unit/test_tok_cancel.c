@@ -8,7 +8,7 @@
 #include "kvtest.h"
 #include "kv_prompt.h"
 
-static kv_tokenizer_t *qwen;
+static kv_tokenizer_t *qwen, *phi3;
 
 static char *text_of(size_t words)
 {
@@ -67,6 +67,31 @@ TEST(flag_set_stops_the_encode)
     free(t);
 }
 
+/* SentencePiece-style tokenizers (Phi-3: no pre-tokenizer) stop too, both
+ * on words split at "\u2581" and on one long word (no space at all) */
+TEST(flag_set_stops_a_sentencepiece_encode)
+{
+    int       flag = 1;
+    char     *t = text_of(5000), *word = malloc(20000);
+    kv_ids_t  a = { 0 }, whole = { 0 };
+
+    CHECK(kv_tokenizer_encode(phi3, t, strlen(t), 1, &whole) > 0);
+    kv_tokenizer_cancel_on(&flag);
+    CHECK(kv_tokenizer_encode(phi3, t, strlen(t), 1, &a) == -1);
+    CHECK(a.n < whole.n / 2);
+    kv_ids_free(&a);
+    memset(word, 'x', 20000);
+    CHECK(kv_tokenizer_encode(phi3, word, 20000, 0, &a) == -1);
+    kv_ids_free(&a);
+    flag = 0;
+    CHECK_EQ_U64(kv_tokenizer_encode(phi3, t, strlen(t), 1, &a), whole.n);
+    kv_tokenizer_cancel_on(NULL);
+    kv_ids_free(&a);
+    kv_ids_free(&whole);
+    free(word);
+    free(t);
+}
+
 int main(void)
 {
     char err[512];
@@ -76,8 +101,16 @@ int main(void)
         fprintf(stderr, "  %s\n", err);
         return 1;
     }
+    phi3 = kv_tokenizer_load("conf/tokenizers/phi-3-mini-4k-instruct/tokenizer.json",
+                             err, sizeof(err));
+    if (phi3 == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return 1;
+    }
     RUN(flag_left_zero_changes_nothing);
     RUN(flag_set_stops_the_encode);
+    RUN(flag_set_stops_a_sentencepiece_encode);
     kv_tokenizer_free(qwen);
+    kv_tokenizer_free(phi3);
     return kvt_done();
 }

@@ -8,12 +8,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
 #include "kvtest.h"
 #include "kv_tokenizer.h"
+#include "kv_tok_bound.h"
 #include "kv_tok_int.h"
+#include "kv_unicode.h"
 
 static const char *models[] = {
     "gpt2", "phi-3-mini-4k-instruct", "qwen2.5-instruct", "smollm3-3b",
@@ -132,6 +135,18 @@ TEST(phi3_matches_hf) { check_model(models[1]); }
 TEST(qwen25_matches_hf) { check_model(models[2]); }
 TEST(smollm3_matches_hf) { check_model(models[3]); }
 
+/* A SentencePiece-style model kvroute loads, to add one bad part to. */
+#define SP_MODEL_OF(vocab, merges) \
+    "\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\"," \
+    "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"}," \
+    "\"content\":\"\\u2581\"}]},\"model\":{\"type\":\"BPE\",\"vocab\":" vocab "," \
+    "\"merges\":" merges "}"
+#define SP_MODEL    SP_MODEL_OF("{\"a\":0,\"\\u2581\":1}", "[]")
+#define SP_DECODER(start, stop) \
+    "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\",\"pattern\":{\"String\":" \
+    "\"\\u2581\"},\"content\":\" \"},{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"}," \
+    "{\"type\":\"Strip\",\"content\":\" \",\"start\":" start ",\"stop\":" stop "}]}"
+
 TEST(refuses_what_it_does_not_support)
 {
     static const struct { const char *json; const char *needle; } cases[] = {
@@ -149,6 +164,25 @@ TEST(refuses_what_it_does_not_support)
         /* merges are packed with 21-bit ids (kv_tok_int.h) */
         { "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":2097151},\"merges\":[]}}",
           "ids are supported" },
+        /* malformed files, refused before any id indexes a table */
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":-1,\"content\":\"<x>\"}]}", "out of range" },
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":4294967301,\"content\":\"<x>\"}]}",
+          "out of range" },
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":16777216,\"content\":\"<x>\"}]}",
+          "out of range" },
+        { "{" SP_MODEL ",\"added_tokens\":[{\"id\":16777215,\"content\":\"<x>\"}]}",
+          "ids are supported" },
+        { "{" SP_MODEL ",\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{},{},{},{}]}}",
+          "decoder Sequence" },
+        { "{" SP_MODEL ",\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Replace\"},"
+          "{\"type\":\"ByteFallback\"},{\"type\":\"Fuse\"},{\"type\":\"Strip\",\"content\":\" \","
+          "\"start\":1,\"stop\":0}]}}", "Replace" },
+        { "{" SP_MODEL ",\"decoder\":" SP_DECODER("1", "3") "}", "Strip" },
+        { "{" SP_MODEL ",\"decoder\":" SP_DECODER("-5", "0") "}", "Strip" },
+        { "{" SP_MODEL ",\"decoder\":" SP_DECODER("\"x\"", "0") "}", "Strip" },
+        { "{" SP_MODEL ",\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":"
+          "[{\"SpecialToken\":{\"id\":\"X\"}},{\"Sequence\":{\"id\":\"A\"}}],"
+          "\"special_tokens\":{\"X\":{\"ids\":[99999999]}}}}", "not in the vocab" },
     };
     char   err[512];
     size_t i;
@@ -160,6 +194,17 @@ TEST(refuses_what_it_does_not_support)
         if (t == NULL && strstr(err, cases[i].needle) == NULL) {
             fprintf(stderr, "  case %zu: \"%s\" lacks \"%s\"\n", i, err, cases[i].needle);
             CHECK(0);
+        }
+        kv_tokenizer_free(t);
+    }
+    /* the base of the malformed cases loads, with its decoder too */
+    {
+        static const char ok[] = "{" SP_MODEL ",\"decoder\":" SP_DECODER("1", "0") "}";
+        kv_tokenizer_t   *t = kv_tokenizer_load_buffer(ok, strlen(ok), err, sizeof(err));
+
+        CHECK(t != NULL);
+        if (t == NULL) {
+            fprintf(stderr, "  %s\n", err);
         }
         kv_tokenizer_free(t);
     }
@@ -531,6 +576,236 @@ TEST(byte_pair_table_equals_merge_table)
     CHECK_EQ_U64(bad, 0);
 }
 
+/* encode(s[0..len), no specials) is want[0..nwant), else the first difference */
+static void check_ids(const kv_tokenizer_t *t, const char *s, size_t len,
+                      const uint32_t *want, size_t nwant)
+{
+    kv_ids_t ids = { 0 };
+    size_t   i;
+
+    CHECK(kv_tokenizer_encode(t, s, len, 0, &ids) >= 0);
+    CHECK_EQ_U64(ids.n, nwant);
+    for (i = 0; i < ids.n && i < nwant; i++) {
+        if (ids.ids[i] != want[i]) {
+            fprintf(stderr, "  id %zu: %u, want %u\n", i, ids.ids[i], want[i]);
+            CHECK(0);
+            break;
+        }
+    }
+    kv_ids_free(&ids);
+}
+
+/* A NUL byte is text (U+0000) to HF; NFC (Qwen2.5) of a segment with a
+ * character that can compose must keep what follows it. Ids from HF
+ * tokenizers 0.23.3. */
+TEST(nfc_keeps_text_after_nul)
+{
+    static const char s1[] = "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82\0 "
+                             "\xd0\xbc\xd0\xb8\xd1\x80, how are you";
+    static const uint32_t w1[] = { 53645, 26991, 8178, 188, 137144, 11, 1246, 525, 498 };
+    static const char s2[] = "e\xcc\x81\0e\xcc\x81 x\0\0 caf\xc3\xa9\0";     /* e + U+0301 composes */
+    static const uint32_t w2[] = { 963, 188, 963, 856, 188, 188, 51950, 188 };
+    char            err[512];
+    kv_tokenizer_t *t = kv_tokenizer_load("conf/tokenizers/qwen2.5-instruct/tokenizer.json",
+                                          err, sizeof(err));
+
+    CHECK(t != NULL);
+    if (t == NULL) return;
+    check_ids(t, s1, sizeof(s1) - 1, w1, sizeof(w1) / sizeof(w1[0]));
+    check_ids(t, s2, sizeof(s2) - 1, w2, sizeof(w2) / sizeof(w2[0]));
+    kv_tokenizer_free(t);
+}
+
+/* A merge listed twice ranks by its last entry, as in HF (its merges are
+ * collected into a map, a later entry replacing an earlier): "a b" comes
+ * after "b c", so "abc" is "a" "bc". Ids from HF tokenizers 0.23.3. */
+TEST(duplicate_merge_takes_its_last_rank)
+{
+    static const char json[] = "{" SP_MODEL_OF("{\"a\":0,\"b\":1,\"c\":2,\"ab\":3,\"bc\":4,"
+                                               "\"\\u2581\":5}", "[\"a b\",\"b c\",\"a b\"]") "}";
+    static const uint32_t abc[] = { 5, 0, 4 }, ab[] = { 5, 3 }, cab[] = { 5, 2, 3 };
+    char            err[512];
+    kv_tokenizer_t *t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    check_ids(t, "abc", 3, abc, 3);
+    check_ids(t, "ab", 2, ab, 2);
+    check_ids(t, "cab", 3, cab, 3);
+    kv_tokenizer_free(t);
+}
+
+/*
+ * Added tokens are matched leftmost, then longest (ties: the first in the
+ * file), through the sorted search: against a plain scan of every token
+ * at every position, on random text over their alphabet. SentencePiece
+ * style with no merges, so a segment's ids are "\u2581" then one per
+ * character.
+ */
+static const char *const ov_added[] = {
+    "<", "<|", "<|a", "<|ab|>", "a<", "|>", "ab", "b|>", "<|a", "ab|>", "<<|", ">a",
+};
+
+static size_t ov_expected(const char *s, size_t n, uint32_t *out)
+{
+    static const char alpha[] = "ab<|>";
+    size_t            i = 0, seg = 0, k = 0, j, m, best;
+
+    while (i <= n) {
+        best = SIZE_MAX;
+        for (m = 0; i < n && m < sizeof(ov_added) / sizeof(ov_added[0]); m++) {
+            size_t len = strlen(ov_added[m]);
+
+            if (len <= n - i && memcmp(s + i, ov_added[m], len) == 0
+                && (best == SIZE_MAX || len > strlen(ov_added[best])))
+            {
+                best = m;
+            }
+        }
+        if (best == SIZE_MAX && i < n) {
+            i++;
+            continue;
+        }
+        if (i > seg) {
+            out[k++] = 5;                           /* "\u2581" */
+            for (j = seg; j < i; j++) {
+                out[k++] = (uint32_t) (strchr(alpha, s[j]) - alpha);
+            }
+        }
+        if (i == n) {
+            break;
+        }
+        out[k++] = 100 + (uint32_t) best;
+        i = seg = i + strlen(ov_added[best]);
+    }
+    return k;
+}
+
+TEST(added_tokens_leftmost_longest)
+{
+    char            json[4096], err[512], s[48];
+    size_t          m, k, trial, n, bad = 0;
+    uint32_t        want[200], x = 99;
+    kv_tokenizer_t *t;
+
+    k = (size_t) snprintf(json, sizeof(json), "{" SP_MODEL_OF("{\"a\":0,\"b\":1,\"<\":2,"
+                          "\"|\":3,\">\":4,\"\\u2581\":5}", "[]") ",\"added_tokens\":[");
+    for (m = 0; m < sizeof(ov_added) / sizeof(ov_added[0]); m++) {
+        k += (size_t) snprintf(json + k, sizeof(json) - k, "%s{\"id\":%zu,\"content\":\"%s\"}",
+                               m ? "," : "", 100 + m, ov_added[m]);
+    }
+    snprintf(json + k, sizeof(json) - k, "]}");
+    t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        return;
+    }
+    for (trial = 0; trial < 20000; trial++) {
+        kv_ids_t ids = { 0 };
+
+        x = x * 1103515245u + 12345u;
+        n = (x >> 16) % 40;
+        for (m = 0; m < n; m++) {
+            x = x * 1103515245u + 12345u;
+            s[m] = "ab<|>"[(x >> 16) % 5];
+        }
+        k = ov_expected(s, n, want);
+        kv_tokenizer_encode(t, s, n, 0, &ids);
+        if (ids.n != k || (k && memcmp(ids.ids, want, k * sizeof(uint32_t)) != 0)) {
+            if (bad++ < 3) {
+                fprintf(stderr, "  \"%.*s\": %zu ids, want %zu\n", (int) n, s, ids.n, k);
+            }
+        }
+        kv_ids_free(&ids);
+    }
+    CHECK_EQ_U64(bad, 0);
+    kv_tokenizer_free(t);
+}
+
+/* Finding added tokens costs about the same with 4096 of them sharing a
+ * first two bytes as with one: 256 KB of "<|", which starts every one of
+ * them, took seconds when each position compared every token. CPU time,
+ * with a bound far above the sorted search's (ms, even under ASan). */
+TEST(many_added_tokens_scan_fast)
+{
+    size_t          cap = 64 * 4096 + 1024, k, i, n = 256 * 1024;
+    char           *json = malloc(cap), *s = malloc(n), err[512];
+    kv_tokenizer_t *t;
+    kv_ids_t        ids = { 0 };
+    struct timespec a, b;
+    double          secs;
+
+    k = (size_t) snprintf(json, cap, "{" SP_MODEL_OF("{\"a\":0,\"b\":1,\"<\":2,"
+                          "\"|\":3,\">\":4,\"\\u2581\":5}", "[]") ",\"added_tokens\":[");
+    for (i = 0; i < 4096; i++) {
+        k += (size_t) snprintf(json + k, cap - k, "%s{\"id\":%zu,\"content\":\"<|tok%zu|>\"}",
+                               i ? "," : "", 100 + i, i);
+    }
+    snprintf(json + k, cap - k, "]}");
+    t = kv_tokenizer_load_buffer(json, strlen(json), err, sizeof(err));
+    CHECK(t != NULL);
+    if (t == NULL) {
+        fprintf(stderr, "  %s\n", err);
+        free(json);
+        free(s);
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        s[i] = "<|"[i % 2];
+    }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    CHECK_EQ_U64(kv_tokenizer_encode(t, s, n, 0, &ids), n + 1);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    secs = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
+    printf("  256 KB of \"<|\" with 4096 added tokens: %.3f s\n", secs);
+    CHECK(secs < 0.5);
+    /* the turn cache's cut search (kv_tok_bound.c) likewise: all 4096 are
+     * cut tokens, in one list by their first two bytes before */
+    {
+        kv_tok_bounds_t *bd = kv_tok_bounds_new(t);
+        size_t          *cuts = NULL;
+
+        CHECK(bd != NULL && kv_tok_bounds_count(bd) == 4096);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+        CHECK(bd != NULL && kv_tok_bounds_find(bd, s, n, &cuts) == 0);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+        secs = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
+        printf("  its cuts: %.3f s\n", secs);
+        CHECK(secs < 0.5);
+        memcpy(s + 1000, "<|tok4095|>", 11);
+        CHECK(bd != NULL && kv_tok_bounds_find(bd, s, n, &cuts) == 1 && cuts[0] == 1011);
+        free(cuts);
+        kv_tok_bounds_free(bd);
+    }
+    kv_ids_free(&ids);
+    kv_tokenizer_free(t);
+    free(json);
+    free(s);
+}
+
+/* The ASCII classes (a constant table): \p{L}, \p{N}, \s as the regexes
+ * see them, the rest other. */
+TEST(ascii_classes)
+{
+    uint32_t c;
+
+    for (c = 0; c < 128; c++) {
+        int want = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ? KV_UNI_LETTER
+                 : (c >= '0' && c <= '9') ? KV_UNI_NUMBER
+                 : (c == ' ' || (c >= 9 && c <= 13)) ? KV_UNI_SPACE
+                 : KV_UNI_OTHER;
+
+        if (kv_uni_class(c) != want) {
+            fprintf(stderr, "  U+%04X: class %d, want %d\n", c, kv_uni_class(c), want);
+            CHECK(0);
+        }
+    }
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -544,5 +819,10 @@ int main(void)
     RUN(one_megabyte_word_costs_linear_work);
     RUN(word_cache_keeps_tokenizers_apart);
     RUN(byte_pair_table_equals_merge_table);
+    RUN(nfc_keeps_text_after_nul);
+    RUN(duplicate_merge_takes_its_last_rank);
+    RUN(added_tokens_leftmost_longest);
+    RUN(many_added_tokens_scan_fast);
+    RUN(ascii_classes);
     return kvt_done();
 }
