@@ -726,18 +726,17 @@ TEST(added_tokens_leftmost_longest)
     kv_tokenizer_free(t);
 }
 
-/* Finding added tokens costs about the same with 4096 of them sharing a
- * first two bytes as with one: 256 KB of "<|", which starts every one of
- * them, took seconds when each position compared every token. CPU time,
- * with a bound far above the sorted search's (ms, even under ASan). */
-TEST(many_added_tokens_scan_fast)
+/* 4096 added tokens sharing their first two bytes, searched by the sorted
+ * search (a position compared every token before: 256 KB of "<|" took
+ * 1.5 s; that figure is a benchmark's, docs/BENCHMARKS.md, not asserted
+ * here): text that starts each of them everywhere matches none, and one
+ * written out is found, by the encoder and by the turn cache's cuts. */
+TEST(many_added_tokens_searched)
 {
     size_t          cap = 64 * 4096 + 1024, k, i, n = 256 * 1024;
     char           *json = malloc(cap), *s = malloc(n), err[512];
     kv_tokenizer_t *t;
     kv_ids_t        ids = { 0 };
-    struct timespec a, b;
-    double          secs;
 
     k = (size_t) snprintf(json, cap, "{" SP_MODEL_OF("{\"a\":0,\"b\":1,\"<\":2,"
                           "\"|\":3,\">\":4,\"\\u2581\":5}", "[]") ",\"added_tokens\":[");
@@ -757,12 +756,7 @@ TEST(many_added_tokens_scan_fast)
     for (i = 0; i < n; i++) {
         s[i] = "<|"[i % 2];
     }
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
     CHECK_EQ_U64(kv_tokenizer_encode(t, s, n, 0, &ids), n + 1);
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-    secs = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
-    printf("  256 KB of \"<|\" with 4096 added tokens: %.3f s\n", secs);
-    CHECK(secs < 0.5);
     /* the turn cache's cut search (kv_tok_bound.c) likewise: all 4096 are
      * cut tokens, in one list by their first two bytes before */
     {
@@ -770,16 +764,21 @@ TEST(many_added_tokens_scan_fast)
         size_t          *cuts = NULL;
 
         CHECK(bd != NULL && kv_tok_bounds_count(bd) == 4096);
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
         CHECK(bd != NULL && kv_tok_bounds_find(bd, s, n, &cuts) == 0);
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-        secs = (double) (b.tv_sec - a.tv_sec) + (double) (b.tv_nsec - a.tv_nsec) / 1e9;
-        printf("  its cuts: %.3f s\n", secs);
-        CHECK(secs < 0.5);
         memcpy(s + 1000, "<|tok4095|>", 11);
         CHECK(bd != NULL && kv_tok_bounds_find(bd, s, n, &cuts) == 1 && cuts[0] == 1011);
         free(cuts);
         kv_tok_bounds_free(bd);
+    }
+    {
+        size_t found = 0;
+
+        ids.n = 0;
+        kv_tokenizer_encode(t, s, n, 0, &ids);
+        for (i = 0; i < ids.n; i++) {
+            found += ids.ids[i] == 100 + 4095;
+        }
+        CHECK_EQ_U64(found, 1);
     }
     kv_ids_free(&ids);
     kv_tokenizer_free(t);
@@ -822,7 +821,7 @@ int main(void)
     RUN(nfc_keeps_text_after_nul);
     RUN(duplicate_merge_takes_its_last_rank);
     RUN(added_tokens_leftmost_longest);
-    RUN(many_added_tokens_scan_fast);
+    RUN(many_added_tokens_searched);
     RUN(ascii_classes);
     return kvt_done();
 }
