@@ -238,10 +238,26 @@ def test_retry_goes_to_next_best(stack):
     dead = kvt.free_port()
     servers = "server 127.0.0.1:%d; server 127.0.0.1:%d;" % (dead, w.ports[0])
     ng = stack.nginx(conf(stack, w.ports, servers=servers))
-    for i in range(6):
+
+    def sent_to_dead():
+        for x in status(ng.port)["zones"]["kv"]["upstreams"]["llm"]:
+            if x["server"] == "127.0.0.1:%d" % dead:
+                return x["requests"]
+        raise KeyError(dead)
+    # cold prefixes: each picks either server, so within a few one picks
+    # the dead one; its attempt fails and the retry lands on the live one
+    for i in range(20):
         s, h, body, _ = complete(ng.port, ids("r%d" % i, 48))
         assert s == 200
         assert h["x-kvroute-worker"] == "127.0.0.1:%d" % w.ports[0]
+        if sent_to_dead():
+            break
+    # one attempt only: max_fails=1 took the dead server out for fail_timeout
+    assert sent_to_dead() == 1
+    for i in range(4):
+        s, h, body, _ = complete(ng.port, ids("r2-%d" % i, 48))
+        assert s == 200 and h["x-kvroute-worker"] == "127.0.0.1:%d" % w.ports[0]
+    assert sent_to_dead() == 1
     # released when nginx finalizes each attempt, just after the client has the reply
     kvt.wait_until(lambda: all(x["active_requests"] == 0 for x in
                                status(ng.port)["zones"]["kv"]["upstreams"]["llm"]),
@@ -275,9 +291,13 @@ def test_all_busy_gives_503_with_retry_after(stack):
 
 
 def test_client_abort_releases_load(stack):
+    """Clients that leave mid-stream: each request is cancelled in its
+    worker and its load released in nginx. The generations are long (they
+    would run for minutes), so only the aborts can end them."""
     ng, ports = fleet(stack, n=2)
     import socket
-    body = json.dumps({"prompt": ids("abort", 300), "max_tokens": 500, "stream": True})
+    body = json.dumps({"prompt": ids("abort", 300), "max_tokens": 100000, "stream": True,
+                       "ignore_eos": True})
     for _ in range(3):
         sk = socket.create_connection(("127.0.0.1", ng.port))
         sk.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -288,6 +308,16 @@ def test_client_abort_releases_load(stack):
         st = status(ng.port)["zones"]["kv"]["upstreams"]["llm"]
         return all(x["active_requests"] == 0 and x["active_decode_blocks"] == 0 for x in st)
     kvt.wait_until(idle, what="load released after client aborts")
+
+    def cancelled():
+        n = 0
+        for p in ports:
+            _, _, m = kvt.request(p, "GET", "/metrics")
+            for line in m.decode().splitlines():
+                if line.startswith("kvworker_requests_cancelled_total"):
+                    n += float(line.rsplit(" ", 1)[1])
+        return n
+    kvt.wait_until(lambda: cancelled() == 3, what="the three generations cancelled")
 
 
 def test_reload_under_load_keeps_index_and_counts(stack):

@@ -544,11 +544,12 @@ def test_e2e_split_output_equals_aggregated(stack, tmp_path):
     assert h["x-kvroute-prefilled-by"] == h["x-kvroute-prefill-worker"]
     assert text == ref
     # streamed, a new prompt: the same
-    prompt2 = "Then the fog came. " + STORY * 7
+    prompt2 = "Then the fog came. " + STORY * 7 + "By dawn the fog had lifted from the bay."
     _, ref2 = generate(agg.ports[0], prompt2, stream=True)
     h, text2 = generate(ng.port, prompt2, stream=True)
     assert h["x-kvroute-prefilled-by"] == h["x-kvroute-prefill-worker"] != "local"
     assert text2 == ref2
+    assert ref2 != ref          # the model's output depends on its prompt
     # the next turn: its decode worker holds the prompt, little is left:
     # prefilled in place, the same text as the aggregated worker's
     prompt3 = prompt + "Tonight the sea was calm."
@@ -566,14 +567,21 @@ def test_e2e_split_output_equals_aggregated(stack, tmp_path):
 
 
 def test_e2e_dead_prefill_pool_prefills_locally(stack, tmp_path):
-    """The prefill workers killed: at once the decode worker cannot pull and
-    prefills itself; once the registry has them gone, nginx names none. The
-    client sees the aggregated output every time, never an error."""
+    """The prefill workers killed: nginx names one while it still believes
+    it up, and the decode worker, failing to pull, prefills itself (the
+    worker-level tests cover that pull failure deterministically); once the
+    registry has them gone, nginx names none. The client sees the
+    aggregated output every time, never an error."""
     ng, pre, dec, agg = e2e(stack, tmp_path, hb="1s")
-    kvt._kill(pre)
     prompt = STORY * 8
     _, ref = generate(agg.ports[0], prompt)
+    kvt._kill(pre)
     h, text = generate(ng.port, prompt)
+    # whether nginx still named a prefill worker or already knew it gone,
+    # the decode worker prefilled itself; when named, it says why it fell back
+    assert h["x-kvroute-prefill-reason"] in ("remote", "none"), h
+    if h["x-kvroute-prefill-reason"] == "remote":
+        assert h.get("x-kvroute-prefill-fallback"), h
     assert h["x-kvroute-prefilled-by"] == "local"
     assert text == ref
     # silent past heartbeat_timeout: dropped from the registry
