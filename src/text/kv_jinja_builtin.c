@@ -305,7 +305,8 @@ int jj_call_test(jj_ctx *c, const char *t, jj_value v, const jj_value *args, int
         if (id == JJ_TEST_DIVISIBLEBY) {
             if ((x.kind != JV_INT && x.kind != JV_BOOL) || x.u.i == 0)
                 return jj_fail(c, "divisibleby needs a non-zero integer");
-            *out = v.u.i % x.u.i == 0;
+            /* INT64_MIN % -1 overflows in C (SIGFPE on x86); anything % -1 is 0 */
+            *out = x.u.i == -1 || v.u.i % x.u.i == 0;
         } else {
             *out = (v.u.i % 2 != 0) == (id == JJ_TEST_ODD);
         }

@@ -201,6 +201,47 @@ TEST(runtime_errors)
     json_decref(msgs);
 }
 
+/* Renders src over one user message: the output (malloc'ed), or NULL with err. */
+static char *render_src(const char *src, char *err, size_t errlen)
+{
+    json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
+    kv_chat_template_t *t = kv_chat_load_string(src, NULL, NULL, err, errlen);
+    char *out = t ? kv_chat_render(t, msgs, NULL, 0, NULL, err, errlen) : NULL;
+    kv_chat_free(t);
+    json_decref(msgs);
+    return out;
+}
+
+/* Each src renders want, or (want_err set) fails with want_err in the message. */
+typedef struct {
+    const char *src, *want, *want_err;
+} render_case;
+
+static void check_renders(const render_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char err[256] = "";
+        char *out = render_src(cases[i].src, err, sizeof err);
+        int ok = cases[i].want_err ? !out && strstr(err, cases[i].want_err) != NULL
+                                   : out && !strcmp(out, cases[i].want);
+        if (!ok)
+            fprintf(stderr, "  %.120s\n    want: %s\n    got:  %s\n", cases[i].src,
+                    cases[i].want_err ? cases[i].want_err : cases[i].want, out ? out : err);
+        CHECK(ok);
+        free(out);
+    }
+}
+
+/* Found by review: arithmetic edge cases that are undefined behaviour in C. */
+TEST(review_arith)
+{
+    static const render_case cases[] = {
+        { "{{ (-9223372036854775807 - 1) is divisibleby(-1) }}", "True", NULL },
+        { "{{ 7 is divisibleby(-1) }}{{ 7 is divisibleby(2) }}", "TrueFalse", NULL },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
 TEST(pinned_clock)
 {
@@ -367,6 +408,7 @@ int main(void)
     RUN(snippets);
     RUN(refusals);
     RUN(runtime_errors);
+    RUN(review_arith);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
