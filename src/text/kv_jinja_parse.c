@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kv_jinja.h"
+#include "kv_unicode.h"
 
 struct jj_template {
     jt_list toks;  /* owns the normalised source and decoded strings */
@@ -997,6 +998,23 @@ jj_template *jj_parse(const char *src, size_t len, char *err, size_t errlen)
     jj_template *t = calloc(1, sizeof *t);
     if (!t) {
         snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    /* jinja2 reads templates as str: bytes that are not UTF-8 never reach it, and the
+     * string code here (case mapping, slicing by code point) assumes they do not. */
+    if (!kv_utf8_valid((const uint8_t *)src, len)) {
+        int line = 1;
+        size_t i = 0;
+        while (i < len) {
+            uint32_t cp;
+            size_t k = kv_utf8_next((const uint8_t *)src + i, len - i, &cp);
+            if (cp == 0xFFFD && (k != 3 || memcmp(src + i, "\xEF\xBF\xBD", 3)))
+                break;
+            line += src[i] == '\n';
+            i += k;
+        }
+        snprintf(err, errlen, "line %d: template is not valid UTF-8", line);
+        jj_template_free(t);
         return NULL;
     }
     if (jj_lex(src, len, &t->toks, err, errlen)) {

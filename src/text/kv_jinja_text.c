@@ -59,6 +59,9 @@ static unsigned dec(const char *s, size_t n, size_t *len)
     int k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
     if ((size_t)k > n)
         k = 1;
+    for (int i = 1; i < k; i++)
+        if ((u[i] & 0xC0) != 0x80)
+            k = 1; /* not a sequence: a stray byte, as Python's decoder would see it */
     unsigned cp = k == 1 ? c : k == 2 ? c & 0x1F : k == 3 ? c & 0x0F : c & 0x07;
     for (int i = 1; i < k; i++)
         cp = (cp << 6) | (u[i] & 0x3F);
@@ -119,6 +122,13 @@ jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode)
     while (i < s.u.str.n) {
         size_t len;
         unsigned cp = dec(s.u.str.s + i, s.u.str.n - i, &len), r = cp;
+        if (len == 1 && cp >= 0x80) {
+            /* A stray byte of invalid UTF-8 is no letter: mapping it as the code point
+             * of its value would write 2 bytes for 1, past the end of o. Copy it. */
+            o[j++] = s.u.str.s[i++];
+            prev_cased = first = word_start = 0;
+            continue;
+        }
         switch (mode) {
         case JJ_CASE_UPPER:
             r = to_upper(cp);
@@ -139,9 +149,11 @@ jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode)
                 jj_py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
             break;
         }
-        /* same-length mapping in these ranges, except Cyrillic 0x400-0x45F stays 2 bytes */
-        size_t w = kv_utf8_put(o + j, r);
-        j += w;
+        /* The mappings above keep the length of a character's encoding; an unmapped
+         * character is copied as it was (an overlong form must not grow either). */
+        if (r == cp)
+            memcpy(o + j, s.u.str.s + i, len);
+        j += r == cp ? len : kv_utf8_put(o + j, r);
         i += len;
         first = 0;
     }

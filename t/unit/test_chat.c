@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "kv_chat.h"
+#include "kv_jinja.h"
 #include "kvtest.h"
 
 static long long fixture_now(void)
@@ -242,6 +243,56 @@ TEST(review_arith)
     check_renders(cases, sizeof cases / sizeof cases[0]);
 }
 
+/* Renders src with one variable s = the string s[0..n) straight into the engine, so that the
+ * string need not be valid UTF-8 (as a request's JSON always is). */
+static char *render_with_str(const char *src, const char *str, size_t n, size_t *len)
+{
+    char err[256];
+    jj_template *t = jj_parse(src, strlen(src), err, sizeof err);
+    if (!t)
+        return NULL;
+    jj_arena a = {0};
+    jj_var v = { "s", jv_strn(str, n) };
+    jj_buf out = {0};
+    int rc = jj_render(t, &a, &v, 1, 0, &out, err, sizeof err);
+    jj_arena_free(&a);
+    jj_template_free(t);
+    if (rc) {
+        free(out.p);
+        return NULL;
+    }
+    *len = out.n;
+    return out.p ? out.p : calloc(1, 1);
+}
+
+/* Found by review: case mapping wrote 2 bytes per stray byte of invalid UTF-8 into a
+ * buffer sized 1 per byte; templates that are not UTF-8 are refused at load. */
+TEST(review_invalid_utf8)
+{
+    static const char bad[] = "\xe0\xe9\xff\xc3 a\xe0\x80\xe0";
+    static const char *const srcs[] = { "{{ s|upper }}", "{{ s|lower }}", "{{ s.title() }}",
+                                        "{{ s|capitalize }}", "{{ s|title }}" };
+    for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
+        size_t len = 0;
+        char *out = render_with_str(srcs[i], bad, sizeof bad - 1, &len);
+        CHECK(out != NULL);
+        /* the invalid bytes come back unchanged, the letter is mapped in place */
+        CHECK(out && len == sizeof bad - 1);
+        CHECK(out && !memcmp(out, "\xe0\xe9\xff\xc3 ", 5) && !memcmp(out + 6, "\xe0\x80\xe0", 3));
+        if (i == 0)
+            CHECK(out && out[5] == 'A');
+        free(out);
+    }
+    char err[256] = "";
+    kv_chat_template_t *t = kv_chat_load_string("ok\n{{ '\xe0\xe0'|upper }}", NULL, NULL, err, sizeof err);
+    CHECK(t == NULL);
+    CHECK(strstr(err, "line 2: template is not valid UTF-8") != NULL);
+    kv_chat_free(t);
+    t = kv_chat_load_string("{{ 'h\xc3\xa9\xef\xbf\xbd'|upper }}", NULL, NULL, err, sizeof err);
+    CHECK(t != NULL);
+    kv_chat_free(t);
+}
+
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
 TEST(pinned_clock)
 {
@@ -409,6 +460,7 @@ int main(void)
     RUN(refusals);
     RUN(runtime_errors);
     RUN(review_arith);
+    RUN(review_invalid_utf8);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
