@@ -189,6 +189,7 @@ typedef struct jnode {
     int nkids2;
     const char **names; /* kwarg names, loop/set targets, macro params */
     int nnames;
+    int height; /* levels of nodes from here down (the evaluator's recursion); parse time */
 } jnode;
 
 /* Binary operators (op field). */

@@ -21,6 +21,10 @@
 /* A render that loops this often or prints this much is a broken template, not a prompt. */
 #define MAX_STEPS (10u * 1000 * 1000)
 #define MAX_OUTPUT ((size_t)256 << 20)
+/* Levels of evaluator recursion (expressions and statements, through macro calls): the
+ * parser bounds one template's height, but nested macro calls stack it. At a few hundred
+ * bytes of C stack a level (a few KB under ASan) this stays within a thread's stack. */
+#define MAX_NEST 1024
 
 typedef struct frame frame;
 struct frame {
@@ -38,6 +42,7 @@ struct jj_ctx {
     int failed;
     int brk, cont;  /* pending {% break %} / {% continue %} */
     int depth;      /* macro call depth */
+    int nest;       /* eval_expr/exec_node recursion depth */
     uint64_t steps; /* loop iterations and macro calls so far: bounds a render */
     frame *root;    /* the template's top-level frame */
     long long now;
@@ -112,8 +117,34 @@ static int frame_set(jj_ctx *c, frame *f, const char *name, jj_value v)
     return 0;
 }
 
-static int eval_expr(jj_ctx *c, frame *f, const jnode *n, jj_value *out);
-static int exec_node(jj_ctx *c, frame *f, const jnode *n);
+static int eval_expr_at(jj_ctx *c, frame *f, const jnode *n, jj_value *out);
+static int exec_node_at(jj_ctx *c, frame *f, const jnode *n);
+
+static int too_deep(jj_ctx *c)
+{
+    return jj_fail(c, "template nested too deeply (more than %d levels of evaluation)", MAX_NEST);
+}
+
+/* Every recursion of the evaluator goes through these two, which bound it. */
+static int eval_expr(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
+{
+    if (c->nest >= MAX_NEST)
+        return too_deep(c);
+    c->nest++;
+    int rc = eval_expr_at(c, f, n, out);
+    c->nest--;
+    return rc;
+}
+
+static int exec_node(jj_ctx *c, frame *f, const jnode *n)
+{
+    if (c->nest >= MAX_NEST)
+        return too_deep(c);
+    c->nest++;
+    int rc = exec_node_at(c, f, n);
+    c->nest--;
+    return rc;
+}
 
 /* ---- attribute and item access ---- */
 
@@ -781,7 +812,7 @@ static int eval_collection(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
     return 0;
 }
 
-static int eval_expr(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
+static int eval_expr_at(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
 {
     jj_value a, b;
     callargs ca;
@@ -993,7 +1024,7 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     return 0;
 }
 
-static int exec_node(jj_ctx *c, frame *f, const jnode *n)
+static int exec_node_at(jj_ctx *c, frame *f, const jnode *n)
 {
     jj_value v;
     switch (n->type) {

@@ -293,6 +293,64 @@ TEST(review_invalid_utf8)
     kv_chat_free(t);
 }
 
+/* head + rep * n + tail, malloc'ed */
+static char *repeat_src(const char *head, const char *rep, size_t n, const char *tail)
+{
+    size_t hl = strlen(head), rl = strlen(rep), tl = strlen(tail);
+    char *s = malloc(hl + rl * n + tl + 1), *p = s;
+    memcpy(p, head, hl);
+    p += hl;
+    for (size_t i = 0; i < n; i++, p += rl)
+        memcpy(p, rep, rl);
+    memcpy(p, tail, tl + 1);
+    return s;
+}
+
+/* Found by review: chains the parser builds in a loop (1+1+...+1, elif after elif, a|f|f...)
+ * are as deep as they are long, and the evaluator recursed through them off the C stack.
+ * They fail at load now; macro recursion over deep expressions fails at render. */
+TEST(review_deep_templates)
+{
+    static const struct { const char *head, *rep, *tail; } refused[] = {
+        { "{{ 1", " + 1", " }}" },
+        { "{{ x", " and x", " }}" },
+        { "{{ x", " or x", " }}" },
+        { "{{ 1", " < 2", " }}" },
+        { "{{ x", "|trim", " }}" },
+        { "{{ x", ".a", " }}" },
+        { "{{ x", "[0]", " }}" },
+        { "{{ x", "()", " }}" },
+        { "{{ 1", " if x else 2", " }}" },
+        { "{% if x %}", "{% elif x %}", "{% endif %}" },
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char *src = repeat_src(refused[i].head, refused[i].rep, 20000, refused[i].tail);
+        char err[256] = "";
+        kv_chat_template_t *t = kv_chat_load_string(src, NULL, NULL, err, sizeof err);
+        CHECK(t == NULL);
+        if (t || !strstr(err, "too deeply"))
+            fprintf(stderr, "  %s x 20000 -> \"%s\"\n", refused[i].rep, err);
+        CHECK(strstr(err, "too deeply") != NULL);
+        kv_chat_free(t);
+        free(src);
+    }
+    /* 100 levels still load and render */
+    char *ok = repeat_src("{{ 1", " + 1", 100, " }}");
+    char err[256] = "";
+    char *out = render_src(ok, err, sizeof err);
+    CHECK_STR(out, "101");
+    free(out);
+    free(ok);
+    /* each macro call stacks a deep expression: bounded at render */
+    char *rec = repeat_src("{% macro m(n) %}{% if n > 0 %}{{ m(n - 1)", "|trim", 200,
+                           " }}{% endif %}{% endmacro %}{{ m(60) }}");
+    out = render_src(rec, err, sizeof err);
+    CHECK(out == NULL);
+    CHECK(strstr(err, "nested too deeply") != NULL);
+    free(out);
+    free(rec);
+}
+
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
 TEST(pinned_clock)
 {
@@ -461,6 +519,7 @@ int main(void)
     RUN(runtime_errors);
     RUN(review_arith);
     RUN(review_invalid_utf8);
+    RUN(review_deep_templates);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
