@@ -567,8 +567,17 @@ static int arith(jj_ctx *c, int op, jj_value a, jj_value b, jj_value *out)
     return jj_fail(c, "bad operator");
 }
 
+static int order(jj_ctx *c, jj_value a, jj_value b, int *cmp, int depth);
+
 int jj_order(jj_ctx *c, jj_value a, jj_value b, int *cmp)
 {
+    return order(c, a, b, cmp, 0);
+}
+
+static int order(jj_ctx *c, jj_value a, jj_value b, int *cmp, int depth)
+{
+    if (depth > 1000) /* lists nested in lists: Python's recursion limit */
+        return jj_fail(c, "maximum recursion depth exceeded in comparison");
     if (is_num(a) && is_num(b)) {
         double x = num(a), y = num(b);
         if (a.kind != JV_FLOAT && b.kind != JV_FLOAT)
@@ -587,7 +596,7 @@ int jj_order(jj_ctx *c, jj_value a, jj_value b, int *cmp)
         for (size_t i = 0; i < a.u.list->n && i < b.u.list->n; i++) {
             if (jv_equal(a.u.list->items[i], b.u.list->items[i]))
                 continue;
-            return jj_order(c, a.u.list->items[i], b.u.list->items[i], cmp);
+            return order(c, a.u.list->items[i], b.u.list->items[i], cmp, depth + 1);
         }
         *cmp = (a.u.list->n > b.u.list->n) - (a.u.list->n < b.u.list->n);
         return 0;

@@ -253,14 +253,27 @@ static double num(jj_value v)
     return v.kind == JV_FLOAT ? v.u.f : (double)v.u.i;
 }
 
+/* Values nest at most this deep when compared or printed: Python's recursion limit, so it
+ * fails about where Python raises RecursionError, and the C stack stays small. A template
+ * can nest a list in a list in a loop, 100000 deep. */
+#define MAX_VALUE_DEPTH 1000
+
+static int equal(jj_value a, jj_value b, int depth);
+
 int jv_equal(jj_value a, jj_value b)
+{
+    return equal(a, b, 0);
+}
+
+/* Past MAX_VALUE_DEPTH values compare unequal (there is no error to give from here). */
+static int equal(jj_value a, jj_value b, int depth)
 {
     if (is_num(a) && is_num(b)) {
         if (a.kind != JV_FLOAT && b.kind != JV_FLOAT)
             return a.u.i == b.u.i;
         return num(a) == num(b);
     }
-    if (a.kind != b.kind)
+    if (a.kind != b.kind || depth > MAX_VALUE_DEPTH)
         return 0;
     switch (a.kind) {
     case JV_UNDEF:
@@ -269,18 +282,22 @@ int jv_equal(jj_value a, jj_value b)
     case JV_STR:
         return a.u.str.n == b.u.str.n && !memcmp(a.u.str.s, b.u.str.s, a.u.str.n);
     case JV_LIST:
+        if (a.u.list == b.u.list) /* Python compares items by identity first */
+            return 1;
         if (a.u.list->n != b.u.list->n || a.u.list->tuple != b.u.list->tuple)
             return 0;
         for (size_t i = 0; i < a.u.list->n; i++)
-            if (!jv_equal(a.u.list->items[i], b.u.list->items[i]))
+            if (!equal(a.u.list->items[i], b.u.list->items[i], depth + 1))
                 return 0;
         return 1;
     case JV_DICT:
+        if (a.u.dict == b.u.dict)
+            return 1;
         if (a.u.dict->n != b.u.dict->n)
             return 0;
         for (size_t i = 0; i < a.u.dict->n; i++) {
             const jj_value *o = jv_dict_find(b, a.u.dict->keys[i]);
-            if (!o || !jv_equal(a.u.dict->vals[i], *o))
+            if (!o || !equal(a.u.dict->vals[i], *o, depth + 1))
                 return 0;
         }
         return 1;
@@ -495,19 +512,45 @@ static void write_repr_str(jj_buf *b, const char *s, size_t n)
     jj_buf_putc(b, q);
 }
 
-int jv_write_repr(jj_buf *b, jj_value v)
+/* The containers being printed, innermost first: as Python's Py_ReprEnter, a container
+ * met again inside itself (a namespace holding itself) prints as [...] or {...}. */
+typedef struct printing {
+    const void *p;
+    const struct printing *up;
+    int depth;
+} printing;
+
+static int write_str(jj_buf *b, jj_value v, const printing *up);
+
+/* Whether p is being printed; else pushes it as *me (0), or -1 when nested too deeply. */
+static int enter(printing *me, const void *p, const printing *up)
 {
+    for (const printing *q = up; q; q = q->up)
+        if (q->p == p)
+            return 1;
+    *me = (printing){p, up, up ? up->depth + 1 : 1};
+    return me->depth > MAX_VALUE_DEPTH ? -1 : 0;
+}
+
+static int write_repr(jj_buf *b, jj_value v, const printing *up)
+{
+    printing me;
+    int e;
     switch (v.kind) {
     case JV_STR:
         write_repr_str(b, v.u.str.s, v.u.str.n);
         return 0;
     case JV_LIST: {
         jj_list *l = v.u.list;
+        if ((e = enter(&me, l, up)) != 0) {
+            jj_buf_puts(b, l->tuple ? "(...)" : "[...]");
+            return e < 0 ? -1 : 0;
+        }
         jj_buf_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i)
                 jj_buf_puts(b, ", ");
-            if (jv_write_repr(b, l->items[i]))
+            if (write_repr(b, l->items[i], &me))
                 return -1;
         }
         if (l->tuple && l->n == 1)
@@ -517,25 +560,39 @@ int jv_write_repr(jj_buf *b, jj_value v)
     }
     case JV_DICT: {
         jj_dict *d = v.u.dict;
+        if ((e = enter(&me, d, up)) != 0) {
+            jj_buf_puts(b, "{...}");
+            return e < 0 ? -1 : 0;
+        }
         jj_buf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
             if (i)
                 jj_buf_puts(b, ", ");
-            if (jv_write_repr(b, d->keys[i]))
+            if (write_repr(b, d->keys[i], &me))
                 return -1;
             jj_buf_puts(b, ": ");
-            if (jv_write_repr(b, d->vals[i]))
+            if (write_repr(b, d->vals[i], &me))
                 return -1;
         }
         jj_buf_putc(b, '}');
         return 0;
     }
     default:
-        return jv_write_str(b, v);
+        return write_str(b, v, up);
     }
 }
 
+int jv_write_repr(jj_buf *b, jj_value v)
+{
+    return write_repr(b, v, NULL);
+}
+
 int jv_write_str(jj_buf *b, jj_value v)
+{
+    return write_str(b, v, NULL);
+}
+
+static int write_str(jj_buf *b, jj_value v, const printing *up)
 {
     switch (v.kind) {
     case JV_UNDEF:
@@ -557,12 +614,12 @@ int jv_write_str(jj_buf *b, jj_value v)
         return 0;
     case JV_LIST:
     case JV_DICT:
-        return jv_write_repr(b, v);
+        return write_repr(b, v, up);
     case JV_NS: {
         jj_value d = v;
         d.kind = JV_DICT;
         jj_buf_puts(b, "<Namespace ");
-        if (jv_write_repr(b, d))
+        if (write_repr(b, d, up))
             return -1;
         jj_buf_putc(b, '>');
         return 0;
@@ -679,6 +736,8 @@ static int key_cmp(const jj_value *a, const jj_value *b)
 int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int level)
 {
+    if (level > MAX_VALUE_DEPTH)
+        return -1; /* json.dumps raises RecursionError too */
     switch (v.kind) {
     case JV_NONE:
         jj_buf_puts(b, "null");

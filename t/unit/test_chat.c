@@ -351,6 +351,35 @@ TEST(review_deep_templates)
     free(rec);
 }
 
+/* Found by review: a namespace holding itself printed forever (stack overflow), and so
+ * did values nested deeper than the stack. Python prints a container met inside itself as
+ * {...} and raises RecursionError past ~1000 levels. */
+TEST(review_value_cycles)
+{
+#define NEST(n) "{% set ns = namespace(x=[]) %}{% for i in range(" #n ") %}{% set ns.x = [ns.x] %}{% endfor %}"
+    static const render_case cases[] = {
+        { "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}",
+          "<Namespace {'me': <Namespace {...}>}>", NULL },
+        { "{% set ns = namespace() %}{% set ns.me = [ns, {'a': ns}] %}{{ ns }}|{{ [ns] }}",
+          "<Namespace {'me': [<Namespace {...}>, {'a': <Namespace {...}>}]}>|"
+          "[<Namespace {'me': [<Namespace {...}>, {'a': <Namespace {...}>}]}>]", NULL },
+        { "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns == ns }}", "True", NULL },
+        { NEST(3) "{{ ns.x }}", "[[[[]]]]", NULL },
+        { NEST(900) "{{ ns.x|tojson|length }}", "1802", NULL },
+        { NEST(90000) "{{ ns.x }}", NULL, "cannot print" },
+        { NEST(90000) "{{ ns.x|tojson }}", NULL, "not JSON serializable" },
+        { NEST(90000) "{{ ns.x == ns.x }}", "True", NULL },
+        /* (Python raises RecursionError here; there is no error to give from ==) */
+        { NEST(90000) "{% set y = ns.x %}{% set ns.x = [] %}{% for i in range(90000) %}"
+                      "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x == y }}", "False", NULL },
+        { NEST(90000) "{{ ns.x < ns.x }}", "False", NULL },
+        { NEST(90000) "{% set y = ns.x %}{% set ns.x = [] %}{% for i in range(90000) %}"
+                      "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x < y }}", NULL, "recursion" },
+    };
+#undef NEST
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
 TEST(pinned_clock)
 {
@@ -520,6 +549,7 @@ int main(void)
     RUN(review_arith);
     RUN(review_invalid_utf8);
     RUN(review_deep_templates);
+    RUN(review_value_cycles);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
