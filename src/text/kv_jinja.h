@@ -81,9 +81,19 @@ struct jj_list {
     int tuple;
 };
 
+/*
+ * Keys in insertion order, as Python's dict. Past DICT_INDEX_MIN keys, lookups go
+ * through a hash index (in the arena the dict was made in) so that building or
+ * comparing an N-key dict is O(N), not O(N^2): requests choose N. Callers may
+ * append to keys/vals directly (n++); the index catches up on the next lookup.
+ */
 struct jj_dict {
     size_t n, cap;
     jj_value *keys, *vals;
+    jj_arena *a;   /* the arena of the index; NULL: lookups scan */
+    uint32_t *idx; /* open addressing: 1 + the position of a key, 0 empty */
+    size_t idx_cap; /* a power of two, over twice nidx */
+    size_t nidx;    /* keys[0..nidx) are indexed */
 };
 
 struct jj_loop {
@@ -107,6 +117,10 @@ jj_value jv_new_list(jj_arena *a, size_t cap);
 jj_value jv_new_dict(jj_arena *a, size_t cap);
 void jv_list_push(jj_arena *a, jj_value list, jj_value item);
 void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val);
+/* jv_dict_set, -1 when out of memory. */
+int jv_dict_put(jj_arena *a, jj_value dict, jj_value key, jj_value val);
+/* Empties a dict, keeping its storage (a loop's frame, each iteration). */
+void jv_dict_clear(jj_dict *d);
 const jj_value *jv_dict_get(jj_value dict, const char *key, size_t n);
 const jj_value *jv_dict_find(jj_value dict, jj_value key);
 

@@ -29,10 +29,11 @@
 typedef struct frame frame;
 struct frame {
     frame *parent;
-    size_t n, cap;
-    const char **names;
-    jj_value *vals;
+    jj_dict vars; /* a dict, hashed once large: the globals hold every chat_template_kwargs key */
 };
+
+/* A new frame under parent, its dict in the render's arena. */
+#define FRAME(c, up) {.parent = (up), .vars = {.a = (c)->a}}
 
 struct jj_ctx {
     jj_arena *a;
@@ -82,38 +83,28 @@ static int undefined_error(jj_ctx *c, jj_value u)
 
 /* ---- frames ---- */
 
+static jj_value frame_dict(frame *f)
+{
+    jj_value d = {.kind = JV_DICT};
+    d.u.dict = &f->vars;
+    return d;
+}
+
 static const jj_value *lookup(frame *f, const char *name)
 {
-    for (; f; f = f->parent)
-        for (size_t i = f->n; i-- > 0;)
-            if (!strcmp(f->names[i], name))
-                return &f->vals[i];
+    size_t n = strlen(name);
+    for (; f; f = f->parent) {
+        const jj_value *v = jv_dict_get(frame_dict(f), name, n);
+        if (v)
+            return v;
+    }
     return NULL;
 }
 
 static int frame_set(jj_ctx *c, frame *f, const char *name, jj_value v)
 {
-    for (size_t i = 0; i < f->n; i++)
-        if (!strcmp(f->names[i], name)) {
-            f->vals[i] = v;
-            return 0;
-        }
-    if (f->n == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 8;
-        const char **nn = jj_alloc(c->a, cap * sizeof *nn);
-        jj_value *nv = jj_alloc(c->a, cap * sizeof *nv);
-        if (!nn || !nv)
-            return jj_fail(c, "out of memory");
-        if (f->n) {
-            memcpy(nn, f->names, f->n * sizeof *nn);
-            memcpy(nv, f->vals, f->n * sizeof *nv);
-        }
-        f->names = nn;
-        f->vals = nv;
-        f->cap = cap;
-    }
-    f->names[f->n] = name;
-    f->vals[f->n++] = v;
+    if (jv_dict_put(c->a, frame_dict(f), jv_cstr(name), v))
+        return jj_fail(c, "out of memory");
     return 0;
 }
 
@@ -700,7 +691,7 @@ static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jj_value *out)
         return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
     if (ca->nargs > m->nnames)
         return jj_fail(c, "macro '%s' takes not more than %d argument(s)", m->s, m->nnames);
-    frame mf = {.parent = c->root};
+    frame mf = FRAME(c, c->root);
     for (int i = 0; i < m->nnames; i++) {
         jj_value v = jv_undef(m->names[i]);
         int set = 0;
@@ -985,7 +976,7 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     size_t cnt;
     if (eval_expr(c, f, n->a, &seq) || jj_iterate(c, seq, &items, &cnt))
         return -1;
-    frame it = {.parent = f};
+    frame it = FRAME(c, f);
     if (n->b) { /* {% for x in xs if cond %}: filter first, so loop.length counts what is kept */
         jj_value *kept = jj_alloc(c->a, (cnt + 1) * sizeof *kept);
         size_t k = 0;
@@ -993,7 +984,7 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
             return jj_fail(c, "out of memory");
         for (size_t i = 0; i < cnt; i++) {
             jj_value ok;
-            it.n = 0;
+            jv_dict_clear(&it.vars);
             if (assign(c, &it, n, items[i]) || eval_expr(c, &it, n->b, &ok))
                 return -1;
             if (jv_truthy(ok))
@@ -1010,7 +1001,7 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     jj_value lv = {.kind = JV_LOOP};
     lv.u.loop = loop;
     for (size_t i = 0; i < cnt; i++) {
-        it.n = 0;
+        jv_dict_clear(&it.vars);
         loop->index0 = i;
         if (++c->steps > MAX_STEPS)
             return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
@@ -1027,7 +1018,7 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
         }
     }
     if (cnt == 0 && n->d) {
-        frame eb = {.parent = f};
+        frame eb = FRAME(c, f);
         return exec_node(c, &eb, n->d);
     }
     return 0;
@@ -1082,7 +1073,7 @@ int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvar
               jj_buf *out, char *err, size_t errlen)
 {
     jj_ctx c = {.a = a, .out = out, .err = err, .errlen = errlen, .now = now};
-    frame globals = {0}, top = {.parent = &globals};
+    frame globals = FRAME(&c, NULL), top = FRAME(&c, &globals);
     c.root = &top;
     for (int i = 0; i < JJ_FUNC_N; i++) {
         jj_value fn = {.kind = JV_FUNC};

@@ -509,19 +509,38 @@ int jj_call_filter(jj_ctx *c, const char *name, jj_value v, const jj_value *args
             return 0;
         }
         /* fall through */
-    case JJ_FILTER_LIST:
-    case JJ_FILTER_UNIQUE: {
+    case JJ_FILTER_LIST: {
         if (jj_iterate(c, v, &items, &n))
             return -1;
         jj_value l = jv_new_list(a, n);
+        if (l.kind != JV_LIST)
+            return jj_fail(c, "out of memory");
+        for (size_t i = 0; i < n; i++)
+            l.u.list->items[l.u.list->n++] = id == JJ_FILTER_REVERSE ? items[n - 1 - i] : items[i];
+        *out = l;
+        return 0;
+    }
+    case JJ_FILTER_UNIQUE: {
+        /* unique(case_sensitive=False, attribute=None): the first item of each key, the
+         * keys kept in a (hashed) dict as jinja2 keeps them in a set */
+        const jj_value *cs = ARG(0, "case_sensitive"), *attr = ARG(1, "attribute");
+        if (jj_iterate(c, v, &items, &n))
+            return -1;
+        jj_value l = jv_new_list(a, n), seen = jv_new_dict(a, 0);
+        if (l.kind != JV_LIST || seen.kind != JV_DICT)
+            return jj_fail(c, "out of memory");
         for (size_t i = 0; i < n; i++) {
-            jj_value item = id == JJ_FILTER_REVERSE ? items[n - 1 - i] : items[i];
-            int dup = 0;
-            if (id == JJ_FILTER_UNIQUE)
-                for (size_t k = 0; k < l.u.list->n && !dup; k++)
-                    dup = jv_equal(l.u.list->items[k], item);
-            if (!dup)
-                jv_list_push(a, l, item);
+            jj_value key = attr ? attr_path(c, items[i], *attr) : items[i];
+            if (jj_failed(c))
+                return -1;
+            if (key.kind == JV_STR && !(cs && jv_truthy(*cs))
+                && (key = jj_map_case(c, key, JJ_CASE_LOWER)).kind != JV_STR)
+                return jj_fail(c, "out of memory");
+            if (jv_dict_find(seen, key))
+                continue;
+            if (jv_dict_put(a, seen, key, jv_none()))
+                return jj_fail(c, "out of memory");
+            l.u.list->items[l.u.list->n++] = items[i];
         }
         *out = l;
         return 0;

@@ -5,9 +5,12 @@
  * json.dumps (transformers' tojson filter).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "kv_jinja.h"
 
@@ -112,6 +115,7 @@ jj_value jv_new_dict(jj_arena *a, size_t cap)
     if (!v.u.dict)
         return jv_undef(NULL);
     memset(v.u.dict, 0, sizeof(jj_dict));
+    v.u.dict->a = a;
     if (cap) {
         v.u.dict->keys = jj_alloc(a, cap * sizeof(jj_value));
         v.u.dict->vals = jj_alloc(a, cap * sizeof(jj_value));
@@ -141,42 +145,172 @@ void jv_list_push(jj_arena *a, jj_value list, jj_value item)
     l->items[l->n++] = item;
 }
 
-void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val)
+/* ---- dict index ---- */
+
+/* Fewer keys than this are scanned: no index to build for the small dicts of a template. */
+#define DICT_INDEX_MIN 16
+
+/* SipHash-1-3 with a per-process random key: keys come from requests, and a hash an
+ * attacker can collide would make the index a list again. */
+static uint64_t sip_k0, sip_k1;
+static pthread_once_t sip_once = PTHREAD_ONCE_INIT;
+
+static void sip_init(void)
+{
+    uint64_t k[2];
+    if (getrandom(k, sizeof k, GRND_NONBLOCK) != (ssize_t)sizeof k) {
+        k[0] = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)&k;
+        k[1] = (uint64_t)(uintptr_t)&sip_k0 * 0xC2B2AE3D27D4EB4FULL ^ (uint64_t)clock();
+    }
+    sip_k0 = k[0];
+    sip_k1 = k[1];
+}
+
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                   \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = ROTL(v1, 13) ^ v0;                                                                    \
+        v0 = ROTL(v0, 32);                                                                         \
+        v2 += v3;                                                                                  \
+        v3 = ROTL(v3, 16) ^ v2;                                                                    \
+        v0 += v3;                                                                                  \
+        v3 = ROTL(v3, 21) ^ v0;                                                                    \
+        v2 += v1;                                                                                  \
+        v1 = ROTL(v1, 17) ^ v2;                                                                    \
+        v2 = ROTL(v2, 32);                                                                         \
+    } while (0)
+
+static uint64_t siphash13(const void *src, size_t len)
+{
+    pthread_once(&sip_once, sip_init);
+    const unsigned char *in = src;
+    uint64_t v0 = sip_k0 ^ 0x736f6d6570736575ULL, v1 = sip_k1 ^ 0x646f72616e646f6dULL,
+             v2 = sip_k0 ^ 0x6c7967656e657261ULL, v3 = sip_k1 ^ 0x7465646279746573ULL;
+    uint64_t m, last = (uint64_t)len << 56;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&m, in + i, 8);
+        v3 ^= m;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (size_t j = 0; i + j < len; j++)
+        last |= (uint64_t)in[i + j] << (8 * j);
+    v3 ^= last;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* Equal keys (jv_equal) hash equal: numbers by their value as a double, as 1 == 1.0 ==
+ * True; containers and None by kind alone (rare as keys: they share one probe chain). */
+static uint64_t hash_key(jj_value k)
+{
+    if (k.kind == JV_STR)
+        return siphash13(k.u.str.s, k.u.str.n);
+    if (k.kind == JV_INT || k.kind == JV_BOOL || k.kind == JV_FLOAT) {
+        double f = k.kind == JV_FLOAT ? k.u.f : (double)k.u.i;
+        if (f == 0)
+            f = 0; /* -0.0 == 0.0 */
+        return siphash13(&f, sizeof f) ^ 1;
+    }
+    return (uint64_t)k.kind * 0x9E3779B97F4A7C15ULL;
+}
+
+/* Indexes keys[nidx..n), keeping the first of equal keys (as a scan finds it); -1 if out
+ * of memory (the dict is then scanned). */
+static int index_catch_up(jj_dict *d)
+{
+    if (d->n < DICT_INDEX_MIN || !d->a || d->n > UINT32_MAX - 1)
+        return d->nidx == d->n ? 0 : -1;
+    if (d->n * 2 > d->idx_cap) {
+        size_t cap = d->idx_cap ? d->idx_cap : 64;
+        while (cap < d->n * 2)
+            cap *= 2;
+        uint32_t *idx = jj_alloc(d->a, cap * sizeof *idx);
+        if (!idx) {
+            d->idx = NULL;
+            d->idx_cap = d->nidx = 0;
+            return -1;
+        }
+        memset(idx, 0, cap * sizeof *idx);
+        d->idx = idx;
+        d->idx_cap = cap;
+        d->nidx = 0;
+    }
+    for (; d->nidx < d->n; d->nidx++) {
+        size_t mask = d->idx_cap - 1, i = hash_key(d->keys[d->nidx]) & mask;
+        while (d->idx[i] && !jv_equal(d->keys[d->idx[i] - 1], d->keys[d->nidx]))
+            i = (i + 1) & mask;
+        if (!d->idx[i])
+            d->idx[i] = (uint32_t)d->nidx + 1;
+    }
+    return 0;
+}
+
+/* The position of key in d, or -1. */
+static ptrdiff_t dict_pos(jj_dict *d, jj_value key)
+{
+    if (index_catch_up(d) == 0 && d->idx) {
+        size_t mask = d->idx_cap - 1, i = hash_key(key) & mask;
+        for (; d->idx[i]; i = (i + 1) & mask)
+            if (jv_equal(d->keys[d->idx[i] - 1], key))
+                return (ptrdiff_t)d->idx[i] - 1;
+        return -1;
+    }
+    for (size_t i = 0; i < d->n; i++)
+        if (jv_equal(d->keys[i], key))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+int jv_dict_put(jj_arena *a, jj_value dict, jj_value key, jj_value val)
 {
     jj_dict *d = dict.u.dict;
-    for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->keys[i], key)) {
-            d->vals[i] = val;
-            return;
-        }
+    ptrdiff_t i = dict_pos(d, key);
+    if (i >= 0) {
+        d->vals[i] = val;
+        return 0;
+    }
     if (d->n == d->cap) {
         size_t cap = d->cap;
         if (grow(a, &d->keys, d->n, &cap))
-            return;
+            return -1;
         if (grow(a, &d->vals, d->n, &d->cap))
-            return;
+            return -1;
     }
     d->keys[d->n] = key;
     d->vals[d->n++] = val;
+    return 0;
+}
+
+void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val)
+{
+    jv_dict_put(a, dict, key, val);
+}
+
+void jv_dict_clear(jj_dict *d)
+{
+    d->n = d->nidx = 0;
+    if (d->idx)
+        memset(d->idx, 0, d->idx_cap * sizeof *d->idx);
 }
 
 const jj_value *jv_dict_get(jj_value dict, const char *key, size_t n)
 {
-    jj_dict *d = dict.u.dict;
-    for (size_t i = 0; i < d->n; i++)
-        if (d->keys[i].kind == JV_STR && d->keys[i].u.str.n == n
-            && !memcmp(d->keys[i].u.str.s, key, n))
-            return &d->vals[i];
-    return NULL;
+    ptrdiff_t i = dict_pos(dict.u.dict, jv_strn(key, n));
+    return i < 0 ? NULL : &dict.u.dict->vals[i];
 }
 
 const jj_value *jv_dict_find(jj_value dict, jj_value key)
 {
-    jj_dict *d = dict.u.dict;
-    for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->keys[i], key))
-            return &d->vals[i];
-    return NULL;
+    ptrdiff_t i = dict_pos(dict.u.dict, key);
+    return i < 0 ? NULL : &dict.u.dict->vals[i];
 }
 
 /* JSON -> values; strings are borrowed from the (const, caller-owned) JSON. */
@@ -733,6 +867,11 @@ static int key_cmp(const jj_value *a, const jj_value *b)
     return c ? c : (a->u.str.n > b->u.str.n) - (a->u.str.n < b->u.str.n);
 }
 
+static int key_ptr_cmp(const void *a, const void *b)
+{
+    return key_cmp(*(const jj_value *const *)a, *(const jj_value *const *)b);
+}
+
 int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int level)
 {
@@ -785,29 +924,24 @@ int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const
             jj_buf_puts(b, "{}");
             return 0;
         }
-        size_t *order = malloc(d->n * sizeof *order);
+        const jj_value **order = malloc(d->n * sizeof *order);
         if (!order)
             return -1;
         for (size_t i = 0; i < d->n; i++)
-            order[i] = i;
+            order[i] = &d->keys[i];
         if (sort_keys) {
             for (size_t i = 0; i < d->n; i++)
                 if (d->keys[i].kind != JV_STR) {
                     free(order);
                     return -1;
                 }
-            for (size_t i = 1; i < d->n; i++) /* insertion sort: dicts here are small */
-                for (size_t j = i; j > 0 && key_cmp(&d->keys[order[j - 1]], &d->keys[order[j]]) > 0;
-                     j--) {
-                    size_t t = order[j];
-                    order[j] = order[j - 1];
-                    order[j - 1] = t;
-                }
+            /* keys are distinct, so an unstable sort is fine; a request chooses how many */
+            qsort(order, d->n, sizeof *order, key_ptr_cmp);
         }
         jj_buf_putc(b, '{');
         int rc = 0;
         for (size_t k = 0; k < d->n && !rc; k++) {
-            size_t i = order[k];
+            size_t i = (size_t)(order[k] - d->keys);
             if (k)
                 jj_buf_puts(b, item_sep);
             if (indent >= 0)

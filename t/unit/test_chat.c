@@ -380,6 +380,57 @@ TEST(review_value_cycles)
     check_renders(cases, sizeof cases / sizeof cases[0]);
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Found by review: dict lookups scanned every key, so comparing two N-key dicts, building
+ * one, or setting N chat_template_kwargs (each a global) was O(N^2): 80k keys took 15-30 s.
+ * Quadratic here would be tens of seconds; the bound is loose for a loaded machine. */
+TEST(review_big_dicts)
+{
+    enum { N = 60000 };
+    json_t *kw = json_object(), *d = json_object(), *e = json_object();
+    for (int i = 0; i < N; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "key%d", i);
+        json_object_set_new(d, k, json_integer(i));
+        json_object_set_new(e, k, json_integer(i));
+        json_object_set_new(kw, k, json_integer(i));
+    }
+    json_object_set_new(kw, "d", d);
+    json_object_set_new(kw, "e", e);
+    char err[256];
+    kv_chat_template_t *t = kv_chat_load_string(
+        "{{ d == e }} {{ key59999 }} {{ d['key123'] }} {{ 'key7' in d }} {{ d.get('nope', 0) }}"
+        " {{ dict(d)|length }} {{ d|tojson(sort_keys=true)|length }}"
+        " {{ d.keys()|list|unique|length }}",
+        NULL, NULL, err, sizeof err);
+    CHECK(t != NULL);
+    json_t *msgs = json_array();
+    double t0 = now_s();
+    char *out = t ? kv_chat_render_ex(t, msgs, NULL, 0, kw, 0, NULL, err, sizeof err) : NULL;
+    double dt = now_s() - t0;
+    CHECK_STR(out, "True 59999 123 True 0 60000 1117780 60000");
+    fprintf(stderr, "  %d-key dicts and kwargs: %.3f s\n", N, dt);
+    CHECK(dt < 5.0);
+    free(out);
+    kv_chat_free(t);
+    json_decref(msgs);
+    json_decref(kw);
+    /* unique keeps the first of each key in a set, like jinja2: case-insensitive by default */
+    static const render_case cases[] = {
+        { "{{ ['A', 'a', 'b', 'B', 1, 1.0, true, 'b']|unique|list }}", "['A', 'b', 1]", NULL },
+        { "{{ ['A', 'a']|unique(case_sensitive=true)|list }}", "['A', 'a']", NULL },
+        { "{{ [{'n': 'X'}, {'n': 'x'}]|unique(attribute='n')|list }}", "[{'n': 'X'}]", NULL },
+        { "{{ {1: 'a', 1.0: 'b', true: 'c', 'x': 1}|tojson }}", "{\"1\": \"c\", \"x\": 1}", NULL },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
 TEST(pinned_clock)
 {
@@ -550,6 +601,7 @@ int main(void)
     RUN(review_invalid_utf8);
     RUN(review_deep_templates);
     RUN(review_value_cycles);
+    RUN(review_big_dicts);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
