@@ -25,11 +25,32 @@
 
 /* ---- arena ---------------------------------------------------------- */
 
+/* A render that prints more than this is a broken template, not a prompt. */
+#define JJ_MAX_OUTPUT ((size_t)256 << 20)
+/*
+ * The most a render's arena holds (input values included). Nothing is freed before the
+ * render ends, so without a bound a template concatenating in a loop held O(N^2) bytes
+ * for a request of N (960 KB -> 2.7 GB). Twice the output cap: room for the input and an
+ * output's worth of strings under construction; past it the render fails (and the
+ * request routes by load).
+ */
+#define JJ_ARENA_MAX (2 * JJ_MAX_OUTPUT)
+/* Strings that grow by concatenation tracked at once (see jv_str_append). */
+#define JJ_GROW_SLOTS 4
+
 typedef struct jj_chunk jj_chunk;
 typedef struct {
-    jj_chunk *head;
+    jj_chunk *head;  /* small allocations bump here */
+    jj_chunk *big;   /* chunks of growing strings (never bumped into) */
+    jj_chunk *grow[JJ_GROW_SLOTS]; /* the last strings that may grow in place */
+    unsigned grow_next;
+    size_t total;    /* bytes malloc'ed, at most JJ_ARENA_MAX */
+    int failed;      /* JJ_ARENA_OVER or JJ_ARENA_OOM: every later allocation fails too */
 } jj_arena;
 
+enum { JJ_ARENA_OVER = 1, JJ_ARENA_OOM = 2 };
+
+/* NULL once the arena would pass JJ_ARENA_MAX, or out of memory (then a->failed). */
 void *jj_alloc(jj_arena *a, size_t n);
 void jj_arena_free(jj_arena *a);
 
@@ -112,6 +133,10 @@ jj_value jv_bool(int b);
 jj_value jv_int(int64_t i);
 jj_value jv_float(double f);
 jj_value jv_strn(const char *s, size_t n);
+/* x + y[0..yn) in the arena: in place when x is the whole of a string that grew this way
+ * before, so that s = s + t in a loop costs O(len) overall, not O(len^2). An undefined
+ * value when the arena fails. (x's bytes stay, but not its terminating NUL.) */
+jj_value jv_str_append(jj_arena *a, jj_value x, const char *y, size_t yn);
 jj_value jv_cstr(const char *s);
 jj_value jv_new_list(jj_arena *a, size_t cap);
 jj_value jv_new_dict(jj_arena *a, size_t cap);
@@ -391,6 +416,8 @@ jj_value jj_items(jj_ctx *c, jj_value dict); /* list of (key, value) tuples */
 /* Shared by eval and builtins. */
 jj_arena *jj_ctx_arena(jj_ctx *c);
 int jj_fail(jj_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* jj_fail for a failed allocation: the arena's cap, or out of memory. */
+int jj_oom(jj_ctx *c);
 long long jj_ctx_now(jj_ctx *c);
 int jj_failed(jj_ctx *c);
 jj_value jj_getattr(jj_ctx *c, jj_value obj, const char *name, size_t n);

@@ -145,9 +145,9 @@ static int str_method(jj_ctx *c, jj_value s, const char *m, const jj_value *args
                 jj_buf_put(&b, s.u.str.s, s.u.str.n);
             jj_buf_put(&b, items[i].u.str.s, items[i].u.str.n);
         }
-        *out = jj_strdup(c, b.p ? b.p : "", b.n);
+        *out = b.oom ? jv_undef(NULL) : jj_strdup(c, b.p ? b.p : "", b.n);
         free(b.p);
-        return 0;
+        return out->kind == JV_STR ? 0 : jj_oom(c);
     }
     if (id == JJ_METHOD_ISDIGIT || id == JJ_METHOD_ISSPACE || id == JJ_METHOD_ISALPHA
         || id == JJ_METHOD_ISALNUM) {
@@ -192,10 +192,12 @@ int jj_call_method(jj_ctx *c, jj_method *mt, const jj_value *args, int nargs, co
         }
         if (id == JJ_METHOD_ITEMS) {
             *out = jj_items(c, self);
-            return 0;
+            return out->kind == JV_LIST ? 0 : jj_oom(c);
         }
         if (id == JJ_METHOD_KEYS || id == JJ_METHOD_VALUES) {
             jj_value l = jv_new_list(jj_ctx_arena(c), self.u.dict->n);
+            if (l.kind != JV_LIST)
+                return jj_oom(c);
             for (size_t i = 0; i < self.u.dict->n; i++)
                 jv_list_push(jj_ctx_arena(c), l,
                              id == JJ_METHOD_KEYS ? self.u.dict->keys[i] : self.u.dict->vals[i]);
@@ -362,6 +364,8 @@ static int func_range(jj_ctx *c, const jj_value *args, int nargs, jj_value *out)
         return jj_fail(c,
                        "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     jj_value l = jv_new_list(jj_ctx_arena(c), (size_t)count);
+    if (l.kind != JV_LIST)
+        return jj_oom(c);
     for (int64_t i = 0; i < (int64_t)count; i++)
         jv_list_push(jj_ctx_arena(c), l, jv_int((int64_t)(v[0] + (__int128)i * v[2])));
     *out = l;
@@ -378,6 +382,8 @@ int jj_call_func(jj_ctx *c, int id, const jj_value *args, int nargs, const char 
     case JJ_FUNC_NAMESPACE:
     case JJ_FUNC_DICT: {
         jj_value d = jv_new_dict(a, (size_t)nkw + 4);
+        if (d.kind != JV_DICT)
+            return jj_oom(c);
         if (nargs > 1)
             return jj_fail(c, "%s expected at most 1 positional argument",
                            id == JJ_FUNC_DICT ? "dict" : "namespace");
@@ -405,6 +411,8 @@ int jj_call_func(jj_ctx *c, int id, const jj_value *args, int nargs, const char 
         if (nargs != 1 || args[0].kind != JV_STR)
             return jj_fail(c, "strftime_now expects a format string");
         jj_value fmt = jj_strdup(c, args[0].u.str.s, args[0].u.str.n);
+        if (fmt.kind != JV_STR)
+            return jj_oom(c);
         time_t t = (time_t)jj_ctx_now(c);
         struct tm tm;
         char buf[256];

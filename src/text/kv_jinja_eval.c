@@ -18,9 +18,9 @@
 
 #include "kv_jinja.h"
 
-/* A render that loops this often or prints this much is a broken template, not a prompt. */
+/* A render that loops this often is a broken template, not a prompt. */
 #define MAX_STEPS (10u * 1000 * 1000)
-#define MAX_OUTPUT ((size_t)256 << 20)
+#define MAX_OUTPUT JJ_MAX_OUTPUT
 /* Levels of evaluator recursion (expressions and statements, through macro calls): the
  * parser bounds one template's height, but nested macro calls stack it. At a few hundred
  * bytes of C stack a level (a few KB under ASan) this stays within a thread's stack. */
@@ -74,6 +74,14 @@ int jj_fail(jj_ctx *c, const char *fmt, ...)
     return -1;
 }
 
+int jj_oom(jj_ctx *c)
+{
+    if (c->a->failed == JJ_ARENA_OVER)
+        return jj_fail(c, "template needs too much memory (more than %zu MiB)",
+                       (size_t)JJ_ARENA_MAX >> 20);
+    return jj_oom(c);
+}
+
 static int undefined_error(jj_ctx *c, jj_value u)
 {
     if (u.u.str.s)
@@ -104,7 +112,7 @@ static const jj_value *lookup(frame *f, const char *name)
 static int frame_set(jj_ctx *c, frame *f, const char *name, jj_value v)
 {
     if (jv_dict_put(c->a, frame_dict(f), jv_cstr(name), v))
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     return 0;
 }
 
@@ -124,7 +132,8 @@ static int eval_expr(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
     c->nest++;
     int rc = eval_expr_at(c, f, n, out);
     c->nest--;
-    return rc;
+    /* an allocation that failed on the way (a list push, say) fails the render here */
+    return rc || !c->a->failed ? rc : jj_oom(c);
 }
 
 static int exec_node(jj_ctx *c, frame *f, const jnode *n)
@@ -134,7 +143,7 @@ static int exec_node(jj_ctx *c, frame *f, const jnode *n)
     c->nest++;
     int rc = exec_node_at(c, f, n);
     c->nest--;
-    return rc;
+    return rc || !c->a->failed ? rc : jj_oom(c);
 }
 
 /* ---- attribute and item access ---- */
@@ -334,7 +343,7 @@ static int do_slice(jj_ctx *c, jj_value obj, jj_value vs, jj_value ve, jj_value 
             return -1;
         jj_value r = jv_new_list(c->a, l->n);
         if (r.kind != JV_LIST)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         r.u.list->tuple = l->tuple;
         int64_t cnt = slice_count(start, stop, step);
         for (int64_t k = 0; k < cnt; k++)
@@ -345,7 +354,7 @@ static int do_slice(jj_ctx *c, jj_value obj, jj_value vs, jj_value ve, jj_value 
     if (obj.kind == JV_STR) {
         size_t cnt, *off = cp_offsets(c, obj.u.str.s, obj.u.str.n, &cnt);
         if (!off)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         if (slice_indices(c, vs, ve, vp, (int64_t)cnt, &start, &stop, &step))
             return -1;
         if (step == 1) {
@@ -356,7 +365,7 @@ static int do_slice(jj_ctx *c, jj_value obj, jj_value vs, jj_value ve, jj_value 
         char *s = jj_alloc(c->a, obj.u.str.n + 1);
         size_t len = 0;
         if (!s)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         int64_t picks = slice_count(start, stop, step);
         for (int64_t k = 0; k < picks; k++) {
             int64_t i = start + k * step;
@@ -390,7 +399,7 @@ int jj_iterate(jj_ctx *c, jj_value v, const jj_value **items, size_t *n)
         size_t cnt, *off = cp_offsets(c, v.u.str.s, v.u.str.n, &cnt);
         jj_value *arr = jj_alloc(c->a, (cnt + 1) * sizeof *arr);
         if (!off || !arr)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         for (size_t i = 0; i < cnt; i++)
             arr[i] = jv_strn(v.u.str.s + off[i], off[i + 1] - off[i]);
         *items = arr;
@@ -423,17 +432,6 @@ static int type_error(jj_ctx *c, const char *op, jj_value a, jj_value b)
                    jv_type_name(b));
 }
 
-static jj_value concat_str(jj_ctx *c, jj_value a, jj_value b)
-{
-    char *s = jj_alloc(c->a, a.u.str.n + b.u.str.n + 1);
-    if (!s)
-        return jv_undef(NULL);
-    memcpy(s, a.u.str.s, a.u.str.n);
-    memcpy(s + a.u.str.n, b.u.str.s, b.u.str.n);
-    s[a.u.str.n + b.u.str.n] = 0;
-    return jv_strn(s, a.u.str.n + b.u.str.n);
-}
-
 static jj_value repeat(jj_ctx *c, jj_value seq, int64_t times)
 {
     if (times < 0)
@@ -445,13 +443,17 @@ static jj_value repeat(jj_ctx *c, jj_value seq, int64_t times)
             return jv_undef(NULL);
         for (int64_t i = 0; i < times; i++)
             memcpy(s + (size_t)i * seq.u.str.n, seq.u.str.s, seq.u.str.n);
+        s[n] = 0;
         return jv_strn(s, n);
     }
+    /* (the arena refuses a list beyond its cap: [0] * 268435456 is 6 GB of values) */
     jj_value r = jv_new_list(c->a, seq.u.list->n * (size_t)times);
+    if (r.kind != JV_LIST)
+        return r;
     r.u.list->tuple = seq.u.list->tuple;
     for (int64_t i = 0; i < times; i++)
         for (size_t k = 0; k < seq.u.list->n; k++)
-            jv_list_push(c->a, r, seq.u.list->items[k]);
+            r.u.list->items[r.u.list->n++] = seq.u.list->items[k];
     return r;
 }
 
@@ -465,12 +467,14 @@ static int arith(jj_ctx *c, int op, jj_value a, jj_value b, jj_value *out)
 {
     static const char *const names[] = {"", "+", "-", "*", "/", "//", "%", "**"};
     if (op == OP_ADD && a.kind == JV_STR && b.kind == JV_STR) {
-        *out = concat_str(c, a, b);
-        return out->kind == JV_UNDEF ? jj_fail(c, "out of memory") : 0;
+        *out = jv_str_append(c->a, a, b.u.str.s, b.u.str.n);
+        return out->kind == JV_UNDEF ? jj_oom(c) : 0;
     }
     if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST
         && a.u.list->tuple == b.u.list->tuple) {
         jj_value r = jv_new_list(c->a, a.u.list->n + b.u.list->n);
+        if (r.kind != JV_LIST)
+            return jj_oom(c);
         r.u.list->tuple = a.u.list->tuple;
         for (size_t i = 0; i < a.u.list->n; i++)
             jv_list_push(c->a, r, a.u.list->items[i]);
@@ -491,7 +495,7 @@ static int arith(jj_ctx *c, int op, jj_value a, jj_value b, jj_value *out)
         if (b.u.i > 0 && unit > 0 && (uint64_t)b.u.i > MAX_OUTPUT / unit)
             return jj_fail(c, "repeated sequence too large");
         *out = repeat(c, a, b.u.i);
-        return out->kind == JV_UNDEF ? jj_fail(c, "out of memory") : 0;
+        return out->kind == JV_UNDEF ? jj_oom(c) : 0;
     }
     if (!is_num(a) || !is_num(b))
         return type_error(c, names[op], a, b);
@@ -673,7 +677,7 @@ static int eval_args(jj_ctx *c, frame *f, const jnode *n, callargs *ca)
     ca->args = jj_alloc(c->a, (size_t)(n->nkids + 1) * sizeof(jj_value));
     ca->kwv = jj_alloc(c->a, (size_t)(n->nkids2 + 1) * sizeof(jj_value));
     if (!ca->args || !ca->kwv)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     for (int i = 0; i < n->nkids; i++)
         if (eval_expr(c, f, n->kids[i], &ca->args[i]))
             return -1;
@@ -724,11 +728,11 @@ static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jj_value *out)
     c->out = saved;
     c->brk = c->cont = 0;
     if (!rc && buf.oom)
-        rc = jj_fail(c, "out of memory");
+        rc = jj_oom(c);
     if (!rc) {
         char *s = jj_alloc(c->a, buf.n + 1);
         if (!s)
-            rc = jj_fail(c, "out of memory");
+            rc = jj_oom(c);
         else {
             if (buf.n)
                 memcpy(s, buf.p, buf.n);
@@ -758,30 +762,35 @@ static int call_value(jj_ctx *c, jj_value fn, callargs *ca, jj_value *out)
 
 /* ---- expressions ---- */
 
+/* a ~ b ~ ...: str() of each appended to the first, in place when that one is a string
+ * that grew so before ({% set ns.s = ns.s ~ x %} in a loop) */
 static int eval_concat(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
 {
     jj_buf b = {0};
+    jj_value first = jv_strn("", 0);
     for (int i = 0; i < n->nkids; i++) {
         jj_value v;
         if (eval_expr(c, f, n->kids[i], &v)) {
             free(b.p);
             return -1;
         }
+        if (i == 0 && v.kind == JV_STR) {
+            first = v;
+            continue;
+        }
         if (jv_write_str(&b, v)) {
             free(b.p);
             return jj_fail(c, "cannot convert %s to a string", jv_type_name(v));
         }
+        if (b.n > MAX_OUTPUT) {
+            free(b.p);
+            return jj_fail(c, "template output too large");
+        }
     }
-    char *s = jj_alloc(c->a, b.n + 1);
-    if (!s || b.oom) {
-        free(b.p);
-        return jj_fail(c, "out of memory");
-    }
-    if (b.n)
-        memcpy(s, b.p, b.n);
-    s[b.n] = 0;
+    *out = b.oom ? jv_undef(NULL) : jv_str_append(c->a, first, b.p, b.n);
     free(b.p);
-    *out = jv_strn(s, b.n);
+    if (out->kind != JV_STR)
+        return jj_oom(c);
     return 0;
 }
 
@@ -789,18 +798,21 @@ static int eval_collection(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
 {
     if (n->type == N_DICTLIT) {
         jj_value d = jv_new_dict(c->a, (size_t)n->nkids);
+        if (d.kind != JV_DICT)
+            return jj_oom(c);
         for (int i = 0; i < n->nkids; i++) {
             jj_value k, v;
             if (eval_expr(c, f, n->kids[i], &k) || eval_expr(c, f, n->kids2[i], &v))
                 return -1;
-            jv_dict_set(c->a, d, k, v);
+            if (jv_dict_put(c->a, d, k, v))
+                return jj_oom(c);
         }
         *out = d;
         return 0;
     }
     jj_value l = jv_new_list(c->a, (size_t)n->nkids);
     if (l.kind != JV_LIST)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     l.u.list->tuple = n->type == N_TUPLELIT;
     for (int i = 0; i < n->nkids; i++) {
         jj_value v;
@@ -953,7 +965,7 @@ static int exec_set(jj_ctx *c, frame *f, const jnode *n)
         if (rc)
             return -1;
         if (!s)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         return assign(c, f, n, jv_strn(s, buf.n));
     }
     if (eval_expr(c, f, n->b, &v))
@@ -963,8 +975,7 @@ static int exec_set(jj_ctx *c, frame *f, const jnode *n)
         if (!ns || ns->kind != JV_NS)
             return jj_fail(c, "line %d: can't assign attribute '%s' on non-namespace object",
                            n->line, n->a->s);
-        jv_dict_set(c->a, *ns, jv_cstr(n->a->s), v);
-        return 0;
+        return jv_dict_put(c->a, *ns, jv_cstr(n->a->s), v) ? jj_oom(c) : 0;
     }
     return assign(c, f, n, v);
 }
@@ -981,7 +992,7 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
         jj_value *kept = jj_alloc(c->a, (cnt + 1) * sizeof *kept);
         size_t k = 0;
         if (!kept)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         for (size_t i = 0; i < cnt; i++) {
             jj_value ok;
             jv_dict_clear(&it.vars);
@@ -995,7 +1006,7 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     }
     jj_loop *loop = jj_alloc(c->a, sizeof *loop);
     if (!loop)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     loop->length = cnt;
     loop->items = items;
     jj_value lv = {.kind = JV_LOOP};
@@ -1087,6 +1098,6 @@ int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvar
     if (exec_node(&c, &top, jj_template_root(t)))
         return -1;
     if (out->oom)
-        return jj_fail(&c, "out of memory");
+        return jj_oom(&c);
     return 0;
 }

@@ -247,7 +247,7 @@ int jj_split(jj_ctx *c, jj_value s, const jj_value *sep, int64_t maxsplit, int r
     jj_arena *a = jj_ctx_arena(c);
     jj_value l = jv_new_list(a, 4);
     if (l.kind != JV_LIST)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     const char *p = s.u.str.s;
     size_t n = s.u.str.n;
     if (sep && sep->kind == JV_STR) {
@@ -270,6 +270,8 @@ int jj_split(jj_ctx *c, jj_value s, const jj_value *sep, int64_t maxsplit, int r
             }
         } else {
             jj_value parts = jv_new_list(a, 4);
+            if (parts.kind != JV_LIST)
+                return jj_oom(c);
             size_t e = n;
             int64_t k = 0;
             for (;;) {
@@ -338,8 +340,12 @@ jj_value jj_items(jj_ctx *c, jj_value d)
 {
     jj_arena *a = jj_ctx_arena(c);
     jj_value l = jv_new_list(a, d.u.dict->n);
+    if (l.kind != JV_LIST)
+        return l;
     for (size_t i = 0; i < d.u.dict->n; i++) {
         jj_value t = jv_new_list(a, 2);
+        if (t.kind != JV_LIST)
+            return t;
         t.u.list->tuple = 1;
         jv_list_push(a, t, d.u.dict->keys[i]);
         jv_list_push(a, t, d.u.dict->vals[i]);

@@ -22,17 +22,40 @@ struct jj_chunk {
     max_align_t data[];
 };
 
+static jj_chunk *new_chunk(jj_arena *a, size_t cap)
+{
+    if (a->failed)
+        return NULL;
+    if (cap > JJ_ARENA_MAX - a->total) {
+        a->failed = JJ_ARENA_OVER;
+        return NULL;
+    }
+    jj_chunk *c = malloc(sizeof *c + cap);
+    if (!c) {
+        a->failed = JJ_ARENA_OOM;
+        return NULL;
+    }
+    a->total += cap;
+    c->used = 0;
+    c->cap = cap;
+    c->next = NULL;
+    return c;
+}
+
 void *jj_alloc(jj_arena *a, size_t n)
 {
+    if (a->failed)
+        return NULL;
+    if (n > JJ_ARENA_MAX) {
+        a->failed = JJ_ARENA_OVER;
+        return NULL;
+    }
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     jj_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
-        size_t cap = n > 16384 ? n : 16384;
-        c = malloc(sizeof *c + cap);
+        c = new_chunk(a, n > 16384 ? n : 16384);
         if (!c)
             return NULL;
-        c->used = 0;
-        c->cap = cap;
         c->next = a->head;
         a->head = c;
     }
@@ -43,11 +66,59 @@ void *jj_alloc(jj_arena *a, size_t n)
 
 void jj_arena_free(jj_arena *a)
 {
-    for (jj_chunk *c = a->head, *next; c; c = next) {
-        next = c->next;
-        free(c);
+    jj_chunk *lists[2] = {a->head, a->big};
+    for (int i = 0; i < 2; i++)
+        for (jj_chunk *c = lists[i], *next; c; c = next) {
+            next = c->next;
+            free(c);
+        }
+    memset(a, 0, sizeof *a);
+}
+
+/* Strings shorter than this are copied when appended to: no chunk of their own. */
+#define GROW_MIN 1024
+
+jj_value jv_str_append(jj_arena *a, jj_value x, const char *y, size_t yn)
+{
+    size_t xn = x.u.str.n, n = xn + yn;
+    if (yn == 0)
+        return x;
+    if (n < xn || n >= JJ_ARENA_MAX) {
+        a->failed = JJ_ARENA_OVER;
+        return jv_undef(NULL);
     }
-    a->head = NULL;
+    /* x is the whole content of a growing string's chunk: append after it */
+    for (int i = 0; i < JJ_GROW_SLOTS; i++) {
+        jj_chunk *g = a->grow[i];
+        char *d = g ? (char *)g->data : NULL;
+        if (g && d == x.u.str.s && g->used == xn + 1 && g->cap > n) {
+            memmove(d + xn, y, yn);
+            d[n] = 0;
+            g->used = n + 1;
+            return jv_strn(d, n);
+        }
+    }
+    char *d;
+    if (n < GROW_MIN) {
+        d = jj_alloc(a, n + 1);
+        if (!d)
+            return jv_undef(NULL);
+    } else {
+        /* a chunk of its own with room to double, so that appending again is in place;
+         * the copies left behind sum to less than the final string */
+        jj_chunk *g = new_chunk(a, 2 * (n + 1) <= JJ_ARENA_MAX - a->total ? 2 * (n + 1) : n + 1);
+        if (!g)
+            return jv_undef(NULL);
+        g->next = a->big;
+        a->big = g;
+        g->used = n + 1;
+        a->grow[a->grow_next++ % JJ_GROW_SLOTS] = g;
+        d = (char *)g->data;
+    }
+    memcpy(d, x.u.str.s, xn);
+    memcpy(d + xn, y, yn);
+    d[n] = 0;
+    return jv_strn(d, n);
 }
 
 /* ---- constructors ---- */
@@ -97,13 +168,19 @@ jj_value jv_cstr(const char *s)
 jj_value jv_new_list(jj_arena *a, size_t cap)
 {
     jj_value v = {.kind = JV_LIST};
+    if (cap > JJ_ARENA_MAX / sizeof(jj_value)) {
+        a->failed = JJ_ARENA_OVER;
+        return jv_undef(NULL);
+    }
     v.u.list = jj_alloc(a, sizeof(jj_list));
     if (!v.u.list)
         return jv_undef(NULL);
     memset(v.u.list, 0, sizeof(jj_list));
     if (cap) {
         v.u.list->items = jj_alloc(a, cap * sizeof(jj_value));
-        v.u.list->cap = v.u.list->items ? cap : 0;
+        if (!v.u.list->items)
+            return jv_undef(NULL); /* not a list short of its capacity: callers fill it */
+        v.u.list->cap = cap;
     }
     return v;
 }
@@ -111,6 +188,10 @@ jj_value jv_new_list(jj_arena *a, size_t cap)
 jj_value jv_new_dict(jj_arena *a, size_t cap)
 {
     jj_value v = {.kind = JV_DICT};
+    if (cap > JJ_ARENA_MAX / sizeof(jj_value)) {
+        a->failed = JJ_ARENA_OVER;
+        return jv_undef(NULL);
+    }
     v.u.dict = jj_alloc(a, sizeof(jj_dict));
     if (!v.u.dict)
         return jv_undef(NULL);
@@ -119,7 +200,9 @@ jj_value jv_new_dict(jj_arena *a, size_t cap)
     if (cap) {
         v.u.dict->keys = jj_alloc(a, cap * sizeof(jj_value));
         v.u.dict->vals = jj_alloc(a, cap * sizeof(jj_value));
-        v.u.dict->cap = v.u.dict->keys && v.u.dict->vals ? cap : 0;
+        if (!v.u.dict->keys || !v.u.dict->vals)
+            return jv_undef(NULL);
+        v.u.dict->cap = cap;
     }
     return v;
 }
@@ -127,6 +210,10 @@ jj_value jv_new_dict(jj_arena *a, size_t cap)
 static int grow(jj_arena *a, jj_value **arr, size_t n, size_t *cap)
 {
     size_t nc = *cap ? *cap * 2 : 4;
+    if (nc > JJ_ARENA_MAX / sizeof(jj_value)) {
+        a->failed = JJ_ARENA_OVER;
+        return -1;
+    }
     jj_value *p = jj_alloc(a, nc * sizeof(jj_value));
     if (!p)
         return -1;

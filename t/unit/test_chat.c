@@ -6,6 +6,7 @@
  * refused at load time; renders are thread-safe and fast.
  */
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -431,6 +432,51 @@ TEST(review_big_dicts)
     check_renders(cases, sizeof cases / sizeof cases[0]);
 }
 
+static long max_rss_kb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* Found by review: every concatenation copied into the render's arena, which nothing
+ * bounded, so s = s + t in a loop (deepseek-v3's system prompt, smollm3's tool list) held
+ * O(N^2) bytes: 960 KB of request, 2.7 GB. Repeated appends now grow in place, and the
+ * arena has a cap past which the render fails. */
+TEST(review_arena)
+{
+    long rss0 = max_rss_kb();
+    static const render_case cases[] = {
+        /* 4000 appends of 100 bytes: 400 KB, where copying held 800 MB */
+        { "{% set ns = namespace(s='') %}{% for i in range(4000) %}"
+          "{% set ns.s = ns.s + '" "0123456789012345678901234567890123456789"
+          "01234567890123456789012345678901234567890123456789" "' + '0123456789' %}"
+          "{% endfor %}{{ ns.s|length }}", "400000", NULL },
+        { "{% set ns = namespace(s='') %}{% for i in range(4000) %}"
+          "{% set ns.s = ns.s ~ '" "0123456789012345678901234567890123456789"
+          "01234567890123456789012345678901234567890123456789" "' ~ i %}"
+          "{% endfor %}{{ ns.s|length }}", "374890", NULL },
+        /* two strings growing in turn, and a value kept from before an append */
+        { "{% set ns = namespace(a='', b='', k='') %}{% for i in range(3000) %}"
+          "{% set ns.a = ns.a + 'aaaaaaaaaa' %}{% set ns.b = ns.b ~ 'bbbbbbbbbb' %}"
+          "{% if i == 1500 %}{% set ns.k = ns.a %}{% endif %}{% endfor %}"
+          "{{ ns.a|length }} {{ ns.b|length }} {{ ns.k|length }} {{ (ns.k + 'x')[-2:] }}"
+          " {{ (ns.a ~ 'y')[-2:] }} {{ ns.k|length }}", "30000 30000 15010 ax ay 15010", NULL },
+        /* 20 MB built by appends still renders */
+        { "{% set ns = namespace(s='') %}{% set x = 'x' * 1000 %}{% for i in range(20000) %}"
+          "{% set ns.s = ns.s + x %}{% endfor %}{{ ns.s|length }}", "20000000", NULL },
+        /* big values count against the cap: 3 x 200 MB, or a list of 200M values */
+        { "{% set ns = namespace() %}{% for i in range(3) %}{% set ns.s = 'a' * 200000000 %}"
+          "{% endfor %}{{ ns.s|length }}", NULL, "too much memory" },
+        { "{{ ([0] * 200000000)|length }}", NULL, "too much memory" },
+        { "{{ ([0, 1] * 100000000)|length }}", NULL, "too much memory" },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+    long grown = max_rss_kb() - rss0;
+    fprintf(stderr, "  peak RSS grew %ld MB\n", grown >> 10);
+    CHECK(grown < 700 * 1024); /* the cap (512 MB) and the 200 MB output buffer */
+}
+
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
 TEST(pinned_clock)
 {
@@ -602,6 +648,7 @@ int main(void)
     RUN(review_deep_templates);
     RUN(review_value_cycles);
     RUN(review_big_dicts);
+    RUN(review_arena);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
