@@ -995,6 +995,9 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
             return jj_oom(c);
         for (size_t i = 0; i < cnt; i++) {
             jj_value ok;
+            /* the condition is evaluated once an item: it counts as a step */
+            if (++c->steps > MAX_STEPS)
+                return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
             jv_dict_clear(&it.vars);
             if (assign(c, &it, n, items[i]) || eval_expr(c, &it, n->b, &ok))
                 return -1;

@@ -180,6 +180,8 @@ TEST(runtime_errors)
         { "{{ 3 ** 99 }}", "overflow" },
         { "{{ 1e300 | int }}", "overflow" },
         { "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "too long" },
+        /* found by review: the condition of a filtered loop escaped the step count */
+        { "{% set r = range(100000) %}{% for i in range(200) %}{% for j in r if j < 0 %}{% endfor %}{% endfor %}", "too long" },
     };
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
