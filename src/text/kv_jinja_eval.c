@@ -246,6 +246,16 @@ static size_t *cp_offsets(jj_ctx *c, const char *s, size_t n, size_t *count)
     return off;
 }
 
+/* Byte offset of code point k of s[0..n), n past the end: s[i] or s[a:b] need no table of
+ * every offset (which cost 8 bytes a byte of the string, each time, in the arena). */
+static size_t cp_at(const char *s, size_t n, uint64_t k)
+{
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)s[i] & 0xC0) != 0x80 && k-- == 0)
+            return i;
+    return n;
+}
+
 jj_value jj_getitem(jj_ctx *c, jj_value obj, jj_value key)
 {
     if (obj.kind == JV_UNDEF) {
@@ -260,15 +270,19 @@ jj_value jj_getitem(jj_ctx *c, jj_value obj, jj_value key)
         return i >= 0 && i < len ? obj.u.list->items[i] : jv_undef(NULL);
     }
     if (obj.kind == JV_STR && int_key) {
-        size_t cnt, *off = cp_offsets(c, obj.u.str.s, obj.u.str.n, &cnt);
+        const char *p = obj.u.str.s;
+        size_t n = obj.u.str.n;
         int64_t i = key.u.i;
-        if (!off)
-            return jv_undef(NULL);
         if (i < 0)
-            i += (int64_t)cnt;
-        if (i < 0 || i >= (int64_t)cnt)
+            i += (int64_t)jj_cp_len(obj);
+        if (i < 0)
             return jv_undef(NULL);
-        return jv_strn(obj.u.str.s + off[i], off[i + 1] - off[i]);
+        size_t b = cp_at(p, n, (uint64_t)i), e = b + 1;
+        if (b >= n)
+            return jv_undef(NULL);
+        while (e < n && ((unsigned char)p[e] & 0xC0) == 0x80)
+            e++;
+        return jv_strn(p + b, e - b);
     }
     if (obj.kind == JV_DICT || obj.kind == JV_NS) {
         const jj_value *v = jv_dict_find(obj, key);
@@ -352,16 +366,18 @@ static int do_slice(jj_ctx *c, jj_value obj, jj_value vs, jj_value ve, jj_value 
         return 0;
     }
     if (obj.kind == JV_STR) {
-        size_t cnt, *off = cp_offsets(c, obj.u.str.s, obj.u.str.n, &cnt);
-        if (!off)
-            return jj_oom(c);
+        size_t cnt = jj_cp_len(obj), *off;
         if (slice_indices(c, vs, ve, vp, (int64_t)cnt, &start, &stop, &step))
             return -1;
         if (step == 1) {
-            *out = start < stop ? jv_strn(obj.u.str.s + off[start], off[stop] - off[start])
-                                : jv_strn("", 0);
+            const char *p = obj.u.str.s;
+            size_t b = start < stop ? cp_at(p, obj.u.str.n, (uint64_t)start) : 0;
+            size_t e = start < stop ? b + cp_at(p + b, obj.u.str.n - b, (uint64_t)(stop - start)) : 0;
+            *out = jv_strn(p + b, e - b);
             return 0;
         }
+        if (!(off = cp_offsets(c, obj.u.str.s, obj.u.str.n, &cnt)))
+            return jj_oom(c);
         char *s = jj_alloc(c->a, obj.u.str.n + 1);
         size_t len = 0;
         if (!s)

@@ -467,6 +467,10 @@ TEST(review_arena)
         /* 20 MB built by appends still renders */
         { "{% set ns = namespace(s='') %}{% set x = 'x' * 1000 %}{% for i in range(20000) %}"
           "{% set ns.s = ns.s + x %}{% endfor %}{{ ns.s|length }}", "20000000", NULL },
+        /* indexing or slicing a 10 MB string builds no table of its offsets (80 MB each) */
+        { "{% set s = 'x' * 10000000 %}{% set ns = namespace() %}{% for i in range(100) %}"
+          "{% set ns.c = s[-1] + s[5] %}{% set ns.t = s[1:-1] %}{% endfor %}"
+          "{{ ns.c }}{{ ns.t|length }}{{ s[2:4] }}", "xx9999998xx", NULL },
         /* big values count against the cap: 3 x 200 MB, or a list of 200M values */
         { "{% set ns = namespace() %}{% for i in range(3) %}{% set ns.s = 'a' * 200000000 %}"
           "{% endfor %}{{ ns.s|length }}", NULL, "too much memory" },
