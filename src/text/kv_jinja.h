@@ -400,6 +400,8 @@ typedef enum {
     JJ_CASE_JINJA_TITLE /* jinja's title filter: after spaces and brackets */
 } jj_case;
 jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode);
+/* Whether s has a cased character (one that jj_map_case maps). */
+int jj_has_cased(jj_value s);
 typedef enum {
     JJ_STRIP_LEFT = 1,
     JJ_STRIP_RIGHT = 2,

@@ -111,9 +111,15 @@ static int str_method(jj_ctx *c, jj_value s, const char *m, const jj_value *args
             return a0 ? -1 : jj_fail(c, "%s() takes 1 argument", m);
         int64_t cnt = 0, pos = -1;
         const char *p = s.u.str.s;
-        for (size_t i = 0; i + a0->u.str.n <= s.u.str.n;) {
+        if (id == JJ_METHOD_RFIND) /* the last match, overlapping others: 'aaa'.rfind('aa') is 1 */
+            for (size_t i = s.u.str.n - a0->u.str.n + 1; a0->u.str.n <= s.u.str.n && i-- > 0;)
+                if (!memcmp(p + i, a0->u.str.s, a0->u.str.n)) {
+                    pos = (int64_t)i;
+                    break;
+                }
+        for (size_t i = 0; id != JJ_METHOD_RFIND && i + a0->u.str.n <= s.u.str.n;) {
             if (!memcmp(p + i, a0->u.str.s, a0->u.str.n)) {
-                if (pos < 0 || id == JJ_METHOD_RFIND)
+                if (pos < 0)
                     pos = (int64_t)i;
                 cnt++;
                 i += a0->u.str.n ? a0->u.str.n : 1;
@@ -319,7 +325,8 @@ int jj_call_test(jj_ctx *c, const char *t, jj_value v, const jj_value *args, int
         if (jj_str(c, v, &s))
             return -1;
         jj_value m = jj_map_case(c, s, id == JJ_TEST_LOWER ? JJ_CASE_LOWER : JJ_CASE_UPPER);
-        *out = jv_equal(m, s);
+        /* str.islower()/isupper(): and at least one cased character ('123' is neither) */
+        *out = jv_equal(m, s) && jj_has_cased(s);
         return 0;
     }
     case JJ_TEST_LT:

@@ -4,6 +4,7 @@
  * filter name not listed here.
  */
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -404,12 +405,26 @@ static int filter_int(jj_ctx *c, jj_value v, const jj_value *def, int is_float, 
         return float_to_int(c, v.u.f, out);
     case JV_STR: {
         char buf[64];
+        size_t k = 0;
         if (v.u.str.n >= sizeof buf) {
             *out = d;
             return 0;
         }
-        memcpy(buf, v.u.str.s, v.u.str.n);
-        buf[v.u.str.n] = 0;
+        /* Python's int()/float() take one _ between digits ('1_000'); anywhere else it is
+         * no number */
+        for (size_t i = 0; i < v.u.str.n; i++) {
+            char ch = v.u.str.s[i];
+            if (ch == '_') {
+                if (!i || i + 1 == v.u.str.n || !isdigit((unsigned char)v.u.str.s[i - 1])
+                    || !isdigit((unsigned char)v.u.str.s[i + 1])) {
+                    *out = d;
+                    return 0;
+                }
+                continue;
+            }
+            buf[k++] = ch;
+        }
+        buf[k] = 0;
         char *end;
         if (!is_float) {
             long long i = strtoll(buf, &end, 10);
@@ -433,6 +448,10 @@ static int filter_int(jj_ctx *c, jj_value v, const jj_value *def, int is_float, 
         }
         if (is_float) {
             *out = jv_float(f);
+            return 0;
+        }
+        if (isnan(f) || isinf(f)) { /* int(float('nan')) raises: jinja2 gives the default */
+            *out = d;
             return 0;
         }
         return float_to_int(c, f, out);

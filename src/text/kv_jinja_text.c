@@ -112,6 +112,18 @@ static int is_cased_letter(unsigned cp)
     return to_upper(cp) != cp || to_lower(cp) != cp;
 }
 
+int jj_has_cased(jj_value s)
+{
+    size_t i = 0, len;
+    while (i < s.u.str.n) {
+        unsigned cp = dec(s.u.str.s + i, s.u.str.n - i, &len);
+        if (!(len == 1 && cp >= 0x80) && is_cased_letter(cp))
+            return 1;
+        i += len;
+    }
+    return 0;
+}
+
 jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode)
 {
     char *o = jj_alloc(jj_ctx_arena(c), s.u.str.n + 1);

@@ -12,6 +12,8 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include <utf8proc.h>
+
 #include "kv_jinja.h"
 
 /* ---- arena ---- */
@@ -675,27 +677,28 @@ static unsigned utf8_decode(const unsigned char *s, size_t n, size_t *len)
     return cp;
 }
 
-/* Python's str.isprintable() is false for these (Cc, Cf, Zs other than space, Zl, Zp, Cs);
- * a table of the common ones, see docs in conf/templates/SOURCES.md. */
+/* Python's repr() escapes what str.isprintable() refuses: the categories Cc, Cf, Cs, Co,
+ * Cn (unassigned), Zl, Zp and Zs other than the space (utf8proc's tables; its Unicode
+ * version may differ from Python's by a few new characters). */
 static int nonprintable(unsigned cp)
 {
-    if (cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD)
+    if (cp < 0x7F)
+        return cp < 0x20;
+    if (cp >= 0xD800 && cp <= 0xDFFF)
+        return 1; /* a surrogate (an escape in the template can make one) */
+    switch (utf8proc_category((utf8proc_int32_t)cp)) {
+    case UTF8PROC_CATEGORY_CC:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO:
+    case UTF8PROC_CATEGORY_CN:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+    case UTF8PROC_CATEGORY_ZS:
         return 1;
-    if (cp == 0x061C || cp == 0x180E || cp == 0x1680)
-        return 1;
-    if (cp >= 0x2000 && cp <= 0x200F)
-        return 1;
-    if (cp >= 0x2028 && cp <= 0x202F)
-        return 1;
-    if (cp >= 0x205F && cp <= 0x206F)
-        return 1;
-    if (cp == 0x3000 || cp == 0xFEFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 1;
-    if (cp >= 0xFFF9 && cp <= 0xFFFB)
-        return 1;
-    if (cp >= 0xE0000 && cp <= 0xE007F)
-        return 1;
-    return 0;
+    default:
+        return 0;
+    }
 }
 
 static void write_repr_str(jj_buf *b, const char *s, size_t n)

@@ -483,6 +483,27 @@ TEST(review_arena)
     CHECK(grown < 700 * 1024); /* the cap (512 MB) and the 200 MB output buffer */
 }
 
+/* Found by review: semantics that differed from Python's jinja2 (outputs taken from it). */
+TEST(review_semantics)
+{
+    static const render_case cases[] = {
+        { "{{ 'aaa'.rfind('aa') }}{{ 'abcabc'.rfind('bc') }}{{ 'abc'.rfind('') }}"
+          "{{ 'aaa'.find('aa') }}{{ 'aaaa'.count('aa') }}{{ 'h\u00e9\u00e9'.rfind('\u00e9') }}",
+          "143022", NULL },
+        { "{{ '123' is lower }}{{ '123' is upper }}{{ 'a1' is lower }}{{ 'A1' is upper }}"
+          "{{ '' is lower }}{{ '\u00e9' is lower }}{{ 'aB' is lower }}",
+          "FalseFalseTrueTrueFalseTrueFalse", NULL },
+        { "{{ '1_000'|int }}|{{ 'nan'|int }}|{{ '1__0'|int }}|{{ '_1'|int }}|{{ '1_000.5'|int }}|"
+          "{{ ' 1_0 '|int }}|{{ 'nan'|float }}|{{ '1_0.5'|float }}|{{ '-inf'|float }}|"
+          "{{ 'x'|int(7) }}|{{ '42.23'|int }}|{{ '1e3'|int }}|{{ '0x10'|int }}|{{ 'inf'|int }}",
+          "1000|0|0|0|1000|10|nan|10.5|-inf|7|42|1000|0|0", NULL },
+        { "{{ ['\ue000', '\U000f0000', '\u0378', '\u00ad', '\u2028', 'a\u3000b', '\U0001F600'] }}",
+          "['\\ue000', '\\U000f0000', '\\u0378', '\\xad', '\\u2028', 'a\\u3000b', "
+          "'\xf0\x9f\x98\x80']", NULL },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
 TEST(pinned_clock)
 {
@@ -655,6 +676,7 @@ int main(void)
     RUN(review_value_cycles);
     RUN(review_big_dicts);
     RUN(review_arena);
+    RUN(review_semantics);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
