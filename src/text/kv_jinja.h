@@ -25,11 +25,32 @@
 
 /* ---- arena ---------------------------------------------------------- */
 
+/* A render that prints more than this is a broken template, not a prompt. */
+#define JJ_MAX_OUTPUT ((size_t)256 << 20)
+/*
+ * The most a render's arena holds (input values included). Nothing is freed before the
+ * render ends, so without a bound a template concatenating in a loop held O(N^2) bytes
+ * for a request of N (960 KB -> 2.7 GB). Twice the output cap: room for the input and an
+ * output's worth of strings under construction; past it the render fails (and the
+ * request routes by load).
+ */
+#define JJ_ARENA_MAX (2 * JJ_MAX_OUTPUT)
+/* Strings that grow by concatenation tracked at once (see jv_str_append). */
+#define JJ_GROW_SLOTS 4
+
 typedef struct jj_chunk jj_chunk;
 typedef struct {
-    jj_chunk *head;
+    jj_chunk *head;  /* small allocations bump here */
+    jj_chunk *big;   /* chunks of growing strings (never bumped into) */
+    jj_chunk *grow[JJ_GROW_SLOTS]; /* the last strings that may grow in place */
+    unsigned grow_next;
+    size_t total;    /* bytes malloc'ed, at most JJ_ARENA_MAX */
+    int failed;      /* JJ_ARENA_OVER or JJ_ARENA_OOM: every later allocation fails too */
 } jj_arena;
 
+enum { JJ_ARENA_OVER = 1, JJ_ARENA_OOM = 2 };
+
+/* NULL once the arena would pass JJ_ARENA_MAX, or out of memory (then a->failed). */
 void *jj_alloc(jj_arena *a, size_t n);
 void jj_arena_free(jj_arena *a);
 
@@ -81,9 +102,19 @@ struct jj_list {
     int tuple;
 };
 
+/*
+ * Keys in insertion order, as Python's dict. Past DICT_INDEX_MIN keys, lookups go
+ * through a hash index (in the arena the dict was made in) so that building or
+ * comparing an N-key dict is O(N), not O(N^2): requests choose N. Callers may
+ * append to keys/vals directly (n++); the index catches up on the next lookup.
+ */
 struct jj_dict {
     size_t n, cap;
     jj_value *keys, *vals;
+    jj_arena *a;   /* the arena of the index; NULL: lookups scan */
+    uint32_t *idx; /* open addressing: 1 + the position of a key, 0 empty */
+    size_t idx_cap; /* a power of two, over twice nidx */
+    size_t nidx;    /* keys[0..nidx) are indexed */
 };
 
 struct jj_loop {
@@ -102,11 +133,19 @@ jj_value jv_bool(int b);
 jj_value jv_int(int64_t i);
 jj_value jv_float(double f);
 jj_value jv_strn(const char *s, size_t n);
+/* x + y[0..yn) in the arena: in place when x is the whole of a string that grew this way
+ * before, so that s = s + t in a loop costs O(len) overall, not O(len^2). An undefined
+ * value when the arena fails. (x's bytes stay, but not its terminating NUL.) */
+jj_value jv_str_append(jj_arena *a, jj_value x, const char *y, size_t yn);
 jj_value jv_cstr(const char *s);
 jj_value jv_new_list(jj_arena *a, size_t cap);
 jj_value jv_new_dict(jj_arena *a, size_t cap);
 void jv_list_push(jj_arena *a, jj_value list, jj_value item);
 void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val);
+/* jv_dict_set, -1 when out of memory. */
+int jv_dict_put(jj_arena *a, jj_value dict, jj_value key, jj_value val);
+/* Empties a dict, keeping its storage (a loop's frame, each iteration). */
+void jv_dict_clear(jj_dict *d);
 const jj_value *jv_dict_get(jj_value dict, const char *key, size_t n);
 const jj_value *jv_dict_find(jj_value dict, jj_value key);
 
@@ -189,6 +228,7 @@ typedef struct jnode {
     int nkids2;
     const char **names; /* kwarg names, loop/set targets, macro params */
     int nnames;
+    int height; /* levels of nodes from here down (the evaluator's recursion); parse time */
 } jnode;
 
 /* Binary operators (op field). */
@@ -360,6 +400,8 @@ typedef enum {
     JJ_CASE_JINJA_TITLE /* jinja's title filter: after spaces and brackets */
 } jj_case;
 jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode);
+/* Whether s has a cased character (one that jj_map_case maps). */
+int jj_has_cased(jj_value s);
 typedef enum {
     JJ_STRIP_LEFT = 1,
     JJ_STRIP_RIGHT = 2,
@@ -376,6 +418,8 @@ jj_value jj_items(jj_ctx *c, jj_value dict); /* list of (key, value) tuples */
 /* Shared by eval and builtins. */
 jj_arena *jj_ctx_arena(jj_ctx *c);
 int jj_fail(jj_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* jj_fail for a failed allocation: the arena's cap, or out of memory. */
+int jj_oom(jj_ctx *c);
 long long jj_ctx_now(jj_ctx *c);
 int jj_failed(jj_ctx *c);
 jj_value jj_getattr(jj_ctx *c, jj_value obj, const char *name, size_t n);

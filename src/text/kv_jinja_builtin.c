@@ -111,9 +111,15 @@ static int str_method(jj_ctx *c, jj_value s, const char *m, const jj_value *args
             return a0 ? -1 : jj_fail(c, "%s() takes 1 argument", m);
         int64_t cnt = 0, pos = -1;
         const char *p = s.u.str.s;
-        for (size_t i = 0; i + a0->u.str.n <= s.u.str.n;) {
+        if (id == JJ_METHOD_RFIND) /* the last match, overlapping others: 'aaa'.rfind('aa') is 1 */
+            for (size_t i = s.u.str.n - a0->u.str.n + 1; a0->u.str.n <= s.u.str.n && i-- > 0;)
+                if (!memcmp(p + i, a0->u.str.s, a0->u.str.n)) {
+                    pos = (int64_t)i;
+                    break;
+                }
+        for (size_t i = 0; id != JJ_METHOD_RFIND && i + a0->u.str.n <= s.u.str.n;) {
             if (!memcmp(p + i, a0->u.str.s, a0->u.str.n)) {
-                if (pos < 0 || id == JJ_METHOD_RFIND)
+                if (pos < 0)
                     pos = (int64_t)i;
                 cnt++;
                 i += a0->u.str.n ? a0->u.str.n : 1;
@@ -145,9 +151,9 @@ static int str_method(jj_ctx *c, jj_value s, const char *m, const jj_value *args
                 jj_buf_put(&b, s.u.str.s, s.u.str.n);
             jj_buf_put(&b, items[i].u.str.s, items[i].u.str.n);
         }
-        *out = jj_strdup(c, b.p ? b.p : "", b.n);
+        *out = b.oom ? jv_undef(NULL) : jj_strdup(c, b.p ? b.p : "", b.n);
         free(b.p);
-        return 0;
+        return out->kind == JV_STR ? 0 : jj_oom(c);
     }
     if (id == JJ_METHOD_ISDIGIT || id == JJ_METHOD_ISSPACE || id == JJ_METHOD_ISALPHA
         || id == JJ_METHOD_ISALNUM) {
@@ -192,10 +198,12 @@ int jj_call_method(jj_ctx *c, jj_method *mt, const jj_value *args, int nargs, co
         }
         if (id == JJ_METHOD_ITEMS) {
             *out = jj_items(c, self);
-            return 0;
+            return out->kind == JV_LIST ? 0 : jj_oom(c);
         }
         if (id == JJ_METHOD_KEYS || id == JJ_METHOD_VALUES) {
             jj_value l = jv_new_list(jj_ctx_arena(c), self.u.dict->n);
+            if (l.kind != JV_LIST)
+                return jj_oom(c);
             for (size_t i = 0; i < self.u.dict->n; i++)
                 jv_list_push(jj_ctx_arena(c), l,
                              id == JJ_METHOD_KEYS ? self.u.dict->keys[i] : self.u.dict->vals[i]);
@@ -305,7 +313,8 @@ int jj_call_test(jj_ctx *c, const char *t, jj_value v, const jj_value *args, int
         if (id == JJ_TEST_DIVISIBLEBY) {
             if ((x.kind != JV_INT && x.kind != JV_BOOL) || x.u.i == 0)
                 return jj_fail(c, "divisibleby needs a non-zero integer");
-            *out = v.u.i % x.u.i == 0;
+            /* INT64_MIN % -1 overflows in C (SIGFPE on x86); anything % -1 is 0 */
+            *out = x.u.i == -1 || v.u.i % x.u.i == 0;
         } else {
             *out = (v.u.i % 2 != 0) == (id == JJ_TEST_ODD);
         }
@@ -316,7 +325,8 @@ int jj_call_test(jj_ctx *c, const char *t, jj_value v, const jj_value *args, int
         if (jj_str(c, v, &s))
             return -1;
         jj_value m = jj_map_case(c, s, id == JJ_TEST_LOWER ? JJ_CASE_LOWER : JJ_CASE_UPPER);
-        *out = jv_equal(m, s);
+        /* str.islower()/isupper(): and at least one cased character ('123' is neither) */
+        *out = jv_equal(m, s) && jj_has_cased(s);
         return 0;
     }
     case JJ_TEST_LT:
@@ -361,6 +371,8 @@ static int func_range(jj_ctx *c, const jj_value *args, int nargs, jj_value *out)
         return jj_fail(c,
                        "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
     jj_value l = jv_new_list(jj_ctx_arena(c), (size_t)count);
+    if (l.kind != JV_LIST)
+        return jj_oom(c);
     for (int64_t i = 0; i < (int64_t)count; i++)
         jv_list_push(jj_ctx_arena(c), l, jv_int((int64_t)(v[0] + (__int128)i * v[2])));
     *out = l;
@@ -377,6 +389,8 @@ int jj_call_func(jj_ctx *c, int id, const jj_value *args, int nargs, const char 
     case JJ_FUNC_NAMESPACE:
     case JJ_FUNC_DICT: {
         jj_value d = jv_new_dict(a, (size_t)nkw + 4);
+        if (d.kind != JV_DICT)
+            return jj_oom(c);
         if (nargs > 1)
             return jj_fail(c, "%s expected at most 1 positional argument",
                            id == JJ_FUNC_DICT ? "dict" : "namespace");
@@ -404,6 +418,8 @@ int jj_call_func(jj_ctx *c, int id, const jj_value *args, int nargs, const char 
         if (nargs != 1 || args[0].kind != JV_STR)
             return jj_fail(c, "strftime_now expects a format string");
         jj_value fmt = jj_strdup(c, args[0].u.str.s, args[0].u.str.n);
+        if (fmt.kind != JV_STR)
+            return jj_oom(c);
         time_t t = (time_t)jj_ctx_now(c);
         struct tm tm;
         char buf[256];

@@ -18,17 +18,22 @@
 
 #include "kv_jinja.h"
 
-/* A render that loops this often or prints this much is a broken template, not a prompt. */
+/* A render that loops this often is a broken template, not a prompt. */
 #define MAX_STEPS (10u * 1000 * 1000)
-#define MAX_OUTPUT ((size_t)256 << 20)
+#define MAX_OUTPUT JJ_MAX_OUTPUT
+/* Levels of evaluator recursion (expressions and statements, through macro calls): the
+ * parser bounds one template's height, but nested macro calls stack it. At a few hundred
+ * bytes of C stack a level (a few KB under ASan) this stays within a thread's stack. */
+#define MAX_NEST 1024
 
 typedef struct frame frame;
 struct frame {
     frame *parent;
-    size_t n, cap;
-    const char **names;
-    jj_value *vals;
+    jj_dict vars; /* a dict, hashed once large: the globals hold every chat_template_kwargs key */
 };
+
+/* A new frame under parent, its dict in the render's arena. */
+#define FRAME(c, up) {.parent = (up), .vars = {.a = (c)->a}}
 
 struct jj_ctx {
     jj_arena *a;
@@ -38,6 +43,7 @@ struct jj_ctx {
     int failed;
     int brk, cont;  /* pending {% break %} / {% continue %} */
     int depth;      /* macro call depth */
+    int nest;       /* eval_expr/exec_node recursion depth */
     uint64_t steps; /* loop iterations and macro calls so far: bounds a render */
     frame *root;    /* the template's top-level frame */
     long long now;
@@ -68,6 +74,14 @@ int jj_fail(jj_ctx *c, const char *fmt, ...)
     return -1;
 }
 
+int jj_oom(jj_ctx *c)
+{
+    if (c->a->failed == JJ_ARENA_OVER)
+        return jj_fail(c, "template needs too much memory (more than %zu MiB)",
+                       (size_t)JJ_ARENA_MAX >> 20);
+    return jj_oom(c);
+}
+
 static int undefined_error(jj_ctx *c, jj_value u)
 {
     if (u.u.str.s)
@@ -77,43 +91,60 @@ static int undefined_error(jj_ctx *c, jj_value u)
 
 /* ---- frames ---- */
 
+static jj_value frame_dict(frame *f)
+{
+    jj_value d = {.kind = JV_DICT};
+    d.u.dict = &f->vars;
+    return d;
+}
+
 static const jj_value *lookup(frame *f, const char *name)
 {
-    for (; f; f = f->parent)
-        for (size_t i = f->n; i-- > 0;)
-            if (!strcmp(f->names[i], name))
-                return &f->vals[i];
+    size_t n = strlen(name);
+    for (; f; f = f->parent) {
+        const jj_value *v = jv_dict_get(frame_dict(f), name, n);
+        if (v)
+            return v;
+    }
     return NULL;
 }
 
 static int frame_set(jj_ctx *c, frame *f, const char *name, jj_value v)
 {
-    for (size_t i = 0; i < f->n; i++)
-        if (!strcmp(f->names[i], name)) {
-            f->vals[i] = v;
-            return 0;
-        }
-    if (f->n == f->cap) {
-        size_t cap = f->cap ? f->cap * 2 : 8;
-        const char **nn = jj_alloc(c->a, cap * sizeof *nn);
-        jj_value *nv = jj_alloc(c->a, cap * sizeof *nv);
-        if (!nn || !nv)
-            return jj_fail(c, "out of memory");
-        if (f->n) {
-            memcpy(nn, f->names, f->n * sizeof *nn);
-            memcpy(nv, f->vals, f->n * sizeof *nv);
-        }
-        f->names = nn;
-        f->vals = nv;
-        f->cap = cap;
-    }
-    f->names[f->n] = name;
-    f->vals[f->n++] = v;
+    if (jv_dict_put(c->a, frame_dict(f), jv_cstr(name), v))
+        return jj_oom(c);
     return 0;
 }
 
-static int eval_expr(jj_ctx *c, frame *f, const jnode *n, jj_value *out);
-static int exec_node(jj_ctx *c, frame *f, const jnode *n);
+static int eval_expr_at(jj_ctx *c, frame *f, const jnode *n, jj_value *out);
+static int exec_node_at(jj_ctx *c, frame *f, const jnode *n);
+
+static int too_deep(jj_ctx *c)
+{
+    return jj_fail(c, "template nested too deeply (more than %d levels of evaluation)", MAX_NEST);
+}
+
+/* Every recursion of the evaluator goes through these two, which bound it. */
+static int eval_expr(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
+{
+    if (c->nest >= MAX_NEST)
+        return too_deep(c);
+    c->nest++;
+    int rc = eval_expr_at(c, f, n, out);
+    c->nest--;
+    /* an allocation that failed on the way (a list push, say) fails the render here */
+    return rc || !c->a->failed ? rc : jj_oom(c);
+}
+
+static int exec_node(jj_ctx *c, frame *f, const jnode *n)
+{
+    if (c->nest >= MAX_NEST)
+        return too_deep(c);
+    c->nest++;
+    int rc = exec_node_at(c, f, n);
+    c->nest--;
+    return rc || !c->a->failed ? rc : jj_oom(c);
+}
 
 /* ---- attribute and item access ---- */
 
@@ -215,6 +246,16 @@ static size_t *cp_offsets(jj_ctx *c, const char *s, size_t n, size_t *count)
     return off;
 }
 
+/* Byte offset of code point k of s[0..n), n past the end: s[i] or s[a:b] need no table of
+ * every offset (which cost 8 bytes a byte of the string, each time, in the arena). */
+static size_t cp_at(const char *s, size_t n, uint64_t k)
+{
+    for (size_t i = 0; i < n; i++)
+        if (((unsigned char)s[i] & 0xC0) != 0x80 && k-- == 0)
+            return i;
+    return n;
+}
+
 jj_value jj_getitem(jj_ctx *c, jj_value obj, jj_value key)
 {
     if (obj.kind == JV_UNDEF) {
@@ -229,15 +270,19 @@ jj_value jj_getitem(jj_ctx *c, jj_value obj, jj_value key)
         return i >= 0 && i < len ? obj.u.list->items[i] : jv_undef(NULL);
     }
     if (obj.kind == JV_STR && int_key) {
-        size_t cnt, *off = cp_offsets(c, obj.u.str.s, obj.u.str.n, &cnt);
+        const char *p = obj.u.str.s;
+        size_t n = obj.u.str.n;
         int64_t i = key.u.i;
-        if (!off)
-            return jv_undef(NULL);
         if (i < 0)
-            i += (int64_t)cnt;
-        if (i < 0 || i >= (int64_t)cnt)
+            i += (int64_t)jj_cp_len(obj);
+        if (i < 0)
             return jv_undef(NULL);
-        return jv_strn(obj.u.str.s + off[i], off[i + 1] - off[i]);
+        size_t b = cp_at(p, n, (uint64_t)i), e = b + 1;
+        if (b >= n)
+            return jv_undef(NULL);
+        while (e < n && ((unsigned char)p[e] & 0xC0) == 0x80)
+            e++;
+        return jv_strn(p + b, e - b);
     }
     if (obj.kind == JV_DICT || obj.kind == JV_NS) {
         const jj_value *v = jv_dict_find(obj, key);
@@ -312,7 +357,7 @@ static int do_slice(jj_ctx *c, jj_value obj, jj_value vs, jj_value ve, jj_value 
             return -1;
         jj_value r = jv_new_list(c->a, l->n);
         if (r.kind != JV_LIST)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         r.u.list->tuple = l->tuple;
         int64_t cnt = slice_count(start, stop, step);
         for (int64_t k = 0; k < cnt; k++)
@@ -321,20 +366,22 @@ static int do_slice(jj_ctx *c, jj_value obj, jj_value vs, jj_value ve, jj_value 
         return 0;
     }
     if (obj.kind == JV_STR) {
-        size_t cnt, *off = cp_offsets(c, obj.u.str.s, obj.u.str.n, &cnt);
-        if (!off)
-            return jj_fail(c, "out of memory");
+        size_t cnt = jj_cp_len(obj), *off;
         if (slice_indices(c, vs, ve, vp, (int64_t)cnt, &start, &stop, &step))
             return -1;
         if (step == 1) {
-            *out = start < stop ? jv_strn(obj.u.str.s + off[start], off[stop] - off[start])
-                                : jv_strn("", 0);
+            const char *p = obj.u.str.s;
+            size_t b = start < stop ? cp_at(p, obj.u.str.n, (uint64_t)start) : 0;
+            size_t e = start < stop ? b + cp_at(p + b, obj.u.str.n - b, (uint64_t)(stop - start)) : 0;
+            *out = jv_strn(p + b, e - b);
             return 0;
         }
+        if (!(off = cp_offsets(c, obj.u.str.s, obj.u.str.n, &cnt)))
+            return jj_oom(c);
         char *s = jj_alloc(c->a, obj.u.str.n + 1);
         size_t len = 0;
         if (!s)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         int64_t picks = slice_count(start, stop, step);
         for (int64_t k = 0; k < picks; k++) {
             int64_t i = start + k * step;
@@ -368,7 +415,7 @@ int jj_iterate(jj_ctx *c, jj_value v, const jj_value **items, size_t *n)
         size_t cnt, *off = cp_offsets(c, v.u.str.s, v.u.str.n, &cnt);
         jj_value *arr = jj_alloc(c->a, (cnt + 1) * sizeof *arr);
         if (!off || !arr)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         for (size_t i = 0; i < cnt; i++)
             arr[i] = jv_strn(v.u.str.s + off[i], off[i + 1] - off[i]);
         *items = arr;
@@ -401,17 +448,6 @@ static int type_error(jj_ctx *c, const char *op, jj_value a, jj_value b)
                    jv_type_name(b));
 }
 
-static jj_value concat_str(jj_ctx *c, jj_value a, jj_value b)
-{
-    char *s = jj_alloc(c->a, a.u.str.n + b.u.str.n + 1);
-    if (!s)
-        return jv_undef(NULL);
-    memcpy(s, a.u.str.s, a.u.str.n);
-    memcpy(s + a.u.str.n, b.u.str.s, b.u.str.n);
-    s[a.u.str.n + b.u.str.n] = 0;
-    return jv_strn(s, a.u.str.n + b.u.str.n);
-}
-
 static jj_value repeat(jj_ctx *c, jj_value seq, int64_t times)
 {
     if (times < 0)
@@ -423,13 +459,17 @@ static jj_value repeat(jj_ctx *c, jj_value seq, int64_t times)
             return jv_undef(NULL);
         for (int64_t i = 0; i < times; i++)
             memcpy(s + (size_t)i * seq.u.str.n, seq.u.str.s, seq.u.str.n);
+        s[n] = 0;
         return jv_strn(s, n);
     }
+    /* (the arena refuses a list beyond its cap: [0] * 268435456 is 6 GB of values) */
     jj_value r = jv_new_list(c->a, seq.u.list->n * (size_t)times);
+    if (r.kind != JV_LIST)
+        return r;
     r.u.list->tuple = seq.u.list->tuple;
     for (int64_t i = 0; i < times; i++)
         for (size_t k = 0; k < seq.u.list->n; k++)
-            jv_list_push(c->a, r, seq.u.list->items[k]);
+            r.u.list->items[r.u.list->n++] = seq.u.list->items[k];
     return r;
 }
 
@@ -443,12 +483,14 @@ static int arith(jj_ctx *c, int op, jj_value a, jj_value b, jj_value *out)
 {
     static const char *const names[] = {"", "+", "-", "*", "/", "//", "%", "**"};
     if (op == OP_ADD && a.kind == JV_STR && b.kind == JV_STR) {
-        *out = concat_str(c, a, b);
-        return out->kind == JV_UNDEF ? jj_fail(c, "out of memory") : 0;
+        *out = jv_str_append(c->a, a, b.u.str.s, b.u.str.n);
+        return out->kind == JV_UNDEF ? jj_oom(c) : 0;
     }
     if (op == OP_ADD && a.kind == JV_LIST && b.kind == JV_LIST
         && a.u.list->tuple == b.u.list->tuple) {
         jj_value r = jv_new_list(c->a, a.u.list->n + b.u.list->n);
+        if (r.kind != JV_LIST)
+            return jj_oom(c);
         r.u.list->tuple = a.u.list->tuple;
         for (size_t i = 0; i < a.u.list->n; i++)
             jv_list_push(c->a, r, a.u.list->items[i]);
@@ -469,7 +511,7 @@ static int arith(jj_ctx *c, int op, jj_value a, jj_value b, jj_value *out)
         if (b.u.i > 0 && unit > 0 && (uint64_t)b.u.i > MAX_OUTPUT / unit)
             return jj_fail(c, "repeated sequence too large");
         *out = repeat(c, a, b.u.i);
-        return out->kind == JV_UNDEF ? jj_fail(c, "out of memory") : 0;
+        return out->kind == JV_UNDEF ? jj_oom(c) : 0;
     }
     if (!is_num(a) || !is_num(b))
         return type_error(c, names[op], a, b);
@@ -536,8 +578,17 @@ static int arith(jj_ctx *c, int op, jj_value a, jj_value b, jj_value *out)
     return jj_fail(c, "bad operator");
 }
 
+static int order(jj_ctx *c, jj_value a, jj_value b, int *cmp, int depth);
+
 int jj_order(jj_ctx *c, jj_value a, jj_value b, int *cmp)
 {
+    return order(c, a, b, cmp, 0);
+}
+
+static int order(jj_ctx *c, jj_value a, jj_value b, int *cmp, int depth)
+{
+    if (depth > 1000) /* lists nested in lists: Python's recursion limit */
+        return jj_fail(c, "maximum recursion depth exceeded in comparison");
     if (is_num(a) && is_num(b)) {
         double x = num(a), y = num(b);
         if (a.kind != JV_FLOAT && b.kind != JV_FLOAT)
@@ -556,7 +607,7 @@ int jj_order(jj_ctx *c, jj_value a, jj_value b, int *cmp)
         for (size_t i = 0; i < a.u.list->n && i < b.u.list->n; i++) {
             if (jv_equal(a.u.list->items[i], b.u.list->items[i]))
                 continue;
-            return jj_order(c, a.u.list->items[i], b.u.list->items[i], cmp);
+            return order(c, a.u.list->items[i], b.u.list->items[i], cmp, depth + 1);
         }
         *cmp = (a.u.list->n > b.u.list->n) - (a.u.list->n < b.u.list->n);
         return 0;
@@ -642,7 +693,7 @@ static int eval_args(jj_ctx *c, frame *f, const jnode *n, callargs *ca)
     ca->args = jj_alloc(c->a, (size_t)(n->nkids + 1) * sizeof(jj_value));
     ca->kwv = jj_alloc(c->a, (size_t)(n->nkids2 + 1) * sizeof(jj_value));
     if (!ca->args || !ca->kwv)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     for (int i = 0; i < n->nkids; i++)
         if (eval_expr(c, f, n->kids[i], &ca->args[i]))
             return -1;
@@ -660,7 +711,7 @@ static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jj_value *out)
         return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
     if (ca->nargs > m->nnames)
         return jj_fail(c, "macro '%s' takes not more than %d argument(s)", m->s, m->nnames);
-    frame mf = {.parent = c->root};
+    frame mf = FRAME(c, c->root);
     for (int i = 0; i < m->nnames; i++) {
         jj_value v = jv_undef(m->names[i]);
         int set = 0;
@@ -693,11 +744,11 @@ static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jj_value *out)
     c->out = saved;
     c->brk = c->cont = 0;
     if (!rc && buf.oom)
-        rc = jj_fail(c, "out of memory");
+        rc = jj_oom(c);
     if (!rc) {
         char *s = jj_alloc(c->a, buf.n + 1);
         if (!s)
-            rc = jj_fail(c, "out of memory");
+            rc = jj_oom(c);
         else {
             if (buf.n)
                 memcpy(s, buf.p, buf.n);
@@ -727,30 +778,35 @@ static int call_value(jj_ctx *c, jj_value fn, callargs *ca, jj_value *out)
 
 /* ---- expressions ---- */
 
+/* a ~ b ~ ...: str() of each appended to the first, in place when that one is a string
+ * that grew so before ({% set ns.s = ns.s ~ x %} in a loop) */
 static int eval_concat(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
 {
     jj_buf b = {0};
+    jj_value first = jv_strn("", 0);
     for (int i = 0; i < n->nkids; i++) {
         jj_value v;
         if (eval_expr(c, f, n->kids[i], &v)) {
             free(b.p);
             return -1;
         }
+        if (i == 0 && v.kind == JV_STR) {
+            first = v;
+            continue;
+        }
         if (jv_write_str(&b, v)) {
             free(b.p);
             return jj_fail(c, "cannot convert %s to a string", jv_type_name(v));
         }
+        if (b.n > MAX_OUTPUT) {
+            free(b.p);
+            return jj_fail(c, "template output too large");
+        }
     }
-    char *s = jj_alloc(c->a, b.n + 1);
-    if (!s || b.oom) {
-        free(b.p);
-        return jj_fail(c, "out of memory");
-    }
-    if (b.n)
-        memcpy(s, b.p, b.n);
-    s[b.n] = 0;
+    *out = b.oom ? jv_undef(NULL) : jv_str_append(c->a, first, b.p, b.n);
     free(b.p);
-    *out = jv_strn(s, b.n);
+    if (out->kind != JV_STR)
+        return jj_oom(c);
     return 0;
 }
 
@@ -758,18 +814,21 @@ static int eval_collection(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
 {
     if (n->type == N_DICTLIT) {
         jj_value d = jv_new_dict(c->a, (size_t)n->nkids);
+        if (d.kind != JV_DICT)
+            return jj_oom(c);
         for (int i = 0; i < n->nkids; i++) {
             jj_value k, v;
             if (eval_expr(c, f, n->kids[i], &k) || eval_expr(c, f, n->kids2[i], &v))
                 return -1;
-            jv_dict_set(c->a, d, k, v);
+            if (jv_dict_put(c->a, d, k, v))
+                return jj_oom(c);
         }
         *out = d;
         return 0;
     }
     jj_value l = jv_new_list(c->a, (size_t)n->nkids);
     if (l.kind != JV_LIST)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     l.u.list->tuple = n->type == N_TUPLELIT;
     for (int i = 0; i < n->nkids; i++) {
         jj_value v;
@@ -781,7 +840,7 @@ static int eval_collection(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
     return 0;
 }
 
-static int eval_expr(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
+static int eval_expr_at(jj_ctx *c, frame *f, const jnode *n, jj_value *out)
 {
     jj_value a, b;
     callargs ca;
@@ -922,7 +981,7 @@ static int exec_set(jj_ctx *c, frame *f, const jnode *n)
         if (rc)
             return -1;
         if (!s)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         return assign(c, f, n, jv_strn(s, buf.n));
     }
     if (eval_expr(c, f, n->b, &v))
@@ -932,8 +991,7 @@ static int exec_set(jj_ctx *c, frame *f, const jnode *n)
         if (!ns || ns->kind != JV_NS)
             return jj_fail(c, "line %d: can't assign attribute '%s' on non-namespace object",
                            n->line, n->a->s);
-        jv_dict_set(c->a, *ns, jv_cstr(n->a->s), v);
-        return 0;
+        return jv_dict_put(c->a, *ns, jv_cstr(n->a->s), v) ? jj_oom(c) : 0;
     }
     return assign(c, f, n, v);
 }
@@ -945,15 +1003,18 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     size_t cnt;
     if (eval_expr(c, f, n->a, &seq) || jj_iterate(c, seq, &items, &cnt))
         return -1;
-    frame it = {.parent = f};
+    frame it = FRAME(c, f);
     if (n->b) { /* {% for x in xs if cond %}: filter first, so loop.length counts what is kept */
         jj_value *kept = jj_alloc(c->a, (cnt + 1) * sizeof *kept);
         size_t k = 0;
         if (!kept)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         for (size_t i = 0; i < cnt; i++) {
             jj_value ok;
-            it.n = 0;
+            /* the condition is evaluated once an item: it counts as a step */
+            if (++c->steps > MAX_STEPS)
+                return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
+            jv_dict_clear(&it.vars);
             if (assign(c, &it, n, items[i]) || eval_expr(c, &it, n->b, &ok))
                 return -1;
             if (jv_truthy(ok))
@@ -964,13 +1025,13 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     }
     jj_loop *loop = jj_alloc(c->a, sizeof *loop);
     if (!loop)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     loop->length = cnt;
     loop->items = items;
     jj_value lv = {.kind = JV_LOOP};
     lv.u.loop = loop;
     for (size_t i = 0; i < cnt; i++) {
-        it.n = 0;
+        jv_dict_clear(&it.vars);
         loop->index0 = i;
         if (++c->steps > MAX_STEPS)
             return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
@@ -987,13 +1048,13 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
         }
     }
     if (cnt == 0 && n->d) {
-        frame eb = {.parent = f};
+        frame eb = FRAME(c, f);
         return exec_node(c, &eb, n->d);
     }
     return 0;
 }
 
-static int exec_node(jj_ctx *c, frame *f, const jnode *n)
+static int exec_node_at(jj_ctx *c, frame *f, const jnode *n)
 {
     jj_value v;
     switch (n->type) {
@@ -1042,7 +1103,7 @@ int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvar
               jj_buf *out, char *err, size_t errlen)
 {
     jj_ctx c = {.a = a, .out = out, .err = err, .errlen = errlen, .now = now};
-    frame globals = {0}, top = {.parent = &globals};
+    frame globals = FRAME(&c, NULL), top = FRAME(&c, &globals);
     c.root = &top;
     for (int i = 0; i < JJ_FUNC_N; i++) {
         jj_value fn = {.kind = JV_FUNC};
@@ -1056,6 +1117,6 @@ int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvar
     if (exec_node(&c, &top, jj_template_root(t)))
         return -1;
     if (out->oom)
-        return jj_fail(&c, "out of memory");
+        return jj_oom(&c);
     return 0;
 }

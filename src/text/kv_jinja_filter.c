@@ -4,6 +4,7 @@
  * filter name not listed here.
  */
 #include <ctype.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ static jj_value attr_path(jj_ctx *c, jj_value v, jj_value path)
         const char *dot = memchr(p, '.', (size_t)(end - p));
         size_t n = dot ? (size_t)(dot - p) : (size_t)(end - p);
         jj_value key = jj_strdup(c, p, n);
+        if (key.kind != JV_STR)
+            return key; /* the arena failed: the caller's check fails the render */
         int digits = n > 0;
         for (size_t i = 0; i < n; i++)
             digits &= isdigit((unsigned char)p[i]) != 0;
@@ -50,10 +53,14 @@ static int filter_select(jj_ctx *c, jj_value seq, jj_filter_id id, const jj_valu
         if (args[targ].kind != JV_STR)
             return jj_fail(c, "%s: test name must be a string", name);
         test = jj_strdup(c, args[targ].u.str.s, args[targ].u.str.n).u.str.s;
+        if (!test)
+            return jj_oom(c);
         if (jj_test_lookup(test) < 0)
             return jj_fail(c, "unsupported test '%s'", test);
     }
     jj_value l = jv_new_list(jj_ctx_arena(c), n);
+    if (l.kind != JV_LIST)
+        return jj_oom(c);
     for (size_t i = 0; i < n; i++) {
         jj_value v = by_attr ? attr_path(c, items[i], args[0]) : items[i];
         int r;
@@ -81,6 +88,8 @@ static int filter_map(jj_ctx *c, jj_value seq, const jj_value *args, int nargs, 
         return -1;
     const jj_value *attr = ARG(-1, "attribute"), *def = ARG(-1, "default");
     jj_value l = jv_new_list(jj_ctx_arena(c), n);
+    if (l.kind != JV_LIST)
+        return jj_oom(c);
     for (size_t i = 0; i < n; i++) {
         jj_value v;
         if (attr) {
@@ -91,6 +100,8 @@ static int filter_map(jj_ctx *c, jj_value seq, const jj_value *args, int nargs, 
             if (nargs < 1 || args[0].kind != JV_STR)
                 return jj_fail(c, "map needs a filter name or attribute=");
             jj_value fname = jj_strdup(c, args[0].u.str.s, args[0].u.str.n);
+            if (fname.kind != JV_STR)
+                return jj_oom(c);
             if (jj_filter_lookup(fname.u.str.s) < 0)
                 return jj_fail(c, "unsupported filter '%s'", fname.u.str.s);
             if (jj_call_filter(c, fname.u.str.s, items[i], args + 1, nargs - 1, NULL, NULL, 0, &v))
@@ -114,7 +125,7 @@ static int sort_by_keys(jj_ctx *c, jj_value *items, jj_value *keys, size_t n, in
     jj_value *ti = jj_alloc(jj_ctx_arena(c), n * sizeof *ti),
              *tk = jj_alloc(jj_ctx_arena(c), n * sizeof *tk);
     if (!ti || !tk)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     size_t i = 0, j = h, k = 0;
     while (i < h && j < n) {
         int cmp;
@@ -154,19 +165,23 @@ static int filter_sort(jj_ctx *c, jj_filter_id id, jj_value v, const jj_value *a
         if (v.kind != JV_DICT)
             return jj_fail(c, "dictsort: not a mapping");
         items = jj_items(c, v);
+        if (items.kind != JV_LIST)
+            return jj_oom(c);
     } else {
         const jj_value *it;
         size_t n;
         if (jj_iterate(c, v, &it, &n))
             return -1;
         items = jv_new_list(jj_ctx_arena(c), n);
+        if (items.kind != JV_LIST)
+            return jj_oom(c);
         for (size_t i = 0; i < n; i++)
             jv_list_push(jj_ctx_arena(c), items, it[i]);
     }
     size_t n = items.u.list->n;
     jj_value *keys = jj_alloc(jj_ctx_arena(c), (n + 1) * sizeof *keys);
     if (!keys)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     for (size_t i = 0; i < n; i++) {
         jj_value it = items.u.list->items[i];
         jj_value k = dict   ? it.u.list->items[by_value ? 1 : 0]
@@ -214,7 +229,7 @@ static int filter_indent(jj_ctx *c, jj_value s, const jj_value *args, int nargs,
         size_t k = w->u.i > 0 ? (size_t)(w->u.i > 1024 ? 1024 : w->u.i) : 0;
         char *sp = jj_alloc(jj_ctx_arena(c), k + 1);
         if (!sp)
-            return jj_fail(c, "out of memory");
+            return jj_oom(c);
         memset(sp, ' ', k);
         ind = jv_strn(sp, k);
     } else if (w) {
@@ -246,7 +261,7 @@ static int filter_indent(jj_ctx *c, jj_value s, const jj_value *args, int nargs,
     }
     *out = jj_strdup(c, b.p ? b.p : "", b.n);
     free(b.p);
-    return b.oom ? jj_fail(c, "out of memory") : 0;
+    return b.oom ? jj_oom(c) : 0;
 }
 
 static jj_value html_escape(jj_ctx *c, jj_value s)
@@ -352,6 +367,8 @@ static int filter_tojson(jj_ctx *c, jj_value v, const jj_value *args, int nargs,
             jj_strdup(c, sep->u.list->items[0].u.str.s, sep->u.list->items[0].u.str.n).u.str.s;
         key_sep =
             jj_strdup(c, sep->u.list->items[1].u.str.s, sep->u.list->items[1].u.str.n).u.str.s;
+        if (!item_sep || !key_sep)
+            return jj_oom(c);
     }
     jj_buf b = {0};
     if (jv_write_json(&b, v, indent, item_sep, key_sep, sk && jv_truthy(*sk), 0)) {
@@ -360,7 +377,7 @@ static int filter_tojson(jj_ctx *c, jj_value v, const jj_value *args, int nargs,
     }
     *out = jj_strdup(c, b.p ? b.p : "", b.n);
     free(b.p);
-    return b.oom ? jj_fail(c, "out of memory") : 0;
+    return b.oom ? jj_oom(c) : 0;
 }
 
 /* int(f) for a float; values beyond int64 are an error (Python would give a big int). */
@@ -388,12 +405,26 @@ static int filter_int(jj_ctx *c, jj_value v, const jj_value *def, int is_float, 
         return float_to_int(c, v.u.f, out);
     case JV_STR: {
         char buf[64];
+        size_t k = 0;
         if (v.u.str.n >= sizeof buf) {
             *out = d;
             return 0;
         }
-        memcpy(buf, v.u.str.s, v.u.str.n);
-        buf[v.u.str.n] = 0;
+        /* Python's int()/float() take one _ between digits ('1_000'); anywhere else it is
+         * no number */
+        for (size_t i = 0; i < v.u.str.n; i++) {
+            char ch = v.u.str.s[i];
+            if (ch == '_') {
+                if (!i || i + 1 == v.u.str.n || !isdigit((unsigned char)v.u.str.s[i - 1])
+                    || !isdigit((unsigned char)v.u.str.s[i + 1])) {
+                    *out = d;
+                    return 0;
+                }
+                continue;
+            }
+            buf[k++] = ch;
+        }
+        buf[k] = 0;
         char *end;
         if (!is_float) {
             long long i = strtoll(buf, &end, 10);
@@ -417,6 +448,10 @@ static int filter_int(jj_ctx *c, jj_value v, const jj_value *def, int is_float, 
         }
         if (is_float) {
             *out = jv_float(f);
+            return 0;
+        }
+        if (isnan(f) || isinf(f)) { /* int(float('nan')) raises: jinja2 gives the default */
+            *out = d;
             return 0;
         }
         return float_to_int(c, f, out);
@@ -469,7 +504,7 @@ int jj_call_filter(jj_ctx *c, const char *name, jj_value v, const jj_value *args
         if (v.kind != JV_DICT)
             return jj_fail(c, "Can only get item pairs from a mapping.");
         *out = jj_items(c, v);
-        return 0;
+        return out->kind == JV_LIST ? 0 : jj_oom(c);
     case JJ_FILTER_INT:
     case JJ_FILTER_FLOAT:
         return filter_int(c, v, ARG(0, "default"), id == JJ_FILTER_FLOAT, out);
@@ -509,19 +544,38 @@ int jj_call_filter(jj_ctx *c, const char *name, jj_value v, const jj_value *args
             return 0;
         }
         /* fall through */
-    case JJ_FILTER_LIST:
-    case JJ_FILTER_UNIQUE: {
+    case JJ_FILTER_LIST: {
         if (jj_iterate(c, v, &items, &n))
             return -1;
         jj_value l = jv_new_list(a, n);
+        if (l.kind != JV_LIST)
+            return jj_oom(c);
+        for (size_t i = 0; i < n; i++)
+            l.u.list->items[l.u.list->n++] = id == JJ_FILTER_REVERSE ? items[n - 1 - i] : items[i];
+        *out = l;
+        return 0;
+    }
+    case JJ_FILTER_UNIQUE: {
+        /* unique(case_sensitive=False, attribute=None): the first item of each key, the
+         * keys kept in a (hashed) dict as jinja2 keeps them in a set */
+        const jj_value *cs = ARG(0, "case_sensitive"), *attr = ARG(1, "attribute");
+        if (jj_iterate(c, v, &items, &n))
+            return -1;
+        jj_value l = jv_new_list(a, n), seen = jv_new_dict(a, 0);
+        if (l.kind != JV_LIST || seen.kind != JV_DICT)
+            return jj_oom(c);
         for (size_t i = 0; i < n; i++) {
-            jj_value item = id == JJ_FILTER_REVERSE ? items[n - 1 - i] : items[i];
-            int dup = 0;
-            if (id == JJ_FILTER_UNIQUE)
-                for (size_t k = 0; k < l.u.list->n && !dup; k++)
-                    dup = jv_equal(l.u.list->items[k], item);
-            if (!dup)
-                jv_list_push(a, l, item);
+            jj_value key = attr ? attr_path(c, items[i], *attr) : items[i];
+            if (jj_failed(c))
+                return -1;
+            if (key.kind == JV_STR && !(cs && jv_truthy(*cs))
+                && (key = jj_map_case(c, key, JJ_CASE_LOWER)).kind != JV_STR)
+                return jj_oom(c);
+            if (jv_dict_find(seen, key))
+                continue;
+            if (jv_dict_put(a, seen, key, jv_none()))
+                return jj_oom(c);
+            l.u.list->items[l.u.list->n++] = items[i];
         }
         *out = l;
         return 0;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "kv_jinja.h"
+#include "kv_unicode.h"
 
 struct jj_template {
     jt_list toks;  /* owns the normalised source and decoded strings */
@@ -32,6 +33,12 @@ typedef struct {
 } parser;
 
 #define MAX_DEPTH 200
+/* The evaluator recurses once per level of the tree, and the loops of the parser build
+ * left-deep chains (1+1+...+1, a|f|f..., a.b.c..., a long elif chain) as deep as they are
+ * long: the height of the whole tree is bounded too, so that such a template fails at load.
+ * The shipped templates need under 30. (Macro calls multiply it: the evaluator also counts
+ * its recursion.) */
+#define MAX_HEIGHT 256
 
 static jt *cur(parser *P)
 {
@@ -728,7 +735,11 @@ static jnode *parse_if(parser *P)
     n->b = body;
     if (is_name(cur(P), "elif")) {
         P->pos++;
+        /* each elif nests an if in the previous one: count it as a block */
+        if (++P->depth > MAX_DEPTH)
+            return fail(P, "too many elif branches (nested too deeply)");
         jnode *elif = parse_if(P);
+        P->depth--;
         if (!elif)
             return NULL;
         n->c = elif;
@@ -950,6 +961,74 @@ static int parse_body(parser *P, jnode *body, const char *const *ends)
     }
 }
 
+/* ---- tree height ---- */
+
+/* Child i of n (a, b, c, d, kids, kids2); NULL for an absent one, end past the last. */
+static jnode *child(const jnode *n, int i, jnode *end)
+{
+    if (i < 4)
+        return i == 0 ? n->a : i == 1 ? n->b : i == 2 ? n->c : n->d;
+    i -= 4;
+    if (i < n->nkids)
+        return n->kids[i];
+    i -= n->nkids;
+    return i < n->nkids2 ? n->kids2[i] : end;
+}
+
+/* Sets every node's height, bottom up with an explicit stack (a recursive walk would
+ * overflow on the very trees this refuses); -1 past MAX_HEIGHT. Each node is done once,
+ * though a chained comparison shares its middle operands. */
+static int check_height(parser *P, jnode *root)
+{
+    typedef struct {
+        jnode *n;
+        int next, max;
+    } item;
+    jnode end;
+    size_t cap = 64, top = 0;
+    item *st = malloc(cap * sizeof *st);
+    if (!st) {
+        fail(P, "out of memory");
+        return -1;
+    }
+    st[top++] = (item){root, 0, 0};
+    while (top) {
+        item *it = &st[top - 1];
+        jnode *k = child(it->n, it->next++, &end);
+        if (k == &end) {
+            it->n->height = it->max + 1;
+            if (it->n->height > MAX_HEIGHT) {
+                snprintf(P->err, P->errlen, "line %d: expression or blocks nested too deeply",
+                         it->n->line);
+                P->failed = 1;
+                break;
+            }
+            top--;
+            continue;
+        }
+        if (!k)
+            continue;
+        if (k->height) {
+            if (k->height > it->max)
+                it->max = k->height;
+            continue;
+        }
+        it->next--; /* come back to k once it is done */
+        if (top == cap) {
+            item *q = realloc(st, 2 * cap * sizeof *st);
+            if (!q) {
+                fail(P, "out of memory");
+                break;
+            }
+            st = q;
+            cap *= 2;
+        }
+        st[top++] = (item){k, 0, 0};
+    }
+    free(st);
+    return P->failed ? -1 : 0;
+}
+
 /* ---- content-format detection (vLLM's "openai" vs "string") ---- */
 
 static int is_content_access(const jnode *e)
@@ -999,13 +1078,30 @@ jj_template *jj_parse(const char *src, size_t len, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    /* jinja2 reads templates as str: bytes that are not UTF-8 never reach it, and the
+     * string code here (case mapping, slicing by code point) assumes they do not. */
+    if (!kv_utf8_valid((const uint8_t *)src, len)) {
+        int line = 1;
+        size_t i = 0;
+        while (i < len) {
+            uint32_t cp;
+            size_t k = kv_utf8_next((const uint8_t *)src + i, len - i, &cp);
+            if (cp == 0xFFFD && (k != 3 || memcmp(src + i, "\xEF\xBF\xBD", 3)))
+                break;
+            line += src[i] == '\n';
+            i += k;
+        }
+        snprintf(err, errlen, "line %d: template is not valid UTF-8", line);
+        jj_template_free(t);
+        return NULL;
+    }
     if (jj_lex(src, len, &t->toks, err, errlen)) {
         jj_template_free(t);
         return NULL;
     }
     parser P = {.t = t, .err = err, .errlen = errlen};
     t->root = node(&P, N_BODY);
-    if (!t->root || parse_body(&P, t->root, NULL)) {
+    if (!t->root || parse_body(&P, t->root, NULL) || check_height(&P, t->root)) {
         jj_template_free(t);
         return NULL;
     }

@@ -59,6 +59,9 @@ static unsigned dec(const char *s, size_t n, size_t *len)
     int k = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
     if ((size_t)k > n)
         k = 1;
+    for (int i = 1; i < k; i++)
+        if ((u[i] & 0xC0) != 0x80)
+            k = 1; /* not a sequence: a stray byte, as Python's decoder would see it */
     unsigned cp = k == 1 ? c : k == 2 ? c & 0x1F : k == 3 ? c & 0x0F : c & 0x07;
     for (int i = 1; i < k; i++)
         cp = (cp << 6) | (u[i] & 0x3F);
@@ -109,6 +112,18 @@ static int is_cased_letter(unsigned cp)
     return to_upper(cp) != cp || to_lower(cp) != cp;
 }
 
+int jj_has_cased(jj_value s)
+{
+    size_t i = 0, len;
+    while (i < s.u.str.n) {
+        unsigned cp = dec(s.u.str.s + i, s.u.str.n - i, &len);
+        if (!(len == 1 && cp >= 0x80) && is_cased_letter(cp))
+            return 1;
+        i += len;
+    }
+    return 0;
+}
+
 jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode)
 {
     char *o = jj_alloc(jj_ctx_arena(c), s.u.str.n + 1);
@@ -119,6 +134,13 @@ jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode)
     while (i < s.u.str.n) {
         size_t len;
         unsigned cp = dec(s.u.str.s + i, s.u.str.n - i, &len), r = cp;
+        if (len == 1 && cp >= 0x80) {
+            /* A stray byte of invalid UTF-8 is no letter: mapping it as the code point
+             * of its value would write 2 bytes for 1, past the end of o. Copy it. */
+            o[j++] = s.u.str.s[i++];
+            prev_cased = first = word_start = 0;
+            continue;
+        }
         switch (mode) {
         case JJ_CASE_UPPER:
             r = to_upper(cp);
@@ -139,9 +161,11 @@ jj_value jj_map_case(jj_ctx *c, jj_value s, jj_case mode)
                 jj_py_space(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
             break;
         }
-        /* same-length mapping in these ranges, except Cyrillic 0x400-0x45F stays 2 bytes */
-        size_t w = kv_utf8_put(o + j, r);
-        j += w;
+        /* The mappings above keep the length of a character's encoding; an unmapped
+         * character is copied as it was (an overlong form must not grow either). */
+        if (r == cp)
+            memcpy(o + j, s.u.str.s + i, len);
+        j += r == cp ? len : kv_utf8_put(o + j, r);
         i += len;
         first = 0;
     }
@@ -235,7 +259,7 @@ int jj_split(jj_ctx *c, jj_value s, const jj_value *sep, int64_t maxsplit, int r
     jj_arena *a = jj_ctx_arena(c);
     jj_value l = jv_new_list(a, 4);
     if (l.kind != JV_LIST)
-        return jj_fail(c, "out of memory");
+        return jj_oom(c);
     const char *p = s.u.str.s;
     size_t n = s.u.str.n;
     if (sep && sep->kind == JV_STR) {
@@ -258,6 +282,8 @@ int jj_split(jj_ctx *c, jj_value s, const jj_value *sep, int64_t maxsplit, int r
             }
         } else {
             jj_value parts = jv_new_list(a, 4);
+            if (parts.kind != JV_LIST)
+                return jj_oom(c);
             size_t e = n;
             int64_t k = 0;
             for (;;) {
@@ -326,8 +352,12 @@ jj_value jj_items(jj_ctx *c, jj_value d)
 {
     jj_arena *a = jj_ctx_arena(c);
     jj_value l = jv_new_list(a, d.u.dict->n);
+    if (l.kind != JV_LIST)
+        return l;
     for (size_t i = 0; i < d.u.dict->n; i++) {
         jj_value t = jv_new_list(a, 2);
+        if (t.kind != JV_LIST)
+            return t;
         t.u.list->tuple = 1;
         jv_list_push(a, t, d.u.dict->keys[i]);
         jv_list_push(a, t, d.u.dict->vals[i]);

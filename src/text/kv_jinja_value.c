@@ -5,9 +5,14 @@
  * json.dumps (transformers' tojson filter).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include <utf8proc.h>
 
 #include "kv_jinja.h"
 
@@ -19,17 +24,40 @@ struct jj_chunk {
     max_align_t data[];
 };
 
+static jj_chunk *new_chunk(jj_arena *a, size_t cap)
+{
+    if (a->failed)
+        return NULL;
+    if (cap > JJ_ARENA_MAX - a->total) {
+        a->failed = JJ_ARENA_OVER;
+        return NULL;
+    }
+    jj_chunk *c = malloc(sizeof *c + cap);
+    if (!c) {
+        a->failed = JJ_ARENA_OOM;
+        return NULL;
+    }
+    a->total += cap;
+    c->used = 0;
+    c->cap = cap;
+    c->next = NULL;
+    return c;
+}
+
 void *jj_alloc(jj_arena *a, size_t n)
 {
+    if (a->failed)
+        return NULL;
+    if (n > JJ_ARENA_MAX) {
+        a->failed = JJ_ARENA_OVER;
+        return NULL;
+    }
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     jj_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
-        size_t cap = n > 16384 ? n : 16384;
-        c = malloc(sizeof *c + cap);
+        c = new_chunk(a, n > 16384 ? n : 16384);
         if (!c)
             return NULL;
-        c->used = 0;
-        c->cap = cap;
         c->next = a->head;
         a->head = c;
     }
@@ -40,11 +68,59 @@ void *jj_alloc(jj_arena *a, size_t n)
 
 void jj_arena_free(jj_arena *a)
 {
-    for (jj_chunk *c = a->head, *next; c; c = next) {
-        next = c->next;
-        free(c);
+    jj_chunk *lists[2] = {a->head, a->big};
+    for (int i = 0; i < 2; i++)
+        for (jj_chunk *c = lists[i], *next; c; c = next) {
+            next = c->next;
+            free(c);
+        }
+    memset(a, 0, sizeof *a);
+}
+
+/* Strings shorter than this are copied when appended to: no chunk of their own. */
+#define GROW_MIN 1024
+
+jj_value jv_str_append(jj_arena *a, jj_value x, const char *y, size_t yn)
+{
+    size_t xn = x.u.str.n, n = xn + yn;
+    if (yn == 0)
+        return x;
+    if (n < xn || n >= JJ_ARENA_MAX) {
+        a->failed = JJ_ARENA_OVER;
+        return jv_undef(NULL);
     }
-    a->head = NULL;
+    /* x is the whole content of a growing string's chunk: append after it */
+    for (int i = 0; i < JJ_GROW_SLOTS; i++) {
+        jj_chunk *g = a->grow[i];
+        char *d = g ? (char *)g->data : NULL;
+        if (g && d == x.u.str.s && g->used == xn + 1 && g->cap > n) {
+            memmove(d + xn, y, yn);
+            d[n] = 0;
+            g->used = n + 1;
+            return jv_strn(d, n);
+        }
+    }
+    char *d;
+    if (n < GROW_MIN) {
+        d = jj_alloc(a, n + 1);
+        if (!d)
+            return jv_undef(NULL);
+    } else {
+        /* a chunk of its own with room to double, so that appending again is in place;
+         * the copies left behind sum to less than the final string */
+        jj_chunk *g = new_chunk(a, 2 * (n + 1) <= JJ_ARENA_MAX - a->total ? 2 * (n + 1) : n + 1);
+        if (!g)
+            return jv_undef(NULL);
+        g->next = a->big;
+        a->big = g;
+        g->used = n + 1;
+        a->grow[a->grow_next++ % JJ_GROW_SLOTS] = g;
+        d = (char *)g->data;
+    }
+    memcpy(d, x.u.str.s, xn);
+    memcpy(d + xn, y, yn);
+    d[n] = 0;
+    return jv_strn(d, n);
 }
 
 /* ---- constructors ---- */
@@ -94,13 +170,19 @@ jj_value jv_cstr(const char *s)
 jj_value jv_new_list(jj_arena *a, size_t cap)
 {
     jj_value v = {.kind = JV_LIST};
+    if (cap > JJ_ARENA_MAX / sizeof(jj_value)) {
+        a->failed = JJ_ARENA_OVER;
+        return jv_undef(NULL);
+    }
     v.u.list = jj_alloc(a, sizeof(jj_list));
     if (!v.u.list)
         return jv_undef(NULL);
     memset(v.u.list, 0, sizeof(jj_list));
     if (cap) {
         v.u.list->items = jj_alloc(a, cap * sizeof(jj_value));
-        v.u.list->cap = v.u.list->items ? cap : 0;
+        if (!v.u.list->items)
+            return jv_undef(NULL); /* not a list short of its capacity: callers fill it */
+        v.u.list->cap = cap;
     }
     return v;
 }
@@ -108,14 +190,21 @@ jj_value jv_new_list(jj_arena *a, size_t cap)
 jj_value jv_new_dict(jj_arena *a, size_t cap)
 {
     jj_value v = {.kind = JV_DICT};
+    if (cap > JJ_ARENA_MAX / sizeof(jj_value)) {
+        a->failed = JJ_ARENA_OVER;
+        return jv_undef(NULL);
+    }
     v.u.dict = jj_alloc(a, sizeof(jj_dict));
     if (!v.u.dict)
         return jv_undef(NULL);
     memset(v.u.dict, 0, sizeof(jj_dict));
+    v.u.dict->a = a;
     if (cap) {
         v.u.dict->keys = jj_alloc(a, cap * sizeof(jj_value));
         v.u.dict->vals = jj_alloc(a, cap * sizeof(jj_value));
-        v.u.dict->cap = v.u.dict->keys && v.u.dict->vals ? cap : 0;
+        if (!v.u.dict->keys || !v.u.dict->vals)
+            return jv_undef(NULL);
+        v.u.dict->cap = cap;
     }
     return v;
 }
@@ -123,6 +212,10 @@ jj_value jv_new_dict(jj_arena *a, size_t cap)
 static int grow(jj_arena *a, jj_value **arr, size_t n, size_t *cap)
 {
     size_t nc = *cap ? *cap * 2 : 4;
+    if (nc > JJ_ARENA_MAX / sizeof(jj_value)) {
+        a->failed = JJ_ARENA_OVER;
+        return -1;
+    }
     jj_value *p = jj_alloc(a, nc * sizeof(jj_value));
     if (!p)
         return -1;
@@ -141,42 +234,172 @@ void jv_list_push(jj_arena *a, jj_value list, jj_value item)
     l->items[l->n++] = item;
 }
 
-void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val)
+/* ---- dict index ---- */
+
+/* Fewer keys than this are scanned: no index to build for the small dicts of a template. */
+#define DICT_INDEX_MIN 16
+
+/* SipHash-1-3 with a per-process random key: keys come from requests, and a hash an
+ * attacker can collide would make the index a list again. */
+static uint64_t sip_k0, sip_k1;
+static pthread_once_t sip_once = PTHREAD_ONCE_INIT;
+
+static void sip_init(void)
+{
+    uint64_t k[2];
+    if (getrandom(k, sizeof k, GRND_NONBLOCK) != (ssize_t)sizeof k) {
+        k[0] = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)&k;
+        k[1] = (uint64_t)(uintptr_t)&sip_k0 * 0xC2B2AE3D27D4EB4FULL ^ (uint64_t)clock();
+    }
+    sip_k0 = k[0];
+    sip_k1 = k[1];
+}
+
+#define ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIPROUND                                                                                   \
+    do {                                                                                           \
+        v0 += v1;                                                                                  \
+        v1 = ROTL(v1, 13) ^ v0;                                                                    \
+        v0 = ROTL(v0, 32);                                                                         \
+        v2 += v3;                                                                                  \
+        v3 = ROTL(v3, 16) ^ v2;                                                                    \
+        v0 += v3;                                                                                  \
+        v3 = ROTL(v3, 21) ^ v0;                                                                    \
+        v2 += v1;                                                                                  \
+        v1 = ROTL(v1, 17) ^ v2;                                                                    \
+        v2 = ROTL(v2, 32);                                                                         \
+    } while (0)
+
+static uint64_t siphash13(const void *src, size_t len)
+{
+    pthread_once(&sip_once, sip_init);
+    const unsigned char *in = src;
+    uint64_t v0 = sip_k0 ^ 0x736f6d6570736575ULL, v1 = sip_k1 ^ 0x646f72616e646f6dULL,
+             v2 = sip_k0 ^ 0x6c7967656e657261ULL, v3 = sip_k1 ^ 0x7465646279746573ULL;
+    uint64_t m, last = (uint64_t)len << 56;
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&m, in + i, 8);
+        v3 ^= m;
+        SIPROUND;
+        v0 ^= m;
+    }
+    for (size_t j = 0; i + j < len; j++)
+        last |= (uint64_t)in[i + j] << (8 * j);
+    v3 ^= last;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* Equal keys (jv_equal) hash equal: numbers by their value as a double, as 1 == 1.0 ==
+ * True; containers and None by kind alone (rare as keys: they share one probe chain). */
+static uint64_t hash_key(jj_value k)
+{
+    if (k.kind == JV_STR)
+        return siphash13(k.u.str.s, k.u.str.n);
+    if (k.kind == JV_INT || k.kind == JV_BOOL || k.kind == JV_FLOAT) {
+        double f = k.kind == JV_FLOAT ? k.u.f : (double)k.u.i;
+        if (f == 0)
+            f = 0; /* -0.0 == 0.0 */
+        return siphash13(&f, sizeof f) ^ 1;
+    }
+    return (uint64_t)k.kind * 0x9E3779B97F4A7C15ULL;
+}
+
+/* Indexes keys[nidx..n), keeping the first of equal keys (as a scan finds it); -1 if out
+ * of memory (the dict is then scanned). */
+static int index_catch_up(jj_dict *d)
+{
+    if (d->n < DICT_INDEX_MIN || !d->a || d->n > UINT32_MAX - 1)
+        return d->nidx == d->n ? 0 : -1;
+    if (d->n * 2 > d->idx_cap) {
+        size_t cap = d->idx_cap ? d->idx_cap : 64;
+        while (cap < d->n * 2)
+            cap *= 2;
+        uint32_t *idx = jj_alloc(d->a, cap * sizeof *idx);
+        if (!idx) {
+            d->idx = NULL;
+            d->idx_cap = d->nidx = 0;
+            return -1;
+        }
+        memset(idx, 0, cap * sizeof *idx);
+        d->idx = idx;
+        d->idx_cap = cap;
+        d->nidx = 0;
+    }
+    for (; d->nidx < d->n; d->nidx++) {
+        size_t mask = d->idx_cap - 1, i = hash_key(d->keys[d->nidx]) & mask;
+        while (d->idx[i] && !jv_equal(d->keys[d->idx[i] - 1], d->keys[d->nidx]))
+            i = (i + 1) & mask;
+        if (!d->idx[i])
+            d->idx[i] = (uint32_t)d->nidx + 1;
+    }
+    return 0;
+}
+
+/* The position of key in d, or -1. */
+static ptrdiff_t dict_pos(jj_dict *d, jj_value key)
+{
+    if (index_catch_up(d) == 0 && d->idx) {
+        size_t mask = d->idx_cap - 1, i = hash_key(key) & mask;
+        for (; d->idx[i]; i = (i + 1) & mask)
+            if (jv_equal(d->keys[d->idx[i] - 1], key))
+                return (ptrdiff_t)d->idx[i] - 1;
+        return -1;
+    }
+    for (size_t i = 0; i < d->n; i++)
+        if (jv_equal(d->keys[i], key))
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+int jv_dict_put(jj_arena *a, jj_value dict, jj_value key, jj_value val)
 {
     jj_dict *d = dict.u.dict;
-    for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->keys[i], key)) {
-            d->vals[i] = val;
-            return;
-        }
+    ptrdiff_t i = dict_pos(d, key);
+    if (i >= 0) {
+        d->vals[i] = val;
+        return 0;
+    }
     if (d->n == d->cap) {
         size_t cap = d->cap;
         if (grow(a, &d->keys, d->n, &cap))
-            return;
+            return -1;
         if (grow(a, &d->vals, d->n, &d->cap))
-            return;
+            return -1;
     }
     d->keys[d->n] = key;
     d->vals[d->n++] = val;
+    return 0;
+}
+
+void jv_dict_set(jj_arena *a, jj_value dict, jj_value key, jj_value val)
+{
+    jv_dict_put(a, dict, key, val);
+}
+
+void jv_dict_clear(jj_dict *d)
+{
+    d->n = d->nidx = 0;
+    if (d->idx)
+        memset(d->idx, 0, d->idx_cap * sizeof *d->idx);
 }
 
 const jj_value *jv_dict_get(jj_value dict, const char *key, size_t n)
 {
-    jj_dict *d = dict.u.dict;
-    for (size_t i = 0; i < d->n; i++)
-        if (d->keys[i].kind == JV_STR && d->keys[i].u.str.n == n
-            && !memcmp(d->keys[i].u.str.s, key, n))
-            return &d->vals[i];
-    return NULL;
+    ptrdiff_t i = dict_pos(dict.u.dict, jv_strn(key, n));
+    return i < 0 ? NULL : &dict.u.dict->vals[i];
 }
 
 const jj_value *jv_dict_find(jj_value dict, jj_value key)
 {
-    jj_dict *d = dict.u.dict;
-    for (size_t i = 0; i < d->n; i++)
-        if (jv_equal(d->keys[i], key))
-            return &d->vals[i];
-    return NULL;
+    ptrdiff_t i = dict_pos(dict.u.dict, key);
+    return i < 0 ? NULL : &dict.u.dict->vals[i];
 }
 
 /* JSON -> values; strings are borrowed from the (const, caller-owned) JSON. */
@@ -253,14 +476,27 @@ static double num(jj_value v)
     return v.kind == JV_FLOAT ? v.u.f : (double)v.u.i;
 }
 
+/* Values nest at most this deep when compared or printed: Python's recursion limit, so it
+ * fails about where Python raises RecursionError, and the C stack stays small. A template
+ * can nest a list in a list in a loop, 100000 deep. */
+#define MAX_VALUE_DEPTH 1000
+
+static int equal(jj_value a, jj_value b, int depth);
+
 int jv_equal(jj_value a, jj_value b)
+{
+    return equal(a, b, 0);
+}
+
+/* Past MAX_VALUE_DEPTH values compare unequal (there is no error to give from here). */
+static int equal(jj_value a, jj_value b, int depth)
 {
     if (is_num(a) && is_num(b)) {
         if (a.kind != JV_FLOAT && b.kind != JV_FLOAT)
             return a.u.i == b.u.i;
         return num(a) == num(b);
     }
-    if (a.kind != b.kind)
+    if (a.kind != b.kind || depth > MAX_VALUE_DEPTH)
         return 0;
     switch (a.kind) {
     case JV_UNDEF:
@@ -269,18 +505,22 @@ int jv_equal(jj_value a, jj_value b)
     case JV_STR:
         return a.u.str.n == b.u.str.n && !memcmp(a.u.str.s, b.u.str.s, a.u.str.n);
     case JV_LIST:
+        if (a.u.list == b.u.list) /* Python compares items by identity first */
+            return 1;
         if (a.u.list->n != b.u.list->n || a.u.list->tuple != b.u.list->tuple)
             return 0;
         for (size_t i = 0; i < a.u.list->n; i++)
-            if (!jv_equal(a.u.list->items[i], b.u.list->items[i]))
+            if (!equal(a.u.list->items[i], b.u.list->items[i], depth + 1))
                 return 0;
         return 1;
     case JV_DICT:
+        if (a.u.dict == b.u.dict)
+            return 1;
         if (a.u.dict->n != b.u.dict->n)
             return 0;
         for (size_t i = 0; i < a.u.dict->n; i++) {
             const jj_value *o = jv_dict_find(b, a.u.dict->keys[i]);
-            if (!o || !jv_equal(a.u.dict->vals[i], *o))
+            if (!o || !equal(a.u.dict->vals[i], *o, depth + 1))
                 return 0;
         }
         return 1;
@@ -437,27 +677,28 @@ static unsigned utf8_decode(const unsigned char *s, size_t n, size_t *len)
     return cp;
 }
 
-/* Python's str.isprintable() is false for these (Cc, Cf, Zs other than space, Zl, Zp, Cs);
- * a table of the common ones, see docs in conf/templates/SOURCES.md. */
+/* Python's repr() escapes what str.isprintable() refuses: the categories Cc, Cf, Cs, Co,
+ * Cn (unassigned), Zl, Zp and Zs other than the space (utf8proc's tables; its Unicode
+ * version may differ from Python's by a few new characters). */
 static int nonprintable(unsigned cp)
 {
-    if (cp < 0x20 || (cp >= 0x7F && cp <= 0xA0) || cp == 0xAD)
+    if (cp < 0x7F)
+        return cp < 0x20;
+    if (cp >= 0xD800 && cp <= 0xDFFF)
+        return 1; /* a surrogate (an escape in the template can make one) */
+    switch (utf8proc_category((utf8proc_int32_t)cp)) {
+    case UTF8PROC_CATEGORY_CC:
+    case UTF8PROC_CATEGORY_CF:
+    case UTF8PROC_CATEGORY_CS:
+    case UTF8PROC_CATEGORY_CO:
+    case UTF8PROC_CATEGORY_CN:
+    case UTF8PROC_CATEGORY_ZL:
+    case UTF8PROC_CATEGORY_ZP:
+    case UTF8PROC_CATEGORY_ZS:
         return 1;
-    if (cp == 0x061C || cp == 0x180E || cp == 0x1680)
-        return 1;
-    if (cp >= 0x2000 && cp <= 0x200F)
-        return 1;
-    if (cp >= 0x2028 && cp <= 0x202F)
-        return 1;
-    if (cp >= 0x205F && cp <= 0x206F)
-        return 1;
-    if (cp == 0x3000 || cp == 0xFEFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 1;
-    if (cp >= 0xFFF9 && cp <= 0xFFFB)
-        return 1;
-    if (cp >= 0xE0000 && cp <= 0xE007F)
-        return 1;
-    return 0;
+    default:
+        return 0;
+    }
 }
 
 static void write_repr_str(jj_buf *b, const char *s, size_t n)
@@ -495,19 +736,45 @@ static void write_repr_str(jj_buf *b, const char *s, size_t n)
     jj_buf_putc(b, q);
 }
 
-int jv_write_repr(jj_buf *b, jj_value v)
+/* The containers being printed, innermost first: as Python's Py_ReprEnter, a container
+ * met again inside itself (a namespace holding itself) prints as [...] or {...}. */
+typedef struct printing {
+    const void *p;
+    const struct printing *up;
+    int depth;
+} printing;
+
+static int write_str(jj_buf *b, jj_value v, const printing *up);
+
+/* Whether p is being printed; else pushes it as *me (0), or -1 when nested too deeply. */
+static int enter(printing *me, const void *p, const printing *up)
 {
+    for (const printing *q = up; q; q = q->up)
+        if (q->p == p)
+            return 1;
+    *me = (printing){p, up, up ? up->depth + 1 : 1};
+    return me->depth > MAX_VALUE_DEPTH ? -1 : 0;
+}
+
+static int write_repr(jj_buf *b, jj_value v, const printing *up)
+{
+    printing me;
+    int e;
     switch (v.kind) {
     case JV_STR:
         write_repr_str(b, v.u.str.s, v.u.str.n);
         return 0;
     case JV_LIST: {
         jj_list *l = v.u.list;
+        if ((e = enter(&me, l, up)) != 0) {
+            jj_buf_puts(b, l->tuple ? "(...)" : "[...]");
+            return e < 0 ? -1 : 0;
+        }
         jj_buf_putc(b, l->tuple ? '(' : '[');
         for (size_t i = 0; i < l->n; i++) {
             if (i)
                 jj_buf_puts(b, ", ");
-            if (jv_write_repr(b, l->items[i]))
+            if (write_repr(b, l->items[i], &me))
                 return -1;
         }
         if (l->tuple && l->n == 1)
@@ -517,25 +784,39 @@ int jv_write_repr(jj_buf *b, jj_value v)
     }
     case JV_DICT: {
         jj_dict *d = v.u.dict;
+        if ((e = enter(&me, d, up)) != 0) {
+            jj_buf_puts(b, "{...}");
+            return e < 0 ? -1 : 0;
+        }
         jj_buf_putc(b, '{');
         for (size_t i = 0; i < d->n; i++) {
             if (i)
                 jj_buf_puts(b, ", ");
-            if (jv_write_repr(b, d->keys[i]))
+            if (write_repr(b, d->keys[i], &me))
                 return -1;
             jj_buf_puts(b, ": ");
-            if (jv_write_repr(b, d->vals[i]))
+            if (write_repr(b, d->vals[i], &me))
                 return -1;
         }
         jj_buf_putc(b, '}');
         return 0;
     }
     default:
-        return jv_write_str(b, v);
+        return write_str(b, v, up);
     }
 }
 
+int jv_write_repr(jj_buf *b, jj_value v)
+{
+    return write_repr(b, v, NULL);
+}
+
 int jv_write_str(jj_buf *b, jj_value v)
+{
+    return write_str(b, v, NULL);
+}
+
+static int write_str(jj_buf *b, jj_value v, const printing *up)
 {
     switch (v.kind) {
     case JV_UNDEF:
@@ -557,12 +838,12 @@ int jv_write_str(jj_buf *b, jj_value v)
         return 0;
     case JV_LIST:
     case JV_DICT:
-        return jv_write_repr(b, v);
+        return write_repr(b, v, up);
     case JV_NS: {
         jj_value d = v;
         d.kind = JV_DICT;
         jj_buf_puts(b, "<Namespace ");
-        if (jv_write_repr(b, d))
+        if (write_repr(b, d, up))
             return -1;
         jj_buf_putc(b, '>');
         return 0;
@@ -676,9 +957,16 @@ static int key_cmp(const jj_value *a, const jj_value *b)
     return c ? c : (a->u.str.n > b->u.str.n) - (a->u.str.n < b->u.str.n);
 }
 
+static int key_ptr_cmp(const void *a, const void *b)
+{
+    return key_cmp(*(const jj_value *const *)a, *(const jj_value *const *)b);
+}
+
 int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int level)
 {
+    if (level > MAX_VALUE_DEPTH)
+        return -1; /* json.dumps raises RecursionError too */
     switch (v.kind) {
     case JV_NONE:
         jj_buf_puts(b, "null");
@@ -726,29 +1014,24 @@ int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const
             jj_buf_puts(b, "{}");
             return 0;
         }
-        size_t *order = malloc(d->n * sizeof *order);
+        const jj_value **order = malloc(d->n * sizeof *order);
         if (!order)
             return -1;
         for (size_t i = 0; i < d->n; i++)
-            order[i] = i;
+            order[i] = &d->keys[i];
         if (sort_keys) {
             for (size_t i = 0; i < d->n; i++)
                 if (d->keys[i].kind != JV_STR) {
                     free(order);
                     return -1;
                 }
-            for (size_t i = 1; i < d->n; i++) /* insertion sort: dicts here are small */
-                for (size_t j = i; j > 0 && key_cmp(&d->keys[order[j - 1]], &d->keys[order[j]]) > 0;
-                     j--) {
-                    size_t t = order[j];
-                    order[j] = order[j - 1];
-                    order[j - 1] = t;
-                }
+            /* keys are distinct, so an unstable sort is fine; a request chooses how many */
+            qsort(order, d->n, sizeof *order, key_ptr_cmp);
         }
         jj_buf_putc(b, '{');
         int rc = 0;
         for (size_t k = 0; k < d->n && !rc; k++) {
-            size_t i = order[k];
+            size_t i = (size_t)(order[k] - d->keys);
             if (k)
                 jj_buf_puts(b, item_sep);
             if (indent >= 0)

@@ -6,6 +6,7 @@
  * refused at load time; renders are thread-safe and fast.
  */
 #include <pthread.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "kv_chat.h"
+#include "kv_jinja.h"
 #include "kvtest.h"
 
 static long long fixture_now(void)
@@ -178,6 +180,8 @@ TEST(runtime_errors)
         { "{{ 3 ** 99 }}", "overflow" },
         { "{{ 1e300 | int }}", "overflow" },
         { "{% set r = range(100000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", "too long" },
+        /* found by review: the condition of a filtered loop escaped the step count */
+        { "{% set r = range(100000) %}{% for i in range(200) %}{% for j in r if j < 0 %}{% endfor %}{% endfor %}", "too long" },
     };
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -199,6 +203,305 @@ TEST(runtime_errors)
     json_decref(obj);
     kv_chat_free(t);
     json_decref(msgs);
+}
+
+/* Renders src over one user message: the output (malloc'ed), or NULL with err. */
+static char *render_src(const char *src, char *err, size_t errlen)
+{
+    json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"hi\"}]", 0, NULL);
+    kv_chat_template_t *t = kv_chat_load_string(src, NULL, NULL, err, errlen);
+    char *out = t ? kv_chat_render(t, msgs, NULL, 0, NULL, err, errlen) : NULL;
+    kv_chat_free(t);
+    json_decref(msgs);
+    return out;
+}
+
+/* Each src renders want, or (want_err set) fails with want_err in the message. */
+typedef struct {
+    const char *src, *want, *want_err;
+} render_case;
+
+static void check_renders(const render_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char err[256] = "";
+        char *out = render_src(cases[i].src, err, sizeof err);
+        int ok = cases[i].want_err ? !out && strstr(err, cases[i].want_err) != NULL
+                                   : out && !strcmp(out, cases[i].want);
+        if (!ok)
+            fprintf(stderr, "  %.120s\n    want: %s\n    got:  %s\n", cases[i].src,
+                    cases[i].want_err ? cases[i].want_err : cases[i].want, out ? out : err);
+        CHECK(ok);
+        free(out);
+    }
+}
+
+/* Found by review: arithmetic edge cases that are undefined behaviour in C. */
+TEST(review_arith)
+{
+    static const render_case cases[] = {
+        { "{{ (-9223372036854775807 - 1) is divisibleby(-1) }}", "True", NULL },
+        { "{{ 7 is divisibleby(-1) }}{{ 7 is divisibleby(2) }}", "TrueFalse", NULL },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Renders src with one variable s = the string s[0..n) straight into the engine, so that the
+ * string need not be valid UTF-8 (as a request's JSON always is). */
+static char *render_with_str(const char *src, const char *str, size_t n, size_t *len)
+{
+    char err[256];
+    jj_template *t = jj_parse(src, strlen(src), err, sizeof err);
+    if (!t)
+        return NULL;
+    jj_arena a = {0};
+    jj_var v = { "s", jv_strn(str, n) };
+    jj_buf out = {0};
+    int rc = jj_render(t, &a, &v, 1, 0, &out, err, sizeof err);
+    jj_arena_free(&a);
+    jj_template_free(t);
+    if (rc) {
+        free(out.p);
+        return NULL;
+    }
+    *len = out.n;
+    return out.p ? out.p : calloc(1, 1);
+}
+
+/* Found by review: case mapping wrote 2 bytes per stray byte of invalid UTF-8 into a
+ * buffer sized 1 per byte; templates that are not UTF-8 are refused at load. */
+TEST(review_invalid_utf8)
+{
+    static const char bad[] = "\xe0\xe9\xff\xc3 a\xe0\x80\xe0";
+    static const char *const srcs[] = { "{{ s|upper }}", "{{ s|lower }}", "{{ s.title() }}",
+                                        "{{ s|capitalize }}", "{{ s|title }}" };
+    for (size_t i = 0; i < sizeof srcs / sizeof srcs[0]; i++) {
+        size_t len = 0;
+        char *out = render_with_str(srcs[i], bad, sizeof bad - 1, &len);
+        CHECK(out != NULL);
+        /* the invalid bytes come back unchanged, the letter is mapped in place */
+        CHECK(out && len == sizeof bad - 1);
+        CHECK(out && !memcmp(out, "\xe0\xe9\xff\xc3 ", 5) && !memcmp(out + 6, "\xe0\x80\xe0", 3));
+        if (i == 0)
+            CHECK(out && out[5] == 'A');
+        free(out);
+    }
+    char err[256] = "";
+    kv_chat_template_t *t = kv_chat_load_string("ok\n{{ '\xe0\xe0'|upper }}", NULL, NULL, err, sizeof err);
+    CHECK(t == NULL);
+    CHECK(strstr(err, "line 2: template is not valid UTF-8") != NULL);
+    kv_chat_free(t);
+    t = kv_chat_load_string("{{ 'h\xc3\xa9\xef\xbf\xbd'|upper }}", NULL, NULL, err, sizeof err);
+    CHECK(t != NULL);
+    kv_chat_free(t);
+}
+
+/* head + rep * n + tail, malloc'ed */
+static char *repeat_src(const char *head, const char *rep, size_t n, const char *tail)
+{
+    size_t hl = strlen(head), rl = strlen(rep), tl = strlen(tail);
+    char *s = malloc(hl + rl * n + tl + 1), *p = s;
+    memcpy(p, head, hl);
+    p += hl;
+    for (size_t i = 0; i < n; i++, p += rl)
+        memcpy(p, rep, rl);
+    memcpy(p, tail, tl + 1);
+    return s;
+}
+
+/* Found by review: chains the parser builds in a loop (1+1+...+1, elif after elif, a|f|f...)
+ * are as deep as they are long, and the evaluator recursed through them off the C stack.
+ * They fail at load now; macro recursion over deep expressions fails at render. */
+TEST(review_deep_templates)
+{
+    static const struct { const char *head, *rep, *tail; } refused[] = {
+        { "{{ 1", " + 1", " }}" },
+        { "{{ x", " and x", " }}" },
+        { "{{ x", " or x", " }}" },
+        { "{{ 1", " < 2", " }}" },
+        { "{{ x", "|trim", " }}" },
+        { "{{ x", ".a", " }}" },
+        { "{{ x", "[0]", " }}" },
+        { "{{ x", "()", " }}" },
+        { "{{ 1", " if x else 2", " }}" },
+        { "{% if x %}", "{% elif x %}", "{% endif %}" },
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char *src = repeat_src(refused[i].head, refused[i].rep, 20000, refused[i].tail);
+        char err[256] = "";
+        kv_chat_template_t *t = kv_chat_load_string(src, NULL, NULL, err, sizeof err);
+        CHECK(t == NULL);
+        if (t || !strstr(err, "too deeply"))
+            fprintf(stderr, "  %s x 20000 -> \"%s\"\n", refused[i].rep, err);
+        CHECK(strstr(err, "too deeply") != NULL);
+        kv_chat_free(t);
+        free(src);
+    }
+    /* 100 levels still load and render */
+    char *ok = repeat_src("{{ 1", " + 1", 100, " }}");
+    char err[256] = "";
+    char *out = render_src(ok, err, sizeof err);
+    CHECK_STR(out, "101");
+    free(out);
+    free(ok);
+    /* each macro call stacks a deep expression: bounded at render */
+    char *rec = repeat_src("{% macro m(n) %}{% if n > 0 %}{{ m(n - 1)", "|trim", 200,
+                           " }}{% endif %}{% endmacro %}{{ m(60) }}");
+    out = render_src(rec, err, sizeof err);
+    CHECK(out == NULL);
+    CHECK(strstr(err, "nested too deeply") != NULL);
+    free(out);
+    free(rec);
+}
+
+/* Found by review: a namespace holding itself printed forever (stack overflow), and so
+ * did values nested deeper than the stack. Python prints a container met inside itself as
+ * {...} and raises RecursionError past ~1000 levels. */
+TEST(review_value_cycles)
+{
+#define NEST(n) "{% set ns = namespace(x=[]) %}{% for i in range(" #n ") %}{% set ns.x = [ns.x] %}{% endfor %}"
+    static const render_case cases[] = {
+        { "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}",
+          "<Namespace {'me': <Namespace {...}>}>", NULL },
+        { "{% set ns = namespace() %}{% set ns.me = [ns, {'a': ns}] %}{{ ns }}|{{ [ns] }}",
+          "<Namespace {'me': [<Namespace {...}>, {'a': <Namespace {...}>}]}>|"
+          "[<Namespace {'me': [<Namespace {...}>, {'a': <Namespace {...}>}]}>]", NULL },
+        { "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns == ns }}", "True", NULL },
+        { NEST(3) "{{ ns.x }}", "[[[[]]]]", NULL },
+        { NEST(900) "{{ ns.x|tojson|length }}", "1802", NULL },
+        { NEST(90000) "{{ ns.x }}", NULL, "cannot print" },
+        { NEST(90000) "{{ ns.x|tojson }}", NULL, "not JSON serializable" },
+        { NEST(90000) "{{ ns.x == ns.x }}", "True", NULL },
+        /* (Python raises RecursionError here; there is no error to give from ==) */
+        { NEST(90000) "{% set y = ns.x %}{% set ns.x = [] %}{% for i in range(90000) %}"
+                      "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x == y }}", "False", NULL },
+        { NEST(90000) "{{ ns.x < ns.x }}", "False", NULL },
+        { NEST(90000) "{% set y = ns.x %}{% set ns.x = [] %}{% for i in range(90000) %}"
+                      "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x < y }}", NULL, "recursion" },
+    };
+#undef NEST
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Found by review: dict lookups scanned every key, so comparing two N-key dicts, building
+ * one, or setting N chat_template_kwargs (each a global) was O(N^2): 80k keys took 15-30 s.
+ * Quadratic here would be tens of seconds; the bound is loose for a loaded machine. */
+TEST(review_big_dicts)
+{
+    enum { N = 60000 };
+    json_t *kw = json_object(), *d = json_object(), *e = json_object();
+    for (int i = 0; i < N; i++) {
+        char k[32];
+        snprintf(k, sizeof k, "key%d", i);
+        json_object_set_new(d, k, json_integer(i));
+        json_object_set_new(e, k, json_integer(i));
+        json_object_set_new(kw, k, json_integer(i));
+    }
+    json_object_set_new(kw, "d", d);
+    json_object_set_new(kw, "e", e);
+    char err[256];
+    kv_chat_template_t *t = kv_chat_load_string(
+        "{{ d == e }} {{ key59999 }} {{ d['key123'] }} {{ 'key7' in d }} {{ d.get('nope', 0) }}"
+        " {{ dict(d)|length }} {{ d|tojson(sort_keys=true)|length }}"
+        " {{ d.keys()|list|unique|length }}",
+        NULL, NULL, err, sizeof err);
+    CHECK(t != NULL);
+    json_t *msgs = json_array();
+    double t0 = now_s();
+    char *out = t ? kv_chat_render_ex(t, msgs, NULL, 0, kw, 0, NULL, err, sizeof err) : NULL;
+    double dt = now_s() - t0;
+    CHECK_STR(out, "True 59999 123 True 0 60000 1117780 60000");
+    fprintf(stderr, "  %d-key dicts and kwargs: %.3f s\n", N, dt);
+    CHECK(dt < 5.0);
+    free(out);
+    kv_chat_free(t);
+    json_decref(msgs);
+    json_decref(kw);
+    /* unique keeps the first of each key in a set, like jinja2: case-insensitive by default */
+    static const render_case cases[] = {
+        { "{{ ['A', 'a', 'b', 'B', 1, 1.0, true, 'b']|unique|list }}", "['A', 'b', 1]", NULL },
+        { "{{ ['A', 'a']|unique(case_sensitive=true)|list }}", "['A', 'a']", NULL },
+        { "{{ [{'n': 'X'}, {'n': 'x'}]|unique(attribute='n')|list }}", "[{'n': 'X'}]", NULL },
+        { "{{ {1: 'a', 1.0: 'b', true: 'c', 'x': 1}|tojson }}", "{\"1\": \"c\", \"x\": 1}", NULL },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+}
+
+static long max_rss_kb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* Found by review: every concatenation copied into the render's arena, which nothing
+ * bounded, so s = s + t in a loop (deepseek-v3's system prompt, smollm3's tool list) held
+ * O(N^2) bytes: 960 KB of request, 2.7 GB. Repeated appends now grow in place, and the
+ * arena has a cap past which the render fails. */
+TEST(review_arena)
+{
+    long rss0 = max_rss_kb();
+    static const render_case cases[] = {
+        /* 4000 appends of 100 bytes: 400 KB, where copying held 800 MB */
+        { "{% set ns = namespace(s='') %}{% for i in range(4000) %}"
+          "{% set ns.s = ns.s + '" "0123456789012345678901234567890123456789"
+          "01234567890123456789012345678901234567890123456789" "' + '0123456789' %}"
+          "{% endfor %}{{ ns.s|length }}", "400000", NULL },
+        { "{% set ns = namespace(s='') %}{% for i in range(4000) %}"
+          "{% set ns.s = ns.s ~ '" "0123456789012345678901234567890123456789"
+          "01234567890123456789012345678901234567890123456789" "' ~ i %}"
+          "{% endfor %}{{ ns.s|length }}", "374890", NULL },
+        /* two strings growing in turn, and a value kept from before an append */
+        { "{% set ns = namespace(a='', b='', k='') %}{% for i in range(3000) %}"
+          "{% set ns.a = ns.a + 'aaaaaaaaaa' %}{% set ns.b = ns.b ~ 'bbbbbbbbbb' %}"
+          "{% if i == 1500 %}{% set ns.k = ns.a %}{% endif %}{% endfor %}"
+          "{{ ns.a|length }} {{ ns.b|length }} {{ ns.k|length }} {{ (ns.k + 'x')[-2:] }}"
+          " {{ (ns.a ~ 'y')[-2:] }} {{ ns.k|length }}", "30000 30000 15010 ax ay 15010", NULL },
+        /* 20 MB built by appends still renders */
+        { "{% set ns = namespace(s='') %}{% set x = 'x' * 1000 %}{% for i in range(20000) %}"
+          "{% set ns.s = ns.s + x %}{% endfor %}{{ ns.s|length }}", "20000000", NULL },
+        /* indexing or slicing a 10 MB string builds no table of its offsets (80 MB each) */
+        { "{% set s = 'x' * 10000000 %}{% set ns = namespace() %}{% for i in range(100) %}"
+          "{% set ns.c = s[-1] + s[5] %}{% set ns.t = s[1:-1] %}{% endfor %}"
+          "{{ ns.c }}{{ ns.t|length }}{{ s[2:4] }}", "xx9999998xx", NULL },
+        /* big values count against the cap: 3 x 200 MB, or a list of 200M values */
+        { "{% set ns = namespace() %}{% for i in range(3) %}{% set ns.s = 'a' * 200000000 %}"
+          "{% endfor %}{{ ns.s|length }}", NULL, "too much memory" },
+        { "{{ ([0] * 200000000)|length }}", NULL, "too much memory" },
+        { "{{ ([0, 1] * 100000000)|length }}", NULL, "too much memory" },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
+    long grown = max_rss_kb() - rss0;
+    fprintf(stderr, "  peak RSS grew %ld MB\n", grown >> 10);
+    CHECK(grown < 700 * 1024); /* the cap (512 MB) and the 200 MB output buffer */
+}
+
+/* Found by review: semantics that differed from Python's jinja2 (outputs taken from it). */
+TEST(review_semantics)
+{
+    static const render_case cases[] = {
+        { "{{ 'aaa'.rfind('aa') }}{{ 'abcabc'.rfind('bc') }}{{ 'abc'.rfind('') }}"
+          "{{ 'aaa'.find('aa') }}{{ 'aaaa'.count('aa') }}{{ 'h\u00e9\u00e9'.rfind('\u00e9') }}",
+          "143022", NULL },
+        { "{{ '123' is lower }}{{ '123' is upper }}{{ 'a1' is lower }}{{ 'A1' is upper }}"
+          "{{ '' is lower }}{{ '\u00e9' is lower }}{{ 'aB' is lower }}",
+          "FalseFalseTrueTrueFalseTrueFalse", NULL },
+        { "{{ '1_000'|int }}|{{ 'nan'|int }}|{{ '1__0'|int }}|{{ '_1'|int }}|{{ '1_000.5'|int }}|"
+          "{{ ' 1_0 '|int }}|{{ 'nan'|float }}|{{ '1_0.5'|float }}|{{ '-inf'|float }}|"
+          "{{ 'x'|int(7) }}|{{ '42.23'|int }}|{{ '1e3'|int }}|{{ '0x10'|int }}|{{ 'inf'|int }}",
+          "1000|0|0|0|1000|10|nan|10.5|-inf|7|42|1000|0|0", NULL },
+        { "{{ ['\ue000', '\U000f0000', '\u0378', '\u00ad', '\u2028', 'a\u3000b', '\U0001F600'] }}",
+          "['\\ue000', '\\U000f0000', '\\u0378', '\\xad', '\\u2028', 'a\\u3000b', "
+          "'\xf0\x9f\x98\x80']", NULL },
+    };
+    check_renders(cases, sizeof cases / sizeof cases[0]);
 }
 
 /* The clock: kv_chat_render_at pins strftime_now; KV_CHAT_NOW pins kv_chat_render. */
@@ -367,6 +670,13 @@ int main(void)
     RUN(snippets);
     RUN(refusals);
     RUN(runtime_errors);
+    RUN(review_arith);
+    RUN(review_invalid_utf8);
+    RUN(review_deep_templates);
+    RUN(review_value_cycles);
+    RUN(review_big_dicts);
+    RUN(review_arena);
+    RUN(review_semantics);
     RUN(pinned_clock);
     RUN(config_forms);
     RUN(big_content);
