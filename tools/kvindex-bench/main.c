@@ -22,6 +22,11 @@
  *                       without it the match also pays for reading a random
  *                       2 KB request out of an 8 MB array (the figures
  *                       before 2026-11-24 07:00 UTC)
+ *   --churn N           before phase 3, N documents are removed whole by
+ *                       their owners, deepest block first (as an engine
+ *                       evicts a finished conversation), and stored again:
+ *                       an index that keeps state for what is gone shows it
+ *                       here (holes, lost_slots, a match that walks)
  *
  * The load: N / request-blocks documents, each a chain of request-blocks
  * sequence hashes. Events are kvworker-style stores of 16 blocks with a
@@ -54,6 +59,7 @@ static uint64_t blocks_n = 1000000, room_n = 0, workers_n = 64, req_n = 256, rea
 static double   seconds = 2.0;
 static int      hugepages;
 static int      hot_request;
+static uint64_t churn_n;
 
 static uint64_t *docs;          /* [ndocs][req_n] sequence hashes */
 static uint64_t *toks;          /* the local hashes they chain */
@@ -193,7 +199,8 @@ static int cmp_d(const void *a, const void *b)
 static void usage(void)
 {
     fprintf(stderr, "usage: kvindex-bench [--blocks N] [--capacity N] [--workers N] "
-                    "[--request-blocks N] [--readers N] [--seconds S] [--hugepages] [--hot-request]\n");
+                    "[--request-blocks N] [--readers N] [--seconds S] [--hugepages] [--hot-request]\n"
+                    "       [--churn N]\n");
     exit(2);
 }
 
@@ -205,7 +212,7 @@ int main(int argc, char **argv)
     kv_event_batch_t   batch;
     char               err[256], *json;
     size_t             size, size2, *joff, i, nev, nj, jcap;
-    uint64_t           seed = 88172645463325252ULL, d, k, applied = 0, held_max;
+    uint64_t           seed = 88172645463325252ULL, d, k, c, applied = 0, held_max;
     uint8_t           *held;
     double             t0, ingest_s, decode_s, decode_blocks = 0;
     pthread_t         *th;
@@ -230,6 +237,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--request-blocks")) req_n = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--readers")) readers_n = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--seconds")) seconds = strtod(argv[++i], NULL);
+        else if (!strcmp(argv[i], "--churn")) churn_n = strtoull(argv[++i], NULL, 10);
         else usage();
     }
     if (workers_n == 0 || workers_n > 4096 || req_n < CHUNK || blocks_n < req_n) usage();
@@ -317,6 +325,29 @@ int main(int argc, char **argv)
         ix = saved;
     }
 
+    /* churn: whole documents removed by their owners, tail first, and
+     * stored again, as conversations come and go */
+    for (c = 0; c < churn_n; c++) {
+        kv_stored_block_t b[CHUNK];
+        kv_event_t        ev;
+        uint64_t          w;
+
+        d = c % ndocs;
+        w = d % workers_n;
+        for (k = req_n; k-- > 0; ) {
+            memset(&ev, 0, sizeof(ev));
+            ev.worker_id = w;
+            ev.kind = KV_EVENT_REMOVED;
+            ev.hashes = &docs[d * req_n + k];
+            ev.n_hashes = 1;
+            kv_index_apply(ix, &ev, 2000, err, sizeof(err));
+        }
+        for (k = 0; k < req_n; k += CHUNK) {
+            make_store(&ev, b, w, d, k);
+            kv_index_apply(ix, &ev, 2000, err, sizeof(err));
+        }
+    }
+
     /* 3. readers match while the writer re-stores and removes prefixes */
     kv_index_stats(ix, &st);
     evicted_before = st.evicted;
@@ -362,13 +393,13 @@ int main(int argc, char **argv)
     kv_index_stats(ix, &st);
 
     printf("{\"blocks\":%" PRIu64 ",\"workers\":%" PRIu64 ",\"request_blocks\":%" PRIu64
-           ",\"readers\":%" PRIu64 ",\"hugepages\":%d,\"hot_request\":%d,\"ingest_blocks_per_s\":%.0f,"
+           ",\"readers\":%" PRIu64 ",\"churn\":%" PRIu64 ",\"hugepages\":%d,\"hot_request\":%d,\"ingest_blocks_per_s\":%.0f,"
            "\"decode_apply_blocks_per_s\":%.0f,\"match_p50_us\":%.3f,\"match_p99_us\":%.3f,"
            "\"match_p999_us\":%.3f,\"matches\":%zu,\"write_blocks_per_s_during_match\":%.0f,"
            "\"bytes_per_block\":%.1f,\"region_bytes\":%zu,\"capacity\":%" PRIu64
            ",\"indexed\":%" PRIu64 ",\"evictions\":%" PRIu64 ",\"evictions_during_match\":%"
            PRIu64 ",\"holes\":%" PRIu64 ",\"lost_slots\":%" PRIu64 "}\n",
-           blocks_n, workers_n, req_n, readers_n, hugepages, hot_request, (double) applied / ingest_s,
+           blocks_n, workers_n, req_n, readers_n, churn_n, hugepages, hot_request, (double) applied / ingest_s,
            decode_blocks / decode_s, nall ? all[nall / 2] : 0.0,
            nall ? all[nall * 99 / 100] : 0.0, nall ? all[nall * 999 / 1000] : 0.0, nall,
            (double) wrote / seconds, (double) size / (double) st.capacity, size,
