@@ -22,10 +22,11 @@
  *                       without it the match also pays for reading a random
  *                       2 KB request out of an 8 MB array (the figures
  *                       before 2026-11-24 07:00 UTC)
- *   --churn N           before phase 3, N documents are removed whole by
- *                       their owners, deepest block first (as an engine
- *                       evicts a finished conversation), and stored again:
- *                       an index that keeps state for what is gone shows it
+ *   --churn N           before phase 3, N times a document is removed whole
+ *                       by its owner, deepest block first (as an engine
+ *                       evicts a finished conversation), and stored by the
+ *                       next worker (where the conversation lands next): an
+ *                       index that keeps state for what is gone shows it
  *                       here (holes, lost_slots, a match that walks)
  *
  * The load: N / request-blocks documents, each a chain of request-blocks
@@ -326,14 +327,14 @@ int main(int argc, char **argv)
     }
 
     /* churn: whole documents removed by their owners, tail first, and
-     * stored again, as conversations come and go */
+     * stored by the next worker, as conversations come and go */
     for (c = 0; c < churn_n; c++) {
         kv_stored_block_t b[CHUNK];
         kv_event_t        ev;
         uint64_t          w;
 
         d = c % ndocs;
-        w = d % workers_n;
+        w = (d + c / ndocs) % workers_n;
         for (k = req_n; k-- > 0; ) {
             memset(&ev, 0, sizeof(ev));
             ev.worker_id = w;
@@ -343,7 +344,7 @@ int main(int argc, char **argv)
             kv_index_apply(ix, &ev, 2000, err, sizeof(err));
         }
         for (k = 0; k < req_n; k += CHUNK) {
-            make_store(&ev, b, w, d, k);
+            make_store(&ev, b, (w + 1) % workers_n, d, k);
             kv_index_apply(ix, &ev, 2000, err, sizeof(err));
         }
     }
