@@ -883,6 +883,16 @@ ngx_http_kvroute_snap_servers(ngx_pool_t *pool, ngx_http_kvroute_snap_t *s)
             return NGX_ERROR;
         }
 
+        /*
+         * a small upstream's maps follow announced ids per routed request
+         * (large ones from the zone timer): until one, a worker announcing
+         * its own id showed 0 indexed blocks here, however many it held
+         */
+
+        if (kcfs[i]->nprimary <= NGX_HTTP_KVROUTE_SCAN_ALL) {
+            ngx_http_kvroute_candidates_refresh(kcfs[i]);
+        }
+
         for (j = 0; j < kcfs[i]->npeers; j++) {
             p = &kcfs[i]->peers[j];
             it = &s->servers[s->nservers];

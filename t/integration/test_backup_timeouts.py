@@ -255,8 +255,11 @@ def test_incomplete_dump_is_asked_again_after_dump_timeout(stack):
     w.answer_dumps = True
     kvt.wait_until(lambda: (rec() or {}).get("state") == "live"
                    and zone(ng.port)["events"]["dumps"] >= 1, what="live after a full dump")
-    # the zone's index (this worker's alone): the dump's two blocks
+    # the zone's index (this worker's alone): the dump's two blocks, and the
+    # server shows them before any request was routed (its id is the one it
+    # announced: the status follows announced ids itself)
     assert zone(ng.port)["index"]["blocks"] == 2
+    assert servers_status(ng.port)[server]["indexed_blocks"] == 2
     w.close()
     obs.close()
 
