@@ -496,6 +496,12 @@ static int encode_valid(const kv_tokenizer_t *t, const char *s, size_t n, enc_t 
     const kv_added_t *a;
 
     while (i < n) {
+        /* most bytes start no added token: no call for them (the search
+         * is shared with kv_tok_bound.c, so not inlined here) */
+        if (!t->added_first[(uint8_t) s[i]]) {
+            i++;
+            continue;
+        }
         a = kv_tok_added_at(t, s, n, i);
         if (a == NULL) {
             i++;
