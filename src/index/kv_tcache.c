@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kv_tcache.h"
@@ -32,7 +33,7 @@ struct kv_tcache {
     uint64_t    nsets;          /* a power of two */
     uint64_t    cap;            /* ring bytes, a multiple of 8 */
     uint64_t    ttl_ms;
-    uint64_t    lock;           /* the writing process's pid, 0: free */
+    uint64_t    lock;           /* the writer's pid << 32 | when (s), 0: free (try_lock) */
     uint64_t    head;           /* next write position (grows forever) */
     uint64_t    reclaim;        /* entries starting below it may be overwritten */
     uint64_t    lookups, hits, misses, hit_tokens, stored, skipped, evicted, expired;
@@ -224,17 +225,33 @@ long kv_tcache_get(kv_tcache_t *c, const kv_tcache_probe_t *probes, size_t nprob
     return -1;
 }
 
-/* The writer's lock: never waited for. A holder that died is replaced. */
+/*
+ * The writer's lock: never waited for. Its word is the holder's pid (high
+ * half) and when it took it (seconds, low half). A holder that died is
+ * replaced, and so is one holding it past TC_LOCK_STALE_S: a put takes
+ * microseconds, and a pid can be reused (by another process, or by a
+ * respawned worker that then took the lock for its own), which left every
+ * put skipped for good.
+ */
+#define TC_LOCK_STALE_S 10
+
 static int try_lock(kv_tcache_t *c)
 {
-    uint64_t me = (uint64_t) getpid(), holder = 0;
+    struct timespec ts;
+    uint64_t        pid = (uint64_t) getpid(), holder = 0, me;
+    uint32_t        now;
 
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (uint32_t) ts.tv_sec;
+    me = pid << 32 | now;
     if (__atomic_compare_exchange_n(&c->lock, &holder, me, 0, __ATOMIC_ACQUIRE,
                                     __ATOMIC_RELAXED))
     {
         return 1;
     }
-    if (holder != me && holder != 0 && kill((pid_t) holder, 0) == -1 && errno == ESRCH) {
+    if ((int32_t) (now - (uint32_t) holder) > TC_LOCK_STALE_S
+        || (holder >> 32 != pid && kill((pid_t) (holder >> 32), 0) == -1 && errno == ESRCH))
+    {
         return __atomic_compare_exchange_n(&c->lock, &holder, me, 0, __ATOMIC_ACQUIRE,
                                            __ATOMIC_RELAXED);
     }

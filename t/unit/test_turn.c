@@ -10,6 +10,7 @@
  */
 #include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -463,20 +464,31 @@ TEST(tcache_evicts_oldest_and_expires)
         CHECK(kv_tcache_put(c, 1, big, 16384, ids, 64, 5) == 1);
         free(big);
     }
-    /* a lock left by a dead process is taken over (the pid is the header's
-     * sixth word, see kv_tcache.c) */
+    /* a lock left by a dead process is taken over, and so is one held
+     * too long (a reused pid); a live holder taking it now is not (the
+     * lock is the header's sixth word: pid << 32 | seconds, kv_tcache.c) */
     {
-        pid_t pid = fork();
+        pid_t           pid = fork();
+        struct timespec ts;
+        uint64_t        now, *lock = &((uint64_t *) mem)[5];
 
         if (pid == 0) {
             _exit(0);
         }
         waitpid(pid, NULL, 0);
-        ((uint64_t *) mem)[5] = (uint64_t) pid;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        now = (uint32_t) ts.tv_sec;
+        *lock = (uint64_t) pid << 32 | now;
         CHECK(kv_tcache_put(c, 7, text, 100, ids, 4, 5) == 0);
-        ((uint64_t *) mem)[5] = (uint64_t) getppid();      /* a live holder: skipped */
+        *lock = (uint64_t) getppid() << 32 | now;           /* a live holder: skipped */
         CHECK(kv_tcache_put(c, 8, text, 100, ids, 4, 5) == 1);
-        ((uint64_t *) mem)[5] = 0;
+        *lock = (uint64_t) getpid() << 32 | now;            /* this process, another thread */
+        CHECK(kv_tcache_put(c, 8, text, 100, ids, 4, 5) == 1);
+        *lock = (uint64_t) getpid() << 32 | (uint32_t) (now - 60);     /* a reused pid */
+        CHECK(kv_tcache_put(c, 8, text, 100, ids, 4, 5) == 0);
+        *lock = (uint64_t) getppid() << 32 | (uint32_t) (now - 60);    /* held a minute */
+        CHECK(kv_tcache_put(c, 9, text, 100, ids, 4, 5) == 0);
+        *lock = 0;
     }
     CHECK(kv_tcache_attach(mem, size) == c && kv_tcache_attach(mem, size + 8) == NULL);
     free(mem);
