@@ -868,11 +868,11 @@ static int holds_kid(const kv_index_t *ix, const side_t *sd, uint32_t slot)
     uint32_t k;
     int64_t  at;
 
-    if (sd->nkid == 0) {
-        return 0;
+    if (sd->nkid == 0 || !(sd->kids & kid_bit(slot))) {
+        return 0;                       /* kids: a superset, no lookup */
     }
     if (sd->child[0] == KID_MANY) {
-        return (sd->kids & kid_bit(slot)) != 0;
+        return 1;
     }
     for (k = 0; k < KID_KEYS && sd->child[k] != KEY_EMPTY; k++) {
         if ((at = find(ix, sd->child[k])) >= 0 && test_bit(entry(ix, (uint64_t) at), slot)) {
