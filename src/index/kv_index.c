@@ -12,8 +12,8 @@
  * Entries hold only what readers read: with up to 128 slots one is 32
  * bytes, aligned, two to a cache line, so a reader's probe is one miss
  * (at 40 bytes, half the entries straddled two lines). The writer-only
- * side of entry i (its parent key, kids word and child count) lives in a
- * side array at the same index.
+ * side of entry i (its parent key, child key, kids word and child count:
+ * 24 bytes) lives in a side array at the same index.
  * Entries form an open-addressing table with linear probing; removal
  * shifts the rest of the probe run back (no tombstones), so probe chains
  * only ever reflect the live load (at most 0.8; eviction keeps it there).
@@ -51,18 +51,31 @@
  * between in the filter, knows they hold every block between (a slot
  * lacking one would have a hole at the last one it lacks) and skips them;
  * otherwise it searches where slots stop, reading the keys the filter
- * lists as extra landings (kv_index_match). To know, when slot s loses a block, whether s
- * holds a child of it, each entry's side has a `kids` word (slots that
- * stored a child under it; a superset, one bit per slot mod 32) and `nkid`,
- * the exact number of (child, slot) pairs held under it; for that each
- * side also names the entry's parent key, so a block that goes can count
- * itself out of its parent. An entry whose children are held stays in the
- * table when no slot holds it any more (a "ghost": readers see no holder,
- * as if absent), so the count is never lost. A hole listed for s is
- * dropped when s holds the key again (its children become the entry's
- * kids) or s is cleared; a key whose count fell to 0 is a hole of no one,
- * and hole_gc drops such keys in batches before the table fills (readers
- * check `gen`, which each batch bumps, and walk if it moved under them).
+ * lists as extra landings (kv_index_match).
+ *
+ * To know, when slot s loses a block, whether s holds a child of it, each
+ * entry's side lists the key of the entry chained onto it (`child`,
+ * KID_KEYS of them: a chain's block has one), and the writer reads that
+ * entry's bit for s: exact, so an engine that evicts a chain deepest block
+ * first leaves no hole (a count over all slots made one at every block
+ * while any other slot held the chain: the worker a conversation moved
+ * to, or one holding its system prompt; the hole table filled and every
+ * slot went lost). A key with more distinct children than that (a
+ * branching point: a shared system prompt's end) falls back to its `kids`
+ * word (slots that stored a child under it; a superset, one bit per slot
+ * mod 32) until none of its children is held. `nkid` is the exact number
+ * of (child, slot) pairs held under the key; for it and the list each side
+ * also names the entry's parent key, so a block can count itself out of
+ * its parent, and an entry that goes leaves its parent's list (keys, not
+ * indexes: entries that move keep their place in it). An entry whose
+ * children are held stays in the table when no slot holds it any more (a
+ * "ghost": readers see no holder, as if absent), so the count is never
+ * lost. A hole listed for s is dropped when s holds the key again (its
+ * children become the entry's kids) or s is cleared; hole_gc drops, in
+ * batches before the table fills, keys whose count fell to 0 and slots
+ * that hold none of a key's listed children any more (one that lost a
+ * child after the key); readers check `gen`, which each batch bumps, and
+ * walk if it moved under them.
  * If the table is full all the same, the slot is marked lost and every
  * match walks until that slot is cleared or its holes are found again
  * (rebuild_lost, once the table has room); likewise a record whose first
@@ -82,9 +95,11 @@
 #include "kv_index.h"
 #include "kv_seqlock.h"
 
-#define IX_MAGIC        0x6b76696478303039ULL   /* "kvidx009": sides with parent links */
+#define IX_MAGIC        0x6b76696478303130ULL   /* "kvidx010": sides list child keys */
 #define KEY_EMPTY       0ULL
 #define KEY_ROOT        1ULL                    /* side.parent: a chain's first block */
+#define KID_KEYS        1                       /* side.child: child keys listed exactly */
+#define KID_MANY        1ULL                    /* side.child[0]: more children than fit */
 #define MAX_LOAD        0.80                    /* entries evicted above this fill */
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
@@ -118,6 +133,9 @@ typedef struct {
 /* The writer-only side of an entry (side array, same index). */
 typedef struct {
     uint64_t            parent;         /* parent's key; KEY_ROOT none, 0 not known */
+    uint64_t            child[KID_KEYS];/* keys of the entries chained onto it (all of
+                                         * them, first ones first, 0 after), or
+                                         * child[0] KID_MANY: more than fit */
     uint32_t            nkid;           /* (child, slot) pairs held under it; saturates */
     uint32_t            kids;           /* slots (mod 32) that may hold a child */
 } side_t;
@@ -231,6 +249,42 @@ static uint64_t filter_slot(const kv_index_t *ix, uint64_t key)
 static uint32_t kid_bit(uint32_t slot)
 {
     return 1u << (slot % 32);
+}
+
+/* key's entry chains onto the entry of sd: list it (once). */
+static void child_add(side_t *sd, uint64_t key)
+{
+    uint32_t k;
+
+    for (k = 0; k < KID_KEYS && sd->child[k] != key; k++) {
+        if (sd->child[k] == KEY_EMPTY) {
+            sd->child[k] = key;
+            return;
+        }
+        if (sd->child[k] == KID_MANY) {
+            return;
+        }
+    }
+    if (k == KID_KEYS) {
+        memset(sd->child, 0, sizeof(sd->child));
+        sd->child[0] = KID_MANY;        /* from now on the kids superset says */
+    }
+}
+
+/* key's entry goes (or chains onto another key after all): unlist it. */
+static void child_del(side_t *sd, uint64_t key)
+{
+    uint32_t k;
+
+    for (k = 0; k < KID_KEYS && sd->child[k] != KEY_EMPTY; k++) {
+        if (sd->child[k] == key) {
+            for (; k + 1 < KID_KEYS; k++) {
+                sd->child[k] = sd->child[k + 1];
+            }
+            sd->child[KID_KEYS - 1] = KEY_EMPTY;
+            return;
+        }
+    }
 }
 
 /* slot holds one block fewer. A retired slot's count was zeroed when it
@@ -675,11 +729,43 @@ static void hole_del(kv_index_t *ix, uint64_t i)
     }
 }
 
+static int hole_empty(const kv_index_t *ix, const uint64_t *h);
+static int test_bit(const entry_t *e, uint32_t slot);
+
+/* Keeps, of the slots hole h lists, those that may still hold a child of
+ * its key (sd: the key's side): where the children are all listed, the
+ * slots holding one of them; else all. 1 if none is left. */
+static int hole_verify(kv_index_t *ix, uint64_t *h, const side_t *sd)
+{
+    int64_t  at[KID_KEYS];
+    uint64_t held;
+    uint32_t k, n = 0, w;
+
+    if (sd->child[0] == KID_MANY) {
+        return 0;
+    }
+    for (k = 0; k < KID_KEYS && sd->child[k] != KEY_EMPTY; k++) {
+        if ((at[n] = find(ix, sd->child[k])) >= 0) {
+            n++;
+        }
+    }
+    for (w = 0; w < ix->words; w++) {
+        for (held = 0, k = 0; k < n; k++) {
+            held |= __atomic_load_n(&entry(ix, (uint64_t) at[k])->bits[w], __ATOMIC_RELAXED);
+        }
+        h[1 + w] &= held;
+    }
+    return hole_empty(ix, h);
+}
+
 /*
  * Drops every hole key that is a hole of no one any more: no slot holds a
  * child of it (its entry's nkid is 0, or it has no entry: an entry whose
- * children are held stays, as a ghost). gen first, so a match that read
- * such a child before it went, and the filter after, walks instead.
+ * children are held stays, as a ghost; or none of the slots listed holds
+ * one of its children, where those are all listed: hole_verify). A slot
+ * that lost a child after the key leaves such a hole. gen first, so a
+ * match that read such a child before it went, and the filter after,
+ * walks instead.
  */
 static void hole_gc(kv_index_t *ix)
 {
@@ -691,7 +777,9 @@ static void hole_gc(kv_index_t *ix)
         key = hole(ix, i)[0];
         if (key != KEY_EMPTY) {
             at = find(ix, key);
-            if (at < 0 || side(ix, (uint64_t) at)->nkid == 0) {
+            if (at < 0 || side(ix, (uint64_t) at)->nkid == 0
+                || hole_verify(ix, hole(ix, i), side(ix, (uint64_t) at)))
+            {
                 if (!bumped) {
                     bump_gen(ix);
                     bumped = 1;
@@ -772,13 +860,34 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
     }
 }
 
-/* slot is about to lose entry i: if it may hold a child of it, that is a
- * hole now. */
+/* Whether slot holds a child of the entry of sd: exact while its
+ * children are all listed (a chain's blocks have one), else the kids
+ * superset (a branching key: a shared system prompt's end). */
+static int holds_kid(const kv_index_t *ix, const side_t *sd, uint32_t slot)
+{
+    uint32_t k;
+    int64_t  at;
+
+    if (sd->nkid == 0 || !(sd->kids & kid_bit(slot))) {
+        return 0;                       /* kids: a superset, no lookup */
+    }
+    if (sd->child[0] == KID_MANY) {
+        return 1;
+    }
+    for (k = 0; k < KID_KEYS && sd->child[k] != KEY_EMPTY; k++) {
+        if ((at = find(ix, sd->child[k])) >= 0 && test_bit(entry(ix, (uint64_t) at), slot)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* slot is about to lose entry i: if it holds a child of it, that is a
+ * hole now (one that lost the children first, as an engine evicts a
+ * chain, leaves none). */
 static void note_loss(kv_index_t *ix, uint64_t i, uint32_t slot)
 {
-    side_t *sd = side(ix, i);
-
-    if (sd->nkid > 0 && (sd->kids & kid_bit(slot))) {
+    if (holds_kid(ix, side(ix, i), slot)) {
         hole_add(ix, __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED), slot);
     }
 }
@@ -808,7 +917,12 @@ static void erase(kv_index_t *ix, uint64_t i)
     uint64_t mask = ix->cap - 1, j = i, k, key, h;
     entry_t *e;
     uint32_t w;
+    int64_t  at;
 
+    /* it is its parent's child no more */
+    if (side(ix, i)->parent >= 2 && (at = find(ix, side(ix, i)->parent)) >= 0) {
+        child_del(side(ix, (uint64_t) at), __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED));
+    }
     for (;;) {
         for (k = (j + 1) & mask;; k = (k + 1) & mask) {
             key = __atomic_load_n(&entry(ix, k)->key, __ATOMIC_RELAXED);
@@ -874,6 +988,9 @@ static void kid_count(kv_index_t *ix, uint64_t pk, int64_t d, int can_erase)
     sd->nkid = (uint64_t) -d >= sd->nkid ? 0 : sd->nkid - (uint32_t) -d;
     if (sd->nkid == 0) {
         sd->kids = 0;
+        /* no child is held: the list starts again (each store lists its
+         * key anew), so a key that branched may list exactly again */
+        memset(sd->child, 0, sizeof(sd->child));
         if (can_erase) {
             erase_if_unused(ix, (uint64_t) at);
         }
@@ -1066,6 +1183,9 @@ static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_
         if (sd->nkid < UINT32_MAX) {
             sd->nkid++;
         }
+        if (pk != key) {
+            child_add(sd, key);         /* before slot holds it */
+        }
         if (!test_bit(entry(ix, (uint64_t) *pi), slot)) {
             hole_add(ix, pk, slot);
         }
@@ -1082,6 +1202,9 @@ static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_
         kid_count(ix, pk, held, 0);
     } else if (known != 0 && known != pk) {
         /* it chains onto another key (a 64-bit collision): count it there */
+        if ((at = find(ix, pk)) >= 0) {
+            child_del(side(ix, (uint64_t) at), key);
+        }
         kid_count(ix, pk, -1, 1);
         *pi = -1;
         return store_block(ix, slot, key, known, pi, seen, now);

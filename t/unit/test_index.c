@@ -1199,6 +1199,63 @@ TEST(match_holes_retire_after_chain_removals)
     free(ix);
 }
 
+/*
+ * Conversations that move: each document is removed whole by its owner,
+ * deepest block first (as an engine evicts a finished conversation), and
+ * stored by the next worker, while a second worker keeps a long prefix of
+ * it. The owner lost every child before each block, so it has no hole
+ * anywhere; a child count over all slots (the prefix holder's, the new
+ * owner's) must not make one at every block of the document, or the hole
+ * table fills, every slot goes lost and every match walks.
+ */
+TEST(match_moved_documents_leave_no_holes)
+{
+    enum { W = 64, DOCS = 48, LEN = 256, MOVES = 240 };
+    kv_index_config_t cfg = { .max_workers = W };
+    kv_index_t       *ix = make(16u << 20, &cfg);
+    kv_index_stats_t  st;
+    uint64_t         (*tok)[LEN] = calloc(DOCS, sizeof(*tok));
+    uint64_t         (*seq)[LEN] = calloc(DOCS, sizeof(*seq));
+    uint64_t          h[LEN], owner[DOCS];
+    int               d, c, k, bad = 0;
+
+    for (d = 0; d < DOCS; d++) {
+        chain((uint64_t) (d + 1) << 32, LEN, tok[d], seq[d]);
+        owner[d] = (uint64_t) d % W;
+        CHECK(store(ix, owner[d], 0, 0, 0, seq[d], tok[d], LEN) == 0);
+        /* a prefix held by another worker (a shared system prompt) */
+        CHECK(store(ix, (owner[d] + W / 2) % W, 0, 0, 0, seq[d], tok[d], 200) == 0);
+    }
+    for (c = 0; c < MOVES; c++) {
+        d = c % DOCS;
+        for (k = 0; k < LEN; k++) {
+            h[k] = seq[d][LEN - 1 - k];
+        }
+        remove_hashes(ix, owner[d], 0, h, LEN);
+        owner[d] = (owner[d] + 1) % W;
+        CHECK(store(ix, owner[d], 0, 0, 0, seq[d], tok[d], LEN) == 0);
+    }
+    kv_index_stats(ix, &st);
+    printf("  %llu holes, %llu slots lost after %d moves\n", (unsigned long long) st.holes,
+           (unsigned long long) st.lost_slots, MOVES);
+    CHECK_EQ_U64(st.evicted, 0);
+    CHECK_EQ_U64(st.lost_slots, 0);
+    CHECK(st.holes < 64);
+    for (d = 0; d < DOCS && !bad; d++) {
+        CHECK_EQ_U64(overlap(ix, kv_index_worker_find(ix, owner[d], 0), seq[d], LEN), LEN);
+        bad = !d_same(ix, seq[d], LEN, 64) || !d_same(ix, seq[d], 210, 64);
+    }
+    CHECK(!bad);
+    /* a real hole is still made (and found): the owner drops one block */
+    d = 5;
+    remove_hashes(ix, owner[d], 0, &seq[d][100], 1);
+    CHECK_EQ_U64(overlap(ix, kv_index_worker_find(ix, owner[d], 0), seq[d], LEN), 100);
+    CHECK(d_same(ix, seq[d], LEN, 64));
+    free(tok);
+    free(seq);
+    free(ix);
+}
+
 /* A slot lost to a full hole table is found again once its holes are gone
  * and the table has room, without a Cleared event. */
 TEST(match_lost_slot_recovers)
@@ -1608,6 +1665,7 @@ int main(void)
     RUN(match_jump_long_requests_equal_walk);
     RUN(match_hole_table_overflow_walks);
     RUN(match_holes_retire_after_chain_removals);
+    RUN(match_moved_documents_leave_no_holes);
     RUN(match_lost_slot_recovers);
     RUN(match_jump_sees_holes);
     RUN(match_coarse_spans_equal_walk);
