@@ -1083,7 +1083,7 @@ static void drop(kv_index_t *ix, uint64_t i)
 static int evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
 {
     uint64_t mask = ix->cap - 1, i, best = 0, k, n;
-    uint32_t age, best_age = 0;
+    uint32_t age, best_age = 0, tier, best_tier = 0;
     int      seen = 0, found = 0;
 
     for (i = ix->hand, n = 0; seen < EVICT_SAMPLE && n < ix->cap; i = (i + 1) & mask, n++) {
@@ -1095,9 +1095,20 @@ static int evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
         /* signed: nginx processes' clocks differ by a few ms, so a touch
          * may lie slightly in the future of now */
         age = (int32_t) (now - entry(ix, i)->touch) > 0 ? now - entry(ix, i)->touch : 0;
-        if (!found || age > best_age) {
+        /*
+         * Older by 64 ms steps first; within one, a block with no
+         * child held under it, as engines evict a sequence deepest block
+         * first. A chain's blocks come in one event, with one touch: LRU
+         * alone dropped inner blocks as often as leaves, each opening a
+         * hole for its holders, and a full index that evicts filled the
+         * hole table until every match walked. (The prefix, what a match
+         * needs, also goes last.)
+         */
+        tier = (age >> 6) * 2 + (side(ix, i)->nkid == 0);
+        if (!found || tier > best_tier || (tier == best_tier && age > best_age)) {
             best = i;
             best_age = age;
+            best_tier = tier;
             found = 1;
         }
     }
