@@ -911,8 +911,10 @@ static void move_entry(kv_index_t *ix, entry_t *to, const entry_t *from)
  * live entries make them). A moved entry is written at its new place
  * before its old place is reused: a reader finds it at one or the other,
  * or, if it passed the new place just before the copy, misses it and sees
- * a shorter overlap. */
-static void erase(kv_index_t *ix, uint64_t i)
+ * a shorter overlap. With unlink the entry leaves its parent's child list
+ * here; without, the caller's kid_count on the parent unlists it (gone),
+ * which finds the parent once for both. */
+static void erase(kv_index_t *ix, uint64_t i, int unlink)
 {
     uint64_t mask = ix->cap - 1, j = i, k, key, h;
     entry_t *e;
@@ -920,7 +922,7 @@ static void erase(kv_index_t *ix, uint64_t i)
     int64_t  at;
 
     /* it is its parent's child no more */
-    if (side(ix, i)->parent >= 2 && (at = find(ix, side(ix, i)->parent)) >= 0) {
+    if (unlink && side(ix, i)->parent >= 2 && (at = find(ix, side(ix, i)->parent)) >= 0) {
         child_del(side(ix, (uint64_t) at), __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED));
     }
     for (;;) {
@@ -954,11 +956,11 @@ empty:
 
 /* Entry i lost its last holder: it goes, unless some slot holds a child
  * of it (it stays as a ghost, keeping the count; it goes with the last
- * child). 1 if it went (indexes may have moved). */
-static int erase_if_unused(kv_index_t *ix, uint64_t i)
+ * child). 1 if it went (indexes may have moved); unlink: erase's. */
+static int erase_if_unused(kv_index_t *ix, uint64_t i, int unlink)
 {
     if (side(ix, i)->nkid == 0 && bits_empty(ix, entry(ix, i))) {
-        erase(ix, i);
+        erase(ix, i, unlink);
         return 1;
     }
     return 0;
@@ -967,17 +969,22 @@ static int erase_if_unused(kv_index_t *ix, uint64_t i)
 /* d (child, slot) pairs came or went under key pk. At 0 no slot holds a
  * child of pk: nobody has a hole there (hole_gc drops the key later), no
  * slot is a kid, and a ghost pk goes (with erase set; indexes may move).
- * A saturated count stays (its holes are kept: safe). */
-static void kid_count(kv_index_t *ix, uint64_t pk, int64_t d, int can_erase)
+ * A saturated count stays (its holes are kept: safe). gone (0: none): a
+ * child key that left pk first (erased without unlink, or chained onto
+ * another key), unlisted here so that pk is looked up once for both. */
+static void kid_count(kv_index_t *ix, uint64_t pk, int64_t d, int can_erase, uint64_t gone)
 {
     int64_t at;
     side_t *sd;
 
-    if (pk < 2 || d == 0 || (at = find(ix, pk)) < 0) {
+    if (pk < 2 || (d == 0 && gone == KEY_EMPTY) || (at = find(ix, pk)) < 0) {
         return;
     }
     sd = side(ix, (uint64_t) at);
-    if (sd->nkid == UINT32_MAX) {
+    if (gone != KEY_EMPTY) {
+        child_del(sd, gone);
+    }
+    if (d == 0 || sd->nkid == UINT32_MAX) {
         return;
     }
     if (d > 0) {
@@ -992,7 +999,7 @@ static void kid_count(kv_index_t *ix, uint64_t pk, int64_t d, int can_erase)
          * key anew), so a key that branched may list exactly again */
         memset(sd->child, 0, sizeof(sd->child));
         if (can_erase) {
-            erase_if_unused(ix, (uint64_t) at);
+            erase_if_unused(ix, (uint64_t) at, 1);
         }
     }
 }
@@ -1028,20 +1035,46 @@ static uint32_t clear_bits(kv_index_t *ix, uint64_t i, const uint64_t *mask)
 static void drop(kv_index_t *ix, uint64_t i)
 {
     entry_t *e = entry(ix, i);
-    uint32_t w, n;
-    uint64_t b, pk = side(ix, i)->parent;
+    side_t  *sd = side(ix, i);
+    uint32_t w, n, k, nat = 0, sl;
+    uint64_t b, pk = sd->parent, key = __atomic_load_n(&e->key, __ATOMIC_RELAXED), kw;
+    int64_t  at[KID_KEYS];
+    int      looked = 0;
 
+    /* note_loss for each holder, the listed children looked up once (not
+     * once per holder): nothing in the loop moves entries or changes a
+     * side or a bitmap */
     for (w = 0; w < ix->words; w++) {
         b = __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
         while (b) {
-            note_loss(ix, i, w * 64 + (uint32_t) __builtin_ctzll(b));
-            lose_block(ix, w * 64 + (uint32_t) __builtin_ctzll(b));
+            sl = w * 64 + (uint32_t) __builtin_ctzll(b);
+            if (sd->nkid != 0 && (sd->kids & kid_bit(sl))) {     /* holds_kid */
+                if (sd->child[0] == KID_MANY) {
+                    kw = ~0ULL;
+                } else {
+                    if (!looked) {
+                        for (k = 0; k < KID_KEYS && sd->child[k] != KEY_EMPTY; k++) {
+                            if ((at[nat] = find(ix, sd->child[k])) >= 0) {
+                                nat++;
+                            }
+                        }
+                        looked = 1;
+                    }
+                    for (kw = 0, k = 0; k < nat; k++) {
+                        kw |= get_bits(entry(ix, (uint64_t) at[k]), w);
+                    }
+                }
+                if (kw >> (sl % 64) & 1) {
+                    hole_add(ix, key, sl);
+                }
+            }
+            lose_block(ix, sl);
             b &= b - 1;
         }
     }
     n = clear_bits(ix, i, NULL);
-    erase_if_unused(ix, i);
-    kid_count(ix, pk, -(int64_t) n, 1);
+    /* an erased entry leaves its parent's list in kid_count (one lookup) */
+    kid_count(ix, pk, -(int64_t) n, 1, erase_if_unused(ix, i, 0) ? key : KEY_EMPTY);
 }
 
 /* Least recently touched of a few held entries from the hand on (ghosts
@@ -1050,7 +1083,7 @@ static void drop(kv_index_t *ix, uint64_t i)
 static int evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
 {
     uint64_t mask = ix->cap - 1, i, best = 0, k, n;
-    uint32_t age, best_age = 0;
+    uint32_t age, best_age = 0, tier, best_tier = 0;
     int      seen = 0, found = 0;
 
     for (i = ix->hand, n = 0; seen < EVICT_SAMPLE && n < ix->cap; i = (i + 1) & mask, n++) {
@@ -1062,9 +1095,20 @@ static int evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
         /* signed: nginx processes' clocks differ by a few ms, so a touch
          * may lie slightly in the future of now */
         age = (int32_t) (now - entry(ix, i)->touch) > 0 ? now - entry(ix, i)->touch : 0;
-        if (!found || age > best_age) {
+        /*
+         * Older by 64 ms steps first; within one, a block with no
+         * child held under it, as engines evict a sequence deepest block
+         * first. A chain's blocks come in one event, with one touch: LRU
+         * alone dropped inner blocks as often as leaves, each opening a
+         * hole for its holders, and a full index that evicts filled the
+         * hole table until every match walked. (The prefix, what a match
+         * needs, also goes last.)
+         */
+        tier = (age >> 6) * 2 + (side(ix, i)->nkid == 0);
+        if (!found || tier > best_tier || (tier == best_tier && age > best_age)) {
             best = i;
             best_age = age;
+            best_tier = tier;
             found = 1;
         }
     }
@@ -1199,13 +1243,11 @@ static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_
         for (w = 0; w < ix->words; w++) {
             held += (uint32_t) __builtin_popcountll(get_bits(entry(ix, i), w));
         }
-        kid_count(ix, pk, held, 0);
+        kid_count(ix, pk, held, 0, KEY_EMPTY);
     } else if (known != 0 && known != pk) {
-        /* it chains onto another key (a 64-bit collision): count it there */
-        if ((at = find(ix, pk)) >= 0) {
-            child_del(side(ix, (uint64_t) at), key);
-        }
-        kid_count(ix, pk, -1, 1);
+        /* it chains onto another key (a 64-bit collision): unlist and
+         * count it out there */
+        kid_count(ix, pk, -1, 1, key);
         *pi = -1;
         return store_block(ix, slot, key, known, pi, seen, now);
     }
@@ -1220,7 +1262,7 @@ static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_
         if (erases == ix->erases && sd->nkid > 1 && sd->nkid < UINT32_MAX) {
             sd->nkid--;                 /* pk's entry did not move (the usual case) */
         } else {
-            kid_count(ix, pk, -1, 1);   /* may erase a ghost pk: look key up again */
+            kid_count(ix, pk, -1, 1, KEY_EMPTY);   /* may erase a ghost pk: look key up again */
             *pi = -1;
             i = (uint64_t) find(ix, key);
         }
@@ -1232,7 +1274,7 @@ static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_
 static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
 {
     entry_t *e = entry(ix, i);
-    uint64_t pk = side(ix, i)->parent;
+    uint64_t pk = side(ix, i)->parent, key = __atomic_load_n(&e->key, __ATOMIC_RELAXED);
 
     if (!test_bit(e, slot)) {
         return;
@@ -1246,8 +1288,8 @@ static void clear_holder(kv_index_t *ix, uint64_t i, uint32_t slot)
     }
     lose_block(ix, slot);
     ix->lost_ops++;
-    erase_if_unused(ix, i);
-    kid_count(ix, pk, -1, 1);
+    /* an erased entry leaves its parent's list in kid_count (one lookup) */
+    kid_count(ix, pk, -1, 1, erase_if_unused(ix, i, 0) ? key : KEY_EMPTY);
 }
 
 /*
@@ -1651,12 +1693,12 @@ static void clear_mask(kv_index_t *ix, const uint64_t mask[64])
         if (__atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED) >= 2
             && (n = clear_bits(ix, i, mask)) > 0)
         {
-            kid_count(ix, side(ix, i)->parent, -(int64_t) n, 0);
+            kid_count(ix, side(ix, i)->parent, -(int64_t) n, 0, KEY_EMPTY);
         }
     }
     for (i = 0; i < ix->cap; i++) {
         if (__atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED) >= 2
-            && erase_if_unused(ix, i))
+            && erase_if_unused(ix, i, 1))
         {
             i--;            /* a later entry may have moved into i: look again */
         }
