@@ -1077,6 +1077,54 @@ static void drop(kv_index_t *ix, uint64_t i)
     kid_count(ix, pk, -(int64_t) n, 1, erase_if_unused(ix, i, 0) ? key : KEY_EMPTY);
 }
 
+#define CHAIN_MAX       1024                    /* evict_chain: blocks dropped below one */
+
+/*
+ * Drops entry i and the chain of single children below it, deepest first.
+ * Once i goes for every slot, no block below it can count in a match (a
+ * match counts leading blocks), and dropping i alone opened a hole for
+ * each slot holding its child: a full index that evicts filled the hole
+ * table until every match walked. The chain ends at a leaf, at a block
+ * with more children than its side lists (those stay, and their holes
+ * with them), or at CHAIN_MAX. The number of entries dropped.
+ */
+/* The one child key a side lists, or 0: none, or more than one. */
+static uint64_t only_child(const side_t *sd)
+{
+    uint32_t k;
+
+    if (sd->nkid == 0 || sd->child[0] == KID_MANY || sd->child[0] == KEY_EMPTY) {
+        return 0;
+    }
+    for (k = 1; k < KID_KEYS; k++) {
+        if (sd->child[k] != KEY_EMPTY) {
+            return 0;
+        }
+    }
+    return sd->child[0];
+}
+
+static uint64_t evict_chain(kv_index_t *ix, uint64_t i)
+{
+    uint64_t keys[CHAIN_MAX], n = 0, dropped = 0, child;
+    int64_t  at = (int64_t) i;
+
+    keys[n++] = __atomic_load_n(&entry(ix, i)->key, __ATOMIC_RELAXED);
+    while (n < CHAIN_MAX && (child = only_child(side(ix, (uint64_t) at))) != 0
+           && (at = find(ix, child)) >= 0)
+    {
+        keys[n++] = child;
+    }
+    while (n-- > 0) {
+        /* a drop erases and shifts entries: look each one up again */
+        if ((at = find(ix, keys[n])) >= 0 && !bits_empty(ix, entry(ix, (uint64_t) at))) {
+            drop(ix, (uint64_t) at);
+            dropped++;
+        }
+    }
+    return dropped;
+}
+
 /* Least recently touched of a few held entries from the hand on (ghosts
  * are no candidates: they go with their last held child): approximate
  * LRU at constant cost per eviction. 0 if nothing was held. */
@@ -1114,8 +1162,7 @@ static int evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
     }
     ix->hand = i;
     if (found) {
-        drop(ix, best);
-        bump(counter, 1);
+        bump(counter, evict_chain(ix, best));
     }
     return found;
 }
