@@ -19,9 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
-
-#include <xxhash.h>
 
 #include "kv_chat.h"
 #include "kv_chat_int.h"
@@ -470,51 +467,6 @@ static int str_from_tree(jj_arena *a, const kv_tnode_t *x, jj_value *out)
     return 0;
 }
 
-/*
- * 1 if two of d's keys are equal (jansson then decides: it keeps the last),
- * -1 on no memory. Hashed past a few keys: a body of 80k keys was 11 s of
- * pairwise compares. The seed is per process, so keys cannot be crafted to
- * share a bucket.
- */
-static int has_duplicate_keys(jj_arena *a, const jj_dict *d)
-{
-    static uint64_t seed_once;
-    uint64_t seed;
-    size_t cap = 32, i, h;
-    uint32_t *tab;
-
-    if (d->n <= 16) {
-        for (i = 1; i < d->n; i++)
-            for (h = 0; h < i; h++)
-                if (d->keys[h].u.str.n == d->keys[i].u.str.n
-                    && memcmp(d->keys[h].u.str.s, d->keys[i].u.str.s, d->keys[i].u.str.n) == 0)
-                    return 1;
-        return 0;
-    }
-    seed = __atomic_load_n(&seed_once, __ATOMIC_RELAXED);
-    if (seed == 0) {    /* two threads at once just pick one of two seeds */
-        seed = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)&seed;
-        __atomic_store_n(&seed_once, seed, __ATOMIC_RELAXED);
-    }
-    while (cap < 2 * (size_t)d->n)
-        cap <<= 1;
-    tab = jj_alloc(a, cap * sizeof(uint32_t));
-    if (tab == NULL)
-        return -1;
-    memset(tab, 0, cap * sizeof(uint32_t));
-    for (i = 0; i < d->n; i++) {
-        const jj_value *k = &d->keys[i];
-        for (h = XXH3_64bits_withSeed(k->u.str.s, k->u.str.n, seed) & (cap - 1); tab[h];
-             h = (h + 1) & (cap - 1)) {
-            const jj_value *o = &d->keys[tab[h] - 1];
-            if (o->u.str.n == k->u.str.n && memcmp(o->u.str.s, k->u.str.s, k->u.str.n) == 0)
-                return 1;
-        }
-        tab[h] = (uint32_t)i + 1;
-    }
-    return 0;
-}
-
 /* 0, 1: not for this path, -1: no memory */
 static int jv_from_tree(jj_arena *a, const kv_tree_t *tr, uint32_t node, jj_value *out)
 {
@@ -557,13 +509,17 @@ static int jv_from_tree(jj_arena *a, const kv_tree_t *tr, uint32_t node, jj_valu
             jj_value k;
             if ((rc = str_from_tree(a, &tr->nodes[c], &k)) != 0)
                 return rc;
+            /* a duplicate key: jansson keeps the last (the dict's lookup is
+             * hashed past a few keys: a pairwise scan was quadratic) */
+            if (jv_dict_find(*out, k) != NULL)
+                return 1;
             c = kv_tree_next(tr, c);
             d->keys[d->n] = k;
             if ((rc = jv_from_tree(a, tr, c, &d->vals[d->n++])) != 0)
                 return rc;
             c = kv_tree_next(tr, c);
         }
-        return has_duplicate_keys(a, d);
+        return 0;
     }
     default:
         return 1;
