@@ -1035,39 +1035,14 @@ static uint32_t clear_bits(kv_index_t *ix, uint64_t i, const uint64_t *mask)
 static void drop(kv_index_t *ix, uint64_t i)
 {
     entry_t *e = entry(ix, i);
-    side_t  *sd = side(ix, i);
-    uint32_t w, n, k, nat = 0, sl;
-    uint64_t b, pk = sd->parent, key = __atomic_load_n(&e->key, __ATOMIC_RELAXED), kw;
-    int64_t  at[KID_KEYS];
-    int      looked = 0;
+    uint32_t w, n, sl;
+    uint64_t b, pk = side(ix, i)->parent, key = __atomic_load_n(&e->key, __ATOMIC_RELAXED);
 
-    /* note_loss for each holder, the listed children looked up once (not
-     * once per holder): nothing in the loop moves entries or changes a
-     * side or a bitmap */
     for (w = 0; w < ix->words; w++) {
         b = __atomic_load_n(&e->bits[w], __ATOMIC_RELAXED);
         while (b) {
             sl = w * 64 + (uint32_t) __builtin_ctzll(b);
-            if (sd->nkid != 0 && (sd->kids & kid_bit(sl))) {     /* holds_kid */
-                if (sd->child[0] == KID_MANY) {
-                    kw = ~0ULL;
-                } else {
-                    if (!looked) {
-                        for (k = 0; k < KID_KEYS && sd->child[k] != KEY_EMPTY; k++) {
-                            if ((at[nat] = find(ix, sd->child[k])) >= 0) {
-                                nat++;
-                            }
-                        }
-                        looked = 1;
-                    }
-                    for (kw = 0, k = 0; k < nat; k++) {
-                        kw |= get_bits(entry(ix, (uint64_t) at[k]), w);
-                    }
-                }
-                if (kw >> (sl % 64) & 1) {
-                    hole_add(ix, key, sl);
-                }
-            }
+            note_loss(ix, i, sl);
             lose_block(ix, sl);
             b &= b - 1;
         }
