@@ -4,17 +4,28 @@
  * position pos, pos + 1 once that producer has written it, pos + capacity
  * once the consumer has read it (free for the next lap). Producers claim
  * positions by CAS on the tail; the one consumer owns the head.
+ *
+ * A cell also holds a check: the record's hash seeded with its position.
+ * A producer stalled between its claim and its write past the consumer's
+ * patience (the cell given up, the ring lapped) still copies its record
+ * in late, over the next lap's; the check then fails (another position's
+ * seed, or a record half of one and half of the other), and the consumer
+ * counts the cell lost instead of crediting a decision to a wrong worker.
  */
 #include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "kv_clock.h"
 #include "kv_dring.h"
 
-#define KV_DRING_MAGIC  0x6b766472696e6731ULL   /* "kvdring1" */
+#define KV_DRING_MAGIC  0x6b766472696e6732ULL   /* "kvdring2": cells with a check */
 #define STUCK_MS        2000    /* a claimed cell unwritten this long: lost */
 
 typedef struct {
     uint64_t        seq;
+    uint64_t        check;          /* check_of(rec, the position written) */
     kv_dring_rec_t  rec;
 } cell_t;
 
@@ -53,6 +64,11 @@ static uint64_t pow2(uint32_t n)
     return c;
 }
 
+static uint64_t check_of(const kv_dring_rec_t *rec, uint64_t pos)
+{
+    return XXH3_64bits_withSeed(rec, sizeof(*rec), pos);
+}
+
 size_t kv_dring_size(uint32_t capacity)
 {
     return sizeof(kv_dring_t) + pow2(capacity) * sizeof(cell_t);
@@ -80,6 +96,16 @@ kv_dring_t *kv_dring_init(void *region, size_t size, uint32_t capacity, int reus
 
 int kv_dring_push(kv_dring_t *r, const kv_dring_rec_t *rec)
 {
+    uint64_t pos;
+
+    if (kv_dring_claim_pos(r, &pos) != 0) {
+        return -1;
+    }
+    return kv_dring_fill(r, pos, rec);
+}
+
+int kv_dring_claim_pos(kv_dring_t *r, uint64_t *claimed)
+{
     cell_t   *c;
     uint64_t  pos, seq;
     int64_t   dif;
@@ -93,7 +119,8 @@ int kv_dring_push(kv_dring_t *r, const kv_dring_rec_t *rec)
             if (__atomic_compare_exchange_n(&r->tail, &pos, pos + 1, 1,
                                             __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             {
-                break;
+                *claimed = pos;
+                return 0;
             }
         } else if (dif < 0) {
             __atomic_fetch_add(&r->dropped, 1, __ATOMIC_RELAXED);
@@ -102,7 +129,15 @@ int kv_dring_push(kv_dring_t *r, const kv_dring_rec_t *rec)
             pos = __atomic_load_n(&r->tail, __ATOMIC_RELAXED);
         }
     }
+}
+
+int kv_dring_fill(kv_dring_t *r, uint64_t pos, const kv_dring_rec_t *rec)
+{
+    cell_t   *c = &cells(r)[pos & r->mask];
+    uint64_t  seq;
+
     c->rec = *rec;
+    c->check = check_of(rec, pos);
     /* a CAS, not a store: the consumer may have given this cell up (we
      * were descheduled that long); then the record is lost, not the ring */
     seq = pos;
@@ -125,10 +160,17 @@ int kv_dring_pop(kv_dring_t *r, kv_dring_rec_t *out)
         c = &cells(r)[pos & r->mask];
         seq = __atomic_load_n(&c->seq, __ATOMIC_ACQUIRE);
         if (seq == pos + 1) {
+            uint64_t check;
+
             *out = c->rec;
+            check = c->check;
             __atomic_store_n(&c->seq, pos + r->mask + 1, __ATOMIC_RELEASE);
-            r->head = pos + 1;
+            r->head = ++pos;
             r->stuck = 0;
+            if (check != check_of(out, pos - 1)) {
+                __atomic_fetch_add(&r->lost, 1, __ATOMIC_RELAXED);
+                continue;       /* torn by a producer that wrote too late */
+            }
             __atomic_fetch_add(&r->popped, 1, __ATOMIC_RELAXED);
             return 1;
         }

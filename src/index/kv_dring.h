@@ -40,7 +40,8 @@ typedef struct {
     uint64_t    pushed;         /* records queued */
     uint64_t    dropped;        /* records refused: the ring was full */
     uint64_t    popped;
-    uint64_t    lost;           /* cells a dead producer never finished */
+    uint64_t    lost;           /* cells a dead producer never finished, or
+                                   a late one tore */
 } kv_dring_stats_t;
 
 /* Region size for a ring of capacity records (rounded up to a power of 2). */
@@ -50,6 +51,10 @@ kv_dring_t *kv_dring_init(void *region, size_t size, uint32_t capacity, int reus
 
 /* Producer: 0, or -1 when the ring is full (the record is dropped, counted). */
 int  kv_dring_push(kv_dring_t *r, const kv_dring_rec_t *rec);
+/* The producer's two steps, which kv_dring_push makes in a row; apart
+ * only in tests, to stall a producer between them. */
+int  kv_dring_claim_pos(kv_dring_t *r, uint64_t *pos);
+int  kv_dring_fill(kv_dring_t *r, uint64_t pos, const kv_dring_rec_t *rec);
 /* Consumer (one at a time): 1 with a record in out, 0 when empty. */
 int  kv_dring_pop(kv_dring_t *r, kv_dring_rec_t *out);
 void kv_dring_stats(const kv_dring_t *r, kv_dring_stats_t *st);

@@ -85,6 +85,45 @@ TEST(ring_many_producers_nothing_torn)
     free(shared_ring);
 }
 
+/* A producer stalled between its claim and its write until the consumer
+ * gave its cell up and the ring lapped: its late write lands over the
+ * next lap's record. The consumer must count that cell lost, never hand
+ * out the stale record as the next lap's decision. */
+TEST(ring_late_writer_cannot_pass_for_the_next_lap)
+{
+    kv_dring_t      *r = ring_new(16);
+    kv_dring_rec_t   rec = { 0 }, late = { 0 }, out;
+    kv_dring_stats_t st;
+    uint64_t         pos, i;
+    int              popped = 0, stale = 0;
+
+    CHECK(kv_dring_claim_pos(r, &pos) == 0 && pos == 0);
+    rec.n = 1;
+    rec.worker_id = 100;
+    CHECK(kv_dring_push(r, &rec) == 0);
+    /* waits on the condition: the consumer gives position 0 up after
+     * its stuck timeout and pops position 1 */
+    while (kv_dring_pop(r, &out) == 0) {
+    }
+    CHECK_EQ_U64(out.worker_id, 100);
+    for (i = 2; i <= 16; i++) {         /* 16 lands in cell 0 again */
+        rec.worker_id = 100 + i;
+        CHECK(kv_dring_push(r, &rec) == 0);
+    }
+    late.n = 1;
+    late.worker_id = 666;
+    CHECK(kv_dring_fill(r, 0, &late) == -1);    /* too late, refused */
+    while (kv_dring_pop(r, &out) == 1) {
+        popped++;
+        stale += out.worker_id == 666;
+    }
+    CHECK_EQ_U64(stale, 0);
+    CHECK_EQ_U64(popped, 14);           /* 2..15; 16's cell was torn */
+    kv_dring_stats(r, &st);
+    CHECK_EQ_U64(st.lost, 2);           /* position 0, and 16 */
+    free(r);
+}
+
 /* --- the wire -------------------------------------------------------- */
 
 static unsigned char sent[65536];
@@ -238,6 +277,7 @@ int main(void)
 {
     RUN(ring_drops_when_full_and_keeps_order);
     RUN(ring_many_producers_nothing_torn);
+    RUN(ring_late_writer_cannot_pass_for_the_next_lap);
     RUN(share_round_trip_and_lease);
     RUN(share_refuses_malformed);
     return kvt_done();
