@@ -38,6 +38,7 @@
 
 
 #define NGX_HTTP_KVROUTE_MAX_ROWS      128
+#define NGX_HTTP_KVROUTE_ROWS_BYTES    (32 * 1024 * 1024)   /* load rows' memory */
 /* upstreams with more primaries score candidates (candidates.c), not all */
 #define NGX_HTTP_KVROUTE_SCAN_ALL      64
 #define NGX_HTTP_KVROUTE_LEAST         8          /* least-loaded candidates */

@@ -223,6 +223,40 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
 
 
 /*
+ * A load row per worker process, for a few generations across reloads (a
+ * process without one cannot give its load back if it dies). Four
+ * generations where rows are small; where many servers make them large,
+ * as many as NGX_HTTP_KVROUTE_ROWS_BYTES holds, but never fewer than two
+ * (a reload's old and new processes side by side): on a 96-core machine a
+ * fixed cap of 128 rows left a reload's new processes rowless. An unset
+ * worker_processes (the directive may follow the http block) is taken as
+ * the most the budget holds, up to 128.
+ */
+
+static ngx_uint_t
+ngx_http_kvroute_zone_rows(ngx_uint_t servers, ngx_uint_t workers)
+{
+    ngx_uint_t  rows, fit;
+
+    fit = NGX_HTTP_KVROUTE_ROWS_BYTES
+          / (servers * KV_LOAD_ACTIVE * sizeof(int64_t));
+
+    if (workers == 0) {
+        rows = ngx_min(fit, NGX_HTTP_KVROUTE_MAX_ROWS);
+
+    } else {
+        rows = 4 * workers + 8;
+
+        if (rows > fit) {
+            rows = ngx_max(fit, 2 * workers + 8);
+        }
+    }
+
+    return ngx_max(16, rows);
+}
+
+
+/*
  * Once every upstream is configured (the module's init_main_conf): the load
  * table is sized for the servers of the upstreams that use the zone, with
  * room for a quarter more (a reload that adds a few servers keeps it), and
@@ -256,17 +290,11 @@ ngx_http_kvroute_zone_size(ngx_conf_t *cf, ngx_http_kvroute_zone_t *zone)
     zone->load_servers = servers + servers / 4 + 16;
     zone->load_groups = 2 * zone->upstreams.nelts + 8;
 
-    /* a row per worker process, for a few generations across reloads */
-
     ccf = (ngx_core_conf_t *) ngx_get_conf(cf->cycle->conf_ctx, ngx_core_module);
 
-    if (ccf == NULL || ccf->worker_processes == NGX_CONF_UNSET) {
-        zone->load_rows = NGX_HTTP_KVROUTE_MAX_ROWS;
-
-    } else {
-        zone->load_rows = ngx_max(16, ngx_min(NGX_HTTP_KVROUTE_MAX_ROWS,
-                                              4 * ccf->worker_processes + 8));
-    }
+    zone->load_rows = ngx_http_kvroute_zone_rows(zone->load_servers,
+                          (ccf == NULL || ccf->worker_processes == NGX_CONF_UNSET)
+                          ? 0 : (ngx_uint_t) ccf->worker_processes);
 
     ngx_memzero(&icfg, sizeof(icfg));
     icfg.max_workers = zone->max_workers;

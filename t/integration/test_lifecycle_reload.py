@@ -45,3 +45,33 @@ def test_reload_keeps_requests_in_the_thread_pool(stack):
 
 def test_quit_keeps_requests_in_the_thread_pool(stack):
     in_flight_through(stack, lambda ng, conf: ng.signal(signal.SIGQUIT))
+
+
+ROWS_CONF = """
+    kvroute_zone kv 16m;
+    upstream llm {
+        zone llm 64k;
+        kvroute zone=kv;
+        server 127.0.0.1:9;
+        server 127.0.0.1:10;
+    }
+    server {
+        listen 127.0.0.1:%(port)s;
+        location = /kvroute/status { kvroute_status; }
+    }
+"""
+
+
+def test_reload_of_many_worker_processes_gives_each_a_load_row(stack):
+    """A row of the load table per worker process, so that one which dies
+    gives its in-flight load back. A reload runs the old and new processes
+    side by side: with 66 of each, a fixed cap of 128 rows left the last new
+    ones without a row."""
+    n = 66
+    ng = stack.nginx(ROWS_CONF, workers=n)
+    kvt.wait_until(lambda: len(ng.children()) >= n, timeout=60, what="worker processes")
+    ng.reload(ROWS_CONF, workers=n, timeout=60)
+    kvt.wait_until(lambda: kvt.request(ng.port, "GET", "/kvroute/status")[0] == 200,
+                   timeout=30, what="status after reload")
+    assert "no free load row" not in ng.log()
+    assert ng.alerts() == []
