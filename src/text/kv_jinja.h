@@ -77,6 +77,7 @@ typedef struct jj_list jj_list;
 typedef struct jj_dict jj_dict;
 typedef struct jj_loop jj_loop;
 typedef struct jj_method jj_method;
+typedef struct jj_closure jj_closure; /* a macro and the scope it was defined in (eval) */
 struct jnode;
 
 struct jj_value {
@@ -92,7 +93,7 @@ struct jj_value {
         jj_dict *dict; /* DICT, NS */
         jj_loop *loop;
         jj_method *method;
-        const struct jnode *macro;
+        const jj_closure *macro;
     } u;
 };
 
