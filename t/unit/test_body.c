@@ -518,8 +518,9 @@ TEST(duplicates_last_wins)
     /* an input item's members too: the last `type` and `role` say */
     CHECK(parse(&b, "{\"input\":[{\"type\":\"reasoning\",\"role\":\"user\",\"type\":\"message\","
                     "\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\",\"role\":7}]}") == 0);
-    CHECK(b.kind == KV_BODY_MESSAGES && strstr(b.chat.messages, "\"a\"") != NULL
-          && strstr(b.chat.messages, "\"b\"") == NULL);
+    CHECK(b.kind == KV_BODY_MESSAGES
+          && memmem(b.chat.messages, b.chat.messages_len, "\"a\"", 3) != NULL
+          && memmem(b.chat.messages, b.chat.messages_len, "\"b\"", 3) == NULL);
     kv_body_free(&b);
 }
 
