@@ -70,6 +70,7 @@ typedef enum {
     JV_FUNC,   /* a global function (builtin id) */
     JV_METHOD, /* a bound method: self + name */
     JV_MACRO,
+    JV_BIGINT, /* an integer past 64 bits, as Python's int keeps it: its digits in str */
 } jj_value_kind;
 
 typedef struct jj_value jj_value;
@@ -88,7 +89,7 @@ struct jj_value {
         struct {
             const char *s;
             size_t n;
-        } str; /* STR; UNDEF: its name */
+        } str; /* STR; UNDEF: its name; BIGINT: its decimal digits */
         jj_list *list;
         jj_dict *dict; /* DICT, NS */
         jj_loop *loop;
@@ -134,6 +135,9 @@ jj_value jv_bool(int b);
 jj_value jv_int(int64_t i);
 jj_value jv_float(double f);
 jj_value jv_strn(const char *s, size_t n);
+/* An integer outside int64 by its decimal digits ([-]d+, no leading zero): printed
+ * exactly, compared by value; arithmetic on it fails. */
+jj_value jv_bigint(const char *digits, size_t n);
 /* x + y[0..yn) in the arena: in place when x is the whole of a string that grew this way
  * before, so that s = s + t in a loop costs O(len) overall, not O(len^2). An undefined
  * value when the arena fails. (x's bytes stay, but not its terminating NUL.) */
