@@ -19,6 +19,29 @@
 typedef kv_jscan_t scan_t;
 
 /*
+ * A member may come more than once. Python's json.loads keeps the last
+ * value, at the first one's place, and the engine reads that: so does the
+ * router, for every member. Each value is read as it comes (a repeat
+ * replaces what the earlier one gave; nothing is scanned twice), and what
+ * combines several members is combined once the body is read.
+ */
+
+/* The members a prompt is read from; the first present, at its first
+ * place, with a usable last value, routes the body. */
+enum { PK_PROMPT, PK_MESSAGES, PK_TEXT, PK_INPUT_IDS, PK_N };
+
+typedef struct {
+    int         rank[PK_N];     /* order of first occurrence, 1-based; 0: absent */
+    const char *span[PK_N];     /* the last value, NULL when it is no prompt */
+    size_t      len[PK_N];
+    int         ranks;
+    int         held;           /* the member b's prompt came from, or -1 */
+    long        max_tokens, max_completion_tokens, max_output_tokens, max_new_tokens;
+    long        n, best_of, sampling_n;
+    uint64_t    user, metadata_user;
+} members_t;
+
+/*
  * A string at s->p (the opening quote). With out != NULL, the unescaped
  * bytes are malloc'ed into *out (NUL-terminated). Unescaped output is never
  * longer than the escaped input, so one allocation of the span suffices.
@@ -431,12 +454,10 @@ static int scan_span(scan_t *s, const char **span, size_t *len)
     return 0;
 }
 
-/* A boolean member; any other type leaves the default (the engine refuses it). */
-static int scan_flag(scan_t *s, int *flag)
+/* A boolean member; any other type gives the default (the engine refuses it). */
+static int scan_flag(scan_t *s, int *flag, int dflt)
 {
-    if (s->p < s->end && (*s->p == 't' || *s->p == 'f')) {
-        *flag = *s->p == 't';
-    }
+    *flag = s->p < s->end && (*s->p == 't' || *s->p == 'f') ? *s->p == 't' : dflt;
     return skip_value(s, 1);
 }
 
@@ -483,56 +504,91 @@ static int scan_name(scan_t *s, char *out, size_t cap)
     return 0;
 }
 
-static void keep_sequences(kv_body_t *b, long v)
+static long larger(long a, long b)
 {
-    if (v > b->sequences) {
-        b->sequences = v > KV_BODY_SEQUENCES_MAX ? KV_BODY_SEQUENCES_MAX : v;
+    return a > b ? a : b;
+}
+
+/* A count member (`n`, `best_of`): an integer, or 1 (absent, or not one). */
+static int scan_count(scan_t *s, long *v, int depth)
+{
+    *v = 1;
+    return digit(kv_jscan_peek(s)) ? scan_long(s, v) : skip_value(s, depth);
+}
+
+/* A token limit: an integer, or -1 (absent, or not one that fits). */
+static int scan_limit(scan_t *s, long *v, int depth)
+{
+    int c = kv_jscan_peek(s);
+
+    *v = -1;
+    return c == '-' || digit(c) ? scan_long(s, v) : skip_value(s, depth);
+}
+
+/* A session hint: the key of a string, 0 for anything else. */
+static int scan_hint(scan_t *s, uint64_t *hint, int depth)
+{
+    char   *str;
+    size_t  n;
+
+    *hint = 0;
+    if (kv_jscan_peek(s) != '"') {
+        return skip_value(s, depth);
     }
+    if (scan_string(s, &str, &n) != 0) {
+        return -1;
+    }
+    *hint = kv_body_session_key(str, n);
+    free(str);
+    return 0;
 }
 
 /* One sampling_params object of SGLang's /generate: max_new_tokens and n,
- * the larger kept (a batch may give one object per prompt). */
-static int scan_sampling_one(scan_t *s, kv_body_t *b, int depth)
+ * the larger of the objects' kept (a batch may give one per prompt). */
+static int scan_sampling_one(scan_t *s, members_t *m, int depth)
 {
     char   key[16];
     size_t klen;
-    long   v;
-    int    first = 1, more, c;
+    long   max_new = -1, n = 1;
+    int    first = 1, more;
 
     s->p++;
     while ((more = kv_jscan_more(s, &first, '}')) == 1) {
         if (scan_key(s, key, sizeof(key), &klen) != 0) {
             return -1;
         }
-        c = kv_jscan_peek(s);
-        if ((klen == 14 && memcmp(key, "max_new_tokens", 14) == 0) && (c == '-' || digit(c))) {
-            if (scan_long(s, &v) != 0) {
-                return -1;
-            }
-            b->max_tokens = v > b->max_tokens ? v : b->max_tokens;
-        } else if (klen == 1 && key[0] == 'n' && digit(c)) {
-            if (scan_long(s, &v) != 0) {
-                return -1;
-            }
-            keep_sequences(b, v);
-        } else if (skip_value(s, depth + 1) != 0) {
+        if (klen == 14 && memcmp(key, "max_new_tokens", 14) == 0) {
+            more = scan_limit(s, &max_new, depth + 1);
+        } else if (klen == 1 && key[0] == 'n') {
+            more = scan_count(s, &n, depth + 1);
+        } else {
+            more = skip_value(s, depth + 1);
+        }
+        if (more != 0) {
             return -1;
         }
     }
+    m->max_new_tokens = larger(m->max_new_tokens, max_new);
+    m->sampling_n = larger(m->sampling_n, n);
     return more;
 }
 
 /* `sampling_params`: an object, or a list of them (one per prompt). */
-static int scan_sampling(scan_t *s, kv_body_t *b)
+static int scan_sampling(scan_t *s, members_t *m)
 {
     int first = 1, more;
 
+    m->max_new_tokens = -1;
+    m->sampling_n = 1;
     if (*s->p == '{') {
-        return scan_sampling_one(s, b, 1);
+        return scan_sampling_one(s, m, 1);
+    }
+    if (*s->p != '[') {
+        return skip_value(s, 1);
     }
     s->p++;
     while ((more = kv_jscan_item(s, &first)) == 1) {
-        if (kv_jscan_peek(s) == '{' ? scan_sampling_one(s, b, 2) : skip_value(s, 2)) {
+        if (kv_jscan_peek(s) == '{' ? scan_sampling_one(s, m, 2) : skip_value(s, 2)) {
             return -1;
         }
     }
@@ -541,51 +597,162 @@ static int scan_sampling(scan_t *s, kv_body_t *b)
 
 /* `metadata` (the Anthropic API's): its `user_id` is the user hint, as
  * OpenAI's `user` (Claude Code puts its session there). */
-static int scan_metadata(scan_t *s, kv_body_t *b)
+static int scan_metadata(scan_t *s, members_t *m)
 {
-    char    key[8], *str;
-    size_t  n, klen;
+    char    key[8];
+    size_t  klen;
     int     first = 1, more;
 
+    m->metadata_user = 0;
+    if (*s->p != '{') {
+        return skip_value(s, 1);
+    }
     s->p++;
     while ((more = kv_jscan_more(s, &first, '}')) == 1) {
         if (scan_key(s, key, sizeof(key), &klen) != 0) {
             return -1;
         }
-        if (klen == 7 && memcmp(key, "user_id", 7) == 0 && kv_jscan_peek(s) == '"') {
-            if (scan_string(s, &str, &n) != 0) {
-                return -1;
-            }
-            b->user = kv_body_session_key(str, n);
-            free(str);
-        } else if (skip_value(s, 2) != 0) {
+        if (klen == 7 && memcmp(key, "user_id", 7) == 0
+            ? scan_hint(s, &m->metadata_user, 2) != 0 : skip_value(s, 2) != 0)
+        {
             return -1;
         }
     }
     return more;
 }
 
-static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
+/* Forgets the prompt read so far: a later value replaces it. */
+static void drop_prompt(kv_body_t *b)
 {
-    char   *str;
-    size_t  n;
+    free(b->text);
+    free(b->ids);
+    b->text = NULL;
+    b->ids = NULL;
+    b->text_len = 0;
+    b->n_ids = 0;
+    b->kind = KV_BODY_NONE;
+    b->chat.messages = NULL;
+    b->chat.messages_len = 0;
+    b->prompts = 1;
+    b->batch_bytes = 0;
+    b->batch_ids = 0;
+}
 
-#define KEY(lit) (klen == sizeof(lit) - 1 && memcmp(key, lit, klen) == 0)
+/* Whether a value starting with c can be member k's prompt. A `prompt` of
+ * another type is an error when read (as the engine refuses it); the
+ * others are then no prompt (the Responses API's `text` is an object). */
+static int prompt_value(int k, int c)
+{
+    return k == PK_MESSAGES ? c == '[' : k == PK_PROMPT || c == '"' || c == '[';
+}
 
-    kv_jscan_peek(s);
-    if (KEY("prompt") && b->kind == KV_BODY_NONE) {
+/* Member k's value at s->p into b: 0, or -1. */
+static int read_prompt(scan_t *s, kv_body_t *b, int k)
+{
+    const char *start = s->p;
+
+    if (k != PK_MESSAGES) {
         return scan_prompt(s, b);
     }
-    if (KEY("messages") && b->kind == KV_BODY_NONE && s->p < s->end && *s->p == '[') {
-        const char *start = s->p;
+    if (skip_value(s, 1) != 0) {
+        return -1;
+    }
+    b->kind = KV_BODY_MESSAGES;
+    b->chat.messages = start;
+    b->chat.messages_len = (size_t) (s->p - start);
+    return 0;
+}
 
-        if (skip_value(s, 1) != 0) {
+/* A prompt member: read when it is the one held, or when none is; else
+ * only its span kept, in case the one held is replaced by no prompt. */
+static int prompt_member(scan_t *s, kv_body_t *b, members_t *m, int k)
+{
+    const char *start = s->p;
+    int         usable = prompt_value(k, *start);
+
+    if (m->rank[k] == 0) {
+        m->rank[k] = ++m->ranks;
+    }
+    if (m->held == k) {
+        drop_prompt(b);
+        m->held = -1;
+    }
+    if (m->held == -1 && usable) {
+        if (read_prompt(s, b, k) != 0) {
             return -1;
         }
-        b->kind = KV_BODY_MESSAGES;
-        b->chat.messages = start;
-        b->chat.messages_len = (size_t) (s->p - start);
+        m->held = k;
+    } else if (skip_value(s, 1) != 0) {
+        return -1;
+    }
+    m->span[k] = usable ? start : NULL;
+    m->len[k] = (size_t) (s->p - start);
+    return 0;
+}
+
+/* Once the body is read: the prompt member first in place whose last
+ * value is a prompt. It differs from the one held only when a repeat
+ * changed which members have one; that one is read again from its span. */
+static int settle_prompt(scan_t *s, kv_body_t *b, members_t *m)
+{
+    scan_t in;
+    int    k, best = -1;
+
+    for (k = 0; k < PK_N; k++) {
+        if (m->span[k] && (best < 0 || m->rank[k] < m->rank[best])) {
+            best = k;
+        }
+    }
+    if (best < 0 || best == m->held) {
         return 0;
+    }
+    drop_prompt(b);
+    kv_jscan_init_err(&in, m->span[best], m->len[best], s->why, s->whylen);
+    in.base = s->base;
+    return read_prompt(&in, b, best);
+}
+
+/* What several members give together: vLLM's token limit (a chat's
+ * max_completion_tokens over its max_tokens), the sequences decoded. */
+static void settle_members(kv_body_t *b, const members_t *m)
+{
+    long seq = larger(larger(m->n, m->best_of), m->sampling_n);
+
+    b->max_tokens = m->max_completion_tokens >= 0 ? m->max_completion_tokens
+                    : m->max_tokens >= 0 ? m->max_tokens
+                    : m->max_output_tokens >= 0 ? m->max_output_tokens
+                    : m->max_new_tokens;
+    b->sequences = seq < 1 ? 1 : seq > KV_BODY_SEQUENCES_MAX ? KV_BODY_SEQUENCES_MAX : seq;
+    b->user = m->user ? m->user : m->metadata_user;
+}
+
+/* A member read as a raw span when its value starts with one of ok (the
+ * last one wins; any other value: absent). */
+static int scan_span_if(scan_t *s, const char *ok, const char **span, size_t *len)
+{
+    const char *start = s->p;
+
+    *span = NULL;
+    *len = 0;
+    if (skip_value(s, 1) != 0) {
+        return -1;
+    }
+    if (strchr(ok, *start) != NULL) {
+        *span = start;
+        *len = (size_t) (s->p - start);
+    }
+    return 0;
+}
+
+static int scan_field(scan_t *s, kv_body_t *b, members_t *m, const char *key, size_t klen)
+{
+#define KEY(lit) (klen == sizeof(lit) - 1 && memcmp(key, lit, klen) == 0)
+
+    if (kv_jscan_peek(s) == 0) {
+        return skip_value(s, 1);        /* fails as any missing value does */
+    }
+    if (KEY("prompt") || KEY("messages")) {
+        return prompt_member(s, b, m, KEY("prompt") ? PK_PROMPT : PK_MESSAGES);
     }
     if (KEY("tools") || KEY("documents") || KEY("chat_template_kwargs") || KEY("tool_choice")
         || KEY("reasoning_effort"))
@@ -599,64 +766,53 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
                  ? scan_span(s, &c->reasoning_effort, &c->reasoning_effort_len)
                : scan_span(s, &c->kwargs, &c->kwargs_len);
     }
-    if (KEY("add_generation_prompt") || KEY("continue_final_message")
-        || KEY("add_special_tokens"))
-    {
-        return scan_flag(s, KEY("add_generation_prompt") ? &b->chat.add_generation_prompt
-                            : KEY("continue_final_message") ? &b->chat.continue_final_message
-                                                            : &b->add_special_tokens);
+    if (KEY("add_generation_prompt") || KEY("continue_final_message")) {
+        return KEY("add_generation_prompt") ? scan_flag(s, &b->chat.add_generation_prompt, -1)
+                                            : scan_flag(s, &b->chat.continue_final_message, 0);
     }
-    if (KEY("model") && s->p < s->end && *s->p == '"') {
-        return scan_name(s, b->model, sizeof(b->model));
+    if (KEY("add_special_tokens")) {
+        return scan_flag(s, &b->add_special_tokens, -1);
     }
-    if (KEY("cache_salt") && s->p < s->end && *s->p == '"' && b->salt == NULL) {
-        return scan_string(s, &b->salt, &b->salt_len);
+    if (KEY("model")) {
+        b->model[0] = '\0';
+        return *s->p == '"' ? scan_name(s, b->model, sizeof(b->model)) : skip_value(s, 1);
     }
-    if ((KEY("prompt_cache_key") || KEY("user")) && s->p < s->end && *s->p == '"') {
-        uint64_t *hint = KEY("user") ? &b->user : &b->cache_key;
-
-        if (scan_string(s, &str, &n) != 0) {
-            return -1;
-        }
-        *hint = kv_body_session_key(str, n);
-        free(str);
-        return 0;
+    if (KEY("cache_salt")) {
+        free(b->salt);
+        b->salt = NULL;
+        b->salt_len = 0;
+        return *s->p == '"' ? scan_string(s, &b->salt, &b->salt_len) : skip_value(s, 1);
     }
-    if (KEY("stream") && s->p < s->end && *s->p == 't') {
-        b->stream = 1;
-        return kv_jscan_literal(s, "true");
+    if (KEY("prompt_cache_key") || KEY("user")) {
+        return scan_hint(s, KEY("user") ? &m->user : &b->cache_key, 1);
+    }
+    if (KEY("stream")) {
+        b->stream = *s->p == 't';
+        return skip_value(s, 1);
     }
     /* max_output_tokens: the Responses API's */
-    if ((KEY("max_tokens") || KEY("max_completion_tokens") || KEY("max_output_tokens"))
-        && s->p < s->end && (*s->p == '-' || (*s->p >= '0' && *s->p <= '9')))
-    {
-        return scan_long(s, &b->max_tokens);
+    if (KEY("max_tokens") || KEY("max_completion_tokens") || KEY("max_output_tokens")) {
+        return scan_limit(s, KEY("max_tokens") ? &m->max_tokens
+                             : KEY("max_output_tokens") ? &m->max_output_tokens
+                                                        : &m->max_completion_tokens, 1);
     }
-    if ((KEY("n") || KEY("best_of")) && s->p < s->end && *s->p >= '0' && *s->p <= '9') {
-        long v;
-
-        if (scan_long(s, &v) != 0) {
-            return -1;
-        }
-        keep_sequences(b, v);
-        return 0;
+    if (KEY("n") || KEY("best_of")) {
+        return scan_count(s, KEY("n") ? &m->n : &m->best_of, 1);
     }
     /* SGLang's native /generate (RL rollout frameworks send it token ids):
      * the prompt in `text` or `input_ids`, one or a batch, as `prompt`;
      * only a string or a list (the Responses API's `text` is an object) */
-    if ((KEY("text") || KEY("input_ids")) && b->kind == KV_BODY_NONE && s->p < s->end
-        && (*s->p == '"' || *s->p == '['))
-    {
-        return scan_prompt(s, b);
+    if (KEY("text") || KEY("input_ids")) {
+        return prompt_member(s, b, m, KEY("text") ? PK_TEXT : PK_INPUT_IDS);
     }
-    if (KEY("sampling_params") && s->p < s->end && (*s->p == '{' || *s->p == '[')) {
-        return scan_sampling(s, b);
+    if (KEY("sampling_params")) {
+        return scan_sampling(s, m);
     }
-    if (KEY("metadata") && s->p < s->end && *s->p == '{') {
-        return scan_metadata(s, b);
+    if (KEY("metadata")) {
+        return scan_metadata(s, m);
     }
-    if (KEY("system") && s->p < s->end && (*s->p == '"' || *s->p == '[')) {
-        return scan_span(s, &b->system, &b->system_len);
+    if (KEY("system")) {
+        return scan_span_if(s, "\"[", &b->system, &b->system_len);
     }
     /* members only embeddings have: a pooling request on an unknown path */
     if (KEY("encoding_format") || KEY("dimensions")) {
@@ -665,22 +821,11 @@ static int scan_field(scan_t *s, kv_body_t *b, const char *key, size_t klen)
     }
     /* the Responses API (or an embedding's input): read once the whole
      * body is */
-    if ((KEY("input") && s->p < s->end && (*s->p == '"' || *s->p == '['))
-        || (KEY("instructions") && s->p < s->end && *s->p == '"'))
-    {
-        const char *start = s->p;
-
-        if (skip_value(s, 1) != 0) {
-            return -1;
-        }
-        if (KEY("input")) {
-            b->input = start;
-            b->input_len = (size_t) (s->p - start);
-        } else {
-            b->instructions = start;
-            b->instructions_len = (size_t) (s->p - start);
-        }
-        return 0;
+    if (KEY("input")) {
+        return scan_span_if(s, "\"[", &b->input, &b->input_len);
+    }
+    if (KEY("instructions")) {
+        return scan_span_if(s, "\"", &b->instructions, &b->instructions_len);
     }
 #undef KEY
     return skip_value(s, 1);
@@ -772,6 +917,9 @@ int kv_body_parse_api(kv_body_t *b, kv_api_t api, const char *buf, size_t len, c
                       size_t errlen)
 {
     scan_t      s;
+    members_t   m = { .held = -1, .max_tokens = -1, .max_completion_tokens = -1,
+                      .max_output_tokens = -1, .max_new_tokens = -1, .n = 1, .best_of = 1,
+                      .sampling_n = 1 };
     char        key[256];
     const char *val;
     size_t      klen;
@@ -797,7 +945,7 @@ int kv_body_parse_api(kv_body_t *b, kv_api_t api, const char *buf, size_t len, c
         }
         kv_jscan_peek(&s);
         val = s.p;
-        if (scan_field(&s, b, key, klen) != 0) {
+        if (scan_field(&s, b, &m, key, klen) != 0) {
             goto bad;
         }
         if (klen == sizeof("cache_salt") - 1 && memcmp(key, "cache_salt", klen) == 0) {
@@ -817,6 +965,10 @@ int kv_body_parse_api(kv_body_t *b, kv_api_t api, const char *buf, size_t len, c
         kv_jscan_fail(&s, "trailing data after the JSON object");
         goto bad;
     }
+    if (settle_prompt(&s, b, &m) != 0) {
+        goto bad;
+    }
+    settle_members(b, &m);
     api = body_api(b, api);
     b->prefill_only = api >= KV_API_POOLING;
     if (b->chat.add_generation_prompt < 0) {
@@ -851,7 +1003,7 @@ bad:
 /*
  * Only `model`, to choose among upstreams before the prompt is read with
  * one of them: every other value is skipped (and validated); the last
- * `model` string wins, as in kv_body_parse and Python's json.
+ * `model` wins, as in kv_body_parse and Python's json (not a string: none).
  */
 int kv_body_model(const char *buf, size_t len, char *model, size_t cap, char *err, size_t errlen)
 {
@@ -869,6 +1021,9 @@ int kv_body_model(const char *buf, size_t len, char *model, size_t cap, char *er
     while ((more = kv_jscan_more(&s, &first, '}')) == 1) {
         if (scan_key(&s, key, sizeof(key), &klen) != 0) {
             return -1;
+        }
+        if (klen == 5 && memcmp(key, "model", 5) == 0) {
+            model[0] = '\0';       /* a later model that is no string: none */
         }
         if (klen == 5 && memcmp(key, "model", 5) == 0 && kv_jscan_peek(&s) == '"') {
             if (scan_name(&s, model, cap) != 0) {

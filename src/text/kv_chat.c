@@ -400,10 +400,11 @@ char *kv_chat_render_ex(const kv_chat_template_t *t, const json_t *messages, con
  * A request's members straight from its JSON text (kv_tree), without
  * jansson, whose parse of a long conversation costs ten times the render:
  * the values built are exactly the ones jansson + jv_from_json would give,
- * for the JSON this accepts. Anything else is left to jansson (return 1):
- * numbers other than 64-bit signed integers, duplicate keys, strings that
- * are not valid UTF-8 once unescaped or that jansson refuses (\u0000, a
- * lone surrogate).
+ * for the JSON this accepts. Numbers other than 64-bit signed integers and
+ * duplicate keys are read by jv_from_scan (jansson refuses an integer past
+ * 64 bits and a float past DBL_MAX, which Python reads); strings that are
+ * not valid UTF-8 once unescaped or that jansson reads otherwise
+ * (\u0000, a lone surrogate) are left to jansson (return 1).
  */
 
 static int hex4(const char *p)
@@ -444,19 +445,20 @@ static int escapes_ok(const char *s, size_t n)
     return 1;
 }
 
-static int str_from_tree(jj_arena *a, const kv_tnode_t *x, jj_value *out)
+/* A string's raw JSON bytes (between the quotes) as a value */
+static int str_from_raw(jj_arena *a, const char *raw, size_t len, jj_value *out)
 {
-    char *p = jj_alloc(a, (size_t)x->len + 1);
+    char *p = jj_alloc(a, len + 1);
     size_t n;
     if (!p)
         return -1;
-    if (memchr(x->s, '\\', x->len)) {
-        if (!escapes_ok(x->s, x->len))
+    if (memchr(raw, '\\', len)) {
+        if (!escapes_ok(raw, len))
             return 1;
-        n = kv_json_unescape(x->s, x->len, p);
+        n = kv_json_unescape(raw, len, p);
     } else {
-        memcpy(p, x->s, x->len);
-        n = x->len;
+        memcpy(p, raw, len);
+        n = len;
     }
     p[n] = '\0';
     /* (no NUL: a raw one is a control character kv_jscan refuses, and
@@ -465,6 +467,11 @@ static int str_from_tree(jj_arena *a, const kv_tnode_t *x, jj_value *out)
         return 1;
     *out = jv_strn(p, n);
     return 0;
+}
+
+static int str_from_tree(jj_arena *a, const kv_tnode_t *x, jj_value *out)
+{
+    return str_from_raw(a, x->s, x->len, out);
 }
 
 /* 0, 1: not for this path, -1: no memory */
@@ -527,6 +534,83 @@ static int jv_from_tree(jj_arena *a, const kv_tree_t *tr, uint32_t node, jj_valu
 }
 
 /*
+ * A number as Python's json holds it: an int (past 64 bits too: kept as its
+ * digits, which JSON writes without leading zeros, as Python prints them),
+ * or a float as float() reads it (1e400 is inf, which jansson refuses).
+ */
+static int num_from_scan(jj_arena *a, const kv_jnum_t *num, jj_value *out)
+{
+    char *text;
+
+    if (num->kind == KV_JNUM_NEG || (num->kind == KV_JNUM_UINT && num->u <= INT64_MAX)) {
+        *out = jv_int((int64_t)num->u);
+        return 0;
+    }
+    text = jj_alloc(a, num->len + 1);
+    if (!text)
+        return -1;
+    memcpy(text, num->text, num->len);
+    text[num->len] = '\0';
+    *out = num->kind == KV_JNUM_FLOAT ? jv_float(strtod(text, NULL)) : jv_bigint(text, num->len);
+    return 0;
+}
+
+/*
+ * A value straight from the scanner, for what jv_from_tree leaves but
+ * Python's json reads: integers past 64 bits, floats, repeated keys (the
+ * last value, at the first one's place, as a Python dict keeps it). 0; 1:
+ * left to jansson (a string it reads otherwise, malformed JSON, nesting past
+ * KV_JSON_MAX_DEPTH); -1: no memory.
+ */
+static int jv_from_scan(jj_arena *a, kv_jscan_t *s, int depth, jj_value *out)
+{
+    const char *raw;
+    size_t len;
+    kv_jnum_t num;
+    jj_value k = jv_none(), v;
+    int c = kv_jscan_peek(s), first = 1, more, rc, obj = c == '{';
+
+    if (depth > KV_JSON_MAX_DEPTH)
+        return 1;
+    if (c == '"')
+        return kv_jscan_string_raw(s, &raw, &len, NULL) ? 1 : str_from_raw(a, raw, len, out);
+    if (c == 't' || c == 'f' || c == 'n') {
+        if (kv_jscan_literal(s, c == 't' ? "true" : c == 'f' ? "false" : "null"))
+            return 1;
+        *out = c == 'n' ? jv_none() : jv_bool(c == 't');
+        return 0;
+    }
+    if (c != '{' && c != '[')
+        return kv_jscan_number(s, &num) ? 1 : num_from_scan(a, &num, out);
+    s->p++;
+    *out = obj ? jv_new_dict(a, 4) : jv_new_list(a, 4);
+    if (out->kind != (obj ? JV_DICT : JV_LIST))
+        return -1;
+    while ((more = kv_jscan_more(s, &first, obj ? '}' : ']')) == 1) {
+        if (obj && (kv_jscan_peek(s) != '"' || kv_jscan_string_raw(s, &raw, &len, NULL)
+                    || kv_jscan_expect(s, ':')))
+            return 1;
+        if ((obj && (rc = str_from_raw(a, raw, len, &k)) != 0)
+            || (rc = jv_from_scan(a, s, depth + 1, &v)) != 0)
+            return rc;
+        if (obj ? jv_dict_put(a, *out, k, v) != 0 : (jv_list_push(a, *out, v), a->failed))
+            return -1;
+    }
+    return more < 0 ? 1 : 0;
+}
+
+/* json[0..len) by jv_from_scan, the whole of it */
+static int parse_scan(jj_arena *a, const char *json, size_t len, jj_value *out)
+{
+    kv_jscan_t s;
+    int rc;
+
+    kv_jscan_init(&s, json, len);
+    rc = jv_from_scan(a, &s, 0, out);
+    return rc == 0 && kv_jscan_peek(&s) != 0 ? 1 : rc;
+}
+
+/*
  * Whether json nests at most max deep (strings skipped). The jansson
  * fallback below takes 2048 levels and jv_from_json recurses through them:
  * a tool call's arguments text (a plain string to the body's own depth
@@ -569,6 +653,8 @@ int kv_chat_parse_value(jj_arena *a, const char *json, size_t len, jj_value *out
     if (kv_tree_json(&tr, json, len, err, errlen) == 0 && tr.n > 0)
         rc = jv_from_tree(a, &tr, 0, out);
     kv_tree_free(&tr);
+    if (rc == 1)
+        rc = parse_scan(a, json, len, out);
     if (rc == 0)
         return 0;
     if (rc < 0) {

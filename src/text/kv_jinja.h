@@ -70,6 +70,7 @@ typedef enum {
     JV_FUNC,   /* a global function (builtin id) */
     JV_METHOD, /* a bound method: self + name */
     JV_MACRO,
+    JV_BIGINT, /* an integer past 64 bits, as Python's int keeps it: its digits in str */
 } jj_value_kind;
 
 typedef struct jj_value jj_value;
@@ -77,6 +78,7 @@ typedef struct jj_list jj_list;
 typedef struct jj_dict jj_dict;
 typedef struct jj_loop jj_loop;
 typedef struct jj_method jj_method;
+typedef struct jj_closure jj_closure; /* a macro and the scope it was defined in (eval) */
 struct jnode;
 
 struct jj_value {
@@ -87,12 +89,12 @@ struct jj_value {
         struct {
             const char *s;
             size_t n;
-        } str; /* STR; UNDEF: its name */
+        } str; /* STR; UNDEF: its name; BIGINT: its decimal digits */
         jj_list *list;
         jj_dict *dict; /* DICT, NS */
         jj_loop *loop;
         jj_method *method;
-        const struct jnode *macro;
+        const jj_closure *macro;
     } u;
 };
 
@@ -133,6 +135,9 @@ jj_value jv_bool(int b);
 jj_value jv_int(int64_t i);
 jj_value jv_float(double f);
 jj_value jv_strn(const char *s, size_t n);
+/* An integer outside int64 by its decimal digits ([-]d+, no leading zero): printed
+ * exactly, compared by value; arithmetic on it fails. */
+jj_value jv_bigint(const char *digits, size_t n);
 /* x + y[0..yn) in the arena: in place when x is the whole of a string that grew this way
  * before, so that s = s + t in a loop costs O(len) overall, not O(len^2). An undefined
  * value when the arena fails. (x's bytes stay, but not its terminating NUL.) */

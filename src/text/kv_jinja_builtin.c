@@ -260,13 +260,13 @@ int jj_call_test(jj_ctx *c, const char *t, jj_value v, const jj_value *args, int
         *out = k == JV_BOOL && !v.u.i;
         return 0;
     case JJ_TEST_INTEGER:
-        *out = k == JV_INT;
+        *out = k == JV_INT || k == JV_BIGINT;
         return 0;
     case JJ_TEST_FLOAT:
         *out = k == JV_FLOAT;
         return 0;
     case JJ_TEST_NUMBER:
-        *out = k == JV_INT || k == JV_FLOAT || k == JV_BOOL;
+        *out = k == JV_INT || k == JV_BIGINT || k == JV_FLOAT || k == JV_BOOL;
         return 0;
     case JJ_TEST_STRING:
         *out = k == JV_STR;

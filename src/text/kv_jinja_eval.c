@@ -4,7 +4,10 @@
  * Scopes: a chain of frames (globals <- template <- for-iteration/macro).
  * As in jinja2, every loop iteration gets a fresh frame (a {% set %} in a
  * loop body does not survive the iteration; namespace() is the way out),
- * {% if %} is not a scope, and macros see the template's top-level frame.
+ * {% if %} is not a scope, and a macro closes over the frame it is defined
+ * in (a loop's, a macro's or the template's), reading it when called.
+ * Frames a macro can be defined in live in the render's arena, so a macro
+ * kept past its loop or macro call still has its scope to read.
  *
  * Undefined follows jinja2's default Undefined: prints as "", is falsy,
  * iterates as empty, compares unequal to defined values; attribute or item
@@ -35,6 +38,11 @@ struct frame {
 /* A new frame under parent, its dict in the render's arena. */
 #define FRAME(c, up) {.parent = (up), .vars = {.a = (c)->a}}
 
+struct jj_closure {
+    const jnode *node; /* the N_MACRO */
+    frame *scope;      /* where it was defined */
+};
+
 struct jj_ctx {
     jj_arena *a;
     jj_buf *out;
@@ -45,7 +53,6 @@ struct jj_ctx {
     int depth;      /* macro call depth */
     int nest;       /* eval_expr/exec_node recursion depth */
     uint64_t steps; /* loop iterations and macro calls so far: bounds a render */
-    frame *root;    /* the template's top-level frame */
     long long now;
 };
 
@@ -114,6 +121,18 @@ static int frame_set(jj_ctx *c, frame *f, const char *name, jj_value v)
     if (jv_dict_put(c->a, frame_dict(f), jv_cstr(name), v))
         return jj_oom(c);
     return 0;
+}
+
+/* A frame in the arena (one a macro may close over); NULL after jj_oom. */
+static frame *new_frame(jj_ctx *c, frame *up)
+{
+    frame *f = jj_alloc(c->a, sizeof *f);
+    if (!f) {
+        jj_oom(c);
+        return NULL;
+    }
+    *f = (frame)FRAME(c, up);
+    return f;
 }
 
 static int eval_expr_at(jj_ctx *c, frame *f, const jnode *n, jj_value *out);
@@ -703,15 +722,19 @@ static int eval_args(jj_ctx *c, frame *f, const jnode *n, callargs *ca)
     return 0;
 }
 
-static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jj_value *out)
+static int call_macro(jj_ctx *c, const jj_closure *cl, callargs *ca, jj_value *out)
 {
+    const jnode *m = cl->node;
+
     if (c->depth > 64)
         return jj_fail(c, "macro recursion too deep");
     if (++c->steps > MAX_STEPS)
         return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
     if (ca->nargs > m->nnames)
         return jj_fail(c, "macro '%s' takes not more than %d argument(s)", m->s, m->nnames);
-    frame mf = FRAME(c, c->root);
+    frame *mf = new_frame(c, cl->scope);
+    if (!mf)
+        return -1;
     for (int i = 0; i < m->nnames; i++) {
         jj_value v = jv_undef(m->names[i]);
         int set = 0;
@@ -724,9 +747,9 @@ static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jj_value *out)
                 v = ca->kwv[k];
                 set = 1;
             }
-        if (!set && m->kids2[i] && eval_expr(c, &mf, m->kids2[i], &v))
+        if (!set && m->kids2[i] && eval_expr(c, mf, m->kids2[i], &v))
             return -1;
-        if (frame_set(c, &mf, m->names[i], v))
+        if (frame_set(c, mf, m->names[i], v))
             return -1;
     }
     for (int k = 0; k < ca->nkw; k++) {
@@ -739,7 +762,7 @@ static int call_macro(jj_ctx *c, const jnode *m, callargs *ca, jj_value *out)
     jj_buf buf = {0}, *saved = c->out;
     c->out = &buf;
     c->depth++;
-    int rc = exec_node(c, &mf, m->b);
+    int rc = exec_node(c, mf, m->b);
     c->depth--;
     c->out = saved;
     c->brk = c->cont = 0;
@@ -1003,7 +1026,9 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     size_t cnt;
     if (eval_expr(c, f, n->a, &seq) || jj_iterate(c, seq, &items, &cnt))
         return -1;
-    frame it = FRAME(c, f);
+    frame *it = new_frame(c, f);
+    if (!it)
+        return -1;
     if (n->b) { /* {% for x in xs if cond %}: filter first, so loop.length counts what is kept */
         jj_value *kept = jj_alloc(c->a, (cnt + 1) * sizeof *kept);
         size_t k = 0;
@@ -1014,8 +1039,8 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
             /* the condition is evaluated once an item: it counts as a step */
             if (++c->steps > MAX_STEPS)
                 return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
-            jv_dict_clear(&it.vars);
-            if (assign(c, &it, n, items[i]) || eval_expr(c, &it, n->b, &ok))
+            jv_dict_clear(&it->vars);
+            if (assign(c, it, n, items[i]) || eval_expr(c, it, n->b, &ok))
                 return -1;
             if (jv_truthy(ok))
                 kept[k++] = items[i];
@@ -1031,15 +1056,15 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
     jj_value lv = {.kind = JV_LOOP};
     lv.u.loop = loop;
     for (size_t i = 0; i < cnt; i++) {
-        jv_dict_clear(&it.vars);
+        jv_dict_clear(&it->vars);
         loop->index0 = i;
         if (++c->steps > MAX_STEPS)
             return jj_fail(c, "template runs too long (more than %u steps)", MAX_STEPS);
         if (c->out->n > MAX_OUTPUT)
             return jj_fail(c, "template output too large");
-        if (assign(c, &it, n, items[i]) || frame_set(c, &it, "loop", lv))
+        if (assign(c, it, n, items[i]) || frame_set(c, it, "loop", lv))
             return -1;
-        if (exec_node(c, &it, n->c))
+        if (exec_node(c, it, n->c))
             return -1;
         c->cont = 0;
         if (c->brk) {
@@ -1048,8 +1073,8 @@ static int exec_for(jj_ctx *c, frame *f, const jnode *n)
         }
     }
     if (cnt == 0 && n->d) {
-        frame eb = FRAME(c, f);
-        return exec_node(c, &eb, n->d);
+        frame *eb = new_frame(c, f);
+        return eb ? exec_node(c, eb, n->d) : -1;
     }
     return 0;
 }
@@ -1084,8 +1109,13 @@ static int exec_node_at(jj_ctx *c, frame *f, const jnode *n)
     case N_SETBLOCK:
         return exec_set(c, f, n);
     case N_MACRO: {
+        jj_closure *cl = jj_alloc(c->a, sizeof *cl);
+        if (!cl)
+            return jj_oom(c);
+        cl->node = n;
+        cl->scope = f;
         jj_value m = {.kind = JV_MACRO};
-        m.u.macro = n;
+        m.u.macro = cl;
         return frame_set(c, f, n->s, m);
     }
     case N_BREAK:
@@ -1104,7 +1134,6 @@ int jj_render(const jj_template *t, jj_arena *a, const jj_var *vars, size_t nvar
 {
     jj_ctx c = {.a = a, .out = out, .err = err, .errlen = errlen, .now = now};
     frame globals = FRAME(&c, NULL), top = FRAME(&c, &globals);
-    c.root = &top;
     for (int i = 0; i < JJ_FUNC_N; i++) {
         jj_value fn = {.kind = JV_FUNC};
         fn.u.i = i;

@@ -162,6 +162,13 @@ jj_value jv_strn(const char *s, size_t n)
     v.u.str.n = n;
     return v;
 }
+jj_value jv_bigint(const char *digits, size_t n)
+{
+    jj_value v = jv_strn(digits, n);
+    v.kind = JV_BIGINT;
+    return v;
+}
+
 jj_value jv_cstr(const char *s)
 {
     return jv_strn(s, strlen(s));
@@ -300,8 +307,8 @@ static uint64_t siphash13(const void *src, size_t len)
  * True; containers and None by kind alone (rare as keys: they share one probe chain). */
 static uint64_t hash_key(jj_value k)
 {
-    if (k.kind == JV_STR)
-        return siphash13(k.u.str.s, k.u.str.n);
+    if (k.kind == JV_STR || k.kind == JV_BIGINT)
+        return siphash13(k.u.str.s, k.u.str.n) ^ (k.kind == JV_BIGINT);
     if (k.kind == JV_INT || k.kind == JV_BOOL || k.kind == JV_FLOAT) {
         double f = k.kind == JV_FLOAT ? k.u.f : (double)k.u.i;
         if (f == 0)
@@ -503,6 +510,7 @@ static int equal(jj_value a, jj_value b, int depth)
     case JV_NONE:
         return 1;
     case JV_STR:
+    case JV_BIGINT: /* digits without leading zeros: equal values, equal text */
         return a.u.str.n == b.u.str.n && !memcmp(a.u.str.s, b.u.str.s, a.u.str.n);
     case JV_LIST:
         if (a.u.list == b.u.list) /* Python compares items by identity first */
@@ -547,6 +555,7 @@ const char *jv_type_name(jj_value v)
     static const char *const names[] = {
         "Undefined", "NoneType",  "bool",        "int",      "float",  "str",   "list",
         "dict",      "Namespace", "LoopContext", "function", "method", "Macro",
+        "int",
     };
     if (v.kind == JV_LIST && v.u.list->tuple)
         return "tuple";
@@ -834,6 +843,7 @@ static int write_str(jj_buf *b, jj_value v, const printing *up)
         jv_write_float(b, v.u.f);
         return 0;
     case JV_STR:
+    case JV_BIGINT:
         jj_buf_put(b, v.u.str.s, v.u.str.n);
         return 0;
     case JV_LIST:
@@ -942,6 +952,8 @@ static int write_json_key(jj_buf *b, jj_value k)
         jj_buf_puts(b, "null");
     else if (k.kind == JV_INT)
         write_int(b, k.u.i);
+    else if (k.kind == JV_BIGINT)
+        jj_buf_put(b, k.u.str.s, k.u.str.n);
     else if (k.kind == JV_FLOAT)
         jv_write_float(b, k.u.f);
     else
@@ -976,6 +988,9 @@ int jv_write_json(jj_buf *b, jj_value v, int indent, const char *item_sep, const
         return 0;
     case JV_INT:
         write_int(b, v.u.i);
+        return 0;
+    case JV_BIGINT:
+        jj_buf_put(b, v.u.str.s, v.u.str.n);
         return 0;
     case JV_FLOAT:
         if (isnan(v.u.f))

@@ -39,8 +39,9 @@ static void message(out_t *o, const char *role, const char *raw, size_t len)
     put_str(o, "}");
 }
 
-/* An item is a message when it has a `role` and no `type` but "message".
- * Consumes the object. */
+/* An item is a message when it has a `role` and no `type` but "message"
+ * (a `type` that is no string: none). A member given twice counts by its
+ * last value, as Python's json keeps it. Consumes the object. */
 static int is_message(kv_jscan_t *s)
 {
     const char *raw;
@@ -50,6 +51,11 @@ static int is_message(kv_jscan_t *s)
 
     s->p++;
     while (kv_jscan_key(s, &first, key, sizeof(key)) == 1) {
+        if (strcmp(key, "type") == 0) {
+            other = 0;
+        } else if (strcmp(key, "role") == 0) {
+            role = kv_jscan_peek(s) == '"';
+        }
         if (strcmp(key, "type") == 0 && kv_jscan_peek(s) == '"') {
             if (kv_jscan_string_raw(s, &raw, &n, &esc) != 0) {
                 return 0;
@@ -57,7 +63,6 @@ static int is_message(kv_jscan_t *s)
             other = !(n == 7 && !esc && memcmp(raw, "message", 7) == 0);
             continue;
         }
-        role |= strcmp(key, "role") == 0 && kv_jscan_peek(s) == '"';
         if (kv_jscan_skip_at(s, 3) != 0) {
             return 0;
         }

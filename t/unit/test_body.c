@@ -316,7 +316,7 @@ TEST(batch_counted)
         { "{\"prompt\":[\"abcdef\",\"abcxyz\",\"q\"]}", 3, 0, 4 + 2 },
         { "{\"prompt\":[\"ab\",[1,2]]}", 2, 2, 0 },
         { "{\"prompt\":[[1,2],\"ab\"]}", 2, 0, 4 },
-        { "{\"prompt\":[\"a\"],\"prompt\":[\"a\",\"b\"]}", 1, 0, 0 },   /* the first wins */
+        { "{\"prompt\":[\"a\"],\"prompt\":[\"a\",\"b\"]}", 2, 0, 2 },   /* the last wins */
         { "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 1, 0, 0 },
     };
     kv_body_t b;
@@ -412,6 +412,115 @@ TEST(responses_messages)
     CHECK(b.kind == KV_BODY_NONE && b.max_tokens == 9);
     kv_body_free(&b);
     CHECK(parse(&b, "{\"input\":[{\"role\":\"user\"]}") == -1);
+    kv_body_free(&b);
+}
+
+/*
+ * A member given twice: Python's json.loads keeps the last value (at the
+ * first one's place), so the engine reads the last; so must the router,
+ * for every member it reads, whatever the earlier value was.
+ */
+TEST(duplicates_last_wins)
+{
+    static const char *msg_a = "[{\"role\":\"user\",\"content\":\"a\"}]";
+    static const char *msg_b = "[{\"role\":\"user\",\"content\":\"b\"}]";
+    char      buf[512];
+    kv_body_t b;
+
+    CHECK(parse(&b, "{\"prompt\":\"a\",\"prompt\":\"b\"}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT);
+    CHECK_STR(b.text, "b");
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":[1,2],\"model\":\"m\",\"prompt\":\"b\"}") == 0);
+    CHECK(b.kind == KV_BODY_TEXT && b.n_ids == 0);
+    CHECK_STR(b.text, "b");
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":\"a\",\"prompt\":[[3],[4,5]]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS && b.text == NULL && b.n_ids == 1 && b.ids[0] == 3);
+    CHECK(b.prompts == 2 && b.batch_ids == 2);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"input_ids\":[1],\"input_ids\":[7,8]}") == 0);
+    CHECK(b.kind == KV_BODY_IDS && b.n_ids == 2 && b.ids[0] == 7);
+    kv_body_free(&b);
+
+    snprintf(buf, sizeof(buf), "{\"messages\":%s,\"messages\":%s}", msg_a, msg_b);
+    CHECK(parse(&b, buf) == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES && b.chat.messages_len == strlen(msg_b)
+          && memcmp(b.chat.messages, msg_b, strlen(msg_b)) == 0);
+    kv_body_free(&b);
+    snprintf(buf, sizeof(buf), "{\"messages\":%s,\"messages\":null}", msg_a);
+    CHECK(parse(&b, buf) == 0);
+    CHECK(b.kind == KV_BODY_NONE && b.chat.messages == NULL);
+    kv_body_free(&b);
+    /* which prompt member routes is decided on the members as Python
+     * holds them: each at its first place, with its last value */
+    snprintf(buf, sizeof(buf), "{\"messages\":null,\"prompt\":\"p\",\"messages\":%s}", msg_b);
+    CHECK(parse(&b, buf) == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES && b.text == NULL
+          && memcmp(b.chat.messages, msg_b, strlen(msg_b)) == 0);
+    kv_body_free(&b);
+    snprintf(buf, sizeof(buf), "{\"messages\":%s,\"text\":\"t\",\"messages\":7}", msg_a);
+    CHECK(parse(&b, buf) == 0);
+    CHECK(b.kind == KV_BODY_TEXT && b.chat.messages == NULL);
+    CHECK_STR(b.text, "t");
+    kv_body_free(&b);
+
+    /* the members rendered with the messages */
+    snprintf(buf, sizeof(buf), "{\"messages\":%s,\"tools\":[{}],\"tools\":null,"
+             "\"chat_template_kwargs\":{\"a\":1},\"chat_template_kwargs\":{\"b\":2},"
+             "\"add_generation_prompt\":false,\"add_generation_prompt\":null,"
+             "\"continue_final_message\":true,\"continue_final_message\":false,"
+             "\"add_special_tokens\":true,\"add_special_tokens\":\"x\"}", msg_a);
+    CHECK(parse(&b, buf) == 0);
+    CHECK(b.chat.tools == NULL);
+    CHECK(b.chat.kwargs_len == 7 && memcmp(b.chat.kwargs, "{\"b\":2}", 7) == 0);
+    CHECK(b.chat.add_generation_prompt == 1 && b.chat.continue_final_message == 0);
+    CHECK(b.add_special_tokens == -1);
+    kv_body_free(&b);
+
+    /* the other members the router reads */
+    CHECK(parse(&b, "{\"prompt\":\"p\",\"model\":\"a\",\"model\":null,\"cache_salt\":\"s1\","
+                    "\"cache_salt\":\"s2\",\"user\":\"u\",\"user\":null,\"stream\":true,"
+                    "\"stream\":false,\"max_tokens\":5,\"max_tokens\":null,\"n\":4,\"n\":2,"
+                    "\"prompt_cache_key\":\"k\",\"prompt_cache_key\":7}") == 0);
+    CHECK_STR(b.model, "");
+    CHECK_STR(b.salt, "s2");
+    CHECK(b.n_salts == 2);
+    CHECK(b.user == 0 && b.cache_key == 0 && b.stream == 0);
+    CHECK(b.max_tokens == -1 && b.sequences == 2);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"prompt\":\"p\",\"cache_salt\":\"s1\",\"cache_salt\":null}") == 0);
+    CHECK(b.salt == NULL);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"text\":\"p\",\"sampling_params\":{\"max_new_tokens\":64,\"n\":4},"
+                    "\"sampling_params\":{\"max_new_tokens\":8,\"max_new_tokens\":9}}") == 0);
+    CHECK(b.max_tokens == 9 && b.sequences == 1);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"metadata\":{\"user_id\":\"u1\"},\"metadata\":{}}") == 0);
+    CHECK(b.user == 0);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"metadata\":{\"user_id\":\"u1\",\"user_id\":null}}") == 0);
+    CHECK(b.user == 0);
+    kv_body_free(&b);
+
+    /* the Responses API's and the Anthropic API's members */
+    CHECK(parse(&b, "{\"input\":\"a\",\"input\":null}") == 0);
+    CHECK(b.kind == KV_BODY_NONE && b.responses == NULL);
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"instructions\":\"s\",\"instructions\":null,\"input\":\"x\"}") == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES
+          && strncmp(b.chat.messages, "[{\"role\":\"user\"", 15) == 0);
+    kv_body_free(&b);
+    snprintf(buf, sizeof(buf), "{\"system\":\"s\",\"system\":null,\"messages\":%s}", msg_a);
+    CHECK(parse(&b, buf) == 0);
+    CHECK(b.system == NULL && b.anthropic.messages == NULL);
+    kv_body_free(&b);
+    /* an input item's members too: the last `type` and `role` say */
+    CHECK(parse(&b, "{\"input\":[{\"type\":\"reasoning\",\"role\":\"user\",\"type\":\"message\","
+                    "\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\",\"role\":7}]}") == 0);
+    CHECK(b.kind == KV_BODY_MESSAGES
+          && memmem(b.chat.messages, b.chat.messages_len, "\"a\"", 3) != NULL
+          && memmem(b.chat.messages, b.chat.messages_len, "\"b\"", 3) == NULL);
     kv_body_free(&b);
 }
 
@@ -532,6 +641,7 @@ TEST(model_alone)
         { "{\"extra\":{\"model\":\"inner\"},\"model\":\"a\",\"model\":\"b\"}", "b" },
         { "{\"mod\\u0065l\":\"sql-\\u006cora\"}", "sql-lora" },
         { "{\"model\":null}", "" },
+        { "{\"model\":\"a\",\"model\":7}", "" },
         { "{\"model\":\"" "\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061"
           "\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061"
           "\\u0061\\u0061\\u0061\\u0061\\u0061\\u0061\"}", "aaaaaaaaaaaaaaaaaaaaaaaa" },
@@ -570,6 +680,7 @@ int main(void)
     RUN(model_alone);
     RUN(sequences);
     RUN(batch_counted);
+    RUN(duplicates_last_wins);
     RUN(sglang_generate);
     RUN(responses_messages);
     RUN(api_of_path);

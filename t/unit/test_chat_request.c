@@ -202,8 +202,6 @@ TEST(jansson_fallback)
         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"n\":1.5}]}",
         "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
         "\"tools\":[{\"function\":{\"name\":\"f\",\"parameters\":{\"m\":0.25}}}]}",
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
-        "\"tools\":[{\"function\":{\"name\":\"f\",\"parameters\":{\"m\":9223372036854775808}}}]}",
         "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud83d\\ude00 \\u00e9\\n\\\"\"}]}",
     };
     kv_chat_template_t *t = load("qwen2.5-instruct");
@@ -213,9 +211,66 @@ TEST(jansson_fallback)
     CHECK(t != NULL);
     for (size_t i = 0; t && i < sizeof bodies / sizeof bodies[0]; i++)
         CHECK(paths_agree(t, bodies[i]));
+    /* an integer past 64 bits: the router prints it as Python does
+     * (kvworker's jansson refuses it; numbers_as_python_prints_them) */
+    text = t ? render_router(t, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                             "\"tools\":[{\"function\":{\"name\":\"f\",\"parameters\":"
+                             "{\"m\":9223372036854775808}}}]}", 0, &len, err, sizeof err) : NULL;
+    CHECK(text != NULL && strstr(text, "\"parameters\": {\"m\": 9223372036854775808}") != NULL);
+    free(text);
     /* a float in a tool's schema: printed as Python prints it */
     text = t ? render_router(t, bodies[4], 0, &len, err, sizeof err) : NULL;
     CHECK(text != NULL && strstr(text, "\"parameters\": {\"m\": 0.25}") != NULL);
+    free(text);
+    kv_chat_free(t);
+}
+
+/*
+ * Numbers as Python holds them: an integer past 64 bits stays exact (json
+ * keeps Python's int) and prints its digits; floats print as repr() and
+ * json.dumps do (1e400 is inf, "Infinity" in JSON). Outputs are Python's
+ * str() and json.dumps() of the same JSON.
+ */
+TEST(numbers_as_python_prints_them)
+{
+    static const char *tpl = "{{ tools[0] }}|{{ tools[0] | tojson }}|{{ tools[0][5] is integer }}";
+    static const char *body =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[[1e400, -0.0, 1.0, "
+        "1e16, 0.1, 12345678901234567890123, -99999999999999999999, 1.5e-7, 1e22, "
+        "123456789012345678, 18446744073709551616, 18446744073709551615, "
+        "9223372036854775808, -9223372036854775809, 2.5e-300, 1E5, 0.000001]]}";
+    static const char *want =
+        "[inf, -0.0, 1.0, 1e+16, 0.1, 12345678901234567890123, -99999999999999999999, "
+        "1.5e-07, 1e+22, 123456789012345678, 18446744073709551616, 18446744073709551615, "
+        "9223372036854775808, -9223372036854775809, 2.5e-300, 100000.0, 1e-06]|"
+        "[Infinity, -0.0, 1.0, 1e+16, 0.1, 12345678901234567890123, -99999999999999999999, "
+        "1.5e-07, 1e+22, 123456789012345678, 18446744073709551616, 18446744073709551615, "
+        "9223372036854775808, -9223372036854775809, 2.5e-300, 100000.0, 1e-06]|True";
+    char err[256] = "", body2[512];
+    size_t len = 0;
+    kv_chat_template_t *t = kv_chat_load_string(tpl, NULL, NULL, err, sizeof err);
+    char *text = t ? render_router(t, body, 0, &len, err, sizeof err) : NULL;
+
+    if (text == NULL || strcmp(text, want) != 0)
+        fprintf(stderr, "  want: %s\n  got:  %s\n", want, text ? text : err);
+    CHECK(text != NULL && strcmp(text, want) == 0);
+    free(text);
+    /* a repeated key among them: still the last value, at the first place */
+    snprintf(body2, sizeof body2, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+             "\"tools\":[{\"a\":1,\"b\":99999999999999999999,\"a\":2.5}]}");
+    kv_chat_free(t);
+    t = kv_chat_load_string("{{ tools[0] }}", NULL, NULL, err, sizeof err);
+    text = t ? render_router(t, body2, 0, &len, err, sizeof err) : NULL;
+    /* (vLLM gives a tool its "type" first) */
+    if (text == NULL || strstr(text, "'a': 2.5, 'b': 99999999999999999999}") == NULL)
+        fprintf(stderr, "  got: %s\n", text ? text : err);
+    CHECK(text != NULL && strstr(text, "'a': 2.5, 'b': 99999999999999999999}") != NULL);
+    free(text);
+    /* arithmetic on one fails the render cleanly */
+    kv_chat_free(t);
+    t = kv_chat_load_string("{{ tools[0].b + 1 }}", NULL, NULL, err, sizeof err);
+    text = t ? render_router(t, body2, 0, &len, err, sizeof err) : NULL;
+    CHECK(text == NULL);
     free(text);
     kv_chat_free(t);
 }
@@ -406,6 +461,7 @@ int main(void)
     RUN(requests_as_vllm_renders_them);
     RUN(router_and_worker_paths_agree);
     RUN(jansson_fallback);
+    RUN(numbers_as_python_prints_them);
     RUN(tools_and_arguments_shape_the_prompt);
     RUN(many_slow_arguments);
     RUN(wide_deep_and_empty_members);

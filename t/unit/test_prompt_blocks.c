@@ -147,10 +147,11 @@ TEST(operator_salt_combined_not_overridden)
     CHECK(b.n_salts == 2);
     CHECK(memcmp(evil + b.salt_off[0], "\"x\"", 3) == 0 && b.salt_len_raw[0] == 3);
     CHECK(memcmp(evil + b.salt_off[1], "\"7:tenantA\"", 11) == 0);
-    CHECK(b.salt_len == 10 && memcmp(b.salt, "7:tenantBx", 10) == 0);
+    /* the client's salt is the last one, as the engine's json reads it */
+    CHECK(b.salt_len == 18 && memcmp(b.salt, "7:tenantB7:tenantA", 18) == 0);
     /* with no operator salt at all (an empty $var), still not tenant A's */
     CHECK(kv_prompt_compute(&cfg, evil, strlen(evil), "", 0, &c) == KV_PROMPT_OK);
-    CHECK(c.salt_len == 3 && memcmp(c.salt, "0:x", 3) == 0);
+    CHECK(c.salt_len == 11 && memcmp(c.salt, "0:7:tenantA", 11) == 0);
     CHECK(kv_prompt_compute(&cfg, body, strlen(body), "tenantA", 7, &d) == KV_PROMPT_OK);
     for (size_t i = 0; i < 4; i++) {
         CHECK(a.seq[i] == d.seq[i]);
