@@ -86,7 +86,7 @@ int jj_oom(jj_ctx *c)
     if (c->a->failed == JJ_ARENA_OVER)
         return jj_fail(c, "template needs too much memory (more than %zu MiB)",
                        (size_t)JJ_ARENA_MAX >> 20);
-    return jj_oom(c);
+    return jj_fail(c, "out of memory");
 }
 
 static int undefined_error(jj_ctx *c, jj_value u)

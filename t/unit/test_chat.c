@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -473,6 +474,36 @@ TEST(review_arena)
     CHECK(grown < 700 * 1024); /* the cap (512 MB) and the 200 MB output buffer */
 }
 
+/* malloc failing inside a render (not the arena's cap) fails the render
+ * with a message: jj_oom called itself there, a hang or a stack overflow.
+ * In a child under an address-space limit; alarm() only ends a hang, so
+ * that the test fails rather than waits for ever. Not under the
+ * sanitizers, which need more address space than any such limit leaves. */
+TEST(render_out_of_memory)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    fprintf(stderr, "  skipped under ASan\n");
+#else
+    int status = 0;
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        struct rlimit rl = { 256UL << 20, 256UL << 20 };
+        char err[256] = "";
+        char *out;
+
+        alarm(60);
+        setrlimit(RLIMIT_AS, &rl);
+        out = render_src("{% set ns = namespace() %}{% for i in range(3) %}"
+                         "{% set ns.s = 'a' * 150000000 %}{% endfor %}{{ ns.s|length }}",
+                         err, sizeof err);
+        _exit(out == NULL && strstr(err, "out of memory") != NULL ? 0 : 1);
+    }
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+#endif
+}
+
 /* Found by review: semantics that differed from Python's jinja2 (outputs taken from it). */
 TEST(review_semantics)
 {
@@ -706,6 +737,7 @@ int main(void)
     RUN(review_value_cycles);
     RUN(review_big_dicts);
     RUN(review_arena);
+    RUN(render_out_of_memory);
     RUN(review_semantics);
     RUN(macro_closures);
     RUN(pinned_clock);
