@@ -42,6 +42,11 @@ int kv_uni_class(uint32_t cp)
     return KV_UNI_OTHER;
 }
 
+int kv_uni_is_nfc_new(uint32_t cp)
+{
+    return in_ranges(kv_uni_nfc_new, kv_uni_nfc_new_n, cp);
+}
+
 size_t kv_utf8_next(const uint8_t *s, size_t n, uint32_t *cp)
 {
     uint8_t  c = s[0];

@@ -136,7 +136,8 @@ static uint64_t fingerprint(const kv_tokenizer_t *t)
     w[8] = t->n_suffix;
     w[9] = t->arena_len;
     w[10] = t->merges ? (uint64_t) t->merges_mask + 1 : 0;
-    w[11] = 0x6b76746f6b656e32ULL;     /* bump when encode's rules change (2: NUL under NFC) */
+    w[11] = 0x6b76746f6b656e33ULL;     /* bump when encode's rules change (2: NUL under NFC,
+                                        * 3: Unicode 16.0 classes, NFC as HF's 9.0) */
     XXH3_64bits_update(st, w, sizeof(w));
     XXH3_64bits_update(st, t->arena, t->arena_len);
     XXH3_64bits_update(st, t->tok_len, (size_t) t->vocab_size * sizeof(uint32_t));

@@ -369,6 +369,94 @@ static int emit_piece(void *ctx, const char *p, size_t n)
 
 /* --- one segment between added tokens ------------------------------------ */
 
+/* Bytes s[0..n) appended to *out as they are. */
+static int raw_append(const char *s, size_t n, char **out, size_t *len)
+{
+    char *grown = realloc(*out, *len + n + 1);
+
+    if (grown == NULL) {
+        return -1;
+    }
+    memcpy(grown + *len, s, n);
+    grown[*len + n] = '\0';
+    *out = grown;
+    *len += n;
+    return 0;
+}
+
+/* utf8proc's NFC of s[0..n) appended to *out (malloc'ed, grown). By length,
+ * not utf8proc_NFC: a prompt may hold NUL bytes, which are text to HF
+ * (U+0000) and must not end the segment. */
+static int nfc_append(const char *s, size_t n, char **out, size_t *len)
+{
+    utf8proc_uint8_t *z = NULL;
+    utf8proc_ssize_t  zn;
+    char             *grown;
+
+    if (n == 0) {                               /* between two such marks */
+        return *out ? 0 : raw_append("", 0, out, len);
+    }
+    zn = utf8proc_map((const utf8proc_uint8_t *) s, (utf8proc_ssize_t) n, &z,
+                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (zn < 0) {
+        return -1;
+    }
+    if (*out == NULL) {
+        *out = (char *) z;
+        *len = (size_t) zn;
+        return 0;
+    }
+    grown = realloc(*out, *len + (size_t) zn + 1);
+    if (grown == NULL) {
+        free(z);
+        return -1;
+    }
+    memcpy(grown + *len, z, (size_t) zn + 1);
+    *out = grown;
+    *len += (size_t) zn;
+    free(z);
+    return 0;
+}
+
+/*
+ * NFC as HF computes it, which is with Unicode 9.0 data: utf8proc's newer
+ * data would reorder or compose the marks assigned since, which HF leaves
+ * alone and which split its normalization (kv_uni_is_nfc_new). NULL: no
+ * memory. s is valid UTF-8.
+ */
+static char *nfc_as_hf(const char *s, size_t n, size_t *out_len)
+{
+    char    *out = NULL;
+    size_t   i = 0, from = 0, len = 0, k;
+    uint32_t cp;
+
+    while (i < n) {
+        /* every such mark is >= U+07FD, led by a byte >= 0xdf; no
+         * continuation byte is that high */
+        if ((uint8_t) s[i] < 0xdf) {
+            i++;
+            continue;
+        }
+        k = kv_utf8_next((const uint8_t *) s + i, n - i, &cp);
+        if (kv_uni_is_nfc_new(cp)) {
+            if (nfc_append(s + from, i - from, &out, &len) != 0
+                || raw_append(s + i, k, &out, &len) != 0)
+            {
+                free(out);
+                return NULL;
+            }
+            from = i + k;
+        }
+        i += k;
+    }
+    if (nfc_append(s + from, n - from, &out, &len) != 0) {
+        free(out);
+        return NULL;
+    }
+    *out_len = len;
+    return out;
+}
+
 static int segment(enc_t *e, const char *s, size_t n)
 {
     const kv_tokenizer_t *t = e->t;
@@ -385,19 +473,11 @@ static int segment(enc_t *e, const char *s, size_t n)
             /* void */
         }
         if (i < n) {
-            /* by length, not utf8proc_NFC: a prompt may hold NUL bytes,
-             * which are text to HF (U+0000) and must not end the segment */
-            utf8proc_uint8_t *z = NULL;
-            utf8proc_ssize_t  zn = utf8proc_map((const utf8proc_uint8_t *) s,
-                                                (utf8proc_ssize_t) n, &z,
-                                                UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-
-            if (zn < 0) {
+            norm = nfc_as_hf(s, n, &n);
+            if (norm == NULL) {
                 return -1;
             }
-            norm = (char *) z;
             s = norm;
-            n = (size_t) zn;
         }
     } else if (t->norm == NORM_SENTENCEPIECE) {
         /* Prepend "▁", then every " " becomes "▁" */

@@ -805,6 +805,61 @@ TEST(ascii_classes)
     }
 }
 
+/*
+ * The code points whose class moved between Debian's Unicode 15.0 and the
+ * 16.0 of HF's regexes, and those HF's NFC (Unicode 9.0) leaves alone that
+ * utf8proc would reorder or compose: t/data/tokenizer/unicode.jsonl, HF's
+ * ids for each in a few contexts, every shipped tokenizer (made by
+ * tools/gen-unicode-tables.py fixtures).
+ */
+TEST(unicode_versions_match_hf)
+{
+    kv_tokenizer_t *toks[sizeof(models) / sizeof(models[0])] = { 0 };
+    char            path[256], err[512], *line = NULL;
+    size_t          cap = 0, lines = 0, bad = 0, k;
+    FILE           *f = fopen("t/data/tokenizer/unicode.jsonl", "r");
+
+    CHECK(f != NULL);
+    if (f == NULL) return;
+    for (k = 0; k < sizeof(models) / sizeof(models[0]); k++) {
+        snprintf(path, sizeof(path), "conf/tokenizers/%s/tokenizer.json", models[k]);
+        toks[k] = kv_tokenizer_load(path, err, sizeof(err));
+        CHECK(toks[k] != NULL);
+    }
+    while (getline(&line, &cap, f) > 0) {
+        json_t     *rec = json_loads(line, 0, NULL);
+        const char *model = json_string_value(json_object_get(rec, "model"));
+        json_t     *text = json_object_get(rec, "text");
+        kv_ids_t    ids = { 0 };
+
+        for (k = 0; model && k < sizeof(models) / sizeof(models[0]); k++) {
+            if (strcmp(models[k], model) == 0 && toks[k] != NULL) {
+                break;
+            }
+        }
+        lines++;
+        if (model == NULL || k == sizeof(models) / sizeof(models[0])
+            || kv_tokenizer_encode(toks[k], json_string_value(text), json_string_length(text),
+                                   1, &ids) < 0
+            || !ids_equal(&ids, json_object_get(rec, "ids")))
+        {
+            if (bad++ < 5) {
+                fprintf(stderr, "  line %zu differs: %.100s", lines, line);
+            }
+        }
+        kv_ids_free(&ids);
+        json_decref(rec);
+    }
+    fprintf(stderr, "  %zu strings, %zu differ from HF\n", lines, bad);
+    CHECK(lines >= 2000);
+    CHECK(bad == 0);
+    for (k = 0; k < sizeof(models) / sizeof(models[0]); k++) {
+        kv_tokenizer_free(toks[k]);
+    }
+    free(line);
+    fclose(f);
+}
+
 int main(void)
 {
     RUN(gpt2_matches_hf);
@@ -823,5 +878,6 @@ int main(void)
     RUN(added_tokens_leftmost_longest);
     RUN(many_added_tokens_searched);
     RUN(ascii_classes);
+    RUN(unicode_versions_match_hf);
     return kvt_done();
 }
