@@ -420,6 +420,37 @@ def test_engine_restart_clears_worker(fleet):
     assert route(f.ng.port, b) == (f.servers[0], 2)
 
 
+def test_restart_past_the_old_seq_before_reconnect_clears(fleet):
+    """A restarted engine that published past our last seq before the SUB
+    socket came back: its replay from there looks like our stream's next
+    messages, but its message at our last seq is not the one we applied."""
+    f = fleet(1)
+    subscribed(f, 0, 995)
+    p = f.pubs[0]
+    a = ids(96, 48)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 4), what="stored")          # the probe's block and a's 3
+    old_next = p.seq
+    port, rport = p.port, p.replay_port
+    p.close()
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
+                   what="publisher gone: load only")
+    # the new process answers no replay until it is past the old sequence
+    q = vllm_pub.VllmPublisher(port=port, replay_port=rport, replay_held=True)
+    f.pubs[0] = q
+    b = ids(97, 32)
+    while q.seq <= old_next + 2:
+        q.store(b, drop=True)                   # before we subscribed: only in its buffer
+    q.replay_gate.set()
+    kvt.wait_until(lambda: q.replay_requests, what="replay asked of the new process")
+    f.wait_live()
+    kvt.wait_until(f.indexed(0, 2), what="only the new process's blocks")
+    st = ev_status(f.ng.port)
+    assert st["engine_restarts"] >= 1 and st["cleared_workers"] >= 1
+    assert route(f.ng.port, a)[1] == 0
+    assert route(f.ng.port, b) == (f.servers[0], 2)
+
+
 def test_publisher_death_and_reconnect(fleet):
     f = fleet(2)
     for i in range(2):

@@ -43,7 +43,7 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 class VllmPublisher:
     def __init__(self, port=None, replay_port=None, topic="", block_size=16,
                  hash_kind="bytes", buffer_steps=10000, dp_rank=None, replay=True,
-                 form="array"):
+                 form="array", replay_held=False):
         assert form in ("array", "sglang", "map")
         self.form = form
         self.ctx = zmq.Context()
@@ -55,7 +55,8 @@ class VllmPublisher:
         self.buffer = collections.deque(maxlen=buffer_steps)
         self.lock = threading.Lock()
         self.replay_gate = threading.Event()     # clear it to hold replies back
-        self.replay_gate.set()
+        if not replay_held:                      # held from the start: set it to answer
+            self.replay_gate.set()
         self.replay_requests = []
         self.pub = self.ctx.socket(zmq.PUB)
         self.pub.setsockopt(zmq.LINGER, 0)
