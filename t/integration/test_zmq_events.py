@@ -504,6 +504,39 @@ def test_reload_keeps_index_and_catches_up(fleet):
     assert route(f.ng.port, a) == (f.servers[0], 3)
 
 
+def test_restart_during_reload_clears(fleet):
+    """The new helper adopts the old one's seq and the fingerprint of the
+    batch applied there (the registry record): an engine that restarted
+    meanwhile, past that seq, is told apart as on a reconnect."""
+    f = fleet(1)
+    subscribed(f, 0, 988)
+    p = f.pubs[0]
+    a = ids(88, 48)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 4), what="stored")
+    old_next = p.seq
+    port, rport = p.port, p.replay_port
+    p.close()
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
+                   what="publisher gone: load only")
+    before = ev_status(f.ng.port)["helper_pid"]
+    f.ng.reload()
+    kvt.wait_until(lambda: ev_status(f.ng.port)["helper_pid"] not in (0, before),
+                   timeout=20, what="new helper")
+    q = vllm_pub.VllmPublisher(port=port, replay_port=rport, replay_held=True)
+    f.pubs[0] = q
+    b = ids(89, 32)
+    while q.seq <= old_next + 2:
+        q.store(b, drop=True)
+    q.replay_gate.set()
+    kvt.wait_until(lambda: q.replay_requests, what="catch-up replay asked")
+    f.wait_live()
+    kvt.wait_until(f.indexed(0, 2), what="only the new process's blocks")
+    assert "adopted from the previous helper" in f.ng.log()
+    assert ev_status(f.ng.port)["engine_restarts"] >= 1
+    assert route(f.ng.port, a)[1] == 0
+
+
 def test_no_replay_socket_gap_clears(fleet):
     f = fleet(1, replay=False)
     subscribed(f, 0, 980)
