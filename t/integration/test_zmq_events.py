@@ -551,6 +551,29 @@ def test_no_replay_socket_gap_clears(fleet):
     assert ev_status(f.ng.port)["cleared_workers"] == 1
 
 
+def test_no_replay_socket_reconnect_clears(fleet):
+    """Without a replay socket nothing tells a blip from a restarted engine
+    that went on numbering where the old one stopped: a reconnect clears."""
+    f = fleet(1, replay=False)
+    subscribed(f, 0, 982)
+    p = f.pubs[0]
+    a = ids(84, 32)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 3), what="stored")
+    port, seq = p.port, p.seq
+    p.close()
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
+                   what="publisher gone: load only")
+    q = vllm_pub.VllmPublisher(port=port, replay=False, xpub=True)
+    f.pubs[0] = q
+    q.wait_subscribed()                           # reconnected: nothing sent is dropped now
+    q.seq = seq                                   # its first message is the seq we expect
+    b = ids(85, 16)
+    q.store(b)
+    kvt.wait_until(f.indexed(0, 1), what="cleared on reconnect, then b")
+    assert "no replay to tell a restart from a blip" in f.ng.log()
+
+
 def test_block_size_mismatch_is_loud(fleet):
     f = fleet(1, wait_live=False, block_size=32)
     p = f.pubs[0]
