@@ -340,8 +340,11 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
  * JetStream: a pull consumer, fetched by this thread. (A push consumer
  * lets the server deliver into the void while no helper is bound, and
  * those messages come back only after the ack wait.) Each batch is applied
- * under ing->mu, then acknowledged at once by acking its last message
- * (AckAll): applied events are never delivered again.
+ * under ing->mu, then each applied message is acknowledged (explicit acks,
+ * fire-and-forget publishes): applied events are never delivered again,
+ * and a message fetched but never applied (a stop, a helper that exits
+ * mid-batch) stays unacknowledged, so the next helper gets it
+ * (jetstream_consumer).
  */
 static void *fetch_loop(void *arg)
 {
@@ -362,6 +365,8 @@ static void *fetch_loop(void *arg)
         natsMsgList list = {0};
         jsErrCode jerr = 0;
         natsStatus s = natsSubscription_Fetch(&list, sub, 256, 200, &jerr);
+        if (s == NATS_OK && list.Count > 0 && ing->cfg.test_exit_after_fetch)
+            _exit(3);           /* tests: a helper gone between fetch and apply */
         int applied = 0;
         pthread_mutex_lock(&ing->mu);
         for (int k = 0; s == NATS_OK && k < list.Count && !ing->stopping; k++) {
@@ -370,9 +375,9 @@ static void *fetch_loop(void *arg)
         }
         pthread_mutex_unlock(&ing->mu);
         /* what was applied, no more: a batch cut short by a stop is the
-         * next helper's (the last message acked acks all before it) */
-        if (applied > 0)
-            natsMsg_Ack(list.Msgs[applied - 1], NULL);
+         * next helper's */
+        for (int k = 0; k < applied; k++)
+            natsMsg_Ack(list.Msgs[k], NULL);
         natsMsgList_Destroy(&list);
         pthread_mutex_lock(&ing->mu);
         ing->fetching = 0;
@@ -650,7 +655,60 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
     return rc;
 }
 
-/* Durable push consumer on the stream (created if absent, with the stream
+/*
+ * The durable consumer, ready to bind: explicit acks, filtered on our
+ * subject. A consumer that another helper left with messages delivered
+ * and never acknowledged (it exited between a fetch and its acks, or its
+ * pull request is still open) would redeliver them only after the ack
+ * wait, behind the events we fetch meanwhile: out of order, so dropped as
+ * duplicates. One created by an older kvroute acks all up to the one
+ * acked (AckAll), and a consumer's ack policy cannot be changed in place.
+ * Either is deleted and created again at its ack floor: everything not
+ * acknowledged comes again, in order (what was applied but not acked is
+ * dropped as a duplicate by its event id). 0, or -1 to retry.
+ */
+static int jetstream_consumer(kv_ingest_t *ing, const char *filter)
+{
+    jsErrCode jerr = 0;
+    jsConsumerInfo *ci = NULL;
+    uint64_t floor = 0;
+    natsStatus s = js_GetConsumerInfo(&ci, ing->js, ing->cfg.stream, ing->cfg.durable, NULL,
+                                      &jerr);
+    if (s == NATS_OK) {
+        const jsConsumerConfig *c = ci->Config;
+        const char *why = c == NULL ? "no configuration"
+                          : c->AckPolicy != js_AckExplicit ? "it acks all before the one acked"
+                          : c->FilterSubject == NULL || strcmp(c->FilterSubject, filter) != 0
+                              ? "another subject"
+                          : ci->NumAckPending > 0 || ci->NumWaiting > 0
+                              ? "a previous helper's messages are unacknowledged"
+                              : NULL;
+        floor = ci->AckFloor.Stream;
+        jsConsumerInfo_Destroy(ci);
+        if (why == NULL)
+            return 0;
+        kv_ingest_log(ing, "jetstream consumer %s: %s: created again from stream seq %" PRIu64,
+                      ing->cfg.durable, why, floor + 1);
+        s = js_DeleteConsumer(ing->js, ing->cfg.stream, ing->cfg.durable, NULL, &jerr);
+    }
+    if (s != NATS_OK && s != NATS_NOT_FOUND)
+        return -1;
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = ing->cfg.durable;
+    cc.AckPolicy = js_AckExplicit;      /* ack wait: the server's default (30 s) */
+    cc.DeliverPolicy = floor ? js_DeliverByStartSequence : js_DeliverAll;
+    cc.OptStartSeq = floor ? floor + 1 : 0;
+    cc.MaxAckPending = 1 << 16;
+    cc.FilterSubject = filter;
+    s = js_AddConsumer(NULL, ing->js, ing->cfg.stream, &cc, NULL, &jerr);
+    if (s != NATS_OK && ing->cfg.verbose)
+        kv_ingest_log(ing, "jetstream consumer %s: %s (js error %d)", ing->cfg.durable,
+                      natsStatus_GetText(s), (int)jerr);
+    return s == NATS_OK ? 0 : -1;
+}
+
+/* Durable pull consumer on the stream (created if absent, with the stream
  * itself if that is absent): replays what was published while we were
  * away. Needs the server, so tick retries it until it works. */
 static int jetstream_setup(kv_ingest_t *ing)
@@ -680,20 +738,19 @@ static int jetstream_setup(kv_ingest_t *ing)
         s = js_AddStream(&si, ing->js, &sc, NULL, &jerr);
     }
     jsStreamInfo_Destroy(si);
+    /* one filter per consumer: the per-worker subjects when only those
+     * are trusted, else the shared one (docs/SECURITY.md) */
+    char pw[330];
+    snprintf(pw, sizeof(pw), "%s.*", ing->ev_subject);
+    const char *filter = ing->cfg.per_worker_only ? pw : ing->ev_subject;
+    if (s == NATS_OK && jetstream_consumer(ing, filter) != 0)
+        s = NATS_ERR;
     if (s == NATS_OK) {
         jsSubOptions so;
         jsSubOptions_Init(&so);
         so.Stream = ing->cfg.stream;
-        so.Config.AckPolicy = js_AckAll;
-        so.Config.DeliverPolicy = js_DeliverAll;
-        so.Config.MaxAckPending = 1 << 16;
-        /* one filter per consumer: the per-worker subjects when only those
-         * are trusted, else the shared one (docs/SECURITY.md) */
-        char pw[330];
-        snprintf(pw, sizeof(pw), "%s.*", ing->ev_subject);
-        s = js_PullSubscribe(&ing->ev_sub, ing->js,
-                             ing->cfg.per_worker_only ? pw : ing->ev_subject,
-                             ing->cfg.durable, NULL, &so, &jerr);
+        so.Consumer = ing->cfg.durable;     /* bind: jetstream_consumer made it */
+        s = js_PullSubscribe(&ing->ev_sub, ing->js, filter, ing->cfg.durable, NULL, &so, &jerr);
     }
     if (s != NATS_OK) {
         if (ing->cfg.verbose)

@@ -67,6 +67,9 @@ typedef struct {
                                        (what NATS permissions can restrict to one worker;
                                        docs/SECURITY.md); 0: on the shared ones too */
     int         verbose;            /* log to stderr */
+    int         test_exit_after_fetch;  /* tests only (kvingest): the process exits as
+                                           soon as a JetStream fetch returns messages,
+                                           before applying or acking them */
     /* Called (under the ingest's lock) after the index dropped blocks of a
      * worker on the worker's own word: a Removed event (the sequence
      * hashes), or n == 0 for all of them (Cleared, a resync, a worker

@@ -48,7 +48,11 @@ typedef struct {
     int         connected, ever_connected;
     int         have_seq;
     uint64_t    last_seq;
+    uint64_t    last_fp;        /* fingerprint of last_seq's message; 0: unknown */
     int         replaying;
+    int         verify;         /* this replay must start with last_seq's message */
+    int         rewind;         /* the stream was another's: this replay ignored,
+                                   then one from 0 */
     uint64_t    replay_from;
     uint64_t    replay_deadline_ms;
     uint64_t    no_replay_until_ms;
@@ -220,6 +224,10 @@ static void reg_update(kv_zmq_t *z, zpub_t *p, uint64_t now)
      * reload's new helper adopts */
     r->last_event_applied = p->have_seq ? p->last_seq + 1 : 0;
     r->last_event_announced = r->last_event_applied;
+    /* a ZMQ publisher announces no instance: the record keeps the
+     * fingerprint of the message at last seq instead, so that a reload's
+     * new helper can tell the stream it adopts from a restarted engine's */
+    r->instance_id = p->have_seq ? p->last_fp : 0;
     r->last_seen_ms = now;
     r->events = p->st.events;
     r->gaps = p->st.gaps;
@@ -456,6 +464,15 @@ static size_t keep_prefix_group(zpub_t *p, kv_vllm_batch_t *b)
     return dropped;
 }
 
+/* Which message a sequence number named: a restarted engine reuses the
+ * numbers, but not its batches' bytes (the batch's ts at least differs). */
+static uint64_t payload_fp(const void *buf, size_t len)
+{
+    uint64_t h = kv_hash_seed((const char *) buf, len);    /* XXH3-64 of the bytes + 1337 */
+
+    return h ? h : 1;
+}
+
 /* Decodes and applies one message whose place in the sequence is right. */
 static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len,
                   uint64_t now)
@@ -468,6 +485,7 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
 
     p->have_seq = 1;
     p->last_seq = seq;
+    p->last_fp = payload_fp(buf, len);
     kv_registry_status_add(z->reg, KV_STATUS_OFF(messages), 1);
 
     if (kv_vllm_decode(b, buf, len, err, sizeof(err)) != 0) {
@@ -549,10 +567,18 @@ static int can_replay(const zpub_t *p, uint64_t now)
     return p->rep != NULL && now >= p->no_replay_until_ms;
 }
 
-static int start_replay(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
+/*
+ * Asks the publisher's replay socket for what we lack. A stream we follow
+ * is asked from its last applied seq, not the next one: the first reply
+ * must be that very message (same fingerprint), which proves the publisher
+ * is the process whose stream the index holds. A restarted engine numbers
+ * from 0 again and may be past our seq by the time we reach it; its
+ * message at our seq is another batch (on_replay).
+ */
+static int start_replay(kv_zmq_t *z, zpub_t *p, uint64_t now)
 {
     uint8_t  be[8];
-    uint64_t v = from;
+    uint64_t from = p->have_seq ? p->last_seq : 0, v = from;
     int      i;
 
     for (i = 7; i >= 0; i--) {
@@ -568,6 +594,7 @@ static int start_replay(kv_zmq_t *z, zpub_t *p, uint64_t from, uint64_t now)
         return -1;
     }
     p->replaying = 1;
+    p->verify = p->have_seq;
     p->replay_from = from;
     p->replay_deadline_ms = now + z->cfg.replay_timeout_ms;
     p->st.replays++;
@@ -586,7 +613,7 @@ static void sequence(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size
                      uint64_t now)
 {
     if (!p->have_seq) {
-        if (seq != 0 && can_replay(p, now) && start_replay(z, p, 0, now) == 0) {
+        if (seq != 0 && can_replay(p, now) && start_replay(z, p, now) == 0) {
             hold(z, p, seq, buf, len);
             return;
         }
@@ -609,7 +636,7 @@ static void sequence(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size
     kv_registry_status_add(z->reg, KV_STATUS_OFF(gaps), 1);
     zlog("%s (%s): gap: seq %llu after %llu", p->cfg.server, p->cfg.endpoint,
          (unsigned long long) seq, (unsigned long long) p->last_seq);
-    if (can_replay(p, now) && start_replay(z, p, p->last_seq + 1, now) == 0) {
+    if (can_replay(p, now) && start_replay(z, p, now) == 0) {
         hold(z, p, seq, buf, len);
         return;
     }
@@ -640,6 +667,7 @@ static void replay_failed(kv_zmq_t *z, zpub_t *p, const char *why, uint64_t now)
     p->st.replay_failures++;
     kv_registry_status_add(z->reg, KV_STATUS_OFF(dump_failures), 1);
     p->replaying = 0;
+    p->verify = p->rewind = 0;
     p->no_replay_until_ms = now + NO_REPLAY_MS;
     clear_worker(z, p, why);
     /* go on from the first held message, whatever came before */
@@ -676,12 +704,59 @@ static void on_message(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, si
     sequence(z, p, seq, buf, len, now);
 }
 
+/*
+ * The publisher is not (or cannot be shown to be) the process whose stream
+ * the index follows: its blocks go, and the stream is learnt again from
+ * the start of the publisher's buffer once this replay has ended.
+ */
+static void stream_replaced(kv_zmq_t *z, zpub_t *p, int restarted, const char *why)
+{
+    if (restarted) {
+        p->st.restarts++;
+        kv_registry_status_add(z->reg, KV_STATUS_OFF(engine_restarts), 1);
+    } else {
+        p->st.gaps++;
+    }
+    clear_worker(z, p, why);
+    p->have_seq = 0;
+    p->verify = 0;
+    p->rewind = 1;
+}
+
+/* The first reply to a replay from last_seq: our message, or another's. */
+static void verify_stream(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len)
+{
+    p->verify = 0;
+    if (seq == p->last_seq && (p->last_fp == 0 || payload_fp(buf, len) == p->last_fp)) {
+        return;     /* the same process: the replay goes on from here */
+    }
+    if (seq > p->last_seq) {
+        stream_replaced(z, p, 0, "replay does not reach back far enough");
+    } else {
+        stream_replaced(z, p, 1, "the replay's message at our last seq is another "
+                        "(engine restart)");
+    }
+}
+
 /* One reply of the replay socket: [seq, payload], seq -1 at the end. */
 static void on_replay(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len,
                       uint64_t now)
 {
     if (!p->replaying) {
         return;     /* late reply to an abandoned request */
+    }
+    if (seq == END_SEQ && p->verify) {
+        /* nothing from our last seq on: the same process would still
+         * hold the message it sent last (its buffer drops the oldest) */
+        stream_replaced(z, p, 1, "the replay has nothing from our last seq on "
+                        "(engine restart)");
+    }
+    if (seq == END_SEQ && p->rewind) {
+        p->rewind = 0;
+        if (start_replay(z, p, now) != 0) {
+            replay_failed(z, p, "replay request failed", now);
+        }
+        return;
     }
     if (seq == END_SEQ) {
         p->replaying = 0;
@@ -694,6 +769,15 @@ static void on_replay(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, siz
     }
     /* a replay that makes progress is not timed out */
     p->replay_deadline_ms = now + z->cfg.replay_timeout_ms;
+    if (p->rewind) {
+        return;     /* another process's tail: the replay from 0 gives it again */
+    }
+    if (p->verify) {
+        verify_stream(z, p, seq, buf, len);
+        if (p->rewind) {
+            return;
+        }
+    }
     if (p->have_seq && seq <= p->last_seq) {
         return;     /* already applied */
     }
@@ -766,6 +850,8 @@ static void close_frames(zmq_msg_t *f, int n)
     }
 }
 
+static int drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now);
+
 static void drain_sub(kv_zmq_t *z, zpub_t *p, uint64_t now)
 {
     zmq_msg_t f[4];
@@ -777,6 +863,10 @@ static void drain_sub(kv_zmq_t *z, zpub_t *p, uint64_t now)
         if (n < 0) {
             break;
         }
+        /* A message of a new connection comes after its connect event
+         * (libzmq's I/O thread queues both, in that order): a reconnect
+         * is known before that connection's first message is taken. */
+        drain_monitor(z, p, now);
         if (n != 3 || kv_vllm_seq(zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &seq) != 0) {
             p->st.malformed++;
             kv_registry_status_add(z->reg, KV_STATUS_OFF(decode_errors), 1);
@@ -834,22 +924,43 @@ static void status_counts(kv_zmq_t *z)
                            : up ? KV_NATS_RECONNECTING : KV_NATS_CONNECTING);
 }
 
-static void drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
+/*
+ * Connected again after a time we were not listening (a disconnect, or the
+ * previous helper's): the publisher may be the same process (a network
+ * blip) or a restarted engine, which may even be past our seq already.
+ * A replay tells (start_replay); without one nothing can, and the blocks
+ * go: a blip then costs hits, a restart never leaves blocks the engine
+ * no longer has.
+ */
+static void reconnected(kv_zmq_t *z, zpub_t *p, uint64_t now)
+{
+    if (!p->have_seq || p->replaying) {
+        return;     /* nothing to vouch for, or a replay verifies already */
+    }
+    if (can_replay(p, now) && start_replay(z, p, now) == 0) {
+        return;
+    }
+    clear_worker(z, p, "reconnected, and no replay to tell a restart from a blip");
+    p->have_seq = 0;
+}
+
+/* Monitor events; returns how many. */
+static int drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
 {
     zmq_msg_t f[4];
     uint16_t  event;
-    int       n;
+    int       n, seen = 0;
 
     while ((n = recv_multi(p->mon, f, 4)) >= 0) {
+        seen++;
         if (n >= 1 && zmq_msg_size(&f[0]) >= 2) {
             memcpy(&event, zmq_msg_data(&f[0]), 2);
             if (event == ZMQ_EVENT_CONNECTED && !p->connected) {
                 p->connected = 1;
                 kv_registry_status_add(z->reg, KV_STATUS_OFF(connects), 1);
                 zlog("%s: connected to %s", p->cfg.server, p->cfg.endpoint);
-                /* anything published while we were away comes back by replay */
-                if (p->ever_connected && p->have_seq && !p->replaying && can_replay(p, now)) {
-                    start_replay(z, p, p->last_seq + 1, now);
+                if (p->ever_connected) {
+                    reconnected(z, p, now);
                 }
                 p->ever_connected = 1;
             } else if (event == ZMQ_EVENT_DISCONNECTED && p->connected) {
@@ -861,7 +972,10 @@ static void drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
         }
         close_frames(f, n);
     }
-    status_counts(z);
+    if (seen) {
+        status_counts(z);
+    }
+    return seen;
 }
 
 /* A socket that drops nothing queued (no high-water mark), lingers not at
@@ -1016,6 +1130,7 @@ static void adopt(kv_zmq_t *z, zpub_t *p, const char *server)
     {
         p->have_seq = 1;
         p->last_seq = old.last_event_applied - 1;
+        p->last_fp = old.instance_id;
         p->ever_connected = 1;      /* the first connect asks for a catch-up replay */
         p->engine_bs = old.block_size;
         p->mismatch = router_bs(z, p) && p->engine_bs && p->engine_bs != router_bs(z, p);

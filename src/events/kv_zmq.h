@@ -22,6 +22,13 @@
  *   not above last  the engine restarted: the worker's blocks are cleared
  *   first seen > 0  (joined late) replay from 0: whatever the publisher's
  *                   buffer still holds
+ * A replay of a stream we follow (after a gap, a reconnect or a reload) is
+ * asked from the last applied seq itself: its first reply must be the
+ * message we applied last, byte for byte (a fingerprint; a restarted engine
+ * reuses the numbers, not the batches, whose ts differs). Anything else (a
+ * restarted engine already past our seq, a buffer that no longer reaches
+ * back) clears the worker, and the stream is replayed from 0. A reconnect
+ * with no replay socket to ask cannot tell a blip from a restart: it clears.
  * A worker is LIVE in the registry only while its publisher is connected,
  * no replay runs and its block size matches; otherwise STALE (load only).
  *

@@ -97,6 +97,91 @@ def test_jetstream_durable_replays_missed_events(stack):
     pub.close()
 
 
+def first_event_through(ing, pub, event):
+    """The stream exists once the ingester has set it up: publish until an
+    event comes through."""
+    ing.wait(lambda s: s["nats"] == "connected", what="connected")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        pub.publish(SUBJ, event)
+        pub.flush()
+        try:
+            ing.wait(lambda s: s["events"] >= 1, timeout=0.5, what="first event")
+            return
+        except AssertionError:
+            continue
+    raise AssertionError("no event came through")
+
+
+def test_jetstream_batch_of_a_helper_gone_mid_batch_is_not_lost(stack):
+    """A helper that fetched a batch and exited before applying it (a
+    reload's old helper) leaves it unacknowledged; its successor's acks of
+    later messages must not acknowledge it: it comes to the successor."""
+    nats = stack.nats(jetstream=True)
+    js = ["--jetstream", "KVEVENTS", "--durable", "kvroute-mid"]
+    ing = kvingest.Ingest(stack, nats.url, extra=js)
+    pub = Nats(nats.port)
+    first_event_through(ing, pub, dynamo_event(9, 1, 100, 1000))
+    ing.stop()
+
+    pub.publish(SUBJ, dynamo_event(9, 2, 200, 2000))
+    pub.publish(SUBJ, dynamo_event(9, 3, 300, 3000))
+    pub.flush()
+    gone = kvingest.Ingest(stack, nats.url, extra=js + ["--test-exit-after-fetch"],
+                           log="kvingest-gone.log")
+    assert gone.proc.wait(timeout=30) == 3          # fetched 2 and 3, applied nothing
+
+    ing2 = kvingest.Ingest(stack, nats.url, extra=js, log="kvingest2.log")
+    pub.publish(SUBJ, dynamo_event(9, 4, 400, 4000))
+    pub.flush()
+    st = ing2.wait(lambda s: ing2.worker(9, st=s) is not None
+                   and ing2.worker(9, st=s)["last_event_applied"] == 4, what="event 4")
+    ing2.wait(lambda s: ing2.match([2000]) == {9: 1} and ing2.match([3000]) == {9: 1},
+              what="the gone helper's batch applied")
+    st = ing2.stats()
+    assert st["gaps"] == 0 and st["duplicates"] == 0, json.dumps(st)
+    assert ing2.match([1000]) == {}                 # acked before: not delivered again
+    pub.close()
+
+
+def js_api(nc, what, body=""):
+    return nc.request_all("$JS.API." + what, body, lambda m: len(m) > 0)[0]
+
+
+def test_jetstream_ack_all_consumer_of_an_older_kvroute_is_made_explicit(stack):
+    """A durable an older kvroute created acks all before the one acked;
+    its ack policy cannot be changed in place: it is created again, from
+    its ack floor, with explicit acks."""
+    nats = stack.nats(jetstream=True)
+    ing = kvingest.Ingest(stack, nats.url, extra=["--jetstream", "KVEVENTS",
+                                                  "--durable", "another"])
+    pub = Nats(nats.port)
+    first_event_through(ing, pub, dynamo_event(9, 1, 100, 1000))     # makes the stream
+    ing.stop()
+    # the older kvroute's consumer (as it made it), which applied and acked event 1
+    old = {"stream_name": "KVEVENTS",
+           "config": {"durable_name": "kvroute-old", "ack_policy": "all",
+                      "deliver_policy": "all", "filter_subject": SUBJ,
+                      "max_ack_pending": 65536}}
+    assert "error" not in js_api(pub, "CONSUMER.DURABLE.CREATE.KVEVENTS.kvroute-old",
+                                 old).json()
+    m = js_api(pub, "CONSUMER.MSG.NEXT.KVEVENTS.kvroute-old", {"batch": 1})
+    assert b'"event_id":1' in m.data
+    pub.publish(m.reply, "+ACK")
+    pub.publish(SUBJ, dynamo_event(9, 2, 200, 2000))
+    pub.flush()
+
+    ing2 = kvingest.Ingest(stack, nats.url, extra=["--jetstream", "KVEVENTS",
+                                                   "--durable", "kvroute-old"],
+                           log="kvingest2.log")
+    ing2.wait(lambda s: ing2.worker(9, st=s) is not None
+              and ing2.worker(9, st=s)["last_event_applied"] == 2, what="event 2")
+    assert ing2.match([2000]) == {9: 1} and ing2.match([1000]) == {}
+    info = js_api(pub, "CONSUMER.INFO.KVEVENTS.kvroute-old").json()
+    assert info["config"]["ack_policy"] == "explicit", info
+    pub.close()
+
+
 def test_user_password_and_token(stack):
     for server_args, good, bad in (
             (["--user", "kv", "--pass", "s3cret"], ["--user", "kv", "--password", "s3cret"],

@@ -420,6 +420,37 @@ def test_engine_restart_clears_worker(fleet):
     assert route(f.ng.port, b) == (f.servers[0], 2)
 
 
+def test_restart_past_the_old_seq_before_reconnect_clears(fleet):
+    """A restarted engine that published past our last seq before the SUB
+    socket came back: its replay from there looks like our stream's next
+    messages, but its message at our last seq is not the one we applied."""
+    f = fleet(1)
+    subscribed(f, 0, 995)
+    p = f.pubs[0]
+    a = ids(96, 48)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 4), what="stored")          # the probe's block and a's 3
+    old_next = p.seq
+    port, rport = p.port, p.replay_port
+    p.close()
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
+                   what="publisher gone: load only")
+    # the new process answers no replay until it is past the old sequence
+    q = vllm_pub.VllmPublisher(port=port, replay_port=rport, replay_held=True)
+    f.pubs[0] = q
+    b = ids(97, 32)
+    while q.seq <= old_next + 2:
+        q.store(b, drop=True)                   # before we subscribed: only in its buffer
+    q.replay_gate.set()
+    kvt.wait_until(lambda: q.replay_requests, what="replay asked of the new process")
+    f.wait_live()
+    kvt.wait_until(f.indexed(0, 2), what="only the new process's blocks")
+    st = ev_status(f.ng.port)
+    assert st["engine_restarts"] >= 1 and st["cleared_workers"] >= 1
+    assert route(f.ng.port, a)[1] == 0
+    assert route(f.ng.port, b) == (f.servers[0], 2)
+
+
 def test_publisher_death_and_reconnect(fleet):
     f = fleet(2)
     for i in range(2):
@@ -473,6 +504,39 @@ def test_reload_keeps_index_and_catches_up(fleet):
     assert route(f.ng.port, a) == (f.servers[0], 3)
 
 
+def test_restart_during_reload_clears(fleet):
+    """The new helper adopts the old one's seq and the fingerprint of the
+    batch applied there (the registry record): an engine that restarted
+    meanwhile, past that seq, is told apart as on a reconnect."""
+    f = fleet(1)
+    subscribed(f, 0, 988)
+    p = f.pubs[0]
+    a = ids(88, 48)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 4), what="stored")
+    old_next = p.seq
+    port, rport = p.port, p.replay_port
+    p.close()
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
+                   what="publisher gone: load only")
+    before = ev_status(f.ng.port)["helper_pid"]
+    f.ng.reload()
+    kvt.wait_until(lambda: ev_status(f.ng.port)["helper_pid"] not in (0, before),
+                   timeout=20, what="new helper")
+    q = vllm_pub.VllmPublisher(port=port, replay_port=rport, replay_held=True)
+    f.pubs[0] = q
+    b = ids(89, 32)
+    while q.seq <= old_next + 2:
+        q.store(b, drop=True)
+    q.replay_gate.set()
+    kvt.wait_until(lambda: q.replay_requests, what="catch-up replay asked")
+    f.wait_live()
+    kvt.wait_until(f.indexed(0, 2), what="only the new process's blocks")
+    assert "adopted from the previous helper" in f.ng.log()
+    assert ev_status(f.ng.port)["engine_restarts"] >= 1
+    assert route(f.ng.port, a)[1] == 0
+
+
 def test_no_replay_socket_gap_clears(fleet):
     f = fleet(1, replay=False)
     subscribed(f, 0, 980)
@@ -485,6 +549,29 @@ def test_no_replay_socket_gap_clears(fleet):
     p.store(b)
     kvt.wait_until(f.indexed(0, 1), what="cleared after the gap, then b")
     assert ev_status(f.ng.port)["cleared_workers"] == 1
+
+
+def test_no_replay_socket_reconnect_clears(fleet):
+    """Without a replay socket nothing tells a blip from a restarted engine
+    that went on numbering where the old one stopped: a reconnect clears."""
+    f = fleet(1, replay=False)
+    subscribed(f, 0, 982)
+    p = f.pubs[0]
+    a = ids(84, 32)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 3), what="stored")
+    port, seq = p.port, p.seq
+    p.close()
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
+                   what="publisher gone: load only")
+    q = vllm_pub.VllmPublisher(port=port, replay=False, xpub=True)
+    f.pubs[0] = q
+    q.wait_subscribed()                           # reconnected: nothing sent is dropped now
+    q.seq = seq                                   # its first message is the seq we expect
+    b = ids(85, 16)
+    q.store(b)
+    kvt.wait_until(f.indexed(0, 1), what="cleared on reconnect, then b")
+    assert "no replay to tell a restart from a blip" in f.ng.log()
 
 
 def test_block_size_mismatch_is_loud(fleet):

@@ -43,7 +43,7 @@ END_SEQ = (-1).to_bytes(8, "big", signed=True)
 class VllmPublisher:
     def __init__(self, port=None, replay_port=None, topic="", block_size=16,
                  hash_kind="bytes", buffer_steps=10000, dp_rank=None, replay=True,
-                 form="array"):
+                 form="array", replay_held=False, xpub=False):
         assert form in ("array", "sglang", "map")
         self.form = form
         self.ctx = zmq.Context()
@@ -55,9 +55,10 @@ class VllmPublisher:
         self.buffer = collections.deque(maxlen=buffer_steps)
         self.lock = threading.Lock()
         self.replay_gate = threading.Event()     # clear it to hold replies back
-        self.replay_gate.set()
+        if not replay_held:                      # held from the start: set it to answer
+            self.replay_gate.set()
         self.replay_requests = []
-        self.pub = self.ctx.socket(zmq.PUB)
+        self.pub = self.ctx.socket(zmq.XPUB if xpub else zmq.PUB)   # XPUB: wait_subscribed
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.port = self._bind(self.pub, port)
@@ -72,6 +73,15 @@ class VllmPublisher:
             self.replay_port = self._bind(self.router, replay_port)
             self.thread = threading.Thread(target=self._serve_replay, daemon=True)
             self.thread.start()
+
+    def wait_subscribed(self, timeout=15.0):
+        """(xpub=True) Returns once a subscriber's subscription has arrived:
+        from then on nothing published is dropped for want of one."""
+        if not self.pub.poll(int(timeout * 1000)):
+            raise TimeoutError("no subscriber within %.1fs" % timeout)
+        while self.pub.recv()[:1] != b"\x01":
+            if not self.pub.poll(int(timeout * 1000)):
+                raise TimeoutError("no subscriber within %.1fs" % timeout)
 
     @staticmethod
     def _bind(sock, port):

@@ -9,6 +9,9 @@
  *   --mode latency     one publisher at --rate blocks/s stamps each message;
  *                      a reader polls kv_index_match for the message's new
  *                      chain and prints publish-to-visible p50/p99/max
+ *   --jetstream S --durable D  either, through a JetStream stream and
+ *                      durable pull consumer (the helper's fetch loop)
+ *                      instead of a core NATS subscription
  *
  * Each event stores a new chain of --blocks blocks; once --window chains
  * are held per worker, the oldest is removed in the same batch, so the
@@ -118,6 +121,30 @@ static natsConnection *connect_pub(void)
         exit(1);
     }
     return nc;
+}
+
+/* --jetstream: the stream made before the ingester starts (as kv_ingest
+ * would make it), so that what is published before its consumer is bound
+ * is kept for it, not dropped (the bench counts every message). */
+static void make_stream(const char *stream)
+{
+    natsConnection *nc = connect_pub();
+    jsCtx *js = NULL;
+    jsStreamConfig sc;
+    const char *subjects[2] = {SUBJECT, SUBJECT ".*"};
+    jsStreamConfig_Init(&sc);
+    sc.Name = stream;
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 2;
+    sc.Storage = js_FileStorage;
+    sc.MaxBytes = (int64_t)1 << 30;
+    if (natsConnection_JetStream(&js, nc, NULL) != NATS_OK
+        || js_AddStream(NULL, js, &sc, NULL, NULL) != NATS_OK) {
+        fprintf(stderr, "kvingest-bench: cannot make the stream %s\n", stream);
+        exit(1);
+    }
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
 }
 
 /* CPU seconds of every thread not named "kvb-*": cnats' threads, of which
@@ -326,7 +353,9 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"nats", 1, 0, 'n'}, {"mode", 1, 0, 'm'}, {"seconds", 1, 0, 's'},
         {"publishers", 1, 0, 'p'}, {"blocks", 1, 0, 'b'}, {"events-per-msg", 1, 0, 'e'},
-        {"rate", 1, 0, 'r'}, {"window", 1, 0, 'w'}, {0, 0, 0, 0}};
+        {"rate", 1, 0, 'r'}, {"window", 1, 0, 'w'}, {"jetstream", 1, 0, 'j'},
+        {"durable", 1, 0, 'd'}, {0, 0, 0, 0}};
+    const char *stream = NULL, *durable = NULL;
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
@@ -338,15 +367,18 @@ int main(int argc, char **argv)
         case 'e': events_per_msg = atoi(optarg); break;
         case 'r': rate = atof(optarg); break;
         case 'w': window = atoi(optarg); break;
+        case 'j': stream = optarg; break;
+        case 'd': durable = optarg; break;
         default:
             fprintf(stderr, "usage: kvingest-bench --nats URL [--mode throughput|latency] "
                             "[--seconds S] [--publishers N] [--blocks B] [--events-per-msg E] "
-                            "[--rate BLOCKS_PER_S] [--window CHAINS]\n");
+                            "[--rate BLOCKS_PER_S] [--window CHAINS] "
+                            "[--jetstream STREAM --durable NAME]\n");
             return 2;
         }
     }
     if (publishers < 1 || publishers > 64 || blocks < 1 || blocks > 4096 || events_per_msg < 1
-        || window < 1) {
+        || window < 1 || (stream == NULL) != (durable == NULL)) {
         fprintf(stderr, "kvingest-bench: bad arguments\n");
         return 2;
     }
@@ -367,6 +399,10 @@ int main(int argc, char **argv)
     kv_ingest_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.servers = url;
+    cfg.stream = stream;
+    cfg.durable = durable;
+    if (stream)
+        make_stream(stream);
     kv_ingest_t *ing = kv_ingest_create(&cfg, ix, reg, err, sizeof(err));
     if (ing == NULL || kv_ingest_start(ing, err, sizeof(err)) < 0) {
         fprintf(stderr, "kvingest-bench: %s\n", err);

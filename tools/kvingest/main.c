@@ -117,7 +117,9 @@ static void usage(void)
             "                [--heartbeat-timeout MS] [--dump-timeout MS] [--stale-lag MS]\n"
             "                [--user U --password P | --token T | --creds FILE]\n"
             "                [--tls-ca F] [--tls-cert F --tls-key F] [--tls-no-verify]\n"
-            "                [--index-mb N] [--max-workers N] [--per-worker-only] [-v]\n");
+            "                [--index-mb N] [--max-workers N] [--per-worker-only] [-v]\n"
+            "       tests only: --test-exit-after-fetch (exit 3 once a JetStream fetch has\n"
+            "                messages, before applying or acking them)\n");
 }
 
 int main(int argc, char **argv)
@@ -133,7 +135,8 @@ int main(int argc, char **argv)
         {"user", 1, 0, 'u'}, {"password", 1, 0, 'P'}, {"token", 1, 0, 't'},
         {"creds", 1, 0, 'c'}, {"tls-ca", 1, 0, 'A'}, {"tls-cert", 1, 0, 'C'},
         {"tls-key", 1, 0, 'K'}, {"tls-no-verify", 0, 0, 'N'}, {"index-mb", 1, 0, 'm'},
-        {"max-workers", 1, 0, 'w'}, {"per-worker-only", 0, 0, 'W'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"max-workers", 1, 0, 'w'}, {"per-worker-only", 0, 0, 'W'},
+        {"test-exit-after-fetch", 0, 0, 'X'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
         switch (c) {
@@ -157,6 +160,7 @@ int main(int argc, char **argv)
         case 'm': index_mb = strtoull(optarg, NULL, 10); break;
         case 'w': max_workers = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'W': cfg.per_worker_only = 1; break;
+        case 'X': cfg.test_exit_after_fetch = 1; break;
         case 'v': cfg.verbose++; break;
         default: usage(); return c == 'h' ? 0 : 2;
         }
