@@ -46,6 +46,7 @@ typedef struct {
     void       *sub, *rep, *mon;
     int         mon_id;
     int         connected, ever_connected;
+    int         adopted;        /* the previous helper's stream, not yet connected */
     int         have_seq;
     uint64_t    last_seq;
     uint64_t    last_fp;        /* fingerprint of last_seq's message; 0: unknown */
@@ -928,16 +929,22 @@ static void status_counts(kv_zmq_t *z)
  * Connected again after a time we were not listening (a disconnect, or the
  * previous helper's): the publisher may be the same process (a network
  * blip) or a restarted engine, which may even be past our seq already.
- * A replay tells (start_replay); without one nothing can, and the blocks
- * go: a blip then costs hits, a restart never leaves blocks the engine
- * no longer has.
+ * A replay tells (start_replay). Without one, after a disconnect (which
+ * the engine's exit causes) the blocks go: a blip then costs hits, a
+ * restart never leaves blocks the engine no longer has. A reload's first
+ * connect saw no disconnect: there the first message judges (sequence():
+ * the next seq goes on, anything else clears), so that a reload does not
+ * cost every such worker its blocks.
  */
-static void reconnected(kv_zmq_t *z, zpub_t *p, uint64_t now)
+static void reconnected(kv_zmq_t *z, zpub_t *p, int adopted, uint64_t now)
 {
     if (!p->have_seq || p->replaying) {
         return;     /* nothing to vouch for, or a replay verifies already */
     }
     if (can_replay(p, now) && start_replay(z, p, now) == 0) {
+        return;
+    }
+    if (adopted) {
         return;
     }
     clear_worker(z, p, "reconnected, and no replay to tell a restart from a blip");
@@ -960,9 +967,10 @@ static int drain_monitor(kv_zmq_t *z, zpub_t *p, uint64_t now)
                 kv_registry_status_add(z->reg, KV_STATUS_OFF(connects), 1);
                 zlog("%s: connected to %s", p->cfg.server, p->cfg.endpoint);
                 if (p->ever_connected) {
-                    reconnected(z, p, now);
+                    reconnected(z, p, p->adopted, now);
                 }
                 p->ever_connected = 1;
+                p->adopted = 0;
             } else if (event == ZMQ_EVENT_DISCONNECTED && p->connected) {
                 p->connected = 0;
                 kv_registry_status_add(z->reg, KV_STATUS_OFF(disconnects), 1);
@@ -1132,6 +1140,7 @@ static void adopt(kv_zmq_t *z, zpub_t *p, const char *server)
         p->last_seq = old.last_event_applied - 1;
         p->last_fp = old.instance_id;
         p->ever_connected = 1;      /* the first connect asks for a catch-up replay */
+        p->adopted = 1;
         p->engine_bs = old.block_size;
         p->mismatch = router_bs(z, p) && p->engine_bs && p->engine_bs != router_bs(z, p);
         p->st.events = old.events;

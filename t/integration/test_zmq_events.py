@@ -574,6 +574,31 @@ def test_no_replay_socket_reconnect_clears(fleet):
     assert "no replay to tell a restart from a blip" in f.ng.log()
 
 
+def test_no_replay_socket_reload_keeps_a_stream_that_goes_on(fleet):
+    """A reload without a replay socket: the new helper saw no disconnect,
+    so its first message judges. The next seq goes on: the blocks stay (a
+    reload must not cost every such worker its cache)."""
+    p = vllm_pub.VllmPublisher(replay=False, xpub=True)
+    f = fleet(1, replay=False, pubs=[p])
+    p.wait_subscribed()
+    subscribed(f, 0, 984)
+    a = ids(190, 32)
+    p.store(a)
+    kvt.wait_until(f.indexed(0, 3), what="stored")
+    before = ev_status(f.ng.port)["helper_pid"]
+    f.ng.reload()
+    kvt.wait_until(lambda: ev_status(f.ng.port)["helper_pid"] not in (0, before),
+                   timeout=20, what="new helper")
+    p.wait_subscribed()                           # the new helper's subscription
+    b = ids(191, 16)
+    p.store(b)
+    kvt.wait_until(f.indexed(0, 4), what="b applied on top of what was kept")
+    assert "adopted from the previous helper" in f.ng.log()
+    assert ev_status(f.ng.port)["cleared_workers"] == 0
+    f.wait_live()
+    assert route(f.ng.port, a) == (f.servers[0], 2)
+
+
 def test_block_size_mismatch_is_loud(fleet):
     f = fleet(1, wait_live=False, block_size=32)
     p = f.pubs[0]

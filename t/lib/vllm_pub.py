@@ -59,6 +59,8 @@ class VllmPublisher:
             self.replay_gate.set()
         self.replay_requests = []
         self.pub = self.ctx.socket(zmq.XPUB if xpub else zmq.PUB)   # XPUB: wait_subscribed
+        if xpub:
+            self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)    # every subscriber's, not the first's
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.setsockopt(zmq.SNDHWM, 0)
         self.port = self._bind(self.pub, port)
