@@ -42,6 +42,20 @@
  * writer updates locks, bitmaps and counters with plain atomic stores, not
  * locked read-modify-writes.
  *
+ * Ordering, for a weakly ordered CPU (on x86 each of these is a plain mov
+ * and costs nothing; the match path's code is the same): every word a
+ * reader reads without a lock is an atomic, and each publication pairs a
+ * writer's release with a reader's acquire. Entries: the seqlock's fences.
+ * Holes: the filter bit is set, then a release fence, before the change
+ * that makes the hole (readers read the filter after the entries, behind
+ * an acquire fence); a bit cleared comes after what ended the hole (a
+ * fence in filter_bump). lost_slots and gen: raised (release) before the
+ * change they warn of; lost_slots lowered only after a release fence
+ * (holes_clear_mask, rebuild_lost, writer_died). Slots: in_use is stored
+ * with release after the slot's worker. The slot change log: each entry
+ * is a release store, so that a reader that copies an overwritten entry
+ * sees the count that tells it so.
+ *
  * Matching without reading every block (kv_index_match): a slot's overlap
  * is where its run of held blocks first breaks. Where a slot holds a block
  * but not its parent, the parent is a "hole" of that slot; the writer keeps
@@ -618,13 +632,19 @@ static int64_t hole_find(const kv_index_t *ix, uint64_t key)
     }
 }
 
-/* The filter bit of a key is set while some hole key shares it. */
+/* The filter bit of a key is set while some hole key shares it. A bit set
+ * is published by hole_add's fence, before the change that makes the
+ * hole. A bit cleared is ordered after what ended the hole (the block
+ * held again, its slot cleared; hole_gc bumps gen first): a reader that
+ * skips a block for a clear bit must find it held if it reads it. Free on
+ * x86 (stores stay in order there), needed on a weakly ordered CPU. */
 static void filter_bump(kv_index_t *ix, uint64_t key, int d)
 {
     uint64_t  b = filter_slot(ix, key), *f = &filter(ix)[b / 64];
     uint16_t *c = &counts(ix)[b];
 
     *c = (uint16_t) (*c + d);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     __atomic_store_n(f, *c ? *f | 1ULL << (b % 64) : *f & ~(1ULL << (b % 64)), __ATOMIC_RELAXED);
 }
 
@@ -850,6 +870,11 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
         }
         i++;
     }
+    /* the bits cleared and the holes dropped are visible before the
+     * slots stop being lost: a match that reads lost_slots 0 (acquire)
+     * and so jumps must not read a cleared bit as still set, with its
+     * hole already gone (rebuild_lost and writer_died fence alike) */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     for (i = 0; i < ix->max_workers; i++) {
         slot_t *s = &slots(ix)[i];
 
@@ -1527,12 +1552,20 @@ static uint64_t map_seq(kv_index_t *ix, uint32_t slot, uint64_t engine, int take
 /* --- workers ------------------------------------------------------------- */
 
 /* Logs that slot k changed hands, for kv_index_slots_changed: the entry
- * first, then the count that publishes it. One writer at a time. */
+ * first, then the count that publishes it. One writer at a time.
+ *
+ * The entry overwrites change g - SLOT_LOG's, which a reader may be
+ * copying; the reader finds that out from the count it reads after its
+ * copy (and an acquire fence), so the count of change g - 1 must be
+ * visible before this entry is: a release store. x86 keeps stores in
+ * order anyway (the same mov); a weakly ordered CPU may otherwise show
+ * the new entry to a reader that still reads the old count, which then
+ * takes change g's slot for change g - SLOT_LOG's. */
 static void note_slot(kv_index_t *ix, uint32_t k)
 {
-    uint64_t g = ix->slot_gen + 1;
+    uint64_t g = __atomic_load_n(&ix->slot_gen, __ATOMIC_RELAXED) + 1;
 
-    __atomic_store_n(&ix->slot_log[g % SLOT_LOG], k, __ATOMIC_RELAXED);
+    __atomic_store_n(&ix->slot_log[g % SLOT_LOG], k, __ATOMIC_RELEASE);
     __atomic_store_n(&ix->slot_gen, g, __ATOMIC_RELEASE);
 }
 
