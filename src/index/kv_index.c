@@ -42,19 +42,20 @@
  * writer updates locks, bitmaps and counters with plain atomic stores, not
  * locked read-modify-writes.
  *
- * Ordering, for a weakly ordered CPU (on x86 each of these is a plain mov
- * and costs nothing; the match path's code is the same): every word a
- * reader reads without a lock is an atomic, and each publication pairs a
- * writer's release with a reader's acquire. Entries: the seqlock's fences.
- * Holes: the filter bit is set, then a release fence, before the change
- * that makes the hole (readers read the filter after the entries, behind
- * an acquire fence); a bit cleared comes after what ended the hole (a
- * fence in filter_bump). lost_slots and gen: raised (release) before the
- * change they warn of; lost_slots lowered only after a release fence
+ * Ordering, for a weakly ordered CPU (on x86 none of it costs an
+ * instruction: stores stay in order there): every word a reader reads
+ * without a lock is an atomic, and each publication pairs a writer's
+ * release with a reader's acquire. Entries: the seqlock's fences. Holes:
+ * the filter bit is set, then a release fence, before the change that
+ * makes the hole (readers read the filter after the entries, behind an
+ * acquire fence); a bit cleared comes after what ended the hole (a fence
+ * in filter_bump). lost_slots and gen: raised (release) before the change
+ * they warn of; lost_slots lowered only after a release fence
  * (holes_clear_mask, rebuild_lost, writer_died). Slots: in_use is stored
- * with release after the slot's worker. The slot change log: each entry
- * is a release store, so that a reader that copies an overwritten entry
- * sees the count that tells it so.
+ * with release after the slot's worker, and a reap's count (rd.reaps,
+ * release) before any slot it frees (settled). The slot change log: each
+ * entry is a release store, so that a reader that copies an overwritten
+ * entry sees the count that tells it so.
  *
  * Matching without reading every block (kv_index_match): a slot's overlap
  * is where its run of held blocks first breaks. Where a slot holds a block
@@ -205,6 +206,7 @@ struct kv_index {
     struct {
         uint64_t        lost_slots;     /* slots with lost set; readers walk while > 0 */
         uint64_t        gen;            /* bumped before holes are dropped or lost */
+        uint64_t        reaps;          /* bumped by each reap: slots freed for reuse */
     } __attribute__((aligned(64))) rd;
 };
 
@@ -1827,6 +1829,12 @@ static int reap(kv_index_t *ix)
         return 0;
     }
     clear_mask(ix, mask);
+    /* before the slots can be taken again: a match that read a bit of a
+     * slot's old worker sees the count moved if it sees the new worker
+     * live there (settled); release: one that reads the new count reads
+     * the cleared bits */
+    __atomic_store_n(&ix->rd.reaps, __atomic_load_n(&ix->rd.reaps, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELEASE);
     for (k = 0; k < ix->max_workers; k++) {
         if (mask[k / 64] >> (k % 64) & 1) {
             __atomic_store_n(&s[k].in_use, 0, __ATOMIC_RELEASE);
@@ -2281,17 +2289,40 @@ static int step(uint64_t *alive, const uint64_t *bits, uint32_t words, uint32_t 
     return any;
 }
 
+/* Tests run a writer here (a match descheduled after its reads). */
+#ifndef KV_INDEX_TEST_MATCHED
+#define KV_INDEX_TEST_MATCHED(ix)
+#endif
+
+#define MATCH_TRIES     4                        /* matches run again after a reap */
+
 /* retired slots (removed workers awaiting kv_index_reap) hold nothing */
 static size_t live_only(const kv_index_t *ix, kv_overlap_t *out, size_t n)
 {
     size_t i, found = 0;
 
+    KV_INDEX_TEST_MATCHED(ix);
     for (i = 0; i < n; i++) {
         if (__atomic_load_n(&slots(ix)[out[i].slot].in_use, __ATOMIC_RELAXED) == SLOT_LIVE) {
             out[found++] = out[i];
         }
     }
     return found;
+}
+
+/*
+ * Whether the slots live_only kept still are the ones whose bits the match
+ * read: no reap ran since its count was read (reaps0, before any bit). A
+ * slot that a reap freed and a new worker took meanwhile is live again,
+ * and live_only alone would credit the new worker with the old one's
+ * blocks. A reap bumps the count before it frees any slot, so a match
+ * that saw a slot taken again (its in_use, read before the fence) sees
+ * the count moved. Slots are freed only by reaps: one count for all.
+ */
+static int settled(const kv_index_t *ix, uint64_t reaps0)
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&ix->rd.reaps, __ATOMIC_RELAXED) == reaps0;
 }
 
 /* Walks blocks from..to (all of seq[0..from) held by the alive slots):
@@ -2319,8 +2350,8 @@ static int walk_span(const kv_index_t *ix, const uint64_t *seq, size_t from, siz
     return 1;
 }
 
-size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
-                           kv_overlap_t *out, size_t cap)
+static size_t match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                         kv_overlap_t *out, size_t cap)
 {
     uint64_t alive[64];
     uint32_t words = ix->words < 64 ? ix->words : 64;
@@ -2340,6 +2371,23 @@ size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
         step(alive, NULL, words, (uint32_t) n, out, cap, &found);
     }
     return live_only(ix, out, found);
+}
+
+size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                           kv_overlap_t *out, size_t cap)
+{
+    uint64_t reaps;
+    size_t   found;
+    int      tries;
+
+    for (tries = 0; tries < MATCH_TRIES; tries++) {
+        reaps = __atomic_load_n(&ix->rd.reaps, __ATOMIC_ACQUIRE);
+        found = match_walk(ix, seq, n, out, cap);
+        if (settled(ix, reaps)) {
+            return found;
+        }
+    }
+    return 0;   /* reaped under every try: credit no one (routed by load) */
 }
 
 /* 1 if the filter says some key of seq[from..to) may be a hole. Read after
@@ -2812,13 +2860,14 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
 size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                       kv_overlap_t *out, size_t cap)
 {
-    uint64_t alive[64], gen;
+    uint64_t alive[64], gen, reaps;
     uint32_t words = ix->words < 64 ? ix->words : 64, batch;
     size_t   found = 0;
 
     if (n <= 2 * JUMP) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
+    reaps = __atomic_load_n(&ix->rd.reaps, __ATOMIC_ACQUIRE);
     gen = __atomic_load_n(&ix->rd.gen, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&ix->rd.lost_slots, __ATOMIC_ACQUIRE) != 0) {
         return kv_index_match_walk(ix, seq, n, out, cap);
@@ -2834,7 +2883,8 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
     if (__atomic_load_n(&ix->rd.gen, __ATOMIC_RELAXED) != gen) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
-    return live_only(ix, out, found);
+    found = live_only(ix, out, found);
+    return settled(ix, reaps) ? found : kv_index_match_walk(ix, seq, n, out, cap);
 }
 
 int kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_id,
