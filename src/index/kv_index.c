@@ -571,11 +571,19 @@ static void prefetch_key(const kv_index_t *ix, uint64_t key)
     }
 }
 
-/* The writer's view of a key's home: its entry and its side. */
+/* The writer's view of a key's home: its entry and its side. A quarter of
+ * the 24-byte sides straddle two lines, with the counts and the child
+ * list (read when the next block of the run is stored) on the second:
+ * that one is prefetched too, as prefetch_key does for entries. */
 static void prefetch_key_w(const kv_index_t *ix, uint64_t key)
 {
+    const char *sd = (const char *) side(ix, home(ix, key));
+
     prefetch_key(ix, key);
-    prefetch(side(ix, home(ix, key)));
+    prefetch(sd);
+    if (((uintptr_t) sd & 63) + sizeof(side_t) > 64) {
+        prefetch(sd + sizeof(side_t) - 1);
+    }
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */
