@@ -42,6 +42,21 @@
  * writer updates locks, bitmaps and counters with plain atomic stores, not
  * locked read-modify-writes.
  *
+ * Ordering, for a weakly ordered CPU (on x86 none of it costs an
+ * instruction: stores stay in order there): every word a reader reads
+ * without a lock is an atomic, and each publication pairs a writer's
+ * release with a reader's acquire. Entries: the seqlock's fences. Holes:
+ * the filter bit is set, then a release fence, before the change that
+ * makes the hole (readers read the filter after the entries, behind an
+ * acquire fence); a bit cleared comes after what ended the hole (a fence
+ * in filter_bump). lost_slots and gen: raised (release) before the change
+ * they warn of; lost_slots lowered only after a release fence
+ * (holes_clear_mask, rebuild_lost, writer_died). Slots: in_use is stored
+ * with release after the slot's worker, and a reap's count (rd.reaps,
+ * release) before any slot it frees (settled). The slot change log: each
+ * entry is a release store, so that a reader that copies an overwritten
+ * entry sees the count that tells it so.
+ *
  * Matching without reading every block (kv_index_match): a slot's overlap
  * is where its run of held blocks first breaks. Where a slot holds a block
  * but not its parent, the parent is a "hole" of that slot; the writer keeps
@@ -100,7 +115,9 @@
 #define KEY_ROOT        1ULL                    /* side.parent: a chain's first block */
 #define KID_KEYS        1                       /* side.child: child keys listed exactly */
 #define KID_MANY        1ULL                    /* side.child[0]: more children than fit */
-#define MAX_LOAD        0.80                    /* entries evicted above this fill */
+#define MAX_LOAD_NUM    4                       /* entries evicted above this fill: */
+#define MAX_LOAD_DEN    5                       /* 4/5 */
+#define MAX_LOAD        ((double) MAX_LOAD_NUM / MAX_LOAD_DEN)
 #define EVICT_SAMPLE    32
 #define MATCH_AHEAD     16                       /* hashes prefetched ahead (kv_index.h) */
 #define JUMP            16                       /* match: blocks skipped per landing */
@@ -191,6 +208,7 @@ struct kv_index {
     struct {
         uint64_t        lost_slots;     /* slots with lost set; readers walk while > 0 */
         uint64_t        gen;            /* bumped before holes are dropped or lost */
+        uint64_t        reaps;          /* bumped by each reap: slots freed for reuse */
     } __attribute__((aligned(64))) rd;
 };
 
@@ -553,11 +571,19 @@ static void prefetch_key(const kv_index_t *ix, uint64_t key)
     }
 }
 
-/* The writer's view of a key's home: its entry and its side. */
+/* The writer's view of a key's home: its entry and its side. A quarter of
+ * the 24-byte sides straddle two lines, with the counts and the child
+ * list (read when the next block of the run is stored) on the second:
+ * that one is prefetched too, as prefetch_key does for entries. */
 static void prefetch_key_w(const kv_index_t *ix, uint64_t key)
 {
+    const char *sd = (const char *) side(ix, home(ix, key));
+
     prefetch_key(ix, key);
-    prefetch(side(ix, home(ix, key)));
+    prefetch(sd);
+    if (((uintptr_t) sd & 63) + sizeof(side_t) > 64) {
+        prefetch(sd + sizeof(side_t) - 1);
+    }
 }
 
 /* The entry holding key, or -1 (writer view; no locking needed). */
@@ -618,13 +644,19 @@ static int64_t hole_find(const kv_index_t *ix, uint64_t key)
     }
 }
 
-/* The filter bit of a key is set while some hole key shares it. */
+/* The filter bit of a key is set while some hole key shares it. A bit set
+ * is published by hole_add's fence, before the change that makes the
+ * hole. A bit cleared is ordered after what ended the hole (the block
+ * held again, its slot cleared; hole_gc bumps gen first): a reader that
+ * skips a block for a clear bit must find it held if it reads it. Free on
+ * x86 (stores stay in order there), needed on a weakly ordered CPU. */
 static void filter_bump(kv_index_t *ix, uint64_t key, int d)
 {
     uint64_t  b = filter_slot(ix, key), *f = &filter(ix)[b / 64];
     uint16_t *c = &counts(ix)[b];
 
     *c = (uint16_t) (*c + d);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     __atomic_store_n(f, *c ? *f | 1ULL << (b % 64) : *f & ~(1ULL << (b % 64)), __ATOMIC_RELAXED);
 }
 
@@ -850,6 +882,11 @@ static void holes_clear_mask(kv_index_t *ix, const uint64_t mask[64])
         }
         i++;
     }
+    /* the bits cleared and the holes dropped are visible before the
+     * slots stop being lost: a match that reads lost_slots 0 (acquire)
+     * and so jumps must not read a cleared bit as still set, with its
+     * hole already gone (rebuild_lost and writer_died fence alike) */
+    __atomic_thread_fence(__ATOMIC_RELEASE);
     for (i = 0; i < ix->max_workers; i++) {
         slot_t *s = &slots(ix)[i];
 
@@ -1142,9 +1179,11 @@ static int evict_one(kv_index_t *ix, uint64_t *counter, uint32_t now)
     return found;
 }
 
+/* used + 1 > cap * MAX_LOAD, in integers: it runs for every block stored,
+ * and the conversions to double showed in the ingest profile */
 static int must_evict(const kv_index_t *ix)
 {
-    return ix->used > 0 && (double) (ix->used + 1) > (double) ix->cap * MAX_LOAD;
+    return ix->used > 0 && (ix->used + 1) * MAX_LOAD_DEN > ix->cap * MAX_LOAD_NUM;
 }
 
 /* The entry for key, created (with no holders, parent not known) if
@@ -1223,7 +1262,7 @@ static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_
                             int64_t *pi, uint64_t *seen, uint32_t now)
 {
     int64_t  at;
-    uint64_t i, erases, known;
+    uint64_t i, erases, known, b;
     side_t  *sd;
     uint32_t w, held = 0;
 
@@ -1262,10 +1301,15 @@ static uint64_t store_block(kv_index_t *ix, uint32_t slot, uint64_t key, uint64_
     known = sd->parent;
     if (known == 0 && pk != 0 && pk != key) {
         sd->parent = pk;
+        /* a new entry (the usual case) has no holders to count: no
+         * popcount (a libgcc call without -mpopcnt) and no kid_count */
         for (w = 0; w < ix->words; w++) {
-            held += (uint32_t) __builtin_popcountll(get_bits(entry(ix, i), w));
+            b = get_bits(entry(ix, i), w);
+            held += b ? (uint32_t) __builtin_popcountll(b) : 0;
         }
-        kid_count(ix, pk, held, 0, KEY_EMPTY);
+        if (held > 0) {
+            kid_count(ix, pk, held, 0, KEY_EMPTY);
+        }
     } else if (known != 0 && known != pk) {
         /* it chains onto another key (a 64-bit collision): unlist and
          * count it out there */
@@ -1527,12 +1571,20 @@ static uint64_t map_seq(kv_index_t *ix, uint32_t slot, uint64_t engine, int take
 /* --- workers ------------------------------------------------------------- */
 
 /* Logs that slot k changed hands, for kv_index_slots_changed: the entry
- * first, then the count that publishes it. One writer at a time. */
+ * first, then the count that publishes it. One writer at a time.
+ *
+ * The entry overwrites change g - SLOT_LOG's, which a reader may be
+ * copying; the reader finds that out from the count it reads after its
+ * copy (and an acquire fence), so the count of change g - 1 must be
+ * visible before this entry is: a release store. x86 keeps stores in
+ * order anyway (the same mov); a weakly ordered CPU may otherwise show
+ * the new entry to a reader that still reads the old count, which then
+ * takes change g's slot for change g - SLOT_LOG's. */
 static void note_slot(kv_index_t *ix, uint32_t k)
 {
-    uint64_t g = ix->slot_gen + 1;
+    uint64_t g = __atomic_load_n(&ix->slot_gen, __ATOMIC_RELAXED) + 1;
 
-    __atomic_store_n(&ix->slot_log[g % SLOT_LOG], k, __ATOMIC_RELAXED);
+    __atomic_store_n(&ix->slot_log[g % SLOT_LOG], k, __ATOMIC_RELEASE);
     __atomic_store_n(&ix->slot_gen, g, __ATOMIC_RELEASE);
 }
 
@@ -1794,6 +1846,12 @@ static int reap(kv_index_t *ix)
         return 0;
     }
     clear_mask(ix, mask);
+    /* before the slots can be taken again: a match that read a bit of a
+     * slot's old worker sees the count moved if it sees the new worker
+     * live there (settled); release: one that reads the new count reads
+     * the cleared bits */
+    __atomic_store_n(&ix->rd.reaps, __atomic_load_n(&ix->rd.reaps, __ATOMIC_RELAXED) + 1,
+                     __ATOMIC_RELEASE);
     for (k = 0; k < ix->max_workers; k++) {
         if (mask[k / 64] >> (k % 64) & 1) {
             __atomic_store_n(&s[k].in_use, 0, __ATOMIC_RELEASE);
@@ -1987,10 +2045,14 @@ static void writer_enter(kv_index_t *ix)
     ix->writing = 1;
 }
 
-/* Leaves a call; lost slots are looked at again here, between changes. */
+/* Leaves a call; lost slots are looked at again here, between changes.
+ * The test is made here: rebuild_lost zeroes its 512-byte slot mask on
+ * entry, before its own test (~70 instructions a call, for every event). */
 static void writer_leave(kv_index_t *ix)
 {
-    rebuild_lost(ix);
+    if (ix->rd.lost_slots != 0 && ix->lost_ops >= ix->cap / 4) {
+        rebuild_lost(ix);
+    }
     ix->writing = 0;
 }
 
@@ -2248,17 +2310,40 @@ static int step(uint64_t *alive, const uint64_t *bits, uint32_t words, uint32_t 
     return any;
 }
 
+/* Tests run a writer here (a match descheduled after its reads). */
+#ifndef KV_INDEX_TEST_MATCHED
+#define KV_INDEX_TEST_MATCHED(ix)
+#endif
+
+#define MATCH_TRIES     4                        /* matches run again after a reap */
+
 /* retired slots (removed workers awaiting kv_index_reap) hold nothing */
 static size_t live_only(const kv_index_t *ix, kv_overlap_t *out, size_t n)
 {
     size_t i, found = 0;
 
+    KV_INDEX_TEST_MATCHED(ix);
     for (i = 0; i < n; i++) {
         if (__atomic_load_n(&slots(ix)[out[i].slot].in_use, __ATOMIC_RELAXED) == SLOT_LIVE) {
             out[found++] = out[i];
         }
     }
     return found;
+}
+
+/*
+ * Whether the slots live_only kept still are the ones whose bits the match
+ * read: no reap ran since its count was read (reaps0, before any bit). A
+ * slot that a reap freed and a new worker took meanwhile is live again,
+ * and live_only alone would credit the new worker with the old one's
+ * blocks. A reap bumps the count before it frees any slot, so a match
+ * that saw a slot taken again (its in_use, read before the fence) sees
+ * the count moved. Slots are freed only by reaps: one count for all.
+ */
+static int settled(const kv_index_t *ix, uint64_t reaps0)
+{
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&ix->rd.reaps, __ATOMIC_RELAXED) == reaps0;
 }
 
 /* Walks blocks from..to (all of seq[0..from) held by the alive slots):
@@ -2286,8 +2371,8 @@ static int walk_span(const kv_index_t *ix, const uint64_t *seq, size_t from, siz
     return 1;
 }
 
-size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
-                           kv_overlap_t *out, size_t cap)
+static size_t match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                         kv_overlap_t *out, size_t cap)
 {
     uint64_t alive[64];
     uint32_t words = ix->words < 64 ? ix->words : 64;
@@ -2307,6 +2392,23 @@ size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
         step(alive, NULL, words, (uint32_t) n, out, cap, &found);
     }
     return live_only(ix, out, found);
+}
+
+size_t kv_index_match_walk(const kv_index_t *ix, const uint64_t *seq, size_t n,
+                           kv_overlap_t *out, size_t cap)
+{
+    uint64_t reaps;
+    size_t   found;
+    int      tries;
+
+    for (tries = 0; tries < MATCH_TRIES; tries++) {
+        reaps = __atomic_load_n(&ix->rd.reaps, __ATOMIC_ACQUIRE);
+        found = match_walk(ix, seq, n, out, cap);
+        if (settled(ix, reaps)) {
+            return found;
+        }
+    }
+    return 0;   /* reaped under every try: credit no one (routed by load) */
 }
 
 /* 1 if the filter says some key of seq[from..to) may be a hole. Read after
@@ -2779,13 +2881,14 @@ static int match_spans(const kv_index_t *ix, const uint64_t *seq, size_t p, size
 size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
                       kv_overlap_t *out, size_t cap)
 {
-    uint64_t alive[64], gen;
+    uint64_t alive[64], gen, reaps;
     uint32_t words = ix->words < 64 ? ix->words : 64, batch;
     size_t   found = 0;
 
     if (n <= 2 * JUMP) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
+    reaps = __atomic_load_n(&ix->rd.reaps, __ATOMIC_ACQUIRE);
     gen = __atomic_load_n(&ix->rd.gen, __ATOMIC_ACQUIRE);
     if (__atomic_load_n(&ix->rd.lost_slots, __ATOMIC_ACQUIRE) != 0) {
         return kv_index_match_walk(ix, seq, n, out, cap);
@@ -2801,7 +2904,8 @@ size_t kv_index_match(const kv_index_t *ix, const uint64_t *seq, size_t n,
     if (__atomic_load_n(&ix->rd.gen, __ATOMIC_RELAXED) != gen) {
         return kv_index_match_walk(ix, seq, n, out, cap);
     }
-    return live_only(ix, out, found);
+    found = live_only(ix, out, found);
+    return settled(ix, reaps) ? found : kv_index_match_walk(ix, seq, n, out, cap);
 }
 
 int kv_index_worker_info(const kv_index_t *ix, uint32_t slot, uint64_t *worker_id,
