@@ -1,7 +1,10 @@
 #include "kv_hash.h"
 
 #include <string.h>
-#define XXH_STATIC_LINKING_ONLY   /* XXH3_state_t on the stack */
+/* inline: a block's hash (64 bytes at block size 16) and a chain's (16)
+ * take XXH3's short-input paths, a few dozen instructions that the
+ * library's call and dispatch would double */
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 uint64_t kv_hash_seed(const char *salt, size_t len)
@@ -39,8 +42,12 @@ uint64_t kv_hash_block(const uint32_t *tokens, size_t n, uint64_t seed)
 
 static void put_le64(uint8_t *p, uint64_t v)
 {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(p, &v, 8);       /* one store; gcc does not merge the loop below */
+#else
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
+#endif
 }
 
 uint64_t kv_hash_chain(uint64_t parent_seq, uint64_t local)
