@@ -24,7 +24,8 @@ def run(args, stdin):
 def test_jsonl_encode_equals_hf(model):
     path = os.path.join(TOK, model, "tokenizer.json")
     hf = Tokenizer.from_file(path)
-    texts = ["Hello world", "  two  spaces", "naïve café 123456", "<|endoftext|>x", "日本語", ""]
+    texts = ["Hello world", "  two  spaces", "naïve café 123456", "<|endoftext|>x", "日本語", "",
+             "a\u0000b c\u0000"]
     r = run(["encode", "--tokenizer", path, "--jsonl"], "\n".join(json.dumps(t) for t in texts))
     assert r.returncode == 0, r.stderr
     got = [json.loads(l) for l in r.stdout.decode().splitlines()]

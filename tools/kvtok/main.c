@@ -185,7 +185,8 @@ static int cmd_encode(const opts_t *o)
     }
     for (line = strtok_r(in, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         lineno++;
-        v = json_loads(line, JSON_DECODE_ANY, &je);
+        /* a prompt may hold U+0000 (text to HF): encoded by length */
+        v = json_loads(line, JSON_DECODE_ANY | (o->chat ? 0 : JSON_ALLOW_NUL), &je);
         if (o->chat ? !json_is_array(v) && !json_is_object(v) : !json_is_string(v)) {
             fprintf(stderr, "kvtok: line %d: expected a JSON %s\n", lineno,
                     o->chat ? "messages array or chat request" : "string");
