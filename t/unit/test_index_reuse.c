@@ -13,8 +13,8 @@ static void mid_match(struct kv_index *ix);
 
 #include "kv_index.c"
 #include "kvtest.h"
+#include "index_chain.h"
 
-static char     err[256];
 static int      armed;          /* the next match runs the writer (once) */
 static int      reuse;          /* it also reaps and adds new_worker */
 static uint64_t old_worker, new_worker;
@@ -32,31 +32,6 @@ static void mid_match(struct kv_index *ix)
         kv_index_reap(ix);
         kv_index_worker_add(ix, new_worker, 0);
     }
-}
-
-static void chain(uint64_t base, size_t n, uint64_t *tok, uint64_t *seq)
-{
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        tok[i] = base + i;
-        seq[i] = i == 0 ? tok[0] : kv_hash_chain(seq[i - 1], tok[i]);
-    }
-}
-
-static int store(kv_index_t *ix, uint64_t worker, const uint64_t *tok, const uint64_t *seq,
-                 size_t n)
-{
-    kv_stored_block_t b[128];
-    kv_event_t        ev = { .worker_id = worker, .kind = KV_EVENT_STORED, .blocks = b,
-                             .n_blocks = n };
-    size_t            i;
-
-    for (i = 0; i < n; i++) {
-        b[i].block_hash = seq[i];
-        b[i].tokens_hash = tok[i];
-    }
-    return kv_index_apply(ix, &ev, 1000, err, sizeof(err));
 }
 
 typedef size_t (*match_fn)(const kv_index_t *, const uint64_t *, size_t, kv_overlap_t *,

@@ -22,33 +22,7 @@ static inline void test_write_end(kv_seqlock_t *l)
 
 #include "kv_index.c"
 #include "kvtest.h"
-
-static char err[256];
-
-static void chain(uint64_t base, size_t n, uint64_t *tok, uint64_t *seq)
-{
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        tok[i] = base + i;
-        seq[i] = i == 0 ? tok[0] : kv_hash_chain(seq[i - 1], tok[i]);
-    }
-}
-
-static int store(kv_index_t *ix, uint64_t worker, const uint64_t *tok, const uint64_t *seq,
-                 size_t n)
-{
-    kv_stored_block_t b[128];
-    kv_event_t        ev = { .worker_id = worker, .kind = KV_EVENT_STORED, .blocks = b,
-                             .n_blocks = n };
-    size_t            i;
-
-    for (i = 0; i < n; i++) {
-        b[i].block_hash = seq[i];
-        b[i].tokens_hash = tok[i];
-    }
-    return kv_index_apply(ix, &ev, 1000, err, sizeof(err));
-}
+#include "index_chain.h"
 
 static int odd_locks(const kv_index_t *ix)
 {
