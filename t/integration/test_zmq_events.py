@@ -144,6 +144,13 @@ def subscribed(f, i, probe_seed):
     kvt.wait_until(probe, timeout=15, interval=0.2, what="subscription")
 
 
+def gone(f, p, what="publisher gone: load only"):
+    """Closes worker 0's publisher and waits until its worker is routed by
+    load only (the engine's process gone, as a restart starts)."""
+    p.close()
+    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale", what=what)
+
+
 def test_stored_removed_cleared_drive_routing(fleet):
     f = fleet(2)
     for i in range(2):
@@ -402,9 +409,7 @@ def test_engine_restart_clears_worker(fleet):
         p.store(ids(62, 16))
     kvt.wait_until(f.indexed(0, 5), what="stored")
     port, rport = p.port, p.replay_port
-    p.close()
-    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
-                   what="publisher gone: load only")
+    gone(f, p)
     assert ev_status(f.ng.port)["zmq_connected"] == 0
     # the engine comes back: new process, same ports, sequence from 0
     q = vllm_pub.VllmPublisher(port=port, replay_port=rport)
@@ -432,9 +437,7 @@ def test_restart_past_the_old_seq_before_reconnect_clears(fleet):
     kvt.wait_until(f.indexed(0, 4), what="stored")          # the probe's block and a's 3
     old_next = p.seq
     port, rport = p.port, p.replay_port
-    p.close()
-    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
-                   what="publisher gone: load only")
+    gone(f, p)
     # the new process answers no replay until it is past the old sequence
     q = vllm_pub.VllmPublisher(port=port, replay_port=rport, replay_held=True)
     f.pubs[0] = q
@@ -461,9 +464,7 @@ def test_publisher_death_and_reconnect(fleet):
     kvt.wait_until(f.indexed(0, 3), what="stored")
     port, rport = p.port, p.replay_port
     seq, buf = p.seq, list(p.buffer)
-    p.close()
-    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
-                   what="load only while unreachable")
+    gone(f, p, what="load only while unreachable")
     # requests are still served (by load) meanwhile
     assert route(f.ng.port, ids(72, 32))[0] in f.servers
     # the same engine process is reachable again (e.g. a network blip): same
@@ -516,9 +517,7 @@ def test_restart_during_reload_clears(fleet):
     kvt.wait_until(f.indexed(0, 4), what="stored")
     old_next = p.seq
     port, rport = p.port, p.replay_port
-    p.close()
-    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
-                   what="publisher gone: load only")
+    gone(f, p)
     before = ev_status(f.ng.port)["helper_pid"]
     f.ng.reload()
     kvt.wait_until(lambda: ev_status(f.ng.port)["helper_pid"] not in (0, before),
@@ -561,9 +560,7 @@ def test_no_replay_socket_reconnect_clears(fleet):
     p.store(a)
     kvt.wait_until(f.indexed(0, 3), what="stored")
     port, seq = p.port, p.seq
-    p.close()
-    kvt.wait_until(lambda: worker_rec(f.ng.port, f.servers[0])["state"] == "stale",
-                   what="publisher gone: load only")
+    gone(f, p)
     q = vllm_pub.VllmPublisher(port=port, replay=False, xpub=True)
     f.pubs[0] = q
     q.wait_subscribed()                           # reconnected: nothing sent is dropped now
