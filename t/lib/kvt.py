@@ -70,18 +70,36 @@ def _ephemeral_range():
 _ports = random.Random(os.getpid() ^ time.monotonic_ns())
 
 
-def free_port():
+def _port_range():
+    """The 8,192 ports just below the kernel's ephemeral range, or this
+    process's share of them: t/run.py runs test files side by side and gives
+    each running file its own slice (KVROUTE_TEST_SLICE=i/n), so two files
+    never draw the same port between the bind check and their server's own
+    bind."""
+    lo, _ = _ephemeral_range()
+    start, end = max(lo - 8192, 1024), max(lo, 1025)
+    try:
+        i, n = (int(x) for x in os.environ["KVROUTE_TEST_SLICE"].split("/"))
+    except (KeyError, ValueError):
+        return start, end
+    if not 0 <= i < n:
+        return start, end
+    size = (end - start) // n
+    return start + i * size, start + (i + 1) * size
+
+
+def free_port(room=1):
     """A loopback port nobody listens on right now, below the kernel's
     ephemeral range: a port the kernel hands out for bind(0) can be taken,
     before the process we start binds it, as the local port of any outgoing
     connection (every test opens many), and the process then exits with
     "address in use". Below the range only an explicit bind can take it.
-    The 8,192 ports just below it: test_scale takes its runs of 4,096 from
-    further down, where no server of ours has left a connection in
-    TIME_WAIT (which refuses a bind to its port)."""
-    lo, _ = _ephemeral_range()
+    test_scale takes its runs of 4,096 from further down, where no server of
+    ours has left a connection in TIME_WAIT (which refuses a bind to its
+    port). room: the port and the room - 1 after it stay in the range."""
+    start, end = _port_range()
     for _ in range(100):
-        port = _ports.randrange(max(lo - 8192, 1024), max(lo, 1025))
+        port = _ports.randrange(start, max(end - room + 1, start + 1))
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -98,7 +116,7 @@ def free_ports(n, consecutive=False):
     if not consecutive:
         return [free_port() for _ in range(n)]
     for _ in range(200):
-        base = free_port()
+        base = free_port(n)
         if base + n > 65535:
             continue
         socks = []
