@@ -367,9 +367,14 @@ static void *fetch_loop(void *arg)
         natsStatus s = natsSubscription_Fetch(&list, sub, 256, 200, &jerr);
         if (s == NATS_OK && list.Count > 0 && ing->cfg.test_exit_after_fetch)
             _exit(3);           /* tests: a helper gone between fetch and apply */
-        int applied = 0;
+        int applied = 0, drop = 0;
+        if (s == NATS_OK && list.Count > 0 && ing->cfg.test_drop_fetch_once) {
+            ing->cfg.test_drop_fetch_once = 0;  /* tests: a fetch whose reply was cut */
+            drop = 1;
+            kv_ingest_log(ing, "test: dropped a fetched batch of %d", list.Count);
+        }
         pthread_mutex_lock(&ing->mu);
-        for (int k = 0; s == NATS_OK && k < list.Count && !ing->stopping; k++) {
+        for (int k = 0; s == NATS_OK && !drop && k < list.Count && !ing->stopping; k++) {
             apply_message(ing, list.Msgs[k]);
             applied = k + 1;
         }
