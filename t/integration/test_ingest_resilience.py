@@ -198,3 +198,48 @@ def test_user_password_and_token(stack):
         # refused: the server closes the connection (then it retries, alive)
         bad_ing.wait(lambda s: s["nats"] == "closed", what="the bad credentials refused")
         assert bad_ing.stats()["connects"] == 0
+
+
+def dynamo_removed(wid, eid, bh):
+    return ('{"worker_id":%d,"event":{"event_id":%d,"data":{"removed":{"block_hashes":[%d]}},'
+            '"dp_rank":0}}' % (wid, eid, bh))
+
+
+def test_jetstream_fetch_cut_by_a_disconnect_comes_again_in_order(stack):
+    """A fetch whose reply a NATS disconnect cut short leaves its messages
+    delivered and unacknowledged in a helper that stays up. Once NATS is
+    back they must come before anything newer: redelivered only after the
+    ack wait, behind newer events, a worker without dumps (Dynamo) would
+    lose them as duplicates."""
+    nats = stack.nats(jetstream=True)
+    port = nats.port
+    pub = Nats(port)
+    stream = {"name": "KVEVENTS", "subjects": [SUBJ, SUBJ + ".*"], "storage": "file"}
+    assert "error" not in js_api(pub, "STREAM.CREATE.KVEVENTS", stream).json()
+    pub.publish(SUBJ, dynamo_event(9, 5, 100, 1000))    # stores A
+    pub.publish(SUBJ, dynamo_event(9, 6, 200, 2000))    # stores B
+    pub.flush()
+    ing = kvingest.Ingest(stack, nats.url, extra=["--jetstream", "KVEVENTS", "--durable",
+                                                  "kvroute-cut", "--test-drop-fetch-once"])
+    deadline = time.time() + 30
+    while "test: dropped a fetched batch of 2" not in ing.read_log():
+        assert time.time() < deadline, ing.read_log()
+        time.sleep(0.05)
+    assert ing.stats()["events"] == 0
+    pub.close()
+
+    nats.kill()                     # the disconnect that cut the fetch
+    nats.wait()
+    ing.wait(lambda s: s["nats"] != "connected", what="disconnected")
+    stack.nats(jetstream=True, port=port)       # same store: the consumer's state kept
+    ing.wait(lambda s: s["nats"] == "connected" and s["connects"] >= 2, what="reconnected")
+    pub = Nats(port)
+    pub.publish(SUBJ, dynamo_removed(9, 7, 100))        # removes A
+    pub.flush()
+    st = ing.wait(lambda s: ing.worker(9, st=s) is not None
+                  and ing.worker(9, st=s)["last_event_applied"] == 7, what="event 7")
+    w = ing.worker(9, st=st)
+    assert ing.match([2000]) == {9: 1}, json.dumps(st)      # the cut batch's B came
+    assert ing.match([1000]) == {}, json.dumps(st)          # A stored, then removed
+    assert w["events"] == 3 and w["gaps"] == 0 and w["duplicates"] == 0, json.dumps(st)
+    pub.close()
