@@ -278,7 +278,8 @@ kv_ingest_t *kv_ingest_create(const kv_ingest_config_t *cfg, kv_index_t *ix,
     ing->wk = calloc(ing->max_workers, sizeof(*ing->wk));
     ing->scratch_cap = 4096;
     ing->scratch = malloc(ing->scratch_cap * sizeof(*ing->scratch));
-    if (ing->wk == NULL || ing->scratch == NULL) {
+    if (ing->wk == NULL || ing->scratch == NULL
+        || natsStatistics_Create(&ing->stats) != NATS_OK) {
         kv_ingest_destroy(ing);
         snprintf(err, errlen, "kv_ingest: out of memory");
         return NULL;
@@ -336,6 +337,28 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
     natsMsg_Destroy(msg);
 }
 
+/* How many times cnats has reconnected this connection. It counts a
+ * reconnect before the new connection delivers anything, so a message
+ * fetched with the count unchanged since the bind came on the connection
+ * the bind was made on. ing->mu held (ing->stats is shared). */
+static uint64_t reconnects(kv_ingest_t *ing)
+{
+    uint64_t n = 0;
+    if (ing->nc != NULL && natsConnection_GetStats(ing->nc, ing->stats) == NATS_OK)
+        natsStatistics_GetCounts(ing->stats, NULL, NULL, NULL, NULL, &n);
+    return n;
+}
+
+/* A subscription whose batches must not be applied: unbound meanwhile, or
+ * bound before a reconnect. What the server sent before the disconnect may
+ * have been lost on the wire (delivered, to the server), and what comes
+ * after it would then skip it. Left unacknowledged, such a batch comes
+ * again, in order, once tick has bound the consumer again. ing->mu held. */
+static int stale_sub(kv_ingest_t *ing, natsSubscription *sub)
+{
+    return sub != ing->ev_sub || reconnects(ing) != ing->js_reconnects;
+}
+
 /*
  * JetStream: a pull consumer, fetched by this thread. (A push consumer
  * lets the server deliver into the void while no helper is bound, and
@@ -343,8 +366,9 @@ static void on_event(natsConnection *nc, natsSubscription *sub, natsMsg *msg, vo
  * under ing->mu, then each applied message is acknowledged (explicit acks,
  * fire-and-forget publishes): applied events are never delivered again,
  * and a message fetched but never applied (a stop, a helper that exits
- * mid-batch) stays unacknowledged, so the next helper gets it
- * (jetstream_consumer).
+ * mid-batch, a fetch a disconnect cut) stays unacknowledged, so the next
+ * bind gets it first (jetstream_consumer): the next helper's, or this
+ * one's after a reconnect (kv_ingest_tick).
  */
 static void *fetch_loop(void *arg)
 {
@@ -356,6 +380,8 @@ static void *fetch_loop(void *arg)
             return NULL;
         }
         natsSubscription *sub = ing->ev_sub;
+        if (sub != NULL && stale_sub(ing, sub))
+            sub = NULL;         /* what it would fetch is not applied: wait for the bind */
         ing->fetching = sub != NULL;
         pthread_mutex_unlock(&ing->mu);
         if (sub == NULL) {
@@ -367,9 +393,20 @@ static void *fetch_loop(void *arg)
         natsStatus s = natsSubscription_Fetch(&list, sub, 256, 200, &jerr);
         if (s == NATS_OK && list.Count > 0 && ing->cfg.test_exit_after_fetch)
             _exit(3);           /* tests: a helper gone between fetch and apply */
-        int applied = 0;
+        int applied = 0, drop = 0;
+        if (s == NATS_OK && list.Count > 0 && ing->cfg.test_drop_fetch_once) {
+            ing->cfg.test_drop_fetch_once = 0;  /* tests: a fetch whose reply was cut */
+            drop = 1;
+            kv_ingest_log(ing, "test: dropped a fetched batch of %d", list.Count);
+        }
         pthread_mutex_lock(&ing->mu);
-        for (int k = 0; s == NATS_OK && k < list.Count && !ing->stopping; k++) {
+        if (s == NATS_OK && list.Count > 0 && !drop && stale_sub(ing, sub)) {
+            drop = 1;
+            if (ing->cfg.verbose)
+                kv_ingest_log(ing, "jetstream: %d messages fetched across a reconnect left "
+                              "unacknowledged: they come again once bound", list.Count);
+        }
+        for (int k = 0; s == NATS_OK && !drop && k < list.Count && !ing->stopping; k++) {
             apply_message(ing, list.Msgs[k]);
             applied = k + 1;
         }
@@ -659,9 +696,10 @@ int kv_ingest_start(kv_ingest_t *ing, char *err, size_t errlen)
  * The durable consumer, ready to bind: explicit acks, filtered on our
  * subject. A consumer that another helper left with messages delivered
  * and never acknowledged (it exited between a fetch and its acks, or its
- * pull request is still open) would redeliver them only after the ack
- * wait, behind the events we fetch meanwhile: out of order, so dropped as
- * duplicates. One created by an older kvroute acks all up to the one
+ * pull request is still open), or that a disconnect left so under this
+ * helper (a fetch cut short: jetstream_unbind), would redeliver them only
+ * after the ack wait, behind the events we fetch meanwhile: out of order,
+ * so dropped as duplicates. One created by an older kvroute acks all up to the one
  * acked (AckAll), and a consumer's ack policy cannot be changed in place.
  * Either is deleted and created again at its ack floor: everything not
  * acknowledged comes again, in order (what was applied but not acked is
@@ -680,8 +718,8 @@ static int jetstream_consumer(kv_ingest_t *ing, const char *filter)
                           : c->AckPolicy != js_AckExplicit ? "it acks all before the one acked"
                           : c->FilterSubject == NULL || strcmp(c->FilterSubject, filter) != 0
                               ? "another subject"
-                          : ci->NumAckPending > 0 || ci->NumWaiting > 0
-                              ? "a previous helper's messages are unacknowledged"
+                          : ci->NumAckPending > 0 ? "messages delivered are unacknowledged"
+                          : ci->NumWaiting > 0 ? "a pull request is still open"
                               : NULL;
         floor = ci->AckFloor.Stream;
         jsConsumerInfo_Destroy(ci);
@@ -715,6 +753,8 @@ static int jetstream_setup(kv_ingest_t *ing)
 {
     jsErrCode jerr = 0;
     natsStatus s = NATS_OK;
+    /* read first: a reconnect during the setup makes tick bind again */
+    ing->js_reconnects = reconnects(ing);
     if (ing->js == NULL)
         s = natsConnection_JetStream(&ing->js, ing->nc, NULL);
     jsStreamInfo *si = NULL;
@@ -763,6 +803,32 @@ static int jetstream_setup(kv_ingest_t *ing)
     return 0;
 }
 
+/*
+ * After a reconnect: a fetch the disconnect cut left its messages
+ * delivered and unacknowledged, and the server would send them again only
+ * after the ack wait (30 s), behind newer events, which a worker without
+ * dumps could never make good. Binding again lets jetstream_consumer find
+ * them (NumAckPending) and create the consumer again from its ack floor:
+ * they come first, in order. Acks the disconnect lost show as pending
+ * too; those messages come again and are dropped as duplicates. ing->mu
+ * held; waits (at most a fetch's 200 ms) for the fetch thread to leave
+ * the old subscription.
+ */
+static void jetstream_unbind(kv_ingest_t *ing)
+{
+    natsSubscription *sub = ing->ev_sub;
+    ing->ev_sub = NULL;             /* the fetch thread takes no new turn on it */
+    while (ing->fetching)
+        pthread_cond_wait(&ing->closed_cv, &ing->mu);
+    /* bound, not created by the subscribe: the consumer outlives it */
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+    ing->js_retry_ms = 0;
+    if (ing->cfg.verbose)
+        kv_ingest_log(ing, "jetstream consumer %s: NATS reconnected: binding it again",
+                      ing->cfg.durable);
+}
+
 static void teardown(kv_ingest_t *ing);
 
 void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
@@ -801,6 +867,9 @@ void kv_ingest_tick(kv_ingest_t *ing, uint64_t now_ms)
         if (ing->cfg.verbose)
             kv_ingest_log(ing, "connected (epoch %" PRIu64 "): discover sent", epoch);
     }
+    if (connected && ing->cfg.stream && ing->ev_sub != NULL
+        && reconnects(ing) != ing->js_reconnects)
+        jetstream_unbind(ing);
     if (connected && ing->cfg.stream && ing->ev_sub == NULL && now_ms >= ing->js_retry_ms
         && jetstream_setup(ing) < 0)
         ing->js_retry_ms = now_ms + 1000;
@@ -881,6 +950,7 @@ void kv_ingest_destroy(kv_ingest_t *ing)
     pthread_mutex_destroy(&ing->mu);
     free(ing->wk);
     free(ing->scratch);
+    natsStatistics_Destroy(ing->stats);
     free(ing->strings);
     free(ing);
 }

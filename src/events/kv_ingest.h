@@ -70,6 +70,10 @@ typedef struct {
     int         test_exit_after_fetch;  /* tests only (kvingest): the process exits as
                                            soon as a JetStream fetch returns messages,
                                            before applying or acking them */
+    int         test_drop_fetch_once;   /* tests only (kvingest): the first JetStream fetch
+                                           that returns messages is discarded, neither
+                                           applied nor acked (a fetch whose reply a NATS
+                                           disconnect cut short) */
     /* Called (under the ingest's lock) after the index dropped blocks of a
      * worker on the worker's own word: a Removed event (the sequence
      * hashes), or n == 0 for all of them (Cleared, a resync, a worker

@@ -91,6 +91,8 @@ struct kv_ingest {
     uint64_t            conn_epoch;     /* bumped by (re)connect callbacks (atomic) */
     uint64_t            seen_epoch;     /* handled by tick */
     uint64_t            js_retry_ms;
+    uint64_t            js_reconnects;  /* cnats' reconnect count when ev_sub was bound */
+    natsStatistics     *stats;          /* scratch for reading that count */
     uint64_t            down_since_ms;  /* NATS not connected since (0: up) */
 
     kv_event_batch_t    batch;

@@ -2,6 +2,8 @@
 after nats-server is killed and restarted, and a JetStream durable
 consumer replaying what was published while the ingester was down."""
 import json
+import socket
+import threading
 import time
 
 import pytest
@@ -198,3 +200,118 @@ def test_user_password_and_token(stack):
         # refused: the server closes the connection (then it retries, alive)
         bad_ing.wait(lambda s: s["nats"] == "closed", what="the bad credentials refused")
         assert bad_ing.stats()["connects"] == 0
+
+
+def dynamo_removed(wid, eid, bh):
+    return ('{"worker_id":%d,"event":{"event_id":%d,"data":{"removed":{"block_hashes":[%d]}},'
+            '"dp_rank":0}}' % (wid, eid, bh))
+
+
+class Relay:
+    """A TCP relay to a local port whose connections can be cut at once: a
+    network blip, the server staying up."""
+
+    def __init__(self, port):
+        self.to = port
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.port = self.lsock.getsockname()[1]
+        self.socks = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.lsock.accept()
+            except OSError:
+                return
+            try:
+                b = socket.create_connection(("127.0.0.1", self.to))
+            except OSError:         # the server is down: the client retries
+                a.close()
+                continue
+            with self.lock:
+                self.socks += [a, b]
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._pump, args=(b, a), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sk in (src, dst):
+            try:
+                sk.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        with self.lock:
+            socks, self.socks = self.socks, []
+        for sk in socks:
+            try:
+                sk.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sk.close()
+
+    def close(self):
+        self.lsock.close()
+        self.cut()
+
+
+@pytest.mark.parametrize("disconnect", ["server-restart", "network-blip"])
+def test_jetstream_fetch_cut_by_a_disconnect_comes_again_in_order(stack, disconnect):
+    """A fetch whose reply a NATS disconnect cut short leaves its messages
+    delivered and unacknowledged in a helper that stays up. Once NATS is
+    back they must come before anything newer: redelivered only after the
+    ack wait, behind newer events, a worker without dumps (Dynamo) would
+    lose them as duplicates."""
+    nats = stack.nats(jetstream=True)
+    port = nats.port
+    relay = Relay(port)
+    pub = Nats(port)
+    stream = {"name": "KVEVENTS", "subjects": [SUBJ, SUBJ + ".*"], "storage": "file"}
+    assert "error" not in js_api(pub, "STREAM.CREATE.KVEVENTS", stream).json()
+    pub.publish(SUBJ, dynamo_event(9, 5, 100, 1000))    # stores A
+    pub.publish(SUBJ, dynamo_event(9, 6, 200, 2000))    # stores B
+    pub.flush()
+    ing = kvingest.Ingest(stack, "nats://127.0.0.1:%d" % relay.port,
+                          extra=["--jetstream", "KVEVENTS", "--durable", "kvroute-cut",
+                                 "--test-drop-fetch-once"])
+    deadline = time.time() + 30
+    while "test: dropped a fetched batch of 2" not in ing.read_log():
+        assert time.time() < deadline, ing.read_log()
+        time.sleep(0.05)
+    assert ing.stats()["events"] == 0
+    pub.close()
+
+    # the disconnect that cut the fetch
+    if disconnect == "server-restart":
+        nats.kill()
+        nats.wait()
+        ing.wait(lambda s: s["nats"] != "connected", what="disconnected")
+        stack.nats(jetstream=True, port=port)   # same store: the consumer's state kept
+    else:
+        relay.cut()
+    ing.wait(lambda s: s["nats"] == "connected" and s["disconnects"] >= 1
+             and s["connects"] >= 2, what="reconnected")
+    pub = Nats(port)
+    pub.publish(SUBJ, dynamo_removed(9, 7, 100))        # removes A
+    pub.flush()
+    st = ing.wait(lambda s: ing.worker(9, st=s) is not None
+                  and ing.worker(9, st=s)["last_event_applied"] == 7, what="event 7")
+    w = ing.worker(9, st=st)
+    assert ing.match([2000]) == {9: 1}, json.dumps(st)      # the cut batch's B came
+    assert ing.match([1000]) == {}, json.dumps(st)          # A stored, then removed
+    assert w["events"] == 3 and w["gaps"] == 0 and w["duplicates"] == 0, json.dumps(st)
+    pub.close()
+    relay.close()

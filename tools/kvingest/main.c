@@ -119,7 +119,9 @@ static void usage(void)
             "                [--tls-ca F] [--tls-cert F --tls-key F] [--tls-no-verify]\n"
             "                [--index-mb N] [--max-workers N] [--per-worker-only] [-v]\n"
             "       tests only: --test-exit-after-fetch (exit 3 once a JetStream fetch has\n"
-            "                messages, before applying or acking them)\n");
+            "                messages, before applying or acking them),\n"
+            "                --test-drop-fetch-once (discard the first JetStream fetch that\n"
+            "                has messages: neither applied nor acked)\n");
 }
 
 int main(int argc, char **argv)
@@ -136,7 +138,8 @@ int main(int argc, char **argv)
         {"creds", 1, 0, 'c'}, {"tls-ca", 1, 0, 'A'}, {"tls-cert", 1, 0, 'C'},
         {"tls-key", 1, 0, 'K'}, {"tls-no-verify", 0, 0, 'N'}, {"index-mb", 1, 0, 'm'},
         {"max-workers", 1, 0, 'w'}, {"per-worker-only", 0, 0, 'W'},
-        {"test-exit-after-fetch", 0, 0, 'X'}, {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"test-exit-after-fetch", 0, 0, 'X'}, {"test-drop-fetch-once", 0, 0, 'R'},
+        {"verbose", 0, 0, 'v'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "vh", opts, NULL)) != -1) {
         switch (c) {
@@ -161,6 +164,7 @@ int main(int argc, char **argv)
         case 'w': max_workers = (uint32_t)strtoul(optarg, NULL, 10); break;
         case 'W': cfg.per_worker_only = 1; break;
         case 'X': cfg.test_exit_after_fetch = 1; break;
+        case 'R': cfg.test_drop_fetch_once = 1; break;
         case 'v': cfg.verbose++; break;
         default: usage(); return c == 'h' ? 0 : 2;
         }
