@@ -250,6 +250,8 @@ def big_model(tmp_path_factory):
 
 
 FAULT_AT = 10       # blocks sent before the fault: past the first window (7 blocks)
+# the prefill side's --xfer-timeout-ms: from the request's arrival to the stream's end
+STALL_MS = 3000
 
 
 @pytest.mark.parametrize("kind", ["read", "alloc", "stall"])
@@ -261,11 +263,20 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
     answers what the aggregated worker answers; nothing of the cut stream is used."""
     agg = cpu(stack, big_model)
     # the serve timeout counts from the request's arrival, the prefill's compute included
-    # (seconds under the sanitizers): long enough that "stall" is what it cuts
+    # (seconds under the sanitizers). "stall" waits it out twice, so its prefill worker
+    # holds each prompt before the transfer (warm(), below): the timeout then covers only
+    # the stream, and a short one is still one that "stall" is what cuts. "read" and
+    # "alloc" keep the computed prefill's way into the stream.
     pre = cpu(stack, big_model, "prefill", ["--xfer-fault", "%s:%d" % (kind, FAULT_AT),
-                                            "--xfer-timeout-ms", "15000"])
+                                            "--xfer-timeout-ms", str(STALL_MS)])
     dec = cpu(stack, big_model, "decode", ["--disagg-min-tokens", "1",
                                            "--xfer-timeout-ms", "600000"])
+
+    def warm(p):
+        if kind == "stall":
+            s, _, data = complete(pre, p, max_tokens=1, timeout=120)
+            assert s == 200, data
+
     prompt = PROMPT * 4
     status, _, data = kvt.request(agg.ports[0], "POST", "/v1/completions",
                                   {"prompt": prompt, "max_tokens": 1}, timeout=60)
@@ -274,6 +285,7 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
     assert n_blocks > FAULT_AT + 2, n_blocks       # the fault lands inside the stream
     s, _, want = complete(agg, prompt)
     assert s == 200, want
+    warm(prompt)
     s, h, got = complete(dec, prompt, prefill=addr(pre), timeout=120)
     assert s == 200, got
     assert h.get("x-kvroute-prefilled-by") == "local", h
@@ -292,10 +304,11 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
         log = f.read()
     assert "--xfer-fault %s injected at block %d" % (kind, FAULT_AT) in log, log[-2000:]
     if kind == "stall":
-        assert "timed out after 15000 ms (streaming)" in log, log[-2000:]
+        assert "timed out after %d ms (streaming)" % STALL_MS in log, log[-2000:]
     # the prefill worker let its pins go and still serves (every transfer fails the same way)
     kvt.wait_until(lambda: metrics(pre)["kvworker_kv_blocks_active"] == 0,
                    what="the prefill worker's pins released")
+    warm("Again. " + prompt)
     s, h, got = complete(dec, "Again. " + prompt, prefill=addr(pre), timeout=120)
     assert s == 200 and h.get("x-kvroute-prefilled-by") == "local", h
     assert metrics(dec)["kvworker_xfer_fallbacks_total"] == 2
