@@ -50,9 +50,9 @@ def model(tmp_path_factory):
     return d
 
 
-def cpu(stack, model, role="aggregated", extra=()):
+def cpu(stack, model, role="aggregated", extra=(), wait=True):
     return stack.worker(extra=["--engine", "cpu", "--model", model, "--num-blocks", "512",
-                               "--role", role] + list(extra))
+                               "--role", role] + list(extra), wait=wait)
 
 
 def addr(w):
@@ -101,8 +101,8 @@ def complete(w, prompt, prefill=None, stream=False, chat=False, max_tokens=8, ti
 @pytest.fixture
 def trio(stack, model):
     """An aggregated worker, a prefill worker and a decode worker that always disaggregates."""
-    return (cpu(stack, model), cpu(stack, model, "prefill"),
-            cpu(stack, model, "decode", ["--disagg-min-tokens", "1"]))
+    return stack.ready(cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+                       cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
@@ -184,8 +184,9 @@ def test_part_cached_on_decode_side(trio):
 
 def test_short_prompt_prefilled_locally(stack, model):
     """Conditional disaggregation: under --disagg-min-tokens uncached tokens, local."""
-    agg, pre = cpu(stack, model), cpu(stack, model, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "100000"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "100000"], wait=False))
     s, _, want = complete(agg, PROMPT)
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
     assert s == 200 and got == want
@@ -202,8 +203,8 @@ def test_aggregated_and_prefill_roles_ignore_the_header(trio):
 
 
 def test_prefill_unreachable_falls_back(stack, model):
-    agg = cpu(stack, model)
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, dec = stack.ready(cpu(stack, model, wait=False),
+                           cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     s, _, want = complete(agg, PROMPT)
     dead = "127.0.0.1:%d" % kvt.free_port()
     for target in (dead, "no-port-here", "[::1]:0"):
@@ -218,8 +219,9 @@ def test_prefill_unreachable_falls_back(stack, model):
 def test_prefill_killed_mid_request_falls_back(stack, model):
     """The prefill worker dies holding the request (stopped, then killed): the decode
     worker prefills locally, with the same output."""
-    agg, pre = cpu(stack, model), cpu(stack, model, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     s, _, want = complete(agg, PROMPT)
     os.kill(pre.pid, signal.SIGSTOP)
     out = {}
@@ -261,16 +263,17 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
     its serve timeout): it cuts the connection, the decode worker sees the cut at once
     (its own deadline is ten minutes, the request's two), prefills locally, and
     answers what the aggregated worker answers; nothing of the cut stream is used."""
-    agg = cpu(stack, big_model)
+    agg = cpu(stack, big_model, wait=False)
     # the serve timeout counts from the request's arrival, the prefill's compute included
     # (seconds under the sanitizers). "stall" waits it out twice, so its prefill worker
     # holds each prompt before the transfer (warm(), below): the timeout then covers only
     # the stream, and a short one is still one that "stall" is what cuts. "read" and
     # "alloc" keep the computed prefill's way into the stream.
     pre = cpu(stack, big_model, "prefill", ["--xfer-fault", "%s:%d" % (kind, FAULT_AT),
-                                            "--xfer-timeout-ms", str(STALL_MS)])
+                                            "--xfer-timeout-ms", str(STALL_MS)], wait=False)
     dec = cpu(stack, big_model, "decode", ["--disagg-min-tokens", "1",
-                                           "--xfer-timeout-ms", "600000"])
+                                           "--xfer-timeout-ms", "600000"], wait=False)
+    stack.ready(agg, pre, dec)
 
     def warm(p):
         if kind == "stall":
@@ -412,8 +415,9 @@ FORGERIES = {
 
 @pytest.fixture
 def forged(stack, model):
-    agg, pre = cpu(stack, model), cpu(stack, model, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     f = Forger(pre.ports[0])
     yield agg, pre, dec, f
     f.close()
@@ -457,8 +461,9 @@ def test_prefill_side_refuses_mismatch(stack, model, tmp_path):
     """The prefill worker checks the request first: another model -> 409 with a reason."""
     other = str(tmp_path / "renamed")
     shutil.copytree(model, other)
-    agg, pre = cpu(stack, model), cpu(stack, other, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, other, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     s, _, want = complete(agg, PROMPT)
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
     assert s == 200 and got == want

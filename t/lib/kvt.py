@@ -185,6 +185,16 @@ class Stack:
                 wait_port(q, proc=p, what="kvworker")
         return p
 
+    @staticmethod
+    def ready(*workers):
+        """Waits until each worker started with wait=False listens on all its
+        ports: workers started together load their models and tokenizers at
+        once, not one after the other."""
+        for w in workers:
+            for q in w.ports:
+                wait_port(q, proc=w, what="kvworker")
+        return workers
+
     def nginx(self, http_conf, main_conf="", port=None, workers=2, wait=True, start=True):
         """Starts nginx in the foreground (master + workers) with the module
         loaded. http_conf is the body of http {}; '%(port)s' in it is the
