@@ -268,9 +268,11 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
     # (seconds under the sanitizers). "stall" waits it out twice, so its prefill worker
     # holds each prompt before the transfer (warm(), below): the timeout then covers only
     # the stream, and a short one is still one that "stall" is what cuts. "read" and
-    # "alloc" keep the computed prefill's way into the stream.
+    # "alloc" keep the computed prefill's way into the stream, and a timeout that only
+    # a stall reaches.
+    timeout_ms = STALL_MS if kind == "stall" else 15000
     pre = cpu(stack, big_model, "prefill", ["--xfer-fault", "%s:%d" % (kind, FAULT_AT),
-                                            "--xfer-timeout-ms", str(STALL_MS)], wait=False)
+                                            "--xfer-timeout-ms", str(timeout_ms)], wait=False)
     dec = cpu(stack, big_model, "decode", ["--disagg-min-tokens", "1",
                                            "--xfer-timeout-ms", "600000"], wait=False)
     stack.ready(agg, pre, dec)
