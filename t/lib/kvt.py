@@ -6,6 +6,7 @@ atexit) terminates them all. Ports come from the kernel (bind to port 0), so
 tests can run while a demo stack holds 8080.
 """
 import atexit
+import collections
 import http.client
 import json
 import os
@@ -68,6 +69,9 @@ def _ephemeral_range():
 
 
 _ports = random.Random(os.getpid() ^ time.monotonic_ns())
+# ports handed out lately: a process started with wait=False binds its port
+# later, and until then a bind test alone would hand the same port out again
+_handed = collections.deque(maxlen=256)
 
 
 def free_port():
@@ -82,11 +86,14 @@ def free_port():
     lo, _ = _ephemeral_range()
     for _ in range(100):
         port = _ports.randrange(max(lo - 8192, 1024), max(lo, 1025))
+        if port in _handed:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed.append(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,9 +111,12 @@ def free_ports(n, consecutive=False):
         socks = []
         try:
             for p in range(base, base + n):
+                if p in _handed and p != base:
+                    raise OSError("handed out already")
                 s = socket.socket()
                 s.bind(("127.0.0.1", p))
                 socks.append(s)
+            _handed.extend(range(base + 1, base + n))
             return list(range(base, base + n))
         except OSError:
             continue
