@@ -27,7 +27,8 @@ converge   event-to-all-instances time: a raw NATS subscriber notes when each
            polled until its index holds the new blocks.
 
 Usage: tools/bench-scale [decision|instances|converge ...]; BENCH_SCALE_* env
-variables shorten or lengthen the runs (see below); BENCH_SCALE_WORKER_ARGS adds
+variables shorten or lengthen the runs (see below; BENCH_SCALE_REPLAY_SPEEDUP=K with
+K times BENCH_SCALE_SPEEDUP: the same run in 1/K of the time); BENCH_SCALE_WORKER_ARGS adds
 kvworker arguments (e.g. "--heartbeat-ms 1000 --load-ms 50"); each share run
 counts the workers' heartbeats (heartbeats_per_request).
 """
@@ -57,6 +58,9 @@ INSTANCES = [int(x) for x in os.environ.get("BENCH_SCALE_INSTANCES", "1,2,4,8").
 ENGINES = int(os.environ.get("BENCH_SCALE_ENGINES", "8"))
 SHARE_RATE = os.environ.get("BENCH_SCALE_RATE", "32")
 SHARE_SPEEDUP = os.environ.get("BENCH_SCALE_SPEEDUP", "1")
+# the trace replayed this many times faster (kvbench --speedup): with share's engines
+# (BENCH_SCALE_SPEEDUP) as many times faster, the same run in less time (the tests' smoke run)
+REPLAY_SPEEDUP = os.environ.get("BENCH_SCALE_REPLAY_SPEEDUP", "1")
 CONVERGE_TRIALS = int(os.environ.get("BENCH_SCALE_TRIALS", "40"))
 # share: the modes run at 2+ instances (one instance runs events and approximate alone)
 EXTRA_PARAMS = os.environ.get("BENCH_SCALE_PARAMS", "")   # more kvroute parameters
@@ -324,7 +328,8 @@ def run_instances(st, nats, trace, m, mode, worker_load, share=False, speedup="4
                 f.writelines(lines[k::m])
             procs.append(subprocess.Popen(
                 [os.path.join(kvt.BIN, "kvbench"), "replay", "--trace", part, "--url",
-                 "http://127.0.0.1:%d" % ng.port, "--block-size", "16", "--speedup", "1"],
+                 "http://127.0.0.1:%d" % ng.port, "--block-size", "16", "--speedup",
+                 REPLAY_SPEEDUP],
                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         sums = [json.loads(p.communicate()[0]) for p in procs]
         heartbeats, secs = sub.heartbeats - hb0, time.monotonic() - t0

@@ -1,10 +1,13 @@
 """The CPU engine on tiny random-weight models made by
 kvtiny-model, against an independent numpy implementation (t/ref), and
 through kvworker's scheduler and HTTP front."""
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -38,12 +41,28 @@ TOKENS = [17, 4, 290, 1000, 5, 5, 77, 31337, 12, 9, 100, 2, 8, 3000, 44, 45, 46,
           50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67]
 
 
+_made = {}          # (args, tokenizer) -> the model kvtiny-model made for them this session
+
+
 def make(tmp_path, name, args, tokenizer=GPT2_TOK):
+    """A model of kvtiny-model's, the test's own copy in tmp_path/name (tests edit
+    theirs). kvtiny-model's output depends only on its arguments (the seed is fixed),
+    so each set of arguments is made once a session and copied: most of the CPU and
+    CUDA engine tests share a handful of models."""
     out = str(tmp_path / name)
-    r = subprocess.run([TINY, "--out", out, "--tokenizer", tokenizer, "--seed", "3"] + args,
-                       capture_output=True, text=True, cwd=kvt.TOP)
-    assert r.returncode == 0, r.stderr
+    key = (tuple(args), tokenizer)
+    if key not in _made:
+        src = os.path.join(_made_dir, str(len(_made)))
+        r = subprocess.run([TINY, "--out", src, "--tokenizer", tokenizer, "--seed", "3"] + args,
+                           capture_output=True, text=True, cwd=kvt.TOP)
+        assert r.returncode == 0, r.stderr
+        _made[key] = src
+    shutil.copytree(_made[key], out)
     return out
+
+
+_made_dir = tempfile.mkdtemp(prefix="kvtiny-models-")
+atexit.register(shutil.rmtree, _made_dir, True)
 
 
 def engine_logits(model, tokens, *extra):

@@ -38,13 +38,13 @@ def require_gpu(model, target):
 
 
 def cuda_worker(stack, model, role, extra=(), env_extra=None, target="emu-forward"):
+    """Started, not waited for: stack.ready() waits for the workers started together."""
     env = cuda_env(target)
     env.update(env_extra or {})
     port = kvt.free_port()
     p = stack.spawn([os.path.join(kvt.BIN, "kvworker"), "--engine", "cuda", "--model", model,
                      "--port", str(port), "--num-blocks", "128", "--role", role] + list(extra),
                     "worker-%s-%d.log" % (role, port), env=env)
-    kvt.wait_port(port, proc=p, what="kvworker")
     p.ports = [port]
     return p
 
@@ -63,6 +63,7 @@ def test_ipc_split_output_equals_aggregated(stack, model, target):
     agg = cuda_worker(stack, model, "aggregated", target=target)
     pre = cuda_worker(stack, model, "prefill", target=target)
     dec = decode(stack, model, target=target)
+    stack.ready(agg, pre, dec)
     s, _, want = complete(agg, PROMPT)
     assert s == 200, want
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
@@ -96,6 +97,7 @@ def test_ipc_open_refused_falls_back_to_bytes(stack, model):
     pre = cuda_worker(stack, model, "prefill")
     dec = decode(stack, model, ["--device", "1"],
                  {"KVW_CUDAEMU_DEVICES": "2", "KVW_CUDAEMU_NO_PEER": "1"})
+    stack.ready(agg, pre, dec)
     s, _, want = complete(agg, PROMPT)
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
     assert s == 200 and h["x-kvroute-prefilled-by"] == addr(pre), (h, got)
@@ -121,6 +123,7 @@ def test_ipc_export_refused_sends_bytes(stack, model):
     agg = cuda_worker(stack, model, "aggregated")
     pre = cuda_worker(stack, model, "prefill", env_extra={"KVW_CUDAEMU_IPC": "0"})
     dec = decode(stack, model)
+    stack.ready(agg, pre, dec)
     s, _, want = complete(agg, PROMPT)
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
     assert s == 200 and h["x-kvroute-prefilled-by"] == addr(pre) and got == want
@@ -177,6 +180,7 @@ def test_ipc_forged_streams(stack, model, target):
     agg = cuda_worker(stack, model, "aggregated", target=target)
     pre = cuda_worker(stack, model, "prefill", target=target)
     dec = decode(stack, model, target=target)
+    stack.ready(agg, pre, dec)
     f = Forger(pre.ports[0])
     try:
         via = "127.0.0.1:%d" % f.port

@@ -502,10 +502,12 @@ def e2e(stack, tmp_path, min_tokens=64, hb="3s"):
     cpu = ["--engine", "cpu", "--model", model, "--tokenizer", model + "/tokenizer.json",
            "--num-blocks", "512"]
     ev = ["--nats", nats.url, "--heartbeat-ms", "200"]
-    pre = stack.worker(engines=2, extra=cpu + ev + ["--role", "prefill"])
+    pre = stack.worker(engines=2, extra=cpu + ev + ["--role", "prefill"], wait=False)
     dec = stack.worker(engines=2, extra=cpu + ev + ["--role", "decode",
-                                                    "--disagg-min-tokens", str(min_tokens)])
-    agg = stack.worker(engines=1, extra=cpu)
+                                                    "--disagg-min-tokens", str(min_tokens)],
+                       wait=False)
+    agg = stack.worker(engines=1, extra=cpu, wait=False)
+    stack.ready(pre, dec, agg)
     ng = stack.nginx(E2E % {
         "nats": nats.url, "hb": hb, "tok": QWEN_TOK, "min": min_tokens,
         "prefill": "\n".join("server 127.0.0.1:%d max_fails=0;" % p for p in pre.ports),

@@ -50,9 +50,9 @@ def model(tmp_path_factory):
     return d
 
 
-def cpu(stack, model, role="aggregated", extra=()):
+def cpu(stack, model, role="aggregated", extra=(), wait=True):
     return stack.worker(extra=["--engine", "cpu", "--model", model, "--num-blocks", "512",
-                               "--role", role] + list(extra))
+                               "--role", role] + list(extra), wait=wait)
 
 
 def addr(w):
@@ -101,8 +101,8 @@ def complete(w, prompt, prefill=None, stream=False, chat=False, max_tokens=8, ti
 @pytest.fixture
 def trio(stack, model):
     """An aggregated worker, a prefill worker and a decode worker that always disaggregates."""
-    return (cpu(stack, model), cpu(stack, model, "prefill"),
-            cpu(stack, model, "decode", ["--disagg-min-tokens", "1"]))
+    return stack.ready(cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+                       cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
@@ -184,8 +184,9 @@ def test_part_cached_on_decode_side(trio):
 
 def test_short_prompt_prefilled_locally(stack, model):
     """Conditional disaggregation: under --disagg-min-tokens uncached tokens, local."""
-    agg, pre = cpu(stack, model), cpu(stack, model, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "100000"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "100000"], wait=False))
     s, _, want = complete(agg, PROMPT)
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
     assert s == 200 and got == want
@@ -202,8 +203,8 @@ def test_aggregated_and_prefill_roles_ignore_the_header(trio):
 
 
 def test_prefill_unreachable_falls_back(stack, model):
-    agg = cpu(stack, model)
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, dec = stack.ready(cpu(stack, model, wait=False),
+                           cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     s, _, want = complete(agg, PROMPT)
     dead = "127.0.0.1:%d" % kvt.free_port()
     for target in (dead, "no-port-here", "[::1]:0"):
@@ -218,8 +219,9 @@ def test_prefill_unreachable_falls_back(stack, model):
 def test_prefill_killed_mid_request_falls_back(stack, model):
     """The prefill worker dies holding the request (stopped, then killed): the decode
     worker prefills locally, with the same output."""
-    agg, pre = cpu(stack, model), cpu(stack, model, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     s, _, want = complete(agg, PROMPT)
     os.kill(pre.pid, signal.SIGSTOP)
     out = {}
@@ -250,6 +252,8 @@ def big_model(tmp_path_factory):
 
 
 FAULT_AT = 10       # blocks sent before the fault: past the first window (7 blocks)
+# the prefill side's --xfer-timeout-ms: from the request's arrival to the stream's end
+STALL_MS = 3000
 
 
 @pytest.mark.parametrize("kind", ["read", "alloc", "stall"])
@@ -259,13 +263,25 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
     its serve timeout): it cuts the connection, the decode worker sees the cut at once
     (its own deadline is ten minutes, the request's two), prefills locally, and
     answers what the aggregated worker answers; nothing of the cut stream is used."""
-    agg = cpu(stack, big_model)
+    agg = cpu(stack, big_model, wait=False)
     # the serve timeout counts from the request's arrival, the prefill's compute included
-    # (seconds under the sanitizers): long enough that "stall" is what it cuts
+    # (seconds under the sanitizers). "stall" waits it out twice, so its prefill worker
+    # holds each prompt before the transfer (warm(), below): the timeout then covers only
+    # the stream, and a short one is still one that "stall" is what cuts. "read" and
+    # "alloc" keep the computed prefill's way into the stream, and a timeout that only
+    # a stall reaches.
+    timeout_ms = STALL_MS if kind == "stall" else 15000
     pre = cpu(stack, big_model, "prefill", ["--xfer-fault", "%s:%d" % (kind, FAULT_AT),
-                                            "--xfer-timeout-ms", "15000"])
+                                            "--xfer-timeout-ms", str(timeout_ms)], wait=False)
     dec = cpu(stack, big_model, "decode", ["--disagg-min-tokens", "1",
-                                           "--xfer-timeout-ms", "600000"])
+                                           "--xfer-timeout-ms", "600000"], wait=False)
+    stack.ready(agg, pre, dec)
+
+    def warm(p):
+        if kind == "stall":
+            s, _, data = complete(pre, p, max_tokens=1, timeout=120)
+            assert s == 200, data
+
     prompt = PROMPT * 4
     status, _, data = kvt.request(agg.ports[0], "POST", "/v1/completions",
                                   {"prompt": prompt, "max_tokens": 1}, timeout=60)
@@ -274,6 +290,7 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
     assert n_blocks > FAULT_AT + 2, n_blocks       # the fault lands inside the stream
     s, _, want = complete(agg, prompt)
     assert s == 200, want
+    warm(prompt)
     s, h, got = complete(dec, prompt, prefill=addr(pre), timeout=120)
     assert s == 200, got
     assert h.get("x-kvroute-prefilled-by") == "local", h
@@ -292,10 +309,11 @@ def test_prefill_fails_mid_stream(stack, big_model, kind):
         log = f.read()
     assert "--xfer-fault %s injected at block %d" % (kind, FAULT_AT) in log, log[-2000:]
     if kind == "stall":
-        assert "timed out after 15000 ms (streaming)" in log, log[-2000:]
+        assert "timed out after %d ms (streaming)" % STALL_MS in log, log[-2000:]
     # the prefill worker let its pins go and still serves (every transfer fails the same way)
     kvt.wait_until(lambda: metrics(pre)["kvworker_kv_blocks_active"] == 0,
                    what="the prefill worker's pins released")
+    warm("Again. " + prompt)
     s, h, got = complete(dec, "Again. " + prompt, prefill=addr(pre), timeout=120)
     assert s == 200 and h.get("x-kvroute-prefilled-by") == "local", h
     assert metrics(dec)["kvworker_xfer_fallbacks_total"] == 2
@@ -399,8 +417,9 @@ FORGERIES = {
 
 @pytest.fixture
 def forged(stack, model):
-    agg, pre = cpu(stack, model), cpu(stack, model, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, model, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     f = Forger(pre.ports[0])
     yield agg, pre, dec, f
     f.close()
@@ -444,8 +463,9 @@ def test_prefill_side_refuses_mismatch(stack, model, tmp_path):
     """The prefill worker checks the request first: another model -> 409 with a reason."""
     other = str(tmp_path / "renamed")
     shutil.copytree(model, other)
-    agg, pre = cpu(stack, model), cpu(stack, other, "prefill")
-    dec = cpu(stack, model, "decode", ["--disagg-min-tokens", "1"])
+    agg, pre, dec = stack.ready(
+        cpu(stack, model, wait=False), cpu(stack, other, "prefill", wait=False),
+        cpu(stack, model, "decode", ["--disagg-min-tokens", "1"], wait=False))
     s, _, want = complete(agg, PROMPT)
     s, h, got = complete(dec, PROMPT, prefill=addr(pre))
     assert s == 200 and got == want

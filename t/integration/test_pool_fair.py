@@ -18,11 +18,14 @@ def setup(stack, params):
     nats = stack.nats()
     w = stack.worker(engines=2, extra=["--speedup", "1000", "--nats", nats.url,
                                        "--tokenizer", QWEN + "/tokenizer.json",
-                                       "--num-blocks", "65536"])
+                                       "--num-blocks", "65536"], wait=False)
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
     conf = CONF.replace("thread_threshold=64k;", "thread_threshold=64k %s;" % params)
     conf = conf % {"nats": nats.url, "dir": QWEN, "servers": servers}
-    return stack.nginx(conf, main_conf=MAIN, workers=1)
+    # nginx loads its tokenizer while the worker loads its own
+    ng = stack.nginx(conf, main_conf=MAIN, workers=1)
+    stack.ready(w)
+    return ng
 
 
 def zone(ng):

@@ -45,10 +45,12 @@ def setup(stack, threshold="64k", extra="", worker_extra=(), tok=QWEN):
     w = stack.worker(engines=2, extra=["--speedup", "50", "--nats", nats.url, "--heartbeat-ms", "200",
                                        "--tokenizer", tok + "/tokenizer.json",
                                        "--chat-template", tok + "/tokenizer_config.json",
-                                       *worker_extra])
+                                       *worker_extra], wait=False)
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
+    # nginx loads its tokenizer while the worker loads its own
     ng = stack.nginx(CONF % {"nats": nats.url, "dir": tok, "servers": servers,
                              "threshold": threshold, "extra": extra})
+    stack.ready(w)
     def live():
         s, _, body = kvt.request(ng.port, "GET", "/kvroute/status")
         ws = json.loads(body)["zones"]["kv"]["events"]["workers"]

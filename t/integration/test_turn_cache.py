@@ -35,9 +35,12 @@ SYSTEM = "You are a careful assistant who answers in full sentences."
 
 def setup(stack, size="1m"):
     w = stack.worker(extra=["--tokenizer", QWEN + "/tokenizer.json",
-                            "--chat-template", QWEN + "/tokenizer_config.json"])
+                            "--chat-template", QWEN + "/tokenizer_config.json"], wait=False)
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
-    return stack.nginx(CONF % {"dir": QWEN, "servers": servers, "size": size})
+    # nginx loads its tokenizer while the worker loads its own
+    ng = stack.nginx(CONF % {"dir": QWEN, "servers": servers, "size": size})
+    stack.ready(w)
+    return ng
 
 
 def conversation(seed, turns, edit=None):

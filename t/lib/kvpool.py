@@ -32,10 +32,12 @@ def setup(stack, workers=2):
     nats = stack.nats()
     w = stack.worker(engines=2, extra=["--speedup", "1000", "--nats", nats.url,
                                        "--tokenizer", QWEN + "/tokenizer.json",
-                                       "--num-blocks", "65536"])
+                                       "--num-blocks", "65536"], wait=False)
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
     conf = CONF % {"nats": nats.url, "dir": QWEN, "servers": servers}
+    # nginx loads its tokenizer while the worker loads its own
     ng = stack.nginx(conf, main_conf=MAIN, workers=workers)
+    stack.ready(w)
     return ng, conf
 
 

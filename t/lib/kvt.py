@@ -6,6 +6,7 @@ atexit) terminates them all. Ports come from the kernel (bind to port 0), so
 tests can run while a demo stack holds 8080.
 """
 import atexit
+import collections
 import http.client
 import json
 import os
@@ -68,6 +69,9 @@ def _ephemeral_range():
 
 
 _ports = random.Random(os.getpid() ^ time.monotonic_ns())
+# ports handed out lately: a process started with wait=False binds its port
+# later, and until then a bind test alone would hand the same port out again
+_handed = collections.deque(maxlen=256)
 
 
 def _port_range():
@@ -100,11 +104,14 @@ def free_port(room=1):
     start, end = _port_range()
     for _ in range(100):
         port = _ports.randrange(start, max(end - room + 1, start + 1))
+        if port in _handed:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _handed.append(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,9 +129,12 @@ def free_ports(n, consecutive=False):
         socks = []
         try:
             for p in range(base, base + n):
+                if p in _handed and p != base:
+                    raise OSError("handed out already")
                 s = socket.socket()
                 s.bind(("127.0.0.1", p))
                 socks.append(s)
+            _handed.extend(range(base + 1, base + n))
             return list(range(base, base + n))
         except OSError:
             continue
@@ -202,6 +212,16 @@ class Stack:
             for q in p.ports:
                 wait_port(q, proc=p, what="kvworker")
         return p
+
+    @staticmethod
+    def ready(*workers):
+        """Waits until each worker started with wait=False listens on all its
+        ports: workers started together load their models and tokenizers at
+        once, not one after the other."""
+        for w in workers:
+            for q in w.ports:
+                wait_port(q, proc=w, what="kvworker")
+        return workers
 
     def nginx(self, http_conf, main_conf="", port=None, workers=2, wait=True, start=True):
         """Starts nginx in the foreground (master + workers) with the module
