@@ -39,6 +39,12 @@ typedef struct {
     size_t      cap, n;     /* cap a power of two */
 } tmap_t;
 
+/* Messages applied that are remembered by sequence number and fingerprint.
+ * The SUB socket and the replay socket are two connections with no order
+ * between them: a message the replay gave can still come live afterwards,
+ * and its number is then behind ours. Only a few can be in flight. */
+#define RECENT 64
+
 typedef struct {
     kv_zmq_pub_config_t cfg;
     uint64_t    worker_id;
@@ -50,6 +56,8 @@ typedef struct {
     int         have_seq;
     uint64_t    last_seq;
     uint64_t    last_fp;        /* fingerprint of last_seq's message; 0: unknown */
+    uint64_t    recent_seq[RECENT];     /* the last messages applied, at seq % RECENT */
+    uint64_t    recent_fp[RECENT];      /* and their fingerprints (0: none) */
     int         replaying;
     int         verify;         /* this replay must start with last_seq's message */
     int         rewind;         /* the stream was another's: this replay ignored,
@@ -487,6 +495,8 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
     p->have_seq = 1;
     p->last_seq = seq;
     p->last_fp = payload_fp(buf, len);
+    p->recent_seq[seq % RECENT] = seq;
+    p->recent_fp[seq % RECENT] = p->last_fp;
     kv_registry_status_add(z->reg, KV_STATUS_OFF(messages), 1);
 
     if (kv_vllm_decode(b, buf, len, err, sizeof(err)) != 0) {
@@ -609,6 +619,15 @@ static int start_replay(kv_zmq_t *z, zpub_t *p, uint64_t now)
 static void on_message(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len,
                        uint64_t now);
 
+/* The message at seq is one applied lately, byte for byte. A restarted
+ * engine's message at an old number is another batch (its timestamp, at
+ * least, differs). */
+static int applied_already(const zpub_t *p, uint64_t seq, const void *buf, size_t len)
+{
+    return p->recent_seq[seq % RECENT] == seq && p->recent_fp[seq % RECENT] != 0
+           && p->recent_fp[seq % RECENT] == payload_fp(buf, len);
+}
+
 /* Where seq stands against what was applied: apply, replay or clear. */
 static void sequence(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len,
                      uint64_t now)
@@ -624,6 +643,9 @@ static void sequence(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size
     if (seq == p->last_seq + 1) {
         apply(z, p, seq, buf, len, now);
         return;
+    }
+    if (seq <= p->last_seq && applied_already(p, seq, buf, len)) {
+        return;     /* the live copy of a message the replay gave: seen */
     }
     if (seq <= p->last_seq) {
         p->st.restarts++;

@@ -378,6 +378,30 @@ def test_dropped_message_recovered_by_replay(fleet):
     assert p.replay_requests and p.replay_requests[-1] >= 1
 
 
+def test_live_copy_after_the_replay_is_not_a_restart(fleet):
+    """The replay socket and the SUB socket keep no order between them: a
+    message the replay already gave can still come live after the replay's
+    end, behind our sequence number. It is the same message, not a restarted
+    engine: the worker keeps its blocks."""
+    f = fleet(1)
+    subscribed(f, 0, 945)
+    p = f.pubs[0]
+    a = ids(46, 64)
+    ha = p.store(a[:32])
+    late = p.seq
+    p.store(a[32:], parent=ha[-1], drop=True)     # not live yet...
+    p.store(ids(47, 16))                          # ...so a gap: the replay gives it
+    kvt.wait_until(f.indexed(0, 6), what="recovered by replay")
+    before = ev_status(f.ng.port)
+    p.resend(late)                                # ...and now its live copy
+    p.store(ids(48, 16))
+    kvt.wait_until(f.indexed(0, 7), what="the live traffic after the copy")
+    st = ev_status(f.ng.port)
+    assert st["cleared_workers"] == before["cleared_workers"] == 0, st
+    assert st["engine_restarts"] == before["engine_restarts"], st
+    assert route(f.ng.port, a) == (f.servers[0], 4)
+
+
 def test_replay_never_resurrects_a_removed_block(fleet):
     f = fleet(1)
     subscribed(f, 0, 950)

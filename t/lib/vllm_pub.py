@@ -209,6 +209,14 @@ class VllmPublisher:
             self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
         return seq
 
+    def resend(self, seq):
+        """Publishes a batch of the buffer live again, as it was: the live copy
+        of a message that a replay already gave (the two sockets keep no order
+        between them)."""
+        with self.lock:
+            payload = dict(self.buffer)[seq]
+        self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+
     def send_raw(self, frames):
         """Any frames at all (malformed input)."""
         self.pub.send_multipart(frames)
