@@ -2,8 +2,9 @@
 
 Every process is started in its own session and registered with a Stack;
 Stack.close() (run by the pytest fixtures even when a test fails, and by
-atexit) terminates them all. Ports come from the kernel (bind to port 0), so
-tests can run while a demo stack holds 8080.
+atexit) terminates them all. Ports are drawn at random below the kernel's
+ephemeral range and checked free (free_port), so tests can run while a demo
+stack holds 8080.
 """
 import atexit
 import collections
