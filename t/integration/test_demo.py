@@ -19,6 +19,13 @@ pytestmark = pytest.mark.skipif(kvt.SANITIZE, reason="make run runs the plain bu
 READY = "Press Ctrl-C to stop."
 
 
+def at_a_terminal():
+    """SIGINT as a terminal's shell leaves it. A test run started in the
+    background (nohup make test &) ignores SIGINT, every child inherits that,
+    and a shell cannot trap a signal ignored on entry."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Demo:
     def __init__(self, stack, disagg):
         self.port = kvt.free_ports(5, consecutive=True)[0]      # nginx, then 4 workers
@@ -31,7 +38,7 @@ class Demo:
             # its own process group, as a terminal gives it: Ctrl-C is a SIGINT to the group
             self.p = subprocess.Popen(argv + (["--disagg"] if disagg else []), stdout=f,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      env=env, start_new_session=True)
+                                      env=env, start_new_session=True, preexec_fn=at_a_terminal)
         stack.procs.append(self.p)
 
     def text(self):
