@@ -55,7 +55,6 @@ typedef struct {
     int         adopted;        /* the previous helper's stream, not yet connected */
     int         have_seq;
     uint64_t    last_seq;
-    uint64_t    last_fp;        /* fingerprint of last_seq's message; 0: unknown */
     uint64_t    recent_seq[RECENT];     /* the last messages applied, at seq % RECENT */
     uint64_t    recent_fp[RECENT];      /* and their fingerprints (0: none) */
     int         replaying;
@@ -77,6 +76,19 @@ typedef struct {
     uint64_t    last_ts_ms;
     kv_zmq_pub_stats_t st;
 } zpub_t;
+
+/* Fingerprint of the message applied at seq (0: unknown, or not one of the
+ * last RECENT). */
+static uint64_t fp_at(const zpub_t *p, uint64_t seq)
+{
+    return p->recent_seq[seq % RECENT] == seq ? p->recent_fp[seq % RECENT] : 0;
+}
+
+static void remember(zpub_t *p, uint64_t seq, uint64_t fp)
+{
+    p->recent_seq[seq % RECENT] = seq;
+    p->recent_fp[seq % RECENT] = fp;
+}
 
 struct kv_zmq {
     kv_zmq_config_t     cfg;
@@ -236,7 +248,7 @@ static void reg_update(kv_zmq_t *z, zpub_t *p, uint64_t now)
     /* a ZMQ publisher announces no instance: the record keeps the
      * fingerprint of the message at last seq instead, so that a reload's
      * new helper can tell the stream it adopts from a restarted engine's */
-    r->instance_id = p->have_seq ? p->last_fp : 0;
+    r->instance_id = p->have_seq ? fp_at(p, p->last_seq) : 0;
     r->last_seen_ms = now;
     r->events = p->st.events;
     r->gaps = p->st.gaps;
@@ -494,9 +506,7 @@ static void apply(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t 
 
     p->have_seq = 1;
     p->last_seq = seq;
-    p->last_fp = payload_fp(buf, len);
-    p->recent_seq[seq % RECENT] = seq;
-    p->recent_fp[seq % RECENT] = p->last_fp;
+    remember(p, seq, payload_fp(buf, len));
     kv_registry_status_add(z->reg, KV_STATUS_OFF(messages), 1);
 
     if (kv_vllm_decode(b, buf, len, err, sizeof(err)) != 0) {
@@ -624,8 +634,9 @@ static void on_message(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, si
  * least, differs). */
 static int applied_already(const zpub_t *p, uint64_t seq, const void *buf, size_t len)
 {
-    return p->recent_seq[seq % RECENT] == seq && p->recent_fp[seq % RECENT] != 0
-           && p->recent_fp[seq % RECENT] == payload_fp(buf, len);
+    uint64_t fp = fp_at(p, seq);
+
+    return fp != 0 && fp == payload_fp(buf, len);
 }
 
 /* Where seq stands against what was applied: apply, replay or clear. */
@@ -750,7 +761,7 @@ static void stream_replaced(kv_zmq_t *z, zpub_t *p, int restarted, const char *w
 static void verify_stream(kv_zmq_t *z, zpub_t *p, uint64_t seq, const void *buf, size_t len)
 {
     p->verify = 0;
-    if (seq == p->last_seq && (p->last_fp == 0 || payload_fp(buf, len) == p->last_fp)) {
+    if (seq == p->last_seq && (fp_at(p, seq) == 0 || applied_already(p, seq, buf, len))) {
         return;     /* the same process: the replay goes on from here */
     }
     if (seq > p->last_seq) {
@@ -1160,7 +1171,7 @@ static void adopt(kv_zmq_t *z, zpub_t *p, const char *server)
     {
         p->have_seq = 1;
         p->last_seq = old.last_event_applied - 1;
-        p->last_fp = old.instance_id;
+        remember(p, p->last_seq, old.instance_id);     /* 0: a registry older than that */
         p->ever_connected = 1;      /* the first connect asks for a catch-up replay */
         p->adopted = 1;
         p->engine_bs = old.block_size;
