@@ -22,6 +22,10 @@
  *                       without it the match also pays for reading a random
  *                       2 KB request out of an 8 MB array (the figures
  *                       before 2026-11-24 07:00 UTC)
+ *   --write-rate N      pace phase 3's writer to N blocks/s (default 0: as
+ *                       fast as it can, one core's worth; a fleet of 64
+ *                       engines storing 10k tokens/s each in 16-token
+ *                       blocks sends 40k blocks/s)
  *   --churn N           before phase 3, N times a document is removed whole
  *                       by its owner, deepest block first (as an engine
  *                       evicts a finished conversation), and stored by the
@@ -57,7 +61,7 @@
 #define CHUNK 16
 
 static uint64_t blocks_n = 1000000, room_n = 0, workers_n = 64, req_n = 256, readers_n = 1;
-static double   seconds = 2.0;
+static double   seconds = 2.0, write_rate = 0;
 static int      hugepages;
 static int      hot_request;
 static uint64_t churn_n;
@@ -197,11 +201,24 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Sleep until the clock reads `until` (the paced writer's next store). */
+static void pace(double until)
+{
+    double          left = until - now_s();
+    struct timespec ts;
+
+    if (left > 0) {
+        ts.tv_sec = (time_t) left;
+        ts.tv_nsec = (long) ((left - (double) ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: kvindex-bench [--blocks N] [--capacity N] [--workers N] "
                     "[--request-blocks N] [--readers N] [--seconds S] [--hugepages] [--hot-request]\n"
-                    "       [--churn N]\n");
+                    "       [--churn N] [--write-rate N]\n");
     exit(2);
 }
 
@@ -239,6 +256,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--readers")) readers_n = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--seconds")) seconds = strtod(argv[++i], NULL);
         else if (!strcmp(argv[i], "--churn")) churn_n = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--write-rate")) write_rate = strtod(argv[++i], NULL);
         else usage();
     }
     if (workers_n == 0 || workers_n > 4096 || req_n < CHUNK || blocks_n < req_n) usage();
@@ -379,6 +397,9 @@ int main(int argc, char **argv)
         rm.n_hashes = 1;
         kv_index_apply(ix, &rm, 5000, err, sizeof(err));
         wrote += CHUNK + 1;
+        if (write_rate > 0) {
+            pace(t0 + (double) wrote / write_rate);
+        }
     }
     atomic_store(&stop, 1);
     for (i = 0; i < readers_n; i++) {
@@ -394,13 +415,13 @@ int main(int argc, char **argv)
     kv_index_stats(ix, &st);
 
     printf("{\"blocks\":%" PRIu64 ",\"workers\":%" PRIu64 ",\"request_blocks\":%" PRIu64
-           ",\"readers\":%" PRIu64 ",\"churn\":%" PRIu64 ",\"hugepages\":%d,\"hot_request\":%d,\"ingest_blocks_per_s\":%.0f,"
+           ",\"readers\":%" PRIu64 ",\"write_rate\":%.0f,\"churn\":%" PRIu64 ",\"hugepages\":%d,\"hot_request\":%d,\"ingest_blocks_per_s\":%.0f,"
            "\"decode_apply_blocks_per_s\":%.0f,\"match_p50_us\":%.3f,\"match_p99_us\":%.3f,"
            "\"match_p999_us\":%.3f,\"matches\":%zu,\"write_blocks_per_s_during_match\":%.0f,"
            "\"bytes_per_block\":%.1f,\"region_bytes\":%zu,\"capacity\":%" PRIu64
            ",\"indexed\":%" PRIu64 ",\"evictions\":%" PRIu64 ",\"evictions_during_match\":%"
            PRIu64 ",\"holes\":%" PRIu64 ",\"lost_slots\":%" PRIu64 "}\n",
-           blocks_n, workers_n, req_n, readers_n, churn_n, hugepages, hot_request, (double) applied / ingest_s,
+           blocks_n, workers_n, req_n, readers_n, write_rate, churn_n, hugepages, hot_request, (double) applied / ingest_s,
            decode_blocks / decode_s, nall ? all[nall / 2] : 0.0,
            nall ? all[nall * 99 / 100] : 0.0, nall ? all[nall * 999 / 1000] : 0.0, nall,
            (double) wrote / seconds, (double) size / (double) st.capacity, size,
