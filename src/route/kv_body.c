@@ -871,7 +871,7 @@ static kv_api_t body_api(const kv_body_t *b, kv_api_t api)
 }
 
 /* An Anthropic Messages API request as the chat vLLM makes of it. One it
- * cannot convert (an integer past 64 bits) is routed by load. */
+ * cannot convert (past the renderer's memory bound) is routed by load. */
 static int anthropic(kv_body_t *b, scan_t *s)
 {
     char why[96];

@@ -11,7 +11,7 @@
  *   - each other message keeps its role; string content stays a string,
  *     blocks become parts: text (non-empty) as text parts, a single one as
  *     a string; images as image_url parts; thinking joined as `reasoning`;
- *     tool_use as `tool_calls` (`arguments` the JSON of `input`); a user's
+ *     tool_use as `tool_calls` (`arguments` json.dumps(input)); a user's
  *     tool_result as a tool message of its own, placed before the message
  *     that carried it (its text parts joined with "\n"), its images as a
  *     user message after it; a user message left with no content is dropped;
@@ -38,9 +38,12 @@ typedef struct {
 
 /*
  * From the raw JSON of `system` (NULL: absent), `messages` (an array) and
- * `tools` (NULL: absent), already validated. 0, or -1 with a reason in err
- * (a value jansson cannot hold, such as an integer past 64 bits, or out of
- * memory); out is then empty.
+ * `tools` (NULL: absent), already validated; values are read as Python's
+ * json reads them (integers past 64 bits kept whole) and a tool_use's
+ * `arguments` written as its json.dumps writes them. 0, or -1 with a reason
+ * in err: exactly "out of memory", or one starting "anthropic request: "
+ * (text that is not JSON, a request past the renderer's memory bound); out
+ * is then empty.
  */
 int  kv_anthropic_chat(const char *system, size_t system_len, const char *messages,
                        size_t messages_len, const char *tools, size_t tools_len,

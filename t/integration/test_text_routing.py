@@ -253,6 +253,45 @@ def test_anthropic_messages_route_on_the_engines_blocks(stack):
     assert final.content[0].text == text and final.usage.cache_read_input_tokens >= last - 16
     assert ng.alerts() == []
 
+def test_anthropic_tool_input_past_64_bits_routes_on_its_blocks(stack):
+    """A tool_use input holding an integer past 64 bits (an amount in wei,
+    say), which Python's json keeps and vLLM renders digit for digit: the
+    Anthropic request finds the blocks of the chat request vLLM makes of it
+    (`arguments` its json.dumps). The conversion was built on jansson, which
+    refuses such integers, and the router routed that conversation by load
+    at every later turn. (kvworker itself parses bodies with jansson and
+    refuses this one, 400: the decision is what is checked here.)"""
+    ng, (a, b) = setup(stack)
+    call = {"policy": "4411", "limit": 123456789012345678901234567890}
+    tools = TOOLS[:2]
+    chat = {"model": "kvroute-mock", "max_tokens": 2, "tools": tools,
+            "messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": "Pay out policy 4411."},
+                         {"role": "assistant", "tool_calls": [{
+                             "id": "toolu_01", "type": "function", "function": {
+                                 "name": "lookup_policy_0", "arguments": json.dumps(call)}}]},
+                         {"role": "tool", "tool_call_id": "toolu_01", "content": "Paid."}]}
+    s, _, body, _ = kvt.post_json(a, "/v1/chat/completions", chat)
+    assert s == 200, body
+    first = body["usage"]["prompt_tokens"]
+    kvt.wait_until(lambda: indexed(ng.port, "127.0.0.1:%d" % a) >= first // 16,
+                   what="the chat form indexed")
+    messages = [{"role": "user", "content": "Pay out policy 4411."},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_01",
+                                                   "name": "lookup_policy_0", "input": call}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_01",
+                                              "content": "Paid."},
+                                             {"type": "text", "text": "Thanks. Anything else?"}]}]
+    anthropic_tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                        "input_schema": t["function"]["parameters"]} for t in tools]
+    s, h, body, _ = kvt.post_json(ng.port, "/v1/messages", {
+        "model": "kvroute-mock", "max_tokens": 2, "system": SYSTEM, "tools": anthropic_tools,
+        "messages": messages})
+    assert h.get("x-kvroute-fallback", "") == "", body
+    assert h["x-kvroute-worker"] == "127.0.0.1:%d" % a
+    assert int(h["x-kvroute-overlap"]) >= first // 16 - 1
+
+
 def test_agent_turns_with_tools_found_by_router(stack):
     """Tools render after the system prompt and calls' arguments are parsed
     (as vLLM does) on both sides, so an agent's next turn finds every block

@@ -71,7 +71,7 @@ TEST(tool_use_and_results)
                   "[{\"role\":\"user\",\"content\":\"list files\"},"
                   "{\"role\":\"assistant\",\"reasoning\":\"hm\",\"tool_calls\":[{\"id\":\"toolu_1\","
                   "\"type\":\"function\",\"function\":{\"name\":\"ls\","
-                  "\"arguments\":\"{\\\"path\\\":\\\".\\\",\\\"all\\\":true}\"}}],"
+                  "\"arguments\":\"{\\\"path\\\": \\\".\\\", \\\"all\\\": true}\"}}],"
                   "\"content\":\"Looking.\"},"
                   "{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\",\"content\":\"a\\nb\"},"
                   "{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"toolu_2\",\"type\":\"function\","
@@ -104,19 +104,30 @@ TEST(parts_and_tools)
                   "{\"name\":\"x\",\"description\":null,\"parameters\":{},\"defer_loading\":true}}]"));
 }
 
-/* Values jansson cannot hold fail with a reason (the router then routes
- * by load); NUL bytes are characters, as in Python. */
+/* Every value as Python's json reads it, and `arguments` as its json.dumps
+ * writes it: integers past 64 bits kept digit for digit (jansson, which
+ * this was built on, refused them, and the request routed by load), floats
+ * by their shortest repr, non-ASCII text as UTF-8 (the chat path parses
+ * arguments again, as vLLM does, so only the values matter there); NUL
+ * bytes are characters; text that is not JSON fails with a reason. */
 TEST(limits)
 {
     kv_anthropic_t a;
     char           err[128];
-    const char    *big = "[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\","
-                         "\"name\":\"n\",\"input\":{\"v\":123456789012345678901234567890}}]}]";
 
-    CHECK(kv_anthropic_chat(NULL, 0, big, strlen(big), NULL, 0, &a, err, sizeof(err)) == -1);
-    CHECK(a.messages == NULL && strstr(err, "anthropic request") != NULL);
+    CHECK(convert(NULL, "[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\","
+                        "\"name\":\"n\",\"input\":{\"v\":123456789012345678901234567890,"
+                        "\"w\":-98765432109876543210,\"f\":0.7,\"e\":1E5,\"c\":\"Z\\u00fcrich\"}}]}]",
+                  NULL,
+                  "[{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"t\",\"type\":\"function\","
+                  "\"function\":{\"name\":\"n\",\"arguments\":\"{\\\"v\\\": "
+                  "123456789012345678901234567890, \\\"w\\\": -98765432109876543210, "
+                  "\\\"f\\\": 0.7, \\\"e\\\": 100000.0, \\\"c\\\": \\\"Z\u00fcrich\\\"}\"}}]}]",
+                  NULL));
     CHECK(convert(NULL, "[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]", NULL,
                   "[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]", NULL));
+    CHECK(kv_anthropic_chat(NULL, 0, "[{\"role\":", 9, NULL, 0, &a, err, sizeof(err)) == -1);
+    CHECK(a.messages == NULL && strstr(err, "anthropic request") != NULL);
 }
 
 int main(void)
