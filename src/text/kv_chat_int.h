@@ -1,6 +1,7 @@
 /*
- * What kv_chat.c shares with kv_chat_request.c: values already in an arena
- * rendered by a template, and JSON text turned into such values.
+ * What kv_chat.c shares with kv_chat_request.c (and kv_anthropic.c): values
+ * already in an arena rendered by a template, and JSON text turned into such
+ * values.
  */
 #ifndef KV_CHAT_INT_H
 #define KV_CHAT_INT_H

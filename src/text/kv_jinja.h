@@ -2,7 +2,8 @@
  * A small Jinja interpreter for chat templates: the subset that HF chat
  * templates use, with the semantics of jinja2's ImmutableSandboxedEnvironment
  * as transformers configures it (trim_blocks, lstrip_blocks, loopcontrols,
- * Python str/repr/json formatting). Internal to kv_chat.c.
+ * Python str/repr/json formatting). Internal to the chat renderer (kv_chat*.c)
+ * and kv_anthropic.c, which builds its chat requests from these values.
  *
  *   kv_jinja_lex.c     template text -> tokens (whitespace control here)
  *   kv_jinja_parse.c   tokens -> AST; refuses constructs outside the subset
