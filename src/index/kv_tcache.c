@@ -1,6 +1,4 @@
 /* Text prefix -> token ids, in shared memory (see kv_tcache.h). */
-#include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +6,7 @@
 #include <unistd.h>
 
 #include "kv_tcache.h"
+#include "kv_trylock.h"
 
 #define TC_MAGIC    0x6b76746361636831ULL   /* "kvtcach1" */
 #define TC_WAYS     4
@@ -225,37 +224,12 @@ long kv_tcache_get(kv_tcache_t *c, const kv_tcache_probe_t *probes, size_t nprob
     return -1;
 }
 
-/*
- * The writer's lock: never waited for. Its word is the holder's pid (high
- * half) and when it took it (seconds, low half). A holder that died is
- * replaced, and so is one holding it past TC_LOCK_STALE_S: a put takes
- * microseconds, and a pid can be reused (by another process, or by a
- * respawned worker that then took the lock for its own), which left every
- * put skipped for good.
- */
+/* The writer's lock (kv_trylock.h): a put takes microseconds. */
 #define TC_LOCK_STALE_S 10
 
 static int try_lock(kv_tcache_t *c)
 {
-    struct timespec ts;
-    uint64_t        pid = (uint64_t) getpid(), holder = 0, me;
-    uint32_t        now;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    now = (uint32_t) ts.tv_sec;
-    me = pid << 32 | now;
-    if (__atomic_compare_exchange_n(&c->lock, &holder, me, 0, __ATOMIC_ACQUIRE,
-                                    __ATOMIC_RELAXED))
-    {
-        return 1;
-    }
-    if ((int32_t) (now - (uint32_t) holder) > TC_LOCK_STALE_S
-        || (holder >> 32 != pid && kill((pid_t) (holder >> 32), 0) == -1 && errno == ESRCH))
-    {
-        return __atomic_compare_exchange_n(&c->lock, &holder, me, 0, __ATOMIC_ACQUIRE,
-                                           __ATOMIC_RELAXED);
-    }
-    return 0;
+    return kv_trylock(&c->lock, TC_LOCK_STALE_S);
 }
 
 /* Moves the reclaim mark past every entry that [.., end) will overwrite. */
@@ -339,7 +313,7 @@ int kv_tcache_put(kv_tcache_t *c, uint64_t key, const char *text, size_t len,
     __atomic_store_n(&s->key, key, __ATOMIC_RELAXED);
     __atomic_store_n(&s->pos, pos + 1, __ATOMIC_RELEASE);
     count(&c->stored, 1);
-    __atomic_store_n(&c->lock, 0, __ATOMIC_RELEASE);
+    kv_unlock(&c->lock);
     return 0;
 }
 
