@@ -1,10 +1,13 @@
-/* libFuzzer target: the response scanners (kv_usage, kv_preamble, kv_sse). Any
+/* libFuzzer target: the response scanners (kv_usage, kv_preamble, kv_sse,
+ * kv_respid). Any
  * bytes, fed whole or split at any point, give the same answer and never
  * crash. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kv_preamble.h"
+#include "kv_respid.h"
 #include "kv_sse.h"
 #include "kv_usage.h"
 
@@ -37,6 +40,25 @@ static void sse(const uint8_t *data, size_t size, size_t cut)
     }
 }
 
+static void respid(const uint8_t *data, size_t size, size_t cut)
+{
+    kv_respid_scan_t  a, b;
+    int               whole, split;
+
+    kv_respid_init(&a);
+    whole = kv_respid_feed(&a, (const char *) data, size);
+    kv_respid_init(&b);
+    split = kv_respid_feed(&b, (const char *) data, cut);
+    if (split == 0) {
+        split = kv_respid_feed(&b, (const char *) data + cut, size - cut);
+    }
+    if (whole != split || (whole == 1 && (a.len != b.len || a.len == 0 || a.len > KV_RESPID_MAX
+                                          || memcmp(a.id, b.id, a.len) != 0)))
+    {
+        abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     kv_usage_scan_t  a, b;
@@ -56,5 +78,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     preamble(data, size, cut);
     sse(data, size, cut);
+    respid(data, size, cut);
     return 0;
 }
