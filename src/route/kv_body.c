@@ -786,6 +786,9 @@ static int scan_field(scan_t *s, kv_body_t *b, members_t *m, const char *key, si
     if (KEY("prompt_cache_key") || KEY("user")) {
         return scan_hint(s, KEY("user") ? &m->user : &b->cache_key, 1);
     }
+    if (KEY("previous_response_id")) {
+        return scan_hint(s, &b->prev_response, 1);
+    }
     if (KEY("stream")) {
         b->stream = *s->p == 't';
         return skip_value(s, 1);

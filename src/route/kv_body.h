@@ -5,7 +5,9 @@
  * salt, and it runs on nginx's event loop for every request. It also keeps
  * a hash of the session hints `prompt_cache_key` and `user` (strings; any
  * other type is ignored) for session affinity. A Responses API request
- * (`input`, `instructions`) is read as the chat messages vLLM makes of it.
+ * (`input`, `instructions`) is read as the chat messages vLLM makes of it,
+ * and the key of its `previous_response_id` kept: only the engine that made
+ * that response holds it (kv_respmap.h).
  *
  * `prompt` may be a string, an array of strings, an array of token ids or
  * an array of token-id arrays; for the array forms (a batch of prompts) the
@@ -78,6 +80,8 @@ typedef struct {
     int             embed_members;  /* `encoding_format` or `dimensions` seen */
     uint64_t        cache_key;      /* kv_body_session_key of `prompt_cache_key`; 0: absent */
     uint64_t        user;           /* ... of `user`; 0: absent */
+    uint64_t        prev_response;  /* ... of the Responses API's `previous_response_id`
+                                       (the response it continues); 0: absent */
 
     /* where to rewrite the salt (kv_prompt's operator salt): just past the
      * top-level '{', and the value (offset, length) of every top-level

@@ -178,6 +178,7 @@ kv_prompt_status_t kv_prompt_compute(const kv_prompt_config_t *cfg, const char *
     out->sequences = b.sequences * b.prompts < KV_PROMPT_SEQUENCES_MAX
                      ? b.sequences * b.prompts : KV_PROMPT_SEQUENCES_MAX;
     out->session = b.cache_key ? b.cache_key : b.user;
+    out->prev_response = b.prev_response;
     out->prefill_only |= b.prefill_only;
     out->preamble = b.responses != NULL;
     role = kv_model_role(cfg->model, cfg->lora, b.model);

@@ -100,6 +100,7 @@ typedef struct {
     uint64_t            turn_cached_tokens; /* ids reused from cfg->turns */
 
     uint64_t            session;        /* prompt_cache_key's key, else user's; 0: none */
+    uint64_t            prev_response;  /* previous_response_id's key; 0: none */
     char                err[160];
 
     /* salt_combine: the body parsed (a rewrite is possible), the salt the

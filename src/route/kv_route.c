@@ -31,7 +31,7 @@ uint32_t kv_route_overlap(const kv_route_server_t *s)
 const char *kv_route_why_name(kv_route_why_t why)
 {
     static const char *names[] = { "", "sticky", "spill", "cold", "cost", "session", "shared",
-                                   "seed" };
+                                   "seed", "response" };
 
     return (unsigned) why < sizeof(names) / sizeof(names[0]) ? names[why] : "";
 }
@@ -742,12 +742,25 @@ static int pick_dynamo(kv_route_server_t *s, size_t n, const kv_route_request_t 
 
 /* --- the decision -------------------------------------------------------- */
 
+/* The usable server with id home, or -1. */
+static int home_of(const kv_route_server_t *s, size_t n, uint64_t home)
+{
+    size_t i;
+
+    for (i = 0; home && i < n; i++) {
+        if (s[i].usable && s[i].id == home) {
+            return (int) i;
+        }
+    }
+    return -1;
+}
+
 int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
                   const kv_route_config_t *cfg, uint64_t rnd, kv_route_result_t *out)
 {
     uint32_t bs = block_size_of(cfg);
     size_t   i, usable = 0, busy_n = 0;
-    int      pick;
+    int      pick, home;
 
     out->pick = KV_ROUTE_NONE;
     out->why = KV_ROUTE_WHY_NONE;
@@ -776,7 +789,8 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
     if (usable == 0) {
         return out->pick;
     }
-    if (busy_n == usable) {
+    home = home_of(s, n, rq->home);
+    if (busy_n == usable && home < 0) {
         out->pick = KV_ROUTE_BUSY;
         return out->pick;
     }
@@ -786,6 +800,11 @@ int kv_route_pick(kv_route_server_t *s, size_t n, const kv_route_request_t *rq,
         out->why = KV_ROUTE_WHY_COST;
     } else {
         pick = pick_ttft(s, n, rq, cfg, rnd, &out->why);
+    }
+    if (home >= 0) {
+        /* the estimates above are still what the decision saw */
+        pick = home;
+        out->why = KV_ROUTE_WHY_RESPONSE;
     }
     if (pick < 0) {
         out->why = KV_ROUTE_WHY_NONE;

@@ -86,6 +86,12 @@
 
  * KV_ROUTE_DYNAMO: NVIDIA Dynamo's weighted sum of blocks (kv_score.h).
  *
+ * Either way, a request that only one server can serve (rq->home: the
+ * server that made the response it continues, which holds that response
+ * and no other does) goes there whenever it is usable, busy or not:
+ * anywhere else it would fail. When it is not usable (down, failed, tried)
+ * the policy decides as if there were no home.
+ *
  * The load a server is credited with is this router's own count; with
  * cfg.worker_load = KV_ROUTE_LOAD_MAX the larger of that and what the worker
  * reports (which covers every router in front of it but is up to a
@@ -173,6 +179,9 @@ typedef struct {
                                            this one, whatever the server caches */
     uint32_t            prefill_only;   /* nothing decoded (an embedding, a score):
                                            no output tokens counted */
+    uint64_t            home;           /* the id of the one server that can serve it
+                                           (it made the response a Responses API
+                                           request continues, kv_respmap.h); 0: none */
 } kv_route_request_t;
 
 #define KV_ROUTE_NONE  -1               /* no usable server */
@@ -186,7 +195,8 @@ typedef enum {
     KV_ROUTE_WHY_COST,                  /* dynamo: the lowest cost */
     KV_ROUTE_WHY_SESSION,               /* nobody known to hold it: the session's home */
     KV_ROUTE_WHY_SHARED,                /* a branch off a shared head, kept on a holder */
-    KV_ROUTE_WHY_SEED                   /* a branch off a shared head, seeding a server */
+    KV_ROUTE_WHY_SEED,                  /* a branch off a shared head, seeding a server */
+    KV_ROUTE_WHY_RESPONSE               /* rq->home: the server holding the response */
 } kv_route_why_t;
 
 typedef struct {
@@ -235,7 +245,8 @@ uint64_t kv_route_prefill_load(const kv_route_server_t *s, const kv_route_config
 uint64_t kv_route_tree_blocks(uint64_t indexed, int index_lags, const kv_route_server_t *s,
                               const kv_route_config_t *cfg);
 
-/* "sticky", "spill", "cold", "cost", "session", "shared", "seed" or "" */
+/* "sticky", "spill", "cold", "cost", "session", "shared", "seed", "response"
+ * or "" */
 const char *kv_route_why_name(kv_route_why_t why);
 
 /*

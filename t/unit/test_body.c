@@ -413,6 +413,13 @@ TEST(responses_messages)
     kv_body_free(&b);
     CHECK(parse(&b, "{\"input\":[{\"role\":\"user\"]}") == -1);
     kv_body_free(&b);
+    /* the response it continues: its id's key, as the response scan keys it */
+    CHECK(parse(&b, "{\"input\":\"and?\",\"previous_response_id\":\"resp_\\u0061b\"}") == 0);
+    CHECK(b.prev_response == kv_body_session_key("resp_ab", 7));
+    kv_body_free(&b);
+    CHECK(parse(&b, "{\"input\":\"x\",\"previous_response_id\":null}") == 0);
+    CHECK(b.prev_response == 0);
+    kv_body_free(&b);
 }
 
 /*

@@ -26,7 +26,7 @@ static void idle(kv_route_server_t *s, size_t n)
 
 static kv_route_request_t request(uint64_t blocks, uint32_t bs)
 {
-    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0, 1, 0, 0 };
+    kv_route_request_t rq = { blocks * bs, seq, blocks, 0, 0, 1, 0, 0, 0 };
 
     return rq;
 }
@@ -179,7 +179,7 @@ TEST(ttft_cold_rendezvous_agrees)
 
     for (uint64_t first = 1; first <= 64; first++) {
         uint64_t q[2] = { first * 7919, 5 };
-        kv_route_request_t rq = { 32, q, 2, 0, 0, 1, 0, 0 };
+        kv_route_request_t rq = { 32, q, 2, 0, 0, 1, 0, 0, 0 };
         int a, b;
 
         idle(s, 4);
@@ -321,7 +321,7 @@ TEST(busy_and_none)
 TEST(the_attempt_adds)
 {
     kv_route_config_t cfg = config(KV_ROUTE_TTFT, 32);
-    kv_route_request_t rq = { 100, seq, 3, 0, 0, 1, 0, 0 };
+    kv_route_request_t rq = { 100, seq, 3, 0, 0, 1, 0, 0, 0 };
     kv_route_server_t s[1];
     kv_route_result_t r;
 
@@ -357,7 +357,7 @@ TEST(the_attempt_adds)
 TEST(batch_at_the_servers_rate)
 {
     kv_route_config_t  cfg = config(KV_ROUTE_TTFT, 16);
-    kv_route_request_t rq = { 64, seq, 4, 0, 0, 1, 0, 0 };
+    kv_route_request_t rq = { 64, seq, 4, 0, 0, 1, 0, 0, 0 };
     kv_route_server_t  s[2];
     kv_route_result_t  r;
     double             one[2];
@@ -495,7 +495,7 @@ TEST(no_reuse_ties_prefer_a_queued_prefill)
         cfg.decode_pace = 30;
         for (uint64_t first = 1; first <= 64; first++) {
             uint64_t q[16] = { first * 7919 };
-            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0 };
+            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0, 0 };
 
             tied_pair(s, 0);
             CHECK(kv_route_pick(s, 2, &rq, &cfg, 0, &r) >= 0);
@@ -534,7 +534,7 @@ TEST(no_reuse_joins_only_a_prefill_not_started)
         cfg.decode_pace = 30;
         for (uint64_t first = 1; first <= 64; first++) {
             uint64_t q[16] = { first * 7919 };
-            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0 };
+            kv_route_request_t rq = { 256, q, 256 / bs, 0, 0, 1, 0, 0, 0 };
 
             tied_pair(s, 500);
             s[1].since_sent = 45;
@@ -765,8 +765,41 @@ TEST(session_warm_start_after_an_event_gap)
     CHECK(r.why == KV_ROUTE_WHY_COLD && r.pick != home);
 }
 
+/* A Responses API continuation goes to the one server holding the
+ * response (rq.home), busy or loaded as it may be, in either policy; when
+ * that server is not usable the policy decides as without a home. */
+TEST(response_home_wins_while_usable)
+{
+    for (int policy = KV_ROUTE_TTFT; policy <= KV_ROUTE_DYNAMO; policy++) {
+        kv_route_config_t  cfg = config((kv_route_policy_t) policy, 16);
+        kv_route_request_t rq = request(4, 16);
+        kv_route_server_t  s[3];
+        kv_route_result_t  r;
+
+        cfg.busy_prefill_tokens = 1000;
+        idle(s, 3);
+        s[0].overlap_index = 4;                 /* the prompt's holder */
+        s[2].prefill_tokens = 5000;             /* the home: busy */
+        s[2].requests = 9;
+        rq.home = s[2].id;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+        CHECK(r.why == KV_ROUTE_WHY_RESPONSE);
+        CHECK_STR(kv_route_why_name(r.why), "response");
+        s[0].prefill_tokens = s[1].prefill_tokens = 5000;   /* every one busy */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 2);
+        s[0].prefill_tokens = s[1].prefill_tokens = 0;
+        s[2].usable = 0;                        /* down: the policy decides */
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+        CHECK(r.why != KV_ROUTE_WHY_RESPONSE);
+        rq.home = 12345;                        /* not among the servers */
+        s[2].usable = 1;
+        CHECK(kv_route_pick(s, 3, &rq, &cfg, 0, &r) == 0);
+    }
+}
+
 int main(void)
 {
+    RUN(response_home_wins_while_usable);
     RUN(session_warm_start_after_an_event_gap);
     RUN(dynamo_threshold_scales_with_block_size);
     RUN(dynamo_ties_go_to_the_smaller_tree);

@@ -34,7 +34,7 @@ TEST(new_prefixes_fill_empty_servers_first)
         memset(held, 0, sizeof(held));
         for (uint64_t k = 0; k < N; k++) {
             uint64_t            q[4] = { (round * 131 + k) * 2654435761u + 1, 2, 3, 4 };
-            kv_route_request_t  rq = { 64, q, 4, 0, 0, 1, 0, 0 };
+            kv_route_request_t  rq = { 64, q, 4, 0, 0, 1, 0, 0, 0 };
             int                 a, b;
 
             idle(s, N);
@@ -64,7 +64,7 @@ TEST(held_everywhere_rendezvous_decides)
 
     for (uint64_t k = 0; k < 160; k++) {
         uint64_t            q[4] = { k * 7919 + 3, 2, 3, 4 };
-        kv_route_request_t  rq = { 64, q, 4, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { 64, q, 4, 0, 0, 1, 0, 0, 0 };
         int                 a;
 
         idle(s, N);

@@ -70,7 +70,7 @@ TEST(events_count_the_prompts_sent_as_approximate_does)
         kv_route_server_t   a[N], e[N];
         kv_route_result_t   ra, re;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
         for (int k = 0; k < BLOCKS; k++) {
             q[k] = k < HEAD ? 1000003u + k : 7919u * 6 + k;

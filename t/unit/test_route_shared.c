@@ -46,7 +46,7 @@ TEST(branch_leaves_busy_holders_for_an_idle_server)
         kv_route_server_t   s[BIG], t[BIG];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
         int                 a, b;
 
         prompt(q, 3, 1);
@@ -84,7 +84,7 @@ TEST(seed_decided_again_with_every_server_blocks)
         kv_route_server_t   s[BIG];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
         for (int empty = 30; empty < 34; empty++) {
             prompt(q, 8 + empty, 6);
@@ -123,7 +123,7 @@ TEST(branch_sticks_to_a_holder_with_room)
         kv_route_server_t   s[BIG];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
         prompt(q, 4, 2);
         idle(s, BIG);
@@ -147,7 +147,7 @@ TEST(continuation_sticks_though_its_server_is_busy)
         kv_route_server_t   s[BIG];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
         prompt(q, 5, 3);
         idle(s, BIG);
@@ -172,7 +172,7 @@ TEST(loaded_fleet_branch_sticks)
         kv_route_server_t   s[8];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
         int                 a;
 
         prompt(q, 6, 4);
@@ -206,7 +206,7 @@ TEST(loaded_fleet_branch_stays_on_a_busy_holder)
         kv_route_server_t   s[8];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
         int                 a;
 
         prompt(q, 7, 5);
@@ -240,7 +240,7 @@ TEST(branch_seeds_only_near_a_request_a_server)
         kv_route_server_t   s[BIG];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
         int                 a;
 
         prompt(q, 8, 6);
@@ -295,7 +295,7 @@ TEST(new_conversations_cover_the_fleet)
             int h = c % 8, a;
 
             prompt(q, 10 + h, 100 + c);
-            kv_route_request_t rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+            kv_route_request_t rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
             idle(s, BIG);
             for (int i = 0; i < BIG; i++) {
@@ -336,7 +336,7 @@ TEST(branch_leaves_holders_far_above_the_fleets_blocks)
         kv_route_server_t   s[BIG], t[BIG];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
         int                 a, b;
 
         prompt(q, 12, 7);
@@ -382,7 +382,7 @@ TEST(full_caches_branch_sticks_to_a_holder)
         kv_route_server_t   s[BIG];
         kv_route_result_t   r;
         uint64_t            q[BLOCKS];
-        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
         prompt(q, 13, 8);
         idle(s, BIG);
@@ -429,7 +429,7 @@ TEST(idle_fleet_conversations_spread_by_blocks)
             int h = c % 8, a;
 
             prompt(q, 20 + h, 300 + c);
-            kv_route_request_t rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0 };
+            kv_route_request_t rq = { BLOCKS * bs, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
             idle(s, BIG);
             for (int i = 0; i < BIG; i++) {

@@ -44,7 +44,7 @@ TEST(spill_goes_to_the_server_holding_least)
         q[k] = 0x5eed + k;
     }
     for (int empty = 1; empty < N; empty++) {
-        kv_route_request_t rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
         int                a, b;
 
         idle(s, N);
@@ -71,7 +71,7 @@ TEST(idle_server_before_emptier_busy_one)
     kv_route_server_t   s[N];
     kv_route_result_t   r;
     uint64_t            q[BLOCKS];
-    kv_route_request_t  rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0 };
+    kv_route_request_t  rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
     for (int k = 0; k < BLOCKS; k++) {
         q[k] = 0xbead + k;
@@ -97,7 +97,7 @@ TEST(blocks_per_unit_of_weight)
     kv_route_server_t   s[3];
     kv_route_result_t   r;
     uint64_t            q[BLOCKS];
-    kv_route_request_t  rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0 };
+    kv_route_request_t  rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
 
     for (int k = 0; k < BLOCKS; k++) {
         q[k] = 0xfeed + k;
@@ -138,7 +138,7 @@ TEST(hot_prefixes_cover_the_fleet)
     }
     for (int round = 0; round < BIG - 8; round++) {
         int                 p = round % 8, a;
-        kv_route_request_t  rq = { BLOCKS * 16, q[p], BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t  rq = { BLOCKS * 16, q[p], BLOCKS, 0, 0, 1, 0, 0, 0 };
 
         idle(s, BIG);
         for (int i = 0; i < BIG; i++) {
@@ -176,7 +176,7 @@ TEST(simultaneous_spills_of_distinct_prefixes_spread)
     int                hit[16] = { 0 }, distinct = 0;
 
     for (int p = 0; p < 8; p++) {
-        kv_route_request_t rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0 };
+        kv_route_request_t rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
         int                a;
 
         for (int k = 0; k < BLOCKS; k++) {
@@ -209,7 +209,7 @@ TEST(set_grows_only_when_saturated)
     kv_route_server_t   s[N];
     kv_route_result_t   r;
     uint64_t            q[BLOCKS];
-    kv_route_request_t  rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0 };
+    kv_route_request_t  rq = { BLOCKS * 16, q, BLOCKS, 0, 0, 1, 0, 0, 0 };
     int                 a;
 
     for (int k = 0; k < BLOCKS; k++) {
