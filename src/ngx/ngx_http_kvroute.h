@@ -28,6 +28,8 @@
 #include "kv_preamble.h"
 #include "kv_prefill.h"
 #include "kv_registry.h"
+#include "kv_respid.h"
+#include "kv_respmap.h"
 #include "kv_retain.h"
 #include "kv_ring.h"
 #include "kv_route.h"
@@ -119,6 +121,10 @@ typedef struct {
     kv_retain_t                     retain;     /* approximate mode: what the
                                                    engines kept (kv_retain.h) */
     ngx_msec_t                      retain_ms;  /* its last step, any process */
+    void                           *resp_region;
+    size_t                          resp_size;
+    kv_respmap_t                   *responses;  /* response id -> the server
+                                                   that made it, or NULL */
 } ngx_http_kvroute_sh_t;
 
 
@@ -140,6 +146,8 @@ typedef struct {
     ssize_t                         turn_size;      /* turn_cache=, -1: default */
     ngx_uint_t                      turn_default;   /* turn_cache= not given */
     ngx_msec_t                      turn_ttl;       /* turn_cache_ttl= */
+    ngx_uint_t                      responses;      /* responses=N: ids kept */
+    ngx_uint_t                      resp_default;   /* responses= not given */
     ngx_array_t                     upstreams;      /* ngx_http_kvroute_srv_conf_t * */
     void                           *events_conf;    /* kvroute_events for this zone */
     void                           *share_conf;     /* kvroute_share for this zone */
@@ -285,6 +293,9 @@ typedef struct {
                                                        first token (kv_preamble.h) */
     unsigned                        answered_ok:1;  /* the response is a 200: its
                                                        times are rate samples */
+    unsigned                        responses:1;    /* a Responses API request */
+    unsigned                        home_read:1;    /* home looked up */
+    unsigned                        respid_on:1;    /* scanning for the response's id */
 
     ngx_http_kvroute_fallback_e     fallback;
     ngx_uint_t                      salt_status;    /* salt= not applicable: refuse */
@@ -297,6 +308,9 @@ typedef struct {
                                                        prompts; >= 1 */
     uint64_t                        batch_tokens;   /* a batch's other prompts */
     uint64_t                        session;        /* session key; 0: none */
+    uint64_t                        prev_response;  /* previous_response_id's key */
+    uint64_t                        home;       /* the worker id holding it; 0: none
+                                                   or not known */
     ngx_http_kvroute_cand_t        *cand;       /* primaries holding part of the
                                                    prompt (all, in small upstreams) */
     ngx_uint_t                      ncand;
@@ -321,6 +335,7 @@ typedef struct {
     double                          chosen_cost;    /* the decision's estimate */
 
     kv_usage_scan_t                 usage;      /* the response's reported usage */
+    kv_respid_scan_t               *respid;     /* its id (Responses API), or NULL */
     kv_preamble_t                   first;      /* where the first token is, when
                                                    preamble is set */
     kv_sse_count_t                  sse;        /* a stream's events: the tokens
@@ -540,6 +555,8 @@ void ngx_http_kvroute_candidates_slots(ngx_http_kvroute_srv_conf_t *kcf,
     kv_index_t *ix);
 void ngx_http_kvroute_candidates_match(ngx_http_kvroute_srv_conf_t *kcf,
     ngx_http_kvroute_ctx_t *ctx, ngx_pool_t *pool, ngx_log_t *log);
+ngx_int_t ngx_http_kvroute_peer_by_id(ngx_http_kvroute_srv_conf_t *kcf,
+    uint64_t id);
 ngx_http_kvroute_cand_t *ngx_http_kvroute_candidates(
     ngx_http_kvroute_srv_conf_t *kcf, ngx_http_kvroute_ctx_t *ctx,
     ngx_http_upstream_rr_peer_data_t *rrp, ngx_pool_t *pool,

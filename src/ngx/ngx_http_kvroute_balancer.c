@@ -1042,6 +1042,32 @@ ngx_http_kvroute_request(ngx_http_kvroute_ctx_t *ctx, kv_route_request_t *rq)
     rq->batch_tokens = ctx ? ctx->batch_tokens : 0;
     rq->prefill_only = ctx ? ctx->prefill_only : 0;
     rq->session = ctx ? ctx->session : 0;
+    rq->home = ctx ? ctx->home : 0;
+}
+
+
+/*
+ * A Responses API request that continues a response goes back to the
+ * server that made it, which alone stores it (kv_respmap.h): its worker
+ * id, looked up once per request.
+ */
+
+static void
+ngx_http_kvroute_home(ngx_http_kvroute_srv_conf_t *kcf,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    kv_respmap_t  *map;
+
+    if (ctx->home_read) {
+        return;
+    }
+
+    ctx->home_read = 1;
+    map = kcf->zone && kcf->zone->sh ? kcf->zone->sh->responses : NULL;
+
+    if (ctx->prev_response && map) {
+        ctx->home = kv_respmap_get(map, ctx->prev_response);
+    }
 }
 
 
@@ -1222,6 +1248,8 @@ ngx_http_kvroute_choose_peer(ngx_peer_connection_t *pc, void *data)
     }
 
     all = 0;
+
+    ngx_http_kvroute_home(kcf, ctx);
 
 again:
 

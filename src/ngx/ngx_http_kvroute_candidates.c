@@ -15,6 +15,8 @@
  *     prefix nobody holds yet;
  *   - with a session key, the first NGX_HTTP_KVROUTE_RING of the session's
  *     ring walk too;
+ *   - the server that made the response a Responses API request continues
+ *     (ctx->home), the only one that can serve it;
  *   - the NGX_HTTP_KVROUTE_LEAST least loaded that look usable, from the
  *     load table's least-loaded order (src/index/kv_load.h), which moves a
  *     server in O(1) whenever its requests change.
@@ -110,6 +112,32 @@ ngx_http_kvroute_id_slot(ngx_http_kvroute_srv_conf_t *kcf, uint64_t id)
     id ^= id >> 33;
 
     return (ngx_uint_t) id & kcf->id_mask;
+}
+
+
+/* The primary whose worker id is id, or -1. */
+
+ngx_int_t
+ngx_http_kvroute_peer_by_id(ngx_http_kvroute_srv_conf_t *kcf, uint64_t id)
+{
+    ngx_uint_t  h, k;
+
+    if (kcf->by_id == NULL) {
+        return -1;
+    }
+
+    for (h = ngx_http_kvroute_id_slot(kcf, id);
+         kcf->by_id[h];
+         h = (h + 1) & kcf->id_mask)
+    {
+        k = kcf->by_id[h] - 1;
+
+        if (kcf->peers[k].worker_id == id) {
+            return k;
+        }
+    }
+
+    return -1;
 }
 
 
@@ -536,7 +564,7 @@ ngx_http_kvroute_candidates(ngx_http_kvroute_srv_conf_t *kcf,
     }
 
     cap = (ctx ? ctx->ncand : 0) + 2 * NGX_HTTP_KVROUTE_RING
-          + NGX_HTTP_KVROUTE_LEAST;
+          + NGX_HTTP_KVROUTE_LEAST + 1;
 
     list = ngx_palloc(pool, cap * sizeof(ngx_http_kvroute_cand_t));
     if (list == NULL) {
@@ -570,6 +598,13 @@ ngx_http_kvroute_candidates(ngx_http_kvroute_srv_conf_t *kcf,
 
         for (i = 0; i < m; i++) {
             ngx_http_kvroute_add(list, n, ring[i]);
+        }
+    }
+
+    if (ctx && ctx->home) {
+        k = ngx_http_kvroute_peer_by_id(kcf, ctx->home);
+        if (k >= 0) {
+            ngx_http_kvroute_add(list, n, k);
         }
     }
 

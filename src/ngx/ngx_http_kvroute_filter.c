@@ -19,6 +19,10 @@
  * learned memory instead (kv_retain.h): what the server was credited with,
  * how old it was, and what its engine still had.
  *
+ * For a Responses API request the body filter also reads the response's id
+ * (kv_respid.h) and records which server made it (kv_respmap.h), so that a
+ * request continuing it (previous_response_id) goes back there.
+ *
  * With prefill= the header filter releases the prefill server's load: a
  * decode worker sends its header once the KV is in place; debug headers
  * then add X-KVRoute-Prefill-Worker (host:port or "local") and
@@ -35,6 +39,10 @@ static void ngx_http_kvroute_selfcheck_end(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
 static void ngx_http_kvroute_retain_sample(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t *ctx);
+static void ngx_http_kvroute_respid_start(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx);
+static void ngx_http_kvroute_respid_feed(ngx_http_kvroute_ctx_t *ctx,
+    ngx_chain_t *in);
 static ngx_int_t ngx_http_kvroute_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_kvroute_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
@@ -226,6 +234,74 @@ ngx_http_kvroute_retain_sample(ngx_http_request_t *r,
 }
 
 
+/*
+ * Worth reading the id of: a 200 from a primary server for a Responses API
+ * request, with a response map in the zone. Each answer records its own
+ * id, a continuation's too: the conversation goes on from the newest.
+ */
+
+static void
+ngx_http_kvroute_respid_start(ngx_http_request_t *r,
+    ngx_http_kvroute_ctx_t *ctx)
+{
+    ngx_http_kvroute_srv_conf_t  *kcf = ctx->conf;
+
+    ctx->respid_on = 0;
+
+    if (!ctx->responses || kcf == NULL || kcf->zone == NULL
+        || kcf->zone->sh == NULL || kcf->zone->sh->responses == NULL
+        || r->headers_out.status != NGX_HTTP_OK
+        || ctx->chosen < kcf->peers
+        || ctx->chosen >= kcf->peers + kcf->nprimary)
+    {
+        return;
+    }
+
+    if (ctx->respid == NULL) {
+        ctx->respid = ngx_palloc(r->pool, sizeof(kv_respid_scan_t));
+        if (ctx->respid == NULL) {
+            return;                 /* routed by what it carries next time */
+        }
+    }
+
+    kv_respid_init(ctx->respid);
+    ctx->respid_on = 1;
+}
+
+
+static void
+ngx_http_kvroute_respid_feed(ngx_http_kvroute_ctx_t *ctx, ngx_chain_t *in)
+{
+    int           rc;
+    uint64_t      key;
+    ngx_chain_t  *cl;
+
+    for (cl = in; cl && ctx->respid_on; cl = cl->next) {
+        if (!ngx_buf_in_memory(cl->buf)) {
+            if (ngx_buf_size(cl->buf) > 0) {
+                ctx->respid_on = 0;     /* in a temp file: not read back */
+            }
+            continue;
+        }
+
+        rc = kv_respid_feed(ctx->respid, (char *) cl->buf->pos,
+                            cl->buf->last - cl->buf->pos);
+
+        if (rc == 0) {
+            continue;
+        }
+
+        ctx->respid_on = 0;
+
+        if (rc == 1) {
+            key = kv_body_session_key(ctx->respid->id, ctx->respid->len);
+            (void) kv_respmap_put(ctx->conf->zone->sh->responses, key,
+                                  ctx->chosen->worker_id);
+        }
+    }
+}
+
+
 static ngx_int_t
 ngx_http_kvroute_header_filter(ngx_http_request_t *r)
 {
@@ -251,6 +327,7 @@ ngx_http_kvroute_header_filter(ngx_http_request_t *r)
 
         if (ctx->chosen) {
             ngx_http_kvroute_selfcheck_start(r, ctx);
+            ngx_http_kvroute_respid_start(r, ctx);
         }
     }
 
@@ -350,6 +427,10 @@ ngx_http_kvroute_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
                                   cl->buf->last - cl->buf->pos);
             }
         }
+    }
+
+    if (ctx && ctx->respid_on) {
+        ngx_http_kvroute_respid_feed(ctx, in);
     }
 
     if (ctx && ctx->usage_on) {

@@ -1250,6 +1250,8 @@ ngx_http_kvroute_finish(ngx_http_kvroute_task_t *t)
     ctx->prefill_only = t->result.prefill_only ? 1 : 0;
     ctx->preamble = t->result.preamble && t->result.stream ? 1 : 0;
     ctx->stream = t->result.stream ? 1 : 0;
+    ctx->responses = t->result.preamble ? 1 : 0;
+    ctx->prev_response = t->result.prev_response;
 
     /* the operator's session= value, when it has one, comes first */
     if (ctx->session == 0 && !ctx->conf->session_off) {

@@ -149,6 +149,19 @@ const uint64_t  ngx_http_kvroute_hist_le[NGX_HTTP_KVROUTE_HIST - 1] = {
     X(bytes, U, "kvroute_turn_cache_bytes", gauge,                            \
       "Bytes of the turn cache's ring")
 
+/* labels {zone}, JSON "responses" (zones with a response map) */
+#define NGX_HTTP_KVROUTE_RESP_STATS(X)                                        \
+    X(capacity, U, "kvroute_responses_capacity", gauge,                       \
+      "Response ids the response map holds")                                  \
+    X(stored, U, "kvroute_responses_stored_total", counter,                   \
+      "Response ids recorded with the server that made them")                 \
+    X(skipped, U, "kvroute_responses_skipped_total", counter,                 \
+      "Response ids not recorded (writer busy)")                              \
+    X(hits, U, "kvroute_responses_hits_total", counter,                       \
+      "Continued responses whose server was known")                           \
+    X(misses, U, "kvroute_responses_misses_total", counter,                   \
+      "Continued responses whose server was not known")
+
 /* labels {zone}, JSON "events" (zones with kvroute_events) */
 #define NGX_HTTP_KVROUTE_EVENTS_STATS(X)                                      \
     X(helper_pid, I, "kvroute_events_helper_pid", gauge,                      \
@@ -337,6 +350,10 @@ typedef struct {
 } ngx_http_kvroute_share_snap_t;
 
 typedef struct {
+    NGX_HTTP_KVROUTE_RESP_STATS(NGX_HTTP_KVROUTE_MEMBER)
+} ngx_http_kvroute_resp_snap_t;
+
+typedef struct {
     NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_MEMBER)
 } ngx_http_kvroute_events_snap_t;
 
@@ -378,6 +395,8 @@ typedef struct {
     ngx_http_kvroute_events_snap_t    events;
     ngx_uint_t                        has_pending;
     ngx_uint_t                        has_turn;
+    ngx_http_kvroute_resp_snap_t      resp;
+    ngx_uint_t                        has_resp;
     ngx_uint_t                        has_events;
     kv_retain_t                       retain;       /* approximate mode, */
     ngx_uint_t                        has_retain;   /* ttl_learn=on */
@@ -1017,6 +1036,17 @@ ngx_http_kvroute_snap(ngx_pool_t *pool, ngx_http_kvroute_zone_t *zone,
         s->has_turn = 1;
     }
 
+    if (sh->responses) {
+        kv_respmap_stats_t             rst;
+        ngx_http_kvroute_resp_snap_t  *rd = &s->resp;
+
+        kv_respmap_stats(sh->responses, &rst);
+#define NGX_HTTP_KVROUTE_RESP_COPY(key, kind, name, type, help)  rd->key = rst.key;
+        NGX_HTTP_KVROUTE_RESP_STATS(NGX_HTTP_KVROUTE_RESP_COPY)
+#undef NGX_HTTP_KVROUTE_RESP_COPY
+        s->has_resp = 1;
+    }
+
     if (sh->share) {
         kv_dring_stats_t   rst;
         kv_dring_share_t  *sst = kv_dring_share(sh->share);
@@ -1163,6 +1193,13 @@ ngx_http_kvroute_json_zone(u_char *b, ngx_http_kvroute_snap_t *s)
         b = ngx_sprintf(b, "}");
     }
 
+    if (s->has_resp) {
+        b = ngx_sprintf(b, ",\"responses\":{");
+        NGX_HTTP_KVROUTE_JSON(b, NGX_HTTP_KVROUTE_RESP_STATS,
+                          ngx_http_kvroute_resp_snap_t, &s->resp);
+        b = ngx_sprintf(b, "}");
+    }
+
     if (s->has_share) {
         b = ngx_sprintf(b, ",\"share\":{");
         NGX_HTTP_KVROUTE_JSON(b, NGX_HTTP_KVROUTE_SHARE_STATS,
@@ -1278,6 +1315,14 @@ ngx_http_kvroute_prom(u_char *b, ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
     }
 #undef ITEM
 #undef PRESENT
+#define PRESENT(i)  zs[i].has_resp
+#define ITEM(i)     zs[i].resp
+    {
+        ngx_uint_t  n = nz;
+        NGX_HTTP_KVROUTE_RESP_STATS(NGX_HTTP_KVROUTE_PROM_ROW)
+    }
+#undef ITEM
+#undef PRESENT
 #define PRESENT(i)  zs[i].has_share
 #define ITEM(i)     zs[i].share
     {
@@ -1385,6 +1430,7 @@ ngx_http_kvroute_status_size(ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
         NGX_HTTP_KVROUTE_INDEX_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_PENDING_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_COUNT)
+        NGX_HTTP_KVROUTE_RESP_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_WORKER_STATS(NGX_HTTP_KVROUTE_COUNT)
         NGX_HTTP_KVROUTE_SERVER_STATS(NGX_HTTP_KVROUTE_COUNT)
@@ -1401,6 +1447,7 @@ ngx_http_kvroute_status_size(ngx_http_kvroute_snap_t *zs, ngx_uint_t nz)
                    NGX_HTTP_KVROUTE_INDEX_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_PENDING_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_TURN_STATS(NGX_HTTP_KVROUTE_COUNT)
+                   NGX_HTTP_KVROUTE_RESP_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_SHARE_STATS(NGX_HTTP_KVROUTE_COUNT)
                    NGX_HTTP_KVROUTE_EVENTS_STATS(NGX_HTTP_KVROUTE_COUNT));
 

@@ -12,6 +12,9 @@
  *   turn cache              turn_cache=SIZE (default an eighth of the zone,
  *                           at most 64m; 0: off): prompt prefixes -> token
  *                           ids, shared by the workers (src/index/kv_tcache.c)
+ *   response map            responses=N (default 65536 ids, 128 bytes per 7;
+ *                           0: off): Responses API response id -> the server
+ *                           that made it (src/index/kv_respmap.c)
  *   pending index           events mode only: an eighth of what is left, the
  *                           router's recent decisions (approximate, short TTL)
  *   prefix index            whatever the zone has left (src/index/kv_index.c)
@@ -37,6 +40,9 @@ static ngx_int_t ngx_http_kvroute_zone_registry(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
 static void ngx_http_kvroute_zone_turns(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
+static void ngx_http_kvroute_zone_responses(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log);
+static size_t ngx_http_kvroute_resp_bytes(ngx_http_kvroute_zone_t *zone);
 static ngx_int_t ngx_http_kvroute_register_servers(
     ngx_http_kvroute_zone_t *zone, ngx_log_t *log);
 static int ngx_http_kvroute_pid_alive(pid_t pid);
@@ -70,6 +76,8 @@ static ngx_http_kvroute_param_t  ngx_http_kvroute_zone_params[] = {
       NGX_HTTP_KVROUTE_ZONE_OFF(turn_size), 0, 1e15, NULL },
     { ngx_string("turn_cache_ttl="), NGX_HTTP_KVROUTE_P_MSEC,
       NGX_HTTP_KVROUTE_ZONE_OFF(turn_ttl), 1, 1e15, NULL },
+    { ngx_string("responses="), NGX_HTTP_KVROUTE_P_UINT,
+      NGX_HTTP_KVROUTE_ZONE_OFF(responses), 0, 1e9, NULL },
     { ngx_null_string, 0, 0, 0, 0, NULL }
 };
 
@@ -135,6 +143,11 @@ ngx_http_kvroute_zone_directive(ngx_conf_t *cf, ngx_command_t *cmd,
                            "the zone", zone->turn_size,
                            kv_tcache_min_size() / 1024 + 1);
         return NGX_CONF_ERROR;
+    }
+
+    if (zone->responses == NGX_CONF_UNSET_UINT) {
+        zone->resp_default = 1;
+        zone->responses = 65536;
     }
 
     if (zone->turn_size == -1) {
@@ -203,6 +216,7 @@ ngx_http_kvroute_zone_find(ngx_conf_t *cf, ngx_str_t *name)
     zone->ttl_learn = 0;
     zone->turn_size = -1;
     zone->turn_ttl = 300000;
+    zone->responses = NGX_CONF_UNSET_UINT;
 
     if (ngx_array_init(&zone->upstreams, cf->pool, 2,
                        sizeof(ngx_http_kvroute_srv_conf_t *))
@@ -309,6 +323,14 @@ ngx_http_kvroute_zone_size(ngx_conf_t *cf, ngx_http_kvroute_zone_t *zone)
     pages = need / ngx_pagesize + 8;
     need = (pages + pages / 64 + 8) * ngx_pagesize;
 
+    /* the default response map gives way to the servers, as a whole */
+
+    if (zone->resp_default && zone->size < need + ngx_http_kvroute_resp_bytes(zone)) {
+        zone->responses = 0;
+    }
+
+    need += ngx_http_kvroute_resp_bytes(zone);
+
     /*
      * an explicit turn_cache= must fit besides; the default one (an eighth
      * of the zone) gives way to the servers, down to none
@@ -399,6 +421,12 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
             kv_tcache_set_ttl(sh->turns, zone->turn_ttl);
         }
 
+        if (ngx_http_kvroute_resp_bytes(zone) != sh->resp_size) {
+            ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
+                          "kvroute_zone \"%V\": responses= changes when the "
+                          "zone is recreated", &zone->name);
+        }
+
         if ((size_t) zone->turn_size != sh->turn_size) {
             ngx_log_error(NGX_LOG_NOTICE, shm_zone->shm.log, 0,
                           "kvroute_zone \"%V\": turn_cache size changes "
@@ -441,6 +469,7 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     }
 
     ngx_http_kvroute_zone_turns(zone, shpool, shm_zone->shm.log);
+    ngx_http_kvroute_zone_responses(zone, shpool, shm_zone->shm.log);
     (void) ngx_http_kvroute_share_zone(zone, shpool, shm_zone->shm.log);
 
     if (ngx_http_kvroute_zone_index(zone, shpool, shm_zone->shm.log)
@@ -452,6 +481,51 @@ ngx_http_kvroute_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     sh->magic = NGX_HTTP_KVROUTE_MAGIC;
 
     return ngx_http_kvroute_register_servers(zone, shm_zone->shm.log);
+}
+
+
+/* The response map's bytes for responses=N ids; 0: off. */
+
+static size_t
+ngx_http_kvroute_resp_bytes(ngx_http_kvroute_zone_t *zone)
+{
+    size_t  size;
+
+    if (zone->responses == 0) {
+        return 0;
+    }
+
+    /* 128-byte buckets of KV_RESPMAP_WAYS ids, after a 64-byte header */
+    size = 64 + (zone->responses + KV_RESPMAP_WAYS - 1) / KV_RESPMAP_WAYS * 128;
+
+    return ngx_max(size, kv_respmap_min_size());
+}
+
+
+/* The response map, carved before the index; a zone without room for it
+ * routes continued responses by what they carry (logged). */
+
+static void
+ngx_http_kvroute_zone_responses(ngx_http_kvroute_zone_t *zone,
+    ngx_slab_pool_t *shpool, ngx_log_t *log)
+{
+    size_t                  size;
+    ngx_http_kvroute_sh_t  *sh = zone->sh;
+
+    size = ngx_http_kvroute_resp_bytes(zone);
+    if (size == 0) {
+        return;
+    }
+
+    sh->resp_region = ngx_slab_alloc(shpool, size);
+    if (sh->resp_region == NULL) {
+        ngx_log_error(NGX_LOG_WARN, log, 0, "kvroute_zone \"%V\": no room "
+                      "for responses=%ui", &zone->name, zone->responses);
+        return;
+    }
+
+    sh->resp_size = size;
+    sh->responses = kv_respmap_create(sh->resp_region, size);
 }
 
 
