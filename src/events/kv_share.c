@@ -321,7 +321,11 @@ int kv_share_receive(kv_share_t *s, const void *msg, size_t len, uint64_t now_ms
             seq[k] = get64(q + 16 + 8 * k);
         }
         q += 16 + 8 * (size_t) n;
-        if (s->cfg.on_blocks) {
+        if (first == KV_SHARE_RESPONSE) {
+            if (n == 1 && s->cfg.on_response) {
+                s->cfg.on_response(s->cfg.arg, wid, seq[0]);
+            }
+        } else if (s->cfg.on_blocks) {
             s->cfg.on_blocks(s->cfg.arg, wid, seq, first, n);
         }
         s->st->records_in++;

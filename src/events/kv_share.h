@@ -6,6 +6,9 @@
  *   - its recent decisions: worker id and the prompt's sequence hashes (up
  *     to a bound), which the others record in their approximate index (or
  *     their pending index, in events mode), as if they had made them;
+ *   - which server made each Responses API response that passed through it
+ *     (a response record, below), so that any instance sends a request
+ *     continuing that response to that server (kv_respmap.h);
  *   - its own in-flight load per server, as absolute values (not deltas:
  *     a lost message is repaired by the next one), for the servers whose
  *     load changed since the last message, and every refresh period for
@@ -43,6 +46,14 @@
 #define KV_SHARE_MAX_LOAD     1024
 #define KV_SHARE_MAX_VALUE    ((int64_t) 1 << 40)
 #define KV_SHARE_INSTANCES    64        /* other instances tracked at once */
+/*
+ * A response record: a decision record with first = KV_SHARE_RESPONSE and
+ * one hash, the key of a response id (kv_respid.h), worker_id the server
+ * that made it. Receivers from before it take it for a decision whose one
+ * hash is the parent of no new block, and record nothing: no version
+ * change was needed.
+ */
+#define KV_SHARE_RESPONSE     (1u << 24)
 
 typedef struct kv_share kv_share_t;
 
@@ -59,6 +70,8 @@ typedef struct {
      * `first` (when first > 0, seq[0] is the parent of the new blocks) */
     void      (*on_blocks)(void *arg, uint64_t worker_id, const uint64_t *seq,
                            uint32_t first, uint32_t n);
+    /* a remote response record: worker_id made the response whose id has key */
+    void      (*on_response)(void *arg, uint64_t worker_id, uint64_t key);
     void       *arg;
     /* tests: receives each message instead of NATS */
     int       (*publish)(void *arg, const void *buf, size_t len);

@@ -480,6 +480,8 @@ char *ngx_http_kvroute_share_directive(ngx_conf_t *cf, ngx_command_t *cmd,
 size_t ngx_http_kvroute_share_size(ngx_http_kvroute_zone_t *zone);
 ngx_int_t ngx_http_kvroute_share_zone(ngx_http_kvroute_zone_t *zone,
     ngx_slab_pool_t *shpool, ngx_log_t *log);
+void ngx_http_kvroute_share_response(ngx_http_kvroute_zone_t *zone,
+    uint64_t worker_id, uint64_t key);
 void ngx_http_kvroute_share_push(ngx_http_kvroute_zone_t *zone,
     uint64_t worker_id, const uint64_t *seq, size_t from, size_t n);
 

@@ -297,6 +297,8 @@ ngx_http_kvroute_respid_feed(ngx_http_kvroute_ctx_t *ctx, ngx_chain_t *in)
             key = kv_body_session_key(ctx->respid->id, ctx->respid->len);
             (void) kv_respmap_put(ctx->conf->zone->sh->responses, key,
                                   ctx->chosen->worker_id);
+            ngx_http_kvroute_share_response(ctx->conf->zone,
+                                            ctx->chosen->worker_id, key);
         }
     }
 }

@@ -283,6 +283,41 @@ ngx_http_kvroute_share_push(ngx_http_kvroute_zone_t *zone, uint64_t worker_id,
 }
 
 
+/* A worker process: which server made a Responses API response, for the
+ * other instances (a response record, kv_share.h). */
+
+void
+ngx_http_kvroute_share_response(ngx_http_kvroute_zone_t *zone,
+    uint64_t worker_id, uint64_t key)
+{
+    kv_dring_rec_t  rec;
+
+    if (zone->sh->share == NULL) {
+        return;
+    }
+
+    rec.worker_id = worker_id;
+    rec.first = KV_SHARE_RESPONSE;
+    rec.n = 1;
+    rec.seq[0] = key;
+
+    (void) kv_dring_push(zone->sh->share, &rec);    /* full: dropped, counted */
+}
+
+
+/* The helper, on a cnats thread: a response another instance passed on. */
+
+static void
+ngx_http_kvroute_share_resp(void *arg, uint64_t worker_id, uint64_t key)
+{
+    ngx_http_kvroute_zone_t  *zone = arg;
+
+    if (zone->sh->responses) {
+        (void) kv_respmap_put(zone->sh->responses, key, worker_id);
+    }
+}
+
+
 /* The helper, on a cnats thread: another instance's decision. */
 
 static void
@@ -369,6 +404,7 @@ ngx_http_kvroute_share_manager(void *data)
 
         sc->cfg.instance_id = ngx_http_kvroute_share_instance();
         sc->cfg.on_blocks = ngx_http_kvroute_share_blocks;
+        sc->cfg.on_response = ngx_http_kvroute_share_resp;
         sc->cfg.arg = zone;
 
         sc->share = kv_share_create(&sc->cfg, ring, zone->sh->load, row,

@@ -273,8 +273,56 @@ TEST(share_refuses_malformed)
     free(r); free(ld);
 }
 
+static uint64_t resp_wid, resp_key;
+static uint32_t resp_calls;
+static void response(void *arg, uint64_t wid, uint64_t key)
+{
+    resp_wid = wid;
+    resp_key = key;
+    resp_calls++;
+}
+
+/* A response record reaches on_response, never on_blocks. */
+TEST(share_response_record)
+{
+    char              err[128];
+    kv_dring_t       *ra = ring_new(16), *rb = ring_new(16);
+    kv_load_t        *la = load_new(), *lb = load_new();
+    kv_share_config_t ca = { 0 }, cb = { 0 };
+    kv_share_t       *a, *b;
+    kv_dring_rec_t    rec = { 0 };
+
+    ca.instance_id = 31;
+    ca.publish = save;
+    cb = ca;
+    cb.instance_id = 32;
+    cb.on_blocks = blocks;
+    cb.on_response = response;
+    a = kv_share_create(&ca, ra, la, kv_load_claim_row(la, 1), err, sizeof(err));
+    b = kv_share_create(&cb, rb, lb, kv_load_claim_row(lb, 2), err, sizeof(err));
+    CHECK(a && b);
+    rec.worker_id = 9;
+    rec.first = KV_SHARE_RESPONSE;
+    rec.n = 1;
+    rec.seq[0] = 0xabcdef;
+    CHECK(kv_dring_push(ra, &rec) == 0);
+    sent_len = 0;
+    kv_share_tick(a, 1000);
+    CHECK(sent_len > 0);
+    got_calls = resp_calls = 0;
+    CHECK(kv_share_receive(b, sent, sent_len, 1000) == 0);
+    CHECK_EQ_U64(resp_calls, 1);
+    CHECK_EQ_U64(resp_wid, 9);
+    CHECK_EQ_U64(resp_key, 0xabcdef);
+    CHECK_EQ_U64(got_calls, 0);
+    kv_share_destroy(a);
+    kv_share_destroy(b);
+    free(ra); free(rb); free(la); free(lb);
+}
+
 int main(void)
 {
+    RUN(share_response_record);
     RUN(ring_drops_when_full_and_keeps_order);
     RUN(ring_many_producers_nothing_torn);
     RUN(ring_late_writer_cannot_pass_for_the_next_lap);
