@@ -743,6 +743,8 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
     ngx_http_kvroute_ctx_t        *ctx;
     ngx_http_kvroute_srv_conf_t   *kcf;
     ngx_http_kvroute_peer_data_t  *pd;
+    const char                    *id;
+    size_t                         n;
 
     kcf = ngx_http_conf_upstream_srv_conf(us, ngx_http_kvroute_module);
 
@@ -798,6 +800,16 @@ ngx_http_kvroute_init_peer(ngx_http_request_t *r,
     if (!ctx->matched) {
         ngx_http_kvroute_candidates_match(kcf, ctx, r->pool,
                                           r->connection->log);
+    }
+
+    /* GET /v1/responses/{id}, .../cancel: only the engine that made it
+     * knows the response, as for previous_response_id */
+
+    if (ctx->prev_response == 0) {
+        n = kv_api_response_id((char *) r->uri.data, r->uri.len, &id);
+        if (n) {
+            ctx->prev_response = kv_body_session_key(id, n);
+        }
     }
 
     return NGX_OK;

@@ -39,3 +39,19 @@ kv_api_t kv_api_of_path(const char *path, size_t len)
     }
     return KV_API_ANY;
 }
+
+size_t kv_api_response_id(const char *path, size_t len, const char **id)
+{
+    static const char seg[] = "/responses/";
+    size_t            n = sizeof(seg) - 1, i, j;
+
+    for (i = 0; i + n <= len; i++) {
+        if (memcmp(path + i, seg, n) == 0) {
+            for (j = i + n; j < len && path[j] != '/'; j++) {
+            }
+            *id = path + i + n;
+            return j - i - n;
+        }
+    }
+    return 0;
+}

@@ -25,4 +25,10 @@ typedef enum {
  * changes nothing. */
 kv_api_t kv_api_of_path(const char *path, size_t len);
 
+/* The response id a path names (the Responses API's GET, DELETE
+ * /v1/responses/{id}, POST .../{id}/cancel, GET .../{id}/input_items): the
+ * segment after "/responses/", as a span of path; 0 when there is none.
+ * Only the engine that made the response can answer these. */
+size_t kv_api_response_id(const char *path, size_t len, const char **id);
+
 #endif

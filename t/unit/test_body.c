@@ -672,8 +672,24 @@ TEST(model_alone)
     }
 }
 
+/* the response id a Responses API path names, for routing it home */
+TEST(response_id_of_path)
+{
+    const char *id = NULL;
+    size_t      n;
+
+    n = kv_api_response_id("/v1/responses/resp_12", 21, &id);
+    CHECK(n == 7 && memcmp(id, "resp_12", 7) == 0);
+    n = kv_api_response_id("/llm/v1/responses/resp_9/cancel", 31, &id);
+    CHECK(n == 6 && memcmp(id, "resp_9", 6) == 0);
+    CHECK(kv_api_response_id("/v1/responses", 13, &id) == 0);
+    CHECK(kv_api_response_id("/v1/responses/", 14, &id) == 0);
+    CHECK(kv_api_response_id("/v1/chat/completions", 20, &id) == 0);
+}
+
 int main(void)
 {
+    RUN(response_id_of_path);
     RUN(session_hints);
     RUN(text_prompt_and_fields);
     RUN(unicode_escapes);
