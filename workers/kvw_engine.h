@@ -80,6 +80,7 @@ struct kvw_config {
                                            when the load changed, at most one per N ms */
 
     int         stream_backlog_kb;      /* a stream this far behind its client is cut (32768) */
+    int         responses_store;        /* Responses kept per engine (kvw_respstore.h); 0: off */
 
     /* disaggregated prefill/decode (kvw_xfer.h, docs/PROTOCOL.md) */
     int         role;                   /* KVW_ROLE_*: aggregated */

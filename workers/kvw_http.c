@@ -26,6 +26,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "kvw_respstore.h"
 #include "kvw_sched.h"
 #include "kv_clock.h"
 #include "kv_model.h"
@@ -50,6 +51,7 @@ struct kvw_http {
     uint64_t                next_id;
     kvw_xfer_stats_t        xs;             /* disaggregation, both sides */
     uint64_t                bodies_parsed;  /* JSON documents loaded (one per request) */
+    kvw_respstore_t        *store;          /* --responses-store; NULL: off */
 };
 
 typedef struct group group_t;
@@ -79,6 +81,7 @@ struct group {
     struct event                *hangup;    /* watch_hangup's read event */
     struct event                *overrun;   /* cuts a stream its client does not read */
     part_t                     **parts;
+    json_t                      *conversation;  /* a Response to keep: its input items */
 };
 
 /*
@@ -158,6 +161,7 @@ static void group_free(group_t *g)
         free(g->parts[i]);
     }
     free(g->parts);
+    json_decref(g->conversation);
     free(g);
 }
 
@@ -371,8 +375,23 @@ void kvw_req_emit(kvw_req_t *r, uint32_t token, const char *text, size_t len)
     kvw_req_emit_text(r, text, len);
 }
 
+/* A finished Response goes into the engine's store (when kept: g->conversation). */
+static void keep_response(group_t *g)
+{
+    part_t *p = g->parts[0];
+    const char *finish = kvw_finish_name(p->why);
+
+    if (g->conversation == NULL || p->why == KVW_FINISH_ABORT)
+        return;
+    kvw_respstore_put(g->h->store, g->id, g->conversation, p->text, p->len,
+                      kvw_openai_response(&p->req, g->id, g->created, p->text, p->len, finish));
+    g->conversation = NULL;
+}
+
 static void group_done(group_t *g)
 {
+    if (g->parts[0]->req.responses)
+        keep_response(g);
     if (g->parts[0]->req.stream && g->parts[0]->req.responses) {
         part_t *p = g->parts[0];
 
@@ -638,6 +657,12 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
         reply_err(req, &err);
         return;
     }
+    /* a continued Response: its conversation comes from the store, or 404 */
+    if (chat == KVW_API_RESPONSES && kvw_respstore_expand(h->store, doc, &err) != 0) {
+        kvw_openai_unload(doc);
+        reply_err(req, &err);
+        return;
+    }
     part_t *first = parse_part(h, chat, doc, 0, &err);
     if (first == NULL) {
         kvw_openai_unload(doc);
@@ -666,6 +691,8 @@ static void handle_generate(kvw_http_t *h, struct evhttp_request *req, int chat)
             return;
         }
     }
+    if (chat == KVW_API_RESPONSES)
+        g->conversation = kvw_respstore_conversation(h->store, doc);
     kvw_openai_unload(doc);
     g->created = (long)time(NULL);
     snprintf(g->id, sizeof(g->id), "%s-%d-%llu",
@@ -846,6 +873,25 @@ static void handle_models(kvw_http_t *h, struct evhttp_request *req, const char 
     free(want);
 }
 
+/* GET /v1/responses/{id}: a kept Response, as vLLM's store answers it. */
+static void handle_get_response(kvw_http_t *h, struct evhttp_request *req, const char *id)
+{
+    const char *kept = kvw_respstore_get(h->store, id);
+    char msg[300];
+
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_POST) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", "GET, HEAD");
+        reply_error(req, 405, "use GET", "invalid_request_error", NULL, "method_not_allowed");
+        return;
+    }
+    if (kept) {
+        reply_json(req, 200, "OK", strdup(kept));
+        return;
+    }
+    snprintf(msg, sizeof(msg), "Response with id '%.200s' not found.", id);
+    reply_error(req, 404, msg, "invalid_request_error", NULL, "response_not_found");
+}
+
 static void handle_request(struct evhttp_request *req, void *arg)
 {
     kvw_http_t *h = arg;
@@ -864,6 +910,9 @@ static void handle_request(struct evhttp_request *req, void *arg)
         handle_generate(h, req, KVW_API_COMPLETIONS);
     } else if (strcmp(path, "/v1/responses") == 0) {
         handle_generate(h, req, KVW_API_RESPONSES);
+    } else if (strncmp(path, "/v1/responses/", 14) == 0 && path[14] != '\0'
+               && strchr(path + 14, '/') == NULL) {
+        handle_get_response(h, req, path + 14);
     } else if (strcmp(path, "/v1/messages") == 0) {
         handle_generate(h, req, KVW_API_ANTHROPIC);
     } else if (strcmp(path, "/v1/models") == 0) {
@@ -940,6 +989,7 @@ kvw_http_t *kvw_http_start(kvw_engine_t *e, const char *host, int port,
         return NULL;
     }
     h->engine = e;
+    h->store = kvw_respstore_new((size_t)e->cfg->responses_store);
     h->text = e->cfg->text ? *e->cfg->text : *kvw_text_bytes();
     if (tok) {
         h->text.tokenize = tok;
@@ -978,6 +1028,7 @@ void kvw_http_stop(kvw_http_t *h)
             }
         if (h->accept_retry)
             event_free(h->accept_retry);
+        kvw_respstore_free(h->store);
         evhttp_free(h->http);
         free(h);
     }

@@ -42,6 +42,9 @@ static void usage(FILE *f)
         "                                (default 60; 0: never)\n"
         "  --stream-backlog-kb N         cancel a stream whose client lets this much output\n"
         "                                pile up unread (default 32768)\n"
+        "  --responses-store N           keep each engine's newest N Responses API responses,\n"
+        "                                for previous_response_id and GET /v1/responses/ID\n"
+        "                                (default 0: off; vLLM's store, off by default too)\n"
         "  --nats-subjects per-worker    publish on P.kv-events.<id>, P.kvroute.heartbeat.<id>\n"
         "                                (NATS permissions per worker; default shared)\n"
         "  --worker-id ID                event worker id; engine i gets ID+i\n"
@@ -106,7 +109,7 @@ enum {
     O_NS = 256, O_COMPONENT, O_HEARTBEAT, O_LOAD_MS, O_MAX_SEQS, O_MAX_BATCHED, O_MAX_LEN, O_WATERMARK,
     O_PREFIX, O_CHUNKED, O_DECODE_SPEEDUP, O_PROFILE, O_TOKENIZER, O_TEMPLATE, O_SUBJECTS, O_IDLE,
     O_DEVICE, O_ROLE, O_DISAGG_MIN, O_PREFILL_LIMIT, O_XFER_TIMEOUT, O_LINK, O_KVBPT,
-    O_XFER_FAULT, O_CHAT_ENGINE, O_CHAT_KWARGS, O_LORA, O_BACKLOG,
+    O_XFER_FAULT, O_CHAT_ENGINE, O_CHAT_KWARGS, O_LORA, O_BACKLOG, O_RESP_STORE,
 };
 
 /* --xfer-fault KIND:N (testing only, kvw_engine.h). */
@@ -184,7 +187,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         {"link-gbps", 1, 0, O_LINK}, {"kv-bytes-per-token", 1, 0, O_KVBPT},
         {"xfer-fault", 1, 0, O_XFER_FAULT}, {"chat-engine", 1, 0, O_CHAT_ENGINE},
         {"default-chat-template-kwargs", 1, 0, O_CHAT_KWARGS}, {"lora-modules", 1, 0, O_LORA},
-        {"stream-backlog-kb", 1, 0, O_BACKLOG},
+        {"stream-backlog-kb", 1, 0, O_BACKLOG}, {"responses-store", 1, 0, O_RESP_STORE},
         {0, 0, 0, 0}
     };
     int c;
@@ -247,6 +250,7 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         case O_PREFILL_LIMIT: cfg->prefill_queue_limit = atoi(optarg); break;
         case O_XFER_TIMEOUT: cfg->xfer_timeout_ms = atoi(optarg); break;
         case O_BACKLOG: cfg->stream_backlog_kb = atoi(optarg); break;
+        case O_RESP_STORE: cfg->responses_store = atoi(optarg); break;
         case O_KVBPT: cfg->kv_bytes_per_token = atof(optarg); break;
         case O_XFER_FAULT:
             if (parse_fault(optarg, &cfg->xfer_fault, &cfg->xfer_fault_at)) {
@@ -300,7 +304,8 @@ static int parse_args(int argc, char **argv, kvw_config_t *cfg)
         || cfg->watermark < 0 || cfg->watermark >= 1 || cfg->max_model_len < 0
         || cfg->device < 0 || cfg->disagg_min_tokens < 0 || cfg->prefill_queue_limit < 1
         || cfg->xfer_timeout_ms < 1 || !(cfg->kv_bytes_per_token > 0)
-        || cfg->stream_backlog_kb < 1 || cfg->stream_backlog_kb > (1 << 22)) {
+        || cfg->stream_backlog_kb < 1 || cfg->stream_backlog_kb > (1 << 22)
+        || cfg->responses_store < 0 || cfg->responses_store > (1 << 24)) {
         fprintf(stderr, "kvworker: numeric options must be positive (--watermark in [0, 1))\n");
         return -1;
     }
