@@ -47,9 +47,9 @@ def complete(port, prompt, max_tokens=1):
     return h["x-kvroute-worker"], int(h["x-kvroute-overlap"])
 
 
-def make_fleet(stack, params=""):
+def make_fleet(stack, params="", worker_extra=()):
     nats = stack.nats()
-    w = stack.worker(engines=ENGINES, extra=["--speedup", "20"])
+    w = stack.worker(engines=ENGINES, extra=["--speedup", "20"] + list(worker_extra))
     servers = "\n".join("server 127.0.0.1:%d;" % p for p in w.ports)
     ngs = [stack.nginx(CONF % {"nats": nats.url, "servers": servers, "params": params},
                        workers=1)
@@ -99,6 +99,33 @@ def test_approximate_turns_round_robin_land_on_one_worker(stack):
     fams = {f.name: f for f in text_string_to_metric_families(body.decode())}
     assert fams["kvroute_share_records_in"].samples[0].value == share(ngs[0].port)["records_in"]
     assert "kvroute_share_dropped" in fams and "kvroute_share_rejected" in fams
+
+
+def test_continued_responses_through_any_instance(stack):
+    """A Responses API conversation whose turns go round-robin over the
+    instances, each continuing the last response (previous_response_id):
+    every instance learns which engine made each response from the one it
+    went through (a response record), so every turn reaches the engine
+    holding the conversation, the only one that can continue it (any other
+    answers 404)."""
+    _, _, ngs = make_fleet(stack, worker_extra=["--responses-store", "64"])
+    made = 0
+    for conv in range(3):
+        rid, home = None, None
+        for turn in range(4):
+            ng = ngs[(conv + turn) % 3]
+            body = {"model": "kvroute-mock", "input": "conversation %d, turn %d" % (conv, turn),
+                    "max_output_tokens": 2}
+            if rid:
+                body["previous_response_id"] = rid
+            s, h, parsed, raw = kvt.post_json(ng.port, "/v1/responses", body)
+            assert s == 200, raw
+            assert home is None or h["x-kvroute-worker"] == home, (conv, turn)
+            home, rid = h["x-kvroute-worker"], parsed["id"]
+            made += 1
+            for x in ngs:
+                kvt.wait_until(lambda: zone(x.port)["responses"]["stored"] >= made,
+                               what="instance %d knows %d responses" % (x.port, made))
 
 
 def hold(port, prompt, max_tokens=30000):
