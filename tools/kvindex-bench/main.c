@@ -220,34 +220,48 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Phase 4: `n` timed spins sized so their median is `target_us`, sorted
- * into `lat`. Sizing: three rounds of 2,001 timed spins, each scaling the
- * length by target / median. */
-static void host_floor(double target_us, double *lat, size_t n)
+/* `n` spins of length `len`, each timed, sorted into `lat` (microseconds). */
+static void time_spins(uint64_t len, double *lat, size_t n)
 {
     volatile uint64_t sink = 0;
-    uint64_t          len = 256;
-    size_t            i, round, m;
+    size_t            i;
     double            t0;
 
-    for (round = 0; round < 3; round++) {
-        m = n < 2001 ? n : 2001;
-        for (i = 0; i < m; i++) {
-            t0 = now_s();
-            sink += spin(len);
-            lat[i] = (now_s() - t0) * 1e6;
-        }
-        qsort(lat, m, sizeof(double), cmp_d);
-        len = (uint64_t) ((double) len * target_us / (lat[m / 2] > 0 ? lat[m / 2] : 1e-3));
-        len = len ? len : 1;
-    }
     for (i = 0; i < n; i++) {
         t0 = now_s();
         sink += spin(len);
         lat[i] = (now_s() - t0) * 1e6;
     }
     qsort(lat, n, sizeof(double), cmp_d);
-    (void) sink;
+}
+
+/* Phase 4: `n` timed spins sized so their median is `target_us`, sorted
+ * into `lat`. Sizing: three rounds of up to 2,001 spins, each scaling the
+ * length by target / median. */
+static void host_floor(double target_us, double *lat, size_t n)
+{
+    uint64_t len = 256;
+    size_t   round, m = n < 2001 ? n : 2001;
+
+    for (round = 0; round < 3; round++) {
+        time_spins(len, lat, m);
+        len = (uint64_t) ((double) len * target_us / (lat[m / 2] > 0 ? lat[m / 2] : 1e-3));
+        len = len ? len : 1;
+    }
+    time_spins(len, lat, n);
+}
+
+typedef struct {
+    uint32_t doc;
+    double   us;
+} doc_lat_t;
+
+static int cmp_doc_lat(const void *a, const void *b)
+{
+    const doc_lat_t *x = a, *y = b;
+
+    if (x->doc != y->doc) return x->doc < y->doc ? -1 : 1;
+    return x->us < y->us ? -1 : x->us > y->us;
 }
 
 /* The p99 over documents of each document's median match time. A document's
@@ -256,38 +270,29 @@ static void host_floor(double target_us, double *lat, size_t n)
  * all. Documents matched fewer than 5 times are left out. */
 static double doc_median_p99(reader_t *rd, size_t nrd)
 {
-    size_t  *at = calloc(ndocs + 1, sizeof(size_t)), *fill, i, j, n = 0, nmed = 0;
-    double  *byd, *med;
+    doc_lat_t *m;
+    double    *med, p;
+    size_t     i, j, n = 0, nmed = 0;
 
-    for (i = 0; i < nrd; i++) {
-        for (j = 0; j < rd[i].n; j++) at[rd[i].doc[j] + 1]++;
-        n += rd[i].n;
-    }
-    for (i = 0; i < ndocs; i++) at[i + 1] += at[i];
-    fill = malloc(ndocs * sizeof(size_t));
-    memcpy(fill, at, ndocs * sizeof(size_t));
-    byd = malloc((n + 1) * sizeof(double));
-    for (i = 0; i < nrd; i++) {
-        for (j = 0; j < rd[i].n; j++) byd[fill[rd[i].doc[j]]++] = rd[i].lat[j];
-    }
+    for (i = 0; i < nrd; i++) n += rd[i].n;
+    m = malloc((n + 1) * sizeof(doc_lat_t));
     med = malloc((ndocs + 1) * sizeof(double));
-    for (i = 0; i < ndocs; i++) {
-        size_t m = at[i + 1] - at[i];
-
-        if (m < 5) continue;
-        qsort(byd + at[i], m, sizeof(double), cmp_d);
-        med[nmed++] = byd[at[i] + m / 2];
+    for (i = 0, n = 0; i < nrd; i++) {
+        for (j = 0; j < rd[i].n; j++, n++) {
+            m[n].doc = rd[i].doc[j];
+            m[n].us = rd[i].lat[j];
+        }
+    }
+    qsort(m, n, sizeof(doc_lat_t), cmp_doc_lat);
+    for (i = 0; i < n; i = j) {
+        for (j = i; j < n && m[j].doc == m[i].doc; j++) {}
+        if (j - i >= 5) med[nmed++] = m[i + (j - i) / 2].us;
     }
     qsort(med, nmed, sizeof(double), cmp_d);
-    {
-        double p = nmed ? med[nmed * 99 / 100] : 0.0;
-
-        free(at);
-        free(fill);
-        free(byd);
-        free(med);
-        return p;
-    }
+    p = nmed ? med[nmed * 99 / 100] : 0.0;
+    free(m);
+    free(med);
+    return p;
 }
 
 /* Sleep until the clock reads `until` (the paced writer's next store). */
